@@ -1,0 +1,271 @@
+//! Encoding and decoding of control messages.
+//!
+//! A control message is the postcard encoding of one [`Message`] (see
+//! `docs/protocol.md`), carried in one transport control frame. Decoding is strict:
+//!
+//! - the transport refuses a frame longer than [`MAX_CTRL_FRAME_BYTES`] before it
+//!   allocates a buffer for it, so every length inside is bounded by the frame;
+//! - postcard checks each string and byte length against the bytes actually left
+//!   before allocating, and short input fails with [`CodecError::Truncated`];
+//! - bytes left over after the message fail with [`CodecError::TrailingBytes`];
+//! - semantic bounds (path and name lengths, hash-list and listing sizes) are checked
+//!   by [`validate`] and fail with [`CodecError::Limit`].
+
+use crate::msg::{
+    Attr, DirEntry, Message, RemoteError, Request, Response, MAX_DIR_PAGE_ENTRIES,
+    MAX_ERROR_MESSAGE_BYTES, MAX_NAME_BYTES, MAX_PATH_BYTES, MAX_WINDOW_CHUNKS,
+};
+
+/// Largest control frame either side sends or accepts, in bytes.
+pub const MAX_CTRL_FRAME_BYTES: usize = 1 << 20;
+
+/// Why a control message could not be encoded or decoded.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CodecError {
+    /// The input ended inside a message.
+    #[error("control message truncated")]
+    Truncated,
+    /// The input held more bytes after a complete message.
+    #[error("{0} trailing bytes after control message")]
+    TrailingBytes(usize),
+    /// The frame is longer than [`MAX_CTRL_FRAME_BYTES`].
+    #[error("control frame of {0} bytes exceeds the limit of {MAX_CTRL_FRAME_BYTES}")]
+    FrameTooLarge(usize),
+    /// The bytes are not a valid message (unknown variant, bad varint, bad UTF-8).
+    #[error("malformed control message: {0}")]
+    Malformed(String),
+    /// A field exceeds a protocol limit.
+    #[error("control message field {field} exceeds its limit ({len} > {max})")]
+    Limit {
+        /// Which field.
+        field: &'static str,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
+/// Encodes `msg`, failing if the result would exceed [`MAX_CTRL_FRAME_BYTES`].
+pub fn encode(msg: &Message) -> Result<Vec<u8>, CodecError> {
+    let bytes = postcard::to_stdvec(msg).map_err(|e| CodecError::Malformed(e.to_string()))?;
+    if bytes.len() > MAX_CTRL_FRAME_BYTES {
+        return Err(CodecError::FrameTooLarge(bytes.len()));
+    }
+    Ok(bytes)
+}
+
+/// Decodes exactly one message from `bytes` and checks it against the protocol limits.
+pub fn decode(bytes: &[u8]) -> Result<Message, CodecError> {
+    if bytes.len() > MAX_CTRL_FRAME_BYTES {
+        return Err(CodecError::FrameTooLarge(bytes.len()));
+    }
+    let (msg, rest) = postcard::take_from_bytes::<Message>(bytes).map_err(|e| match e {
+        postcard::Error::DeserializeUnexpectedEnd => CodecError::Truncated,
+        other => CodecError::Malformed(other.to_string()),
+    })?;
+    if !rest.is_empty() {
+        return Err(CodecError::TrailingBytes(rest.len()));
+    }
+    validate(&msg)?;
+    Ok(msg)
+}
+
+fn limit(field: &'static str, len: usize, max: usize) -> Result<(), CodecError> {
+    if len > max {
+        Err(CodecError::Limit { field, len, max })
+    } else {
+        Ok(())
+    }
+}
+
+/// Checks the protocol's length limits on every variable-length field of `msg`.
+pub fn validate(msg: &Message) -> Result<(), CodecError> {
+    match msg {
+        Message::Hello(h) => limit("software", h.software.len(), MAX_NAME_BYTES),
+        Message::Welcome(w) => limit("software", w.software.len(), MAX_NAME_BYTES),
+        Message::Refused(e) => validate_error(e),
+        Message::Request { body, .. } => validate_request(body),
+        Message::Response { body, .. } => validate_response(body),
+    }
+}
+
+fn share_and_path(share: &str, path: &str) -> Result<(), CodecError> {
+    limit("share", share.len(), MAX_NAME_BYTES)?;
+    limit("path", path.len(), MAX_PATH_BYTES)
+}
+
+fn validate_request(req: &Request) -> Result<(), CodecError> {
+    match req {
+        Request::Stat { share, path, .. }
+        | Request::ListDir { share, path, .. }
+        | Request::Mkdir { share, path, .. }
+        | Request::SetAttr { share, path, .. }
+        | Request::UploadOpen { share, path, .. }
+        | Request::DownloadOpen { share, path } => share_and_path(share, path),
+        Request::Symlink {
+            share,
+            path,
+            target,
+        } => {
+            share_and_path(share, path)?;
+            limit("target", target.len(), MAX_PATH_BYTES)
+        }
+        Request::UploadWindow { hashes, .. } => {
+            limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS)
+        }
+        Request::UploadCommit { .. } | Request::DownloadWindow { .. } | Request::Close { .. } => {
+            Ok(())
+        }
+    }
+}
+
+fn validate_attr(attr: &Attr) -> Result<(), CodecError> {
+    match &attr.symlink_target {
+        Some(t) => limit("symlink_target", t.len(), MAX_PATH_BYTES),
+        None => Ok(()),
+    }
+}
+
+fn validate_error(e: &RemoteError) -> Result<(), CodecError> {
+    limit("message", e.message.len(), MAX_ERROR_MESSAGE_BYTES)
+}
+
+fn validate_response(resp: &Response) -> Result<(), CodecError> {
+    match resp {
+        Response::Attr(a) => validate_attr(a),
+        Response::DownloadOpened { attr, .. } => validate_attr(attr),
+        Response::Dir { entries, .. } => {
+            limit("entries", entries.len(), MAX_DIR_PAGE_ENTRIES)?;
+            entries.iter().try_for_each(|DirEntry { name, attr }| {
+                limit("name", name.len(), MAX_NAME_BYTES)?;
+                validate_attr(attr)
+            })
+        }
+        Response::WindowPushed { hashes } => limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS),
+        Response::Error(e) => validate_error(e),
+        Response::Ok
+        | Response::UploadOpened { .. }
+        | Response::WindowPulled { .. }
+        | Response::Committed { .. } => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::*;
+
+    fn stat() -> Message {
+        Message::Request {
+            id: 7,
+            body: Request::Stat {
+                share: "data".into(),
+                path: "a/b".into(),
+                follow: true,
+            },
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let m = stat();
+        assert_eq!(decode(&encode(&m).unwrap()).unwrap(), m);
+    }
+
+    #[test]
+    fn stat_request_bytes_are_stable() {
+        // Message::Request = variant 3, id varint 7, Request::Stat = variant 0,
+        // "data" (len 4), "a/b" (len 3), follow = 1. See docs/protocol.md.
+        let bytes = encode(&stat()).unwrap();
+        assert_eq!(
+            bytes,
+            vec![3, 7, 0, 4, b'd', b'a', b't', b'a', 3, b'a', b'/', b'b', 1]
+        );
+    }
+
+    #[test]
+    fn every_truncation_is_rejected() {
+        let bytes = encode(&stat()).unwrap();
+        for cut in 0..bytes.len() {
+            assert_eq!(decode(&bytes[..cut]), Err(CodecError::Truncated), "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn trailing_bytes_are_rejected() {
+        let mut bytes = encode(&stat()).unwrap();
+        bytes.extend_from_slice(&[0, 0]);
+        assert_eq!(decode(&bytes), Err(CodecError::TrailingBytes(2)));
+    }
+
+    #[test]
+    fn unknown_variant_is_malformed() {
+        assert!(matches!(decode(&[5]), Err(CodecError::Malformed(_))));
+        assert_eq!(decode(&[200]), Err(CodecError::Truncated));
+        assert!(matches!(decode(&[3, 7, 99]), Err(CodecError::Malformed(_))));
+    }
+
+    #[test]
+    fn oversized_string_length_fails_without_allocating() {
+        // A Stat whose share claims 2^32 bytes: postcard must fail on the missing
+        // bytes, not try to allocate them.
+        let bytes = [3, 7, 0, 0x80, 0x80, 0x80, 0x80, 0x10, b'x'];
+        assert!(decode(&bytes).is_err());
+    }
+
+    #[test]
+    fn oversized_frame_is_rejected() {
+        let big = vec![0u8; MAX_CTRL_FRAME_BYTES + 1];
+        assert_eq!(
+            decode(&big),
+            Err(CodecError::FrameTooLarge(MAX_CTRL_FRAME_BYTES + 1))
+        );
+    }
+
+    #[test]
+    fn too_long_path_hits_the_limit() {
+        let m = Message::Request {
+            id: 1,
+            body: Request::Stat {
+                share: "s".into(),
+                path: "x".repeat(MAX_PATH_BYTES + 1),
+                follow: false,
+            },
+        };
+        let bytes = postcard::to_stdvec(&m).unwrap();
+        assert!(matches!(
+            decode(&bytes),
+            Err(CodecError::Limit { field: "path", .. })
+        ));
+    }
+
+    #[test]
+    fn too_many_hashes_hit_the_limit() {
+        let m = Message::Request {
+            id: 1,
+            body: Request::UploadWindow {
+                transfer: 1,
+                offset: 0,
+                region: RegionDesc {
+                    addr: 0,
+                    len: 0,
+                    rkey: 0,
+                },
+                hashes: vec![[0; 32]; MAX_WINDOW_CHUNKS + 1],
+            },
+        };
+        let bytes = postcard::to_stdvec(&m).unwrap();
+        assert!(matches!(
+            decode(&bytes),
+            Err(CodecError::Limit { field: "hashes", .. })
+        ));
+    }
+
+    #[test]
+    fn invalid_utf8_is_malformed() {
+        let bytes = [3, 7, 0, 1, 0xff, 1, b'a', 0];
+        assert!(matches!(decode(&bytes), Err(CodecError::Malformed(_))));
+    }
+}

@@ -1,0 +1,31 @@
+//! Ferry's shared core: the wire protocol, chunk manifests, the sans-IO session and
+//! transfer state machines, and the transports that move bytes.
+//!
+//! Data flow of a copy (see `docs/design.md` for the picture):
+//!
+//! - Control messages ([`msg::Message`]) carry only metadata, region descriptors
+//!   ([`msg::RegionDesc`]) and SHA-256 chunk hashes. They are encoded by [`codec`] and
+//!   travel as transport control frames.
+//! - File data moves only by one-sided operations of a [`transport::Transport`]: the
+//!   server RDMA-READs uploads out of the client's registered, mmapped source window and
+//!   RDMA-WRITEs downloads into the client's registered buffers.
+//! - [`chunk`] splits files into chunks (1 MiB by default) and hashes them on all cores;
+//!   the manifest hash names a file version.
+//! - [`proto`] holds the session and transfer logic with no sockets and no clock reads;
+//!   the server and client crates are thin tokio drivers around it.
+//! - [`path`] validates share-relative paths before the server touches the disk.
+#![warn(missing_docs)]
+
+pub mod chunk;
+pub mod codec;
+pub mod msg;
+pub mod path;
+pub mod proto;
+pub mod transport;
+
+/// The TCP port ferryd listens on unless told otherwise.
+pub const DEFAULT_PORT: u16 = 7447;
+
+/// Prefix of the hidden temporary files a transfer writes before its final rename.
+/// Names starting with it are never listed and never a valid transfer target.
+pub const TEMP_PREFIX: &str = ".ferry-tmp.";

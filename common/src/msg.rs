@@ -1,0 +1,367 @@
+//! Control messages: the only things that cross the wire outside one-sided READ/WRITE.
+//!
+//! Every message is small. Bulk file data never travels in a control message; it moves
+//! by RDMA READ / RDMA WRITE against a region named by a [`RegionDesc`]. The byte layout
+//! (postcard encoding of these types inside a transport control frame) is documented in
+//! `docs/protocol.md`; variants are only ever appended, never reordered.
+
+use serde::{Deserialize, Serialize};
+
+/// Protocol version spoken by this build. Bumped on any incompatible change.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Magic bytes opening a [`Hello`]: rejects peers that speak something else.
+pub const HELLO_MAGIC: [u8; 4] = *b"FRY\x01";
+
+/// Default chunk size: the unit of hashing, verification and one-sided transfer.
+pub const DEFAULT_CHUNK_BYTES: u32 = 1 << 20;
+/// Smallest chunk size a peer may ask for.
+pub const MIN_CHUNK_BYTES: u32 = 4 << 10;
+/// Largest chunk size a peer may ask for (bounds the server's per-chunk buffers).
+pub const MAX_CHUNK_BYTES: u32 = 16 << 20;
+/// Most chunks one transfer window may hold (bounds hash lists and region sizes).
+pub const MAX_WINDOW_CHUNKS: usize = 64;
+/// Longest share-relative path accepted, in bytes.
+pub const MAX_PATH_BYTES: usize = 4096;
+/// Longest single path component accepted, in bytes.
+pub const MAX_NAME_BYTES: usize = 255;
+/// Most entries in one directory-listing page.
+pub const MAX_DIR_PAGE_ENTRIES: usize = 1024;
+/// Longest human-readable error message carried in a response.
+pub const MAX_ERROR_MESSAGE_BYTES: usize = 1024;
+
+/// A SHA-256 digest.
+pub type Sha256 = [u8; 32];
+
+/// Names a registered memory region of the sender: `{addr, len, rkey}` as in RDMA.
+///
+/// Valid only for the transfer window that advertised it; the owner revokes the rkey
+/// when that window completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionDesc {
+    /// Virtual address of the first byte of the region in its owner's address space.
+    pub addr: u64,
+    /// Length of the region in bytes.
+    pub len: u64,
+    /// Remote key that grants access to the region.
+    pub rkey: u32,
+}
+
+/// A point in time as seconds and nanoseconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Timestamp {
+    /// Whole seconds since the epoch (negative before 1970).
+    pub secs: i64,
+    /// Nanoseconds within the second, `< 1_000_000_000`.
+    pub nanos: u32,
+}
+
+/// The kind of a filesystem object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link (not followed).
+    Symlink,
+    /// Anything else (device, fifo, socket); never transferred.
+    Other,
+}
+
+/// Attributes of a filesystem object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    /// What the object is.
+    pub kind: FileKind,
+    /// Size in bytes (for symlinks, the length of the target).
+    pub size: u64,
+    /// Permission bits (`mode & 0o7777`).
+    pub mode: u32,
+    /// Last modification time.
+    pub mtime: Timestamp,
+    /// Target of a symlink; `None` for other kinds.
+    pub symlink_target: Option<String>,
+}
+
+/// One directory entry of a listing page.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    /// The entry's name (one path component).
+    pub name: String,
+    /// Its attributes, symlinks not followed.
+    pub attr: Attr,
+}
+
+/// First message of a session, client to server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Must equal [`HELLO_MAGIC`].
+    pub magic: [u8; 4],
+    /// Lowest protocol version the client speaks.
+    pub min_version: u16,
+    /// Highest protocol version the client speaks.
+    pub max_version: u16,
+    /// Free-form software name and version, for logs.
+    pub software: String,
+}
+
+/// The server's answer to a [`Hello`] it accepts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// The version the session will speak.
+    pub version: u16,
+    /// Free-form software name and version, for logs.
+    pub software: String,
+    /// Chunk size the server uses for transfers on this session.
+    pub chunk_bytes: u32,
+    /// Most chunks per transfer window the server accepts.
+    pub max_window_chunks: u32,
+    /// Most requests the client may have outstanding at once.
+    pub max_inflight_requests: u32,
+}
+
+/// A request from client to server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Attributes of `path`; `follow` resolves a final symlink.
+    Stat {
+        /// Share name.
+        share: String,
+        /// Share-relative path.
+        path: String,
+        /// Follow a symlink in the final component.
+        follow: bool,
+    },
+    /// One page of a directory listing, starting at entry index `cursor`.
+    ListDir {
+        /// Share name.
+        share: String,
+        /// Share-relative path of the directory.
+        path: String,
+        /// Index of the first entry wanted (0 for the first page).
+        cursor: u64,
+    },
+    /// Create a directory.
+    Mkdir {
+        /// Share name.
+        share: String,
+        /// Share-relative path of the new directory.
+        path: String,
+        /// Permission bits.
+        mode: u32,
+        /// Succeed if a directory already exists there.
+        exist_ok: bool,
+    },
+    /// Create a symlink at `path` pointing to `target` (stored verbatim).
+    Symlink {
+        /// Share name.
+        share: String,
+        /// Share-relative path of the link.
+        path: String,
+        /// Link target, stored as given.
+        target: String,
+    },
+    /// Set mode and/or mtime of an existing file or directory (not a symlink).
+    SetAttr {
+        /// Share name.
+        share: String,
+        /// Share-relative path.
+        path: String,
+        /// New permission bits.
+        mode: Option<u32>,
+        /// New modification time.
+        mtime: Option<Timestamp>,
+    },
+    /// Start an upload of `size` bytes to `path`; data follows as windows.
+    UploadOpen {
+        /// Share name.
+        share: String,
+        /// Share-relative destination path.
+        path: String,
+        /// Final size in bytes.
+        size: u64,
+        /// Permission bits of the final file.
+        mode: u32,
+        /// Modification time of the final file.
+        mtime: Timestamp,
+    },
+    /// Pull one window of an upload: the server RDMA-READs `region` (file bytes
+    /// `offset..offset+region.len`) and verifies each chunk against `hashes`.
+    UploadWindow {
+        /// Transfer id from [`Response::UploadOpened`].
+        transfer: u64,
+        /// File offset of the window's first byte; a multiple of the chunk size.
+        offset: u64,
+        /// The client's registered, read-only source window.
+        region: RegionDesc,
+        /// SHA-256 of each chunk of the window, in order.
+        hashes: Vec<Sha256>,
+    },
+    /// Finish an upload: every chunk verified and `manifest` matches, then fsync and
+    /// rename into place.
+    UploadCommit {
+        /// Transfer id.
+        transfer: u64,
+        /// Manifest hash of the whole file (see [`crate::chunk::Manifest::id`]).
+        manifest: Sha256,
+    },
+    /// Start a download of `path` (symlinks followed within the share).
+    DownloadOpen {
+        /// Share name.
+        share: String,
+        /// Share-relative source path.
+        path: String,
+    },
+    /// Push one window of a download: the server RDMA-WRITEs file bytes
+    /// `offset..offset+region.len` into `region`, then answers with their hashes.
+    DownloadWindow {
+        /// Transfer id from [`Response::DownloadOpened`].
+        transfer: u64,
+        /// File offset of the window's first byte; a multiple of the chunk size.
+        offset: u64,
+        /// The client's registered, writable destination buffer.
+        region: RegionDesc,
+    },
+    /// End a transfer. For an upload that was not committed this aborts it and removes
+    /// its temporary file; for a download it checks the file did not change meanwhile.
+    Close {
+        /// Transfer id.
+        transfer: u64,
+    },
+}
+
+/// A response from server to client, matched to its request by id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// The request succeeded and has nothing to return.
+    Ok,
+    /// Attributes for [`Request::Stat`].
+    Attr(Attr),
+    /// A listing page; `next` is the cursor of the following page, if any.
+    Dir {
+        /// Entries of this page, sorted by name.
+        entries: Vec<DirEntry>,
+        /// Cursor for the next page, `None` at the end.
+        next: Option<u64>,
+    },
+    /// An upload was opened.
+    UploadOpened {
+        /// Id naming the transfer in later requests.
+        transfer: u64,
+    },
+    /// A window was pulled and every chunk in it verified and written.
+    WindowPulled {
+        /// Bytes pulled.
+        bytes: u64,
+    },
+    /// An upload was committed under its final name.
+    Committed {
+        /// Final size.
+        size: u64,
+    },
+    /// A download was opened.
+    DownloadOpened {
+        /// Id naming the transfer in later requests.
+        transfer: u64,
+        /// Attributes of the file at open time.
+        attr: Attr,
+    },
+    /// A window was pushed into the client's region; here are its chunk hashes.
+    WindowPushed {
+        /// SHA-256 of each chunk of the window, in order.
+        hashes: Vec<Sha256>,
+    },
+    /// The request failed.
+    Error(RemoteError),
+}
+
+/// Why a request failed, as the server reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteError {
+    /// Machine-readable class.
+    pub kind: ErrorKind,
+    /// Human-readable detail (bounded by [`MAX_ERROR_MESSAGE_BYTES`]).
+    pub message: String,
+}
+
+/// Classes of failure a server reports. Appended to, never reordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// No such file or directory.
+    NotFound,
+    /// No share by that name.
+    NoSuchShare,
+    /// The filesystem refused access.
+    PermissionDenied,
+    /// The path, or a symlink on it, resolves outside the share.
+    OutsideShare,
+    /// The share is exported read-only.
+    ReadOnly,
+    /// The server's filesystem is full.
+    NoSpace,
+    /// A path component is not a directory.
+    NotADirectory,
+    /// The target is a directory.
+    IsADirectory,
+    /// The path is malformed (NUL byte, absolute, `..`, too long).
+    InvalidPath,
+    /// Something already exists there.
+    Exists,
+    /// A chunk did not match its SHA-256.
+    Integrity,
+    /// The request broke the protocol (bad window, unknown transfer...).
+    Protocol,
+    /// The file changed while it was being transferred.
+    Changed,
+    /// Another I/O error.
+    Io,
+}
+
+impl ErrorKind {
+    /// Stable snake_case name, used in rcp's `--json` output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::NoSuchShare => "no_such_share",
+            ErrorKind::PermissionDenied => "permission_denied",
+            ErrorKind::OutsideShare => "outside_share",
+            ErrorKind::ReadOnly => "read_only",
+            ErrorKind::NoSpace => "no_space",
+            ErrorKind::NotADirectory => "not_a_directory",
+            ErrorKind::IsADirectory => "is_a_directory",
+            ErrorKind::InvalidPath => "invalid_path",
+            ErrorKind::Exists => "exists",
+            ErrorKind::Integrity => "integrity",
+            ErrorKind::Protocol => "protocol",
+            ErrorKind::Changed => "changed",
+            ErrorKind::Io => "io",
+        }
+    }
+}
+
+/// Everything that crosses the wire as a control message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// Client opens the session.
+    Hello(Hello),
+    /// Server accepts the session.
+    Welcome(Welcome),
+    /// Server refuses the session (bad magic, no common version); it then closes.
+    Refused(RemoteError),
+    /// A client request with its id.
+    Request {
+        /// Client-chosen id, unique among the client's outstanding requests.
+        id: u64,
+        /// The request.
+        body: Request,
+    },
+    /// A server response to the request with the same id.
+    Response {
+        /// Id of the request answered.
+        id: u64,
+        /// The response.
+        body: Response,
+    },
+}

@@ -1,0 +1,209 @@
+//! The client half of a session.
+//!
+//! Call order: [`ClientSession::new`] queues the `Hello`; the driver sends everything
+//! from [`ClientSession::poll_transmit`], feeds each received message to
+//! [`ClientSession::handle_message`], calls [`ClientSession::handle_timeout`] when
+//! [`ClientSession::poll_timeout`] passes, and acts on [`ClientSession::poll_event`].
+//! [`ClientSession::request`] may be called at any time: requests made before the
+//! `Welcome`, or beyond the server's in-flight limit, wait in order inside the session.
+
+use std::collections::{HashSet, VecDeque};
+use std::time::Instant;
+
+use super::timer::{Timer, TimerTable};
+use super::{ProtoError, HANDSHAKE_TIMEOUT};
+use crate::msg::{Hello, Message, Request, Response, Welcome, HELLO_MAGIC, PROTOCOL_VERSION};
+
+/// What the driver must act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientEvent {
+    /// The server accepted the session.
+    Connected(Welcome),
+    /// The answer to request `id`.
+    Response {
+        /// The request's id.
+        id: u64,
+        /// The answer.
+        body: Response,
+    },
+    /// The session is over; every outstanding request has failed.
+    Closed(ProtoError),
+}
+
+#[derive(Debug)]
+enum State {
+    AwaitWelcome,
+    Ready(Welcome),
+    Closed,
+}
+
+/// The client's protocol state machine.
+#[derive(Debug)]
+pub struct ClientSession {
+    state: State,
+    transmit: VecDeque<Message>,
+    events: VecDeque<ClientEvent>,
+    outstanding: HashSet<u64>,
+    queued: VecDeque<(u64, Request)>,
+    next_id: u64,
+    timers: TimerTable,
+}
+
+impl ClientSession {
+    /// Starts a session at `now`, queuing the `Hello`.
+    pub fn new(now: Instant, software: &str) -> ClientSession {
+        let mut timers = TimerTable::default();
+        timers.set(Timer::Handshake, now + HANDSHAKE_TIMEOUT);
+        let hello = Hello {
+            magic: HELLO_MAGIC,
+            min_version: PROTOCOL_VERSION,
+            max_version: PROTOCOL_VERSION,
+            software: software.chars().take(64).collect(),
+        };
+        ClientSession {
+            state: State::AwaitWelcome,
+            transmit: VecDeque::from([Message::Hello(hello)]),
+            events: VecDeque::new(),
+            outstanding: HashSet::new(),
+            queued: VecDeque::new(),
+            next_id: 1,
+            timers,
+        }
+    }
+
+    /// Queues `body` and returns the id its response will carry.
+    pub fn request(&mut self, body: Request) -> Result<u64, ProtoError> {
+        if matches!(self.state, State::Closed) {
+            return Err(ProtoError::Unexpected {
+                got: "request",
+                state: "closed",
+            });
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.queued.push_back((id, body));
+        self.flush_queue();
+        Ok(id)
+    }
+
+    fn flush_queue(&mut self) {
+        let State::Ready(w) = &self.state else {
+            return;
+        };
+        let limit = w.max_inflight_requests.max(1) as usize;
+        while self.outstanding.len() < limit {
+            let Some((id, body)) = self.queued.pop_front() else {
+                break;
+            };
+            self.outstanding.insert(id);
+            self.transmit.push_back(Message::Request { id, body });
+        }
+    }
+
+    /// Feeds one received message in. An error closes the session (and is also
+    /// reported as [`ClientEvent::Closed`]).
+    pub fn handle_message(&mut self, _now: Instant, msg: Message) -> Result<(), ProtoError> {
+        let result = self.on_message(msg);
+        if let Err(e) = &result {
+            self.close(e.clone());
+        }
+        result
+    }
+
+    fn on_message(&mut self, msg: Message) -> Result<(), ProtoError> {
+        match (&self.state, msg) {
+            (State::AwaitWelcome, Message::Welcome(w)) => {
+                if w.version != PROTOCOL_VERSION {
+                    return Err(ProtoError::Incompatible(format!(
+                        "server chose version {}, this client speaks {PROTOCOL_VERSION}",
+                        w.version
+                    )));
+                }
+                self.timers.stop(Timer::Handshake);
+                self.events.push_back(ClientEvent::Connected(w.clone()));
+                self.state = State::Ready(w);
+                self.flush_queue();
+                Ok(())
+            }
+            (State::AwaitWelcome, Message::Refused(e)) => Err(ProtoError::Refused(e.message)),
+            (State::Ready(_), Message::Response { id, body }) => {
+                if !self.outstanding.remove(&id) {
+                    return Err(ProtoError::UnknownRequest(id));
+                }
+                self.events.push_back(ClientEvent::Response { id, body });
+                self.flush_queue();
+                Ok(())
+            }
+            (State::Closed, _) => Ok(()),
+            (state, msg) => Err(ProtoError::Unexpected {
+                got: message_name(&msg),
+                state: match state {
+                    State::AwaitWelcome => "awaiting the server's welcome",
+                    _ => "in session",
+                },
+            }),
+        }
+    }
+
+    /// Fires expired timers.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some(Timer::Handshake) = self.timers.take_expired(now) {
+            self.close(ProtoError::HandshakeTimeout);
+        }
+    }
+
+    fn close(&mut self, reason: ProtoError) {
+        if matches!(self.state, State::Closed) {
+            return;
+        }
+        self.state = State::Closed;
+        self.timers = TimerTable::default();
+        self.outstanding.clear();
+        self.queued.clear();
+        self.events.push_back(ClientEvent::Closed(reason));
+    }
+
+    /// Next message to send.
+    pub fn poll_transmit(&mut self) -> Option<Message> {
+        self.transmit.pop_front()
+    }
+
+    /// Next event to act on.
+    pub fn poll_event(&mut self) -> Option<ClientEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`ClientSession::handle_timeout`] must next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next()
+    }
+
+    /// The server's welcome, once connected.
+    pub fn welcome(&self) -> Option<&Welcome> {
+        match &self.state {
+            State::Ready(w) => Some(w),
+            _ => None,
+        }
+    }
+
+    /// True once the session has ended.
+    pub fn is_closed(&self) -> bool {
+        matches!(self.state, State::Closed)
+    }
+
+    /// Requests sent and not yet answered.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.len()
+    }
+}
+
+/// Short name of a message's variant, for errors.
+pub fn message_name(msg: &Message) -> &'static str {
+    match msg {
+        Message::Hello(_) => "Hello",
+        Message::Welcome(_) => "Welcome",
+        Message::Refused(_) => "Refused",
+        Message::Request { .. } => "Request",
+        Message::Response { .. } => "Response",
+    }
+}

@@ -1,0 +1,76 @@
+//! The sans-IO protocol core: no sockets, no tasks, no clock reads.
+//!
+//! - [`client::ClientSession`] and [`server::ServerSession`] run the handshake, match
+//!   responses to requests and police message order and request limits.
+//! - [`transfer`] holds the window geometry and bookkeeping of uploads and downloads:
+//!   which windows a client asks for, which chunks a window holds, and when an upload
+//!   may commit.
+//!
+//! Inputs are `handle_*` methods taking the current time; outputs are drained with
+//! `poll_transmit`, `poll_event` and `poll_timeout`. Drivers (server, client, fuse
+//! crates) feed every received message in, drain every output, and arm one timer at
+//! `poll_timeout()`. [`pair`] drives both sessions in memory for tests.
+
+use std::time::Duration;
+
+pub mod client;
+pub mod server;
+pub mod timer;
+pub mod transfer;
+
+#[cfg(test)]
+mod pair;
+
+use crate::codec::CodecError;
+use crate::msg::ErrorKind;
+
+/// How long a session may take to complete its handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most requests a client may have outstanding on one session.
+pub const MAX_INFLIGHT_REQUESTS: u32 = 256;
+
+/// A broken rule of the protocol. Fatal to the session that sees it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtoError {
+    /// The bytes did not decode.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// A message arrived that is not allowed in the session's current state.
+    #[error("unexpected {got} while {state}")]
+    Unexpected {
+        /// What arrived.
+        got: &'static str,
+        /// What the session was doing.
+        state: &'static str,
+    },
+    /// The peer does not speak this protocol (bad magic) or no common version.
+    #[error("incompatible peer: {0}")]
+    Incompatible(String),
+    /// The server refused the session.
+    #[error("server refused the session: {0}")]
+    Refused(String),
+    /// A response named a request that is not outstanding.
+    #[error("response to unknown request {0}")]
+    UnknownRequest(u64),
+    /// A request reused the id of an outstanding one.
+    #[error("request id {0} is already outstanding")]
+    DuplicateRequest(u64),
+    /// The client exceeded [`MAX_INFLIGHT_REQUESTS`].
+    #[error("more than {0} requests outstanding")]
+    TooManyRequests(u32),
+    /// The handshake did not finish in time.
+    #[error("handshake timed out")]
+    HandshakeTimeout,
+    /// A transfer request broke the window rules.
+    #[error("{0}")]
+    Transfer(String),
+}
+
+impl ProtoError {
+    /// The [`ErrorKind`] to report to a peer for this error.
+    pub fn kind(&self) -> ErrorKind {
+        ErrorKind::Protocol
+    }
+}

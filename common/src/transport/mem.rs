@@ -1,0 +1,223 @@
+//! Memory that can be registered with a transport.
+//!
+//! Two kinds exist, as the design requires:
+//!
+//! - [`FileWindow`]: a read-only mapping of a window of a file (memmap2). Uploads
+//!   register these so the server can RDMA-READ the source without a copy.
+//! - [`Buffer`]: anonymous, page-aligned, writable memory. Writable registrations always
+//!   use these: since Linux 6.5 a long-term writable pin of a file-backed shared mapping
+//!   fails on ext4/xfs, so a file is never registered writable.
+//!
+//! A [`Buffer`]'s bytes sit behind an async `RwLock`. Invariant: the application only
+//! holds the lock briefly (to fill or read the buffer) and never while a one-sided
+//! operation on the buffer is outstanding; the transport engine takes it to copy
+//! network data in or out. This mirrors RDMA, where memory under an outstanding work
+//! request belongs to the device.
+//!
+//! This module and the verbs module are the only places with `unsafe` code.
+
+#![allow(unsafe_code)]
+
+use std::fs::File;
+use std::sync::Arc;
+
+use memmap2::{Mmap, MmapMut, MmapOptions};
+use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// A read-only mapping of `len` bytes of a file starting at `offset`.
+#[derive(Debug)]
+pub struct FileWindow {
+    map: Mmap,
+    offset: u64,
+}
+
+impl FileWindow {
+    /// Maps `len` bytes of `file` at `offset` read-only. `len` must be non-zero.
+    ///
+    /// If another process truncates the file while it is mapped, touching the vanished
+    /// pages raises SIGBUS, as with every mmap reader; a concurrent in-place change shows
+    /// up as a chunk hash mismatch at the server, never as silently wrong data.
+    pub fn map(file: &File, offset: u64, len: usize) -> std::io::Result<Arc<FileWindow>> {
+        // SAFETY: the mapping is private to this value and read-only (PROT_READ), so no
+        // Rust reference aliases a writable view. The file may still change underneath
+        // (another process); Ferry treats the bytes as untrusted input that is hashed
+        // and verified, never as data with Rust-level invariants.
+        let map = unsafe { MmapOptions::new().offset(offset).len(len).map(file)? };
+        Ok(Arc::new(FileWindow { map, offset }))
+    }
+
+    /// The mapped bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    /// File offset of the first mapped byte.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Address of the first byte in this process.
+    pub fn addr(&self) -> u64 {
+        self.map.as_ptr() as u64
+    }
+
+    /// Mapped length in bytes.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// True if the window is empty (never, for a window made by [`FileWindow::map`]).
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// Anonymous, page-aligned, writable memory of a fixed length.
+#[derive(Debug)]
+pub struct Buffer {
+    data: RwLock<MmapMut>,
+    addr: u64,
+    len: usize,
+}
+
+impl Buffer {
+    /// Allocates `len` bytes (at least one page is mapped). The pages are touched once
+    /// here so that later transfers do not pay for first-touch faults.
+    pub fn new(len: usize) -> std::io::Result<Arc<Buffer>> {
+        let mut map = MmapOptions::new().len(len.max(1)).map_anon()?;
+        for page in map.chunks_mut(4096) {
+            page[0] = 0;
+        }
+        let addr = map.as_ptr() as u64;
+        Ok(Arc::new(Buffer {
+            data: RwLock::new(map),
+            addr,
+            len,
+        }))
+    }
+
+    /// Shared access to the bytes (`..len`).
+    pub async fn read(&self) -> BufferRead<'_> {
+        BufferRead {
+            guard: self.data.read().await,
+            len: self.len,
+        }
+    }
+
+    /// Exclusive access to the bytes (`..len`).
+    pub async fn write(&self) -> BufferWrite<'_> {
+        BufferWrite {
+            guard: self.data.write().await,
+            len: self.len,
+        }
+    }
+
+    /// Address of the first byte in this process; stable for the buffer's lifetime.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length buffer.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Shared view of a [`Buffer`].
+pub struct BufferRead<'a> {
+    guard: RwLockReadGuard<'a, MmapMut>,
+    len: usize,
+}
+
+impl std::ops::Deref for BufferRead<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.guard[..self.len]
+    }
+}
+
+/// Exclusive view of a [`Buffer`].
+pub struct BufferWrite<'a> {
+    guard: RwLockWriteGuard<'a, MmapMut>,
+    len: usize,
+}
+
+impl std::ops::Deref for BufferWrite<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.guard[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for BufferWrite<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.guard[..self.len]
+    }
+}
+
+/// Memory that a transport can register: a file window or a buffer.
+#[derive(Debug, Clone)]
+pub enum Memory {
+    /// A read-only file mapping.
+    File(Arc<FileWindow>),
+    /// Anonymous writable memory.
+    Buffer(Arc<Buffer>),
+}
+
+impl Memory {
+    /// Address of the first byte in this process.
+    pub fn addr(&self) -> u64 {
+        match self {
+            Memory::File(f) => f.addr(),
+            Memory::Buffer(b) => b.addr(),
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Memory::File(f) => f.len(),
+            Memory::Buffer(b) => b.len(),
+        }
+    }
+
+    /// True if the memory is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True if the memory can take writes (only buffers can).
+    pub fn is_writable(&self) -> bool {
+        matches!(self, Memory::Buffer(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn file_window_maps_the_right_bytes() {
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..3 * 4096).map(|i| (i % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        let w = FileWindow::map(&f, 4096, 100).unwrap();
+        assert_eq!(w.bytes(), &data[4096..4196]);
+        assert_eq!(w.offset(), 4096);
+    }
+
+    #[tokio::test]
+    async fn buffer_is_writable_and_zeroed() {
+        let b = Buffer::new(10_000).unwrap();
+        assert!(b.read().await.iter().all(|&x| x == 0));
+        b.write().await[9_999] = 7;
+        assert_eq!(b.read().await[9_999], 7);
+        assert_eq!(b.read().await.len(), 10_000);
+    }
+}

@@ -1,0 +1,315 @@
+//! The per-connection engine: a reader task and a writer task.
+//!
+//! The reader decodes frames. Control messages go to the application's queue; the
+//! peer's READ/WRITE requests are served on the spot against the registration table
+//! (a WRITE's payload is read straight into the granted buffer, a READ's answer is
+//! queued for the writer with a reference to the granted memory); answers to our own
+//! operations complete them. The writer serialises every outgoing frame and flushes
+//! whenever its queue runs dry.
+//!
+//! Invariant: memory is only ever touched inside a range the table granted (peer
+//! operations) or that the local caller registered and bounds-checked (own operations).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc;
+
+use super::wire::{self, MAX_PEER_INFLIGHT_READS, STATUS_OK};
+use super::{Outgoing, Pending, Shared};
+use crate::codec::MAX_CTRL_FRAME_BYTES;
+use crate::transport::{Memory, Op, RemoteSlice, TransportError};
+
+/// Socket buffer size for both directions: large enough that a chunk moves in few
+/// system calls, small enough to be cheap per connection.
+const IO_BUF_BYTES: usize = 256 << 10;
+
+type CtrlTx = mpsc::Sender<Result<Vec<u8>, TransportError>>;
+
+fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> TransportError {
+    move |source| TransportError::Io { op, source }
+}
+
+/// Runs until the peer closes or breaks the framing; then fails every pending
+/// operation and ends the control queue (with the error, if there was one).
+pub(super) async fn reader(shared: Arc<Shared>, r: OwnedReadHalf, ctrl: CtrlTx) {
+    let mut r = BufReader::with_capacity(IO_BUF_BYTES, r);
+    let result = read_loop(&shared, &mut r, &ctrl).await;
+    shared.fail_all();
+    match result {
+        Ok(()) => {}
+        Err(e) => {
+            tracing::debug!(peer = %shared.peer, "transport closed: {e}");
+            let _ = ctrl.send(Err(e)).await;
+        }
+    }
+    // Make the writer stop too: nothing more can be answered.
+    let _ = shared.out.send(Outgoing::Shutdown);
+}
+
+async fn read_loop(
+    shared: &Shared,
+    r: &mut BufReader<OwnedReadHalf>,
+    ctrl: &CtrlTx,
+) -> Result<(), TransportError> {
+    loop {
+        let kind = match r.read_u8().await {
+            Ok(k) => k,
+            // EOF at a frame boundary is a clean close.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(io("read frame")(e)),
+        };
+        match kind {
+            wire::CTRL => {
+                let len = r.read_u32_le().await.map_err(io("read frame"))? as usize;
+                if len > MAX_CTRL_FRAME_BYTES {
+                    return Err(TransportError::Protocol(format!(
+                        "control frame of {len} bytes exceeds {MAX_CTRL_FRAME_BYTES}"
+                    )));
+                }
+                let mut msg = vec![0u8; len];
+                r.read_exact(&mut msg).await.map_err(io("read frame"))?;
+                if ctrl.send(Ok(msg)).await.is_err() {
+                    // The application dropped its end; keep serving one-sided ops.
+                    continue;
+                }
+            }
+            wire::READ_REQ => {
+                let id = r.read_u64_le().await.map_err(io("read frame"))?;
+                let rkey = r.read_u32_le().await.map_err(io("read frame"))?;
+                let addr = r.read_u64_le().await.map_err(io("read frame"))?;
+                let len = r.read_u32_le().await.map_err(io("read frame"))?;
+                let inflight = shared.served_inflight.fetch_add(1, Ordering::SeqCst) + 1;
+                if inflight > MAX_PEER_INFLIGHT_READS {
+                    return Err(TransportError::Protocol(format!(
+                        "peer has more than {MAX_PEER_INFLIGHT_READS} READs outstanding"
+                    )));
+                }
+                let result = match shared.table.check(Op::Read, rkey, addr, len) {
+                    Ok(g) => Ok((g.memory, g.offset, len)),
+                    Err(fault) => {
+                        tracing::warn!(peer = %shared.peer, rkey, addr, len, "refused peer READ: {fault}");
+                        Err(wire::status_of(fault))
+                    }
+                };
+                let _ = shared.out.send(Outgoing::ReadResp { id, result });
+            }
+            wire::WRITE_REQ => {
+                let id = r.read_u64_le().await.map_err(io("read frame"))?;
+                let rkey = r.read_u32_le().await.map_err(io("read frame"))?;
+                let addr = r.read_u64_le().await.map_err(io("read frame"))?;
+                let len = r.read_u32_le().await.map_err(io("read frame"))?;
+                let status = match shared.table.check(Op::Write, rkey, addr, len) {
+                    Ok(g) => {
+                        let Memory::Buffer(buf) = g.memory else {
+                            // The table grants remote write only to buffers.
+                            return Err(TransportError::Protocol(
+                                "write granted to read-only memory".into(),
+                            ));
+                        };
+                        let mut bytes = buf.write().await;
+                        r.read_exact(&mut bytes[g.offset..g.offset + len as usize])
+                            .await
+                            .map_err(io("read WRITE payload"))?;
+                        STATUS_OK
+                    }
+                    Err(fault) => {
+                        tracing::warn!(peer = %shared.peer, rkey, addr, len, "refused peer WRITE: {fault}");
+                        discard(r, u64::from(len)).await?;
+                        wire::status_of(fault)
+                    }
+                };
+                let _ = shared.out.send(Outgoing::WriteResp { id, status });
+            }
+            wire::READ_RESP => {
+                let id = r.read_u64_le().await.map_err(io("read frame"))?;
+                let status = r.read_u8().await.map_err(io("read frame"))?;
+                let pending = shared.pending().remove(&id);
+                let Some(Pending::Read {
+                    dst,
+                    offset,
+                    slice,
+                    done,
+                }) = pending
+                else {
+                    return Err(TransportError::Protocol(format!(
+                        "READ response for unknown operation {id}"
+                    )));
+                };
+                if status == STATUS_OK {
+                    let len = r.read_u32_le().await.map_err(io("read frame"))?;
+                    if len != slice.len {
+                        return Err(TransportError::Protocol(format!(
+                            "READ response of {len} bytes for a {}-byte READ",
+                            slice.len
+                        )));
+                    }
+                    let mut bytes = dst.write().await;
+                    r.read_exact(&mut bytes[offset..offset + len as usize])
+                        .await
+                        .map_err(io("read READ payload"))?;
+                    drop(bytes);
+                    let _ = done.send(Ok(()));
+                } else {
+                    let _ = done.send(Err(refused(Op::Read, status, slice)?));
+                }
+            }
+            wire::WRITE_RESP => {
+                let id = r.read_u64_le().await.map_err(io("read frame"))?;
+                let status = r.read_u8().await.map_err(io("read frame"))?;
+                let Some(Pending::Write { slice, done }) = shared.pending().remove(&id) else {
+                    return Err(TransportError::Protocol(format!(
+                        "WRITE response for unknown operation {id}"
+                    )));
+                };
+                let result = if status == STATUS_OK {
+                    Ok(())
+                } else {
+                    Err(refused(Op::Write, status, slice)?)
+                };
+                let _ = done.send(result);
+            }
+            other => {
+                return Err(TransportError::Protocol(format!(
+                    "unknown frame kind {other:#04x}"
+                )))
+            }
+        }
+    }
+}
+
+fn refused(op: Op, status: u8, s: RemoteSlice) -> Result<TransportError, TransportError> {
+    let fault = wire::fault_of(status)
+        .ok_or_else(|| TransportError::Protocol(format!("unknown status {status}")))?;
+    Ok(TransportError::RemoteAccess {
+        op,
+        fault,
+        rkey: s.rkey,
+        addr: s.addr,
+        len: s.len,
+    })
+}
+
+/// Skips `len` payload bytes of a refused WRITE without storing them.
+async fn discard(r: &mut BufReader<OwnedReadHalf>, len: u64) -> Result<(), TransportError> {
+    let copied = tokio::io::copy(&mut r.take(len), &mut tokio::io::sink())
+        .await
+        .map_err(io("discard WRITE payload"))?;
+    if copied != len {
+        return Err(io("discard WRITE payload")(
+            std::io::ErrorKind::UnexpectedEof.into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Writes queued frames until told to shut down or the socket fails.
+pub(super) async fn writer(
+    shared: Arc<Shared>,
+    w: OwnedWriteHalf,
+    mut queue: mpsc::UnboundedReceiver<Outgoing>,
+) {
+    let mut w = BufWriter::with_capacity(IO_BUF_BYTES, w);
+    let result = write_loop(&shared, &mut w, &mut queue).await;
+    if let Err(e) = &result {
+        tracing::debug!(peer = %shared.peer, "transport writer stopped: {e}");
+    }
+    shared.fail_all();
+    let _ = w.shutdown().await;
+}
+
+async fn write_loop(
+    shared: &Shared,
+    w: &mut BufWriter<OwnedWriteHalf>,
+    queue: &mut mpsc::UnboundedReceiver<Outgoing>,
+) -> Result<(), TransportError> {
+    while let Some(frame) = queue.recv().await {
+        match frame {
+            Outgoing::Shutdown => {
+                w.flush().await.map_err(io("flush"))?;
+                return Ok(());
+            }
+            Outgoing::Ctrl(msg) => {
+                w.write_u8(wire::CTRL).await.map_err(io("send"))?;
+                w.write_u32_le(msg.len() as u32)
+                    .await
+                    .map_err(io("send"))?;
+                w.write_all(&msg).await.map_err(io("send"))?;
+            }
+            Outgoing::ReadReq { id, slice } => {
+                w.write_u8(wire::READ_REQ).await.map_err(io("send"))?;
+                write_slice(w, id, slice).await?;
+            }
+            Outgoing::ReadResp { id, result } => {
+                let sent = send_read_resp(w, id, result).await;
+                shared.served_inflight.fetch_sub(1, Ordering::SeqCst);
+                sent?;
+            }
+            Outgoing::WriteReq {
+                id,
+                slice,
+                src,
+                offset,
+            } => {
+                w.write_u8(wire::WRITE_REQ).await.map_err(io("send"))?;
+                write_slice(w, id, slice).await?;
+                write_memory(w, &src, offset, slice.len).await?;
+            }
+            Outgoing::WriteResp { id, status } => {
+                w.write_u8(wire::WRITE_RESP).await.map_err(io("send"))?;
+                w.write_u64_le(id).await.map_err(io("send"))?;
+                w.write_u8(status).await.map_err(io("send"))?;
+            }
+        }
+        if queue.is_empty() {
+            w.flush().await.map_err(io("flush"))?;
+        }
+    }
+    Ok(())
+}
+
+async fn write_slice(
+    w: &mut BufWriter<OwnedWriteHalf>,
+    id: u64,
+    s: RemoteSlice,
+) -> Result<(), TransportError> {
+    w.write_u64_le(id).await.map_err(io("send"))?;
+    w.write_u32_le(s.rkey).await.map_err(io("send"))?;
+    w.write_u64_le(s.addr).await.map_err(io("send"))?;
+    w.write_u32_le(s.len).await.map_err(io("send"))
+}
+
+async fn send_read_resp(
+    w: &mut BufWriter<OwnedWriteHalf>,
+    id: u64,
+    result: Result<(Memory, usize, u32), u8>,
+) -> Result<(), TransportError> {
+    w.write_u8(wire::READ_RESP).await.map_err(io("send"))?;
+    w.write_u64_le(id).await.map_err(io("send"))?;
+    match result {
+        Ok((memory, offset, len)) => {
+            w.write_u8(STATUS_OK).await.map_err(io("send"))?;
+            w.write_u32_le(len).await.map_err(io("send"))?;
+            write_memory(w, &memory, offset, len).await
+        }
+        Err(status) => w.write_u8(status).await.map_err(io("send")),
+    }
+}
+
+/// Writes `len` bytes of registered memory from `offset`, straight from the memory
+/// (no staging copy; large writes bypass the BufWriter's buffer).
+async fn write_memory(
+    w: &mut BufWriter<OwnedWriteHalf>,
+    memory: &Memory,
+    offset: usize,
+    len: u32,
+) -> Result<(), TransportError> {
+    let range = offset..offset + len as usize;
+    match memory {
+        Memory::File(f) => w.write_all(&f.bytes()[range]).await,
+        Memory::Buffer(b) => w.write_all(&b.read().await[range]).await,
+    }
+    .map_err(io("send payload"))
+}

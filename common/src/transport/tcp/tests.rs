@@ -1,0 +1,263 @@
+use super::*;
+use crate::transport::{AccessFault, FileWindow, Op};
+use tokio::net::TcpListener;
+
+async fn pair() -> (Tcp, Tcp) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (a, b) = tokio::join!(Tcp::connect(addr), async {
+        Tcp::start(l.accept().await.unwrap().0).await
+    });
+    (a.unwrap(), b.unwrap())
+}
+
+async fn filled(len: usize, seed: u8) -> Arc<Buffer> {
+    let b = Buffer::new(len).unwrap();
+    let mut g = b.write().await;
+    for (i, x) in g.iter_mut().enumerate() {
+        *x = (i as u8).wrapping_mul(31).wrapping_add(seed);
+    }
+    drop(g);
+    b
+}
+
+#[tokio::test]
+async fn control_messages_arrive_in_order() {
+    let (a, b) = pair().await;
+    for i in 0..100u8 {
+        a.send(vec![i; i as usize]).await.unwrap();
+    }
+    for i in 0..100u8 {
+        assert_eq!(b.recv().await.unwrap().unwrap(), vec![i; i as usize]);
+    }
+    drop(a);
+    assert!(b.recv().await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn read_pulls_peer_memory_without_peer_code() {
+    let (a, b) = pair().await;
+    let src = filled(3 << 20, 1).await;
+    let reg = b
+        .register(Memory::Buffer(src.clone()), Access::RemoteRead)
+        .unwrap();
+    let dst = a
+        .register(Memory::Buffer(Buffer::new(1 << 20).unwrap()), Access::Local)
+        .unwrap();
+    let slice = RemoteSlice::of(&reg.desc(), 2 << 20, 1 << 20).unwrap();
+    a.read(slice, &dst, 0).await.unwrap();
+    assert_eq!(
+        &dst.buffer().unwrap().read().await[..],
+        &src.read().await[2 << 20..]
+    );
+}
+
+#[tokio::test]
+async fn write_pushes_into_peer_buffer() {
+    let (a, b) = pair().await;
+    let target = Buffer::new(8192).unwrap();
+    let reg = b
+        .register(Memory::Buffer(target.clone()), Access::RemoteWrite)
+        .unwrap();
+    let src = a
+        .register(Memory::Buffer(filled(4096, 9).await), Access::Local)
+        .unwrap();
+    let slice = RemoteSlice::of(&reg.desc(), 100, 4000).unwrap();
+    a.write(&src, 96, slice).await.unwrap();
+    let t = target.read().await;
+    assert!(t[..100].iter().all(|&x| x == 0));
+    assert_eq!(&t[100..4100], &src.buffer().unwrap().read().await[96..4096]);
+    assert!(t[4100..].iter().all(|&x| x == 0));
+}
+
+fn fault(e: TransportError) -> (Op, AccessFault) {
+    match e {
+        TransportError::RemoteAccess { op, fault, .. } => (op, fault),
+        other => panic!("expected a remote access error, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn refused_accesses_leave_memory_untouched() {
+    let (a, b) = pair().await;
+    let target = Buffer::new(4096).unwrap();
+    let rw = b
+        .register(Memory::Buffer(target.clone()), Access::RemoteWrite)
+        .unwrap();
+    let ro = b
+        .register(Memory::Buffer(target.clone()), Access::RemoteRead)
+        .unwrap();
+    let src = a
+        .register(Memory::Buffer(filled(8192, 3).await), Access::Local)
+        .unwrap();
+    let desc = rw.desc();
+
+    // Past the end.
+    let oob = RemoteSlice {
+        rkey: desc.rkey,
+        addr: desc.addr + 4000,
+        len: 200,
+    };
+    assert_eq!(
+        fault(a.write(&src, 0, oob).await.unwrap_err()),
+        (Op::Write, AccessFault::OutOfBounds)
+    );
+    assert_eq!(
+        fault(a.read(oob, &src, 0).await.unwrap_err()),
+        (Op::Read, AccessFault::OutOfBounds)
+    );
+    // Before the start.
+    let before = RemoteSlice {
+        rkey: desc.rkey,
+        addr: desc.addr - 1,
+        len: 2,
+    };
+    assert_eq!(
+        fault(a.write(&src, 0, before).await.unwrap_err()).1,
+        AccessFault::OutOfBounds
+    );
+    // Read-only region.
+    let ro_slice = RemoteSlice::of(&ro.desc(), 0, 10).unwrap();
+    assert_eq!(
+        fault(a.write(&src, 0, ro_slice).await.unwrap_err()),
+        (Op::Write, AccessFault::Denied)
+    );
+    // Revoked rkey.
+    let slice = RemoteSlice::of(&desc, 0, 10).unwrap();
+    drop(rw);
+    assert_eq!(
+        fault(a.write(&src, 0, slice).await.unwrap_err()).1,
+        AccessFault::InvalidRkey
+    );
+    assert!(target.read().await.iter().all(|&x| x == 0));
+
+    // The connection still works after refusals.
+    a.read(ro_slice, &src, 0).await.unwrap();
+    a.send(b"still here".to_vec()).await.unwrap();
+    assert_eq!(b.recv().await.unwrap().unwrap(), b"still here");
+}
+
+#[tokio::test]
+async fn file_windows_cannot_be_registered_writable() {
+    use std::io::Write;
+    let (a, _b) = pair().await;
+    let mut f = tempfile::tempfile().unwrap();
+    f.write_all(&[1; 4096]).unwrap();
+    let w = FileWindow::map(&f, 0, 4096).unwrap();
+    assert!(matches!(
+        a.register(Memory::File(w.clone()), Access::RemoteWrite),
+        Err(TransportError::Local(_))
+    ));
+    assert!(a.register(Memory::File(w), Access::RemoteRead).is_ok());
+}
+
+#[tokio::test]
+async fn local_bounds_are_checked_before_sending() {
+    let (a, b) = pair().await;
+    let reg = b
+        .register(Memory::Buffer(Buffer::new(4096).unwrap()), Access::RemoteWrite)
+        .unwrap();
+    let small = a
+        .register(Memory::Buffer(Buffer::new(10).unwrap()), Access::Local)
+        .unwrap();
+    let slice = RemoteSlice::of(&reg.desc(), 0, 100).unwrap();
+    assert!(matches!(
+        a.read(slice, &small, 0).await,
+        Err(TransportError::Local(_))
+    ));
+    assert!(matches!(
+        a.write(&small, 5, slice).await,
+        Err(TransportError::Local(_))
+    ));
+    assert!(RemoteSlice::of(&reg.desc(), 4000, 100).is_none());
+}
+
+#[tokio::test]
+async fn registrations_are_revoked_on_drop() {
+    let (a, _b) = pair().await;
+    let regs: Vec<_> = (0..10)
+        .map(|_| {
+            a.register(Memory::Buffer(Buffer::new(1).unwrap()), Access::RemoteRead)
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(a.registrations(), 10);
+    drop(regs);
+    assert_eq!(a.registrations(), 0);
+}
+
+#[tokio::test]
+async fn pending_operations_fail_when_the_peer_dies() {
+    let (a, b) = pair().await;
+    let reg = b
+        .register(Memory::Buffer(Buffer::new(4096).unwrap()), Access::RemoteRead)
+        .unwrap();
+    let slice = RemoteSlice::of(&reg.desc(), 0, 4096).unwrap();
+    drop(b);
+    let dst = a
+        .register(Memory::Buffer(Buffer::new(4096).unwrap()), Access::Local)
+        .unwrap();
+    // Either the READ raced the close and failed, or it was refused at submission.
+    let r = a.read(slice, &dst, 0).await;
+    assert!(r.is_err());
+    assert!(a.recv().await.unwrap().is_none());
+    assert!(matches!(a.send(vec![1]).await, Err(TransportError::Closed)));
+}
+
+async fn raw_peer(frames: &[u8]) -> Tcp {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let frames = frames.to_vec();
+    tokio::spawn(async move {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(&wire::GREETING).await.unwrap();
+        s.write_all(&frames).await.unwrap();
+        s.shutdown().await.unwrap();
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink).await;
+    });
+    Tcp::start(l.accept().await.unwrap().0).await.unwrap()
+}
+
+#[tokio::test]
+async fn oversized_control_frame_is_a_protocol_error() {
+    let mut f = vec![wire::CTRL];
+    f.extend_from_slice(&u32::MAX.to_le_bytes());
+    let t = raw_peer(&f).await;
+    assert!(matches!(t.recv().await, Err(TransportError::Protocol(_))));
+}
+
+#[tokio::test]
+async fn unknown_frame_kind_is_a_protocol_error() {
+    let t = raw_peer(&[0x7f, 1, 2, 3]).await;
+    assert!(matches!(t.recv().await, Err(TransportError::Protocol(_))));
+}
+
+#[tokio::test]
+async fn response_to_unknown_operation_is_a_protocol_error() {
+    let mut f = vec![wire::WRITE_RESP];
+    f.extend_from_slice(&99u64.to_le_bytes());
+    f.push(0);
+    let t = raw_peer(&f).await;
+    assert!(matches!(t.recv().await, Err(TransportError::Protocol(_))));
+}
+
+#[tokio::test]
+async fn truncated_frame_is_an_error_not_a_clean_close() {
+    let t = raw_peer(&[wire::CTRL, 10, 0, 0, 0, 1, 2]).await;
+    assert!(t.recv().await.is_err());
+}
+
+#[tokio::test]
+async fn wrong_greeting_is_refused() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"SSH-2.0-").await.unwrap();
+        let mut sink = [0u8; 8];
+        let _ = s.read_exact(&mut sink).await;
+    });
+    let r = Tcp::start(l.accept().await.unwrap().0).await;
+    assert!(matches!(r, Err(TransportError::Protocol(_))));
+}

@@ -1,0 +1,334 @@
+//! A connection to ferryd: a thin driver around the sans-IO
+//! [`ClientSession`], shared by every concurrent operation of one `rcp` run.
+//!
+//! A background task feeds received messages into the session and completes the
+//! waiting calls; [`Client::call`] queues a request and waits for its response.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_common::codec;
+use ferry_common::msg::{Attr, DirEntry, Request, Response, Timestamp, Welcome};
+use ferry_common::proto::client::{ClientEvent, ClientSession};
+use ferry_common::transport::tcp::Tcp;
+use ferry_common::transport::{Buffer, SharedTransport, TransportError};
+use tokio::sync::oneshot;
+
+use crate::error::ClientError;
+
+/// Software name sent in the hello.
+pub const SOFTWARE: &str = concat!("ferry-client/", env!("CARGO_PKG_VERSION"));
+
+/// How long to wait for a TCP connection to be accepted.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Waiter = oneshot::Sender<Result<Response, ClientError>>;
+
+struct Inner {
+    transport: SharedTransport,
+    session: Mutex<ClientSession>,
+    waiters: Mutex<HashMap<u64, Waiter>>,
+    connected: Mutex<Option<oneshot::Sender<Result<Welcome, String>>>>,
+    welcome: Mutex<Option<Welcome>>,
+    /// Reusable download buffers, so fresh memory is faulted in only once per run.
+    buffers: Mutex<Vec<Arc<Buffer>>>,
+    addr: String,
+}
+
+/// A connected, handshaken session with a server. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every critical section leaves the data consistent; poisoning carries nothing.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Client {
+    /// Connects to `host:port` over the TCP transport and completes the handshake.
+    pub async fn connect(host: &str, port: u16) -> Result<Client, ClientError> {
+        let addr = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        let connect_err = |cause: String| ClientError::Connect {
+            addr: addr.clone(),
+            cause,
+        };
+        let addrs: Vec<_> = tokio::net::lookup_host((host, port))
+            .await
+            .map_err(|_| connect_err("no such host".into()))?
+            .collect();
+        if addrs.is_empty() {
+            return Err(connect_err("no such host".into()));
+        }
+        let mut last = String::new();
+        for a in addrs {
+            match tokio::time::timeout(CONNECT_TIMEOUT, Tcp::connect(a)).await {
+                Ok(Ok(t)) => return Client::start(Arc::new(t), addr).await,
+                Ok(Err(TransportError::Io { source, .. })) => last = describe_connect(&source),
+                Ok(Err(e)) => last = e.to_string(),
+                Err(_) => last = format!("timed out after {CONNECT_TIMEOUT:?}"),
+            }
+        }
+        Err(connect_err(last))
+    }
+
+    /// Runs the handshake over an established transport (any backend, or a test
+    /// wrapper); `addr` names the server in messages.
+    pub async fn start(transport: SharedTransport, addr: String) -> Result<Client, ClientError> {
+        let (tx, rx) = oneshot::channel();
+        let inner = Arc::new(Inner {
+            transport,
+            session: Mutex::new(ClientSession::new(Instant::now(), SOFTWARE)),
+            waiters: Mutex::new(HashMap::new()),
+            connected: Mutex::new(Some(tx)),
+            welcome: Mutex::new(None),
+            buffers: Mutex::new(Vec::new()),
+            addr: addr.clone(),
+        });
+        tokio::spawn(drive(inner.clone()));
+        flush(&inner).await;
+        match rx.await {
+            Ok(Ok(w)) => {
+                *lock(&inner.welcome) = Some(w);
+                Ok(Client { inner })
+            }
+            Ok(Err(cause)) => Err(ClientError::Handshake { addr, cause }),
+            Err(_) => Err(ClientError::Handshake {
+                addr,
+                cause: "connection closed during the handshake".into(),
+            }),
+        }
+    }
+
+    /// The server's welcome.
+    pub fn welcome(&self) -> Welcome {
+        lock(&self.inner.welcome)
+            .clone()
+            .expect("a Client exists only after the welcome")
+    }
+
+    /// The transport (for registering memory).
+    pub fn transport(&self) -> &SharedTransport {
+        &self.inner.transport
+    }
+
+    /// `host:port` of the server.
+    pub fn addr(&self) -> &str {
+        &self.inner.addr
+    }
+
+    /// Sends `req` and waits for its response; a [`Response::Error`] becomes
+    /// [`ClientError::Remote`].
+    pub async fn call(&self, req: Request) -> Result<Response, ClientError> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut session = lock(&self.inner.session);
+            let id = session.request(req)?;
+            // Registered while the session is locked: the driver cannot see the
+            // response before the waiter exists.
+            lock(&self.inner.waiters).insert(id, tx);
+        }
+        flush(&self.inner).await;
+        match rx.await {
+            Ok(Ok(Response::Error(e))) => Err(ClientError::Remote(e)),
+            Ok(r) => r,
+            Err(_) => Err(ClientError::Disconnected("connection closed".into())),
+        }
+    }
+
+    /// Closes the connection.
+    pub fn close(&self) {
+        self.inner.transport.close();
+    }
+
+    /// Takes a pooled buffer of at least `len` bytes, or makes one.
+    pub(crate) fn take_buffer(&self, len: usize) -> Result<Arc<Buffer>, std::io::Error> {
+        let mut pool = lock(&self.inner.buffers);
+        match pool.iter().position(|b| b.len() >= len) {
+            Some(i) => Ok(pool.swap_remove(i)),
+            None => Buffer::new(len),
+        }
+    }
+
+    /// Returns a buffer to the pool.
+    pub(crate) fn give_buffer(&self, buf: Arc<Buffer>) {
+        lock(&self.inner.buffers).push(buf);
+    }
+
+    /// Attributes of `path` in `share`.
+    pub async fn stat(&self, share: &str, path: &str, follow: bool) -> Result<Attr, ClientError> {
+        let req = Request::Stat {
+            share: share.into(),
+            path: path.into(),
+            follow,
+        };
+        match self.call(req).await? {
+            Response::Attr(a) => Ok(a),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Every entry of a directory (all pages).
+    pub async fn list_dir(&self, share: &str, path: &str) -> Result<Vec<DirEntry>, ClientError> {
+        let mut all = Vec::new();
+        let mut cursor = 0;
+        loop {
+            let req = Request::ListDir {
+                share: share.into(),
+                path: path.into(),
+                cursor,
+            };
+            match self.call(req).await? {
+                Response::Dir { entries, next } => {
+                    all.extend(entries);
+                    match next {
+                        Some(n) if n > cursor => cursor = n,
+                        Some(_) => return Err(unexpected(Response::Ok)),
+                        None => return Ok(all),
+                    }
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
+    }
+
+    /// Creates a directory.
+    pub async fn mkdir(&self, share: &str, path: &str, mode: u32, exist_ok: bool) -> Result<(), ClientError> {
+        let req = Request::Mkdir {
+            share: share.into(),
+            path: path.into(),
+            mode,
+            exist_ok,
+        };
+        self.call(req).await.and_then(expect_ok)
+    }
+
+    /// Creates (or atomically replaces) a symlink.
+    pub async fn symlink(&self, share: &str, path: &str, target: &str) -> Result<(), ClientError> {
+        let req = Request::Symlink {
+            share: share.into(),
+            path: path.into(),
+            target: target.into(),
+        };
+        self.call(req).await.and_then(expect_ok)
+    }
+
+    /// Sets mode and/or mtime.
+    pub async fn set_attr(
+        &self,
+        share: &str,
+        path: &str,
+        mode: Option<u32>,
+        mtime: Option<Timestamp>,
+    ) -> Result<(), ClientError> {
+        let req = Request::SetAttr {
+            share: share.into(),
+            path: path.into(),
+            mode,
+            mtime,
+        };
+        self.call(req).await.and_then(expect_ok)
+    }
+}
+
+fn describe_connect(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::ConnectionRefused => "connection refused".into(),
+        std::io::ErrorKind::TimedOut => "connection timed out".into(),
+        _ => e.to_string(),
+    }
+}
+
+/// The error for a response of the wrong type.
+pub(crate) fn unexpected(r: Response) -> ClientError {
+    ClientError::Protocol(ferry_common::proto::ProtoError::Transfer(format!(
+        "unexpected response {r:?}"
+    )))
+}
+
+fn expect_ok(r: Response) -> Result<(), ClientError> {
+    match r {
+        Response::Ok => Ok(()),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// Sends everything the session queued.
+async fn flush(inner: &Inner) {
+    let out: Vec<_> = {
+        let mut s = lock(&inner.session);
+        std::iter::from_fn(|| s.poll_transmit()).collect()
+    };
+    for msg in out {
+        let Ok(bytes) = codec::encode(&msg) else {
+            continue;
+        };
+        if inner.transport.send(bytes).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Receives until the connection ends, completing waiters; then fails the rest.
+async fn drive(inner: Arc<Inner>) {
+    let reason = loop {
+        let deadline = lock(&inner.session).poll_timeout();
+        let sleep = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            received = inner.transport.recv() => match received {
+                Ok(Some(bytes)) => match codec::decode(&bytes) {
+                    Ok(msg) => {
+                        let _ = lock(&inner.session).handle_message(Instant::now(), msg);
+                    }
+                    Err(e) => break format!("malformed message from server: {e}"),
+                },
+                Ok(None) => break "server closed the connection".to_string(),
+                Err(e) => break e.to_string(),
+            },
+            () = sleep => lock(&inner.session).handle_timeout(Instant::now()),
+        }
+        if let Some(reason) = pump(&inner) {
+            break reason;
+        }
+        flush(&inner).await;
+    };
+    inner.transport.close();
+    if let Some(tx) = lock(&inner.connected).take() {
+        let _ = tx.send(Err(reason.clone()));
+    }
+    let waiters: Vec<Waiter> = lock(&inner.waiters).drain().map(|(_, w)| w).collect();
+    for w in waiters {
+        let _ = w.send(Err(ClientError::Disconnected(reason.clone())));
+    }
+}
+
+/// Acts on session events; returns a reason once the session closed.
+fn pump(inner: &Inner) -> Option<String> {
+    loop {
+        let event = lock(&inner.session).poll_event()?;
+        match event {
+            ClientEvent::Connected(w) => {
+                if let Some(tx) = lock(&inner.connected).take() {
+                    let _ = tx.send(Ok(w));
+                }
+            }
+            ClientEvent::Response { id, body } => {
+                if let Some(w) = lock(&inner.waiters).remove(&id) {
+                    let _ = w.send(Ok(body));
+                }
+            }
+            ClientEvent::Closed(reason) => return Some(reason.to_string()),
+        }
+    }
+}

@@ -1,0 +1,494 @@
+//! `rcp`'s copy jobs: cp/scp semantics for files and trees, in both directions.
+//!
+//! A copy is planned first (every source resolved, trees walked), then executed:
+//! directories are created (owner-writable) in pre-order, files and symlinks are copied
+//! with at most `jobs` files in flight, and finally directory modes and mtimes are set
+//! deepest first, so that creating children does not disturb a parent's mtime.
+//! A failing item is recorded and the rest of the copy goes on.
+
+use std::fs;
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use ferry_common::attr::attr_of;
+use ferry_common::msg::{ErrorKind, FileKind, Timestamp};
+use ferry_common::TEMP_PREFIX;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use crate::client::Client;
+use crate::error::ClientError;
+use crate::location::Remote;
+use crate::transfer::{download_file, upload_file, ProgressFn};
+
+/// Options of a copy.
+#[derive(Debug, Clone)]
+pub struct CopyOptions {
+    /// Copy directories.
+    pub recursive: bool,
+    /// Files in flight at once.
+    pub jobs: usize,
+}
+
+/// One failed item.
+#[derive(Debug)]
+pub struct ItemError {
+    /// The item, as the user would name it.
+    pub path: String,
+    /// What went wrong.
+    pub error: ClientError,
+}
+
+/// What a copy did.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Regular files copied.
+    pub files: u64,
+    /// Directories created or reused.
+    pub dirs: u64,
+    /// Symlinks copied.
+    pub symlinks: u64,
+    /// File bytes copied.
+    pub bytes: u64,
+    /// Items that failed.
+    pub errors: Vec<ItemError>,
+}
+
+/// Progress callbacks of a copy.
+pub trait Progress: Send + Sync {
+    /// The total number of file bytes, once planned.
+    fn set_total(&self, bytes: u64);
+    /// `bytes` more were copied.
+    fn advance(&self, bytes: u64);
+}
+
+/// A directory to create, with the attributes to give it at the end.
+struct DirItem<T> {
+    target: T,
+    mode: u32,
+    mtime: Timestamp,
+}
+
+/// A planned copy from `S` (source) to `T` (target).
+struct Plan<S, T> {
+    dirs: Vec<DirItem<T>>,
+    files: Vec<(S, T, u64)>,
+    symlinks: Vec<(String, T)>,
+}
+
+impl<S, T> Default for Plan<S, T> {
+    fn default() -> Self {
+        Plan {
+            dirs: Vec::new(),
+            files: Vec::new(),
+            symlinks: Vec::new(),
+        }
+    }
+}
+
+impl<S, T> Plan<S, T> {
+    fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|(_, _, n)| n).sum()
+    }
+}
+
+struct Shared {
+    report: Mutex<Report>,
+    progress: Arc<dyn Progress>,
+}
+
+impl Shared {
+    fn fail(&self, path: String, error: ClientError) {
+        lock(&self.report).errors.push(ItemError { path, error });
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn base_name(p: &Path) -> Option<String> {
+    p.file_name().map(|n| n.to_string_lossy().into_owned())
+}
+
+// ---------------------------------------------------------------- upload
+
+/// Copies local `sources` to `dest` on the server `client` is connected to.
+pub async fn upload(
+    client: &Client,
+    sources: &[PathBuf],
+    dest: &Remote,
+    opts: &CopyOptions,
+    progress: Arc<dyn Progress>,
+) -> Report {
+    let shared = Arc::new(Shared {
+        report: Mutex::new(Report::default()),
+        progress,
+    });
+    let dest_is_dir = match client.stat(&dest.share, &dest.path, true).await {
+        Ok(a) => a.kind == FileKind::Dir,
+        Err(e) if e.remote_kind() == Some(ErrorKind::NotFound) => false,
+        Err(e) => {
+            shared.fail(dest.display(), e);
+            return finish_report(shared);
+        }
+    };
+    if sources.len() > 1 && !dest_is_dir {
+        shared.fail(
+            dest.display(),
+            ClientError::Usage(format!(
+                "{}: target is not a directory (needed for several sources)",
+                dest.display()
+            )),
+        );
+        return finish_report(shared);
+    }
+    let mut plan: Plan<PathBuf, String> = Plan::default();
+    for src in sources {
+        let target = if dest_is_dir {
+            match base_name(src) {
+                Some(n) => dest.join(&n).path,
+                None => {
+                    shared.fail(
+                        src.display().to_string(),
+                        ClientError::Usage(format!("{}: cannot copy a path without a name", src.display())),
+                    );
+                    continue;
+                }
+            }
+        } else {
+            dest.path.clone()
+        };
+        // Command-line sources are followed, like cp and scp do.
+        let meta = match fs::metadata(src) {
+            Ok(m) => m,
+            Err(e) => {
+                shared.fail(src.display().to_string(), ClientError::local(src, "cannot stat", e));
+                continue;
+            }
+        };
+        if meta.is_dir() {
+            if !opts.recursive {
+                shared.fail(
+                    src.display().to_string(),
+                    ClientError::Usage(format!("{}: is a directory (use -r)", src.display())),
+                );
+                continue;
+            }
+            walk_local(src, target, &meta, &mut plan, &shared);
+        } else if meta.is_file() {
+            plan.files.push((src.clone(), target, meta.len()));
+        } else {
+            shared.fail(
+                src.display().to_string(),
+                ClientError::local(src, "cannot copy", std::io::Error::other("not a regular file or directory")),
+            );
+        }
+    }
+    shared.progress.set_total(plan.total_bytes());
+
+    // Directories, parents first, owner-writable until the end.
+    for d in &plan.dirs {
+        let r = client.mkdir(&dest.share, &d.target, d.mode | 0o700, true).await;
+        match r {
+            Ok(()) => lock(&shared.report).dirs += 1,
+            Err(e) => shared.fail(dest.with_path(d.target.clone()).display(), e),
+        }
+    }
+    let sem = Arc::new(Semaphore::new(opts.jobs.max(1)));
+    let mut tasks = JoinSet::new();
+    for (src, target, _) in plan.files {
+        let (client, shared, sem, share) = (client.clone(), shared.clone(), sem.clone(), dest.share.clone());
+        tasks.spawn(async move {
+            let _permit = sem.acquire_owned().await;
+            let progress: ProgressFn = {
+                let shared = shared.clone();
+                Arc::new(move |n| shared.progress.advance(n))
+            };
+            match upload_file(&client, &src, &share, &target, progress).await {
+                Ok(n) => {
+                    let mut r = lock(&shared.report);
+                    r.files += 1;
+                    r.bytes += n;
+                }
+                Err(e) => shared.fail(src.display().to_string(), e),
+            }
+        });
+    }
+    for (link_target, target) in plan.symlinks {
+        let (client, shared, share) = (client.clone(), shared.clone(), dest.share.clone());
+        let shown = dest.with_path(target.clone()).display();
+        tasks.spawn(async move {
+            match client.symlink(&share, &target, &link_target).await {
+                Ok(()) => lock(&shared.report).symlinks += 1,
+                Err(e) => shared.fail(shown, e),
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    for d in plan.dirs.iter().rev() {
+        if let Err(e) = client
+            .set_attr(&dest.share, &d.target, Some(d.mode), Some(d.mtime))
+            .await
+        {
+            shared.fail(dest.with_path(d.target.clone()).display(), e);
+        }
+    }
+    finish_report(shared)
+}
+
+fn join_rel(base: &str, name: &str) -> String {
+    if base.is_empty() {
+        name.to_string()
+    } else {
+        format!("{base}/{name}")
+    }
+}
+
+fn walk_local(
+    src: &Path,
+    target: String,
+    meta: &fs::Metadata,
+    plan: &mut Plan<PathBuf, String>,
+    shared: &Shared,
+) {
+    let attr = attr_of(meta, None);
+    plan.dirs.push(DirItem {
+        target: target.clone(),
+        mode: attr.mode,
+        mtime: attr.mtime,
+    });
+    let entries = match fs::read_dir(src) {
+        Ok(e) => e,
+        Err(e) => {
+            shared.fail(src.display().to_string(), ClientError::local(src, "cannot list", e));
+            return;
+        }
+    };
+    let mut children: Vec<_> = entries.filter_map(|e| e.ok()).collect();
+    children.sort_by_key(|e| e.file_name());
+    for entry in children {
+        let path = entry.path();
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            shared.fail(
+                path.display().to_string(),
+                ClientError::local(&path, "cannot copy", std::io::Error::other("name is not UTF-8")),
+            );
+            continue;
+        };
+        if name.starts_with(TEMP_PREFIX) {
+            continue;
+        }
+        let child_target = join_rel(&target, &name);
+        let meta = match fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            Err(e) => {
+                shared.fail(path.display().to_string(), ClientError::local(&path, "cannot stat", e));
+                continue;
+            }
+        };
+        let t = meta.file_type();
+        if t.is_dir() {
+            walk_local(&path, child_target, &meta, plan, shared);
+        } else if t.is_file() {
+            plan.files.push((path, child_target, meta.len()));
+        } else if t.is_symlink() {
+            match fs::read_link(&path) {
+                Ok(l) => plan
+                    .symlinks
+                    .push((l.to_string_lossy().into_owned(), child_target)),
+                Err(e) => shared.fail(path.display().to_string(), ClientError::local(&path, "cannot read link", e)),
+            }
+        } else {
+            tracing::warn!(path = %path.display(), "skipping a special file");
+        }
+    }
+}
+
+// ---------------------------------------------------------------- download
+
+/// Copies remote `sources` (all on the server `client` is connected to) to the local
+/// path `dest`.
+pub async fn download(
+    client: &Client,
+    sources: &[Remote],
+    dest: &Path,
+    opts: &CopyOptions,
+    progress: Arc<dyn Progress>,
+) -> Report {
+    let shared = Arc::new(Shared {
+        report: Mutex::new(Report::default()),
+        progress,
+    });
+    let dest_is_dir = fs::metadata(dest).is_ok_and(|m| m.is_dir());
+    if sources.len() > 1 && !dest_is_dir {
+        shared.fail(
+            dest.display().to_string(),
+            ClientError::Usage(format!(
+                "{}: target is not a directory (needed for several sources)",
+                dest.display()
+            )),
+        );
+        return finish_report(shared);
+    }
+    let mut plan: Plan<Remote, PathBuf> = Plan::default();
+    for src in sources {
+        let target = if dest_is_dir {
+            dest.join(src.base_name())
+        } else {
+            dest.to_owned()
+        };
+        let attr = match client.stat(&src.share, &src.path, true).await {
+            Ok(a) => a,
+            Err(e) => {
+                shared.fail(src.display(), e);
+                continue;
+            }
+        };
+        match attr.kind {
+            FileKind::Dir if !opts.recursive => shared.fail(
+                src.display(),
+                ClientError::Usage(format!("{}: is a directory (use -r)", src.display())),
+            ),
+            FileKind::Dir => {
+                plan.dirs.push(DirItem {
+                    target: target.clone(),
+                    mode: attr.mode,
+                    mtime: attr.mtime,
+                });
+                walk_remote(client, src, &target, &mut plan, &shared).await;
+            }
+            FileKind::File => plan.files.push((src.clone(), target, attr.size)),
+            _ => shared.fail(
+                src.display(),
+                ClientError::Usage(format!("{}: not a regular file or directory", src.display())),
+            ),
+        }
+    }
+    shared.progress.set_total(plan.total_bytes());
+
+    for d in &plan.dirs {
+        let r = match fs::create_dir(&d.target) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && d.target.is_dir() => Ok(()),
+            Err(e) => Err(e),
+        }
+        .and_then(|()| {
+            let m = fs::metadata(&d.target)?.mode();
+            fs::set_permissions(&d.target, fs::Permissions::from_mode((m & 0o7777) | 0o700))
+        });
+        match r {
+            Ok(()) => lock(&shared.report).dirs += 1,
+            Err(e) => shared.fail(
+                d.target.display().to_string(),
+                ClientError::local(&d.target, "cannot create directory", e),
+            ),
+        }
+    }
+    let sem = Arc::new(Semaphore::new(opts.jobs.max(1)));
+    let mut tasks = JoinSet::new();
+    for (src, target, _) in plan.files {
+        let (client, shared, sem) = (client.clone(), shared.clone(), sem.clone());
+        tasks.spawn(async move {
+            let _permit = sem.acquire_owned().await;
+            let progress: ProgressFn = {
+                let shared = shared.clone();
+                Arc::new(move |n| shared.progress.advance(n))
+            };
+            match download_file(&client, &src.share, &src.path, &target, progress).await {
+                Ok(n) => {
+                    let mut r = lock(&shared.report);
+                    r.files += 1;
+                    r.bytes += n;
+                }
+                Err(e) => shared.fail(src.display(), e),
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    for (link_target, target) in plan.symlinks {
+        match make_local_symlink(&link_target, &target) {
+            Ok(()) => lock(&shared.report).symlinks += 1,
+            Err(e) => shared.fail(
+                target.display().to_string(),
+                ClientError::local(&target, "cannot create symlink", e),
+            ),
+        }
+    }
+    for d in plan.dirs.iter().rev() {
+        let r = fs::set_permissions(&d.target, fs::Permissions::from_mode(d.mode & 0o7777))
+            .and_then(|()| fs::File::open(&d.target)?.set_modified(d.mtime.to_system()));
+        if let Err(e) = r {
+            shared.fail(
+                d.target.display().to_string(),
+                ClientError::local(&d.target, "cannot set attributes", e),
+            );
+        }
+    }
+    finish_report(shared)
+}
+
+/// Walks a remote directory breadth-first, adding everything below it to `plan`.
+async fn walk_remote(
+    client: &Client,
+    root: &Remote,
+    target: &Path,
+    plan: &mut Plan<Remote, PathBuf>,
+    shared: &Shared,
+) {
+    let mut queue = std::collections::VecDeque::from([(root.clone(), target.to_owned())]);
+    while let Some((dir, local)) = queue.pop_front() {
+        let entries = match client.list_dir(&dir.share, &dir.path).await {
+            Ok(e) => e,
+            Err(e) => {
+                shared.fail(dir.display(), e);
+                continue;
+            }
+        };
+        for entry in entries {
+            if entry.name.contains('/') || entry.name == ".." || entry.name == "." || entry.name.is_empty() {
+                shared.fail(
+                    dir.display(),
+                    ClientError::Protocol(ferry_common::proto::ProtoError::Transfer(format!(
+                        "server listed an invalid name {:?}",
+                        entry.name
+                    ))),
+                );
+                continue;
+            }
+            let child = dir.join(&entry.name);
+            let child_local = local.join(&entry.name);
+            match entry.attr.kind {
+                FileKind::Dir => {
+                    plan.dirs.push(DirItem {
+                        target: child_local.clone(),
+                        mode: entry.attr.mode,
+                        mtime: entry.attr.mtime,
+                    });
+                    queue.push_back((child, child_local));
+                }
+                FileKind::File => plan.files.push((child, child_local, entry.attr.size)),
+                FileKind::Symlink => match entry.attr.symlink_target {
+                    Some(t) => plan.symlinks.push((t, child_local)),
+                    None => shared.fail(child.display(), ClientError::Usage("symlink without target".into())),
+                },
+                FileKind::Other => tracing::warn!(path = %child.display(), "skipping a special file"),
+            }
+        }
+    }
+}
+
+/// Creates `link` -> `target`, atomically replacing a file or link already there.
+fn make_local_symlink(target: &str, link: &Path) -> std::io::Result<()> {
+    let dir = link.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp = dir.join(format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>()));
+    symlink(target, &tmp)?;
+    fs::rename(&tmp, link).inspect_err(|_| {
+        let _ = fs::remove_file(&tmp);
+    })
+}
+
+fn finish_report(shared: Arc<Shared>) -> Report {
+    std::mem::take(&mut *lock(&shared.report))
+}

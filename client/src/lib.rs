@@ -1,0 +1,30 @@
+//! The Ferry client library, and the engine behind `rcp`.
+//!
+//! - [`client::Client`]: one connection and session to ferryd; metadata calls.
+//! - [`transfer`]: upload and download of one file. Uploads register the mmapped
+//!   source window read-only and let the server PULL it (RDMA READ); downloads register
+//!   pooled anonymous buffers writable and let the server PUSH into them (RDMA WRITE).
+//!   Every chunk is checked against its SHA-256; downloads appear under their final
+//!   name only after every chunk verified.
+//! - [`copy`]: cp/scp semantics for files and trees, with files in flight concurrently.
+//! - [`location`]: parsing `HOST[:PORT]:SHARE/PATH` operands.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ferry_client::error::ClientError> {
+//! use std::sync::Arc;
+//! let client = ferry_client::client::Client::connect("127.0.0.1", 7447).await?;
+//! let progress: ferry_client::transfer::ProgressFn = Arc::new(|_bytes| {});
+//! ferry_client::transfer::upload_file(&client, "big.bin".as_ref(), "data", "big.bin", progress).await?;
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod copy;
+pub mod error;
+pub mod location;
+pub mod transfer;
+
+pub use client::Client;
+pub use error::ClientError;

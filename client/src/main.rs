@@ -1,0 +1,279 @@
+//! `rcp`: copy files and trees to and from ferryd.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Parser;
+use ferry_client::copy::{self, CopyOptions, Progress, Report};
+use ferry_client::error::{exit, ClientError};
+use ferry_client::location::{self, Location, Remote};
+use ferry_client::Client;
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Copy files and directory trees to and from a Ferry server (ferryd), like scp.
+///
+/// File data moves by one-sided RDMA READ (uploads: the server pulls from your mapped
+/// file) and RDMA WRITE (downloads: the server pushes into your registered buffers),
+/// emulated over TCP where no RDMA device exists. Every 1 MiB chunk is verified
+/// against its SHA-256, and a file appears under its final name only when complete.
+#[derive(Parser, Debug)]
+#[command(
+    name = "rcp",
+    version,
+    after_help = "REMOTE PATHS:\n  HOST[:PORT]:SHARE[/PATH]     e.g. storage1:backups/db.dump, 10.0.0.5:7447:data/x\n  [IPv6]:PORT:SHARE[/PATH]     e.g. [::1]:7447:data/x\n  An operand is remote if it has a ':' before any '/'. Default port 7447.\n\nEXAMPLES:\n  rcp big.iso storage1:data/isos/           upload into a directory\n  rcp storage1:data/isos/big.iso ./         download\n  rcp -r photos storage1:data/              upload a tree (symlinks, modes, mtimes kept)\n  rcp --json a b c storage1:data/in/        several files, JSON summary on stdout\n\nEXIT CODES:\n  0 success   1 mixed failures or other error   2 usage error\n  3 cannot connect   4 server refused or failed (no such share/file, permission,\n  outside share, read-only, no space)   5 local I/O error   6 integrity failure"
+)]
+struct Args {
+    /// Sources, then the destination.
+    #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
+    operands: Vec<String>,
+
+    /// Copy directories recursively.
+    #[arg(short, long)]
+    recursive: bool,
+
+    /// Files in flight at once.
+    #[arg(short, long, default_value_t = 4, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    jobs: u16,
+
+    /// Print one JSON summary object on stdout at the end (no progress bar).
+    #[arg(long)]
+    json: bool,
+
+    /// No progress bar and no summary line (errors are still printed).
+    #[arg(short, long)]
+    quiet: bool,
+
+    /// Transport. Only the software-RDMA TCP transport exists in this build.
+    #[arg(long, value_name = "KIND", default_value = "tcp", value_parser = ["tcp"])]
+    transport: String,
+
+    /// More log output on stderr (repeat for more). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+enum Direction {
+    Upload(Vec<PathBuf>, Remote),
+    Download(Vec<Remote>, PathBuf),
+}
+
+fn plan(args: &Args) -> Result<Direction, ClientError> {
+    let parsed = args
+        .operands
+        .iter()
+        .map(|a| location::parse(a, ferry_common::DEFAULT_PORT))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (dest, sources) = parsed.split_last().expect("clap requires two operands");
+    match dest {
+        Location::Remote(dst) => {
+            let locals = sources
+                .iter()
+                .map(|s| match s {
+                    Location::Local(p) => Ok(p.clone()),
+                    Location::Remote(r) => Err(ClientError::Usage(format!(
+                        "{}: copying between two servers is not supported",
+                        r.display()
+                    ))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Direction::Upload(locals, dst.clone()))
+        }
+        Location::Local(dst) => {
+            let remotes = sources
+                .iter()
+                .map(|s| match s {
+                    Location::Remote(r) => Ok(r.clone()),
+                    Location::Local(p) => Err(ClientError::Usage(format!(
+                        "{}: one side must be remote (HOST:SHARE/PATH); use cp for local copies",
+                        p.display()
+                    ))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if let Some(other) = remotes.iter().find(|r| r.addr() != remotes[0].addr()) {
+                return Err(ClientError::Usage(format!(
+                    "{}: all remote sources must be on the same server",
+                    other.display()
+                )));
+            }
+            Ok(Direction::Download(remotes, dst.clone()))
+        }
+    }
+}
+
+struct Bar(ProgressBar);
+
+impl Progress for Bar {
+    fn set_total(&self, bytes: u64) {
+        self.0.set_length(bytes);
+    }
+    fn advance(&self, bytes: u64) {
+        self.0.inc(bytes);
+    }
+}
+
+fn progress_bar(show: bool) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(0);
+    let style = ProgressStyle::with_template(
+        "{bytes:>10}/{total_bytes:<10} {binary_bytes_per_sec:>12} eta {eta:>4} [{wide_bar}]",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("rcp: cannot start the runtime: {e}");
+            return ExitCode::from(exit::OTHER);
+        }
+    };
+    ExitCode::from(runtime.block_on(run(args)))
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+}
+
+async fn run(args: Args) -> u8 {
+    let started = Instant::now();
+    let direction = match plan(&args) {
+        Ok(d) => d,
+        Err(e) => return fail_early(&args, "", e, started),
+    };
+    let server = match &direction {
+        Direction::Upload(_, r) => r.clone(),
+        Direction::Download(rs, _) => rs[0].clone(),
+    };
+    let client = match Client::connect(&server.host, server.port).await {
+        Ok(c) => c,
+        Err(e) => return fail_early(&args, direction_name(&direction), e, started),
+    };
+    let show = !args.quiet && !args.json && std::io::stderr().is_terminal();
+    let bar = progress_bar(show);
+    let progress: Arc<dyn Progress> = Arc::new(Bar(bar.clone()));
+    let opts = CopyOptions {
+        recursive: args.recursive,
+        jobs: args.jobs.into(),
+    };
+    let report = match &direction {
+        Direction::Upload(srcs, dst) => copy::upload(&client, srcs, dst, &opts, progress).await,
+        Direction::Download(srcs, dst) => copy::download(&client, srcs, dst, &opts, progress).await,
+    };
+    bar.finish_and_clear();
+    client.close();
+    let seconds = started.elapsed().as_secs_f64();
+    for e in &report.errors {
+        eprintln!("rcp: {}", describe(&e.path, &e.error, client.addr()));
+    }
+    let code = exit_code(&report);
+    if args.json {
+        print_json(direction_name(&direction), &report, seconds, code);
+    } else if show {
+        eprintln!(
+            "rcp: {} files, {} dirs, {} symlinks, {} in {:.2} s ({}/s)",
+            report.files,
+            report.dirs,
+            report.symlinks,
+            indicatif::BinaryBytes(report.bytes),
+            seconds,
+            indicatif::BinaryBytes((report.bytes as f64 / seconds.max(1e-9)) as u64),
+        );
+    }
+    code
+}
+
+fn direction_name(d: &Direction) -> &'static str {
+    match d {
+        Direction::Upload(..) => "upload",
+        Direction::Download(..) => "download",
+    }
+}
+
+/// One line for an error: the item and the cause, without saying the path twice.
+fn describe(item: &str, e: &ClientError, addr: &str) -> String {
+    match e {
+        ClientError::Remote(r) => format!("{addr}: {}", r.message),
+        ClientError::Local { .. }
+        | ClientError::Usage(_)
+        | ClientError::Integrity { .. }
+        | ClientError::Connect { .. }
+        | ClientError::Handshake { .. } => e.to_string(),
+        other => format!("{item}: {other}"),
+    }
+}
+
+fn exit_code(report: &Report) -> u8 {
+    let mut codes = report.errors.iter().map(|e| e.error.exit_code());
+    match codes.next() {
+        None => exit::OK,
+        Some(first) if codes.all(|c| c == first) => first,
+        Some(_) => exit::OTHER,
+    }
+}
+
+fn fail_early(args: &Args, direction: &str, e: ClientError, started: Instant) -> u8 {
+    eprintln!("rcp: {}", describe("", &e, ""));
+    let code = e.exit_code();
+    if args.json {
+        let report = Report {
+            errors: vec![copy::ItemError {
+                path: String::new(),
+                error: e,
+            }],
+            ..Report::default()
+        };
+        print_json(direction, &report, started.elapsed().as_secs_f64(), code);
+    }
+    code
+}
+
+fn print_json(direction: &str, report: &Report, seconds: f64, code: u8) {
+    let errors: Vec<_> = report
+        .errors
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "path": e.path,
+                "kind": e.error.kind(),
+                "message": e.error.to_string(),
+            })
+        })
+        .collect();
+    let summary = serde_json::json!({
+        "ok": code == exit::OK,
+        "exit_code": code,
+        "transport": "tcp",
+        "direction": direction,
+        "files": report.files,
+        "dirs": report.dirs,
+        "symlinks": report.symlinks,
+        "bytes": report.bytes,
+        "seconds": seconds,
+        "bytes_per_sec": if seconds > 0.0 { report.bytes as f64 / seconds } else { 0.0 },
+        "errors": errors,
+    });
+    println!("{summary}");
+}

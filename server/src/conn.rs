@@ -1,0 +1,329 @@
+//! The per-connection driver: feeds received messages into the sans-IO
+//! [`ServerSession`], runs each request on its own task, and sends what the session
+//! queues. It makes no protocol decisions of its own.
+//!
+//! Teardown invariant: when the connection ends, the driver closes the transport (so
+//! every outstanding one-sided operation fails promptly), waits for every request task
+//! to finish, then drops the open transfers, which removes their temporary files.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use ferry_common::codec;
+use ferry_common::msg::{ErrorKind, RemoteError, Request, Response};
+use ferry_common::proto::server::{ServerEvent, ServerParams, ServerSession};
+use ferry_common::transport::SharedTransport;
+use tokio::task::JoinSet;
+
+use crate::error::remote;
+use crate::fsops;
+use crate::pool::Pool;
+use crate::share::Share;
+use crate::transfer::{Download, Transfer, Upload};
+use crate::{Server, SOFTWARE};
+
+/// Most transfers one connection may have open at once.
+pub const MAX_OPEN_TRANSFERS: usize = 1024;
+
+struct Conn {
+    server: Arc<Server>,
+    transport: SharedTransport,
+    peer: String,
+    session: Mutex<ServerSession>,
+    transfers: Mutex<HashMap<u64, Arc<Transfer>>>,
+    next_transfer: AtomicU64,
+    pool: Arc<Pool>,
+}
+
+/// Serves one connection to the end.
+pub(crate) async fn run(server: Arc<Server>, transport: SharedTransport) {
+    let peer = transport.peer();
+    let params = ServerParams {
+        software: SOFTWARE.into(),
+        chunk_bytes: server.chunk_bytes,
+    };
+    let pool = Pool::new(
+        transport.clone(),
+        server.chunk_bytes as usize,
+        server.queue_depth,
+    );
+    let conn = Arc::new(Conn {
+        session: Mutex::new(ServerSession::new(Instant::now(), params)),
+        server,
+        transport,
+        peer,
+        transfers: Mutex::new(HashMap::new()),
+        next_transfer: AtomicU64::new(1),
+        pool,
+    });
+    tracing::info!(peer = %conn.peer, transport = conn.transport.kind().as_str(), "connection opened");
+    let mut tasks = JoinSet::new();
+    let _live = conn.server.live_guard();
+    let reason = conn.drive(&mut tasks).await;
+    conn.transport.close();
+    while tasks.join_next().await.is_some() {}
+    let open = std::mem::take(&mut *conn.transfers());
+    if !open.is_empty() {
+        tracing::info!(peer = %conn.peer, "dropping {} unfinished transfers", open.len());
+    }
+    drop(open);
+    tracing::info!(peer = %conn.peer, "connection closed: {reason}");
+}
+
+impl Conn {
+    fn session(&self) -> std::sync::MutexGuard<'_, ServerSession> {
+        // Session methods do not panic on peer input; poisoning would mean a bug, and
+        // the state is still the best we have.
+        self.session.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn transfers(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Transfer>>> {
+        self.transfers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs until the connection ends; returns why.
+    async fn drive(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> String {
+        let mut stop = self.server.stop_signal();
+        loop {
+            let deadline = self.session().poll_timeout();
+            let sleep = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                received = self.transport.recv() => match received {
+                    Ok(Some(bytes)) => match codec::decode(&bytes) {
+                        Ok(msg) => {
+                            let _ = self.session().handle_message(Instant::now(), msg);
+                        }
+                        Err(e) => {
+                            tracing::warn!(peer = %self.peer, "malformed control message: {e}");
+                            return format!("malformed control message: {e}");
+                        }
+                    },
+                    Ok(None) => return "peer closed the connection".into(),
+                    Err(e) => return format!("transport error: {e}"),
+                },
+                () = sleep => self.session().handle_timeout(Instant::now()),
+                _ = stop.wait_for(|stopping| *stopping) => return "server shutting down".into(),
+            }
+            if let Some(reason) = self.pump(tasks).await {
+                return reason;
+            }
+            while tasks.try_join_next().is_some() {}
+        }
+    }
+
+    /// Acts on every queued session event and sends what the session queued.
+    async fn pump(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> Option<String> {
+        let mut closed = None;
+        loop {
+            let event = self.session().poll_event();
+            match event {
+                None => break,
+                Some(ServerEvent::Ready { software }) => {
+                    tracing::debug!(peer = %self.peer, client = %software, "session ready");
+                }
+                Some(ServerEvent::Request { id, body }) => {
+                    let conn = self.clone();
+                    tasks.spawn(async move {
+                        let response = match conn.dispatch(body).await {
+                            Ok(r) => r,
+                            Err(e) => Response::Error(e),
+                        };
+                        conn.session().respond(id, response);
+                        conn.flush().await;
+                    });
+                }
+                Some(ServerEvent::Closed(reason)) => {
+                    tracing::warn!(peer = %self.peer, "session closed: {reason}");
+                    closed = Some(reason.to_string());
+                }
+            }
+        }
+        self.flush().await;
+        closed
+    }
+
+    /// Sends every message the session has queued.
+    async fn flush(&self) {
+        let out: Vec<_> = {
+            let mut s = self.session();
+            std::iter::from_fn(|| s.poll_transmit()).collect()
+        };
+        for msg in out {
+            match codec::encode(&msg) {
+                Ok(bytes) => {
+                    if self.transport.send(bytes).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => tracing::error!(peer = %self.peer, "cannot encode a response: {e}"),
+            }
+        }
+    }
+
+    fn share(&self, name: &str) -> Result<Arc<Share>, RemoteError> {
+        self.server.share(name).cloned().ok_or_else(|| {
+            remote(
+                ErrorKind::NoSuchShare,
+                format!("no such share '{}'", name.escape_debug()),
+            )
+        })
+    }
+
+    fn open_transfer(&self, t: Transfer) -> Result<u64, RemoteError> {
+        let mut map = self.transfers();
+        if map.len() >= MAX_OPEN_TRANSFERS {
+            return Err(remote(
+                ErrorKind::Protocol,
+                format!("more than {MAX_OPEN_TRANSFERS} transfers open on one connection"),
+            ));
+        }
+        let id = self.next_transfer.fetch_add(1, Ordering::Relaxed);
+        map.insert(id, Arc::new(t));
+        Ok(id)
+    }
+
+    fn transfer(&self, id: u64) -> Result<Arc<Transfer>, RemoteError> {
+        self.transfers()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| remote(ErrorKind::Protocol, format!("no open transfer {id}")))
+    }
+
+    async fn dispatch(self: &Arc<Self>, body: Request) -> Result<Response, RemoteError> {
+        let chunk_bytes = self.server.chunk_bytes;
+        match body {
+            Request::Stat {
+                share,
+                path,
+                follow,
+            } => {
+                let share = self.share(&share)?;
+                blocking(move || fsops::stat(&share, &path, follow)).await
+            }
+            Request::ListDir {
+                share,
+                path,
+                cursor,
+            } => {
+                let share = self.share(&share)?;
+                blocking(move || fsops::list_dir(&share, &path, cursor)).await
+            }
+            Request::Mkdir {
+                share,
+                path,
+                mode,
+                exist_ok,
+            } => {
+                let share = self.share(&share)?;
+                blocking(move || fsops::mkdir(&share, &path, mode, exist_ok)).await
+            }
+            Request::Symlink {
+                share,
+                path,
+                target,
+            } => {
+                let share = self.share(&share)?;
+                blocking(move || fsops::make_symlink(&share, &path, &target)).await
+            }
+            Request::SetAttr {
+                share,
+                path,
+                mode,
+                mtime,
+            } => {
+                let share = self.share(&share)?;
+                blocking(move || fsops::set_attr(&share, &path, mode, mtime)).await
+            }
+            Request::UploadOpen {
+                share,
+                path,
+                size,
+                mode,
+                mtime,
+            } => {
+                let share = self.share(&share)?;
+                let up = blocking(move || Upload::open(&share, &path, size, mode, mtime, chunk_bytes))
+                    .await?;
+                let transfer = self.open_transfer(Transfer::Upload(up))?;
+                Ok(Response::UploadOpened { transfer })
+            }
+            Request::UploadWindow {
+                transfer,
+                offset,
+                region,
+                hashes,
+            } => match &*self.transfer(transfer)? {
+                Transfer::Upload(up) => {
+                    up.pull_window(&self.transport, &self.pool, offset, region, hashes)
+                        .await
+                }
+                Transfer::Download(_) => Err(not_a(transfer, "an upload")),
+            },
+            Request::UploadCommit { transfer, manifest } => {
+                let t = self.transfer(transfer)?;
+                if !matches!(&*t, Transfer::Upload(_)) {
+                    return Err(not_a(transfer, "an upload"));
+                }
+                let response = blocking(move || match &*t {
+                    Transfer::Upload(up) => up.commit(&manifest),
+                    Transfer::Download(_) => Err(not_a(transfer, "an upload")),
+                })
+                .await?;
+                self.transfers().remove(&transfer);
+                Ok(response)
+            }
+            Request::DownloadOpen { share, path } => {
+                let share = self.share(&share)?;
+                let down = blocking(move || Download::open(&share, &path, chunk_bytes)).await?;
+                let attr = down.attr().clone();
+                let transfer = self.open_transfer(Transfer::Download(down))?;
+                Ok(Response::DownloadOpened { transfer, attr })
+            }
+            Request::DownloadWindow {
+                transfer,
+                offset,
+                region,
+            } => match &*self.transfer(transfer)? {
+                Transfer::Download(down) => {
+                    down.push_window(&self.transport, &self.pool, offset, region)
+                        .await
+                }
+                Transfer::Upload(_) => Err(not_a(transfer, "a download")),
+            },
+            Request::Close { transfer } => {
+                let t = self
+                    .transfers()
+                    .remove(&transfer)
+                    .ok_or_else(|| remote(ErrorKind::Protocol, format!("no open transfer {transfer}")))?;
+                blocking(move || match &*t {
+                    Transfer::Download(down) => down.close(),
+                    // Dropping the last reference removes the temporary file.
+                    Transfer::Upload(_) => Ok(Response::Ok),
+                })
+                .await
+            }
+        }
+    }
+}
+
+fn not_a(id: u64, what: &str) -> RemoteError {
+    remote(ErrorKind::Protocol, format!("transfer {id} is not {what}"))
+}
+
+/// Runs a blocking filesystem call off the async worker threads.
+async fn blocking<T, F>(f: F) -> Result<T, RemoteError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, RemoteError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| remote(ErrorKind::Io, format!("server task failed: {e}")))?
+}

@@ -1,0 +1,77 @@
+//! Turning local failures into the errors a client sees.
+//!
+//! Messages name the share-relative path (`share/dir/file`), never the server's own
+//! filesystem layout.
+
+use std::io;
+
+use ferry_common::msg::{ErrorKind, RemoteError, MAX_ERROR_MESSAGE_BYTES};
+
+/// `EDQUOT`: the disk quota is exhausted (reported as "no space").
+const EDQUOT: i32 = 122;
+
+/// A [`RemoteError`] with a message cut to the protocol's limit.
+pub fn remote(kind: ErrorKind, message: impl Into<String>) -> RemoteError {
+    let mut message = message.into();
+    if message.len() > MAX_ERROR_MESSAGE_BYTES {
+        let mut cut = MAX_ERROR_MESSAGE_BYTES;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+    }
+    RemoteError { kind, message }
+}
+
+/// The error kind for an OS error.
+pub fn kind_of(e: &io::Error) -> ErrorKind {
+    if e.raw_os_error() == Some(EDQUOT) {
+        return ErrorKind::NoSpace;
+    }
+    match e.kind() {
+        io::ErrorKind::NotFound => ErrorKind::NotFound,
+        io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+        io::ErrorKind::AlreadyExists | io::ErrorKind::DirectoryNotEmpty => ErrorKind::Exists,
+        io::ErrorKind::StorageFull => ErrorKind::NoSpace,
+        io::ErrorKind::NotADirectory => ErrorKind::NotADirectory,
+        io::ErrorKind::IsADirectory => ErrorKind::IsADirectory,
+        io::ErrorKind::ReadOnlyFilesystem => ErrorKind::ReadOnly,
+        io::ErrorKind::InvalidFilename => ErrorKind::InvalidPath,
+        _ => ErrorKind::Io,
+    }
+}
+
+/// Describes a failed `op` on `what` (a share-relative path) for the client.
+pub fn io_error(op: &str, what: &str, e: &io::Error) -> RemoteError {
+    let cause = match kind_of(e) {
+        ErrorKind::NotFound => "no such file or directory".to_string(),
+        ErrorKind::PermissionDenied => "permission denied".to_string(),
+        ErrorKind::NoSpace => "no space left on the server's device".to_string(),
+        ErrorKind::Exists => "already exists".to_string(),
+        ErrorKind::NotADirectory => "not a directory".to_string(),
+        ErrorKind::IsADirectory => "is a directory".to_string(),
+        _ => e.to_string(),
+    };
+    remote(kind_of(e), format!("{op} {what}: {cause}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_classes() {
+        let e = io::Error::from_raw_os_error(28); // ENOSPC
+        assert_eq!(kind_of(&e), ErrorKind::NoSpace);
+        assert_eq!(kind_of(&io::Error::from_raw_os_error(EDQUOT)), ErrorKind::NoSpace);
+        assert_eq!(kind_of(&io::Error::from_raw_os_error(2)), ErrorKind::NotFound);
+        let r = io_error("write", "data/x", &e);
+        assert_eq!(r.message, "write data/x: no space left on the server's device");
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_char_boundary() {
+        let r = remote(ErrorKind::Io, "é".repeat(MAX_ERROR_MESSAGE_BYTES));
+        assert!(r.message.len() <= MAX_ERROR_MESSAGE_BYTES);
+    }
+}

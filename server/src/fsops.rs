@@ -1,0 +1,159 @@
+//! Metadata requests, as blocking filesystem calls (run them off the async threads).
+
+use std::fs::{self, File, Permissions};
+use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
+use std::path::Path;
+
+use ferry_common::attr::attr_of;
+use ferry_common::msg::{
+    Attr, DirEntry, ErrorKind, FileKind, RemoteError, Response, Timestamp, MAX_DIR_PAGE_ENTRIES,
+};
+use ferry_common::TEMP_PREFIX;
+
+use crate::error::{io_error, remote};
+use crate::share::Share;
+
+/// Bytes of names and symlink targets per listing page, so that a page of long names
+/// stays well under the control frame limit.
+const DIR_PAGE_BUDGET_BYTES: usize = 512 << 10;
+
+/// Attributes of `path` itself (a symlink is described, not followed).
+pub fn lstat(path: &Path, share: &Share, rel: &str) -> Result<Attr, RemoteError> {
+    let meta = fs::symlink_metadata(path).map_err(|e| io_error("stat", &share.display(rel), &e))?;
+    let target = if meta.file_type().is_symlink() {
+        let t = fs::read_link(path).map_err(|e| io_error("readlink", &share.display(rel), &e))?;
+        Some(t.to_string_lossy().into_owned())
+    } else {
+        None
+    };
+    Ok(attr_of(&meta, target))
+}
+
+/// `Stat`.
+pub fn stat(share: &Share, rel: &str, follow: bool) -> Result<Response, RemoteError> {
+    let path = share.resolve(rel, follow)?;
+    Ok(Response::Attr(lstat(&path, share, rel)?))
+}
+
+/// `ListDir`: the page of entries starting at index `cursor` in name order. Temporary
+/// transfer files are not listed.
+pub fn list_dir(share: &Share, rel: &str, cursor: u64) -> Result<Response, RemoteError> {
+    let what = share.display(rel);
+    let path = share.resolve(rel, true)?;
+    let mut names: Vec<String> = Vec::new();
+    for entry in fs::read_dir(&path).map_err(|e| io_error("list", &what, &e))? {
+        let entry = entry.map_err(|e| io_error("list", &what, &e))?;
+        match entry.file_name().into_string() {
+            Ok(n) if !n.starts_with(TEMP_PREFIX) => names.push(n),
+            Ok(_) => {}
+            Err(raw) => {
+                tracing::warn!(dir = %what, name = ?raw, "skipping a name that is not UTF-8");
+            }
+        }
+    }
+    names.sort_unstable();
+    let start = usize::try_from(cursor).unwrap_or(usize::MAX).min(names.len());
+    let mut entries = Vec::new();
+    let mut budget = DIR_PAGE_BUDGET_BYTES;
+    let mut next = None;
+    for (i, name) in names.iter().enumerate().skip(start) {
+        if entries.len() == MAX_DIR_PAGE_ENTRIES || budget < 8 << 10 {
+            next = Some(i as u64);
+            break;
+        }
+        let child_rel = format!("{}/{name}", rel.trim_end_matches('/'));
+        let attr = match lstat(&path.join(name), share, &child_rel) {
+            Ok(a) => a,
+            // Removed between readdir and lstat: just not there any more.
+            Err(e) if e.kind == ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        budget = budget.saturating_sub(
+            name.len() + attr.symlink_target.as_ref().map_or(0, |t| t.len()) + 32,
+        );
+        entries.push(DirEntry {
+            name: name.clone(),
+            attr,
+        });
+    }
+    Ok(Response::Dir { entries, next })
+}
+
+/// `Mkdir`.
+pub fn mkdir(share: &Share, rel: &str, mode: u32, exist_ok: bool) -> Result<Response, RemoteError> {
+    let what = share.display(rel);
+    let path = share.resolve_for_write(rel)?;
+    match fs::DirBuilder::new().mode(mode & 0o7777).create(&path) {
+        Ok(()) => {
+            // The umask may have cleared bits: set exactly what was asked.
+            fs::set_permissions(&path, Permissions::from_mode(mode & 0o7777))
+                .map_err(|e| io_error("chmod", &what, &e))?;
+            Ok(Response::Ok)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && exist_ok => {
+            match fs::symlink_metadata(&path) {
+                Ok(m) if m.is_dir() => Ok(Response::Ok),
+                _ => Err(remote(
+                    ErrorKind::Exists,
+                    format!("mkdir {what}: exists and is not a directory"),
+                )),
+            }
+        }
+        Err(e) => Err(io_error("mkdir", &what, &e)),
+    }
+}
+
+/// `Symlink`: creates the link under a temporary name and renames it over `rel`, so an
+/// existing file or link there is replaced atomically (a directory is not).
+pub fn make_symlink(share: &Share, rel: &str, target: &str) -> Result<Response, RemoteError> {
+    let what = share.display(rel);
+    let path = share.resolve_for_write(rel)?;
+    if target.contains('\0') || target.is_empty() {
+        return Err(remote(
+            ErrorKind::InvalidPath,
+            format!("symlink {what}: invalid target"),
+        ));
+    }
+    if fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+        return Err(remote(
+            ErrorKind::IsADirectory,
+            format!("symlink {what}: a directory is in the way"),
+        ));
+    }
+    let parent = path.parent().unwrap_or(share.root());
+    let tmp = parent.join(format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>()));
+    symlink(target, &tmp).map_err(|e| io_error("symlink", &what, &e))?;
+    if let Err(e) = fs::rename(&tmp, &path) {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_error("symlink", &what, &e));
+    }
+    Ok(Response::Ok)
+}
+
+/// `SetAttr` on a file or directory (never through a symlink).
+pub fn set_attr(
+    share: &Share,
+    rel: &str,
+    mode: Option<u32>,
+    mtime: Option<Timestamp>,
+) -> Result<Response, RemoteError> {
+    let what = share.display(rel);
+    let path = share.resolve_for_write(rel)?;
+    let meta = fs::symlink_metadata(&path).map_err(|e| io_error("stat", &what, &e))?;
+    if ferry_common::attr::kind_of(&meta) == FileKind::Symlink {
+        return Err(remote(
+            ErrorKind::InvalidPath,
+            format!("setattr {what}: is a symlink"),
+        ));
+    }
+    if let Some(mode) = mode {
+        fs::set_permissions(&path, Permissions::from_mode(mode & 0o7777))
+            .map_err(|e| io_error("chmod", &what, &e))?;
+    }
+    if let Some(t) = mtime {
+        let f = File::open(&path).map_err(|e| io_error("open", &what, &e))?;
+        f.set_modified(t.to_system())
+            .map_err(|e| io_error("set mtime of", &what, &e))?;
+    }
+    Ok(Response::Ok)
+}

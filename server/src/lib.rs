@@ -1,0 +1,140 @@
+//! ferryd, the Ferry file server, as a library.
+//!
+//! [`Server`] exports named shares ([`share::Share`]) and serves each connection with a
+//! thin driver ([`conn`]) around the sans-IO [`ferry_common::proto::server`] session:
+//! metadata requests run as plain filesystem calls ([`fsops`]); uploads are PULLED
+//! with one-sided READs of the client's registered source window and downloads are
+//! PUSHED with one-sided WRITEs into the client's registered buffers ([`transfer`]),
+//! every chunk hashed with SHA-256, through a bounded per-connection pool of
+//! registered chunk buffers ([`pool`]).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod conn;
+pub mod error;
+pub mod fsops;
+pub mod pool;
+pub mod share;
+pub mod transfer;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_common::transport::tcp::Tcp;
+use ferry_common::transport::SharedTransport;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use config::{Config, ConfigError, ShareConfig};
+use share::Share;
+
+/// Software name sent in the welcome.
+pub const SOFTWARE: &str = concat!("ferryd/", env!("CARGO_PKG_VERSION"));
+
+/// A running server's shared state.
+pub struct Server {
+    shares: HashMap<String, Arc<Share>>,
+    queue_depth: usize,
+    chunk_bytes: u32,
+    stop: watch::Sender<bool>,
+    live: Arc<AtomicUsize>,
+}
+
+/// Counts a live connection until dropped.
+struct LiveGuard(Arc<AtomicUsize>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Server {
+    /// Opens every share of `config` (their roots must exist and be directories).
+    pub fn new(config: &Config) -> Result<Arc<Server>, ConfigError> {
+        let mut shares = HashMap::new();
+        for s in &config.shares {
+            let share = Share::open(s)?;
+            if shares.insert(s.name.clone(), Arc::new(share)).is_some() {
+                return Err(ConfigError::DuplicateShare(s.name.clone()));
+            }
+        }
+        if shares.is_empty() {
+            return Err(ConfigError::NoShares);
+        }
+        Ok(Arc::new(Server {
+            shares,
+            queue_depth: config.queue_depth,
+            chunk_bytes: ferry_common::msg::DEFAULT_CHUNK_BYTES,
+            stop: watch::channel(false).0,
+            live: Arc::new(AtomicUsize::new(0)),
+        }))
+    }
+
+    fn live_guard(&self) -> LiveGuard {
+        self.live.fetch_add(1, Ordering::SeqCst);
+        LiveGuard(self.live.clone())
+    }
+
+    fn stop_signal(&self) -> watch::Receiver<bool> {
+        self.stop.subscribe()
+    }
+
+    /// Number of connections being served.
+    pub fn connections(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    /// Stops accepting, ends every connection (removing the temporary files of
+    /// unfinished uploads) and waits up to `grace` for them to finish. Returns the
+    /// number of connections still open when the grace period ran out.
+    pub async fn shutdown(&self, grace: Duration) -> usize {
+        self.stop.send_replace(true);
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.connections() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.connections()
+    }
+
+    /// The share called `name`.
+    pub fn share(&self, name: &str) -> Option<&Arc<Share>> {
+        self.shares.get(name)
+    }
+
+    /// Accepts TCP connections until [`Server::shutdown`], serving each on its own task.
+    pub async fn serve_tcp(self: Arc<Self>, listener: TcpListener) {
+        let mut stop = self.stop_signal();
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = stop.wait_for(|stopping| *stopping) => return,
+            };
+            let (stream, peer) = match accepted {
+                Ok(x) => x,
+                Err(e) => {
+                    // EMFILE and friends: log, back off briefly, keep serving.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let server = self.clone();
+            tokio::spawn(async move {
+                match Tcp::start(stream).await {
+                    Ok(t) => server.handle_connection(Arc::new(t)).await,
+                    Err(e) => tracing::warn!(%peer, "connection refused at transport setup: {e}"),
+                }
+            });
+        }
+    }
+
+    /// Serves one connection until it closes. Everything the connection owned (open
+    /// transfers and their temporary files, registrations) is released on return.
+    pub async fn handle_connection(self: Arc<Self>, transport: SharedTransport) {
+        conn::run(self, transport).await
+    }
+}

@@ -1,0 +1,143 @@
+//! `ferryd`: serve shares to Ferry clients.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use ferry_server::{Config, Server};
+
+/// How long connections may take to wind down after SIGINT/SIGTERM.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Ferry file server: exports directories ("shares") to rcp clients. File data moves
+/// by one-sided RDMA READ/WRITE of registered memory (emulated over TCP where no RDMA
+/// device exists); every chunk is verified against its SHA-256.
+#[derive(Parser, Debug)]
+#[command(
+    name = "ferryd",
+    version,
+    after_help = "EXAMPLES:\n  ferryd --share data=/srv/data\n  ferryd --share data=/srv/data --share pub=/srv/pub:ro --listen 0.0.0.0:7447\n  ferryd --config /etc/ferryd.toml\n\nCONFIG FILE (TOML):\n  listen = \"127.0.0.1:7447\"\n  queue_depth = 8\n  [[share]]\n  name = \"data\"\n  path = \"/srv/data\"\n  read_only = false\n\nThere is no authentication yet: listen on loopback or a trusted network only."
+)]
+struct Args {
+    /// TOML configuration file (shares, listen address, queue depth).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+
+    /// Export a share: NAME=PATH, or NAME=PATH:ro for read-only. Repeatable.
+    #[arg(long = "share", value_name = "NAME=PATH[:ro]")]
+    shares: Vec<String>,
+
+    /// Address and port to listen on [default: 127.0.0.1:7447]. Port 0 picks a free one.
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<SocketAddr>,
+
+    /// Once listening, write the actual ADDR:PORT to this file (atomically).
+    #[arg(long, value_name = "FILE")]
+    port_file: Option<PathBuf>,
+
+    /// Chunks in flight per connection (bounds per-connection memory) [default: 8].
+    #[arg(long, value_name = "N")]
+    queue_depth: Option<usize>,
+
+    /// Transport to serve. Only the software-RDMA TCP transport exists in this build.
+    #[arg(long, value_name = "KIND", default_value = "tcp", value_parser = ["tcp"])]
+    transport: String,
+
+    /// More log output (repeat for more). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ferryd: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferryd: {e:#}");
+            ExitCode::from(if e.is::<ferry_server::ConfigError>() { 2 } else { 1 })
+        }
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let config = Config::build(
+        args.config.as_deref(),
+        args.listen,
+        args.queue_depth,
+        &args.shares,
+    )?;
+    let server = Server::new(&config)?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let local = listener.local_addr().context("cannot read the bound address")?;
+    for s in &config.shares {
+        tracing::info!(
+            share = %s.name,
+            path = %s.path.display(),
+            read_only = s.read_only,
+            "exporting share"
+        );
+    }
+    if let Some(path) = &args.port_file {
+        write_port_file(path, local)
+            .with_context(|| format!("cannot write port file {}", path.display()))?;
+    }
+    tracing::info!("ferryd listening on {local} (transport {})", args.transport);
+    if !local.ip().is_loopback() {
+        tracing::warn!("listening beyond loopback without authentication: any peer that can reach {local} can read and write the shares");
+    }
+    let serve = tokio::spawn(server.clone().serve_tcp(listener));
+    wait_for_signal().await?;
+    tracing::info!("shutting down");
+    let left = server.shutdown(SHUTDOWN_GRACE).await;
+    if left > 0 {
+        tracing::warn!("{left} connections still open after {SHUTDOWN_GRACE:?}; exiting anyway");
+    }
+    serve.abort();
+    Ok(())
+}
+
+fn write_port_file(path: &Path, addr: SocketAddr) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, format!("{addr}\n"))?;
+    std::fs::rename(&tmp, path)
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("cannot watch SIGINT")?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}

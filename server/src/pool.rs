@@ -1,0 +1,93 @@
+//! A connection's pool of registered chunk buffers.
+//!
+//! Invariant: at most `depth` buffers exist per connection and each is lent to one
+//! chunk operation at a time, so a connection's bulk memory is bounded by
+//! `depth * chunk_bytes` however many windows and transfers it runs. Buffers are
+//! registered once (local access only: the peer can never touch them) and reused,
+//! because fresh memory is slow to fault in.
+
+use std::sync::{Arc, Mutex};
+
+use ferry_common::transport::{Access, Buffer, Memory, Registration, SharedTransport};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::remote;
+use ferry_common::msg::{ErrorKind, RemoteError};
+
+/// The pool.
+pub struct Pool {
+    transport: SharedTransport,
+    chunk_bytes: usize,
+    permits: Arc<Semaphore>,
+    free: Mutex<Vec<Registration>>,
+}
+
+/// A buffer on loan; returned to the pool on drop.
+pub struct Lease {
+    pool: Arc<Pool>,
+    reg: Option<Registration>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Pool {
+    /// A pool of up to `depth` buffers of `chunk_bytes` for `transport`.
+    pub fn new(transport: SharedTransport, chunk_bytes: usize, depth: usize) -> Arc<Pool> {
+        Arc::new(Pool {
+            transport,
+            chunk_bytes,
+            permits: Arc::new(Semaphore::new(depth)),
+            free: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Waits for a free buffer.
+    pub async fn lease(self: &Arc<Self>) -> Result<Lease, RemoteError> {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| remote(ErrorKind::Io, "buffer pool closed"))?;
+        let reused = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let reg = match reused {
+            Some(r) => r,
+            None => {
+                let buf = Buffer::new(self.chunk_bytes).map_err(|e| {
+                    remote(ErrorKind::Io, format!("cannot allocate a chunk buffer: {e}"))
+                })?;
+                self.transport
+                    .register(Memory::Buffer(buf), Access::Local)
+                    .map_err(|e| remote(ErrorKind::Io, format!("cannot register a buffer: {e}")))?
+            }
+        };
+        Ok(Lease {
+            pool: self.clone(),
+            reg: Some(reg),
+            _permit: permit,
+        })
+    }
+}
+
+impl Lease {
+    /// The leased registration (a [`Buffer`] of the pool's chunk size).
+    pub fn reg(&self) -> &Registration {
+        self.reg.as_ref().expect("lease holds its registration until drop")
+    }
+
+    /// The leased buffer.
+    pub fn buffer(&self) -> &Arc<Buffer> {
+        self.reg().buffer().expect("pool registrations are buffers")
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(r) = self.reg.take() {
+            self.pool
+                .free
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(r);
+        }
+    }
+}

@@ -16,6 +16,7 @@
 //! - [`path`] validates share-relative paths before the server touches the disk.
 #![warn(missing_docs)]
 
+pub mod attr;
 pub mod chunk;
 pub mod codec;
 pub mod msg;

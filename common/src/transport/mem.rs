@@ -112,6 +112,23 @@ impl Buffer {
         }
     }
 
+    /// Shared access from a blocking thread (never from async code: it would block a
+    /// runtime worker).
+    pub fn blocking_read(&self) -> BufferRead<'_> {
+        BufferRead {
+            guard: self.data.blocking_read(),
+            len: self.len,
+        }
+    }
+
+    /// Exclusive access from a blocking thread (never from async code).
+    pub fn blocking_write(&self) -> BufferWrite<'_> {
+        BufferWrite {
+            guard: self.data.blocking_write(),
+            len: self.len,
+        }
+    }
+
     /// Address of the first byte in this process; stable for the buffer's lifetime.
     pub fn addr(&self) -> u64 {
         self.addr

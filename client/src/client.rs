@@ -25,10 +25,18 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Waiter = oneshot::Sender<Result<Response, ClientError>>;
 
+/// Calls waiting for responses. Invariant: once `closed` is set (by the driver, as it
+/// exits) the map is empty and stays empty, so no call can wait forever.
+#[derive(Default)]
+struct Waiters {
+    map: HashMap<u64, Waiter>,
+    closed: Option<String>,
+}
+
 struct Inner {
     transport: SharedTransport,
     session: Mutex<ClientSession>,
-    waiters: Mutex<HashMap<u64, Waiter>>,
+    waiters: Mutex<Waiters>,
     connected: Mutex<Option<oneshot::Sender<Result<Welcome, String>>>>,
     welcome: Mutex<Option<Welcome>>,
     /// Reusable download buffers, so fresh memory is faulted in only once per run.
@@ -85,7 +93,7 @@ impl Client {
         let inner = Arc::new(Inner {
             transport,
             session: Mutex::new(ClientSession::new(Instant::now(), SOFTWARE)),
-            waiters: Mutex::new(HashMap::new()),
+            waiters: Mutex::new(Waiters::default()),
             connected: Mutex::new(Some(tx)),
             welcome: Mutex::new(None),
             buffers: Mutex::new(Vec::new()),
@@ -129,10 +137,14 @@ impl Client {
         let (tx, rx) = oneshot::channel();
         {
             let mut session = lock(&self.inner.session);
+            let mut waiters = lock(&self.inner.waiters);
+            if let Some(reason) = &waiters.closed {
+                return Err(ClientError::Disconnected(reason.clone()));
+            }
             let id = session.request(req)?;
             // Registered while the session is locked: the driver cannot see the
             // response before the waiter exists.
-            lock(&self.inner.waiters).insert(id, tx);
+            waiters.map.insert(id, tx);
         }
         flush(&self.inner).await;
         match rx.await {
@@ -199,7 +211,13 @@ impl Client {
     }
 
     /// Creates a directory.
-    pub async fn mkdir(&self, share: &str, path: &str, mode: u32, exist_ok: bool) -> Result<(), ClientError> {
+    pub async fn mkdir(
+        &self,
+        share: &str,
+        path: &str,
+        mode: u32,
+        exist_ok: bool,
+    ) -> Result<(), ClientError> {
         let req = Request::Mkdir {
             share: share.into(),
             path: path.into(),
@@ -307,7 +325,11 @@ async fn drive(inner: Arc<Inner>) {
     if let Some(tx) = lock(&inner.connected).take() {
         let _ = tx.send(Err(reason.clone()));
     }
-    let waiters: Vec<Waiter> = lock(&inner.waiters).drain().map(|(_, w)| w).collect();
+    let waiters: Vec<Waiter> = {
+        let mut w = lock(&inner.waiters);
+        w.closed = Some(reason.clone());
+        w.map.drain().map(|(_, w)| w).collect()
+    };
     for w in waiters {
         let _ = w.send(Err(ClientError::Disconnected(reason.clone())));
     }
@@ -324,7 +346,7 @@ fn pump(inner: &Inner) -> Option<String> {
                 }
             }
             ClientEvent::Response { id, body } => {
-                if let Some(w) = lock(&inner.waiters).remove(&id) {
+                if let Some(w) = lock(&inner.waiters).map.remove(&id) {
                     let _ = w.send(Ok(body));
                 }
             }

@@ -152,7 +152,10 @@ pub async fn upload(
                 None => {
                     shared.fail(
                         src.display().to_string(),
-                        ClientError::Usage(format!("{}: cannot copy a path without a name", src.display())),
+                        ClientError::Usage(format!(
+                            "{}: cannot copy a path without a name",
+                            src.display()
+                        )),
                     );
                     continue;
                 }
@@ -164,7 +167,10 @@ pub async fn upload(
         let meta = match fs::metadata(src) {
             Ok(m) => m,
             Err(e) => {
-                shared.fail(src.display().to_string(), ClientError::local(src, "cannot stat", e));
+                shared.fail(
+                    src.display().to_string(),
+                    ClientError::local(src, "cannot stat", e),
+                );
                 continue;
             }
         };
@@ -182,7 +188,11 @@ pub async fn upload(
         } else {
             shared.fail(
                 src.display().to_string(),
-                ClientError::local(src, "cannot copy", std::io::Error::other("not a regular file or directory")),
+                ClientError::local(
+                    src,
+                    "cannot copy",
+                    std::io::Error::other("not a regular file or directory"),
+                ),
             );
         }
     }
@@ -190,7 +200,9 @@ pub async fn upload(
 
     // Directories, parents first, owner-writable until the end.
     for d in &plan.dirs {
-        let r = client.mkdir(&dest.share, &d.target, d.mode | 0o700, true).await;
+        let r = client
+            .mkdir(&dest.share, &d.target, d.mode | 0o700, true)
+            .await;
         match r {
             Ok(()) => lock(&shared.report).dirs += 1,
             Err(e) => shared.fail(dest.with_path(d.target.clone()).display(), e),
@@ -199,7 +211,12 @@ pub async fn upload(
     let sem = Arc::new(Semaphore::new(opts.jobs.max(1)));
     let mut tasks = JoinSet::new();
     for (src, target, _) in plan.files {
-        let (client, shared, sem, share) = (client.clone(), shared.clone(), sem.clone(), dest.share.clone());
+        let (client, shared, sem, share) = (
+            client.clone(),
+            shared.clone(),
+            sem.clone(),
+            dest.share.clone(),
+        );
         tasks.spawn(async move {
             let _permit = sem.acquire_owned().await;
             let progress: ProgressFn = {
@@ -262,7 +279,10 @@ fn walk_local(
     let entries = match fs::read_dir(src) {
         Ok(e) => e,
         Err(e) => {
-            shared.fail(src.display().to_string(), ClientError::local(src, "cannot list", e));
+            shared.fail(
+                src.display().to_string(),
+                ClientError::local(src, "cannot list", e),
+            );
             return;
         }
     };
@@ -273,7 +293,11 @@ fn walk_local(
         let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
             shared.fail(
                 path.display().to_string(),
-                ClientError::local(&path, "cannot copy", std::io::Error::other("name is not UTF-8")),
+                ClientError::local(
+                    &path,
+                    "cannot copy",
+                    std::io::Error::other("name is not UTF-8"),
+                ),
             );
             continue;
         };
@@ -284,7 +308,10 @@ fn walk_local(
         let meta = match fs::symlink_metadata(&path) {
             Ok(m) => m,
             Err(e) => {
-                shared.fail(path.display().to_string(), ClientError::local(&path, "cannot stat", e));
+                shared.fail(
+                    path.display().to_string(),
+                    ClientError::local(&path, "cannot stat", e),
+                );
                 continue;
             }
         };
@@ -298,7 +325,10 @@ fn walk_local(
                 Ok(l) => plan
                     .symlinks
                     .push((l.to_string_lossy().into_owned(), child_target)),
-                Err(e) => shared.fail(path.display().to_string(), ClientError::local(&path, "cannot read link", e)),
+                Err(e) => shared.fail(
+                    path.display().to_string(),
+                    ClientError::local(&path, "cannot read link", e),
+                ),
             }
         } else {
             tracing::warn!(path = %path.display(), "skipping a special file");
@@ -362,7 +392,10 @@ pub async fn download(
             FileKind::File => plan.files.push((src.clone(), target, attr.size)),
             _ => shared.fail(
                 src.display(),
-                ClientError::Usage(format!("{}: not a regular file or directory", src.display())),
+                ClientError::Usage(format!(
+                    "{}: not a regular file or directory",
+                    src.display()
+                )),
             ),
         }
     }
@@ -447,7 +480,11 @@ async fn walk_remote(
             }
         };
         for entry in entries {
-            if entry.name.contains('/') || entry.name == ".." || entry.name == "." || entry.name.is_empty() {
+            if entry.name.contains('/')
+                || entry.name == ".."
+                || entry.name == "."
+                || entry.name.is_empty()
+            {
                 shared.fail(
                     dir.display(),
                     ClientError::Protocol(ferry_common::proto::ProtoError::Transfer(format!(
@@ -471,9 +508,14 @@ async fn walk_remote(
                 FileKind::File => plan.files.push((child, child_local, entry.attr.size)),
                 FileKind::Symlink => match entry.attr.symlink_target {
                     Some(t) => plan.symlinks.push((t, child_local)),
-                    None => shared.fail(child.display(), ClientError::Usage("symlink without target".into())),
+                    None => shared.fail(
+                        child.display(),
+                        ClientError::Usage("symlink without target".into()),
+                    ),
                 },
-                FileKind::Other => tracing::warn!(path = %child.display(), "skipping a special file"),
+                FileKind::Other => {
+                    tracing::warn!(path = %child.display(), "skipping a special file")
+                }
             }
         }
     }
@@ -481,7 +523,10 @@ async fn walk_remote(
 
 /// Creates `link` -> `target`, atomically replacing a file or link already there.
 fn make_local_symlink(target: &str, link: &Path) -> std::io::Result<()> {
-    let dir = link.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = link
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let tmp = dir.join(format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>()));
     symlink(target, &tmp)?;
     fs::rename(&tmp, link).inspect_err(|_| {

@@ -43,7 +43,11 @@ impl Remote {
 
     /// The last component of the path, or the share name for the share root.
     pub fn base_name(&self) -> &str {
-        self.path.rsplit('/').next().filter(|s| !s.is_empty()).unwrap_or(&self.share)
+        self.path
+            .rsplit('/')
+            .next()
+            .filter(|s| !s.is_empty())
+            .unwrap_or(&self.share)
     }
 
     /// The same server and share, another path.
@@ -129,13 +133,19 @@ mod tests {
     #[test]
     fn remote_forms() {
         let r = remote("host:data/a/b");
-        assert_eq!((r.host.as_str(), r.port, r.share.as_str(), r.path.as_str()), ("host", 7447, "data", "a/b"));
+        assert_eq!(
+            (r.host.as_str(), r.port, r.share.as_str(), r.path.as_str()),
+            ("host", 7447, "data", "a/b")
+        );
         let r = remote("127.0.0.1:9000:data/x/");
         assert_eq!((r.port, r.path.as_str()), (9000, "x"));
         let r = remote("h:data");
         assert_eq!((r.share.as_str(), r.path.as_str()), ("data", ""));
         let r = remote("[::1]:9000:s/p");
-        assert_eq!((r.host.as_str(), r.port, r.addr()), ("::1", 9000, "[::1]:9000".to_string()));
+        assert_eq!(
+            (r.host.as_str(), r.port, r.addr()),
+            ("::1", 9000, "[::1]:9000".to_string())
+        );
         let r = remote("[::1]:s/p");
         assert_eq!(r.port, 7447);
         assert_eq!(remote("h:1:s/a/b").base_name(), "b");

@@ -131,7 +131,10 @@ fn progress_bar(show: bool) -> ProgressBar {
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(args.verbose);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("rcp: cannot start the runtime: {e}");

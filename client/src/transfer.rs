@@ -40,12 +40,13 @@ const WINDOW_ATTEMPTS: usize = 2;
 pub type ProgressFn = Arc<dyn Fn(u64) + Send + Sync>;
 
 fn window_chunks(client: &Client) -> usize {
-    WINDOW_CHUNKS.min(client.welcome().max_window_chunks as usize).max(1)
+    WINDOW_CHUNKS
+        .min(client.welcome().max_window_chunks as usize)
+        .max(1)
 }
 
 fn is_integrity(e: &ClientError) -> bool {
-    matches!(e, ClientError::Integrity { .. })
-        || e.remote_kind() == Some(ErrorKind::Integrity)
+    matches!(e, ClientError::Integrity { .. }) || e.remote_kind() == Some(ErrorKind::Integrity)
 }
 
 /// Runs every window of `plan` through `run` with [`WINDOWS_IN_FLIGHT`] outstanding,
@@ -82,7 +83,9 @@ where
                 first_err.get_or_insert(e);
             }
             Err(e) => {
-                first_err.get_or_insert(ClientError::Disconnected(format!("window task failed: {e}")));
+                first_err.get_or_insert(ClientError::Disconnected(format!(
+                    "window task failed: {e}"
+                )));
             }
         }
     }
@@ -263,7 +266,10 @@ pub async fn download_file(
     let result = async {
         let mut temp = TempFile::create(dest)?;
         let what = format!("{}:{share}/{path}", client.addr());
-        download_windows(client, &temp.file, dest, transfer, attr.size, what, progress).await?;
+        download_windows(
+            client, &temp.file, dest, transfer, attr.size, what, progress,
+        )
+        .await?;
         match client.call(Request::Close { transfer }).await? {
             Response::Ok => {}
             other => return Err(unexpected(other)),
@@ -278,7 +284,12 @@ pub async fn download_file(
     result
 }
 
-fn finish(temp: &mut TempFile, dest: &Path, mode: u32, mtime: Timestamp) -> Result<(), ClientError> {
+fn finish(
+    temp: &mut TempFile,
+    dest: &Path,
+    mode: u32,
+    mtime: Timestamp,
+) -> Result<(), ClientError> {
     let f = &temp.file;
     f.set_permissions(Permissions::from_mode(mode & 0o7777))
         .map_err(|e| ClientError::local(dest, "cannot chmod", e))?;
@@ -293,7 +304,8 @@ fn finish(temp: &mut TempFile, dest: &Path, mode: u32, mtime: Timestamp) -> Resu
             std::io::Error::from(std::io::ErrorKind::IsADirectory),
         ));
     }
-    fs::rename(&temp.path, dest).map_err(|e| ClientError::local(dest, "cannot rename into place", e))?;
+    fs::rename(&temp.path, dest)
+        .map_err(|e| ClientError::local(dest, "cannot rename into place", e))?;
     temp.committed = true;
     Ok(())
 }

@@ -112,9 +112,7 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
             share_and_path(share, path)?;
             limit("target", target.len(), MAX_PATH_BYTES)
         }
-        Request::UploadWindow { hashes, .. } => {
-            limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS)
-        }
+        Request::UploadWindow { hashes, .. } => limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS),
         Request::UploadCommit { .. } | Request::DownloadWindow { .. } | Request::Close { .. } => {
             Ok(())
         }
@@ -189,7 +187,11 @@ mod tests {
     fn every_truncation_is_rejected() {
         let bytes = encode(&stat()).unwrap();
         for cut in 0..bytes.len() {
-            assert_eq!(decode(&bytes[..cut]), Err(CodecError::Truncated), "cut {cut}");
+            assert_eq!(
+                decode(&bytes[..cut]),
+                Err(CodecError::Truncated),
+                "cut {cut}"
+            );
         }
     }
 
@@ -259,7 +261,10 @@ mod tests {
         let bytes = postcard::to_stdvec(&m).unwrap();
         assert!(matches!(
             decode(&bytes),
-            Err(CodecError::Limit { field: "hashes", .. })
+            Err(CodecError::Limit {
+                field: "hashes",
+                ..
+            })
         ));
     }
 

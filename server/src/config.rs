@@ -52,7 +52,9 @@ pub enum ConfigError {
     #[error("share '{0}' is defined twice")]
     DuplicateShare(String),
     /// No share is configured.
-    #[error("no shares configured: give --share NAME=PATH or a --config file with [[share]] entries")]
+    #[error(
+        "no shares configured: give --share NAME=PATH or a --config file with [[share]] entries"
+    )]
     NoShares,
     /// The queue depth is out of range.
     #[error("queue depth must be between 1 and {MAX_QUEUE_DEPTH}, not {0}")]

@@ -249,8 +249,9 @@ impl Conn {
                 mtime,
             } => {
                 let share = self.share(&share)?;
-                let up = blocking(move || Upload::open(&share, &path, size, mode, mtime, chunk_bytes))
-                    .await?;
+                let up =
+                    blocking(move || Upload::open(&share, &path, size, mode, mtime, chunk_bytes))
+                        .await?;
                 let transfer = self.open_transfer(Transfer::Upload(up))?;
                 Ok(Response::UploadOpened { transfer })
             }
@@ -298,10 +299,9 @@ impl Conn {
                 Transfer::Upload(_) => Err(not_a(transfer, "a download")),
             },
             Request::Close { transfer } => {
-                let t = self
-                    .transfers()
-                    .remove(&transfer)
-                    .ok_or_else(|| remote(ErrorKind::Protocol, format!("no open transfer {transfer}")))?;
+                let t = self.transfers().remove(&transfer).ok_or_else(|| {
+                    remote(ErrorKind::Protocol, format!("no open transfer {transfer}"))
+                })?;
                 blocking(move || match &*t {
                     Transfer::Download(down) => down.close(),
                     // Dropping the last reference removes the temporary file.

@@ -63,10 +63,19 @@ mod tests {
     fn errno_classes() {
         let e = io::Error::from_raw_os_error(28); // ENOSPC
         assert_eq!(kind_of(&e), ErrorKind::NoSpace);
-        assert_eq!(kind_of(&io::Error::from_raw_os_error(EDQUOT)), ErrorKind::NoSpace);
-        assert_eq!(kind_of(&io::Error::from_raw_os_error(2)), ErrorKind::NotFound);
+        assert_eq!(
+            kind_of(&io::Error::from_raw_os_error(EDQUOT)),
+            ErrorKind::NoSpace
+        );
+        assert_eq!(
+            kind_of(&io::Error::from_raw_os_error(2)),
+            ErrorKind::NotFound
+        );
         let r = io_error("write", "data/x", &e);
-        assert_eq!(r.message, "write data/x: no space left on the server's device");
+        assert_eq!(
+            r.message,
+            "write data/x: no space left on the server's device"
+        );
     }
 
     #[test]

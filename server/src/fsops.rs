@@ -52,7 +52,9 @@ pub fn list_dir(share: &Share, rel: &str, cursor: u64) -> Result<Response, Remot
         }
     }
     names.sort_unstable();
-    let start = usize::try_from(cursor).unwrap_or(usize::MAX).min(names.len());
+    let start = usize::try_from(cursor)
+        .unwrap_or(usize::MAX)
+        .min(names.len());
     let mut entries = Vec::new();
     let mut budget = DIR_PAGE_BUDGET_BYTES;
     let mut next = None;
@@ -68,9 +70,8 @@ pub fn list_dir(share: &Share, rel: &str, cursor: u64) -> Result<Response, Remot
             Err(e) if e.kind == ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         };
-        budget = budget.saturating_sub(
-            name.len() + attr.symlink_target.as_ref().map_or(0, |t| t.len()) + 32,
-        );
+        budget = budget
+            .saturating_sub(name.len() + attr.symlink_target.as_ref().map_or(0, |t| t.len()) + 32);
         entries.push(DirEntry {
             name: name.clone(),
             attr,

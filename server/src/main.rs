@@ -54,7 +54,10 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(args.verbose);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("ferryd: cannot start the runtime: {e}");
@@ -65,7 +68,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ferryd: {e:#}");
-            ExitCode::from(if e.is::<ferry_server::ConfigError>() { 2 } else { 1 })
+            ExitCode::from(if e.is::<ferry_server::ConfigError>() {
+                2
+            } else {
+                1
+            })
         }
     }
 }
@@ -97,7 +104,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
-    let local = listener.local_addr().context("cannot read the bound address")?;
+    let local = listener
+        .local_addr()
+        .context("cannot read the bound address")?;
     for s in &config.shares {
         tracing::info!(
             share = %s.name,

@@ -53,7 +53,10 @@ impl Pool {
             Some(r) => r,
             None => {
                 let buf = Buffer::new(self.chunk_bytes).map_err(|e| {
-                    remote(ErrorKind::Io, format!("cannot allocate a chunk buffer: {e}"))
+                    remote(
+                        ErrorKind::Io,
+                        format!("cannot allocate a chunk buffer: {e}"),
+                    )
                 })?;
                 self.transport
                     .register(Memory::Buffer(buf), Access::Local)
@@ -71,7 +74,9 @@ impl Pool {
 impl Lease {
     /// The leased registration (a [`Buffer`] of the pool's chunk size).
     pub fn reg(&self) -> &Registration {
-        self.reg.as_ref().expect("lease holds its registration until drop")
+        self.reg
+            .as_ref()
+            .expect("lease holds its registration until drop")
     }
 
     /// The leased buffer.

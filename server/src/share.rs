@@ -126,7 +126,10 @@ impl Share {
             )),
             Some(n) if n.starts_with(TEMP_PREFIX) => Err(remote(
                 ErrorKind::InvalidPath,
-                format!("{}: names starting with '{TEMP_PREFIX}' are reserved", self.display(rel)),
+                format!(
+                    "{}: names starting with '{TEMP_PREFIX}' are reserved",
+                    self.display(rel)
+                ),
             )),
             Some(_) => Ok(path),
         }
@@ -193,10 +196,16 @@ mod tests {
     fn escapes_are_refused() {
         let (_d, s) = share(false);
         assert_eq!(kind(s.resolve("../secret", true)), ErrorKind::OutsideShare);
-        assert_eq!(kind(s.resolve("/etc/passwd", true)), ErrorKind::OutsideShare);
+        assert_eq!(
+            kind(s.resolve("/etc/passwd", true)),
+            ErrorKind::OutsideShare
+        );
         assert_eq!(kind(s.resolve("escape", true)), ErrorKind::OutsideShare);
         assert_eq!(kind(s.resolve("slash/etc", false)), ErrorKind::OutsideShare);
-        assert_eq!(kind(s.resolve("slash/etc/passwd", true)), ErrorKind::OutsideShare);
+        assert_eq!(
+            kind(s.resolve("slash/etc/passwd", true)),
+            ErrorKind::OutsideShare
+        );
         assert_eq!(kind(s.resolve("a\0b", true)), ErrorKind::InvalidPath);
         // Without follow, the link itself is inside and may be replaced or stat'ed.
         assert!(s.resolve("escape", false).is_ok());

@@ -159,15 +159,24 @@ impl Upload {
         let size = {
             let state = self.state();
             state.commit(manifest).map_err(|e| {
-                remote(ErrorKind::Integrity, format!("{}: not committed: {e}", self.what))
+                remote(
+                    ErrorKind::Integrity,
+                    format!("{}: not committed: {e}", self.what),
+                )
             })?;
             state.size()
         };
         let what = &self.what;
         let mut temp = self.temp.lock().unwrap_or_else(|p| p.into_inner());
         let file = &temp.file;
-        if file.metadata().map_err(|e| io_error("stat", what, &e))?.len() != size {
-            file.set_len(size).map_err(|e| io_error("truncate", what, &e))?;
+        if file
+            .metadata()
+            .map_err(|e| io_error("stat", what, &e))?
+            .len()
+            != size
+        {
+            file.set_len(size)
+                .map_err(|e| io_error("truncate", what, &e))?;
         }
         file.set_permissions(Permissions::from_mode(self.mode & 0o7777))
             .map_err(|e| io_error("chmod", what, &e))?;
@@ -238,7 +247,10 @@ impl PullChunk {
             expected,
         } = self;
         let slice = RemoteSlice::of(&region, chunk.window_offset, chunk.len).ok_or_else(|| {
-            remote(ErrorKind::Protocol, format!("{what}: chunk outside the region"))
+            remote(
+                ErrorKind::Protocol,
+                format!("{what}: chunk outside the region"),
+            )
         })?;
         let lease = pool.lease().await?;
         transport
@@ -254,7 +266,8 @@ impl PullChunk {
             if got != expected {
                 return Ok(Err(got));
             }
-            file.write_all_at(&bytes[..len], file_offset).map(|()| Ok(got))
+            file.write_all_at(&bytes[..len], file_offset)
+                .map(|()| Ok(got))
         })
         .await
         .map_err(|e| remote(ErrorKind::Io, format!("{what}: hashing task failed: {e}")))?
@@ -358,9 +371,12 @@ impl Download {
                 })
                 .await
                 .map_err(|e| remote(ErrorKind::Io, format!("{what}: read task failed: {e}")))??;
-                let slice = RemoteSlice::of(&region, chunk.window_offset, chunk.len)
-                    .ok_or_else(|| {
-                        remote(ErrorKind::Protocol, format!("{what}: chunk outside the region"))
+                let slice =
+                    RemoteSlice::of(&region, chunk.window_offset, chunk.len).ok_or_else(|| {
+                        remote(
+                            ErrorKind::Protocol,
+                            format!("{what}: chunk outside the region"),
+                        )
                     })?;
                 transport
                     .write(lease.reg(), 0, slice)

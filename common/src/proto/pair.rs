@@ -12,6 +12,9 @@ use crate::chunk::{hash_chunk, hash_chunks, manifest_id};
 use crate::codec::{decode, encode};
 use crate::msg::*;
 
+/// Answers each request; `None` leaves it outstanding.
+type Responder = Box<dyn FnMut(&Request) -> Option<Response>>;
+
 struct Pair {
     now: Instant,
     client: ClientSession,
@@ -20,8 +23,7 @@ struct Pair {
     to_client: VecDeque<Vec<u8>>,
     client_events: Vec<ClientEvent>,
     server_events: Vec<ServerEvent>,
-    /// Answers each request; `None` leaves it outstanding.
-    responder: Box<dyn FnMut(&Request) -> Option<Response>>,
+    responder: Responder,
     max_server_outstanding: usize,
     server_outstanding: usize,
 }
@@ -63,11 +65,15 @@ impl Pair {
                 progressed = true;
             }
             if let Some(bytes) = self.to_server.pop_front() {
-                let _ = self.server.handle_message(self.now, decode(&bytes).unwrap());
+                let _ = self
+                    .server
+                    .handle_message(self.now, decode(&bytes).unwrap());
                 progressed = true;
             }
             if let Some(bytes) = self.to_client.pop_front() {
-                let _ = self.client.handle_message(self.now, decode(&bytes).unwrap());
+                let _ = self
+                    .client
+                    .handle_message(self.now, decode(&bytes).unwrap());
                 progressed = true;
             }
             while let Some(e) = self.server.poll_event() {
@@ -146,10 +152,7 @@ fn handshake_then_requests_in_order() {
     p.drive();
     assert!(matches!(p.client_events[0], ClientEvent::Connected(_)));
     assert_eq!(p.client.welcome().unwrap().chunk_bytes, DEFAULT_CHUNK_BYTES);
-    assert_eq!(
-        p.responses(),
-        vec![(a, Response::Ok), (b, Response::Ok)]
-    );
+    assert_eq!(p.responses(), vec![(a, Response::Ok), (b, Response::Ok)]);
     assert!(p.client_closed().is_none() && p.server_closed().is_none());
 }
 
@@ -187,9 +190,13 @@ fn bad_magic_is_refused() {
         other => panic!("first message was {other:?}"),
     };
     hello.magic = *b"HTTP";
-    p.to_server.push_back(encode(&Message::Hello(hello)).unwrap());
+    p.to_server
+        .push_back(encode(&Message::Hello(hello)).unwrap());
     p.drive();
-    assert!(matches!(p.server_closed(), Some(ProtoError::Incompatible(_))));
+    assert!(matches!(
+        p.server_closed(),
+        Some(ProtoError::Incompatible(_))
+    ));
     assert!(matches!(p.client_closed(), Some(ProtoError::Refused(_))));
 }
 
@@ -203,9 +210,13 @@ fn version_mismatch_is_refused() {
         max_version: PROTOCOL_VERSION + 3,
         software: "future".into(),
     };
-    p.to_server.push_back(encode(&Message::Hello(hello)).unwrap());
+    p.to_server
+        .push_back(encode(&Message::Hello(hello)).unwrap());
     p.drive();
-    assert!(matches!(p.server_closed(), Some(ProtoError::Incompatible(_))));
+    assert!(matches!(
+        p.server_closed(),
+        Some(ProtoError::Incompatible(_))
+    ));
 }
 
 #[test]
@@ -271,7 +282,6 @@ fn silent_server_times_the_handshake_out() {
 fn upload(data: &[u8], chunk: u32, flip_at: Option<usize>) -> Result<(), ProtoError> {
     let mut plan = WindowPlan::new(data.len() as u64, chunk, 3, 2);
     let mut server = UploadState::new(data.len() as u64, chunk, 3);
-    let mut all = Vec::new();
     while !plan.is_complete() {
         let mut started = Vec::new();
         while let Some(w) = plan.poll_window() {
@@ -298,16 +308,9 @@ fn upload(data: &[u8], chunk: u32, flip_at: Option<usize>) -> Result<(), ProtoEr
                 server.handle_chunk_verified(c.index, got)?;
             }
             plan.handle_window_done(w)?;
-            all.extend(hashes);
         }
     }
-    let mut ordered = all.clone();
-    ordered.sort_by_key(|h| all.iter().position(|x| x == h));
-    let manifest = manifest_id(
-        data.len() as u64,
-        chunk,
-        &hash_chunks(data, chunk as usize),
-    );
+    let manifest = manifest_id(data.len() as u64, chunk, &hash_chunks(data, chunk as usize));
     server.commit(&manifest)
 }
 

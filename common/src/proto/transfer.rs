@@ -203,7 +203,13 @@ impl UploadState {
         len: u64,
         hashes: &[Sha256],
     ) -> Result<Window, ProtoError> {
-        let w = check_window(self.size, self.chunk_bytes, self.max_window_chunks, offset, len)?;
+        let w = check_window(
+            self.size,
+            self.chunk_bytes,
+            self.max_window_chunks,
+            offset,
+            len,
+        )?;
         if hashes.len() != w.chunk_count(self.chunk_bytes) {
             return Err(ProtoError::Transfer(format!(
                 "window at {offset} has {} chunks but {} hashes",
@@ -307,8 +313,15 @@ mod tests {
             }
             assert_eq!(seen.iter().map(|w| w.len).sum::<u64>(), size);
             assert_eq!(plan.done_bytes(), size);
-            let chunks: Vec<u64> = seen.iter().flat_map(|w| w.chunks(C)).map(|c| c.index).collect();
-            assert_eq!(chunks, (0..crate::chunk::chunk_count(size, C)).collect::<Vec<_>>());
+            let chunks: Vec<u64> = seen
+                .iter()
+                .flat_map(|w| w.chunks(C))
+                .map(|c| c.index)
+                .collect();
+            assert_eq!(
+                chunks,
+                (0..crate::chunk::chunk_count(size, C)).collect::<Vec<_>>()
+            );
         }
     }
 

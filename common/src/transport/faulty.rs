@@ -16,13 +16,35 @@ use super::{
     TransportKind,
 };
 
+/// Which operations of one kind get a bit flipped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Flip {
+    /// None.
+    #[default]
+    Never,
+    /// Only operation number `n` (counting from 0).
+    Nth(u64),
+    /// Every one.
+    Every,
+}
+
+impl Flip {
+    fn hits(self, n: u64) -> bool {
+        match self {
+            Flip::Never => false,
+            Flip::Nth(k) => k == n,
+            Flip::Every => true,
+        }
+    }
+}
+
 /// Which operations go wrong. Operation numbers count from 0, per kind.
 #[derive(Debug, Clone, Default)]
 pub struct FaultPlan {
-    /// Flip one bit in the data of this READ.
-    pub flip_read: Option<u64>,
-    /// Flip one bit in the data of this WRITE.
-    pub flip_write: Option<u64>,
+    /// READs whose data gets one bit flipped.
+    pub flip_read: Flip,
+    /// WRITEs whose data gets one bit flipped.
+    pub flip_write: Flip,
     /// Fail every one-sided operation from this one on (counting READs and WRITEs
     /// together), and close the connection.
     pub fail_after: Option<u64>,
@@ -82,7 +104,7 @@ impl Transport for Faulty {
         self.count_op()?;
         let n = self.reads.fetch_add(1, Ordering::SeqCst);
         self.inner.read(src, dst, dst_offset).await?;
-        if self.plan.flip_read == Some(n) && src.len > 0 {
+        if self.plan.flip_read.hits(n) && src.len > 0 {
             if let Some(buf) = dst.buffer() {
                 let at = dst_offset + src.len as usize / 2;
                 buf.write().await[at] ^= 0x01;
@@ -100,7 +122,7 @@ impl Transport for Faulty {
         self.count_op()?;
         let n = self.writes.fetch_add(1, Ordering::SeqCst);
         self.inner.write(src, src_offset, dst).await?;
-        if self.plan.flip_write == Some(n) && dst.len > 0 {
+        if self.plan.flip_write.hits(n) && dst.len > 0 {
             let k = dst.len as usize / 2;
             let original = match src.memory() {
                 Memory::File(f) => f.bytes()[src_offset + k],

@@ -233,9 +233,7 @@ async fn write_loop(
             }
             Outgoing::Ctrl(msg) => {
                 w.write_u8(wire::CTRL).await.map_err(io("send"))?;
-                w.write_u32_le(msg.len() as u32)
-                    .await
-                    .map_err(io("send"))?;
+                w.write_u32_le(msg.len() as u32).await.map_err(io("send"))?;
                 w.write_all(&msg).await.map_err(io("send"))?;
             }
             Outgoing::ReadReq { id, slice } => {

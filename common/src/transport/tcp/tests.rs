@@ -155,7 +155,10 @@ async fn file_windows_cannot_be_registered_writable() {
 async fn local_bounds_are_checked_before_sending() {
     let (a, b) = pair().await;
     let reg = b
-        .register(Memory::Buffer(Buffer::new(4096).unwrap()), Access::RemoteWrite)
+        .register(
+            Memory::Buffer(Buffer::new(4096).unwrap()),
+            Access::RemoteWrite,
+        )
         .unwrap();
     let small = a
         .register(Memory::Buffer(Buffer::new(10).unwrap()), Access::Local)
@@ -190,7 +193,10 @@ async fn registrations_are_revoked_on_drop() {
 async fn pending_operations_fail_when_the_peer_dies() {
     let (a, b) = pair().await;
     let reg = b
-        .register(Memory::Buffer(Buffer::new(4096).unwrap()), Access::RemoteRead)
+        .register(
+            Memory::Buffer(Buffer::new(4096).unwrap()),
+            Access::RemoteRead,
+        )
         .unwrap();
     let slice = RemoteSlice::of(&reg.desc(), 0, 4096).unwrap();
     drop(b);

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian/Ubuntu machine.
+#
+# Installs only what is missing, checks for a Rust >= 1.85 toolchain and
+# fetches the crates the workspace needs. Quiet when there is nothing to do;
+# everything it reports goes to stderr as `[setup] ...` lines.
+#
+# To add system packages, append them to PACKAGES below (later issues will add
+# e.g. libibverbs-dev librdmacm-dev libclang-dev fuse3).
+set -euo pipefail
+
+# Debian/Ubuntu packages needed to build and run Ferry.
+PACKAGES=(
+    build-essential
+    pkg-config
+    ca-certificates
+)
+
+# Commands needed by the scripts, as COMMAND:PACKAGE. The package is installed
+# only when the command is not found on PATH (whichever way it was installed).
+COMMANDS=(
+    python3:python3
+)
+
+# Minimum Rust toolchain (matches rust-version in Cargo.toml).
+RUST_MIN_MAJOR=1
+RUST_MIN_MINOR=85
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+log() { echo "[setup] $*" >&2; }
+die() { echo "[setup] ERROR: $*" >&2; exit 1; }
+
+# Run a command as root: directly when we are root, through sudo when it exists.
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo "$@"
+    else
+        die "need root to run '$*' (not root, and sudo is not installed)"
+    fi
+}
+
+APT_UPDATED=0
+apt_install() {
+    command -v apt-get >/dev/null 2>&1 || die "apt-get not found; install manually: $*"
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        log "apt-get update"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+        APT_UPDATED=1
+    fi
+    log "apt-get install $*"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
+}
+
+is_installed() {
+    [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" = "install ok installed" ]
+}
+
+# --- 1. system packages -------------------------------------------------------
+if command -v dpkg-query >/dev/null 2>&1; then
+    missing=()
+    for pkg in "${PACKAGES[@]}"; do
+        is_installed "$pkg" || missing+=("$pkg")
+    done
+    for entry in "${COMMANDS[@]}"; do
+        command -v "${entry%%:*}" >/dev/null 2>&1 || missing+=("${entry#*:}")
+    done
+    if [ "${#missing[@]}" -gt 0 ]; then
+        apt_install "${missing[@]}"
+    fi
+else
+    log "warning: not a Debian/Ubuntu system (no dpkg-query); make sure these are installed: ${PACKAGES[*]} ${COMMANDS[*]#*:}"
+fi
+
+# --- 2. Rust toolchain --------------------------------------------------------
+# A rustup install lives in ~/.cargo/bin, which a fresh shell may not have on PATH.
+if [ -d "${CARGO_HOME:-$HOME/.cargo}/bin" ]; then
+    case ":$PATH:" in
+        *":${CARGO_HOME:-$HOME/.cargo}/bin:"*) ;;
+        *) PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"; export PATH ;;
+    esac
+fi
+
+# Prints the rustc version as MAJOR.MINOR.PATCH, or nothing.
+rust_version() {
+    rustc --version 2>/dev/null | sed -n 's/^rustc \([0-9][0-9]*\.[0-9][0-9]*\.[0-9][0-9]*\).*/\1/p'
+}
+
+rust_ok() {
+    command -v cargo >/dev/null 2>&1 || return 1
+    command -v rustc >/dev/null 2>&1 || return 1
+    local v major minor
+    v="$(rust_version)"
+    [ -n "$v" ] || return 1
+    major="${v%%.*}"
+    minor="${v#*.}"; minor="${minor%%.*}"
+    [ "$major" -gt "$RUST_MIN_MAJOR" ] ||
+        { [ "$major" -eq "$RUST_MIN_MAJOR" ] && [ "$minor" -ge "$RUST_MIN_MINOR" ]; }
+}
+
+need_rustup() {
+    local have
+    have="$(rust_version)"
+    die "a Rust >= ${RUST_MIN_MAJOR}.${RUST_MIN_MINOR} toolchain is needed (found: ${have:-none}).
+[setup] Install one with rustup (https://rustup.rs):
+[setup]   curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y
+[setup]   . \"\$HOME/.cargo/env\"
+[setup] then run this script again."
+}
+
+if ! rust_ok; then
+    if ! command -v cargo >/dev/null 2>&1 || ! command -v rustc >/dev/null 2>&1; then
+        if command -v apt-get >/dev/null 2>&1; then
+            log "cargo/rustc not found; trying the distribution's packages"
+            apt_install cargo rustc || true
+        fi
+    fi
+    rust_ok || need_rustup
+fi
+
+# --- 3. crates ----------------------------------------------------------------
+cd "$ROOT"
+if [ -f Cargo.lock ]; then
+    cargo fetch --locked --quiet || die "cargo fetch --locked failed (is Cargo.lock up to date with Cargo.toml?)"
+else
+    log "no Cargo.lock; running cargo fetch"
+    cargo fetch --quiet || die "cargo fetch failed"
+fi

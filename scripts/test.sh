@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Ferry's test command: formatting, lints, build, unit + integration tests and
+# a quick benchmark smoke run. Stops at the first failing step and says which.
+#
+#   scripts/test.sh
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+STEP=""
+step() {
+    STEP="$*"
+    printf '\n=== [test] %s\n' "$STEP" >&2
+}
+on_exit() {
+    local rc=$?
+    if [ "$rc" -ne 0 ] && [ -n "$STEP" ]; then
+        printf '\n=== [test] FAILED (exit %d) in step: %s\n' "$rc" "$STEP" >&2
+    fi
+}
+trap on_exit EXIT
+
+step "setup (scripts/setup.sh)"
+scripts/setup.sh
+# setup.sh may have found cargo in ~/.cargo/bin; make sure we see it too.
+if [ -d "${CARGO_HOME:-$HOME/.cargo}/bin" ]; then PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"; fi
+
+step "format (cargo fmt --all -- --check)"
+cargo fmt --all -- --check
+
+step "lint (cargo clippy --workspace --all-targets -- -D warnings)"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "build (cargo build --workspace --bins)"
+cargo build --workspace --bins
+
+# The integration tests start the binaries built above from target/debug.
+step "test (cargo test --workspace)"
+cargo test --workspace
+
+# --- Soft-RoCE suite ----------------------------------------------------------
+# Placeholder: the same test suite over the real verbs transport (rdma-sys on
+# Soft-RoCE, inside ../shared/softroce/run-in-vm.sh) will be added here by a
+# later issue. There is no such step yet.
+# ------------------------------------------------------------------------------
+
+if [ -f bench/copy.sh ]; then
+    # Smoke run only: small file, one repetition, the debug binaries built
+    # above (no release build), and no results file written.
+    step "bench smoke run (bench/copy.sh --quick --bin-dir target/debug --no-save)"
+    bench/copy.sh --quick --bin-dir target/debug --no-save
+fi
+
+STEP=""
+printf '\n=== [test] all steps passed\n' >&2

@@ -198,25 +198,21 @@ pub async fn upload(
     }
     shared.progress.set_total(plan.total_bytes());
 
-    // Directories, parents first, owner-writable until the end.
-    for d in &plan.dirs {
-        let r = client
-            .mkdir(&dest.share, &d.target, d.mode | 0o700, true)
-            .await;
-        match r {
-            Ok(()) => lock(&shared.report).dirs += 1,
-            Err(e) => shared.fail(dest.with_path(d.target.clone()).display(), e),
-        }
-    }
+    let failed = upload_dirs(client, dest, &plan.dirs, &shared).await;
+    let skipped = |t: &str| under_any(&failed, t);
     let sem = Arc::new(Semaphore::new(opts.jobs.max(1)));
     let mut tasks = JoinSet::new();
     for (src, target, _) in plan.files {
+        if skipped(&target) {
+            continue;
+        }
         let (client, shared, sem, share) = (
             client.clone(),
             shared.clone(),
             sem.clone(),
             dest.share.clone(),
         );
+        let shown = dest.with_path(target.clone()).display();
         tasks.spawn(async move {
             let _permit = sem.acquire_owned().await;
             let progress: ProgressFn = {
@@ -229,11 +225,16 @@ pub async fn upload(
                     r.files += 1;
                     r.bytes += n;
                 }
+                // Server errors are about the target, local ones about the source.
+                Err(e) if e.remote_kind().is_some() => shared.fail(shown, e),
                 Err(e) => shared.fail(src.display().to_string(), e),
             }
         });
     }
     for (link_target, target) in plan.symlinks {
+        if skipped(&target) {
+            continue;
+        }
         let (client, shared, share) = (client.clone(), shared.clone(), dest.share.clone());
         let shown = dest.with_path(target.clone()).display();
         tasks.spawn(async move {
@@ -245,6 +246,9 @@ pub async fn upload(
     }
     while tasks.join_next().await.is_some() {}
     for d in plan.dirs.iter().rev() {
+        if failed.contains(&d.target) || skipped(&d.target) {
+            continue;
+        }
         if let Err(e) = client
             .set_attr(&dest.share, &d.target, Some(d.mode), Some(d.mtime))
             .await
@@ -253,6 +257,41 @@ pub async fn upload(
         }
     }
     finish_report(shared)
+}
+
+/// Creates the planned directories, parents first, owner-writable until the end.
+/// Returns the ones that failed; nothing below them is attempted (one error, not one
+/// per entry).
+async fn upload_dirs(
+    client: &Client,
+    dest: &Remote,
+    dirs: &[DirItem<String>],
+    shared: &Shared,
+) -> Vec<String> {
+    let mut failed: Vec<String> = Vec::new();
+    for d in dirs {
+        if under_any(&failed, &d.target) {
+            continue;
+        }
+        match client
+            .mkdir(&dest.share, &d.target, d.mode | 0o700, true)
+            .await
+        {
+            Ok(()) => lock(&shared.report).dirs += 1,
+            Err(e) => {
+                shared.fail(dest.with_path(d.target.clone()).display(), e);
+                failed.push(d.target.clone());
+            }
+        }
+    }
+    failed
+}
+
+/// True if `path` lies strictly below one of `dirs` (share-relative paths).
+fn under_any(dirs: &[String], path: &str) -> bool {
+    dirs.iter().any(|d| {
+        path.len() > d.len() && path.starts_with(d.as_str()) && path.as_bytes()[d.len()] == b'/'
+    })
 }
 
 fn join_rel(base: &str, name: &str) -> String {

@@ -189,7 +189,7 @@ async fn run(args: Args) -> u8 {
     client.close();
     let seconds = started.elapsed().as_secs_f64();
     for e in &report.errors {
-        eprintln!("rcp: {}", describe(&e.path, &e.error, client.addr()));
+        eprintln!("rcp: {}", describe(&e.path, &e.error));
     }
     let code = exit_code(&report);
     if args.json {
@@ -215,10 +215,22 @@ fn direction_name(d: &Direction) -> &'static str {
     }
 }
 
-/// One line for an error: the item and the cause, without saying the path twice.
-fn describe(item: &str, e: &ClientError, addr: &str) -> String {
+/// One line for an error, `ITEM: CAUSE`, without saying the path twice: server
+/// messages start with the share-relative path they are about, which is dropped when
+/// the item (`host:port:share/path`) already ends with it.
+fn describe(item: &str, e: &ClientError) -> String {
     match e {
-        ClientError::Remote(r) => format!("{addr}: {}", r.message),
+        ClientError::Remote(r) => {
+            let cause = match r.message.split_once(": ") {
+                Some((head, rest)) if !item.is_empty() && item.ends_with(head) => rest,
+                _ => &r.message,
+            };
+            if item.is_empty() {
+                cause.to_string()
+            } else {
+                format!("{item}: {cause}")
+            }
+        }
         ClientError::Local { .. }
         | ClientError::Usage(_)
         | ClientError::Integrity { .. }
@@ -238,7 +250,7 @@ fn exit_code(report: &Report) -> u8 {
 }
 
 fn fail_early(args: &Args, direction: &str, e: ClientError, started: Instant) -> u8 {
-    eprintln!("rcp: {}", describe("", &e, ""));
+    eprintln!("rcp: {}", describe("", &e));
     let code = e.exit_code();
     if args.json {
         let report = Report {

@@ -41,18 +41,20 @@ pub fn kind_of(e: &io::Error) -> ErrorKind {
     }
 }
 
-/// Describes a failed `op` on `what` (a share-relative path) for the client.
+/// Describes a failed `op` (a verb: "open", "write"...) on `what` (a share-relative
+/// path) for the client, as `what: cause`: every path error message starts with the
+/// path it is about, so clients can avoid repeating it.
 pub fn io_error(op: &str, what: &str, e: &io::Error) -> RemoteError {
     let cause = match kind_of(e) {
         ErrorKind::NotFound => "no such file or directory".to_string(),
-        ErrorKind::PermissionDenied => "permission denied".to_string(),
-        ErrorKind::NoSpace => "no space left on the server's device".to_string(),
+        ErrorKind::PermissionDenied => format!("cannot {op}: permission denied"),
+        ErrorKind::NoSpace => format!("cannot {op}: no space left on the server's device"),
         ErrorKind::Exists => "already exists".to_string(),
         ErrorKind::NotADirectory => "not a directory".to_string(),
         ErrorKind::IsADirectory => "is a directory".to_string(),
-        _ => e.to_string(),
+        _ => format!("cannot {op}: {e}"),
     };
-    remote(kind_of(e), format!("{op} {what}: {cause}"))
+    remote(kind_of(e), format!("{what}: {cause}"))
 }
 
 #[cfg(test)]

@@ -96,7 +96,7 @@ pub fn mkdir(share: &Share, rel: &str, mode: u32, exist_ok: bool) -> Result<Resp
                 Ok(m) if m.is_dir() => Ok(Response::Ok),
                 _ => Err(remote(
                     ErrorKind::Exists,
-                    format!("mkdir {what}: exists and is not a directory"),
+                    format!("{what}: exists and is not a directory"),
                 )),
             }
         }
@@ -112,13 +112,13 @@ pub fn make_symlink(share: &Share, rel: &str, target: &str) -> Result<Response, 
     if target.contains('\0') || target.is_empty() {
         return Err(remote(
             ErrorKind::InvalidPath,
-            format!("symlink {what}: invalid target"),
+            format!("{what}: invalid symlink target"),
         ));
     }
     if fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
         return Err(remote(
             ErrorKind::IsADirectory,
-            format!("symlink {what}: a directory is in the way"),
+            format!("{what}: a directory is in the way"),
         ));
     }
     let parent = path.parent().unwrap_or(share.root());
@@ -144,7 +144,7 @@ pub fn set_attr(
     if ferry_common::attr::kind_of(&meta) == FileKind::Symlink {
         return Err(remote(
             ErrorKind::InvalidPath,
-            format!("setattr {what}: is a symlink"),
+            format!("{what}: cannot set attributes of a symlink"),
         ));
     }
     if let Some(mode) = mode {
@@ -154,7 +154,7 @@ pub fn set_attr(
     if let Some(t) = mtime {
         let f = File::open(&path).map_err(|e| io_error("open", &what, &e))?;
         f.set_modified(t.to_system())
-            .map_err(|e| io_error("set mtime of", &what, &e))?;
+            .map_err(|e| io_error("set mtime", &what, &e))?;
     }
     Ok(Response::Ok)
 }

@@ -76,7 +76,7 @@ impl Upload {
         if fs::symlink_metadata(&final_path).is_ok_and(|m| m.is_dir()) {
             return Err(remote(
                 ErrorKind::IsADirectory,
-                format!("upload {what}: a directory is in the way"),
+                format!("{what}: a directory is in the way"),
             ));
         }
         let dir = final_path.parent().unwrap_or(share.root());
@@ -181,12 +181,12 @@ impl Upload {
         file.set_permissions(Permissions::from_mode(self.mode & 0o7777))
             .map_err(|e| io_error("chmod", what, &e))?;
         file.set_modified(self.mtime.to_system())
-            .map_err(|e| io_error("set mtime of", what, &e))?;
+            .map_err(|e| io_error("set mtime", what, &e))?;
         file.sync_all().map_err(|e| io_error("fsync", what, &e))?;
         if fs::symlink_metadata(&self.final_path).is_ok_and(|m| m.is_dir()) {
             return Err(remote(
                 ErrorKind::IsADirectory,
-                format!("upload {what}: a directory is in the way"),
+                format!("{what}: a directory is in the way"),
             ));
         }
         fs::rename(&temp.path, &self.final_path).map_err(|e| io_error("rename", what, &e))?;
@@ -194,7 +194,7 @@ impl Upload {
         if let Some(dir) = self.final_path.parent() {
             File::open(dir)
                 .and_then(|d| d.sync_all())
-                .map_err(|e| io_error("fsync directory of", what, &e))?;
+                .map_err(|e| io_error("fsync the directory", what, &e))?;
         }
         Ok(Response::Committed { size })
     }

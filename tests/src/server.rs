@@ -1,0 +1,218 @@
+//! Locating the binaries and running a real `ferryd` process.
+
+use std::ffi::OsString;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+/// How long [`Server::start`] waits for ferryd's port file before giving up.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How often [`Server::start`] looks for the port file.
+const PORT_FILE_POLL: Duration = Duration::from_millis(20);
+
+/// The directory holding the `ferryd` and `rcp` binaries.
+///
+/// `$FERRY_BIN_DIR` if set, else two levels above the running test executable
+/// (`target/debug/deps/<test>` -> `target/debug`).
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("FERRY_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    let exe = std::env::current_exe().expect("cannot find the test executable's path");
+    exe.parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| panic!("no directory two levels above {}", exe.display()))
+}
+
+/// The path of binary `name` in [`bin_dir`]; panics with instructions if it is missing.
+pub fn bin(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    if !path.is_file() {
+        panic!(
+            "binary `{name}` not found at {}: run `cargo build --workspace --bins` first \
+             (or point FERRY_BIN_DIR at the directory holding ferryd and rcp)",
+            path.display()
+        );
+    }
+    path
+}
+
+/// One `--share NAME=PATH[:ro]` argument of ferryd.
+#[derive(Debug, Clone)]
+pub struct Share {
+    /// The share's name, as used in `host:NAME/path`.
+    pub name: String,
+    /// The exported directory.
+    pub path: PathBuf,
+    /// Whether the share is exported read-only (`:ro`).
+    pub read_only: bool,
+}
+
+impl Share {
+    /// A read-write share `name` exporting `path`.
+    pub fn rw(name: &str, path: impl Into<PathBuf>) -> Share {
+        Share {
+            name: name.to_owned(),
+            path: path.into(),
+            read_only: false,
+        }
+    }
+
+    /// A read-only share `name` exporting `path`.
+    pub fn ro(name: &str, path: impl Into<PathBuf>) -> Share {
+        Share {
+            read_only: true,
+            ..Share::rw(name, path)
+        }
+    }
+
+    fn arg(&self) -> OsString {
+        let mut arg = OsString::from(&self.name);
+        arg.push("=");
+        arg.push(&self.path);
+        if self.read_only {
+            arg.push(":ro");
+        }
+        arg
+    }
+}
+
+/// A running `ferryd` on `127.0.0.1` with an ephemeral port.
+///
+/// Dropping it SIGKILLs and reaps the process; if the current thread is panicking, the
+/// drop also prints ferryd's captured stderr so the failing test shows the server log.
+#[derive(Debug)]
+pub struct Server {
+    child: Mutex<Child>,
+    addr: String,
+    log_path: PathBuf,
+    /// Holds the port file and the log; removed after the process is gone.
+    _state: TempDir,
+}
+
+impl Server {
+    /// Starts `ferryd --listen 127.0.0.1:0 --port-file <tmp>/port --share ...` and waits
+    /// (at most [`STARTUP_TIMEOUT`]) until the port file appears.
+    ///
+    /// Panics if ferryd exits early or the port file never appears.
+    pub fn start(shares: &[Share]) -> Server {
+        let state = tempfile::Builder::new()
+            .prefix("ferryd-")
+            .tempdir()
+            .expect("cannot create ferryd's temp dir");
+        let port_file = state.path().join("port");
+        let log_path = state.path().join("ferryd.stderr");
+        let log = File::create(&log_path).expect("cannot create ferryd's log file");
+
+        let mut cmd = Command::new(bin("ferryd"));
+        cmd.arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--port-file")
+            .arg(&port_file);
+        for share in shares {
+            cmd.arg("--share").arg(share.arg());
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", cmd));
+
+        let mut server = Server {
+            child: Mutex::new(child),
+            addr: String::new(),
+            log_path,
+            _state: state,
+        };
+        server.addr = server.wait_for_port_file(&port_file);
+        server
+    }
+
+    /// Polls for the port file; a file without its trailing newline is still being
+    /// written (ferryd renames it into place, but be tolerant of a plain write).
+    fn wait_for_port_file(&self, port_file: &Path) -> String {
+        let start = Instant::now();
+        loop {
+            if let Ok(text) = fs::read_to_string(port_file) {
+                if text.ends_with('\n') && !text.trim().is_empty() {
+                    return text.trim().to_owned();
+                }
+            }
+            if let Some(status) = self.child().try_wait().expect("cannot poll ferryd") {
+                panic!("ferryd exited with {status} before writing its port file");
+            }
+            if start.elapsed() > STARTUP_TIMEOUT {
+                panic!(
+                    "ferryd did not write its port file {} within {:?}",
+                    port_file.display(),
+                    STARTUP_TIMEOUT
+                );
+            }
+            thread::sleep(PORT_FILE_POLL);
+        }
+    }
+
+    fn child(&self) -> std::sync::MutexGuard<'_, Child> {
+        self.child
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// The listening address, e.g. `127.0.0.1:41234`.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The rcp remote argument for `path` in `share`: `127.0.0.1:PORT:share/path`
+    /// (`127.0.0.1:PORT:share` when `path` is empty). `path` is used verbatim, so a
+    /// trailing `/` or a `..` stays in.
+    pub fn remote(&self, share: &str, path: &str) -> String {
+        if path.is_empty() {
+            format!("{}:{share}", self.addr)
+        } else {
+            format!("{}:{share}/{path}", self.addr)
+        }
+    }
+
+    /// Everything ferryd has written to stderr so far.
+    pub fn stderr(&self) -> String {
+        fs::read_to_string(&self.log_path).unwrap_or_else(|e| format!("<cannot read log: {e}>"))
+    }
+
+    /// Panics (with ferryd's stderr) if the ferryd process has exited.
+    #[track_caller]
+    pub fn assert_running(&self) {
+        let status = self.child().try_wait().expect("cannot poll ferryd");
+        if let Some(status) = status {
+            panic!(
+                "ferryd exited unexpectedly with {status}; stderr:\n{}",
+                self.stderr()
+            );
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let mut child = self.child();
+        // Ignoring errors: the process may have exited already, and a drop cannot fail.
+        let _ = child.kill();
+        let _ = child.wait();
+        drop(child);
+        if thread::panicking() {
+            eprintln!(
+                "----- ferryd {} stderr -----\n{}----- end of ferryd stderr -----",
+                self.addr,
+                self.stderr()
+            );
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! A transport wrapper flips bits of file data in flight (in the server's one-sided
+//! READs of uploads and WRITEs of downloads). Every flip must be detected by the
+//! SHA-256 check; a single flip is repaired by the window retry; a persistent one fails
+//! the file, and no corrupt or partial file ever appears under its final name.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ferry_client::transfer::{download_file, upload_file, ProgressFn};
+use ferry_client::Client;
+use ferry_common::msg::ErrorKind;
+use ferry_common::transport::faulty::{FaultPlan, Faulty, Flip};
+use ferry_common::transport::tcp::Tcp;
+use ferry_server::{Config, Server, ShareConfig};
+use ferry_tests::write_random_file as write_random;
+
+/// Starts an in-process ferryd whose every connection is wrapped in `plan`.
+async fn faulty_server(root: &Path, plan: FaultPlan) -> u16 {
+    let config = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        queue_depth: 4,
+        shares: vec![ShareConfig {
+            name: "data".into(),
+            path: root.to_owned(),
+            read_only: false,
+        }],
+    };
+    let server = Server::new(&config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let tcp = Arc::new(Tcp::start(stream).await.unwrap());
+            let wrapped = Faulty::new(tcp, plan.clone());
+            tokio::spawn(server.clone().handle_connection(wrapped));
+        }
+    });
+    port
+}
+
+fn no_progress() -> ProgressFn {
+    Arc::new(|_| {})
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+const SIZE: u64 = 5 * 1024 * 1024 + 123;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_flipped_upload_chunk_is_detected_and_resent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (share, src) = (dir.path().join("share"), dir.path().join("src.bin"));
+    std::fs::create_dir(&share).unwrap();
+    write_random(&src, SIZE, 1);
+    let port = faulty_server(
+        &share,
+        FaultPlan {
+            flip_read: Flip::Nth(2),
+            ..FaultPlan::default()
+        },
+    )
+    .await;
+    let client = Client::connect("127.0.0.1", port).await.unwrap();
+    upload_file(&client, &src, "data", "dst.bin", no_progress())
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(share.join("dst.bin")).unwrap(),
+        std::fs::read(&src).unwrap()
+    );
+    assert_eq!(entries(&share), vec!["dst.bin"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistent_upload_corruption_fails_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (share, src) = (dir.path().join("share"), dir.path().join("src.bin"));
+    std::fs::create_dir(&share).unwrap();
+    write_random(&src, SIZE, 2);
+    let port = faulty_server(
+        &share,
+        FaultPlan {
+            flip_read: Flip::Every,
+            ..FaultPlan::default()
+        },
+    )
+    .await;
+    let client = Client::connect("127.0.0.1", port).await.unwrap();
+    let err = upload_file(&client, &src, "data", "dst.bin", no_progress())
+        .await
+        .unwrap_err();
+    assert_eq!(err.remote_kind(), Some(ErrorKind::Integrity), "{err}");
+    assert_eq!(err.exit_code(), 6);
+    // Neither the final name nor a temporary file remains.
+    assert_eq!(entries(&share), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_flipped_download_chunk_is_detected_and_refetched() {
+    let dir = tempfile::tempdir().unwrap();
+    let (share, out) = (dir.path().join("share"), dir.path().join("out"));
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::create_dir(&share).unwrap();
+    write_random(&share.join("f.bin"), SIZE, 3);
+    let port = faulty_server(
+        &share,
+        FaultPlan {
+            flip_write: Flip::Nth(4),
+            ..FaultPlan::default()
+        },
+    )
+    .await;
+    let client = Client::connect("127.0.0.1", port).await.unwrap();
+    download_file(&client, "data", "f.bin", &out.join("f.bin"), no_progress())
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(out.join("f.bin")).unwrap(),
+        std::fs::read(share.join("f.bin")).unwrap()
+    );
+    assert_eq!(entries(&out), vec!["f.bin"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistent_download_corruption_fails_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (share, out) = (dir.path().join("share"), dir.path().join("out"));
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::create_dir(&share).unwrap();
+    write_random(&share.join("f.bin"), SIZE, 4);
+    let port = faulty_server(
+        &share,
+        FaultPlan {
+            flip_write: Flip::Every,
+            ..FaultPlan::default()
+        },
+    )
+    .await;
+    let client = Client::connect("127.0.0.1", port).await.unwrap();
+    let err = download_file(&client, "data", "f.bin", &out.join("f.bin"), no_progress())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), "integrity", "{err}");
+    assert_eq!(err.exit_code(), 6);
+    assert_eq!(entries(&out), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_transport_mid_upload_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (share, src) = (dir.path().join("share"), dir.path().join("src.bin"));
+    std::fs::create_dir(&share).unwrap();
+    write_random(&src, SIZE, 5);
+    let port = faulty_server(
+        &share,
+        FaultPlan {
+            fail_after: Some(3),
+            ..FaultPlan::default()
+        },
+    )
+    .await;
+    let client = Client::connect("127.0.0.1", port).await.unwrap();
+    assert!(upload_file(&client, &src, "data", "dst.bin", no_progress())
+        .await
+        .is_err());
+    // The server tears the connection down and removes the temporary file.
+    for _ in 0..200 {
+        if entries(&share).is_empty() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("left behind: {:?}", entries(&share));
+}

@@ -1,0 +1,92 @@
+//! A client that fails or dies does not take the server down or leave half-written
+//! files under their final names.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ferry_tests::{
+    assert_entries, assert_files_equal, assert_no_temp_files, ferrytest, first_difference,
+    rcp_args, spawn_rcp, write_random_file, MIB, TEMP_PREFIX,
+};
+
+ferrytest!(failed_download_then_upload_on_same_server, |env| {
+    env.rcp(rcp_args![
+        env.remote("missing.bin"),
+        env.local("missing.bin")
+    ])
+    .assert_code(4);
+    env.server().assert_running();
+
+    write_random_file(&env.local("f.bin"), 2 * MIB + 5, 1);
+    env.rcp(rcp_args![env.local("f.bin"), env.remote("f.bin")])
+        .assert_success();
+    assert_files_equal(&env.local("f.bin"), &env.share("f.bin"));
+    assert_entries(&env.share(""), &["f.bin"]);
+    env.server().assert_running();
+});
+
+ferrytest!(failing_and_succeeding_clients_at_once, |env| {
+    write_random_file(&env.local("f.bin"), 6 * MIB, 2);
+    let failing: Vec<_> = (0..3)
+        .map(|i| {
+            spawn_rcp(rcp_args![
+                env.remote(&format!("missing{i}")),
+                env.local("x")
+            ])
+        })
+        .collect();
+    let good = spawn_rcp(rcp_args![env.local("f.bin"), env.remote("f.bin")]);
+    for child in failing {
+        child.wait().assert_code(4);
+    }
+    good.wait().assert_success();
+    assert_files_equal(&env.local("f.bin"), &env.share("f.bin"));
+    assert_entries(&env.local(""), &["f.bin"]);
+    env.server().assert_running();
+});
+
+ferrytest!(killed_upload_leaves_nothing_half_written, |env| {
+    let src = env.local("big.bin");
+    write_random_file(&src, 64 * MIB, 3);
+    let mut child = spawn_rcp(rcp_args![src, env.remote("big.bin")]);
+    // Kill it as soon as ferryd's temporary file shows the transfer under way (or give
+    // up waiting if the upload finishes first).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline && !has_temp_file(&env.share("")) && child.is_running() {
+        thread::sleep(Duration::from_millis(1));
+    }
+    child.kill();
+
+    // Either the upload finished before the kill, or nothing is under the final name.
+    let dst = env.share("big.bin");
+    if dst.exists() {
+        assert!(
+            matches!(first_difference(&src, &dst), Ok(None)),
+            "a partial file is visible under the final name"
+        );
+    }
+
+    // The server goes on serving.
+    write_random_file(&env.local("small.bin"), MIB + 3, 4);
+    env.rcp(rcp_args![env.local("small.bin"), env.remote("small.bin")])
+        .assert_success();
+    assert_files_equal(&env.local("small.bin"), &env.share("small.bin"));
+    env.server().assert_running();
+
+    // The aborted transfer's temporary file is cleaned up once ferryd sees the
+    // connection gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && has_temp_file(&env.share("")) {
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert_no_temp_files(&env.share(""));
+});
+
+fn has_temp_file(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir).unwrap().any(|e| {
+        e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with(TEMP_PREFIX)
+    })
+}

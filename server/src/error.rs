@@ -76,7 +76,7 @@ mod tests {
         let r = io_error("write", "data/x", &e);
         assert_eq!(
             r.message,
-            "write data/x: no space left on the server's device"
+            "data/x: cannot write: no space left on the server's device"
         );
     }
 

@@ -119,10 +119,19 @@ impl Share {
     pub fn resolve_for_write(&self, rel: &str) -> Result<PathBuf, RemoteError> {
         self.check_writable()?;
         let path = self.resolve(rel, false)?;
+        if path == self.root {
+            return Err(remote(
+                ErrorKind::InvalidPath,
+                format!(
+                    "{}: the share root itself cannot be written",
+                    self.display(rel)
+                ),
+            ));
+        }
         match path.file_name().and_then(|n| n.to_str()) {
             None => Err(remote(
                 ErrorKind::InvalidPath,
-                format!("{}: cannot replace the share root", self.display(rel)),
+                format!("{}: not a valid name", self.display(rel)),
             )),
             Some(n) if n.starts_with(TEMP_PREFIX) => Err(remote(
                 ErrorKind::InvalidPath,

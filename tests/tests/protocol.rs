@@ -81,6 +81,14 @@ fn hostile_paths_get_typed_errors() {
             mtime: Default::default(),
         };
         assert_eq!(kind(c.call(reserved).await), ErrorKind::InvalidPath);
+        // The share root itself is never a write target (chmod, replace...).
+        let chmod_root = Request::SetAttr {
+            share: "data".into(),
+            path: "".into(),
+            mode: Some(0),
+            mtime: None,
+        };
+        assert_eq!(kind(c.call(chmod_root).await), ErrorKind::InvalidPath);
         // The same connection still works.
         assert!(matches!(c.call(stat("")).await, Ok(Response::Attr(_))));
     });

@@ -21,6 +21,7 @@ use ferry_common::chunk::{hash_chunks, manifest_id};
 use ferry_common::msg::{ErrorKind, Request, Response, Sha256, Timestamp};
 use ferry_common::proto::transfer::{Window, WindowPlan};
 use ferry_common::transport::{Access, FileWindow, Memory};
+use ferry_common::writeback::Writeback;
 use ferry_common::TEMP_PREFIX;
 use tokio::task::JoinSet;
 
@@ -266,15 +267,17 @@ pub async fn download_file(
     let result = async {
         let mut temp = TempFile::create(dest)?;
         let what = format!("{}:{share}/{path}", client.addr());
-        download_windows(
-            client, &temp.file, dest, transfer, attr.size, what, progress,
-        )
-        .await?;
+        let sink = Sink {
+            file: temp.file.clone(),
+            writeback: Arc::new(Writeback::new(temp.file.clone())),
+            dest: dest.to_owned(),
+        };
+        download_windows(client, &sink, transfer, attr.size, what, progress).await?;
         match client.call(Request::Close { transfer }).await? {
             Response::Ok => {}
             other => return Err(unexpected(other)),
         }
-        finish(&mut temp, dest, attr.mode, attr.mtime)?;
+        finish(&mut temp, &sink.writeback, dest, attr.mode, attr.mtime)?;
         Ok(attr.size)
     }
     .await;
@@ -284,8 +287,17 @@ pub async fn download_file(
     result
 }
 
+/// Where a download's verified windows go.
+#[derive(Clone)]
+struct Sink {
+    file: Arc<File>,
+    writeback: Arc<Writeback>,
+    dest: PathBuf,
+}
+
 fn finish(
     temp: &mut TempFile,
+    writeback: &Writeback,
     dest: &Path,
     mode: u32,
     mtime: Timestamp,
@@ -295,7 +307,8 @@ fn finish(
         .map_err(|e| ClientError::local(dest, "cannot chmod", e))?;
     f.set_modified(mtime.to_system())
         .map_err(|e| ClientError::local(dest, "cannot set mtime", e))?;
-    f.sync_all()
+    writeback
+        .finish()
         .map_err(|e| ClientError::local(dest, "cannot fsync", e))?;
     if fs::symlink_metadata(dest).is_ok_and(|m| m.is_dir()) {
         return Err(ClientError::local(
@@ -312,8 +325,7 @@ fn finish(
 
 async fn download_windows(
     client: &Client,
-    file: &Arc<File>,
-    dest: &Path,
+    sink: &Sink,
     transfer: u64,
     size: u64,
     what: String,
@@ -323,14 +335,13 @@ async fn download_windows(
     let mut plan = WindowPlan::new(size, chunk, window_chunks(client), WINDOWS_IN_FLIGHT);
     run_windows(&mut plan, &progress, |w| {
         let client = client.clone();
-        let file = file.clone();
+        let sink = sink.clone();
         let what = what.clone();
-        let dest = dest.to_owned();
         async move {
             let mut attempt = 0;
             loop {
                 attempt += 1;
-                match download_window(&client, &file, &what, &dest, transfer, chunk, w).await {
+                match download_window(&client, &sink, &what, transfer, chunk, w).await {
                     Err(e) if is_integrity(&e) && attempt < WINDOW_ATTEMPTS => {
                         tracing::warn!(file = %what, offset = w.offset, "window failed verification; retrying: {e}");
                     }
@@ -345,16 +356,15 @@ async fn download_windows(
 
 async fn download_window(
     client: &Client,
-    file: &Arc<File>,
+    sink: &Sink,
     what: &str,
-    dest: &Path,
     transfer: u64,
     chunk: u32,
     w: Window,
 ) -> Result<Vec<Sha256>, ClientError> {
     let buf = client
         .take_buffer(plan_buffer_len(client, chunk))
-        .map_err(|e| ClientError::local(dest, "cannot allocate a buffer", e))?;
+        .map_err(|e| ClientError::local(&sink.dest, "cannot allocate a buffer", e))?;
     let reg = client
         .transport()
         .register(Memory::Buffer(buf.clone()), Access::RemoteWrite)?;
@@ -379,7 +389,12 @@ async fn download_window(
             return Err(e);
         }
     };
-    let (buf2, file, what2, dest2) = (buf.clone(), file.clone(), what.to_owned(), dest.to_owned());
+    let (buf2, file, what2, dest2) = (
+        buf.clone(),
+        sink.file.clone(),
+        what.to_owned(),
+        sink.dest.clone(),
+    );
     let verdict = tokio::task::spawn_blocking(move || {
         let bytes = buf2.blocking_read();
         let data = &bytes[..w.len as usize];
@@ -403,7 +418,9 @@ async fn download_window(
     .await
     .map_err(|e| ClientError::Disconnected(format!("verify task failed: {e}")));
     client.give_buffer(buf);
-    verdict?
+    let hashes = verdict??;
+    sink.writeback.wrote(w.len);
+    Ok(hashes)
 }
 
 fn plan_buffer_len(client: &Client, chunk: u32) -> usize {

@@ -23,6 +23,7 @@ pub mod msg;
 pub mod path;
 pub mod proto;
 pub mod transport;
+pub mod writeback;
 
 /// The TCP port ferryd listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 7447;

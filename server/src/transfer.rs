@@ -20,6 +20,7 @@ use ferry_common::msg::{
 };
 use ferry_common::proto::transfer::{check_window, ChunkRef, UploadState, Window};
 use ferry_common::transport::{RemoteSlice, SharedTransport, TransportError};
+use ferry_common::writeback::Writeback;
 use ferry_common::TEMP_PREFIX;
 use tokio::task::JoinSet;
 
@@ -50,6 +51,7 @@ pub struct Upload {
     final_path: PathBuf,
     temp: Mutex<TempFile>,
     file: Arc<File>,
+    writeback: Writeback,
     state: Mutex<UploadState>,
     mode: u32,
     mtime: Timestamp,
@@ -96,6 +98,7 @@ impl Upload {
                 file: file.clone(),
                 committed: false,
             }),
+            writeback: Writeback::new(file.clone()),
             file,
             state: Mutex::new(UploadState::new(size, chunk_bytes, MAX_WINDOW_CHUNKS)),
             mode,
@@ -144,6 +147,7 @@ impl Upload {
                         .handle_chunk_verified(index, hash)
                         .map_err(|e| remote(ErrorKind::Protocol, e.to_string()))?;
                 }
+                self.writeback.wrote(window.len);
                 Ok(Response::WindowPulled { bytes: window.len })
             }
             Err(e) => {
@@ -182,7 +186,9 @@ impl Upload {
             .map_err(|e| io_error("chmod", what, &e))?;
         file.set_modified(self.mtime.to_system())
             .map_err(|e| io_error("set mtime", what, &e))?;
-        file.sync_all().map_err(|e| io_error("fsync", what, &e))?;
+        self.writeback
+            .finish()
+            .map_err(|e| io_error("fsync", what, &e))?;
         if fs::symlink_metadata(&self.final_path).is_ok_and(|m| m.is_dir()) {
             return Err(remote(
                 ErrorKind::IsADirectory,

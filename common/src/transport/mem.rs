@@ -42,7 +42,15 @@ impl FileWindow {
         // Rust reference aliases a writable view. The file may still change underneath
         // (another process); Ferry treats the bytes as untrusted input that is hashed
         // and verified, never as data with Rust-level invariants.
-        let map = unsafe { MmapOptions::new().offset(offset).len(len).map(file)? };
+        // MAP_POPULATE: fault the window in with one call instead of one fault per page
+        // while it is hashed and sent.
+        let map = unsafe {
+            MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .populate()
+                .map(file)?
+        };
         Ok(Arc::new(FileWindow { map, offset }))
     }
 

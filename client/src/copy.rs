@@ -102,6 +102,36 @@ impl Shared {
     fn fail(&self, path: String, error: ClientError) {
         lock(&self.report).errors.push(ItemError { path, error });
     }
+
+    fn copied(&self, bytes: u64) {
+        let mut r = lock(&self.report);
+        r.files += 1;
+        r.bytes += bytes;
+    }
+
+    fn progress_fn(self: &Arc<Self>) -> ProgressFn {
+        let shared = self.clone();
+        Arc::new(move |n| shared.progress.advance(n))
+    }
+}
+
+/// Spawns `job` onto `tasks`; it starts running once `slots` has a permit, so at most
+/// as many jobs as the semaphore has permits run at once.
+fn spawn_limited<F>(tasks: &mut JoinSet<()>, slots: &Arc<Semaphore>, job: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let slots = slots.clone();
+    tasks.spawn(async move {
+        let _permit = slots.acquire_owned().await;
+        job.await
+    });
+}
+
+fn several_sources_need_a_dir(shown: String) -> ClientError {
+    ClientError::Usage(format!(
+        "{shown}: target is not a directory (needed for several sources)"
+    ))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -135,13 +165,7 @@ pub async fn upload(
         }
     };
     if sources.len() > 1 && !dest_is_dir {
-        shared.fail(
-            dest.display(),
-            ClientError::Usage(format!(
-                "{}: target is not a directory (needed for several sources)",
-                dest.display()
-            )),
-        );
+        shared.fail(dest.display(), several_sources_need_a_dir(dest.display()));
         return finish_report(shared);
     }
     let mut plan: Plan<PathBuf, String> = Plan::default();
@@ -206,25 +230,11 @@ pub async fn upload(
         if skipped(&target) {
             continue;
         }
-        let (client, shared, sem, share) = (
-            client.clone(),
-            shared.clone(),
-            sem.clone(),
-            dest.share.clone(),
-        );
+        let (client, shared, share) = (client.clone(), shared.clone(), dest.share.clone());
         let shown = dest.with_path(target.clone()).display();
-        tasks.spawn(async move {
-            let _permit = sem.acquire_owned().await;
-            let progress: ProgressFn = {
-                let shared = shared.clone();
-                Arc::new(move |n| shared.progress.advance(n))
-            };
-            match upload_file(&client, &src, &share, &target, progress).await {
-                Ok(n) => {
-                    let mut r = lock(&shared.report);
-                    r.files += 1;
-                    r.bytes += n;
-                }
+        spawn_limited(&mut tasks, &sem, async move {
+            match upload_file(&client, &src, &share, &target, shared.progress_fn()).await {
+                Ok(n) => shared.copied(n),
                 // Server errors are about the target, local ones about the source.
                 Err(e) if e.remote_kind().is_some() => shared.fail(shown, e),
                 Err(e) => shared.fail(src.display().to_string(), e),
@@ -392,13 +402,8 @@ pub async fn download(
     });
     let dest_is_dir = fs::metadata(dest).is_ok_and(|m| m.is_dir());
     if sources.len() > 1 && !dest_is_dir {
-        shared.fail(
-            dest.display().to_string(),
-            ClientError::Usage(format!(
-                "{}: target is not a directory (needed for several sources)",
-                dest.display()
-            )),
-        );
+        let shown = dest.display().to_string();
+        shared.fail(shown.clone(), several_sources_need_a_dir(shown));
         return finish_report(shared);
     }
     let mut plan: Plan<Remote, PathBuf> = Plan::default();
@@ -461,19 +466,11 @@ pub async fn download(
     let sem = Arc::new(Semaphore::new(opts.jobs.max(1)));
     let mut tasks = JoinSet::new();
     for (src, target, _) in plan.files {
-        let (client, shared, sem) = (client.clone(), shared.clone(), sem.clone());
-        tasks.spawn(async move {
-            let _permit = sem.acquire_owned().await;
-            let progress: ProgressFn = {
-                let shared = shared.clone();
-                Arc::new(move |n| shared.progress.advance(n))
-            };
+        let (client, shared) = (client.clone(), shared.clone());
+        spawn_limited(&mut tasks, &sem, async move {
+            let progress = shared.progress_fn();
             match download_file(&client, &src.share, &src.path, &target, progress).await {
-                Ok(n) => {
-                    let mut r = lock(&shared.report);
-                    r.files += 1;
-                    r.bytes += n;
-                }
+                Ok(n) => shared.copied(n),
                 Err(e) => shared.fail(src.display(), e),
             }
         });

@@ -13,6 +13,30 @@ use ferry_client::location::{self, Location, Remote};
 use ferry_client::Client;
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// The end of `rcp --help`.
+const AFTER_HELP: &str = "\
+REMOTE PATHS:
+  HOST[:PORT]:SHARE[/PATH]    e.g. storage1:backups/db.dump, 10.0.0.5:7447:data/x
+  [IPv6]:PORT:SHARE[/PATH]    e.g. [::1]:7447:data/x
+  An operand is remote if it has a ':' before any '/'. Default port 7447.
+
+EXAMPLES:
+  rcp big.iso storage1:data/isos/          upload into a directory
+  rcp storage1:data/isos/big.iso ./        download
+  rcp -r photos storage1:data/             upload a tree (symlinks, modes, mtimes kept)
+  rcp --json a b c storage1:data/in/       several files, JSON summary on stdout
+
+EXIT CODES:
+  0  success
+  1  several different failures, or another error
+  2  usage error
+  3  cannot connect (no such host, connection refused, handshake failed)
+  4  the server refused or failed (no such share or file, permission denied,
+     outside the share, read-only share, no space on the server)
+  5  local I/O error
+  6  integrity failure (a chunk's SHA-256 did not match)
+  130, 143  interrupted by SIGINT, SIGTERM (unfinished files are not written)";
+
 /// Copy files and directory trees to and from a Ferry server (ferryd), like scp.
 ///
 /// File data moves by one-sided RDMA READ (uploads: the server pulls from your mapped
@@ -23,7 +47,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 #[command(
     name = "rcp",
     version,
-    after_help = "REMOTE PATHS:\n  HOST[:PORT]:SHARE[/PATH]     e.g. storage1:backups/db.dump, 10.0.0.5:7447:data/x\n  [IPv6]:PORT:SHARE[/PATH]     e.g. [::1]:7447:data/x\n  An operand is remote if it has a ':' before any '/'. Default port 7447.\n\nEXAMPLES:\n  rcp big.iso storage1:data/isos/           upload into a directory\n  rcp storage1:data/isos/big.iso ./         download\n  rcp -r photos storage1:data/              upload a tree (symlinks, modes, mtimes kept)\n  rcp --json a b c storage1:data/in/        several files, JSON summary on stdout\n\nEXIT CODES:\n  0 success   1 mixed failures or other error   2 usage error\n  3 cannot connect   4 server refused or failed (no such share/file, permission,\n  outside share, read-only, no space)   5 local I/O error   6 integrity failure"
+    after_help = AFTER_HELP
 )]
 struct Args {
     /// Sources, then the destination.
@@ -141,7 +165,34 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::OTHER);
         }
     };
-    ExitCode::from(runtime.block_on(run(args)))
+    let code = runtime.block_on(async {
+        tokio::select! {
+            code = run(args) => code,
+            code = interrupted() => {
+                eprintln!("rcp: interrupted; unfinished files were not written");
+                code
+            }
+        }
+    });
+    // Dropping the runtime drops every unfinished transfer, which removes its hidden
+    // temporary file (the server drops its side when the connection closes).
+    drop(runtime);
+    ExitCode::from(code)
+}
+
+/// Resolves on SIGINT or SIGTERM with the conventional exit code (128 + signal).
+async fn interrupted() -> u8 {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => 130,
+        _ = term.recv() => 143,
+    }
 }
 
 fn init_logging(verbose: u8) {

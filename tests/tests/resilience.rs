@@ -90,3 +90,37 @@ fn has_temp_file(dir: &std::path::Path) -> bool {
             .starts_with(TEMP_PREFIX)
     })
 }
+
+ferrytest!(
+    interrupted_download_exits_130_and_leaves_no_temp_file,
+    |env| {
+        write_random_file(&env.share("big.bin"), 128 * MIB, 5);
+        let out_dir = env.local("out");
+        std::fs::create_dir(&out_dir).unwrap();
+        let mut child = spawn_rcp(rcp_args![env.remote("big.bin"), &out_dir]);
+        // Interrupt as soon as rcp's own temporary file shows the download under way.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline && !has_temp_file(&out_dir) && child.is_running() {
+            thread::sleep(Duration::from_millis(1));
+        }
+        let interrupted = has_temp_file(&out_dir);
+        let status = std::process::Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let out = child.wait();
+        if interrupted {
+            out.assert_code(130).assert_stderr_has("interrupted");
+            // Nothing under the final name, and the hidden temporary file is gone.
+            assert_entries(&out_dir, &[]);
+        } else {
+            // The download won the race; then it must be whole.
+            out.assert_success();
+            assert_files_equal(&env.share("big.bin"), &out_dir.join("big.bin"));
+        }
+        env.server().assert_running();
+        env.rcp(rcp_args![env.remote("big.bin"), env.local("again.bin")])
+            .assert_success();
+    }
+);

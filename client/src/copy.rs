@@ -128,6 +128,12 @@ where
     });
 }
 
+fn trailing_slash_needs_a_dir(shown: String) -> ClientError {
+    ClientError::Usage(format!(
+        "{shown}: not a directory (a trailing '/' names an existing directory)"
+    ))
+}
+
 fn several_sources_need_a_dir(shown: String) -> ClientError {
     ClientError::Usage(format!(
         "{shown}: target is not a directory (needed for several sources)"
@@ -164,6 +170,10 @@ pub async fn upload(
             return finish_report(shared);
         }
     };
+    if dest.dir_hint && !dest_is_dir {
+        shared.fail(dest.display(), trailing_slash_needs_a_dir(dest.display()));
+        return finish_report(shared);
+    }
     if sources.len() > 1 && !dest_is_dir {
         shared.fail(dest.display(), several_sources_need_a_dir(dest.display()));
         return finish_report(shared);
@@ -173,6 +183,8 @@ pub async fn upload(
         let target = if dest_is_dir {
             match base_name(src) {
                 Some(n) => dest.join(&n).path,
+                // `.`, `..`, `/`: like cp, copy the contents into the directory.
+                None if fs::metadata(src).is_ok_and(|m| m.is_dir()) => dest.path.clone(),
                 None => {
                     shared.fail(
                         src.display().to_string(),
@@ -350,9 +362,6 @@ fn walk_local(
             );
             continue;
         };
-        if name.starts_with(TEMP_PREFIX) {
-            continue;
-        }
         let child_target = join_rel(&target, &name);
         let meta = match fs::symlink_metadata(&path) {
             Ok(m) => m,
@@ -401,6 +410,11 @@ pub async fn download(
         progress,
     });
     let dest_is_dir = fs::metadata(dest).is_ok_and(|m| m.is_dir());
+    if dest.as_os_str().as_encoded_bytes().ends_with(b"/") && !dest_is_dir {
+        let shown = dest.display().to_string();
+        shared.fail(shown.clone(), trailing_slash_needs_a_dir(shown));
+        return finish_report(shared);
+    }
     if sources.len() > 1 && !dest_is_dir {
         let shown = dest.display().to_string();
         shared.fail(shown.clone(), several_sources_need_a_dir(shown));
@@ -445,7 +459,13 @@ pub async fn download(
     }
     shared.progress.set_total(plan.total_bytes());
 
+    // Directories, parents first, owner-writable until the end. Nothing is attempted
+    // below one that failed (one error, and a conflicting local file is left alone).
+    let mut failed: Vec<PathBuf> = Vec::new();
     for d in &plan.dirs {
+        if failed.iter().any(|f| d.target.starts_with(f)) {
+            continue;
+        }
         let r = match fs::create_dir(&d.target) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && d.target.is_dir() => Ok(()),
@@ -457,15 +477,22 @@ pub async fn download(
         });
         match r {
             Ok(()) => lock(&shared.report).dirs += 1,
-            Err(e) => shared.fail(
-                d.target.display().to_string(),
-                ClientError::local(&d.target, "cannot create directory", e),
-            ),
+            Err(e) => {
+                shared.fail(
+                    d.target.display().to_string(),
+                    ClientError::local(&d.target, "cannot create directory", e),
+                );
+                failed.push(d.target.clone());
+            }
         }
     }
+    let skipped = |t: &Path| failed.iter().any(|f| t.starts_with(f));
     let sem = Arc::new(Semaphore::new(opts.jobs.max(1)));
     let mut tasks = JoinSet::new();
     for (src, target, _) in plan.files {
+        if skipped(&target) {
+            continue;
+        }
         let (client, shared) = (client.clone(), shared.clone());
         spawn_limited(&mut tasks, &sem, async move {
             let progress = shared.progress_fn();
@@ -477,6 +504,9 @@ pub async fn download(
     }
     while tasks.join_next().await.is_some() {}
     for (link_target, target) in plan.symlinks {
+        if skipped(&target) {
+            continue;
+        }
         match make_local_symlink(&link_target, &target) {
             Ok(()) => lock(&shared.report).symlinks += 1,
             Err(e) => shared.fail(
@@ -486,6 +516,9 @@ pub async fn download(
         }
     }
     for d in plan.dirs.iter().rev() {
+        if skipped(&d.target) {
+            continue;
+        }
         let r = fs::set_permissions(&d.target, fs::Permissions::from_mode(d.mode & 0o7777))
             .and_then(|()| fs::File::open(&d.target)?.set_modified(d.mtime.to_system()));
         if let Err(e) = r {

@@ -15,6 +15,8 @@ pub struct Remote {
     pub share: String,
     /// Path inside the share, without leading or trailing `/` ("" for the root).
     pub path: String,
+    /// The operand ended in `/`: as a destination it must be an existing directory.
+    pub dir_hint: bool,
 }
 
 impl Remote {
@@ -54,6 +56,7 @@ impl Remote {
     pub fn with_path(&self, path: String) -> Remote {
         Remote {
             path,
+            dir_hint: false,
             ..self.clone()
         }
     }
@@ -116,6 +119,7 @@ pub fn parse(arg: &str, default_port: u16) -> Result<Location, ClientError> {
         port,
         share: share.to_string(),
         path: path.trim_matches('/').to_string(),
+        dir_hint: rest.ends_with('/'),
     }))
 }
 
@@ -138,7 +142,8 @@ mod tests {
             ("host", 7447, "data", "a/b")
         );
         let r = remote("127.0.0.1:9000:data/x/");
-        assert_eq!((r.port, r.path.as_str()), (9000, "x"));
+        assert_eq!((r.port, r.path.as_str(), r.dir_hint), (9000, "x", true));
+        assert!(!remote("h:data/x").dir_hint);
         let r = remote("h:data");
         assert_eq!((r.share.as_str(), r.path.as_str()), ("data", ""));
         let r = remote("[::1]:9000:s/p");

@@ -46,12 +46,13 @@ EXIT CODES:
 #[derive(Parser, Debug)]
 #[command(
     name = "rcp",
+    override_usage = "rcp [OPTIONS] SRC... DST",
     version,
     after_help = AFTER_HELP
 )]
 struct Args {
     /// Sources, then the destination.
-    #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
+    #[arg(required = true, num_args = 2.., value_name = "PATH")]
     operands: Vec<String>,
 
     /// Copy directories recursively.
@@ -153,8 +154,33 @@ fn progress_bar(show: bool) -> ProgressBar {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) if e.use_stderr() => {
+            // Bad arguments: scripts that asked for --json still get their one line.
+            let _ = e.print();
+            if std::env::args().any(|a| a == "--json") {
+                let report = Report {
+                    errors: vec![copy::ItemError {
+                        path: String::new(),
+                        error: ClientError::Usage(e.kind().to_string()),
+                    }],
+                    ..Report::default()
+                };
+                print_json("", &report, 0.0, exit::USAGE);
+            }
+            return ExitCode::from(exit::USAGE);
+        }
+        // --help and --version.
+        Err(e) => e.exit(),
+    };
     init_logging(args.verbose);
+    // Uploads map their sources: a source truncated by another process mid-copy raises
+    // SIGBUS. Say so and exit with the local-error code rather than die silently.
+    let _ = ferry_common::transport::mem::exit_on_sigbus(
+        b"rcp: a source file shrank while it was being read (SIGBUS); the copy was abandoned and nothing was written under its final name\n",
+        exit::LOCAL.into(),
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

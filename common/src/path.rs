@@ -19,7 +19,7 @@ pub enum PathError {
     #[error("absolute paths are not allowed; paths are relative to the share")]
     Absolute,
     /// A component is `..`.
-    #[error("path escapes the share ('..' is not allowed)")]
+    #[error("'..' is not allowed in share paths (it could escape the share)")]
     DotDot,
     /// A component is too long.
     #[error("path component longer than {MAX_NAME_BYTES} bytes")]

@@ -16,7 +16,7 @@ pub const MAX_QUEUE_DEPTH: usize = 256;
 #[non_exhaustive]
 pub enum ConfigError {
     /// The config file could not be read.
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
@@ -25,7 +25,7 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The config file is not valid TOML for this schema.
-    #[error("invalid config file {path}: {message}")]
+    #[error("invalid config file {}: {message}", path.display())]
     Parse {
         /// The file.
         path: PathBuf,
@@ -111,7 +111,14 @@ impl Config {
                 })?;
                 toml::from_str::<FileConfig>(&text).map_err(|e| ConfigError::Parse {
                     path: path.to_owned(),
-                    message: e.message().to_string(),
+                    message: match e.span() {
+                        Some(span) => format!(
+                            "line {}: {}",
+                            text[..span.start].matches('\n').count() + 1,
+                            e.message()
+                        ),
+                        None => e.message().to_string(),
+                    },
                 })?
             }
             None => FileConfig {

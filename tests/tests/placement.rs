@@ -4,8 +4,8 @@
 use std::fs;
 
 use ferry_tests::{
-    assert_entries, assert_files_equal, assert_no_temp_files, ferrytest, rcp_args,
-    write_random_file, Env, MIB,
+    assert_entries, assert_files_equal, assert_no_temp_files, ferrytest, mode_of, mtime_of,
+    rcp_args, set_mode, set_mtime, write_random_file, Env, MIB,
 };
 
 /// Writes local files `names` with distinct random contents of different sizes.
@@ -157,4 +157,46 @@ ferrytest!(download_several_sources_to_non_dir_fails, |env| {
     out.assert_code(2)
         .assert_error_line(&dst, &["not a directory"]);
     assert_entries(&env.local(""), &[]);
+});
+
+// Found in exploratory testing: a trailing '/' on the destination must name an existing
+// directory (as with cp and scp), in both directions, and nothing is created.
+ferrytest!(trailing_slash_destination_must_be_an_existing_dir, |env| {
+    write_random_file(&env.local("f.bin"), 1000, 7);
+    env.rcp(rcp_args![env.local("f.bin"), env.remote("newdir/")])
+        .assert_code(2)
+        .assert_stderr_has("not a directory");
+    assert!(!env.share("newdir").exists());
+    write_random_file(&env.share("g.bin"), 1000, 8);
+    let dest = format!("{}/", env.local("nodir").display());
+    env.rcp(rcp_args![env.remote("g.bin"), dest])
+        .assert_code(2)
+        .assert_stderr_has("not a directory");
+    assert!(!env.local("nodir").exists());
+});
+
+// Found in exploratory testing: a tree download that collides with a local file must
+// fail once for that directory and leave the user's file alone (bytes, mode, mtime).
+ferrytest!(tree_download_onto_a_local_file_leaves_it_alone, |env| {
+    fs::create_dir_all(env.share("tree/sub")).unwrap();
+    write_random_file(&env.share("tree/sub/a"), 100, 9);
+    set_mode(&env.share("tree"), 0o755);
+    set_mtime(&env.share("tree"), 1_100_000_000);
+    let local = env.local("lfile");
+    fs::write(&local, b"mine").unwrap();
+    set_mode(&local, 0o600);
+    set_mtime(&local, 1_500_000_000);
+    let out = env.rcp(rcp_args!["-r", env.remote("tree"), &local]);
+    out.assert_code(5);
+    assert_eq!(
+        out.stderr
+            .lines()
+            .filter(|l| l.starts_with("rcp: "))
+            .count(),
+        1,
+        "{out}"
+    );
+    assert_eq!(fs::read(&local).unwrap(), b"mine");
+    assert_eq!(mode_of(&local), 0o600);
+    assert_eq!(mtime_of(&local), 1_500_000_000);
 });

@@ -80,6 +80,40 @@ impl FileWindow {
     }
 }
 
+/// What the SIGBUS handler prints and the code it exits with (set once).
+static SIGBUS_EXIT: std::sync::OnceLock<(&'static [u8], i32)> = std::sync::OnceLock::new();
+
+extern "C" fn on_sigbus(_signal: nix::libc::c_int) {
+    if let Some((message, code)) = SIGBUS_EXIT.get() {
+        // SAFETY: write(2) and _exit(2) are async-signal-safe; `message` is a
+        // 'static byte slice, valid for the whole process.
+        unsafe {
+            nix::libc::write(2, message.as_ptr().cast(), message.len());
+            nix::libc::_exit(*code);
+        }
+    }
+    // SAFETY: _exit is async-signal-safe; without a message there is nothing to say.
+    unsafe { nix::libc::_exit(128 + nix::libc::SIGBUS) }
+}
+
+/// Makes SIGBUS — raised when a mapped file shrinks under a [`FileWindow`] — print
+/// `message` on stderr and exit with `code`, instead of killing the process without a
+/// word. For binaries that map files they do not control (rcp uploads); the first call
+/// wins. A peer that was pulling the window sees the connection drop and discards its
+/// partial copy.
+pub fn exit_on_sigbus(message: &'static [u8], code: i32) -> nix::Result<()> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let _ = SIGBUS_EXIT.set((message, code));
+    let action = SigAction::new(
+        SigHandler::Handler(on_sigbus),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    // SAFETY: the handler only reads a OnceLock that was set before it was installed
+    // and calls async-signal-safe functions.
+    unsafe { sigaction(Signal::SIGBUS, &action) }.map(|_| ())
+}
+
 /// Anonymous, page-aligned, writable memory of a fixed length.
 #[derive(Debug)]
 pub struct Buffer {

@@ -53,6 +53,9 @@ pub struct Report {
     pub bytes: u64,
     /// Items that failed.
     pub errors: Vec<ItemError>,
+    /// Special files (devices, fifos, sockets) inside trees, not copied (as rsync does
+    /// without `-D`).
+    pub skipped: Vec<String>,
 }
 
 /// Progress callbacks of a copy.
@@ -389,7 +392,9 @@ fn walk_local(
                 ),
             }
         } else {
-            tracing::warn!(path = %path.display(), "skipping a special file");
+            lock(&shared.report)
+                .skipped
+                .push(path.display().to_string());
         }
     }
 }
@@ -583,7 +588,7 @@ async fn walk_remote(
                     ),
                 },
                 FileKind::Other => {
-                    tracing::warn!(path = %child.display(), "skipping a special file")
+                    lock(&shared.report).skipped.push(child.display());
                 }
             }
         }

@@ -67,6 +67,12 @@ pub enum ClientError {
         /// Index of the chunk.
         chunk: u64,
     },
+    /// A local source changed while it was being uploaded.
+    #[error("{}: changed while it was being copied; nothing was written, try again", path.display())]
+    SourceChanged {
+        /// The local file.
+        path: PathBuf,
+    },
     /// The arguments do not make sense.
     #[error("{0}")]
     Usage(String),
@@ -117,7 +123,7 @@ impl ClientError {
                 ErrorKind::Protocol => exit::OTHER,
                 _ => exit::REMOTE,
             },
-            ClientError::Local { .. } => exit::LOCAL,
+            ClientError::Local { .. } | ClientError::SourceChanged { .. } => exit::LOCAL,
             ClientError::Integrity { .. } => exit::INTEGRITY,
             ClientError::Usage(_) => exit::USAGE,
             ClientError::Transport(_) | ClientError::Protocol(_) | ClientError::Disconnected(_) => {
@@ -141,6 +147,7 @@ impl ClientError {
                 _ => "io",
             },
             ClientError::Integrity { .. } => "integrity",
+            ClientError::SourceChanged { .. } => "changed",
             ClientError::Usage(_) => "usage",
             ClientError::Transport(_) | ClientError::Disconnected(_) => "io",
             ClientError::Protocol(_) => "protocol",

@@ -265,8 +265,27 @@ async fn run(args: Args) -> u8 {
     bar.finish_and_clear();
     client.close();
     let seconds = started.elapsed().as_secs_f64();
+    // One line per failed item, except that a lost connection is said once.
+    let mut lost = 0;
     for e in &report.errors {
+        if matches!(e.error, ClientError::Disconnected(_)) {
+            lost += 1;
+            if lost > 1 {
+                continue;
+            }
+        }
         eprintln!("rcp: {}", describe(&e.path, &e.error));
+    }
+    if lost > 1 {
+        eprintln!(
+            "rcp: {} more items not copied: connection to the server lost",
+            lost - 1
+        );
+    }
+    if !args.quiet {
+        for path in &report.skipped {
+            eprintln!("rcp: {path}: skipped (not a regular file, directory or symlink)");
+        }
     }
     let code = exit_code(&report);
     if args.json {
@@ -309,6 +328,7 @@ fn describe(item: &str, e: &ClientError) -> String {
             }
         }
         ClientError::Local { .. }
+        | ClientError::SourceChanged { .. }
         | ClientError::Usage(_)
         | ClientError::Integrity { .. }
         | ClientError::Connect { .. }
@@ -362,6 +382,7 @@ fn print_json(direction: &str, report: &Report, seconds: f64, code: u8) {
         "files": report.files,
         "dirs": report.dirs,
         "symlinks": report.symlinks,
+        "skipped": report.skipped,
         "bytes": report.bytes,
         "seconds": seconds,
         "bytes_per_sec": if seconds > 0.0 { report.bytes as f64 / seconds } else { 0.0 },

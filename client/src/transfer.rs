@@ -151,18 +151,7 @@ async fn upload_windows(
         let client = client.clone();
         let file = file.clone();
         let local = local.to_owned();
-        async move {
-            let mut attempt = 0;
-            loop {
-                attempt += 1;
-                match upload_window(&client, &file, &local, transfer, chunk, w).await {
-                    Err(e) if is_integrity(&e) && attempt < WINDOW_ATTEMPTS => {
-                        tracing::warn!(file = %local.display(), offset = w.offset, "window failed verification; retrying: {e}");
-                    }
-                    other => return other,
-                }
-            }
-        }
+        async move { upload_window(&client, &file, &local, transfer, chunk, w).await }
     })
     .await?;
     let all: Vec<Sha256> = hashes.into_iter().flatten().collect();
@@ -176,6 +165,27 @@ async fn upload_windows(
     }
 }
 
+/// Maps window `w` of the source and hashes its chunks.
+async fn map_window(
+    file: &Arc<File>,
+    local: &Path,
+    chunk: u32,
+    w: Window,
+) -> Result<(Arc<FileWindow>, Vec<Sha256>), ClientError> {
+    let (file, local) = (file.clone(), local.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let window = FileWindow::map(&file, w.offset, w.len as usize)
+            .map_err(|e| ClientError::local(&local, "cannot map", e))?;
+        let hashes = hash_chunks(window.bytes(), chunk as usize);
+        Ok((window, hashes))
+    })
+    .await
+    .map_err(|e| ClientError::Disconnected(format!("hashing task failed: {e}")))?
+}
+
+/// Uploads window `w`. When the server finds a chunk that does not match its hash, the
+/// window is hashed again: if the source changed meanwhile, that is the error; if not,
+/// the bytes were damaged in flight and the window is sent again, once.
 async fn upload_window(
     client: &Client,
     file: &Arc<File>,
@@ -184,15 +194,38 @@ async fn upload_window(
     chunk: u32,
     w: Window,
 ) -> Result<Vec<Sha256>, ClientError> {
-    let (file2, local2) = (file.clone(), local.to_owned());
-    let (window, hashes) = tokio::task::spawn_blocking(move || {
-        let window = FileWindow::map(&file2, w.offset, w.len as usize)
-            .map_err(|e| ClientError::local(&local2, "cannot map", e))?;
-        let hashes = hash_chunks(window.bytes(), chunk as usize);
-        Ok::<_, ClientError>((window, hashes))
-    })
-    .await
-    .map_err(|e| ClientError::Disconnected(format!("hashing task failed: {e}")))??;
+    let (mut window, mut hashes) = map_window(file, local, chunk, w).await?;
+    let mut attempt = 1;
+    loop {
+        match send_window(client, transfer, w, window, hashes.clone()).await {
+            Ok(()) => return Ok(hashes),
+            Err(e) if is_integrity(&e) => {
+                let (again_window, again) = map_window(file, local, chunk, w).await?;
+                if again != hashes {
+                    return Err(ClientError::SourceChanged {
+                        path: local.to_owned(),
+                    });
+                }
+                if attempt >= WINDOW_ATTEMPTS {
+                    return Err(e);
+                }
+                tracing::warn!(file = %local.display(), offset = w.offset, "window damaged in flight; sending it again: {e}");
+                attempt += 1;
+                (window, hashes) = (again_window, again);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Registers `window` for remote READ, asks the server to pull it, and revokes it.
+async fn send_window(
+    client: &Client,
+    transfer: u64,
+    w: Window,
+    window: Arc<FileWindow>,
+    hashes: Vec<Sha256>,
+) -> Result<(), ClientError> {
     let reg = client
         .transport()
         .register(Memory::File(window), Access::RemoteRead)?;
@@ -200,13 +233,13 @@ async fn upload_window(
         transfer,
         offset: w.offset,
         region: reg.desc(),
-        hashes: hashes.clone(),
+        hashes,
     };
     let response = client.call(req).await;
     // Revoke as soon as the server is done with the window.
     drop(reg);
     match response? {
-        Response::WindowPulled { .. } => Ok(hashes),
+        Response::WindowPulled { .. } => Ok(()),
         other => Err(unexpected(other)),
     }
 }

@@ -198,3 +198,26 @@ fn single_error_kind(v: &Value) -> String {
     assert_eq!(errors.len(), 1, "expected one error entry: {v}");
     errors[0]["kind"].as_str().unwrap_or("").to_owned()
 }
+
+// Found in exploratory testing: special files inside a tree are skipped like rsync
+// without -D, and said so (stderr line and the JSON `skipped` list), not silently.
+ferrytest!(json_lists_skipped_special_files, |env| {
+    let tree = env.local("t");
+    std::fs::create_dir(&tree).unwrap();
+    std::fs::write(tree.join("a"), b"a").unwrap();
+    let fifo = tree.join("pipe");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let out = env.rcp(rcp_args!["--json", "-r", &tree, env.remote("t")]);
+    out.assert_success().assert_stderr_has("skipped");
+    let v = out.json();
+    assert_eq!(v["files"], 1);
+    assert_eq!(
+        v["skipped"],
+        serde_json::json!([fifo.display().to_string()])
+    );
+    assert!(!env.share("t/pipe").exists());
+});

@@ -30,8 +30,9 @@ struct Args {
     #[arg(long = "share", value_name = "NAME=PATH[:ro]")]
     shares: Vec<String>,
 
-    /// Address and port to listen on [default: 127.0.0.1:7447]. Port 0 picks a free one.
-    #[arg(long, value_name = "ADDR:PORT")]
+    /// Address (or host name) and port to listen on [default: 127.0.0.1:7447]. Port 0
+    /// picks a free one.
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_listen)]
     listen: Option<SocketAddr>,
 
     /// Once listening, write the actual ADDR:PORT to this file (atomically).
@@ -132,6 +133,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     serve.abort();
     Ok(())
+}
+
+/// `ADDR:PORT`, or `HOST:PORT` resolved to its first address.
+fn parse_listen(arg: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = arg.parse() {
+        return Ok(addr);
+    }
+    arg.to_socket_addrs()
+        .map_err(|e| format!("cannot resolve '{arg}': {e}"))?
+        .next()
+        .ok_or_else(|| format!("'{arg}' resolves to no address"))
 }
 
 fn write_port_file(path: &Path, addr: SocketAddr) -> std::io::Result<()> {

@@ -102,6 +102,13 @@ struct Shared {
 }
 
 impl Shared {
+    fn new(progress: Arc<dyn Progress>) -> Arc<Shared> {
+        Arc::new(Shared {
+            report: Mutex::new(Report::default()),
+            progress,
+        })
+    }
+
     fn fail(&self, path: String, error: ClientError) {
         lock(&self.report).errors.push(ItemError { path, error });
     }
@@ -161,10 +168,7 @@ pub async fn upload(
     opts: &CopyOptions,
     progress: Arc<dyn Progress>,
 ) -> Report {
-    let shared = Arc::new(Shared {
-        report: Mutex::new(Report::default()),
-        progress,
-    });
+    let shared = Shared::new(progress);
     let dest_is_dir = match client.stat(&dest.share, &dest.path, true).await {
         Ok(a) => a.kind == FileKind::Dir,
         Err(e) if e.remote_kind() == Some(ErrorKind::NotFound) => false,
@@ -410,10 +414,7 @@ pub async fn download(
     opts: &CopyOptions,
     progress: Arc<dyn Progress>,
 ) -> Report {
-    let shared = Arc::new(Shared {
-        report: Mutex::new(Report::default()),
-        progress,
-    });
+    let shared = Shared::new(progress);
     let dest_is_dir = fs::metadata(dest).is_ok_and(|m| m.is_dir());
     if dest.as_os_str().as_encoded_bytes().ends_with(b"/") && !dest_is_dir {
         let shown = dest.display().to_string();

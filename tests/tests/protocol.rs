@@ -112,16 +112,7 @@ fn bad_transfer_requests_are_refused() {
             hashes: vec![[0; 32]],
         };
         assert_eq!(kind(c.call(window).await), ErrorKind::Protocol);
-        let open = Request::UploadOpen {
-            share: "data".into(),
-            path: "f".into(),
-            size: 10 << 20,
-            mode: 0o644,
-            mtime: Default::default(),
-        };
-        let Ok(Response::UploadOpened { transfer }) = c.call(open).await else {
-            panic!("upload did not open");
-        };
+        let transfer = open_upload(&c, "f", 10 << 20).await;
         // Unaligned window, and a hash count that does not match the window.
         let unaligned = Request::UploadWindow {
             transfer,
@@ -162,18 +153,24 @@ fn bad_transfer_requests_are_refused() {
     assert_eq!(std::fs::read_dir(env.share("")).unwrap().count(), 0);
 }
 
-/// Opens an upload of one 4 KiB chunk and offers `region` for it.
-async fn offer(c: &Client, name: &str, region: RegionDesc, hash: [u8; 32]) -> ErrorKind {
+/// Opens an upload of `size` bytes to `name` and returns its transfer id.
+async fn open_upload(c: &Client, name: &str, size: u64) -> u64 {
     let open = Request::UploadOpen {
         share: "data".into(),
         path: name.into(),
-        size: 4096,
+        size,
         mode: 0o644,
         mtime: Default::default(),
     };
     let Ok(Response::UploadOpened { transfer }) = c.call(open).await else {
         panic!("upload did not open");
     };
+    transfer
+}
+
+/// Opens an upload of one 4 KiB chunk and offers `region` for it.
+async fn offer(c: &Client, name: &str, region: RegionDesc, hash: [u8; 32]) -> ErrorKind {
+    let transfer = open_upload(c, name, 4096).await;
     let window = Request::UploadWindow {
         transfer,
         offset: 0,
@@ -226,16 +223,7 @@ fn reads_of_revoked_or_out_of_bounds_regions_fail_cleanly() {
             .transport()
             .register(Memory::Buffer(buf.clone()), Access::RemoteRead)
             .unwrap();
-        let open = Request::UploadOpen {
-            share: "data".into(),
-            path: "ok".into(),
-            size: 4096,
-            mode: 0o644,
-            mtime: Default::default(),
-        };
-        let Ok(Response::UploadOpened { transfer }) = c.call(open).await else {
-            panic!("upload did not open");
-        };
+        let transfer = open_upload(&c, "ok", 4096).await;
         let window = Request::UploadWindow {
             transfer,
             offset: 0,

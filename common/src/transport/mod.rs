@@ -14,15 +14,21 @@
 //! - [`Transport::send`] / [`Transport::recv`] carry small control messages, at most
 //!   [`crate::codec::MAX_CTRL_FRAME_BYTES`] each, in order.
 //!
-//! Backends: [`tcp::Tcp`] (software RDMA over TCP, always available) and, with the
-//! `fault-injection` feature, [`faulty::Faulty`], a wrapper for tests.
+//! Backends: `rdma::Rdma` (kernel verbs through rdma-sys, feature `rdma`, on by
+//! default), [`tcp::Tcp`] (software RDMA over TCP, always available) and, with the
+//! `fault-injection` feature, `faulty::Faulty`, a wrapper for tests.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-pub mod mem;
+pub mod sys;
 pub mod tcp;
+
+#[cfg(feature = "rdma")]
+pub mod rdma;
+
+pub use sys::mem;
 
 #[cfg(feature = "fault-injection")]
 pub mod faulty;
@@ -60,6 +66,8 @@ impl Access {
 pub enum TransportKind {
     /// Software RDMA over TCP.
     Tcp,
+    /// Kernel RDMA verbs (a real or Soft-RoCE device).
+    Rdma,
 }
 
 impl TransportKind {
@@ -67,7 +75,51 @@ impl TransportKind {
     pub fn as_str(self) -> &'static str {
         match self {
             TransportKind::Tcp => "tcp",
+            TransportKind::Rdma => "rdma",
         }
+    }
+}
+
+/// What `--transport` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TransportChoice {
+    /// RDMA where a device and a peer that speaks it are there, else TCP.
+    #[default]
+    Auto,
+    /// RDMA or fail.
+    Rdma,
+    /// The TCP transport only.
+    Tcp,
+}
+
+impl TransportChoice {
+    /// Lowercase name, as on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportChoice::Auto => "auto",
+            TransportChoice::Rdma => "rdma",
+            TransportChoice::Tcp => "tcp",
+        }
+    }
+}
+
+impl std::str::FromStr for TransportChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(TransportChoice::Auto),
+            "rdma" => Ok(TransportChoice::Rdma),
+            "tcp" => Ok(TransportChoice::Tcp),
+            other => Err(format!(
+                "unknown transport '{other}' (expected auto, rdma or tcp)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for TransportChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -107,6 +159,9 @@ pub enum AccessFault {
     OutOfBounds,
     /// The region does not grant this kind of access (e.g. WRITE to a read-only region).
     Denied,
+    /// The peer's device refused the access (RDMA remote access error: the verbs do not
+    /// say whether the rkey, the bounds or the permission was wrong).
+    Refused,
 }
 
 impl std::fmt::Display for AccessFault {
@@ -115,6 +170,9 @@ impl std::fmt::Display for AccessFault {
             AccessFault::InvalidRkey => "invalid or revoked rkey",
             AccessFault::OutOfBounds => "access outside the registered region",
             AccessFault::Denied => "access not permitted by the region",
+            AccessFault::Refused => {
+                "remote access error (revoked or invalid rkey, out of bounds, or not permitted)"
+            }
         })
     }
 }
@@ -165,6 +223,25 @@ pub enum TransportError {
     /// The peer broke the transport framing; the connection is closed.
     #[error("transport protocol violation: {0}")]
     Protocol(String),
+    /// No RDMA here: no device, or no RDMA connection manager in the kernel.
+    #[error("RDMA is not available: {0}")]
+    Unavailable(String),
+    /// The RDMA peer could not be reached or refused the connection.
+    #[error("RDMA connection to {peer} failed: {reason}")]
+    Connect {
+        /// The address tried.
+        peer: String,
+        /// What happened.
+        reason: String,
+    },
+    /// A work request failed on the device (other than a remote access error).
+    #[error("{op} failed: {status}")]
+    WorkRequest {
+        /// The operation.
+        op: &'static str,
+        /// libibverbs' status text.
+        status: String,
+    },
     /// A socket or device error.
     #[error("{op}: {source}")]
     Io {
@@ -186,24 +263,30 @@ pub struct Registration {
     desc: RegionDesc,
     memory: Memory,
     access: Access,
-    _revoke: Box<dyn Send + Sync>,
+    backend: Box<dyn std::any::Any + Send + Sync>,
 }
 
 impl Registration {
-    /// Builds a registration; `revoke` is dropped when the registration is.
-    /// Called by backends only.
+    /// Builds a registration; `backend` (the backend's handle, which revokes the rkey
+    /// when dropped) is dropped when the registration is. Called by backends only.
     pub fn new(
         desc: RegionDesc,
         memory: Memory,
         access: Access,
-        revoke: Box<dyn Send + Sync>,
+        backend: Box<dyn std::any::Any + Send + Sync>,
     ) -> Registration {
         Registration {
             desc,
             memory,
             access,
-            _revoke: revoke,
+            backend,
         }
+    }
+
+    /// The backend's handle, if it is a `T` (how a backend finds its own state, e.g. the
+    /// memory region, behind a registration it made).
+    pub fn backend<T: 'static>(&self) -> Option<&T> {
+        self.backend.downcast_ref()
     }
 
     /// The descriptor to advertise to the peer.

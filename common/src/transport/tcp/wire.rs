@@ -39,6 +39,8 @@ pub fn status_of(fault: AccessFault) -> u8 {
         AccessFault::InvalidRkey => 1,
         AccessFault::OutOfBounds => 2,
         AccessFault::Denied => 3,
+        // Not produced by the TCP engine (it knows the precise cause); kept distinct.
+        AccessFault::Refused => 4,
     }
 }
 
@@ -48,6 +50,7 @@ pub fn fault_of(status: u8) -> Option<AccessFault> {
         1 => Some(AccessFault::InvalidRkey),
         2 => Some(AccessFault::OutOfBounds),
         3 => Some(AccessFault::Denied),
+        4 => Some(AccessFault::Refused),
         _ => None,
     }
 }

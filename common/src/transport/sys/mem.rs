@@ -12,23 +12,27 @@
 //! holds the lock briefly (to fill or read the buffer) and never while a one-sided
 //! operation on the buffer is outstanding; the transport engine takes it to copy
 //! network data in or out. This mirrors RDMA, where memory under an outstanding work
-//! request belongs to the device.
-//!
-//! This module and the verbs module are the only places with `unsafe` code.
-
-#![allow(unsafe_code)]
+//! request belongs to the device. The verbs transport holds an owned guard for as long
+//! as a local work request on the buffer is outstanding. A buffer registered for remote
+//! write is the exception that RDMA imposes: the peer's device may write it whenever the
+//! registration lives, so the protocol reads it only after the peer reports the WRITE
+//! complete (and revokes the registration first).
 
 use std::fs::File;
 use std::sync::Arc;
 
 use memmap2::{Mmap, MmapMut, MmapOptions};
-use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use tokio::sync::{
+    OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 
 /// A read-only mapping of `len` bytes of a file starting at `offset`.
 #[derive(Debug)]
 pub struct FileWindow {
     map: Mmap,
     offset: u64,
+    /// A duplicate of the mapped file's descriptor, for [`FileWindow::map_private`].
+    file: File,
 }
 
 impl FileWindow {
@@ -51,7 +55,34 @@ impl FileWindow {
                 .populate()
                 .map(file)?
         };
-        Ok(Arc::new(FileWindow { map, offset }))
+        Ok(Arc::new(FileWindow {
+            map,
+            offset,
+            file: file.try_clone()?,
+        }))
+    }
+
+    /// The same window mapped private (copy-on-write) and read-only.
+    ///
+    /// For verbs on Linux < 6.2, whose pinning of any registration asks for write
+    /// access (`FOLL_WRITE | FOLL_FORCE`): a shared read-only mapping refuses that with
+    /// EFAULT, while a private one is pinned by copying its pages — a snapshot of the
+    /// window taken at registration, which the chunk hashes still verify.
+    pub fn map_private(&self) -> std::io::Result<Arc<FileWindow>> {
+        // SAFETY: as in `map`; the mapping is private and read-only, so no Rust
+        // reference aliases a writable view, and its pages are never written through.
+        let map = unsafe {
+            MmapOptions::new()
+                .offset(self.offset)
+                .len(self.map.len())
+                .populate()
+                .map_copy_read_only(&self.file)?
+        };
+        Ok(Arc::new(FileWindow {
+            map,
+            offset: self.offset,
+            file: self.file.try_clone()?,
+        }))
     }
 
     /// The mapped bytes.
@@ -117,7 +148,7 @@ pub fn exit_on_sigbus(message: &'static [u8], code: i32) -> nix::Result<()> {
 /// Anonymous, page-aligned, writable memory of a fixed length.
 #[derive(Debug)]
 pub struct Buffer {
-    data: RwLock<MmapMut>,
+    data: Arc<RwLock<MmapMut>>,
     addr: u64,
     len: usize,
 }
@@ -132,7 +163,7 @@ impl Buffer {
         }
         let addr = map.as_ptr() as u64;
         Ok(Arc::new(Buffer {
-            data: RwLock::new(map),
+            data: Arc::new(RwLock::new(map)),
             addr,
             len,
         }))
@@ -152,6 +183,18 @@ impl Buffer {
             guard: self.data.write().await,
             len: self.len,
         }
+    }
+
+    /// Exclusive access held by a transport for the life of a work request that writes
+    /// the buffer (an RDMA READ into it).
+    pub async fn write_owned(&self) -> OwnedRwLockWriteGuard<MmapMut> {
+        self.data.clone().write_owned().await
+    }
+
+    /// Shared access held by a transport for the life of a work request that reads the
+    /// buffer (an RDMA WRITE or SEND out of it).
+    pub async fn read_owned(&self) -> OwnedRwLockReadGuard<MmapMut> {
+        self.data.clone().read_owned().await
     }
 
     /// Shared access from a blocking thread (never from async code: it would block a

@@ -1,0 +1,15 @@
+//! The only module of the workspace with `unsafe` code: safe wrappers over the two
+//! foreign interfaces Ferry needs.
+//!
+//! - [`mem`]: file mappings and anonymous buffers (memmap2), and the SIGBUS reporter.
+//! - `verbs` (feature `rdma`): RAII wrappers over libibverbs and librdmacm (rdma-sys).
+//!
+//! Every `unsafe` block carries a `// SAFETY:` comment stating why the call is sound.
+//! Everything outside this module is checked by the compiler alone (`unsafe_code` is
+//! denied workspace-wide and only allowed here).
+#![allow(unsafe_code)]
+
+pub mod mem;
+
+#[cfg(feature = "rdma")]
+pub mod verbs;

@@ -5,8 +5,16 @@
 # fetches the crates the workspace needs. Quiet when there is nothing to do;
 # everything it reports goes to stderr as `[setup] ...` lines.
 #
-# To add system packages, append them to PACKAGES below (later issues will add
-# e.g. libibverbs-dev librdmacm-dev libclang-dev fuse3).
+# PACKAGES covers building the workspace, including the verbs transport: the
+# rdma-sys crate links libibverbs/librdmacm (found with pkg-config) and runs
+# bindgen at build time, which needs libclang (rdma-sys 0.3 breaks with
+# clang >= 16; Debian 12's default libclang-dev is clang 14). It also covers
+# the RDMA user space run inside the Soft-RoCE VM (scripts/softroce-vm.sh),
+# whose root file system is this host's /. The VM harness installs what else
+# it needs itself (kmod, iproute2, ...) and keeps its kernel and qemu in a
+# cache dir, see docs/softroce.md.
+#
+# To add system packages, append them to PACKAGES below.
 set -euo pipefail
 
 # Debian/Ubuntu packages needed to build and run Ferry.
@@ -14,6 +22,15 @@ PACKAGES=(
     build-essential
     pkg-config
     ca-certificates
+    # build: rdma-sys (verbs + rdma_cm headers, bindgen's libclang)
+    libibverbs-dev
+    librdmacm-dev
+    libclang-dev
+    # run: verbs provider (rxe) and tools used inside the Soft-RoCE VM
+    ibverbs-providers
+    ibverbs-utils
+    rdmacm-utils
+    perftest
 )
 
 # Commands needed by the scripts, as COMMAND:PACKAGE. The package is installed

@@ -50,7 +50,8 @@
 #   PACKAGE       any Debian kernel image package name
 #   Resolution uses the host's apt lists (apt-cache; redone whenever they
 #   changed), so a newer kernel is picked up after `apt-get update`; offline,
-#   the last resolution is reused.  The script prints `[softroce] kernel: PACKAGE (UNAME_R)`.
+#   the last resolution is reused.  Each run prints (unless SOFTROCE_QUIET=1)
+#   `[softroce] kernel: PACKAGE (UNAME_R)`.
 #
 # Environment knobs (all optional)
 #   SOFTROCE_CACHE        cache dir                (${TMPDIR:-/tmp}/softroce-cache)
@@ -217,6 +218,7 @@ fetch_kernel() {   # download + unpack package $1 into $CACHE/kernel/$1
     rm -rf "$CACHE/kernel/$pkg.tmp"
     dpkg-deb -x "$deb" "$CACHE/kernel/$pkg.tmp" || return 1
     mv "$CACHE/kernel/$pkg.tmp" "$CACHE/kernel/$pkg"
+    rm -f "$deb"        # 60-110 MB, not needed once unpacked
 }
 case $KERNEL_REQ in
     newest-*) [[ ${KERNEL_REQ#newest-} =~ ^[0-9]+\.[0-9]+$ ]] \
@@ -242,7 +244,10 @@ if [ -z "$KERNEL_PKG" ]; then
         KERNEL_PKG=$(cat "$resolved_file")
         log "cannot resolve '$KERNEL_REQ' with apt-cache; reusing cached $KERNEL_PKG"
     else
-        die "cannot resolve kernel '$KERNEL_REQ' to a Debian package (apt-cache)"
+        case $KERNEL_REQ in
+            newest-*) die "no package linux-image-${KERNEL_REQ#newest-}.*+deb${DEB_MAJOR}-amd64-unsigned in the apt lists" ;;
+            *) die "cannot resolve kernel '$KERNEL_REQ' to a Debian package (apt-cache)" ;;
+        esac
     fi
 fi
 fetch_kernel "$KERNEL_PKG" || die "cannot download/unpack kernel package $KERNEL_PKG"

@@ -12,7 +12,7 @@ use ferry_common::codec;
 use ferry_common::msg::{Attr, DirEntry, Request, Response, Timestamp, Welcome};
 use ferry_common::proto::client::{ClientEvent, ClientSession};
 use ferry_common::transport::tcp::Tcp;
-use ferry_common::transport::{Buffer, SharedTransport, TransportError};
+use ferry_common::transport::{Buffer, SharedTransport, TransportChoice, TransportError};
 use tokio::sync::oneshot;
 
 use crate::error::ClientError;
@@ -56,8 +56,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Client {
-    /// Connects to `host:port` over the TCP transport and completes the handshake.
-    pub async fn connect(host: &str, port: u16) -> Result<Client, ClientError> {
+    /// Connects to `host:port` over the transport `choice` asks for and completes the
+    /// handshake. `Auto` tries RDMA first where this machine has an RDMA device and
+    /// falls back to TCP when the server cannot be reached that way.
+    pub async fn connect(
+        host: &str,
+        port: u16,
+        choice: TransportChoice,
+    ) -> Result<Client, ClientError> {
         let addr = if host.contains(':') {
             format!("[{host}]:{port}")
         } else {
@@ -73,6 +79,13 @@ impl Client {
             .collect();
         if addrs.is_empty() {
             return Err(connect_err("no such host".into()));
+        }
+        if choice != TransportChoice::Tcp {
+            match connect_rdma(&addrs).await {
+                Ok(t) => return Client::start(t, addr).await,
+                Err(cause) if choice == TransportChoice::Rdma => return Err(connect_err(cause)),
+                Err(cause) => tracing::info!("not using RDMA to {addr}: {cause}; trying TCP"),
+            }
         }
         let mut last = String::new();
         for a in addrs {
@@ -253,6 +266,27 @@ impl Client {
         };
         self.call(req).await.and_then(expect_ok)
     }
+}
+
+/// An RDMA connection to the first of `addrs` that answers, or why there is none.
+#[cfg(feature = "rdma")]
+async fn connect_rdma(addrs: &[std::net::SocketAddr]) -> Result<SharedTransport, String> {
+    use ferry_common::transport::rdma;
+    rdma::available().map_err(|e| e.to_string())?;
+    let mut last = String::new();
+    for &a in addrs {
+        match tokio::time::timeout(CONNECT_TIMEOUT, rdma::connect(a)).await {
+            Ok(Ok(t)) => return Ok(Arc::new(t)),
+            Ok(Err(e)) => last = e.to_string(),
+            Err(_) => last = format!("RDMA connection timed out after {CONNECT_TIMEOUT:?}"),
+        }
+    }
+    Err(last)
+}
+
+#[cfg(not(feature = "rdma"))]
+async fn connect_rdma(_addrs: &[std::net::SocketAddr]) -> Result<SharedTransport, String> {
+    Err("this build has no RDMA support (feature rdma off)".into())
 }
 
 fn describe_connect(e: &std::io::Error) -> String {

@@ -12,7 +12,12 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), ferry_client::error::ClientError> {
 //! use std::sync::Arc;
-//! let client = ferry_client::client::Client::connect("127.0.0.1", 7447).await?;
+//! let client = ferry_client::client::Client::connect(
+//!     "127.0.0.1",
+//!     7447,
+//!     ferry_common::transport::TransportChoice::Auto,
+//! )
+//! .await?;
 //! let progress: ferry_client::transfer::ProgressFn = Arc::new(|_bytes| {});
 //! ferry_client::transfer::upload_file(&client, "big.bin".as_ref(), "data", "big.bin", progress).await?;
 //! # Ok(()) }

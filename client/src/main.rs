@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
+use ferry_common::transport::TransportChoice;
 use ferry_client::copy::{self, CopyOptions, Progress, Report};
 use ferry_client::error::{exit, ClientError};
 use ferry_client::location::{self, Location, Remote};
@@ -71,9 +72,12 @@ struct Args {
     #[arg(short, long)]
     quiet: bool,
 
-    /// Transport. Only the software-RDMA TCP transport exists in this build.
-    #[arg(long, value_name = "KIND", default_value = "tcp", value_parser = ["tcp"])]
-    transport: String,
+    /// Transport: `auto` uses RDMA where this machine has an RDMA device and the server
+    /// serves it, else TCP; `rdma` fails rather than fall back; `tcp` never tries RDMA.
+    /// The one used is shown on a terminal (and in `--json`). RDMA needs the server's
+    /// RDMA-capable address, not 127.0.0.1.
+    #[arg(long, value_name = "auto|rdma|tcp", default_value = "auto", env = "FERRY_TRANSPORT")]
+    transport: TransportChoice,
 
     /// More log output on stderr (repeat for more). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
@@ -167,7 +171,7 @@ fn main() -> ExitCode {
                     }],
                     ..Report::default()
                 };
-                print_json("", &report, 0.0, exit::USAGE);
+                print_json("", None, &report, 0.0, exit::USAGE);
             }
             return ExitCode::from(exit::USAGE);
         }
@@ -247,11 +251,20 @@ async fn run(args: Args) -> u8 {
         Direction::Upload(_, r) => r.clone(),
         Direction::Download(rs, _) => rs[0].clone(),
     };
-    let client = match Client::connect(&server.host, server.port).await {
+    let client = match Client::connect(&server.host, server.port, args.transport).await {
         Ok(c) => c,
         Err(e) => return fail_early(&args, direction_name(&direction), e, started),
     };
+    let link = Link::of(&client);
     let show = !args.quiet && !args.json && std::io::stderr().is_terminal();
+    if show || args.verbose > 0 {
+        let host = if server.host.contains(':') {
+            format!("[{}]", server.host)
+        } else {
+            server.host.clone()
+        };
+        eprintln!("rcp: connected to {host}:{} over {link}", server.port);
+    }
     let bar = progress_bar(show);
     let progress: Arc<dyn Progress> = Arc::new(Bar(bar.clone()));
     let opts = CopyOptions {
@@ -289,7 +302,7 @@ async fn run(args: Args) -> u8 {
     }
     let code = exit_code(&report);
     if args.json {
-        print_json(direction_name(&direction), &report, seconds, code);
+        print_json(direction_name(&direction), Some(&link), &report, seconds, code);
     } else if show {
         eprintln!(
             "rcp: {} files, {} dirs, {} symlinks, {} in {:.2} s ({}/s)",
@@ -357,12 +370,42 @@ fn fail_early(args: &Args, direction: &str, e: ClientError, started: Instant) ->
             }],
             ..Report::default()
         };
-        print_json(direction, &report, started.elapsed().as_secs_f64(), code);
+        print_json(
+            direction,
+            None,
+            &report,
+            started.elapsed().as_secs_f64(),
+            code,
+        );
     }
     code
 }
 
-fn print_json(direction: &str, report: &Report, seconds: f64, code: u8) {
+/// The transport a copy ran on, for the terminal line and `--json`.
+struct Link {
+    kind: &'static str,
+    device: Option<String>,
+}
+
+impl Link {
+    fn of(client: &Client) -> Link {
+        Link {
+            kind: client.transport().kind().as_str(),
+            device: client.transport().device(),
+        }
+    }
+}
+
+impl std::fmt::Display for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.device {
+            Some(d) => write!(f, "{} ({d})", self.kind),
+            None => f.write_str(self.kind),
+        }
+    }
+}
+
+fn print_json(direction: &str, link: Option<&Link>, report: &Report, seconds: f64, code: u8) {
     let errors: Vec<_> = report
         .errors
         .iter()
@@ -377,7 +420,8 @@ fn print_json(direction: &str, report: &Report, seconds: f64, code: u8) {
     let summary = serde_json::json!({
         "ok": code == exit::OK,
         "exit_code": code,
-        "transport": "tcp",
+        "transport": link.map(|l| l.kind),
+        "device": link.and_then(|l| l.device.clone()),
         "direction": direction,
         "files": report.files,
         "dirs": report.dirs,

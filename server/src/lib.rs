@@ -132,6 +132,40 @@ impl Server {
         }
     }
 
+    /// Accepts RDMA connections until [`Server::shutdown`], serving each on its own task
+    /// exactly like a TCP connection.
+    #[cfg(feature = "rdma")]
+    pub async fn serve_rdma(self: Arc<Self>, listener: ferry_common::transport::rdma::Listener) {
+        use ferry_common::transport::TransportError;
+        let mut stop = self.stop_signal();
+        loop {
+            let incoming = tokio::select! {
+                a = listener.accept() => a,
+                _ = stop.wait_for(|stopping| *stopping) => return,
+            };
+            let incoming = match incoming {
+                Ok(i) => i,
+                Err(e @ TransportError::Unavailable(_)) => {
+                    tracing::error!("RDMA listener stopped: {e}");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!("RDMA accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let server = self.clone();
+            tokio::spawn(async move {
+                let peer = incoming.peer();
+                match incoming.establish().await {
+                    Ok(t) => server.handle_connection(Arc::new(t)).await,
+                    Err(e) => tracing::warn!(%peer, "RDMA connection refused at set-up: {e}"),
+                }
+            });
+        }
+    }
+
     /// Serves one connection until it closes. Everything the connection owned (open
     /// transfers and their temporary files, registrations) is released on return.
     pub async fn handle_connection(self: Arc<Self>, transport: SharedTransport) {

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
+use ferry_common::transport::TransportChoice;
 use clap::Parser;
 use ferry_server::{Config, Server};
 
@@ -43,9 +44,12 @@ struct Args {
     #[arg(long, value_name = "N")]
     queue_depth: Option<usize>,
 
-    /// Transport to serve. Only the software-RDMA TCP transport exists in this build.
-    #[arg(long, value_name = "KIND", default_value = "tcp", value_parser = ["tcp"])]
-    transport: String,
+    /// Transports to serve: `auto` serves TCP and, where an RDMA device exists, RDMA
+    /// on the same address and port; `rdma` serves RDMA only (and fails without a
+    /// device); `tcp` serves the TCP transport only. RDMA needs the address of an
+    /// RDMA-capable interface (not 127.0.0.1) for clients to reach it.
+    #[arg(long, value_name = "auto|rdma|tcp", default_value = "auto", env = "FERRY_TRANSPORT")]
+    transport: TransportChoice,
 
     /// More log output (repeat for more). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
@@ -102,12 +106,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         &args.shares,
     )?;
     let server = Server::new(&config)?;
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
-    let local = listener
-        .local_addr()
-        .context("cannot read the bound address")?;
+    let listeners = listen(args.transport, config.listen).await?;
+    let local = listeners.local;
     for s in &config.shares {
         tracing::info!(
             share = %s.name,
@@ -120,19 +120,111 @@ async fn run(args: Args) -> anyhow::Result<()> {
         write_port_file(path, local)
             .with_context(|| format!("cannot write port file {}", path.display()))?;
     }
-    tracing::info!("ferryd listening on {local} (transport {})", args.transport);
+    tracing::info!(
+        "ferryd listening on {local} (transport {}: {})",
+        args.transport,
+        listeners.describe()
+    );
     if !local.ip().is_loopback() {
         tracing::warn!("listening beyond loopback without authentication: any peer that can reach {local} can read and write the shares");
     }
-    let serve = tokio::spawn(server.clone().serve_tcp(listener));
+    let mut serving = Vec::new();
+    if let Some(tcp) = listeners.tcp {
+        serving.push(tokio::spawn(server.clone().serve_tcp(tcp)));
+    }
+    #[cfg(feature = "rdma")]
+    if let Some(rdma) = listeners.rdma {
+        serving.push(tokio::spawn(server.clone().serve_rdma(rdma)));
+    }
     wait_for_signal().await?;
     tracing::info!("shutting down");
     let left = server.shutdown(SHUTDOWN_GRACE).await;
     if left > 0 {
         tracing::warn!("{left} connections still open after {SHUTDOWN_GRACE:?}; exiting anyway");
     }
-    serve.abort();
+    for s in serving {
+        s.abort();
+    }
     Ok(())
+}
+
+/// The listeners `--transport` asked for, bound.
+struct Listeners {
+    local: SocketAddr,
+    tcp: Option<tokio::net::TcpListener>,
+    #[cfg(feature = "rdma")]
+    rdma: Option<ferry_common::transport::rdma::Listener>,
+    /// What RDMA is doing, for the start-up line.
+    rdma_note: String,
+}
+
+impl Listeners {
+    fn describe(&self) -> String {
+        match &self.tcp {
+            Some(_) => format!("tcp, {}", self.rdma_note),
+            None => self.rdma_note.clone(),
+        }
+    }
+}
+
+async fn listen(choice: TransportChoice, addr: SocketAddr) -> anyhow::Result<Listeners> {
+    let mut tcp = None;
+    let mut local = addr;
+    if choice != TransportChoice::Rdma {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        local = l.local_addr().context("cannot read the bound address")?;
+        tcp = Some(l);
+    }
+    if choice == TransportChoice::Tcp {
+        return Ok(Listeners {
+            local,
+            tcp,
+            #[cfg(feature = "rdma")]
+            rdma: None,
+            rdma_note: "rdma off".into(),
+        });
+    }
+    #[cfg(feature = "rdma")]
+    {
+        use ferry_common::transport::rdma;
+        let bound = rdma::available().and_then(|devices| {
+            let l = rdma::Listener::bind(local)?;
+            Ok((l, devices))
+        });
+        match bound {
+            Ok((l, devices)) => {
+                local.set_port(l.local_port());
+                Ok(Listeners {
+                    local,
+                    tcp,
+                    rdma_note: format!("rdma on {}", devices.join(",")),
+                    rdma: Some(l),
+                })
+            }
+            Err(e) if choice == TransportChoice::Rdma => {
+                Err(anyhow::anyhow!("cannot serve RDMA on {local}: {e}"))
+            }
+            Err(e) => Ok(Listeners {
+                local,
+                tcp,
+                rdma: None,
+                rdma_note: format!("no rdma: {e}"),
+            }),
+        }
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        if choice == TransportChoice::Rdma {
+            anyhow::bail!("this ferryd was built without the rdma feature");
+        }
+        Ok(Listeners {
+            local,
+            tcp,
+            rdma_note: "no rdma: built without the rdma feature".into(),
+        })
+    }
 }
 
 /// `ADDR:PORT`, or `HOST:PORT` resolved to its first address.

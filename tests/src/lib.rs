@@ -80,3 +80,24 @@ macro_rules! rcp_args {
         )),*]
     };
 }
+
+/// The transport the suite runs rcp on: `FERRY_TEST_TRANSPORT` (`tcp` by default;
+/// `scripts/test-rdma.sh` sets `rdma` inside the Soft-RoCE VM).
+pub fn test_transport() -> &'static str {
+    match std::env::var("FERRY_TEST_TRANSPORT").as_deref() {
+        Ok("rdma") => "rdma",
+        Ok("tcp") | Err(_) => "tcp",
+        Ok(other) => panic!("FERRY_TEST_TRANSPORT={other}: expected tcp or rdma"),
+    }
+}
+
+/// The address test servers listen on: `FERRY_TEST_ADDR` (`127.0.0.1` by default; the
+/// RDMA device's address under the RDMA suite, since rdma_cm cannot route loopback).
+pub fn test_host() -> String {
+    std::env::var("FERRY_TEST_ADDR").unwrap_or_else(|_| "127.0.0.1".into())
+}
+
+/// The transport choice for in-process clients of a test server.
+pub fn test_choice() -> ferry_common::transport::TransportChoice {
+    test_transport().parse().expect("tcp or rdma")
+}

@@ -38,6 +38,7 @@ where
         .collect();
     let mut child = Command::new(bin("rcp"))
         .args(&args)
+        .env("FERRY_TRANSPORT", crate::test_transport())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -84,7 +84,8 @@ impl Share {
     }
 }
 
-/// A running `ferryd` on `127.0.0.1` with an ephemeral port.
+/// A running `ferryd` on [`crate::test_host`] (`127.0.0.1` by default) with an
+/// ephemeral port.
 ///
 /// Dropping it SIGKILLs and reaps the process; if the current thread is panicking, the
 /// drop also prints ferryd's captured stderr so the failing test shows the server log.
@@ -98,7 +99,7 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `ferryd --listen 127.0.0.1:0 --port-file <tmp>/port --share ...` and waits
+    /// Starts `ferryd --listen HOST:0 --port-file <tmp>/port --share ...` and waits
     /// (at most [`STARTUP_TIMEOUT`]) until the port file appears.
     ///
     /// Panics if ferryd exits early or the port file never appears.
@@ -112,10 +113,17 @@ impl Server {
         let log = File::create(&log_path).expect("cannot create ferryd's log file");
 
         let mut cmd = Command::new(bin("ferryd"));
+        // Under the RDMA suite ferryd serves both transports (the in-process protocol
+        // tests speak TCP); rcp is forced onto RDMA by its environment.
+        let transport = match crate::test_transport() {
+            "rdma" => "auto",
+            other => other,
+        };
         cmd.arg("--listen")
-            .arg("127.0.0.1:0")
+            .arg(format!("{}:0", crate::test_host()))
             .arg("--port-file")
-            .arg(&port_file);
+            .arg(&port_file)
+            .env("FERRY_TRANSPORT", transport);
         for share in shares {
             cmd.arg("--share").arg(share.arg());
         }

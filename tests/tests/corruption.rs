@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use ferry_common::transport::TransportChoice;
 use ferry_client::transfer::{download_file, upload_file, ProgressFn};
 use ferry_client::Client;
 use ferry_common::msg::ErrorKind;
@@ -68,7 +69,9 @@ async fn one_flipped_upload_chunk_is_detected_and_resent() {
         },
     )
     .await;
-    let client = Client::connect("127.0.0.1", port).await.unwrap();
+    let client = Client::connect("127.0.0.1", port, TransportChoice::Tcp)
+        .await
+        .unwrap();
     upload_file(&client, &src, "data", "dst.bin", no_progress())
         .await
         .unwrap();
@@ -93,7 +96,9 @@ async fn persistent_upload_corruption_fails_and_leaves_nothing() {
         },
     )
     .await;
-    let client = Client::connect("127.0.0.1", port).await.unwrap();
+    let client = Client::connect("127.0.0.1", port, TransportChoice::Tcp)
+        .await
+        .unwrap();
     let err = upload_file(&client, &src, "data", "dst.bin", no_progress())
         .await
         .unwrap_err();
@@ -118,7 +123,9 @@ async fn one_flipped_download_chunk_is_detected_and_refetched() {
         },
     )
     .await;
-    let client = Client::connect("127.0.0.1", port).await.unwrap();
+    let client = Client::connect("127.0.0.1", port, TransportChoice::Tcp)
+        .await
+        .unwrap();
     download_file(&client, "data", "f.bin", &out.join("f.bin"), no_progress())
         .await
         .unwrap();
@@ -144,7 +151,9 @@ async fn persistent_download_corruption_fails_and_leaves_nothing() {
         },
     )
     .await;
-    let client = Client::connect("127.0.0.1", port).await.unwrap();
+    let client = Client::connect("127.0.0.1", port, TransportChoice::Tcp)
+        .await
+        .unwrap();
     let err = download_file(&client, "data", "f.bin", &out.join("f.bin"), no_progress())
         .await
         .unwrap_err();
@@ -167,7 +176,9 @@ async fn a_failing_transport_mid_upload_leaves_no_file() {
         },
     )
     .await;
-    let client = Client::connect("127.0.0.1", port).await.unwrap();
+    let client = Client::connect("127.0.0.1", port, TransportChoice::Tcp)
+        .await
+        .unwrap();
     assert!(upload_file(&client, &src, "data", "dst.bin", no_progress())
         .await
         .is_err());

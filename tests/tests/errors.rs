@@ -44,12 +44,14 @@ fn connection_refused_exits_3_quickly() {
     let src = dir.path().join("f");
     write_random_file(&src, 10, 2);
     let port = unused_local_port();
-    let remote = format!("127.0.0.1:{port}:data/x");
+    let host = ferry_tests::test_host();
+    let remote = format!("{host}:{port}:data/x");
 
     let out = ferry_tests::rcp(rcp_args![src, remote]);
+    // TCP says "refused"; RDMA's connection manager says "rejected".
     out.assert_code(3)
-        .assert_stderr_has_any(&["connection refused"])
-        .assert_stderr_has(&format!("127.0.0.1:{port}"));
+        .assert_stderr_has_any(&["connection refused", "rejected"])
+        .assert_stderr_has(&format!("{host}:{port}"));
     assert!(
         out.elapsed < Duration::from_secs(10),
         "rcp took {:?} to notice nothing listens",

@@ -25,8 +25,12 @@ fn summary(out: &RcpOutput) -> Value {
             fail(&format!("`{key}` is not a non-negative number"));
         }
     }
-    if v["transport"] != "tcp" {
-        fail("`transport` is not \"tcp\"");
+    // null when rcp stopped before connecting; else the transport the suite runs on.
+    if !(v["transport"].is_null() || v["transport"] == ferry_tests::test_transport()) {
+        fail("`transport` is neither null nor the suite's transport");
+    }
+    if !(v["device"].is_null() || v["device"].is_string()) {
+        fail("`device` is neither null nor a string");
     }
     if !(v["direction"] == "upload" || v["direction"] == "download") {
         fail("`direction` is neither \"upload\" nor \"download\"");

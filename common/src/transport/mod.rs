@@ -331,6 +331,11 @@ pub trait Transport: Send + Sync {
     /// The peer's address, for logs.
     fn peer(&self) -> String;
 
+    /// The local device carrying the connection, where there is one (e.g. `rxe0`).
+    fn device(&self) -> Option<String> {
+        None
+    }
+
     /// Registers `memory` with `access`. Fails with [`TransportError::Local`] if
     /// `access` is [`Access::RemoteWrite`] and the memory is a file window.
     fn register(&self, memory: Memory, access: Access) -> Result<Registration, TransportError>;

@@ -297,6 +297,10 @@ impl Transport for Rdma {
         self.shared.peer.clone()
     }
 
+    fn device(&self) -> Option<String> {
+        Some(self.shared.device.clone())
+    }
+
     fn register(&self, memory: Memory, access: Access) -> Result<Registration, TransportError> {
         let (memory, mr) = match Mr::register(&self.shared.pd, memory.clone(), access) {
             Ok(mr) => (memory, mr),

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds the test executables of the Soft-RoCE suite on the host and writes their list
+# (NAME PATH [FILTER] per line) to target/rdma-suite/tests.txt, for scripts/rdma-suite.sh.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+mkdir -p target/rdma-suite
+cargo test -p ferry-common -p ferry-tests --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys, os
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    name = m["target"]["name"]
+    exe = os.path.relpath(m["executable"])
+    if m["package_id"].find("ferry-common") >= 0 or name == "ferry_common":
+        # Only the verbs transport unit tests need the device; the rest ran on the host.
+        print("ferry_common_rdma", exe, "transport::rdma")
+    elif m["target"]["kind"] == ["test"]:
+        print(name, exe)
+' > target/rdma-suite/tests.txt
+cat target/rdma-suite/tests.txt >&2

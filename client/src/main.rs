@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
-use ferry_common::transport::TransportChoice;
 use ferry_client::copy::{self, CopyOptions, Progress, Report};
 use ferry_client::error::{exit, ClientError};
 use ferry_client::location::{self, Location, Remote};
 use ferry_client::Client;
+use ferry_common::transport::TransportChoice;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// The end of `rcp --help`.
@@ -76,7 +76,12 @@ struct Args {
     /// serves it, else TCP; `rdma` fails rather than fall back; `tcp` never tries RDMA.
     /// The one used is shown on a terminal (and in `--json`). RDMA needs the server's
     /// RDMA-capable address, not 127.0.0.1.
-    #[arg(long, value_name = "auto|rdma|tcp", default_value = "auto", env = "FERRY_TRANSPORT")]
+    #[arg(
+        long,
+        value_name = "auto|rdma|tcp",
+        default_value = "auto",
+        env = "FERRY_TRANSPORT"
+    )]
     transport: TransportChoice,
 
     /// More log output on stderr (repeat for more). RUST_LOG overrides.
@@ -302,7 +307,13 @@ async fn run(args: Args) -> u8 {
     }
     let code = exit_code(&report);
     if args.json {
-        print_json(direction_name(&direction), Some(&link), &report, seconds, code);
+        print_json(
+            direction_name(&direction),
+            Some(&link),
+            &report,
+            seconds,
+            code,
+        );
     } else if show {
         eprintln!(
             "rcp: {} files, {} dirs, {} symlinks, {} in {:.2} s ({}/s)",

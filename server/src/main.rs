@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use ferry_common::transport::TransportChoice;
 use clap::Parser;
+use ferry_common::transport::TransportChoice;
 use ferry_server::{Config, Server};
 
 /// How long connections may take to wind down after SIGINT/SIGTERM.
@@ -48,7 +48,12 @@ struct Args {
     /// on the same address and port; `rdma` serves RDMA only (and fails without a
     /// device); `tcp` serves the TCP transport only. RDMA needs the address of an
     /// RDMA-capable interface (not 127.0.0.1) for clients to reach it.
-    #[arg(long, value_name = "auto|rdma|tcp", default_value = "auto", env = "FERRY_TRANSPORT")]
+    #[arg(
+        long,
+        value_name = "auto|rdma|tcp",
+        default_value = "auto",
+        env = "FERRY_TRANSPORT"
+    )]
     transport: TransportChoice,
 
     /// More log output (repeat for more). RUST_LOG overrides.

@@ -6,12 +6,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ferry_common::transport::TransportChoice;
 use ferry_client::transfer::{download_file, upload_file, ProgressFn};
 use ferry_client::Client;
 use ferry_common::msg::ErrorKind;
 use ferry_common::transport::faulty::{FaultPlan, Faulty, Flip};
 use ferry_common::transport::tcp::Tcp;
+use ferry_common::transport::TransportChoice;
 use ferry_server::{Config, Server, ShareConfig};
 use ferry_tests::write_random_file as write_random;
 

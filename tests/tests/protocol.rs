@@ -175,7 +175,13 @@ async fn open_upload(c: &Client, name: &str, size: u64) -> u64 {
 /// TCP transport the engine refuses the access and the connection lives on (the
 /// server answers `Io`); on RDMA a remote access error moves both queue pairs to the
 /// error state, so the call fails with the connection, and the next case reconnects.
-async fn bad_offer_fails(env: &Env, c: &mut Client, name: &str, region: RegionDesc, hash: [u8; 32]) {
+async fn bad_offer_fails(
+    env: &Env,
+    c: &mut Client,
+    name: &str,
+    region: RegionDesc,
+    hash: [u8; 32],
+) {
     let transfer = open_upload(c, name, 4096).await;
     let window = Request::UploadWindow {
         transfer,

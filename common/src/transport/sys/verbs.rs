@@ -837,11 +837,7 @@ impl Cq {
             channel,
             _id: id.clone(),
         };
-        // SAFETY: the channel is live; reading its fd field.
-        set_nonblocking(
-            unsafe { (*channel.as_ptr()).fd },
-            "set CQ channel non-blocking",
-        )?;
+        set_nonblocking(cq.fd(), "set CQ channel non-blocking")?;
         cq.arm()?;
         Ok(Arc::new(cq))
     }

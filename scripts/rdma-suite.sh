@@ -28,8 +28,10 @@ while read -r name path filter; do
     [ -n "$name" ] || continue
     start=$(date +%s)
     # shellcheck disable=SC2086 # FILTER is one optional word
-    if "$path" --include-ignored --test-threads 2 $filter >"/tmp/rdma-suite-$name.log" 2>&1; then
+    if "$path" --include-ignored --test-threads 2 --nocapture $filter >"/tmp/rdma-suite-$name.log" 2>&1; then
         echo "[rdma-suite] ok     $name ($(grep -h '^test result' "/tmp/rdma-suite-$name.log" | tail -n1 | sed 's/test result: //'); $(( $(date +%s) - start ))s)"
+        # The counter proof prints what the device carried.
+        grep -h 'SEND messages' "/tmp/rdma-suite-$name.log" | sed 's/^/[rdma-suite]        /' || true
     else
         echo "[rdma-suite] FAILED $name"
         grep -vE '^test .* \.\.\. ok$' "/tmp/rdma-suite-$name.log" | tail -n 80

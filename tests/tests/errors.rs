@@ -60,7 +60,7 @@ fn connection_refused_exits_3_quickly() {
 
     let out = ferry_tests::rcp(rcp_args![remote, dir.path().join("back")]);
     out.assert_code(3)
-        .assert_stderr_has_any(&["connection refused"]);
+        .assert_stderr_has_any(&["connection refused", "rejected"]);
     assert!(
         out.elapsed < Duration::from_secs(10),
         "took {:?}",

@@ -304,6 +304,40 @@ impl Registration {
         self.access
     }
 
+    /// The buffer an RDMA READ of `len` bytes may land in at `offset`: the memory must
+    /// be a buffer and the range inside it. Checked locally before anything is posted.
+    pub fn read_destination(
+        &self,
+        offset: usize,
+        len: u32,
+    ) -> Result<&Arc<Buffer>, TransportError> {
+        let buf = self
+            .buffer()
+            .ok_or(TransportError::Local("READ destination must be a buffer"))?;
+        if offset
+            .checked_add(len as usize)
+            .is_none_or(|end| end > buf.len())
+        {
+            return Err(TransportError::Local(
+                "READ destination range outside the registration",
+            ));
+        }
+        Ok(buf)
+    }
+
+    /// Checks that an RDMA WRITE may take `len` bytes from `offset` of this memory.
+    pub fn check_write_source(&self, offset: usize, len: u32) -> Result<(), TransportError> {
+        if offset
+            .checked_add(len as usize)
+            .is_none_or(|end| end > self.memory.len())
+        {
+            return Err(TransportError::Local(
+                "WRITE source range outside the registration",
+            ));
+        }
+        Ok(())
+    }
+
     /// The buffer, if the registered memory is one.
     pub fn buffer(&self) -> Option<&Arc<Buffer>> {
         match &self.memory {

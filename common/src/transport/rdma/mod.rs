@@ -20,7 +20,8 @@
 //! - Control messages are fragmented into [`SLOT_BYTES`] SENDs under credit-based flow
 //!   control ([`flow`]), so a SEND never meets a receive-not-ready.
 //!
-//! Only `transport::sys::verbs` contains `unsafe`; this module drives its safe API.
+//! Only `transport::sys::verbs` calls into the C libraries; this module drives its safe
+//! wrappers.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -347,17 +348,7 @@ impl Transport for Rdma {
         dst: &Registration,
         dst_offset: usize,
     ) -> Result<(), TransportError> {
-        let buf = dst
-            .buffer()
-            .ok_or(TransportError::Local("READ destination must be a buffer"))?;
-        if dst_offset
-            .checked_add(src.len as usize)
-            .is_none_or(|end| end > buf.len())
-        {
-            return Err(TransportError::Local(
-                "READ destination range outside the registration",
-            ));
-        }
+        let buf = dst.read_destination(dst_offset, src.len)?;
         let mr = self.shared.mr_of(dst)?;
         // The device writes the buffer: hold its lock until the completion is polled.
         let guard = buf.write_owned().await;
@@ -372,14 +363,7 @@ impl Transport for Rdma {
         src_offset: usize,
         dst: RemoteSlice,
     ) -> Result<(), TransportError> {
-        if src_offset
-            .checked_add(dst.len as usize)
-            .is_none_or(|end| end > src.memory().len())
-        {
-            return Err(TransportError::Local(
-                "WRITE source range outside the registration",
-            ));
-        }
+        src.check_write_source(src_offset, dst.len)?;
         let mr = self.shared.mr_of(src)?;
         // The device reads the buffer: keep it from changing until the completion.
         let guard: Option<Box<dyn std::any::Any + Send + Sync>> = match src.buffer() {

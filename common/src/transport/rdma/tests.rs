@@ -3,7 +3,6 @@
 //! with `FERRY_RDMA_ADDR` set to the device's address.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
@@ -97,13 +96,14 @@ async fn read_and_write_move_bytes_one_sided() {
     bounded(s.read(whole, &local_reg, 0)).await.unwrap();
     assert!(local.read().await[..] == data[..]);
     // ...in pieces too, concurrently.
-    let parts = (0..3).map(|i| {
+    let part = |i: u64| {
         let sl = RemoteSlice::of(&src.desc(), i << 20, 1 << 20).unwrap();
         s.read(sl, &local_reg, (i as usize) << 20)
-    });
-    for r in futures_join(parts).await {
-        r.unwrap();
-    }
+    };
+    let (a, b, c3) = bounded(async { tokio::join!(part(0), part(1), part(2)) }).await;
+    a.unwrap();
+    b.unwrap();
+    c3.unwrap();
     // ...and pushes with WRITE into the client's buffer.
     let dst = RemoteSlice::of(&sink.desc(), 0, data.len() as u32).unwrap();
     bounded(s.write(&local_reg, 0, dst)).await.unwrap();
@@ -113,15 +113,6 @@ async fn read_and_write_move_bytes_one_sided() {
     drop((src, sink, local_reg));
     assert_eq!(c.registrations(), 0);
     assert_eq!(s.registrations(), 0);
-}
-
-async fn futures_join<F: std::future::Future>(fs: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut out = Vec::new();
-    let fs: Vec<_> = fs.map(Box::pin).collect();
-    for f in fs {
-        out.push(bounded(f).await);
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,7 +183,6 @@ async fn a_dropped_peer_fails_outstanding_work() {
     assert!(bounded(s.read(slice, &local_reg, 0)).await.is_err());
     assert!(bounded(s.recv()).await.is_err());
     drop(reg);
-    let _ = Arc::new(());
 }
 
 #[test]

@@ -247,17 +247,7 @@ impl Transport for Tcp {
         dst: &Registration,
         dst_offset: usize,
     ) -> Result<(), TransportError> {
-        let buf = dst
-            .buffer()
-            .ok_or(TransportError::Local("READ destination must be a buffer"))?;
-        if dst_offset
-            .checked_add(src.len as usize)
-            .is_none_or(|end| end > buf.len())
-        {
-            return Err(TransportError::Local(
-                "READ destination range outside the registration",
-            ));
-        }
+        let buf = dst.read_destination(dst_offset, src.len)?;
         let id = self.next_id();
         let (done, wait) = oneshot::channel();
         let pending = Pending::Read {
@@ -277,14 +267,7 @@ impl Transport for Tcp {
         src_offset: usize,
         dst: RemoteSlice,
     ) -> Result<(), TransportError> {
-        if src_offset
-            .checked_add(dst.len as usize)
-            .is_none_or(|end| end > src.memory().len())
-        {
-            return Err(TransportError::Local(
-                "WRITE source range outside the registration",
-            ));
-        }
+        src.check_write_source(src_offset, dst.len)?;
         let id = self.next_id();
         let (done, wait) = oneshot::channel();
         let frame = Outgoing::WriteReq {

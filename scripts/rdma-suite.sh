@@ -9,7 +9,10 @@
 # are the ones that need an RDMA device) and with the whole integration suite on the
 # verbs transport: rcp is forced onto RDMA (FERRY_TEST_TRANSPORT=rdma) and every test
 # server listens on the device's address ($SOFTROCE_IP), since rdma_cm cannot route
-# 127.0.0.1. Exits non-zero if any executable failed.
+# 127.0.0.1. The ferry-mount tests (tests/tests/mount.rs) mount FUSE file systems on
+# the same RDMA transport: softroce-vm.sh loads the fuse module (6.1; 6.12 has it built
+# in), the binaries (ferryd, rcp, ferry-mount) come from $FERRY_BIN_DIR. Exits non-zero
+# if any executable failed.
 set -uo pipefail
 
 LIST=${1:?usage: rdma-suite.sh TESTS.TXT}
@@ -23,6 +26,9 @@ export FERRY_BIN_DIR="${FERRY_BIN_DIR:-$PWD/target/debug}"
 export RUST_BACKTRACE=1
 
 echo "[rdma-suite] kernel $(uname -r), device $FERRY_RDMA_DEV at $SOFTROCE_IP"
+# FUSE for the ferry-mount tests (a no-op when softroce-vm.sh preloaded it).
+[ -e /dev/fuse ] || modprobe fuse 2>/dev/null || true
+[ -e /dev/fuse ] || echo "[rdma-suite] WARNING: no /dev/fuse: the ferry-mount tests will fail"
 failed=()
 while read -r name path filter; do
     [ -n "$name" ] || continue
@@ -34,7 +40,9 @@ while read -r name path filter; do
         grep -h 'SEND messages' "/tmp/rdma-suite-$name.log" | sed 's/^/[rdma-suite]        /' || true
     else
         echo "[rdma-suite] FAILED $name"
-        grep -vE '^test .* \.\.\. ok$' "/tmp/rdma-suite-$name.log" | tail -n 80
+        grep -E '^test .* FAILED$' "/tmp/rdma-suite-$name.log" | sed 's/^/[rdma-suite]        /'
+        # The panics and logs, without the passing tests and the backtraces' frames.
+        grep -vE '^test .* \.\.\. ok$|^ +([0-9]+: |at )' "/tmp/rdma-suite-$name.log" | tail -n 80
         failed+=("$name")
     fi
 done <"$LIST"

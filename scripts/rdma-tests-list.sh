@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds the test executables of the Soft-RoCE suite on the host and writes their list
 # (NAME PATH [FILTER] per line) to target/rdma-suite/tests.txt, for scripts/rdma-suite.sh.
+# Also builds the binaries those tests start (ferryd, rcp, ferry-mount: target/debug).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 mkdir -p target/rdma-suite
+cargo build --workspace --bins --quiet
 cargo test -p ferry-common -p ferry-tests --no-run --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys, os

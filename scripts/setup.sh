@@ -31,6 +31,13 @@ PACKAGES=(
     ibverbs-utils
     rdmacm-utils
     perftest
+    # bench/mount.sh: FUSE (fusermount3), the sshfs reference with a private
+    # sshd on 127.0.0.1, and fio for the random-read latency jobs
+    fuse3
+    sshfs
+    openssh-server
+    openssh-client
+    fio
 )
 
 # Commands needed by the scripts, as COMMAND:PACKAGE. The package is installed

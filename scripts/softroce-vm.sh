@@ -24,7 +24,7 @@
 #      away).  The current directory (plus $SOFTROCE_RW_DIRS) is shared
 #      read-write at the same path, so binaries built on the host run
 #      unchanged and files they write land on the host.
-#   4. In the VM: loads rdma_rxe & co, creates a dummy netdev with
+#   4. In the VM: loads rdma_rxe & co (and fuse), creates a dummy netdev with
 #      $SOFTROCE_IP and a Soft-RoCE device rxe0 on it, waits for PORT_ACTIVE.
 #   5. Runs COMMAND as root via bash (stdin /dev/null, host cwd, the host's
 #      exported environment plus SOFTROCE_IN_VM=1 SOFTROCE_IP SOFTROCE_DEV
@@ -108,8 +108,10 @@ NETDEV=${SOFTROCE_NETDEV:-dummy0}
 QUIET=${SOFTROCE_QUIET:-0}
 
 # Kernel modules preloaded from the initramfs (dependencies are added with
-# `modprobe --show-depends`; modules a kernel lacks are skipped).
-VM_MODULES="virtio_pci 9pnet_virtio 9p overlay dummy crc32_generic rdma_rxe ib_uverbs rdma_ucm ib_umad"
+# `modprobe --show-depends`; modules a kernel lacks or has built in are skipped).
+# fuse: ferry-mount's tests (a module on 6.1, built into 6.12); without it there is
+# no /dev/fuse until something loads it.
+VM_MODULES="virtio_pci 9pnet_virtio 9p overlay dummy crc32_generic rdma_rxe ib_uverbs rdma_ucm ib_umad fuse"
 
 # Host packages: RDMA user space (also what the VM runs: its root fs is the
 # host's), kmod (depmod/modprobe for the unpacked kernel), iproute2 (`rdma`),

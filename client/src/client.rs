@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_common::codec;
-use ferry_common::msg::{Attr, DirEntry, Request, Response, Timestamp, Welcome};
+use ferry_common::msg::{
+    Attr, DirEntry, FsStat, MappedFile, Request, Response, ServerStats, Timestamp, Welcome,
+};
 use ferry_common::proto::client::{ClientEvent, ClientSession};
 use ferry_common::transport::tcp::Tcp;
 use ferry_common::transport::{Buffer, SharedTransport, TransportChoice, TransportError};
@@ -265,6 +267,57 @@ impl Client {
             mtime,
         };
         self.call(req).await.and_then(expect_ok)
+    }
+}
+
+impl Client {
+    /// Maps `path` for one-sided reads: the server registers the file read-only and
+    /// returns its regions, version and manifest region (see [`MappedFile`]). Release it
+    /// with [`Client::map_release`]; the server also releases it when the connection
+    /// ends.
+    pub async fn map_open(
+        &self,
+        share: &str,
+        path: &str,
+        chunk_bytes: u32,
+    ) -> Result<MappedFile, ClientError> {
+        let req = Request::MapOpen {
+            share: share.into(),
+            path: path.into(),
+            chunk_bytes,
+        };
+        match self.call(req).await? {
+            Response::Mapped(m) => Ok(*m),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Revokes a mapped file's registrations on the server.
+    pub async fn map_release(&self, handle: u64) -> Result<(), ClientError> {
+        self.call(Request::MapRelease { handle })
+            .await
+            .and_then(expect_ok)
+    }
+
+    /// Filesystem statistics of `share`.
+    pub async fn statfs(&self, share: &str) -> Result<FsStat, ClientError> {
+        match self
+            .call(Request::StatFs {
+                share: share.into(),
+            })
+            .await?
+        {
+            Response::FsStat(s) => Ok(s),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The server's counters (this request is counted in them).
+    pub async fn server_stats(&self) -> Result<ServerStats, ClientError> {
+        match self.call(Request::Stats).await? {
+            Response::Stats(s) => Ok(s),
+            other => Err(unexpected(other)),
+        }
     }
 }
 

@@ -213,9 +213,22 @@ async fn upload_window(
                 attempt += 1;
                 (window, hashes) = (again_window, again);
             }
+            // The transport serves a window with pread, so a source truncated under it
+            // fails the server's READ instead of raising SIGBUS here: report the cause.
+            Err(_) if source_shrank(file, w) => {
+                return Err(ClientError::SourceChanged {
+                    path: local.to_owned(),
+                })
+            }
             Err(e) => return Err(e),
         }
     }
+}
+
+/// True if the source now ends before the end of window `w`.
+fn source_shrank(file: &File, w: Window) -> bool {
+    file.metadata()
+        .is_ok_and(|m| m.len() < w.offset.saturating_add(w.len))
 }
 
 /// Registers `window` for remote READ, asks the server to pull it, and revokes it.

@@ -64,6 +64,18 @@ pub fn attr_of(meta: &Metadata, symlink_target: Option<String>) -> Attr {
             nanos: meta.mtime_nsec().clamp(0, 999_999_999) as u32,
         },
         symlink_target,
+        ino: meta.ino(),
+        nlink: u32::try_from(meta.nlink()).unwrap_or(u32::MAX),
+        atime: Timestamp {
+            secs: meta.atime(),
+            nanos: meta.atime_nsec().clamp(0, 999_999_999) as u32,
+        },
+        ctime: Timestamp {
+            secs: meta.ctime(),
+            nanos: meta.ctime_nsec().clamp(0, 999_999_999) as u32,
+        },
+        blocks: meta.blocks(),
+        dev: meta.dev(),
     }
 }
 

@@ -13,7 +13,7 @@
 
 use crate::msg::{
     Attr, DirEntry, Message, RemoteError, Request, Response, MAX_DIR_PAGE_ENTRIES,
-    MAX_ERROR_MESSAGE_BYTES, MAX_NAME_BYTES, MAX_PATH_BYTES, MAX_WINDOW_CHUNKS,
+    MAX_ERROR_MESSAGE_BYTES, MAX_MAP_REGIONS, MAX_NAME_BYTES, MAX_PATH_BYTES, MAX_WINDOW_CHUNKS,
 };
 
 /// Largest control frame either side sends or accepts, in bytes.
@@ -103,7 +103,9 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::Mkdir { share, path, .. }
         | Request::SetAttr { share, path, .. }
         | Request::UploadOpen { share, path, .. }
-        | Request::DownloadOpen { share, path } => share_and_path(share, path),
+        | Request::DownloadOpen { share, path }
+        | Request::MapOpen { share, path, .. } => share_and_path(share, path),
+        Request::StatFs { share } => limit("share", share.len(), MAX_NAME_BYTES),
         Request::Symlink {
             share,
             path,
@@ -113,9 +115,11 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
             limit("target", target.len(), MAX_PATH_BYTES)
         }
         Request::UploadWindow { hashes, .. } => limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS),
-        Request::UploadCommit { .. } | Request::DownloadWindow { .. } | Request::Close { .. } => {
-            Ok(())
-        }
+        Request::UploadCommit { .. }
+        | Request::DownloadWindow { .. }
+        | Request::Close { .. }
+        | Request::MapRelease { .. }
+        | Request::Stats => Ok(()),
     }
 }
 
@@ -143,7 +147,13 @@ fn validate_response(resp: &Response) -> Result<(), CodecError> {
         }
         Response::WindowPushed { hashes } => limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS),
         Response::Error(e) => validate_error(e),
+        Response::Mapped(m) => {
+            validate_attr(&m.attr)?;
+            limit("regions", m.regions.len(), MAX_MAP_REGIONS)
+        }
         Response::Ok
+        | Response::FsStat(_)
+        | Response::Stats(_)
         | Response::UploadOpened { .. }
         | Response::WindowPulled { .. }
         | Response::Committed { .. } => Ok(()),

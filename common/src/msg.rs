@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Protocol version spoken by this build. Bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Magic bytes opening a [`Hello`]: rejects peers that speak something else.
 pub const HELLO_MAGIC: [u8; 4] = *b"FRY\x01";
@@ -29,6 +29,13 @@ pub const MAX_NAME_BYTES: usize = 255;
 pub const MAX_DIR_PAGE_ENTRIES: usize = 1024;
 /// Longest human-readable error message carried in a response.
 pub const MAX_ERROR_MESSAGE_BYTES: usize = 1024;
+/// Bytes of a mapped file covered by one registered region of a [`MappedFile`]: the
+/// server registers an open file as windows of this size (the last one shorter), so no
+/// single registration spans a multi-GiB file.
+pub const MAP_WINDOW_BYTES: u64 = 256 << 20;
+/// Most regions one [`MappedFile`] may carry (bounds the largest mappable file at
+/// `MAX_MAP_REGIONS * MAP_WINDOW_BYTES` = 1 TiB).
+pub const MAX_MAP_REGIONS: usize = 4096;
 
 /// A SHA-256 digest.
 pub type Sha256 = [u8; 32];
@@ -82,6 +89,92 @@ pub struct Attr {
     pub mtime: Timestamp,
     /// Target of a symlink; `None` for other kinds.
     pub symlink_target: Option<String>,
+    /// Inode number on the server's filesystem.
+    pub ino: u64,
+    /// Number of hard links.
+    pub nlink: u32,
+    /// Last access time.
+    pub atime: Timestamp,
+    /// Last status change time.
+    pub ctime: Timestamp,
+    /// Allocated size in 512-byte blocks.
+    pub blocks: u64,
+    /// Device number of the server filesystem holding it (`ino` is unique per `dev`).
+    pub dev: u64,
+}
+
+/// Identifies one version of a file's content: what a reader of a mapped file verifies
+/// against, and what tells a client that a file changed between two opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileVersion {
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time when the manifest was taken.
+    pub mtime: Timestamp,
+    /// Status change time when the manifest was taken.
+    pub ctime: Timestamp,
+    /// Inode number on the server's filesystem.
+    pub ino: u64,
+    /// Chunk size of the manifest.
+    pub chunk_bytes: u32,
+    /// Manifest hash (see [`crate::chunk::manifest_id`]) of the chunk hashes.
+    pub manifest: Sha256,
+}
+
+/// A file the server has opened, mapped and registered read-only for one-sided reads.
+///
+/// Invariant: while the handle is open, `regions[i]` holds file bytes
+/// `i * window_bytes .. min(size, (i + 1) * window_bytes)` as they were when the
+/// manifest was taken — or, if the file is changed in place on the server, bytes that
+/// fail their chunk hash. `manifest` holds the `size.div_ceil(chunk_bytes)` chunk
+/// hashes, 32 bytes each, in order; they hash to `version.manifest`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MappedFile {
+    /// Names the open file in [`Request::MapRelease`].
+    pub handle: u64,
+    /// Attributes of the file at open time.
+    pub attr: Attr,
+    /// The content version the regions and manifest describe.
+    pub version: FileVersion,
+    /// File bytes per region ([`MAP_WINDOW_BYTES`]).
+    pub window_bytes: u64,
+    /// The file's read-only regions, in file order; empty for an empty file.
+    pub regions: Vec<RegionDesc>,
+    /// The read-only region holding the chunk hashes; `None` for an empty file.
+    pub manifest: Option<RegionDesc>,
+}
+
+/// Filesystem statistics of a share, as `statvfs(3)` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FsStat {
+    /// Block size the counts below are in.
+    pub block_size: u32,
+    /// Total blocks.
+    pub blocks: u64,
+    /// Free blocks.
+    pub blocks_free: u64,
+    /// Blocks free to unprivileged users.
+    pub blocks_avail: u64,
+    /// Total inodes.
+    pub files: u64,
+    /// Free inodes.
+    pub files_free: u64,
+    /// Longest file name.
+    pub name_max: u32,
+}
+
+/// Counters of a running ferryd, for monitoring and for tests that prove which work the
+/// server's application code did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ServerStats {
+    /// Requests dispatched since start, over every connection (this one included).
+    pub requests: u64,
+    /// Connections open now.
+    pub connections: u64,
+    /// Mapped files open now, over every connection.
+    pub mapped_files: u64,
+    /// File bytes registered for mapped files now.
+    pub mapped_bytes: u64,
 }
 
 /// One directory entry of a listing page.
@@ -229,6 +322,31 @@ pub enum Request {
         /// Transfer id.
         transfer: u64,
     },
+    /// Open `path` for one-sided reads (symlinks followed within the share): the server
+    /// maps the file, registers it read-only and returns its regions and manifest.
+    MapOpen {
+        /// Share name.
+        share: String,
+        /// Share-relative path.
+        path: String,
+        /// Chunk size wanted for the manifest; the server clamps it to
+        /// `MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES` and rounds it to a power of two, and for
+        /// a very large file doubles it until the manifest holds at most 2^20 hashes.
+        /// [`FileVersion::chunk_bytes`] is the size used.
+        chunk_bytes: u32,
+    },
+    /// Revoke the registrations of a mapped file and forget it.
+    MapRelease {
+        /// Handle from [`Response::Mapped`].
+        handle: u64,
+    },
+    /// Filesystem statistics of the share.
+    StatFs {
+        /// Share name.
+        share: String,
+    },
+    /// The server's counters.
+    Stats,
 }
 
 /// A response from server to client, matched to its request by id.
@@ -274,6 +392,12 @@ pub enum Response {
     },
     /// The request failed.
     Error(RemoteError),
+    /// A file was mapped for one-sided reads.
+    Mapped(Box<MappedFile>),
+    /// Filesystem statistics for [`Request::StatFs`].
+    FsStat(FsStat),
+    /// Counters for [`Request::Stats`].
+    Stats(ServerStats),
 }
 
 /// Why a request failed, as the server reports it.
@@ -317,6 +441,8 @@ pub enum ErrorKind {
     Changed,
     /// Another I/O error.
     Io,
+    /// The server is at a resource limit (open mapped files, registered bytes).
+    Busy,
 }
 
 impl ErrorKind {
@@ -337,6 +463,7 @@ impl ErrorKind {
             ErrorKind::Protocol => "protocol",
             ErrorKind::Changed => "changed",
             ErrorKind::Io => "io",
+            ErrorKind::Busy => "busy",
         }
     }
 }

@@ -11,6 +11,9 @@ pub const DEFAULT_QUEUE_DEPTH: usize = 8;
 /// Largest accepted queue depth (bounds per-connection buffer memory).
 pub const MAX_QUEUE_DEPTH: usize = 256;
 
+/// Default budget of file bytes registered for mapped files, over all connections.
+pub const DEFAULT_MAX_MAPPED_BYTES: u64 = 64 << 30;
+
 /// Configuration errors, reported before the server starts.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -59,6 +62,9 @@ pub enum ConfigError {
     /// The queue depth is out of range.
     #[error("queue depth must be between 1 and {MAX_QUEUE_DEPTH}, not {0}")]
     QueueDepth(usize),
+    /// A byte size is not a number with an optional K, M, G or T suffix.
+    #[error("invalid size '{0}': expected bytes, optionally with a K, M, G or T suffix (powers of 1024)")]
+    Size(String),
 }
 
 /// One exported share.
@@ -83,6 +89,9 @@ pub struct Config {
     pub queue_depth: usize,
     /// Exported shares.
     pub shares: Vec<ShareConfig>,
+    /// Most file bytes registered for mapped files at once, over all connections;
+    /// `MapOpen` beyond it fails with `Busy`.
+    pub max_mapped_bytes: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -90,6 +99,7 @@ pub struct Config {
 struct FileConfig {
     listen: Option<SocketAddr>,
     queue_depth: Option<usize>,
+    max_mapped_bytes: Option<u64>,
     #[serde(default)]
     share: Vec<ShareConfig>,
 }
@@ -101,6 +111,7 @@ impl Config {
         file: Option<&Path>,
         listen: Option<SocketAddr>,
         queue_depth: Option<usize>,
+        max_mapped_bytes: Option<u64>,
         share_specs: &[String],
     ) -> Result<Config, ConfigError> {
         let parsed = match file {
@@ -124,6 +135,7 @@ impl Config {
             None => FileConfig {
                 listen: None,
                 queue_depth: None,
+                max_mapped_bytes: None,
                 share: Vec::new(),
             },
         };
@@ -145,8 +157,48 @@ impl Config {
             listen: listen.or(parsed.listen).unwrap_or(default_listen),
             queue_depth,
             shares,
+            max_mapped_bytes: max_mapped_bytes
+                .or(parsed.max_mapped_bytes)
+                .unwrap_or(DEFAULT_MAX_MAPPED_BYTES),
         })
     }
+
+    /// A configuration serving `shares` on `listen` with every other setting at its
+    /// default.
+    pub fn with_shares(listen: SocketAddr, shares: Vec<ShareConfig>) -> Config {
+        Config {
+            listen,
+            queue_depth: DEFAULT_QUEUE_DEPTH,
+            shares,
+            max_mapped_bytes: DEFAULT_MAX_MAPPED_BYTES,
+        }
+    }
+}
+
+/// Parses a byte size: a number, optionally followed by `K`, `M`, `G` or `T` (powers
+/// of 1024, an optional trailing `B` or `iB` allowed: `64G`, `512MiB`).
+pub fn parse_size(arg: &str) -> Result<u64, ConfigError> {
+    let bad = || ConfigError::Size(arg.to_string());
+    let s = arg.trim();
+    let s = s
+        .strip_suffix("iB")
+        .or_else(|| s.strip_suffix('B'))
+        .unwrap_or(s);
+    let (digits, shift) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(bad()),
+            };
+            (&s[..i], shift)
+        }
+        _ => (s, 0),
+    };
+    let n: u64 = digits.trim().parse().map_err(|_| bad())?;
+    n.checked_mul(1u64 << shift).ok_or_else(bad)
 }
 
 /// Parses `NAME=PATH` or `NAME=PATH:ro`.
@@ -212,13 +264,37 @@ mod tests {
             "listen = \"127.0.0.1:9000\"\nqueue_depth = 4\n[[share]]\nname = \"a\"\npath = \"/tmp\"\nread_only = true\n",
         )
         .unwrap();
-        let c = Config::build(Some(&f), None, None, &["b=/var".into()]).unwrap();
+        let c = Config::build(Some(&f), None, None, None, &["b=/var".into()]).unwrap();
         assert_eq!(c.listen.port(), 9000);
         assert_eq!(c.queue_depth, 4);
+        assert_eq!(c.max_mapped_bytes, DEFAULT_MAX_MAPPED_BYTES);
         assert_eq!(c.shares.len(), 2);
         assert!(c.shares[0].read_only && !c.shares[1].read_only);
-        let c = Config::build(Some(&f), None, Some(16), &[]).unwrap();
+        let c = Config::build(Some(&f), None, Some(16), Some(1 << 20), &[]).unwrap();
         assert_eq!(c.queue_depth, 16);
+        assert_eq!(c.max_mapped_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("0").unwrap(), 0);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64G").unwrap(), 64 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2k").unwrap(), 2048);
+        assert_eq!(parse_size("1T").unwrap(), 1 << 40);
+        assert_eq!(parse_size("7B").unwrap(), 7);
+        for bad in ["", "G", "1X", "-1", "1.5G", "99999999999T"] {
+            assert!(
+                matches!(parse_size(bad), Err(ConfigError::Size(_))),
+                "{bad}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("m.toml");
+        std::fs::write(&f, "max_mapped_bytes = 1024\n").unwrap();
+        let c = Config::build(Some(&f), None, None, None, &["a=/tmp".into()]).unwrap();
+        assert_eq!(c.max_mapped_bytes, 1024);
     }
 
     #[test]
@@ -227,15 +303,15 @@ mod tests {
         let f = dir.path().join("bad.toml");
         std::fs::write(&f, "[[share]]\nname = \"a\"\nbogus = 1\n").unwrap();
         assert!(matches!(
-            Config::build(Some(&f), None, None, &[]),
+            Config::build(Some(&f), None, None, None, &[]),
             Err(ConfigError::Parse { .. })
         ));
         assert!(matches!(
-            Config::build(None, None, None, &["a/b=/tmp".into()]),
+            Config::build(None, None, None, None, &["a/b=/tmp".into()]),
             Err(ConfigError::ShareName(_))
         ));
         assert!(matches!(
-            Config::build(None, None, Some(0), &[]),
+            Config::build(None, None, Some(0), None, &[]),
             Err(ConfigError::QueueDepth(0))
         ));
     }

@@ -4,7 +4,8 @@
 //!
 //! Teardown invariant: when the connection ends, the driver closes the transport (so
 //! every outstanding one-sided operation fails promptly), waits for every request task
-//! to finish, then drops the open transfers, which removes their temporary files.
+//! to finish, then drops the open transfers, which removes their temporary files, and
+//! the open mapped files, which revokes their registrations.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +20,7 @@ use tokio::task::JoinSet;
 
 use crate::error::remote;
 use crate::fsops;
+use crate::map::{self, MapContext, MapTable};
 use crate::pool::Pool;
 use crate::share::Share;
 use crate::transfer::{Download, Transfer, Upload};
@@ -35,6 +37,7 @@ struct Conn {
     transfers: Mutex<HashMap<u64, Arc<Transfer>>>,
     next_transfer: AtomicU64,
     pool: Arc<Pool>,
+    maps: MapTable,
 }
 
 /// Serves one connection to the end.
@@ -57,6 +60,7 @@ pub(crate) async fn run(server: Arc<Server>, transport: SharedTransport) {
         transfers: Mutex::new(HashMap::new()),
         next_transfer: AtomicU64::new(1),
         pool,
+        maps: MapTable::new(),
     });
     tracing::info!(peer = %conn.peer, transport = conn.transport.kind().as_str(), "connection opened");
     let mut tasks = JoinSet::new();
@@ -69,6 +73,16 @@ pub(crate) async fn run(server: Arc<Server>, transport: SharedTransport) {
         tracing::info!(peer = %conn.peer, "dropping {} unfinished transfers", open.len());
     }
     drop(open);
+    let maps = conn.maps.take_all();
+    if !maps.is_empty() {
+        tracing::info!(peer = %conn.peer, "releasing {} mapped files", maps.len());
+    }
+    // Deregistering large mappings can take a while on RDMA: off the async threads.
+    let _ = blocking(move || {
+        drop(maps);
+        Ok(())
+    })
+    .await;
     tracing::info!(peer = %conn.peer, "connection closed: {reason}");
 }
 
@@ -197,6 +211,7 @@ impl Conn {
     }
 
     async fn dispatch(self: &Arc<Self>, body: Request) -> Result<Response, RemoteError> {
+        self.server.count_request();
         let chunk_bytes = self.server.chunk_bytes;
         match body {
             Request::Stat {
@@ -309,6 +324,42 @@ impl Conn {
                 })
                 .await
             }
+            Request::MapOpen {
+                share,
+                path,
+                chunk_bytes,
+            } => {
+                let share = self.share(&share)?;
+                // Limits first, so a refused open costs no hashing.
+                let slot = self.maps.reserve_slot()?;
+                let server = self.server.clone();
+                let transport = self.transport.clone();
+                let (entry, mapped) = blocking(move || {
+                    let ctx = MapContext {
+                        transport: &transport,
+                        cache: &server.manifests,
+                        budget: &server.map_budget,
+                    };
+                    map::open(&share, &path, chunk_bytes, &ctx, slot)
+                })
+                .await?;
+                self.maps.insert(entry);
+                Ok(Response::Mapped(Box::new(mapped)))
+            }
+            Request::MapRelease { handle } => {
+                let entry = self.maps.remove(handle)?;
+                // Dropping the entry revokes every registration of the file.
+                blocking(move || {
+                    drop(entry);
+                    Ok(Response::Ok)
+                })
+                .await
+            }
+            Request::StatFs { share } => {
+                let share = self.share(&share)?;
+                blocking(move || fsops::statfs(&share)).await
+            }
+            Request::Stats => Ok(Response::Stats(self.server.stats())),
         }
     }
 }

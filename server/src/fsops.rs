@@ -6,7 +6,8 @@ use std::path::Path;
 
 use ferry_common::attr::attr_of;
 use ferry_common::msg::{
-    Attr, DirEntry, ErrorKind, FileKind, RemoteError, Response, Timestamp, MAX_DIR_PAGE_ENTRIES,
+    Attr, DirEntry, ErrorKind, FileKind, FsStat, RemoteError, Response, Timestamp,
+    MAX_DIR_PAGE_ENTRIES,
 };
 use ferry_common::TEMP_PREFIX;
 
@@ -157,4 +158,26 @@ pub fn set_attr(
             .map_err(|e| io_error("set mtime", &what, &e))?;
     }
     Ok(Response::Ok)
+}
+
+/// `StatFs`: `statvfs(3)` of the share's root. Counts are in units of `block_size` (the
+/// fragment size, `f_frsize`, which is what `f_blocks` counts).
+pub fn statfs(share: &Share) -> Result<Response, RemoteError> {
+    let st = nix::sys::statvfs::statvfs(share.root()).map_err(|errno| {
+        io_error(
+            "statfs",
+            &share.display(""),
+            &std::io::Error::from_raw_os_error(errno as i32),
+        )
+    })?;
+    let clamp32 = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+    Ok(Response::FsStat(FsStat {
+        block_size: clamp32(st.fragment_size() as u64),
+        blocks: st.blocks() as u64,
+        blocks_free: st.blocks_free() as u64,
+        blocks_avail: st.blocks_available() as u64,
+        files: st.files() as u64,
+        files_free: st.files_free() as u64,
+        name_max: clamp32(st.name_max() as u64),
+    }))
 }

@@ -6,7 +6,12 @@
 //! with one-sided READs of the client's registered source window and downloads are
 //! PUSHED with one-sided WRITEs into the client's registered buffers ([`transfer`]),
 //! every chunk hashed with SHA-256, through a bounded per-connection pool of
-//! registered chunk buffers ([`pool`]).
+//! registered chunk buffers ([`pool`]). Mapped files ([`map`]) register a whole file
+//! read-only, with its chunk manifest ([`manifests`], cached server-wide), so a client
+//! reads any part of it with one-sided READs and no request per read.
+//!
+//! Server-wide state lives in [`Server`]: the shares, the manifest cache, the budget of
+//! mapped bytes and the counters [`Server::stats`] reports.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -14,21 +19,26 @@ pub mod config;
 pub mod conn;
 pub mod error;
 pub mod fsops;
+pub mod manifests;
+pub mod map;
 pub mod pool;
 pub mod share;
 pub mod transfer;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_common::msg::ServerStats;
 use ferry_common::transport::tcp::Tcp;
 use ferry_common::transport::SharedTransport;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 pub use config::{Config, ConfigError, ShareConfig};
+use manifests::{ManifestCache, MANIFEST_CACHE_BYTES};
+use map::MapBudget;
 use share::Share;
 
 /// Software name sent in the welcome.
@@ -41,6 +51,12 @@ pub struct Server {
     chunk_bytes: u32,
     stop: watch::Sender<bool>,
     live: Arc<AtomicUsize>,
+    /// Requests dispatched since start, over every connection.
+    requests: AtomicU64,
+    /// Chunk manifests of mapped files, shared by every connection.
+    manifests: ManifestCache,
+    /// Registered mapped-file bytes and open mapped files, over every connection.
+    map_budget: Arc<MapBudget>,
 }
 
 /// Counts a live connection until dropped.
@@ -71,7 +87,25 @@ impl Server {
             chunk_bytes: ferry_common::msg::DEFAULT_CHUNK_BYTES,
             stop: watch::channel(false).0,
             live: Arc::new(AtomicUsize::new(0)),
+            requests: AtomicU64::new(0),
+            manifests: ManifestCache::new(MANIFEST_CACHE_BYTES),
+            map_budget: MapBudget::new(config.max_mapped_bytes),
         }))
+    }
+
+    /// Counts one dispatched request.
+    fn count_request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The server's counters now.
+    pub fn stats(&self) -> ServerStats {
+        ServerStats {
+            requests: self.requests.load(Ordering::Relaxed),
+            connections: self.connections() as u64,
+            mapped_files: self.map_budget.files(),
+            mapped_bytes: self.map_budget.bytes(),
+        }
     }
 
     fn live_guard(&self) -> LiveGuard {

@@ -20,10 +20,10 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 #[command(
     name = "ferryd",
     version,
-    after_help = "EXAMPLES:\n  ferryd --share data=/srv/data\n  ferryd --share data=/srv/data --share pub=/srv/pub:ro --listen 0.0.0.0:7447\n  ferryd --config /etc/ferryd.toml\n\nCONFIG FILE (TOML):\n  listen = \"127.0.0.1:7447\"\n  queue_depth = 8\n  [[share]]\n  name = \"data\"\n  path = \"/srv/data\"\n  read_only = false\n\nThere is no authentication yet: listen on loopback or a trusted network only."
+    after_help = "EXAMPLES:\n  ferryd --share data=/srv/data\n  ferryd --share data=/srv/data --share pub=/srv/pub:ro --listen 0.0.0.0:7447\n  ferryd --config /etc/ferryd.toml\n\nCONFIG FILE (TOML):\n  listen = \"127.0.0.1:7447\"\n  queue_depth = 8\n  max_mapped_bytes = 68719476736\n  [[share]]\n  name = \"data\"\n  path = \"/srv/data\"\n  read_only = false\n\nThere is no authentication yet: listen on loopback or a trusted network only."
 )]
 struct Args {
-    /// TOML configuration file (shares, listen address, queue depth).
+    /// TOML configuration file (shares, listen address, queue depth, mapped-byte budget).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 
@@ -43,6 +43,12 @@ struct Args {
     /// Chunks in flight per connection (bounds per-connection memory) [default: 8].
     #[arg(long, value_name = "N")]
     queue_depth: Option<usize>,
+
+    /// Most file bytes registered for mapped files (MapOpen) at once, over all
+    /// connections; opens beyond it are refused as busy. Bytes, or with a K, M, G or T
+    /// suffix (powers of 1024) [default: 64G].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    max_mapped_bytes: Option<u64>,
 
     /// Transports to serve: `auto` serves TCP and, where an RDMA device exists, RDMA
     /// on the same address and port; `rdma` serves RDMA only (and fails without a
@@ -108,6 +114,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.config.as_deref(),
         args.listen,
         args.queue_depth,
+        args.max_mapped_bytes,
         &args.shares,
     )?;
     let server = Server::new(&config)?;
@@ -230,6 +237,11 @@ async fn listen(choice: TransportChoice, addr: SocketAddr) -> anyhow::Result<Lis
             rdma_note: "no rdma: built without the rdma feature".into(),
         })
     }
+}
+
+/// A byte size for `--max-mapped-bytes`.
+fn parse_size(arg: &str) -> Result<u64, String> {
+    ferry_server::config::parse_size(arg).map_err(|e| e.to_string())
 }
 
 /// `ADDR:PORT`, or `HOST:PORT` resolved to its first address.

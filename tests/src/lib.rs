@@ -31,9 +31,11 @@
 
 mod env;
 mod files;
+mod mount;
 mod rcp;
 mod server;
 mod tree;
+mod wire_proxy;
 
 pub use env::{Env, DEFAULT_SHARE};
 pub use files::{
@@ -41,9 +43,14 @@ pub use files::{
     first_difference, mode_of, mtime_of, set_mode, set_mtime, unused_local_port, write_random_file,
     MIB, TEMP_PREFIX,
 };
+pub use mount::{
+    ferry_mount, is_fuse_type, mount_type, send_signal, Mount, MountBuilder, MountFailed,
+    MountOutput, Stopped, FSTYPE, MOUNT_TIMEOUT, UNMOUNT_TIMEOUT,
+};
 pub use rcp::{rcp, spawn_rcp, RcpChild, RcpOutput, RCP_TIMEOUT};
 pub use server::{bin, bin_dir, Server, Share, STARTUP_TIMEOUT};
 pub use tree::{assert_trees_equal, make_small_tree, make_tree, TreeStats};
+pub use wire_proxy::{Corruption, Direction, Flip, ReadInfo, ReadTarget, WireProxy};
 
 /// Declares a `#[test]` that runs `$body` with a fresh [`Env`] bound to `$env`.
 ///

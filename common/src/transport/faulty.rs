@@ -125,7 +125,15 @@ impl Transport for Faulty {
         if self.plan.flip_write.hits(n) && dst.len > 0 {
             let k = dst.len as usize / 2;
             let original = match src.memory() {
-                Memory::File(f) => f.bytes()[src_offset + k],
+                Memory::File(f) => {
+                    let mut one = [0u8];
+                    f.read_at(src_offset + k, &mut one)
+                        .map_err(|source| TransportError::Io {
+                            op: "read the byte to flip",
+                            source,
+                        })?;
+                    one[0]
+                }
                 Memory::Buffer(b) => b.read().await[src_offset + k],
             };
             let one = Buffer::new(1).map_err(|source| TransportError::Io {

@@ -160,7 +160,9 @@ pub enum AccessFault {
     /// The region does not grant this kind of access (e.g. WRITE to a read-only region).
     Denied,
     /// The peer's device refused the access (RDMA remote access error: the verbs do not
-    /// say whether the rkey, the bounds or the permission was wrong).
+    /// say whether the rkey, the bounds or the permission was wrong), or the peer could
+    /// not read the granted memory (on TCP: a registered file window whose file was
+    /// truncated below it).
     Refused,
 }
 
@@ -171,7 +173,7 @@ impl std::fmt::Display for AccessFault {
             AccessFault::OutOfBounds => "access outside the registered region",
             AccessFault::Denied => "access not permitted by the region",
             AccessFault::Refused => {
-                "remote access error (revoked or invalid rkey, out of bounds, or not permitted)"
+                "remote access error (revoked or invalid rkey, out of bounds, not permitted, or unreadable memory)"
             }
         })
     }

@@ -31,7 +31,8 @@ use tokio::sync::{
 pub struct FileWindow {
     map: Mmap,
     offset: u64,
-    /// A duplicate of the mapped file's descriptor, for [`FileWindow::map_private`].
+    /// A duplicate of the mapped file's descriptor, for [`FileWindow::map_private`] and
+    /// [`FileWindow::read_at`].
     file: File,
 }
 
@@ -86,8 +87,49 @@ impl FileWindow {
     }
 
     /// The mapped bytes.
+    ///
+    /// Touching them raises SIGBUS if the file was truncated below them since it was
+    /// mapped (see [`FileWindow::map`]). A process that must outlive such a truncation
+    /// (a server serving files it does not control) copies with
+    /// [`FileWindow::read_at`] instead.
     pub fn bytes(&self) -> &[u8] {
         &self.map
+    }
+
+    /// Copies `buf.len()` bytes of the window, starting `offset` bytes into it, with
+    /// `pread(2)` on the window's file descriptor: never through the mapping, so a file
+    /// that shrank fails this call instead of raising SIGBUS.
+    ///
+    /// The bytes are those of the file now (the same the shared mapping shows).
+    /// Errors: [`std::io::ErrorKind::InvalidInput`] if the range reaches past the
+    /// window, [`std::io::ErrorKind::UnexpectedEof`] if the file now ends inside it
+    /// (it was truncated), or the OS error of the read.
+    pub fn read_at(&self, offset: usize, buf: &mut [u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if offset
+            .checked_add(buf.len())
+            .is_none_or(|end| end > self.map.len())
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "read outside the mapped window",
+            ));
+        }
+        // In range by the check above: offset <= map.len(), which fits a u64.
+        let at = self.offset + offset as u64;
+        self.file.read_exact_at(buf, at).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "the mapped file ends before byte {} (it was truncated)",
+                        at + buf.len() as u64
+                    ),
+                )
+            } else {
+                e
+            }
+        })
     }
 
     /// File offset of the first mapped byte.
@@ -312,6 +354,30 @@ mod tests {
         let w = FileWindow::map(&f, 4096, 100).unwrap();
         assert_eq!(w.bytes(), &data[4096..4196]);
         assert_eq!(w.offset(), 4096);
+    }
+
+    #[test]
+    fn read_at_copies_without_touching_the_mapping() {
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..3 * 4096).map(|i| (i % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        let w = FileWindow::map(&f, 4096, 8192).unwrap();
+        let mut got = vec![0u8; 100];
+        w.read_at(10, &mut got).unwrap();
+        assert_eq!(got, &data[4106..4206]);
+        let mut past = vec![0u8; 2];
+        assert_eq!(
+            w.read_at(8191, &mut past).unwrap_err().kind(),
+            std::io::ErrorKind::InvalidInput
+        );
+        // Truncated below the window: an error, not SIGBUS.
+        f.set_len(4096 + 50).unwrap();
+        assert_eq!(
+            w.read_at(10, &mut got).unwrap_err().kind(),
+            std::io::ErrorKind::UnexpectedEof
+        );
+        w.read_at(0, &mut got[..50]).unwrap();
+        assert_eq!(&got[..50], &data[4096..4146]);
     }
 
     #[tokio::test]

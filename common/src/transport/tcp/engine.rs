@@ -9,6 +9,13 @@
 //!
 //! Invariant: memory is only ever touched inside a range the table granted (peer
 //! operations) or that the local caller registered and bounds-checked (own operations).
+//!
+//! File windows are never read through their mapping here: their bytes are copied with
+//! `pread(2)` ([`FileWindow::read_at`]) into a staging buffer before the frame that
+//! carries them is started. A file truncated under a registered window therefore fails
+//! that one operation (a peer's READ is answered with [`wire::STATUS_UNREADABLE`]; our
+//! own WRITE completes with an I/O error) instead of raising SIGBUS and killing the
+//! process; the connection goes on.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -17,14 +24,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 
-use super::wire::{self, MAX_PEER_INFLIGHT_READS, STATUS_OK};
+use super::wire::{self, MAX_PEER_INFLIGHT_READS, STATUS_OK, STATUS_UNREADABLE};
 use super::{Outgoing, Pending, Shared};
 use crate::codec::MAX_CTRL_FRAME_BYTES;
-use crate::transport::{Memory, Op, RemoteSlice, TransportError};
+use crate::transport::{Buffer, FileWindow, Memory, Op, RemoteSlice, TransportError};
 
 /// Socket buffer size for both directions: large enough that a chunk moves in few
 /// system calls, small enough to be cheap per connection.
 const IO_BUF_BYTES: usize = 256 << 10;
+
+/// Largest staging buffer the writer keeps between frames; a larger one (a READ of a
+/// whole big window) is freed once its frame is written.
+const STAGING_KEEP_BYTES: usize = 16 << 20;
 
 type CtrlTx = mpsc::Sender<Result<Vec<u8>, TransportError>>;
 
@@ -212,7 +223,8 @@ pub(super) async fn writer(
     mut queue: mpsc::UnboundedReceiver<Outgoing>,
 ) {
     let mut w = BufWriter::with_capacity(IO_BUF_BYTES, w);
-    let result = write_loop(&shared, &mut w, &mut queue).await;
+    let mut staging = Vec::new();
+    let result = write_loop(&shared, &mut w, &mut queue, &mut staging).await;
     if let Err(e) = &result {
         tracing::debug!(peer = %shared.peer, "transport writer stopped: {e}");
     }
@@ -224,6 +236,7 @@ async fn write_loop(
     shared: &Shared,
     w: &mut BufWriter<OwnedWriteHalf>,
     queue: &mut mpsc::UnboundedReceiver<Outgoing>,
+    staging: &mut Vec<u8>,
 ) -> Result<(), TransportError> {
     while let Some(frame) = queue.recv().await {
         match frame {
@@ -241,7 +254,7 @@ async fn write_loop(
                 write_slice(w, id, slice).await?;
             }
             Outgoing::ReadResp { id, result } => {
-                let sent = send_read_resp(w, id, result).await;
+                let sent = send_read_resp(shared, w, id, result, staging).await;
                 shared.served_inflight.fetch_sub(1, Ordering::SeqCst);
                 sent?;
             }
@@ -250,11 +263,7 @@ async fn write_loop(
                 slice,
                 src,
                 offset,
-            } => {
-                w.write_u8(wire::WRITE_REQ).await.map_err(io("send"))?;
-                write_slice(w, id, slice).await?;
-                write_memory(w, &src, offset, slice.len).await?;
-            }
+            } => send_write_req(shared, w, id, slice, src, offset, staging).await?,
             Outgoing::WriteResp { id, status } => {
                 w.write_u8(wire::WRITE_RESP).await.map_err(io("send"))?;
                 w.write_u64_le(id).await.map_err(io("send"))?;
@@ -279,35 +288,123 @@ async fn write_slice(
     w.write_u32_le(s.len).await.map_err(io("send"))
 }
 
+/// Answers a peer's READ. A granted file window is staged with `pread` first; if that
+/// fails (the file shrank), the answer is [`STATUS_UNREADABLE`] instead of data.
 async fn send_read_resp(
+    shared: &Shared,
     w: &mut BufWriter<OwnedWriteHalf>,
     id: u64,
     result: Result<(Memory, usize, u32), u8>,
+    staging: &mut Vec<u8>,
 ) -> Result<(), TransportError> {
+    let staged = match &result {
+        Ok((Memory::File(f), offset, len)) => {
+            match stage(f.clone(), *offset, *len, staging).await {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    tracing::warn!(peer = %shared.peer, len, "cannot serve peer READ of a file window: {e}");
+                    Err(STATUS_UNREADABLE)
+                }
+            }
+        }
+        Ok((Memory::Buffer(_), ..)) => Ok(()),
+        Err(status) => Err(*status),
+    };
     w.write_u8(wire::READ_RESP).await.map_err(io("send"))?;
     w.write_u64_le(id).await.map_err(io("send"))?;
-    match result {
-        Ok((memory, offset, len)) => {
-            w.write_u8(STATUS_OK).await.map_err(io("send"))?;
-            w.write_u32_le(len).await.map_err(io("send"))?;
-            write_memory(w, &memory, offset, len).await
+    let (memory, offset, len) = match (staged, result) {
+        (Ok(()), Ok(granted)) => granted,
+        (Err(status), _) | (Ok(()), Err(status)) => {
+            return w.write_u8(status).await.map_err(io("send"));
         }
-        Err(status) => w.write_u8(status).await.map_err(io("send")),
+    };
+    w.write_u8(STATUS_OK).await.map_err(io("send"))?;
+    w.write_u32_le(len).await.map_err(io("send"))?;
+    match memory {
+        Memory::File(_) => {
+            let sent = w.write_all(staging).await.map_err(io("send payload"));
+            release_staging(staging);
+            sent
+        }
+        Memory::Buffer(b) => write_buffer(w, &b, offset, len).await,
     }
 }
 
-/// Writes `len` bytes of registered memory from `offset`, straight from the memory
-/// (no staging copy; large writes bypass the BufWriter's buffer).
-async fn write_memory(
+/// Sends our own WRITE. A file-window source is staged with `pread` first; if that
+/// fails, nothing is sent and the operation completes with the I/O error.
+async fn send_write_req(
+    shared: &Shared,
     w: &mut BufWriter<OwnedWriteHalf>,
-    memory: &Memory,
+    id: u64,
+    slice: RemoteSlice,
+    src: Memory,
+    offset: usize,
+    staging: &mut Vec<u8>,
+) -> Result<(), TransportError> {
+    match src {
+        Memory::File(f) => {
+            if let Err(source) = stage(f, offset, slice.len, staging).await {
+                if let Some(Pending::Write { done, .. }) = shared.pending().remove(&id) {
+                    let _ = done.send(Err(TransportError::Io {
+                        op: "read the file window to send",
+                        source,
+                    }));
+                }
+                return Ok(());
+            }
+            w.write_u8(wire::WRITE_REQ).await.map_err(io("send"))?;
+            write_slice(w, id, slice).await?;
+            let sent = w.write_all(staging).await.map_err(io("send payload"));
+            release_staging(staging);
+            sent
+        }
+        Memory::Buffer(b) => {
+            w.write_u8(wire::WRITE_REQ).await.map_err(io("send"))?;
+            write_slice(w, id, slice).await?;
+            write_buffer(w, &b, offset, slice.len).await
+        }
+    }
+}
+
+/// Copies `len` bytes of `window` from `offset` into `staging` (resized to exactly
+/// `len`) with `pread`, on the blocking pool: the file may be slow to read, and the
+/// writer must not stall a runtime thread. The range was checked against the window by
+/// the table (peer READ) or by the registration (own WRITE).
+async fn stage(
+    window: Arc<FileWindow>,
+    offset: usize,
+    len: u32,
+    staging: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    let mut buf = std::mem::take(staging);
+    buf.resize(len as usize, 0);
+    let (buf, result) = tokio::task::spawn_blocking(move || {
+        let r = window.read_at(offset, &mut buf);
+        (buf, r)
+    })
+    .await
+    .map_err(|e| std::io::Error::other(format!("file read task failed: {e}")))?;
+    *staging = buf;
+    result
+}
+
+/// Keeps a staging buffer for the next frame unless it grew unusually large.
+fn release_staging(staging: &mut Vec<u8>) {
+    if staging.capacity() > STAGING_KEEP_BYTES {
+        *staging = Vec::new();
+    }
+}
+
+/// Writes `len` bytes of a registered buffer from `offset`, straight from the memory
+/// (no staging copy; large writes bypass the BufWriter's buffer).
+async fn write_buffer(
+    w: &mut BufWriter<OwnedWriteHalf>,
+    buffer: &Buffer,
     offset: usize,
     len: u32,
 ) -> Result<(), TransportError> {
     let range = offset..offset + len as usize;
-    match memory {
-        Memory::File(f) => w.write_all(&f.bytes()[range]).await,
-        Memory::Buffer(b) => w.write_all(&b.read().await[range]).await,
-    }
-    .map_err(io("send payload"))
+    w.write_all(&buffer.read().await[range])
+        .await
+        .map_err(io("send payload"))
 }

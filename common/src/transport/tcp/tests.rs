@@ -152,6 +152,99 @@ async fn file_windows_cannot_be_registered_writable() {
 }
 
 #[tokio::test]
+async fn file_windows_are_served_by_pread() {
+    use std::io::Write;
+    let (a, b) = pair().await;
+    let mut f = tempfile::tempfile().unwrap();
+    let data: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 253) as u8).collect();
+    f.write_all(&data).unwrap();
+    let window = FileWindow::map(&f, 4096, 8192).unwrap();
+    let reg = b
+        .register(Memory::File(window.clone()), Access::RemoteRead)
+        .unwrap();
+    let dst = a
+        .register(Memory::Buffer(Buffer::new(8192).unwrap()), Access::Local)
+        .unwrap();
+    a.read(RemoteSlice::of(&reg.desc(), 0, 8192).unwrap(), &dst, 0)
+        .await
+        .unwrap();
+    assert_eq!(&dst.buffer().unwrap().read().await[..], &data[4096..]);
+
+    // Our own WRITE out of a file window.
+    let target = Buffer::new(8192).unwrap();
+    let peer_buf = b
+        .register(Memory::Buffer(target.clone()), Access::RemoteWrite)
+        .unwrap();
+    let src = a.register(Memory::File(window), Access::Local).unwrap();
+    a.write(
+        &src,
+        100,
+        RemoteSlice::of(&peer_buf.desc(), 0, 8000).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(&target.read().await[..8000], &data[4196..12196]);
+}
+
+#[tokio::test]
+async fn a_truncated_file_window_fails_the_operation_not_the_process() {
+    use std::io::Write;
+    let (a, b) = pair().await;
+    let mut f = tempfile::tempfile().unwrap();
+    f.write_all(&[5; 3 * 4096]).unwrap();
+    let window = FileWindow::map(&f, 0, 3 * 4096).unwrap();
+    let reg = b
+        .register(Memory::File(window.clone()), Access::RemoteRead)
+        .unwrap();
+    f.set_len(4096).unwrap();
+    let dst = a
+        .register(
+            Memory::Buffer(Buffer::new(3 * 4096).unwrap()),
+            Access::Local,
+        )
+        .unwrap();
+    // Touching the vanished pages through the mapping would raise SIGBUS here.
+    let past_end = RemoteSlice::of(&reg.desc(), 4096, 4096).unwrap();
+    assert_eq!(
+        fault(a.read(past_end, &dst, 0).await.unwrap_err()),
+        (Op::Read, AccessFault::Refused)
+    );
+    // The part still backed by the file reads fine on the same connection.
+    a.read(RemoteSlice::of(&reg.desc(), 0, 4096).unwrap(), &dst, 0)
+        .await
+        .unwrap();
+    assert!(dst.buffer().unwrap().read().await[..4096]
+        .iter()
+        .all(|&x| x == 5));
+
+    // Our own WRITE from the truncated window fails locally with an I/O error and
+    // sends nothing.
+    let target = Buffer::new(4096).unwrap();
+    let peer_buf = b
+        .register(Memory::Buffer(target.clone()), Access::RemoteWrite)
+        .unwrap();
+    let src = b.register(Memory::File(window), Access::Local).unwrap();
+    let theirs = a
+        .register(
+            Memory::Buffer(Buffer::new(4096).unwrap()),
+            Access::RemoteWrite,
+        )
+        .unwrap();
+    assert!(matches!(
+        b.write(
+            &src,
+            8192,
+            RemoteSlice::of(&theirs.desc(), 0, 4096).unwrap()
+        )
+        .await,
+        Err(TransportError::Io { .. })
+    ));
+    drop(peer_buf);
+    a.send(b"still here".to_vec()).await.unwrap();
+    assert_eq!(b.recv().await.unwrap().unwrap(), b"still here");
+}
+
+#[tokio::test]
 async fn local_bounds_are_checked_before_sending() {
     let (a, b) = pair().await;
     let reg = b

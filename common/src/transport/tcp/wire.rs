@@ -6,6 +6,7 @@
 //! CTRL       : 0x01 u32 len  payload[len]     (len <= MAX_CTRL_FRAME_BYTES)
 //! READ_REQ   : 0x02 u64 id u32 rkey u64 addr u32 len
 //! READ_RESP  : 0x03 u64 id u8 status [u32 len payload[len] if status == 0]
+//!              status: 0 ok, 1 invalid rkey, 2 out of bounds, 3 denied, 4 unreadable
 //! WRITE_REQ  : 0x04 u64 id u32 rkey u64 addr u32 len payload[len]
 //! WRITE_RESP : 0x05 u64 id u8 status
 //! ```
@@ -29,6 +30,11 @@ pub const WRITE_RESP: u8 = 0x05;
 /// Status byte: success.
 pub const STATUS_OK: u8 = 0;
 
+/// Status byte: the access was granted but the memory could not be read (a registered
+/// file window whose file was truncated below it). Reported as
+/// [`AccessFault::Refused`]; the connection goes on.
+pub const STATUS_UNREADABLE: u8 = 4;
+
 /// Most peer-initiated READs a side serves concurrently before it treats the peer as
 /// hostile and closes (an RDMA responder's `max_dest_rd_atomic`, generously).
 pub const MAX_PEER_INFLIGHT_READS: usize = 1024;
@@ -39,8 +45,9 @@ pub fn status_of(fault: AccessFault) -> u8 {
         AccessFault::InvalidRkey => 1,
         AccessFault::OutOfBounds => 2,
         AccessFault::Denied => 3,
-        // Not produced by the TCP engine (it knows the precise cause); kept distinct.
-        AccessFault::Refused => 4,
+        // The table never refuses this way (it knows the precise cause); the engine
+        // sends it when granted memory cannot be read.
+        AccessFault::Refused => STATUS_UNREADABLE,
     }
 }
 
@@ -50,7 +57,7 @@ pub fn fault_of(status: u8) -> Option<AccessFault> {
         1 => Some(AccessFault::InvalidRkey),
         2 => Some(AccessFault::OutOfBounds),
         3 => Some(AccessFault::Denied),
-        4 => Some(AccessFault::Refused),
+        STATUS_UNREADABLE => Some(AccessFault::Refused),
         _ => None,
     }
 }
@@ -65,6 +72,7 @@ mod tests {
             AccessFault::InvalidRkey,
             AccessFault::OutOfBounds,
             AccessFault::Denied,
+            AccessFault::Refused,
         ] {
             assert_eq!(fault_of(status_of(f)), Some(f));
         }

@@ -1,0 +1,25 @@
+//! `ferry-mount`: a read-only FUSE share whose file reads are one-sided RDMA READs of
+//! the server's memory, each chunk verified against its SHA-256 before any byte of it
+//! reaches a reader.
+//!
+//! - [`fs`]: the FUSE filesystem (fuser), handing every request to tokio tasks.
+//! - [`nodes`]: node ids, the attribute cache and the negative cache.
+//! - [`reader`]: open files — manifest, one-sided chunk fetches, verification,
+//!   readahead.
+//! - [`cache`]: the bounded cache of verified chunks.
+//! - [`remote`]: the connection, reconnection, timeouts and registered fetch buffers.
+//! - [`options`]: `-o` parsing.
+//! - [`mount`]: mount(2) as `fuse.ferry`, and unmounting.
+//!
+//! Metadata (lookup, getattr, readdir, readlink, statfs) travels as control messages;
+//! see `docs/design.md` ("The FUSE mount") for the whole picture.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod cache;
+pub mod fs;
+pub mod mount;
+pub mod nodes;
+pub mod options;
+pub mod reader;
+pub mod remote;

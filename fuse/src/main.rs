@@ -1,0 +1,342 @@
+//! `ferry-mount`: mount a Ferry share read-only through FUSE.
+
+use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use ferry_client::location::{self, Location};
+use ferry_common::transport::TransportChoice;
+use ferry_common::DEFAULT_PORT;
+use ferry_fuse::fs::FerryFs;
+use ferry_fuse::options::{Access, MountOptions};
+use ferry_fuse::remote::Remote;
+use fuser::{Config, MountOption, SessionACL};
+
+/// Exit codes, stable for scripts.
+mod exit {
+    pub const OTHER: u8 = 1;
+    pub const USAGE: u8 = 2;
+    pub const CONNECT: u8 = 3;
+    pub const MOUNT: u8 = 4;
+}
+
+/// Set by a background mount in the child it starts: say "ready" on stdout once
+/// mounted.
+const NOTIFY_ENV: &str = "FERRY_MOUNT_NOTIFY";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ferry-mount",
+    version,
+    about = "Mount a Ferry share read-only: file reads are one-sided RDMA READs of the \
+             server's memory, every chunk checked against its SHA-256",
+    after_help = "\
+Examples:
+  ferry-mount storage1:data /mnt/data                 detach once mounted
+  ferry-mount -f -o attr_timeout=5 storage1:7447:data/projects /mnt/p
+  ferry-mount --transport rdma 10.0.0.2:data /mnt/data
+Unmount with `umount MOUNTPOINT`, `fusermount3 -u MOUNTPOINT`, or SIGINT/SIGTERM to
+ferry-mount.
+
+Mount options (-o, comma-separated):
+  ro                     read-only (the default and only mode; writes give EROFS)
+  allow_other            let every user use the mount (allow_root: root as well)
+  default_permissions    let the kernel check permission bits
+  attr_timeout=SECS      trust attributes this long (default 1)
+  entry_timeout=SECS     trust name lookups this long (default 1)
+  negative_timeout=SECS  remember missing names this long (default 1)
+  cache_size=MIB         memory for verified chunks (default 256)
+  chunk_size=BYTES       verification unit, a power of two 4K..1M (default 64K)
+  readahead=CHUNKS       chunks fetched ahead of a sequential reader (default 16)
+  timeout=SECS           bound on each server round trip and read (default 20)
+  threads=N              threads taking requests from the kernel (default 4)
+  fsname=NAME            source name shown by mount(8)
+
+Exit status: 0 mounted (and, in the foreground, cleanly unmounted), 1 other error,
+2 usage error, 3 cannot reach the server, 4 cannot mount."
+)]
+struct Args {
+    /// The share: HOST[:PORT]:SHARE[/SUBDIR] (PORT defaults to 7447).
+    source: String,
+    /// An existing directory to mount on.
+    mountpoint: PathBuf,
+    /// Stay in the foreground (default: detach once the mount is ready).
+    #[arg(short = 'f', long)]
+    foreground: bool,
+    /// Mount options, comma-separated (see below).
+    #[arg(short = 'o', value_name = "OPTS")]
+    options: Vec<String>,
+    /// Transport: auto (RDMA when a device and the server allow, else TCP), rdma, tcp.
+    #[arg(long, env = "FERRY_TRANSPORT", default_value = "auto")]
+    transport: TransportChoice,
+    /// More logging on stderr (-v: debug, -vv: trace).
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let notify = std::env::var_os(NOTIFY_ENV).is_some();
+    // A background mount is as quiet as mount(8) unless something goes wrong.
+    init_logging(args.verbose, notify && args.verbose == 0);
+    match run(args, notify) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, e)) => {
+            eprintln!("ferry-mount: {e:#}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn init_logging(verbose: u8, quiet: bool) {
+    let default = match verbose {
+        0 if quiet => "warn",
+        0 => "info,fuser=warn",
+        1 => "debug,fuser=info",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FERRY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+type Failure = (u8, anyhow::Error);
+
+fn fail(code: u8) -> impl FnOnce(anyhow::Error) -> Failure {
+    move |e| (code, e)
+}
+
+fn run(args: Args, notify: bool) -> Result<(), Failure> {
+    let mut opts = MountOptions::default();
+    for o in &args.options {
+        opts.parse_into(o)
+            .map_err(|e| (exit::USAGE, anyhow::anyhow!("{e}")))?;
+    }
+    let remote = match location::parse(&args.source, DEFAULT_PORT) {
+        Ok(Location::Remote(r)) => r,
+        Ok(Location::Local(_)) | Err(_) => {
+            return Err((
+                exit::USAGE,
+                anyhow::anyhow!(
+                    "'{}' is not a share: expected HOST[:PORT]:SHARE[/SUBDIR]",
+                    args.source
+                ),
+            ))
+        }
+    };
+    match std::fs::metadata(&args.mountpoint) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err((
+                exit::MOUNT,
+                anyhow::anyhow!("{}: not a directory", args.mountpoint.display()),
+            ))
+        }
+        Err(e) => {
+            return Err((
+                exit::MOUNT,
+                anyhow::anyhow!("{}: {e}", args.mountpoint.display()),
+            ))
+        }
+    }
+    if !args.foreground && !notify {
+        return detach();
+    }
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)))
+        .thread_name("ferry-mount")
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")
+        .map_err(fail(exit::OTHER))?;
+    let link = Arc::new(Remote::new(
+        remote.host.clone(),
+        remote.port,
+        args.transport,
+        opts.timeout,
+    ));
+    let (transport, device) = rt
+        .block_on(async {
+            let conn = link.conn().await?;
+            let t = conn.client.transport();
+            Ok::<_, ferry_fuse::remote::OpError>((t.kind(), t.device()))
+        })
+        .map_err(|e| {
+            (
+                exit::CONNECT,
+                anyhow::anyhow!("{}: {}", remote.addr(), e.message),
+            )
+        })?;
+    // The root must be a directory before anything is mounted on it.
+    let root_attr = rt
+        .block_on(link.call("stat", |c| {
+            let (share, path) = (remote.share.clone(), remote.path.clone());
+            async move { c.client.stat(&share, &path, true).await }
+        }))
+        .map_err(|e| {
+            (
+                exit::MOUNT,
+                anyhow::anyhow!("{}: {}", remote.display(), e.message),
+            )
+        })?;
+    if root_attr.kind != ferry_common::msg::FileKind::Dir {
+        return Err((
+            exit::MOUNT,
+            anyhow::anyhow!("{}: not a directory", remote.display()),
+        ));
+    }
+
+    let fsname = opts
+        .fsname
+        .clone()
+        .unwrap_or_else(|| format!("ferry:{}", remote.display()));
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::FSName(fsname.clone()),
+        MountOption::Subtype("ferry".into()),
+    ];
+    if opts.default_permissions {
+        config.mount_options.push(MountOption::DefaultPermissions);
+    }
+    config.acl = match opts.access {
+        Access::Owner => SessionACL::Owner,
+        Access::OwnerAndRoot => SessionACL::RootAndOwner,
+        Access::All => SessionACL::All,
+    };
+    config.n_threads = Some(opts.threads);
+    config.clone_fd = opts.threads > 1;
+
+    let fs = FerryFs::new(
+        rt.handle().clone(),
+        link,
+        remote.share.clone(),
+        remote.path.clone(),
+        opts,
+    );
+    let (session, mut unmounter) = ferry_fuse::mount::mount(fs, &args.mountpoint, &fsname, &config)
+        .map_err(|e| {
+            (
+                exit::MOUNT,
+                anyhow::anyhow!("cannot mount on {}: {e}", args.mountpoint.display()),
+            )
+        })?;
+
+    // SIGINT/SIGTERM unmount; the session loop then ends by itself.
+    let mountpoint = args.mountpoint.clone();
+    rt.spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("cannot install signal handlers");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("signal received: unmounting {}", mountpoint.display());
+        if let Err(e) = unmounter.unmount() {
+            tracing::error!("cannot unmount {}: {e}", mountpoint.display());
+        }
+    });
+
+    let via = match device {
+        Some(d) => format!("{} ({d})", transport.as_str()),
+        None => transport.as_str().to_string(),
+    };
+    tracing::info!(
+        "mounted {} on {} over {via}",
+        remote.display(),
+        args.mountpoint.display()
+    );
+    if notify {
+        println!("ready");
+        let _ = std::io::stdout().flush();
+        quiet_std_streams();
+    }
+    let result = session.run();
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
+        Ok(()) => {
+            tracing::info!("unmounted {}", args.mountpoint.display());
+            Ok(())
+        }
+        Err(e) => Err((exit::OTHER, anyhow::anyhow!("FUSE session ended: {e}"))),
+    }
+}
+
+/// Background mode: runs the mount in a child process of its own process group, shows
+/// its messages until it is mounted, and exits with its status if it fails first.
+fn detach() -> Result<(), Failure> {
+    let exe = std::env::current_exe()
+        .context("cannot find my own executable")
+        .map_err(fail(exit::OTHER))?;
+    let mut child = Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env(NOTIFY_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .context("cannot start the background mount")
+        .map_err(fail(exit::OTHER))?;
+    let stderr = child.stderr.take().expect("piped");
+    // Forward the child's messages while it starts; once it says "ready" it stops
+    // writing to this pipe.
+    let forward = std::thread::spawn(move || {
+        let mut err = std::io::stderr();
+        let mut buf = [0u8; 4096];
+        let mut r = stderr;
+        while let Ok(n) = r.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            let _ = err.write_all(&buf[..n]);
+        }
+    });
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("piped");
+    let _ = BufReader::new(stdout).read_line(&mut line);
+    if line.trim() == "ready" {
+        // The child has closed its copies of the pipes; the forwarder sees the end.
+        let _ = forward.join();
+        return Ok(());
+    }
+    let status = child
+        .wait()
+        .context("background mount")
+        .map_err(fail(exit::OTHER))?;
+    let _ = forward.join();
+    let code = status
+        .code()
+        .and_then(|c| u8::try_from(c).ok())
+        .unwrap_or(exit::OTHER);
+    // The child already printed why.
+    std::process::exit(i32::from(code.max(1)));
+}
+
+/// Points stdout and stderr at /dev/null (a detached mount has no terminal; the parent
+/// that read them has exited).
+fn quiet_std_streams() {
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 1);
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 2);
+    }
+}

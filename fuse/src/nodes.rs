@@ -1,0 +1,298 @@
+//! The inode table and the metadata caches (sans-IO: callers pass the time).
+//!
+//! FUSE names files by node id, and the kernel reports a lookup's node id as `st_ino`.
+//! A node stands for one server file, `(dev, ino)`: its id is the server's inode
+//! number, so `st_ino` matches the server and hard links share it. Where that number
+//! is taken by another server file (a share spanning two filesystems), or is 0 or 1
+//! (1 is the FUSE root), the node gets a synthetic id at or above [`SYNTHETIC`]
+//! instead, never reused within the mount. Invariant: one id never stands for two
+//! different `(dev, ino)` at once, so a read can never reach the wrong file; a node
+//! lives while the kernel holds a lookup reference. Attributes are cached per path
+//! for the attribute TTL, and names found missing for the negative TTL.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use ferry_common::msg::Attr;
+
+/// The root's node id (FUSE's `FUSE_ROOT_ID`).
+pub const ROOT: u64 = 1;
+
+/// First synthetic node id; server inode numbers at or above it are not used as ids.
+pub const SYNTHETIC: u64 = 1 << 62;
+
+/// A server file: `(dev, ino)`.
+pub type FileKey = (u64, u64);
+
+/// Most cached attributes and negative entries kept before expired ones are pruned.
+const PRUNE_AT: usize = 200_000;
+
+#[derive(Debug)]
+struct Node {
+    /// The path it was last looked up by (any of its names, for hard links).
+    path: String,
+    lookups: u64,
+    /// The server file; `None` for the root.
+    key: Option<FileKey>,
+}
+
+/// Node ids, attribute cache and negative cache of one mount.
+#[derive(Debug)]
+pub struct Nodes {
+    by_path: HashMap<String, u64>,
+    nodes: HashMap<u64, Node>,
+    next: u64,
+    attrs: HashMap<String, (Attr, Instant)>,
+    missing: HashMap<String, Instant>,
+}
+
+impl Default for Nodes {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Nodes {
+    /// A table holding only the root (path "").
+    pub fn new() -> Nodes {
+        let mut nodes = HashMap::new();
+        nodes.insert(
+            ROOT,
+            Node {
+                path: String::new(),
+                lookups: 1,
+                key: None,
+            },
+        );
+        Nodes {
+            by_path: HashMap::from([(String::new(), ROOT)]),
+            nodes,
+            next: SYNTHETIC,
+            attrs: HashMap::new(),
+            missing: HashMap::new(),
+        }
+    }
+
+    /// The mount-relative path of node `ino`.
+    pub fn path(&self, ino: u64) -> Option<String> {
+        self.nodes.get(&ino).map(|n| n.path.clone())
+    }
+
+    /// The node id for server file `key` found at `path`, created if needed, with one
+    /// more lookup reference (a lookup reply hands one to the kernel).
+    pub fn remember(&mut self, path: &str, key: FileKey) -> u64 {
+        if path.is_empty() {
+            return ROOT;
+        }
+        let (_, ino) = key;
+        let id = match self.nodes.get(&ino) {
+            _ if ino <= ROOT || ino >= SYNTHETIC => self.find_synthetic(key),
+            Some(n) if n.key == Some(key) => ino,
+            Some(_) => self.find_synthetic(key),
+            None => ino,
+        };
+        let node = self.nodes.entry(id).or_insert_with(|| Node {
+            path: path.to_string(),
+            lookups: 0,
+            key: Some(key),
+        });
+        node.lookups += 1;
+        if node.path != path {
+            let old = std::mem::replace(&mut node.path, path.to_string());
+            if self.by_path.get(&old) == Some(&id) {
+                self.by_path.remove(&old);
+            }
+        }
+        self.by_path.insert(path.to_string(), id);
+        id
+    }
+
+    /// The synthetic id already standing for `key`, or a fresh one.
+    fn find_synthetic(&mut self, key: FileKey) -> u64 {
+        if let Some((&id, _)) = self
+            .nodes
+            .iter()
+            .find(|(&id, n)| id >= SYNTHETIC && n.key == Some(key))
+        {
+            return id;
+        }
+        let id = self.next;
+        self.next += 1;
+        id
+    }
+
+    /// The node id `path` has now, if any (no reference taken).
+    pub fn id_of(&self, path: &str) -> Option<u64> {
+        self.by_path.get(path).copied()
+    }
+
+    /// The kernel dropped `n` lookup references; the node goes when none are left.
+    pub fn forget(&mut self, ino: u64, n: u64) {
+        if ino == ROOT {
+            return;
+        }
+        let Some(node) = self.nodes.get_mut(&ino) else {
+            return;
+        };
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.lookups == 0 {
+            if let Some(node) = self.nodes.remove(&ino) {
+                if self.by_path.get(&node.path) == Some(&ino) {
+                    self.by_path.remove(&node.path);
+                }
+            }
+        }
+    }
+
+    /// Nodes known (the root included).
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Never true: the root is always there.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Cached attributes of `path` if fetched less than `ttl` ago.
+    pub fn attr(&self, path: &str, now: Instant, ttl: Duration) -> Option<Attr> {
+        let (attr, at) = self.attrs.get(path)?;
+        (now.saturating_duration_since(*at) < ttl).then(|| attr.clone())
+    }
+
+    /// Records attributes of `path` fetched at `now`; the name exists.
+    pub fn store_attr(&mut self, path: &str, attr: Attr, now: Instant) {
+        self.missing.remove(path);
+        if self.attrs.len() >= PRUNE_AT {
+            self.prune(now);
+        }
+        self.attrs.insert(path.to_string(), (attr, now));
+    }
+
+    /// True if `path` was found missing less than `ttl` before `now`.
+    pub fn is_missing(&self, path: &str, now: Instant, ttl: Duration) -> bool {
+        self.missing
+            .get(path)
+            .is_some_and(|at| now.saturating_duration_since(*at) < ttl)
+    }
+
+    /// Records that `path` did not exist at `now`.
+    pub fn store_missing(&mut self, path: &str, now: Instant) {
+        self.attrs.remove(path);
+        if self.missing.len() >= PRUNE_AT {
+            self.prune(now);
+        }
+        self.missing.insert(path.to_string(), now);
+    }
+
+    /// Drops entries older than an hour (TTLs are far shorter in practice); keeps the
+    /// caches bounded when a huge tree is walked.
+    fn prune(&mut self, now: Instant) {
+        let old = |at: &Instant| now.saturating_duration_since(*at) > Duration::from_secs(3600);
+        self.attrs.retain(|_, (_, at)| !old(at));
+        self.missing.retain(|_, at| !old(at));
+        if self.attrs.len() >= PRUNE_AT {
+            self.attrs.clear();
+        }
+        if self.missing.len() >= PRUNE_AT {
+            self.missing.clear();
+        }
+    }
+}
+
+/// `parent/name` for mount-relative paths ("" is the root).
+pub fn join(parent: &str, name: &str) -> String {
+    if parent.is_empty() {
+        name.to_string()
+    } else {
+        format!("{parent}/{name}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_common::msg::{FileKind, Timestamp};
+
+    fn attr(size: u64) -> Attr {
+        Attr {
+            kind: FileKind::File,
+            size,
+            mode: 0o644,
+            mtime: Timestamp::default(),
+            symlink_target: None,
+            ino: 9,
+            nlink: 1,
+            atime: Timestamp::default(),
+            ctime: Timestamp::default(),
+            blocks: 0,
+            dev: 1,
+        }
+    }
+
+    #[test]
+    fn ids_are_server_inodes_while_referenced() {
+        let mut n = Nodes::new();
+        assert_eq!(n.path(ROOT).as_deref(), Some(""));
+        let a = n.remember("a", (5, 100));
+        assert_eq!(a, 100, "the server's inode number");
+        assert_eq!(n.remember("a", (5, 100)), a);
+        let b = n.remember(&join("a", "b"), (5, 101));
+        assert_eq!(n.path(b).as_deref(), Some("a/b"));
+        n.forget(a, 1);
+        assert_eq!(n.path(a).as_deref(), Some("a"), "one reference left");
+        n.forget(a, 1);
+        assert_eq!(n.path(a), None);
+        n.forget(ROOT, 100);
+        assert_eq!(n.path(ROOT).as_deref(), Some(""));
+        assert_eq!(n.remember("", (5, 2)), ROOT);
+    }
+
+    #[test]
+    fn hard_links_share_a_node_and_collisions_get_synthetic_ids() {
+        let mut n = Nodes::new();
+        let x = n.remember("x", (5, 7));
+        assert_eq!(n.remember("y", (5, 7)), x, "a hard link");
+        assert_eq!(n.path(x).as_deref(), Some("y"), "last name looked up");
+        // The same inode number on another filesystem of the share.
+        let other = n.remember("mnt/z", (6, 7));
+        assert!(other >= SYNTHETIC);
+        assert_eq!(
+            n.remember("mnt/z", (6, 7)),
+            other,
+            "stable while referenced"
+        );
+        assert_eq!(n.path(x).as_deref(), Some("y"));
+        // Inode numbers FUSE cannot use.
+        assert!(n.remember("w", (5, 1)) >= SYNTHETIC);
+        assert!(n.remember("v", (5, 0)) >= SYNTHETIC);
+        // A file replaced at the same path gets the node of its new inode.
+        assert_eq!(n.remember("y", (5, 8)), 8);
+        assert_eq!(n.id_of("y"), Some(8));
+    }
+
+    #[test]
+    fn caches_expire_with_their_ttl() {
+        let mut n = Nodes::new();
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(1);
+        n.store_attr("f", attr(5), t0);
+        assert_eq!(
+            n.attr("f", t0 + Duration::from_millis(999), ttl)
+                .unwrap()
+                .size,
+            5
+        );
+        assert!(n.attr("f", t0 + ttl, ttl).is_none());
+        assert!(
+            n.attr("f", t0, Duration::ZERO).is_none(),
+            "ttl 0 never hits"
+        );
+        n.store_missing("f", t0);
+        assert!(n.attr("f", t0, ttl).is_none(), "missing replaces the attr");
+        assert!(n.is_missing("f", t0, ttl));
+        assert!(!n.is_missing("f", t0 + ttl, ttl));
+        n.store_attr("f", attr(6), t0);
+        assert!(!n.is_missing("f", t0, ttl), "found again");
+    }
+}

@@ -1,0 +1,280 @@
+//! The connection to ferryd: connect, reconnect after the server went away, a bound on
+//! every call, and the registered buffers one-sided reads land in.
+//!
+//! Invariant: a [`Conn`]'s buffers are registered with that connection's transport
+//! and are used only for READs on it; a region descriptor from the server is used only
+//! on the connection that received it (the rkeys belong to that connection's
+//! protection domain on RDMA).
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_client::error::ClientError;
+use ferry_client::Client;
+use ferry_common::msg::{ErrorKind, RegionDesc};
+use ferry_common::transport::{
+    Access, Buffer, Memory, Registration, RemoteSlice, TransportChoice, TransportError,
+};
+use fuser::Errno;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::reader::FETCH_BYTES;
+
+/// Registered buffers per connection: the most one-sided reads in flight at once.
+pub const FETCH_BUFFERS: usize = 16;
+
+/// Why an operation failed, with the errno the kernel gets.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct OpError {
+    /// The errno returned to the caller.
+    pub errno: Errno,
+    /// What happened, for the log.
+    pub message: String,
+}
+
+impl OpError {
+    /// An error with an errno and a message.
+    pub fn new(errno: Errno, message: impl Into<String>) -> OpError {
+        OpError {
+            errno,
+            message: message.into(),
+        }
+    }
+}
+
+/// The errno for a client error.
+pub fn errno_of(e: &ClientError) -> Errno {
+    match e {
+        ClientError::Remote(r) => match r.kind {
+            ErrorKind::NotFound | ErrorKind::NoSuchShare => Errno::ENOENT,
+            ErrorKind::PermissionDenied | ErrorKind::OutsideShare => Errno::EACCES,
+            ErrorKind::ReadOnly => Errno::EROFS,
+            ErrorKind::NoSpace => Errno::ENOSPC,
+            ErrorKind::NotADirectory => Errno::ENOTDIR,
+            ErrorKind::IsADirectory => Errno::EISDIR,
+            ErrorKind::InvalidPath => Errno::EINVAL,
+            ErrorKind::Exists => Errno::EEXIST,
+            ErrorKind::Busy => Errno::EBUSY,
+            _ => Errno::EIO,
+        },
+        ClientError::Disconnected(_) | ClientError::Connect { .. } => Errno::ENOTCONN,
+        _ => Errno::EIO,
+    }
+}
+
+/// True if the error means the connection is gone (so the next call reconnects).
+fn is_fatal(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Disconnected(_)
+            | ClientError::Transport(_)
+            | ClientError::Protocol(_)
+            | ClientError::Connect { .. }
+            | ClientError::Handshake { .. }
+    )
+}
+
+/// One live connection and its registered fetch buffers.
+pub struct Conn {
+    /// The session.
+    pub client: Client,
+    bufs: Vec<(Arc<Buffer>, Registration)>,
+    free: Mutex<Vec<usize>>,
+    slots: Arc<Semaphore>,
+}
+
+/// A fetch buffer lent out of a [`Conn`]; returned on drop.
+pub struct Lease<'a> {
+    conn: &'a Conn,
+    index: usize,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Lease<'_> {
+    /// The registration a READ lands in.
+    pub fn reg(&self) -> &Registration {
+        &self.conn.bufs[self.index].1
+    }
+
+    /// The buffer itself.
+    pub fn buffer(&self) -> &Arc<Buffer> {
+        &self.conn.bufs[self.index].0
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        lock(&self.conn.free).push(self.index);
+    }
+}
+
+impl Conn {
+    fn new(client: Client) -> Result<Conn, String> {
+        let mut bufs = Vec::with_capacity(FETCH_BUFFERS);
+        for _ in 0..FETCH_BUFFERS {
+            let buf = Buffer::new(FETCH_BYTES).map_err(|e| format!("buffer: {e}"))?;
+            let reg = client
+                .transport()
+                .register(Memory::Buffer(buf.clone()), Access::Local)
+                .map_err(|e| format!("cannot register a read buffer: {e}"))?;
+            bufs.push((buf, reg));
+        }
+        Ok(Conn {
+            client,
+            bufs,
+            free: Mutex::new((0..FETCH_BUFFERS).collect()),
+            slots: Arc::new(Semaphore::new(FETCH_BUFFERS)),
+        })
+    }
+
+    /// Waits for a free fetch buffer.
+    pub async fn lease(&self) -> Lease<'_> {
+        let permit = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let index = lock(&self.free)
+            .pop()
+            .expect("a permit guarantees a free buffer");
+        Lease {
+            conn: self,
+            index,
+            _permit: permit,
+        }
+    }
+
+    /// RDMA READ of `len` bytes at `offset` of the server's `region` into the lease's
+    /// buffer at 0.
+    pub async fn read(
+        &self,
+        region: &RegionDesc,
+        offset: u64,
+        len: u32,
+        into: &Lease<'_>,
+    ) -> Result<(), TransportError> {
+        let src = RemoteSlice::of(region, offset, len).ok_or(TransportError::Local(
+            "read outside the server's advertised region",
+        ))?;
+        self.client.transport().read(src, into.reg(), 0).await
+    }
+}
+
+/// Where to connect, and the current connection.
+pub struct Remote {
+    host: String,
+    port: u16,
+    choice: TransportChoice,
+    timeout: Duration,
+    current: Mutex<Option<Arc<Conn>>>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl Remote {
+    /// A remote with an established first connection.
+    pub fn new(host: String, port: u16, choice: TransportChoice, timeout: Duration) -> Remote {
+        Remote {
+            host,
+            port,
+            choice,
+            timeout,
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The per-operation bound.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// `host:port`, for logs.
+    pub fn addr(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+
+    /// The live connection, connecting (again) if there is none.
+    pub async fn conn(&self) -> Result<Arc<Conn>, OpError> {
+        if let Some(c) = lock(&self.current).clone() {
+            return Ok(c);
+        }
+        let _one = self.connecting.lock().await;
+        if let Some(c) = lock(&self.current).clone() {
+            return Ok(c);
+        }
+        let client = tokio::time::timeout(
+            self.timeout,
+            Client::connect(&self.host, self.port, self.choice),
+        )
+        .await
+        .map_err(|_| {
+            OpError::new(
+                Errno::ENOTCONN,
+                format!("connecting to {} timed out", self.addr()),
+            )
+        })?
+        .map_err(|e| OpError::new(Errno::ENOTCONN, e.to_string()))?;
+        let conn = Arc::new(Conn::new(client).map_err(|e| OpError::new(Errno::EIO, e))?);
+        let kind = conn.client.transport().kind().as_str();
+        match conn.client.transport().device() {
+            Some(dev) => tracing::info!("connected to {} over {kind} ({dev})", self.addr()),
+            None => tracing::info!("connected to {} over {kind}", self.addr()),
+        }
+        *lock(&self.current) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Forgets `conn` if it is the current connection and closes it; the next call
+    /// reconnects.
+    pub fn drop_conn(&self, conn: &Arc<Conn>, why: &str) {
+        let mut cur = lock(&self.current);
+        if cur.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            tracing::warn!("connection to {} lost: {why}", self.addr());
+            *cur = None;
+        }
+        drop(cur);
+        conn.client.close();
+    }
+
+    /// Runs `f` on the live connection within the timeout; a failure that means the
+    /// connection is gone drops it.
+    pub async fn call<T, F, Fut>(&self, what: &str, f: F) -> Result<T, OpError>
+    where
+        F: FnOnce(Arc<Conn>) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        let conn = self.conn().await?;
+        match tokio::time::timeout(self.timeout, f(conn.clone())).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                if is_fatal(&e) {
+                    self.drop_conn(&conn, &e.to_string());
+                }
+                Err(OpError::new(errno_of(&e), format!("{what}: {e}")))
+            }
+            Err(_) => {
+                self.drop_conn(&conn, "no answer within the timeout");
+                Err(OpError::new(
+                    Errno::EIO,
+                    format!(
+                        "{what}: no answer from {} within {:?}",
+                        self.addr(),
+                        self.timeout
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+/// Locks a mutex whose data stays consistent even if a holder panicked.
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,409 @@
+//! Chunk manifests of mapped files: hashing a file with `pread`, and the server-wide
+//! cache that spares a second open of an unchanged file the hashing.
+//!
+//! **Hashing reads with `pread(2)`, never through a mapping**: a file truncated by
+//! someone else while the server touched its mapping would raise SIGBUS and kill the
+//! whole server. A short read means the file shrank while it was hashed.
+//!
+//! **Cache key** ([`ManifestKey`]): `(dev, ino, size, mtime ns, ctime ns, chunk_bytes)`.
+//! A changed file is never mistaken for an unchanged one:
+//! - every write, truncate or metadata change sets ctime, which no user can set back
+//!   (unlike mtime, which `utimes` can);
+//! - a file replaced by rename or re-created is another inode: `ino` differs, or, when
+//!   the inode number is reused, its ctime is the re-creation time;
+//! - `dev` keeps inode numbers of different filesystems apart.
+//!
+//! Timestamps have a granularity (the kernel's coarse clock tick), so a write in the
+//! same tick as the stat that preceded hashing can leave size, mtime and ctime as they
+//! were. A manifest is therefore cached only when the file's ctime lies at least
+//! [`CACHE_SETTLE`] before hashing began (git's "racily clean" rule): a recently
+//! changed file is hashed again on every open, so what the cache returns was taken
+//! from content that no write within the same timestamp could have followed. (A clock
+//! stepped backwards by more than that defeats the rule; so be it.)
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, Metadata};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use ferry_common::chunk::{chunk_count, chunk_len, hash_chunk};
+use ferry_common::msg::{ErrorKind, RemoteError, Sha256};
+use rayon::prelude::*;
+
+use crate::error::{io_error, remote};
+
+/// Bytes of chunk hashes (plus [`ENTRY_OVERHEAD_BYTES`] per entry) the server-wide
+/// cache holds at most; the least recently used entries are evicted beyond it.
+pub const MANIFEST_CACHE_BYTES: usize = 64 << 20;
+
+/// Bookkeeping charged per cached entry on top of its hashes (key, map slots, `Arc`
+/// header), so that many tiny files cannot grow the cache without bound.
+pub const ENTRY_OVERHEAD_BYTES: usize = 128;
+
+/// How long before hashing began a file's ctime must lie for its manifest to be
+/// cached (see the module docs).
+pub const CACHE_SETTLE: Duration = Duration::from_secs(1);
+
+/// Identifies one version of a file's content, as far as `fstat` can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ManifestKey {
+    /// Device of the filesystem.
+    pub dev: u64,
+    /// Inode number.
+    pub ino: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i128,
+    /// Status change time, nanoseconds since the epoch.
+    pub ctime_ns: i128,
+    /// Chunk size of the manifest.
+    pub chunk_bytes: u32,
+}
+
+impl ManifestKey {
+    /// The key of the file `meta` describes, hashed in chunks of `chunk_bytes`.
+    pub fn of(meta: &Metadata, chunk_bytes: u32) -> ManifestKey {
+        ManifestKey {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: nanos(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: nanos(meta.ctime(), meta.ctime_nsec()),
+            chunk_bytes,
+        }
+    }
+}
+
+fn nanos(secs: i64, nsec: i64) -> i128 {
+    i128::from(secs) * 1_000_000_000 + i128::from(nsec)
+}
+
+/// Bytes an entry of `chunks` hashes is charged in the cache.
+pub fn entry_cost(chunks: usize) -> usize {
+    chunks * 32 + ENTRY_OVERHEAD_BYTES
+}
+
+struct Slot {
+    hashes: Arc<[Sha256]>,
+    /// Position in `Lru::order`.
+    stamp: u64,
+}
+
+/// Invariants: `order` holds exactly one stamp per key of `map` (its slot's stamp);
+/// `bytes` is the sum of [`entry_cost`] over `map`, and at most the capacity.
+struct Lru {
+    map: HashMap<ManifestKey, Slot>,
+    order: BTreeMap<u64, ManifestKey>,
+    next_stamp: u64,
+    bytes: usize,
+}
+
+/// A least-recently-used cache of chunk manifests, bounded by bytes, shared by every
+/// connection of a server.
+pub struct ManifestCache {
+    capacity_bytes: usize,
+    inner: Mutex<Lru>,
+}
+
+impl ManifestCache {
+    /// An empty cache holding at most `capacity_bytes` (see [`entry_cost`]).
+    pub fn new(capacity_bytes: usize) -> ManifestCache {
+        ManifestCache {
+            capacity_bytes,
+            inner: Mutex::new(Lru {
+                map: HashMap::new(),
+                order: BTreeMap::new(),
+                next_stamp: 0,
+                bytes: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lru> {
+        // Each critical section restores the invariants before it can panic (only
+        // allocation could), so a poisoned lock still guards consistent state.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The hashes cached under `key`, marking them most recently used.
+    pub fn get(&self, key: &ManifestKey) -> Option<Arc<[Sha256]>> {
+        let mut lru = self.lock();
+        let stamp = lru.next_stamp;
+        let slot = lru.map.get_mut(key)?;
+        let old = std::mem::replace(&mut slot.stamp, stamp);
+        let hashes = slot.hashes.clone();
+        lru.order.remove(&old);
+        lru.order.insert(stamp, *key);
+        lru.next_stamp += 1;
+        Some(hashes)
+    }
+
+    /// Caches `hashes` under `key` as most recently used, evicting the least recently
+    /// used entries until the cache fits. A manifest larger than the whole cache is not
+    /// cached.
+    pub fn insert(&self, key: ManifestKey, hashes: Arc<[Sha256]>) {
+        let cost = entry_cost(hashes.len());
+        if cost > self.capacity_bytes {
+            return;
+        }
+        let mut lru = self.lock();
+        if let Some(old) = lru.map.remove(&key) {
+            lru.order.remove(&old.stamp);
+            lru.bytes -= entry_cost(old.hashes.len());
+        }
+        while lru.bytes + cost > self.capacity_bytes {
+            let Some((_, victim)) = lru.order.pop_first() else {
+                break;
+            };
+            if let Some(gone) = lru.map.remove(&victim) {
+                lru.bytes -= entry_cost(gone.hashes.len());
+            }
+        }
+        let stamp = lru.next_stamp;
+        lru.next_stamp += 1;
+        lru.order.insert(stamp, key);
+        lru.map.insert(key, Slot { hashes, stamp });
+        lru.bytes += cost;
+    }
+
+    /// Number of cached manifests.
+    pub fn len(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    /// True if nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes charged for the cached manifests (at most the capacity).
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+}
+
+/// SHA-256 of every `chunk_bytes` chunk of the first `size` bytes of `file`, read with
+/// `pread` on all cores (rayon). Blocking. `what` names the file in errors.
+///
+/// A short read fails with [`ErrorKind::Changed`]: the file shrank below `size`.
+pub fn hash_file(
+    file: &File,
+    size: u64,
+    chunk_bytes: u32,
+    what: &str,
+) -> Result<Vec<Sha256>, RemoteError> {
+    let buf_len = u64::from(chunk_bytes).min(size) as usize;
+    (0..chunk_count(size, chunk_bytes))
+        .into_par_iter()
+        .map_init(
+            || vec![0u8; buf_len],
+            |buf, index| {
+                let len = chunk_len(size, chunk_bytes, index) as usize;
+                let offset = index * u64::from(chunk_bytes);
+                match file.read_exact_at(&mut buf[..len], offset) {
+                    Ok(()) => Ok(hash_chunk(&buf[..len])),
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(remote(
+                        ErrorKind::Changed,
+                        format!("{what}: the file shrank while it was being hashed"),
+                    )),
+                    Err(e) => Err(io_error("read", what, &e)),
+                }
+            },
+        )
+        .collect()
+}
+
+/// True if `a` and `b` describe the same content version (see [`ManifestKey`]).
+fn same_version(a: &Metadata, b: &Metadata) -> bool {
+    ManifestKey::of(a, 0) == ManifestKey::of(b, 0)
+}
+
+/// The manifest of `file` in chunks of `chunk_bytes`, and the metadata it belongs to.
+/// Blocking.
+///
+/// From `cache` when the file's current [`ManifestKey`] is there; otherwise hashed with
+/// [`hash_file`] between two `fstat`s. If the two differ, the file changed while it was
+/// hashed: it is hashed once more, and a second change fails with
+/// [`ErrorKind::Changed`]. A manifest is cached only if the file had settled (see
+/// [`CACHE_SETTLE`]: its ctime lies at least `settle` before hashing began).
+pub fn manifest_of(
+    file: &File,
+    chunk_bytes: u32,
+    what: &str,
+    cache: &ManifestCache,
+    settle: Duration,
+) -> Result<(Arc<[Sha256]>, Metadata), RemoteError> {
+    let stat = || file.metadata().map_err(|e| io_error("stat", what, &e));
+    let mut before = stat()?;
+    for _attempt in 0..2 {
+        let key = ManifestKey::of(&before, chunk_bytes);
+        if let Some(hashes) = cache.get(&key) {
+            return Ok((hashes, before));
+        }
+        let started = SystemTime::now();
+        let hashes = hash_file(file, before.size(), chunk_bytes, what)?;
+        let after = stat()?;
+        if same_version(&before, &after) {
+            let hashes: Arc<[Sha256]> = hashes.into();
+            if settled(&key, started, settle) {
+                cache.insert(key, hashes.clone());
+            }
+            return Ok((hashes, after));
+        }
+        before = after;
+    }
+    Err(remote(
+        ErrorKind::Changed,
+        format!("{what}: the file keeps changing while it is being hashed"),
+    ))
+}
+
+/// True if the file's ctime lies at least `settle` before `started`.
+fn settled(key: &ManifestKey, started: SystemTime, settle: Duration) -> bool {
+    let started_ns = match started.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i128,
+        Err(_) => return false,
+    };
+    key.ctime_ns + settle.as_nanos() as i128 <= started_ns
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn key(n: u64) -> ManifestKey {
+        ManifestKey {
+            dev: 1,
+            ino: n,
+            size: n * 100,
+            mtime_ns: 5,
+            ctime_ns: 6,
+            chunk_bytes: 4096,
+        }
+    }
+
+    fn hashes(n: usize, fill: u8) -> Arc<[Sha256]> {
+        vec![[fill; 32]; n].into()
+    }
+
+    #[test]
+    fn hit_and_miss() {
+        let c = ManifestCache::new(1 << 20);
+        assert!(c.get(&key(1)).is_none());
+        c.insert(key(1), hashes(3, 1));
+        assert_eq!(c.get(&key(1)).unwrap()[..], hashes(3, 1)[..]);
+        assert_eq!(c.bytes(), entry_cost(3));
+        // Any field of the key changed is another version.
+        for other in [
+            ManifestKey {
+                mtime_ns: 7,
+                ..key(1)
+            },
+            ManifestKey {
+                ctime_ns: 7,
+                ..key(1)
+            },
+            ManifestKey { size: 1, ..key(1) },
+            ManifestKey { ino: 9, ..key(1) },
+            ManifestKey { dev: 2, ..key(1) },
+            ManifestKey {
+                chunk_bytes: 8192,
+                ..key(1)
+            },
+        ] {
+            assert!(c.get(&other).is_none(), "{other:?}");
+        }
+        // Re-inserting replaces and keeps the accounting exact.
+        c.insert(key(1), hashes(5, 2));
+        assert_eq!(c.len(), 1);
+        assert_eq!(c.bytes(), entry_cost(5));
+        assert_eq!(c.get(&key(1)).unwrap()[0], [2; 32]);
+    }
+
+    #[test]
+    fn least_recently_used_entries_are_evicted_by_bytes() {
+        // Room for exactly three entries of 10 hashes.
+        let c = ManifestCache::new(3 * entry_cost(10));
+        for n in 1..=3 {
+            c.insert(key(n), hashes(10, n as u8));
+        }
+        assert_eq!(c.len(), 3);
+        // Touch 1: 2 is now the least recently used.
+        assert!(c.get(&key(1)).is_some());
+        c.insert(key(4), hashes(10, 4));
+        assert!(c.get(&key(2)).is_none());
+        assert!(c.get(&key(1)).is_some() && c.get(&key(3)).is_some());
+        assert!(c.get(&key(4)).is_some());
+        // A big entry evicts as many as it needs.
+        c.insert(key(5), hashes(25, 5));
+        assert!(c.bytes() <= 3 * entry_cost(10));
+        assert!(c.get(&key(5)).is_some());
+        assert_eq!(c.len(), 1);
+        // One larger than the whole cache is not cached and evicts nothing.
+        c.insert(key(6), hashes(100, 6));
+        assert!(c.get(&key(6)).is_none());
+        assert!(c.get(&key(5)).is_some());
+    }
+
+    fn file_with(data: &[u8]) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(data)
+            .unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn hash_file_matches_the_chunks() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let (_d, path) = file_with(&data);
+        let f = File::open(&path).unwrap();
+        let got = hash_file(&f, data.len() as u64, 4096, "t").unwrap();
+        let want: Vec<_> = data.chunks(4096).map(hash_chunk).collect();
+        assert_eq!(got, want);
+        assert!(hash_file(&f, 0, 4096, "t").unwrap().is_empty());
+        // Claiming more than the file holds is a short read: the file changed.
+        let e = hash_file(&f, 20_000, 4096, "t").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Changed);
+    }
+
+    #[test]
+    fn second_open_hits_and_a_change_misses() {
+        let (_d, path) = file_with(&[7u8; 9000]);
+        let cache = ManifestCache::new(1 << 20);
+        let f = File::open(&path).unwrap();
+        let (first, meta) = manifest_of(&f, 4096, "t", &cache, Duration::ZERO).unwrap();
+        assert_eq!(first.len(), 3);
+        assert_eq!(cache.len(), 1);
+        let (second, _) = manifest_of(&f, 4096, "t", &cache, Duration::ZERO).unwrap();
+        assert!(Arc::ptr_eq(&first, &second), "not served from the cache");
+
+        // An in-place change of the same size: new mtime/ctime, a new manifest.
+        let w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        w.write_all_at(&[8u8; 10], 0).unwrap();
+        // Within one timestamp tick of the first write the times could be equal; a
+        // distinct mtime makes the change visible whatever the clock's granularity.
+        w.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1000))
+            .unwrap();
+        let (third, meta3) = manifest_of(&f, 4096, "t", &cache, Duration::ZERO).unwrap();
+        assert_eq!(meta3.size(), meta.size());
+        assert_ne!(third[0], first[0]);
+        assert_eq!(third[1], first[1]);
+        assert_eq!(cache.len(), 2);
+    }
+
+    #[test]
+    fn unsettled_files_are_not_cached() {
+        let (_d, path) = file_with(&[1u8; 100]);
+        let cache = ManifestCache::new(1 << 20);
+        let f = File::open(&path).unwrap();
+        // Just written: its ctime is within the settle time of now.
+        manifest_of(&f, 4096, "t", &cache, Duration::from_secs(3600)).unwrap();
+        assert!(cache.is_empty());
+    }
+}

@@ -1,0 +1,490 @@
+//! Mapped files: `MapOpen` registers a whole file read-only so the client can fetch any
+//! part of it with one-sided READs, with no request per read; `MapRelease` revokes it.
+//!
+//! A mapped file is registered as windows of [`MAP_WINDOW_BYTES`] (the last one
+//! shorter), each a read-only [`FileWindow`], plus one anonymous buffer holding the
+//! chunk manifest (32-byte SHA-256 per chunk, in order), all `Access::RemoteRead`.
+//!
+//! Invariants:
+//! - The file is opened read-only and never touched through its mapping by the server:
+//!   hashing uses `pread` ([`crate::manifests`]) and the TCP transport serves READs of
+//!   a file window with `pread` too, so a file truncated under a mapping fails reads
+//!   instead of killing the server with SIGBUS.
+//! - Every registration of a mapped file lives in its [`MappedEntry`]; dropping the
+//!   entry (on `MapRelease`, or when the connection ends and its [`MapTable`] goes)
+//!   revokes them all before the server's counters fall.
+//! - A connection holds at most [`MAX_OPEN_MAPS`] entries, and the file bytes
+//!   registered by all connections together stay within the server's
+//!   [`MapBudget`]; beyond either, `MapOpen` fails with [`ErrorKind::Busy`] before
+//!   any hashing or mapping.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ferry_common::attr::attr_of;
+use ferry_common::chunk::{chunk_count, manifest_id};
+use ferry_common::msg::{
+    ErrorKind, FileVersion, MappedFile, RemoteError, Sha256, MAP_WINDOW_BYTES, MAX_CHUNK_BYTES,
+    MAX_MAP_REGIONS, MIN_CHUNK_BYTES,
+};
+use ferry_common::transport::{
+    Access, Buffer, FileWindow, Memory, Registration, SharedTransport, TransportError,
+};
+
+use crate::error::{io_error, remote};
+use crate::manifests::{manifest_of, ManifestCache, CACHE_SETTLE};
+use crate::share::Share;
+
+/// Most mapped files one connection may hold open at once.
+pub const MAX_OPEN_MAPS: usize = 1024;
+
+/// Most chunks a mapped file's manifest holds (32 MiB of hashes): for a file that
+/// would need more at the requested chunk size, the chunk size is doubled until it
+/// fits (or reaches `MAX_CHUNK_BYTES`), so a tiny chunk size asked for a huge file
+/// cannot make the server hold gigabytes of hashes.
+pub const MAX_MANIFEST_CHUNKS: u64 = 1 << 20;
+
+/// The chunk size a mapped file's manifest is taken with for a request of `requested`
+/// bytes: clamped into `MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES`, then rounded up to a power
+/// of two (both bounds are powers of two, so the result stays within them).
+pub fn clamp_chunk_bytes(requested: u32) -> u32 {
+    requested
+        .clamp(MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
+        .next_power_of_two()
+}
+
+/// The chunk size a mapped file of `size` bytes is hashed with, for a request of
+/// `requested`: [`clamp_chunk_bytes`], then doubled while the manifest would exceed
+/// [`MAX_MANIFEST_CHUNKS`] (never beyond `MAX_CHUNK_BYTES`).
+pub fn chunk_bytes_for(requested: u32, size: u64) -> u32 {
+    let mut chunk = clamp_chunk_bytes(requested);
+    while chunk < MAX_CHUNK_BYTES && chunk_count(size, chunk) > MAX_MANIFEST_CHUNKS {
+        chunk *= 2;
+    }
+    chunk
+}
+
+/// The server-wide budget of registered mapped-file bytes, and the counters of open
+/// mapped files and their bytes.
+///
+/// Invariant: `bytes` is the sum of the sizes of the live [`BudgetLease`]s, never more
+/// than `max_bytes`; `files` is their number.
+#[derive(Debug)]
+pub struct MapBudget {
+    max_bytes: u64,
+    bytes: AtomicU64,
+    files: AtomicU64,
+}
+
+/// A reservation of mapped bytes and one mapped-file slot; returned on drop.
+#[derive(Debug)]
+pub struct BudgetLease {
+    budget: Arc<MapBudget>,
+    bytes: u64,
+}
+
+impl MapBudget {
+    /// A budget of `max_bytes` registered file bytes.
+    pub fn new(max_bytes: u64) -> Arc<MapBudget> {
+        Arc::new(MapBudget {
+            max_bytes,
+            bytes: AtomicU64::new(0),
+            files: AtomicU64::new(0),
+        })
+    }
+
+    /// Reserves `bytes` for one mapped file, or `None` if that would exceed the budget.
+    pub fn reserve(self: &Arc<Self>, bytes: u64) -> Option<BudgetLease> {
+        self.bytes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                used.checked_add(bytes).filter(|&n| n <= self.max_bytes)
+            })
+            .ok()?;
+        self.files.fetch_add(1, Ordering::SeqCst);
+        Some(BudgetLease {
+            budget: self.clone(),
+            bytes,
+        })
+    }
+
+    /// File bytes reserved now.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::SeqCst)
+    }
+
+    /// Mapped files open now.
+    pub fn files(&self) -> u64 {
+        self.files.load(Ordering::SeqCst)
+    }
+
+    /// The budget.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+}
+
+impl Drop for BudgetLease {
+    fn drop(&mut self) {
+        self.budget.files.fetch_sub(1, Ordering::SeqCst);
+        self.budget.bytes.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
+}
+
+/// A connection's slot for one mapped file, carrying the handle it will have. Freed on
+/// drop, so a failed open gives its slot back.
+#[derive(Debug)]
+pub struct MapSlot {
+    handle: u64,
+    open: Arc<AtomicUsize>,
+}
+
+impl Drop for MapSlot {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One open mapped file of a connection.
+///
+/// Field order is drop order: the registrations are revoked first, then the budget
+/// and the connection's slot are given back.
+pub struct MappedEntry {
+    _regions: Vec<Registration>,
+    _manifest: Option<Registration>,
+    _lease: BudgetLease,
+    slot: MapSlot,
+}
+
+impl MappedEntry {
+    /// The handle the client names this file by.
+    pub fn handle(&self) -> u64 {
+        self.slot.handle
+    }
+}
+
+/// A connection's open mapped files, by handle.
+pub struct MapTable {
+    entries: Mutex<HashMap<u64, MappedEntry>>,
+    next_handle: AtomicU64,
+    /// Reserved slots: open entries plus opens in progress.
+    open: Arc<AtomicUsize>,
+}
+
+impl Default for MapTable {
+    fn default() -> MapTable {
+        MapTable::new()
+    }
+}
+
+impl MapTable {
+    /// An empty table.
+    pub fn new() -> MapTable {
+        MapTable {
+            entries: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            open: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<u64, MappedEntry>> {
+        // Every critical section is one map operation: poisoning carries nothing.
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reserves a slot for one more mapped file, or fails with [`ErrorKind::Busy`] if
+    /// the connection already holds (or is opening) [`MAX_OPEN_MAPS`].
+    pub fn reserve_slot(&self) -> Result<MapSlot, RemoteError> {
+        self.open
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < MAX_OPEN_MAPS).then_some(n + 1)
+            })
+            .map_err(|_| {
+                remote(
+                    ErrorKind::Busy,
+                    format!(
+                        "more than {MAX_OPEN_MAPS} mapped files open on one connection: \
+                         release some first"
+                    ),
+                )
+            })?;
+        Ok(MapSlot {
+            handle: self.next_handle.fetch_add(1, Ordering::Relaxed),
+            open: self.open.clone(),
+        })
+    }
+
+    /// Adds an opened file under its slot's handle.
+    pub fn insert(&self, entry: MappedEntry) {
+        self.entries().insert(entry.handle(), entry);
+    }
+
+    /// Removes the file `handle` and returns it (dropping it revokes its
+    /// registrations); an unknown handle is [`ErrorKind::Protocol`].
+    pub fn remove(&self, handle: u64) -> Result<MappedEntry, RemoteError> {
+        self.entries()
+            .remove(&handle)
+            .ok_or_else(|| remote(ErrorKind::Protocol, format!("no mapped file {handle}")))
+    }
+
+    /// Removes every entry (dropping them revokes their registrations).
+    pub fn take_all(&self) -> Vec<MappedEntry> {
+        self.entries().drain().map(|(_, e)| e).collect()
+    }
+
+    /// Number of open mapped files.
+    pub fn len(&self) -> usize {
+        self.entries().len()
+    }
+
+    /// True if no mapped file is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What a `MapOpen` needs from the server.
+pub struct MapContext<'a> {
+    /// The connection's transport, which registers the memory.
+    pub transport: &'a SharedTransport,
+    /// The server-wide manifest cache.
+    pub cache: &'a ManifestCache,
+    /// The server-wide budget of mapped bytes.
+    pub budget: &'a Arc<MapBudget>,
+}
+
+fn register_error(what: &str, e: TransportError) -> RemoteError {
+    remote(
+        ErrorKind::Io,
+        format!("{what}: cannot register the mapped file: {e}"),
+    )
+}
+
+/// Opens `rel` read-only, takes its manifest, maps and registers it. Blocking (hashing
+/// and registration take time). Returns the entry to keep and the response to send.
+///
+/// Errors: path errors as for any request (symlinks followed inside the share only);
+/// [`ErrorKind::IsADirectory`] for a directory, [`ErrorKind::InvalidPath`] for another
+/// non-regular file; [`ErrorKind::Busy`] over the byte budget;
+/// [`ErrorKind::Changed`] if the file changed while it was hashed.
+pub fn open(
+    share: &Share,
+    rel: &str,
+    requested_chunk_bytes: u32,
+    ctx: &MapContext<'_>,
+    slot: MapSlot,
+) -> Result<(MappedEntry, MappedFile), RemoteError> {
+    let what = share.display(rel);
+    let path = share.resolve(rel, true)?;
+    // Checked before opening too: opening a socket fails with an obscure error.
+    check_regular(
+        &std::fs::metadata(&path).map_err(|e| io_error("stat", &what, &e))?,
+        &what,
+    )?;
+    // O_NONBLOCK: a FIFO put there since the check must not block the open; the
+    // check on the open file below refuses it.
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(&path)
+        .map_err(|e| io_error("open", &what, &e))?;
+    let first = file.metadata().map_err(|e| io_error("stat", &what, &e))?;
+    check_regular(&first, &what)?;
+    check_region_count(first.size(), &what)?;
+    let mut lease = reserve(ctx.budget, first.size(), &what)?;
+    let chunk_bytes = chunk_bytes_for(requested_chunk_bytes, first.size());
+    let (hashes, meta) = manifest_of(&file, chunk_bytes, &what, ctx.cache, CACHE_SETTLE)?;
+    let size = meta.size();
+    if size != first.size() {
+        check_region_count(size, &what)?;
+        drop(lease);
+        lease = reserve(ctx.budget, size, &what)?;
+    }
+    let regions = register_windows(&file, size, ctx.transport, &what)?;
+    let manifest = if hashes.is_empty() {
+        None
+    } else {
+        Some(register_manifest(&hashes, ctx.transport, &what)?)
+    };
+    let attr = attr_of(&meta, None);
+    let version = FileVersion {
+        size,
+        mtime: attr.mtime,
+        ctime: attr.ctime,
+        ino: meta.ino(),
+        chunk_bytes,
+        manifest: manifest_id(size, chunk_bytes, &hashes),
+    };
+    let response = MappedFile {
+        handle: slot.handle,
+        attr,
+        version,
+        window_bytes: MAP_WINDOW_BYTES,
+        regions: regions.iter().map(Registration::desc).collect(),
+        manifest: manifest.as_ref().map(Registration::desc),
+    };
+    tracing::debug!(file = %what, size, chunk_bytes, handle = slot.handle, "mapped");
+    let entry = MappedEntry {
+        _regions: regions,
+        _manifest: manifest,
+        _lease: lease,
+        slot,
+    };
+    Ok((entry, response))
+}
+
+fn check_regular(meta: &std::fs::Metadata, what: &str) -> Result<(), RemoteError> {
+    if meta.is_dir() {
+        Err(remote(
+            ErrorKind::IsADirectory,
+            format!("{what}: is a directory"),
+        ))
+    } else if !meta.is_file() {
+        Err(remote(
+            ErrorKind::InvalidPath,
+            format!("{what}: not a regular file"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+fn check_region_count(size: u64, what: &str) -> Result<(), RemoteError> {
+    if size.div_ceil(MAP_WINDOW_BYTES) > MAX_MAP_REGIONS as u64 {
+        return Err(remote(
+            ErrorKind::Io,
+            format!(
+                "{what}: too large to map ({size} bytes; at most {} bytes)",
+                MAX_MAP_REGIONS as u64 * MAP_WINDOW_BYTES
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn reserve(budget: &Arc<MapBudget>, size: u64, what: &str) -> Result<BudgetLease, RemoteError> {
+    budget.reserve(size).ok_or_else(|| {
+        remote(
+            ErrorKind::Busy,
+            format!(
+                "{what}: the server has {} of its {} mapped bytes in use; mapping {size} \
+                 more would exceed its --max-mapped-bytes",
+                budget.bytes(),
+                budget.max_bytes()
+            ),
+        )
+    })
+}
+
+/// Maps and registers `size` bytes of `file` as windows of [`MAP_WINDOW_BYTES`].
+fn register_windows(
+    file: &File,
+    size: u64,
+    transport: &SharedTransport,
+    what: &str,
+) -> Result<Vec<Registration>, RemoteError> {
+    let mut regions = Vec::new();
+    let mut offset = 0;
+    while offset < size {
+        // At most MAP_WINDOW_BYTES (256 MiB): fits a usize.
+        let len = (size - offset).min(MAP_WINDOW_BYTES) as usize;
+        let window = FileWindow::map(file, offset, len).map_err(|e| io_error("map", what, &e))?;
+        let reg = transport
+            .register(Memory::File(window), Access::RemoteRead)
+            .map_err(|e| register_error(what, e))?;
+        regions.push(reg);
+        offset += len as u64;
+    }
+    Ok(regions)
+}
+
+/// Copies the hashes into an anonymous buffer and registers it read-only.
+fn register_manifest(
+    hashes: &[Sha256],
+    transport: &SharedTransport,
+    what: &str,
+) -> Result<Registration, RemoteError> {
+    let buf = Buffer::new(hashes.len() * 32).map_err(|e| {
+        remote(
+            ErrorKind::Io,
+            format!("{what}: cannot allocate the manifest region: {e}"),
+        )
+    })?;
+    {
+        let mut bytes = buf.blocking_write();
+        for (dst, h) in bytes.chunks_exact_mut(32).zip(hashes) {
+            dst.copy_from_slice(h);
+        }
+    }
+    transport
+        .register(Memory::Buffer(buf), Access::RemoteRead)
+        .map_err(|e| register_error(what, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_sizes_are_clamped_and_rounded() {
+        assert_eq!(clamp_chunk_bytes(0), MIN_CHUNK_BYTES);
+        assert_eq!(clamp_chunk_bytes(1), MIN_CHUNK_BYTES);
+        assert_eq!(clamp_chunk_bytes(MIN_CHUNK_BYTES), MIN_CHUNK_BYTES);
+        assert_eq!(clamp_chunk_bytes(MIN_CHUNK_BYTES + 1), 2 * MIN_CHUNK_BYTES);
+        assert_eq!(clamp_chunk_bytes(1 << 20), 1 << 20);
+        assert_eq!(clamp_chunk_bytes((1 << 20) - 1), 1 << 20);
+        assert_eq!(clamp_chunk_bytes(3 << 20), 4 << 20);
+        assert_eq!(clamp_chunk_bytes(MAX_CHUNK_BYTES), MAX_CHUNK_BYTES);
+        assert_eq!(clamp_chunk_bytes(MAX_CHUNK_BYTES + 1), MAX_CHUNK_BYTES);
+        assert_eq!(clamp_chunk_bytes(u32::MAX), MAX_CHUNK_BYTES);
+    }
+
+    #[test]
+    fn huge_files_get_bigger_chunks() {
+        let max_at = |chunk: u32| MAX_MANIFEST_CHUNKS * u64::from(chunk);
+        assert_eq!(chunk_bytes_for(4096, 0), 4096);
+        assert_eq!(chunk_bytes_for(4096, max_at(4096)), 4096);
+        assert_eq!(chunk_bytes_for(4096, max_at(4096) + 1), 8192);
+        assert_eq!(chunk_bytes_for(5000, 64 << 30), 64 << 10);
+        assert_eq!(chunk_bytes_for(1 << 20, 64 << 30), 1 << 20);
+        // Bounded by the largest chunk size even where the manifest stays large.
+        assert_eq!(chunk_bytes_for(4096, u64::MAX), MAX_CHUNK_BYTES);
+        for size in [1u64, 1 << 30, 1 << 40, 3 << 41] {
+            let chunk = chunk_bytes_for(4096, size);
+            assert!(chunk.is_power_of_two());
+            assert!(chunk_count(size, chunk) <= MAX_MANIFEST_CHUNKS);
+        }
+    }
+
+    #[test]
+    fn the_budget_bounds_bytes_and_counts_files() {
+        let b = MapBudget::new(100);
+        let one = b.reserve(60).unwrap();
+        assert!(b.reserve(41).is_none());
+        let empty = b.reserve(0).unwrap();
+        let two = b.reserve(40).unwrap();
+        assert_eq!((b.bytes(), b.files()), (100, 3));
+        assert!(b.reserve(1).is_none());
+        drop(one);
+        assert_eq!((b.bytes(), b.files()), (40, 2));
+        assert!(b.reserve(u64::MAX).is_none());
+        drop((empty, two));
+        assert_eq!((b.bytes(), b.files()), (0, 0));
+    }
+
+    #[test]
+    fn slots_are_bounded_per_connection() {
+        let t = MapTable::new();
+        let slots: Vec<_> = (0..MAX_OPEN_MAPS)
+            .map(|_| t.reserve_slot().unwrap())
+            .collect();
+        assert_eq!(t.reserve_slot().unwrap_err().kind, ErrorKind::Busy);
+        let handles: std::collections::HashSet<_> = slots.iter().map(|s| s.handle).collect();
+        assert_eq!(handles.len(), MAX_OPEN_MAPS);
+        drop(slots);
+        assert!(t.reserve_slot().is_ok());
+        assert_eq!(t.remove(12345).err().unwrap().kind, ErrorKind::Protocol);
+    }
+}

@@ -62,6 +62,10 @@ if [ -f bench/copy.sh ]; then
     step "bench smoke run (bench/copy.sh --quick --bin-dir target/debug --no-save)"
     bench/copy.sh --quick --bin-dir target/debug --no-save
 fi
+if [ -f bench/mount.sh ]; then
+    step "mount benchmark smoke run (bench/mount.sh --quick --bin-dir target/debug --no-save)"
+    bench/mount.sh --quick --bin-dir target/debug --no-save
+fi
 
 STEP=""
 printf '\n=== [test] all steps passed\n' >&2

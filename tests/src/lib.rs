@@ -108,3 +108,12 @@ pub fn test_host() -> String {
 pub fn test_choice() -> ferry_common::transport::TransportChoice {
     test_transport().parse().expect("tcp or rdma")
 }
+
+/// A two-worker tokio runtime for tests that drive a [`ferry_client::Client`] directly.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}

@@ -453,50 +453,7 @@ impl Drop for Mount {
 }
 
 /// What one run of [`ferry_mount`] returned.
-#[derive(Debug, Clone)]
-pub struct MountOutput {
-    /// The arguments (lossy UTF-8, for messages).
-    pub args: Vec<String>,
-    /// The exit code; `None` if a signal ended it.
-    pub code: Option<i32>,
-    /// Everything printed on stdout.
-    pub stdout: String,
-    /// Everything printed on stderr.
-    pub stderr: String,
-    /// Wall time from spawn to exit.
-    pub elapsed: Duration,
-}
-
-impl fmt::Display for MountOutput {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "command: ferry-mount {}", self.args.join(" "))?;
-        writeln!(f, "exit code: {:?} after {:?}", self.code, self.elapsed)?;
-        writeln!(f, "--- stdout ---\n{}", self.stdout)?;
-        write!(f, "--- stderr ---\n{}", self.stderr)
-    }
-}
-
-impl MountOutput {
-    /// Panics unless the process exited with `code`.
-    #[track_caller]
-    pub fn assert_code(&self, code: i32) -> &Self {
-        if self.code != Some(code) {
-            panic!("expected ferry-mount to exit {code}\n{self}");
-        }
-        self
-    }
-
-    /// Panics unless stderr, lowercased, contains at least one of `needles` (which are
-    /// lowercased too).
-    #[track_caller]
-    pub fn assert_stderr_has_any(&self, needles: &[&str]) -> &Self {
-        let stderr = self.stderr.to_lowercase();
-        if !needles.iter().any(|n| stderr.contains(&n.to_lowercase())) {
-            panic!("expected ferry-mount's stderr to mention one of {needles:?}\n{self}");
-        }
-        self
-    }
-}
+pub type MountOutput = crate::rcp::ProgramOutput;
 
 /// Runs `ferry-mount ARGS...` exactly as given (no `-f` added) to completion, with
 /// `FERRY_TRANSPORT` set to [`crate::test_transport`] and stdout/stderr captured.
@@ -541,6 +498,7 @@ where
     };
     let read = |p: &Path| fs::read_to_string(p).unwrap_or_default();
     let out = MountOutput {
+        program: "ferry-mount",
         args: lossy,
         code: status.and_then(|s| s.code()),
         stdout: read(&out_path),

@@ -121,6 +121,7 @@ impl RcpChild {
                 .unwrap_or_default()
         };
         RcpOutput {
+            program: "rcp",
             args: self.args.clone(),
             code: status.code(),
             stdout: text(self.stdout.take()),
@@ -139,9 +140,11 @@ impl Drop for RcpChild {
     }
 }
 
-/// What one `rcp` run returned.
+/// What one run of a Ferry program (`rcp`, `ferry-mount`) returned.
 #[derive(Debug, Clone)]
-pub struct RcpOutput {
+pub struct ProgramOutput {
+    /// The program's name, for messages.
+    pub program: &'static str,
     /// The arguments it ran with (lossy UTF-8, for messages).
     pub args: Vec<String>,
     /// The exit code; `None` if a signal ended it.
@@ -154,16 +157,19 @@ pub struct RcpOutput {
     pub elapsed: Duration,
 }
 
-impl fmt::Display for RcpOutput {
+/// What one `rcp` run returned.
+pub type RcpOutput = ProgramOutput;
+
+impl fmt::Display for ProgramOutput {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "command: rcp {}", self.args.join(" "))?;
+        writeln!(f, "command: {} {}", self.program, self.args.join(" "))?;
         writeln!(f, "exit code: {:?} after {:?}", self.code, self.elapsed)?;
         writeln!(f, "--- stdout ---\n{}", self.stdout)?;
         write!(f, "--- stderr ---\n{}", self.stderr)
     }
 }
 
-impl RcpOutput {
+impl ProgramOutput {
     /// Panics unless rcp exited 0.
     #[track_caller]
     pub fn assert_success(&self) -> &Self {
@@ -174,7 +180,7 @@ impl RcpOutput {
     #[track_caller]
     pub fn assert_code(&self, code: i32) -> &Self {
         if self.code != Some(code) {
-            panic!("expected rcp to exit {code}\n{self}");
+            panic!("expected {} to exit {code}\n{self}", self.program);
         }
         self
     }
@@ -183,7 +189,10 @@ impl RcpOutput {
     #[track_caller]
     pub fn assert_code_in(&self, codes: &[i32]) -> &Self {
         if !self.code.is_some_and(|c| codes.contains(&c)) {
-            panic!("expected rcp to exit with one of {codes:?}\n{self}");
+            panic!(
+                "expected {} to exit with one of {codes:?}\n{self}",
+                self.program
+            );
         }
         self
     }
@@ -192,7 +201,10 @@ impl RcpOutput {
     #[track_caller]
     pub fn assert_failure(&self) -> &Self {
         if !matches!(self.code, Some(c) if c != 0) {
-            panic!("expected rcp to fail with a nonzero exit code\n{self}");
+            panic!(
+                "expected {} to fail with a nonzero exit code\n{self}",
+                self.program
+            );
         }
         self
     }
@@ -203,7 +215,10 @@ impl RcpOutput {
     pub fn assert_stderr_has_any(&self, needles: &[&str]) -> &Self {
         let stderr = self.stderr.to_lowercase();
         if !needles.iter().any(|n| stderr.contains(&n.to_lowercase())) {
-            panic!("expected rcp's stderr to mention one of {needles:?}\n{self}");
+            panic!(
+                "expected {}'s stderr to mention one of {needles:?}\n{self}",
+                self.program
+            );
         }
         self
     }
@@ -212,7 +227,10 @@ impl RcpOutput {
     #[track_caller]
     pub fn assert_stderr_has(&self, needle: &str) -> &Self {
         if !self.stderr.contains(needle) {
-            panic!("expected rcp's stderr to contain {needle:?}\n{self}");
+            panic!(
+                "expected {}'s stderr to contain {needle:?}\n{self}",
+                self.program
+            );
         }
         self
     }

@@ -22,13 +22,7 @@ use ferry_common::transport::{
 use ferry_server::{Config, Server, ShareConfig};
 use ferry_tests::{write_random_file, Env, DEFAULT_SHARE as SHARE};
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use ferry_tests::runtime;
 
 async fn connect_to(addr: &str, choice: TransportChoice) -> Client {
     let (host, port) = addr.rsplit_once(':').unwrap();

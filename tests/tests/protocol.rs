@@ -12,13 +12,7 @@ use ferry_common::msg::{ErrorKind, RegionDesc, Request, Response};
 use ferry_common::transport::{Access, Buffer, Memory};
 use ferry_tests::Env;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use ferry_tests::runtime;
 
 async fn connect(env: &Env) -> Client {
     let (host, port) = env.server().addr().rsplit_once(':').unwrap();

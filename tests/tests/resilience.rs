@@ -103,14 +103,15 @@ ferrytest!(
         while Instant::now() < deadline && !has_temp_file(&out_dir) && child.is_running() {
             thread::sleep(Duration::from_millis(1));
         }
-        let interrupted = has_temp_file(&out_dir);
         let status = std::process::Command::new("kill")
             .args(["-INT", &child.id().to_string()])
             .status()
             .unwrap();
         assert!(status.success());
         let out = child.wait();
-        if interrupted {
+        // The download may still win the race between the check above and the signal;
+        // then (exit 0) it must be whole.
+        if out.code != Some(0) {
             out.assert_code(130).assert_stderr_has("interrupted");
             // Nothing under the final name, and the hidden temporary file is gone.
             assert_entries(&out_dir, &[]);

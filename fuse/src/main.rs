@@ -52,7 +52,8 @@ Mount options (-o, comma-separated):
   negative_timeout=SECS  remember missing names this long (default 1)
   cache_size=MIB         memory for verified chunks (default 256)
   chunk_size=BYTES       verification unit, a power of two 4K..1M (default 64K)
-  readahead=CHUNKS       chunks fetched ahead of a sequential reader (default 16)
+  readahead=CHUNKS       chunks fetched ahead of a sequential reader (default 32)
+  max_readahead=KIB      the kernel's readahead for the mount (default 1024; as root)
   timeout=SECS           bound on each server round trip and read (default 20)
   threads=N              threads taking requests from the kernel (default 4)
   fsname=NAME            source name shown by mount(8)
@@ -220,6 +221,14 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
     config.n_threads = Some(opts.threads);
     config.clone_fd = opts.threads > 1;
 
+    let readahead_kib = opts.max_readahead_kib;
+    // Resolved before mounting: afterwards, resolving the path would call into the
+    // mount, whose session is not running yet.
+    let absolute = args
+        .mountpoint
+        .canonicalize()
+        .with_context(|| format!("{}", args.mountpoint.display()))
+        .map_err(fail(exit::MOUNT))?;
     let fs = FerryFs::new(
         rt.handle().clone(),
         link,
@@ -234,6 +243,10 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
                 anyhow::anyhow!("cannot mount on {}: {e}", args.mountpoint.display()),
             )
         })?;
+
+    if let Err(e) = ferry_fuse::mount::set_readahead(&absolute, readahead_kib) {
+        tracing::debug!("kernel readahead left at its default: {e}");
+    }
 
     // SIGINT/SIGTERM unmount; the session loop then ends by itself.
     let mountpoint = args.mountpoint.clone();

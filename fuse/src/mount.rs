@@ -38,6 +38,27 @@ impl Unmounter {
     }
 }
 
+/// Sets the kernel readahead of the mount at `mountpoint` (absolute, canonical) to
+/// `kib` KiB through its backing device's `read_ahead_kb`. The kernel starts a FUSE
+/// mount at 128 KiB, which keeps a sequential reader at one 128 KiB request in flight;
+/// 1 MiB lets it send bigger, overlapping requests. Needs root; reads
+/// `/proc/self/mountinfo` only, so it never calls into the mount itself.
+pub fn set_readahead(mountpoint: &Path, kib: u32) -> Result<(), String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+    let want = mountpoint.to_string_lossy();
+    // Fields: id parent major:minor root mountpoint ...; the last match is the newest.
+    let dev = info
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (f.len() > 4 && f[4] == want).then(|| f[2].to_string())
+        })
+        .last()
+        .ok_or_else(|| format!("{want} is not in /proc/self/mountinfo"))?;
+    let knob = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+    std::fs::write(&knob, format!("{kib}\n")).map_err(|e| format!("{knob}: {e}"))
+}
+
 /// Mounts `fs` on `mountpoint` and does the FUSE handshake.
 pub fn mount<FS: Filesystem>(
     fs: FS,

@@ -40,6 +40,8 @@ pub struct MountOptions {
     pub chunk_bytes: u32,
     /// Chunks read ahead of a sequential reader.
     pub readahead_chunks: u32,
+    /// The kernel's readahead for the mount, in KiB (applied when running as root).
+    pub max_readahead_kib: u32,
     /// Bound on every server round trip and one-sided read.
     pub timeout: Duration,
     /// Threads reading requests from the kernel.
@@ -58,7 +60,8 @@ impl Default for MountOptions {
             negative_ttl: Duration::from_secs(1),
             cache_bytes: 256 << 20,
             chunk_bytes: 64 << 10,
-            readahead_chunks: 16,
+            readahead_chunks: 32,
+            max_readahead_kib: 1024,
             timeout: Duration::from_secs(20),
             threads: 4,
             fsname: None,
@@ -69,7 +72,7 @@ impl Default for MountOptions {
 /// The option names `-o` accepts, for `--help` and error messages.
 pub const KNOWN: &str = "ro, allow_other, allow_root, default_permissions, attr_timeout=SECS, \
      entry_timeout=SECS, negative_timeout=SECS, cache_size=MIB, chunk_size=BYTES, \
-     readahead=CHUNKS, timeout=SECS, threads=N, fsname=NAME";
+     readahead=CHUNKS, max_readahead=KIB, timeout=SECS, threads=N, fsname=NAME";
 
 impl MountOptions {
     /// Applies one `-o` argument (comma-separated options) on top of `self`.
@@ -136,6 +139,12 @@ impl MountOptions {
                     self.chunk_bytes = bytes as u32;
                 }
                 "readahead" => self.readahead_chunks = number(key, need(value)?)?,
+                "max_readahead" => {
+                    self.max_readahead_kib = number(key, need(value)?)?;
+                    if !(4..=65_536).contains(&self.max_readahead_kib) {
+                        return Err("max_readahead must be from 4 to 65536 (KiB)".into());
+                    }
+                }
                 "threads" => {
                     self.threads = number(key, need(value)?)?;
                     if !(1..=64).contains(&self.threads) {

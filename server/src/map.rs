@@ -390,7 +390,8 @@ fn register_windows(
     while offset < size {
         // At most MAP_WINDOW_BYTES (256 MiB): fits a usize.
         let len = (size - offset).min(MAP_WINDOW_BYTES) as usize;
-        let window = FileWindow::map(file, offset, len).map_err(|e| io_error("map", what, &e))?;
+        let window =
+            FileWindow::map_lazy(file, offset, len).map_err(|e| io_error("map", what, &e))?;
         let reg = transport
             .register(Memory::File(window), Access::RemoteRead)
             .map_err(|e| register_error(what, e))?;

@@ -63,6 +63,20 @@ impl FileWindow {
         }))
     }
 
+    /// Like [`FileWindow::map`] but without faulting the pages in: for windows that are
+    /// registered and then read only here and there (a mapped file served to a FUSE
+    /// client), where populating a multi-GiB window would read the whole file at once.
+    pub fn map_lazy(file: &File, offset: u64, len: usize) -> std::io::Result<Arc<FileWindow>> {
+        // SAFETY: as in `map`: private to this value, read-only, and the bytes are
+        // treated as untrusted input that is hashed and verified.
+        let map = unsafe { MmapOptions::new().offset(offset).len(len).map(file)? };
+        Ok(Arc::new(FileWindow {
+            map,
+            offset,
+            file: file.try_clone()?,
+        }))
+    }
+
     /// The same window mapped private (copy-on-write) and read-only.
     ///
     /// For verbs on Linux < 6.2, whose pinning of any registration asks for write

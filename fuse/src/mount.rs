@@ -53,7 +53,7 @@ pub fn set_readahead(mountpoint: &Path, kib: u32) -> Result<(), String> {
             let f: Vec<&str> = l.split(' ').collect();
             (f.len() > 4 && f[4] == want).then(|| f[2].to_string())
         })
-        .last()
+        .next_back()
         .ok_or_else(|| format!("{want} is not in /proc/self/mountinfo"))?;
     let knob = format!("/sys/class/bdi/{dev}/read_ahead_kb");
     std::fs::write(&knob, format!("{kib}\n")).map_err(|e| format!("{knob}: {e}"))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Ferry's test command: formatting, lints, build, unit + integration tests and
-# a quick benchmark smoke run. Stops at the first failing step and says which.
+# Ferry's test command: formatting, lints, build, unit + integration tests, a
+# short fuzz run and a quick benchmark smoke run. Stops at the first failing
+# step and says which.
 #
 #   scripts/test.sh
 set -euo pipefail
@@ -38,6 +39,11 @@ cargo build --workspace --bins
 # The integration tests start the binaries built above from target/debug.
 step "test (cargo test --workspace)"
 cargo test --workspace
+
+# Short coverage-guided fuzz run of every target (tests/fuzz, docs/fuzzing.md);
+# installs cargo-fuzz once. A crash fails the step and names the input.
+step "fuzz smoke run (scripts/fuzz.sh --seconds ${FERRY_FUZZ_SECONDS:-20})"
+scripts/fuzz.sh --seconds "${FERRY_FUZZ_SECONDS:-20}"
 
 # --- Soft-RoCE suite ----------------------------------------------------------
 # The same integration suite (plus the verbs transport's own device tests and the

@@ -338,12 +338,8 @@ fn walk_local(
     plan: &mut Plan<PathBuf, String>,
     shared: &Shared,
 ) {
-    let attr = attr_of(meta, None);
-    plan.dirs.push(DirItem {
-        target: target.clone(),
-        mode: attr.mode,
-        mtime: attr.mtime,
-    });
+    // A directory that cannot be listed is reported and not created on the server (an
+    // empty copy would pass for a complete one).
     let entries = match fs::read_dir(src) {
         Ok(e) => e,
         Err(e) => {
@@ -354,6 +350,12 @@ fn walk_local(
             return;
         }
     };
+    let attr = attr_of(meta, None);
+    plan.dirs.push(DirItem {
+        target: target.clone(),
+        mode: attr.mode,
+        mtime: attr.mtime,
+    });
     let mut children: Vec<_> = entries.filter_map(|e| e.ok()).collect();
     children.sort_by_key(|e| e.file_name());
     for entry in children {
@@ -446,12 +448,12 @@ pub async fn download(
                 ClientError::Usage(format!("{}: is a directory (use -r)", src.display())),
             ),
             FileKind::Dir => {
-                plan.dirs.push(DirItem {
-                    target: target.clone(),
+                let root = DirItem {
+                    target,
                     mode: attr.mode,
                     mtime: attr.mtime,
-                });
-                walk_remote(client, src, &target, &mut plan, &shared).await;
+                };
+                walk_remote(client, src, root, &mut plan, &shared).await;
             }
             FileKind::File => plan.files.push((src.clone(), target, attr.size)),
             _ => shared.fail(
@@ -504,6 +506,9 @@ pub async fn download(
             let progress = shared.progress_fn();
             match download_file(&client, &src.share, &src.path, &target, progress).await {
                 Ok(n) => shared.copied(n),
+                // Local errors are about the target (a full disk, a directory we may
+                // not write), the others about the source.
+                Err(e @ ClientError::Local { .. }) => shared.fail(target.display().to_string(), e),
                 Err(e) => shared.fail(src.display(), e),
             }
         });
@@ -537,16 +542,19 @@ pub async fn download(
     finish_report(shared)
 }
 
-/// Walks a remote directory breadth-first, adding everything below it to `plan`.
+/// Walks the remote directory `root` breadth-first, adding it (as `item`) and
+/// everything below it to `plan`. A directory that cannot be listed is reported and not
+/// created locally (an empty copy would pass for a complete one); breadth-first order
+/// keeps every directory after its parent.
 async fn walk_remote(
     client: &Client,
     root: &Remote,
-    target: &Path,
+    item: DirItem<PathBuf>,
     plan: &mut Plan<Remote, PathBuf>,
     shared: &Shared,
 ) {
-    let mut queue = std::collections::VecDeque::from([(root.clone(), target.to_owned())]);
-    while let Some((dir, local)) = queue.pop_front() {
+    let mut queue = std::collections::VecDeque::from([(root.clone(), item)]);
+    while let Some((dir, item)) = queue.pop_front() {
         let entries = match client.list_dir(&dir.share, &dir.path).await {
             Ok(e) => e,
             Err(e) => {
@@ -554,6 +562,8 @@ async fn walk_remote(
                 continue;
             }
         };
+        let local = item.target.clone();
+        plan.dirs.push(item);
         for entry in entries {
             if entry.name.contains('/')
                 || entry.name == ".."
@@ -573,12 +583,12 @@ async fn walk_remote(
             let child_local = local.join(&entry.name);
             match entry.attr.kind {
                 FileKind::Dir => {
-                    plan.dirs.push(DirItem {
-                        target: child_local.clone(),
+                    let item = DirItem {
+                        target: child_local,
                         mode: entry.attr.mode,
                         mtime: entry.attr.mtime,
-                    });
-                    queue.push_back((child, child_local));
+                    };
+                    queue.push_back((child, item));
                 }
                 FileKind::File => plan.files.push((child, child_local, entry.attr.size)),
                 FileKind::Symlink => match entry.attr.symlink_target {

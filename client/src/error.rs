@@ -87,11 +87,18 @@ pub enum ClientError {
     Protocol(#[from] ProtoError),
 }
 
+/// True for a full filesystem: `ENOSPC`, or `EDQUOT` (the quota is exhausted).
+fn is_no_space(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::StorageFull || e.raw_os_error() == Some(nix::libc::EDQUOT)
+}
+
 fn describe_io(e: &io::Error) -> String {
+    if is_no_space(e) {
+        return "no space left on device".into();
+    }
     match e.kind() {
         io::ErrorKind::NotFound => "no such file or directory".into(),
         io::ErrorKind::PermissionDenied => "permission denied".into(),
-        io::ErrorKind::StorageFull => "no space left on device".into(),
         _ => e.to_string(),
     }
 }
@@ -137,10 +144,10 @@ impl ClientError {
         match self {
             ClientError::Connect { .. } | ClientError::Handshake { .. } => "connect",
             ClientError::Remote(e) => e.kind.as_str(),
+            ClientError::Local { source, .. } if is_no_space(source) => "no_space",
             ClientError::Local { source, .. } => match source.kind() {
                 io::ErrorKind::NotFound => "not_found",
                 io::ErrorKind::PermissionDenied => "permission_denied",
-                io::ErrorKind::StorageFull => "no_space",
                 io::ErrorKind::NotADirectory => "not_a_directory",
                 io::ErrorKind::IsADirectory => "is_a_directory",
                 io::ErrorKind::AlreadyExists => "exists",
@@ -152,5 +159,39 @@ impl ClientError {
             ClientError::Transport(_) | ClientError::Disconnected(_) => "io",
             ClientError::Protocol(_) => "protocol",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_no_space_and_names_the_path() {
+        for errno in [nix::libc::ENOSPC, nix::libc::EDQUOT] {
+            let e = ClientError::local(
+                "/mnt/small/big.bin",
+                "cannot write",
+                io::Error::from_raw_os_error(errno),
+            );
+            assert_eq!(e.kind(), "no_space");
+            assert_eq!(e.exit_code(), exit::LOCAL);
+            assert_eq!(
+                e.to_string(),
+                "/mnt/small/big.bin: cannot write: no space left on device"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unreadable_file_is_permission_denied() {
+        let e = ClientError::local(
+            "/src/secret",
+            "cannot open",
+            io::Error::from_raw_os_error(nix::libc::EACCES),
+        );
+        assert_eq!(e.kind(), "permission_denied");
+        assert_eq!(e.exit_code(), exit::LOCAL);
+        assert_eq!(e.to_string(), "/src/secret: cannot open: permission denied");
     }
 }

@@ -34,7 +34,7 @@ EXIT CODES:
   3  cannot connect (no such host, connection refused, handshake failed)
   4  the server refused or failed (no such share or file, permission denied,
      outside the share, read-only share, no space on the server)
-  5  local I/O error
+  5  local I/O error (a source that cannot be read, no space left locally)
   6  integrity failure (a chunk's SHA-256 did not match)
   130, 143  interrupted by SIGINT, SIGTERM (unfinished files are not written)";
 

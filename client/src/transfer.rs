@@ -6,7 +6,8 @@
 //! registration is revoked. Download: a pooled anonymous buffer is registered for
 //! remote WRITE per window, the server pushes the chunks and answers with their hashes,
 //! the registration is revoked, and the chunks are verified before they are written to
-//! a hidden temporary file, which is fsynced and renamed into place at the end.
+//! a hidden temporary file (its size reserved up front, so a full disk fails the file
+//! before any data moves), which is fsynced and renamed into place at the end.
 //!
 //! Both keep [`WINDOWS_IN_FLIGHT`] windows outstanding, so hashing, transfer and disk
 //! I/O overlap. A window whose chunk fails verification is retried once (a flipped bit
@@ -20,6 +21,7 @@ use std::sync::Arc;
 use ferry_common::chunk::{hash_chunks, manifest_id};
 use ferry_common::msg::{ErrorKind, Request, Response, Sha256, Timestamp};
 use ferry_common::proto::transfer::{Window, WindowPlan};
+use ferry_common::space;
 use ferry_common::transport::{Access, FileWindow, Memory};
 use ferry_common::writeback::Writeback;
 use ferry_common::TEMP_PREFIX;
@@ -265,7 +267,9 @@ struct TempFile {
 }
 
 impl TempFile {
-    fn create(dest: &Path) -> Result<TempFile, ClientError> {
+    /// Creates the temporary file for `dest` and reserves `size` bytes for it, so a
+    /// download that cannot fit fails before any data moves (and leaves nothing).
+    fn create(dest: &Path, size: u64) -> Result<TempFile, ClientError> {
         let dir = match dest.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
             _ => PathBuf::from("."),
@@ -277,11 +281,15 @@ impl TempFile {
             .mode(0o600)
             .open(&path)
             .map_err(|e| ClientError::local(dest, "cannot create", e))?;
-        Ok(TempFile {
+        let temp = TempFile {
             path,
             file: Arc::new(file),
             committed: false,
-        })
+        };
+        // On failure, dropping `temp` removes the file.
+        space::reserve(&temp.file, size)
+            .map_err(|e| ClientError::local(dest, "cannot reserve space", e))?;
+        Ok(temp)
     }
 }
 
@@ -311,7 +319,7 @@ pub async fn download_file(
         other => return Err(unexpected(other)),
     };
     let result = async {
-        let mut temp = TempFile::create(dest)?;
+        let mut temp = TempFile::create(dest, attr.size)?;
         let what = format!("{}:{share}/{path}", client.addr());
         let sink = Sink {
             file: temp.file.clone(),

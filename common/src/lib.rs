@@ -14,6 +14,8 @@
 //! - [`proto`] holds the session and transfer logic with no sockets and no clock reads;
 //!   the server and client crates are thin tokio drivers around it.
 //! - [`path`] validates share-relative paths before the server touches the disk.
+//! - [`space`] reserves a received file's size before its bytes arrive, so a full disk
+//!   fails a file at its start.
 #![warn(missing_docs)]
 
 pub mod attr;
@@ -22,6 +24,7 @@ pub mod codec;
 pub mod msg;
 pub mod path;
 pub mod proto;
+pub mod space;
 pub mod transport;
 pub mod writeback;
 

@@ -175,6 +175,13 @@ pub struct ServerStats {
     pub mapped_files: u64,
     /// File bytes registered for mapped files now.
     pub mapped_bytes: u64,
+    /// Memory regions the server holds registered now, over every connection: chunk
+    /// buffers (kept in each connection's pool until it ends), mapped-file windows and
+    /// manifests. Zero when no connection is open.
+    pub registrations: u64,
+    /// Uploads and downloads open now, over every connection. An unfinished upload's
+    /// temporary file is removed before its count falls.
+    pub open_transfers: u64,
 }
 
 /// One directory entry of a listing page.

@@ -6,6 +6,17 @@
 //! every outstanding one-sided operation fails promptly), waits for every request task
 //! to finish, then drops the open transfers, which removes their temporary files, and
 //! the open mapped files, which revokes their registrations.
+//!
+//! Bound: at most [`MAX_INFLIGHT_REQUESTS`] request tasks live at once, counted from
+//! dispatch until their answer has been handed to the transport (which queues at most
+//! `MAX_QUEUED_CTRL_BYTES` and then makes senders wait), and answers are sent by one
+//! task at a time. So a peer that does not read its answers stops being read from: the
+//! driver waits for a request slot before it takes the next message, and what the
+//! connection holds stays bounded.
+//!
+//! Counts: the connection, its open transfers and its registrations are counted in the
+//! server's gauges until they are dropped, so the counts [`crate::Server::stats`]
+//! reports fall back once every connection is gone.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,11 +26,14 @@ use std::time::Instant;
 use ferry_common::codec;
 use ferry_common::msg::{ErrorKind, RemoteError, Request, Response};
 use ferry_common::proto::server::{ServerEvent, ServerParams, ServerSession};
+use ferry_common::proto::MAX_INFLIGHT_REQUESTS;
 use ferry_common::transport::SharedTransport;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::error::remote;
 use crate::fsops;
+use crate::gauge::Held;
 use crate::map::{self, MapContext, MapTable};
 use crate::pool::Pool;
 use crate::share::Share;
@@ -34,14 +48,31 @@ struct Conn {
     transport: SharedTransport,
     peer: String,
     session: Mutex<ServerSession>,
-    transfers: Mutex<HashMap<u64, Arc<Transfer>>>,
+    transfers: Mutex<HashMap<u64, Arc<OpenTransfer>>>,
     next_transfer: AtomicU64,
     pool: Arc<Pool>,
     maps: MapTable,
+    /// One permit per live request task ([`MAX_INFLIGHT_REQUESTS`]), held until its
+    /// answer is handed to the transport.
+    request_slots: Arc<Semaphore>,
+    /// Held while sending, so answers go out one task at a time and an answer waits
+    /// in the session (once) rather than in many senders' hands.
+    sending: tokio::sync::Mutex<()>,
+}
+
+/// A transfer in a connection's table, counted in the server's open transfers until its
+/// last reference (the table's or a request task's) is dropped.
+struct OpenTransfer {
+    // Field order is drop order: an upload's temporary file goes before the count.
+    transfer: Transfer,
+    _counted: Held,
 }
 
 /// Serves one connection to the end.
 pub(crate) async fn run(server: Arc<Server>, transport: SharedTransport) {
+    // Declared first, dropped last: the connection is counted until everything it
+    // held (pool, transfers, mapped files, transport) is gone.
+    let _live = server.live_guard();
     let peer = transport.peer();
     let params = ServerParams {
         software: SOFTWARE.into(),
@@ -51,6 +82,7 @@ pub(crate) async fn run(server: Arc<Server>, transport: SharedTransport) {
         transport.clone(),
         server.chunk_bytes as usize,
         server.queue_depth,
+        server.registrations.clone(),
     );
     let conn = Arc::new(Conn {
         session: Mutex::new(ServerSession::new(Instant::now(), params)),
@@ -61,10 +93,11 @@ pub(crate) async fn run(server: Arc<Server>, transport: SharedTransport) {
         next_transfer: AtomicU64::new(1),
         pool,
         maps: MapTable::new(),
+        request_slots: Arc::new(Semaphore::new(MAX_INFLIGHT_REQUESTS as usize)),
+        sending: tokio::sync::Mutex::new(()),
     });
     tracing::info!(peer = %conn.peer, transport = conn.transport.kind().as_str(), "connection opened");
     let mut tasks = JoinSet::new();
-    let _live = conn.server.live_guard();
     let reason = conn.drive(&mut tasks).await;
     conn.transport.close();
     while tasks.join_next().await.is_some() {}
@@ -93,14 +126,23 @@ impl Conn {
         self.session.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn transfers(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Transfer>>> {
+    fn transfers(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenTransfer>>> {
         self.transfers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Runs until the connection ends; returns why.
     async fn drive(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> String {
         let mut stop = self.server.stop_signal();
+        // The slot the next request will run in; taken before the next message is
+        // read, so no message is read while every slot is busy.
+        let mut slot = None;
         loop {
+            if slot.is_none() {
+                slot = tokio::select! {
+                    permit = self.request_slots.clone().acquire_owned() => permit.ok(),
+                    _ = stop.wait_for(|stopping| *stopping) => return "server shutting down".into(),
+                };
+            }
             let deadline = self.session().poll_timeout();
             let sleep = async {
                 match deadline {
@@ -125,15 +167,27 @@ impl Conn {
                 () = sleep => self.session().handle_timeout(Instant::now()),
                 _ = stop.wait_for(|stopping| *stopping) => return "server shutting down".into(),
             }
-            if let Some(reason) = self.pump(tasks).await {
+            // Sending waits while the transport's queue is full (a peer that does not
+            // read): no more requests are taken from it meanwhile, but shutdown is.
+            let pumped = tokio::select! {
+                closed = self.pump(tasks, &mut slot) => closed,
+                _ = stop.wait_for(|stopping| *stopping) => return "server shutting down".into(),
+            };
+            if let Some(reason) = pumped {
                 return reason;
             }
             while tasks.try_join_next().is_some() {}
         }
     }
 
-    /// Acts on every queued session event and sends what the session queued.
-    async fn pump(self: &Arc<Self>, tasks: &mut JoinSet<()>) -> Option<String> {
+    /// Acts on every queued session event and sends what the session queued. A request
+    /// runs in `slot` (or, should one message ever yield two requests, in a slot waited
+    /// for here).
+    async fn pump(
+        self: &Arc<Self>,
+        tasks: &mut JoinSet<()>,
+        slot: &mut Option<OwnedSemaphorePermit>,
+    ) -> Option<String> {
         let mut closed = None;
         loop {
             let event = self.session().poll_event();
@@ -143,6 +197,10 @@ impl Conn {
                     tracing::debug!(peer = %self.peer, client = %software, "session ready");
                 }
                 Some(ServerEvent::Request { id, body }) => {
+                    let permit = match slot.take() {
+                        Some(p) => Some(p),
+                        None => self.request_slots.clone().acquire_owned().await.ok(),
+                    };
                     let conn = self.clone();
                     tasks.spawn(async move {
                         let response = match conn.dispatch(body).await {
@@ -151,6 +209,7 @@ impl Conn {
                         };
                         conn.session().respond(id, response);
                         conn.flush().await;
+                        drop(permit);
                     });
                 }
                 Some(ServerEvent::Closed(reason)) => {
@@ -163,8 +222,10 @@ impl Conn {
         closed
     }
 
-    /// Sends every message the session has queued.
+    /// Sends every message the session has queued (waiting for the sender before,
+    /// so a message queued now is sent before this returns).
     async fn flush(&self) {
+        let _sending = self.sending.lock().await;
         let out: Vec<_> = {
             let mut s = self.session();
             std::iter::from_fn(|| s.poll_transmit()).collect()
@@ -199,11 +260,15 @@ impl Conn {
             ));
         }
         let id = self.next_transfer.fetch_add(1, Ordering::Relaxed);
-        map.insert(id, Arc::new(t));
+        let open = OpenTransfer {
+            transfer: t,
+            _counted: self.server.transfers.hold(1),
+        };
+        map.insert(id, Arc::new(open));
         Ok(id)
     }
 
-    fn transfer(&self, id: u64) -> Result<Arc<Transfer>, RemoteError> {
+    fn transfer(&self, id: u64) -> Result<Arc<OpenTransfer>, RemoteError> {
         self.transfers()
             .get(&id)
             .cloned()
@@ -275,7 +340,7 @@ impl Conn {
                 offset,
                 region,
                 hashes,
-            } => match &*self.transfer(transfer)? {
+            } => match &self.transfer(transfer)?.transfer {
                 Transfer::Upload(up) => {
                     up.pull_window(&self.transport, &self.pool, offset, region, hashes)
                         .await
@@ -284,10 +349,10 @@ impl Conn {
             },
             Request::UploadCommit { transfer, manifest } => {
                 let t = self.transfer(transfer)?;
-                if !matches!(&*t, Transfer::Upload(_)) {
+                if !matches!(&t.transfer, Transfer::Upload(_)) {
                     return Err(not_a(transfer, "an upload"));
                 }
-                let response = blocking(move || match &*t {
+                let response = blocking(move || match &t.transfer {
                     Transfer::Upload(up) => up.commit(&manifest),
                     Transfer::Download(_) => Err(not_a(transfer, "an upload")),
                 })
@@ -306,7 +371,7 @@ impl Conn {
                 transfer,
                 offset,
                 region,
-            } => match &*self.transfer(transfer)? {
+            } => match &self.transfer(transfer)?.transfer {
                 Transfer::Download(down) => {
                     down.push_window(&self.transport, &self.pool, offset, region)
                         .await
@@ -317,7 +382,7 @@ impl Conn {
                 let t = self.transfers().remove(&transfer).ok_or_else(|| {
                     remote(ErrorKind::Protocol, format!("no open transfer {transfer}"))
                 })?;
-                blocking(move || match &*t {
+                blocking(move || match &t.transfer {
                     Transfer::Download(down) => down.close(),
                     // Dropping the last reference removes the temporary file.
                     Transfer::Upload(_) => Ok(Response::Ok),
@@ -339,6 +404,7 @@ impl Conn {
                         transport: &transport,
                         cache: &server.manifests,
                         budget: &server.map_budget,
+                        registrations: &server.registrations,
                     };
                     map::open(&share, &path, chunk_bytes, &ctx, slot)
                 })

@@ -11,7 +11,8 @@
 //! reads any part of it with one-sided READs and no request per read.
 //!
 //! Server-wide state lives in [`Server`]: the shares, the manifest cache, the budget of
-//! mapped bytes and the counters [`Server::stats`] reports.
+//! mapped bytes and the counters [`Server::stats`] reports (live things are counted by
+//! [`gauge`]s, so a leak shows as a count that does not fall back).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -19,6 +20,7 @@ pub mod config;
 pub mod conn;
 pub mod error;
 pub mod fsops;
+pub mod gauge;
 pub mod manifests;
 pub mod map;
 pub mod pool;
@@ -26,7 +28,7 @@ pub mod share;
 pub mod transfer;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +39,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 pub use config::{Config, ConfigError, ShareConfig};
+use gauge::{Gauge, Held};
 use manifests::{ManifestCache, MANIFEST_CACHE_BYTES};
 use map::MapBudget;
 use share::Share;
@@ -50,22 +53,19 @@ pub struct Server {
     queue_depth: usize,
     chunk_bytes: u32,
     stop: watch::Sender<bool>,
-    live: Arc<AtomicUsize>,
+    /// Connections being served.
+    live: Gauge,
+    /// Memory registered by the server (chunk buffers, mapped-file windows and
+    /// manifests), over every connection.
+    registrations: Gauge,
+    /// Uploads and downloads open, over every connection.
+    transfers: Gauge,
     /// Requests dispatched since start, over every connection.
     requests: AtomicU64,
     /// Chunk manifests of mapped files, shared by every connection.
     manifests: ManifestCache,
     /// Registered mapped-file bytes and open mapped files, over every connection.
     map_budget: Arc<MapBudget>,
-}
-
-/// Counts a live connection until dropped.
-struct LiveGuard(Arc<AtomicUsize>);
-
-impl Drop for LiveGuard {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 impl Server {
@@ -86,7 +86,9 @@ impl Server {
             queue_depth: config.queue_depth,
             chunk_bytes: ferry_common::msg::DEFAULT_CHUNK_BYTES,
             stop: watch::channel(false).0,
-            live: Arc::new(AtomicUsize::new(0)),
+            live: Gauge::new(),
+            registrations: Gauge::new(),
+            transfers: Gauge::new(),
             requests: AtomicU64::new(0),
             manifests: ManifestCache::new(MANIFEST_CACHE_BYTES),
             map_budget: MapBudget::new(config.max_mapped_bytes),
@@ -105,12 +107,13 @@ impl Server {
             connections: self.connections() as u64,
             mapped_files: self.map_budget.files(),
             mapped_bytes: self.map_budget.bytes(),
+            registrations: self.registrations.get(),
+            open_transfers: self.transfers.get(),
         }
     }
 
-    fn live_guard(&self) -> LiveGuard {
-        self.live.fetch_add(1, Ordering::SeqCst);
-        LiveGuard(self.live.clone())
+    fn live_guard(&self) -> Held {
+        self.live.hold(1)
     }
 
     fn stop_signal(&self) -> watch::Receiver<bool> {
@@ -119,7 +122,7 @@ impl Server {
 
     /// Number of connections being served.
     pub fn connections(&self) -> usize {
-        self.live.load(Ordering::SeqCst)
+        self.live.get() as usize
     }
 
     /// Stops accepting, ends every connection (removing the temporary files of

@@ -12,7 +12,8 @@
 //!   instead of killing the server with SIGBUS.
 //! - Every registration of a mapped file lives in its [`MappedEntry`]; dropping the
 //!   entry (on `MapRelease`, or when the connection ends and its [`MapTable`] goes)
-//!   revokes them all before the server's counters fall.
+//!   revokes them all before the server's counters (mapped files and bytes, and
+//!   registrations) fall.
 //! - A connection holds at most [`MAX_OPEN_MAPS`] entries, and the file bytes
 //!   registered by all connections together stay within the server's
 //!   [`MapBudget`]; beyond either, `MapOpen` fails with [`ErrorKind::Busy`] before
@@ -35,6 +36,7 @@ use ferry_common::transport::{
 };
 
 use crate::error::{io_error, remote};
+use crate::gauge::{Gauge, Held};
 use crate::manifests::{manifest_of, ManifestCache, CACHE_SETTLE};
 use crate::share::Share;
 
@@ -154,6 +156,8 @@ impl Drop for MapSlot {
 pub struct MappedEntry {
     _regions: Vec<Registration>,
     _manifest: Option<Registration>,
+    /// The regions and the manifest, in the server's registration gauge.
+    _registered: Held,
     _lease: BudgetLease,
     slot: MapSlot,
 }
@@ -253,6 +257,8 @@ pub struct MapContext<'a> {
     pub cache: &'a ManifestCache,
     /// The server-wide budget of mapped bytes.
     pub budget: &'a Arc<MapBudget>,
+    /// The server-wide count of registrations.
+    pub registrations: &'a Gauge,
 }
 
 fn register_error(what: &str, e: TransportError) -> RemoteError {
@@ -308,6 +314,9 @@ pub fn open(
     } else {
         Some(register_manifest(&hashes, ctx.transport, &what)?)
     };
+    let registered = ctx
+        .registrations
+        .hold(regions.len() as u64 + u64::from(manifest.is_some()));
     let attr = attr_of(&meta, None);
     let version = FileVersion {
         size,
@@ -329,6 +338,7 @@ pub fn open(
     let entry = MappedEntry {
         _regions: regions,
         _manifest: manifest,
+        _registered: registered,
         _lease: lease,
         slot,
     };

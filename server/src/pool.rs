@@ -4,7 +4,9 @@
 //! chunk operation at a time, so a connection's bulk memory is bounded by
 //! `depth * chunk_bytes` however many windows and transfers it runs. Buffers are
 //! registered once (local access only: the peer can never touch them) and reused,
-//! because fresh memory is slow to fault in.
+//! because fresh memory is slow to fault in. Each buffer is counted in the server's
+//! registration gauge from its registration until it is dropped with the pool, which
+//! happens when the connection's last request task is gone.
 
 use std::sync::{Arc, Mutex};
 
@@ -12,6 +14,7 @@ use ferry_common::transport::{Access, Buffer, Memory, Registration, SharedTransp
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::remote;
+use crate::gauge::{Gauge, Held};
 use ferry_common::msg::{ErrorKind, RemoteError};
 
 /// The pool.
@@ -19,23 +22,37 @@ pub struct Pool {
     transport: SharedTransport,
     chunk_bytes: usize,
     permits: Arc<Semaphore>,
-    free: Mutex<Vec<Registration>>,
+    registrations: Gauge,
+    free: Mutex<Vec<Pooled>>,
+}
+
+/// A registered buffer and its place in the registration gauge (dropped in this order).
+struct Pooled {
+    reg: Registration,
+    _counted: Held,
 }
 
 /// A buffer on loan; returned to the pool on drop.
 pub struct Lease {
     pool: Arc<Pool>,
-    reg: Option<Registration>,
+    buf: Option<Pooled>,
     _permit: OwnedSemaphorePermit,
 }
 
 impl Pool {
-    /// A pool of up to `depth` buffers of `chunk_bytes` for `transport`.
-    pub fn new(transport: SharedTransport, chunk_bytes: usize, depth: usize) -> Arc<Pool> {
+    /// A pool of up to `depth` buffers of `chunk_bytes` for `transport`, each counted
+    /// in `registrations` while it is registered.
+    pub fn new(
+        transport: SharedTransport,
+        chunk_bytes: usize,
+        depth: usize,
+        registrations: Gauge,
+    ) -> Arc<Pool> {
         Arc::new(Pool {
             transport,
             chunk_bytes,
             permits: Arc::new(Semaphore::new(depth)),
+            registrations,
             free: Mutex::new(Vec::new()),
         })
     }
@@ -49,8 +66,8 @@ impl Pool {
             .await
             .map_err(|_| remote(ErrorKind::Io, "buffer pool closed"))?;
         let reused = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let reg = match reused {
-            Some(r) => r,
+        let buf = match reused {
+            Some(b) => b,
             None => {
                 let buf = Buffer::new(self.chunk_bytes).map_err(|e| {
                     remote(
@@ -58,14 +75,19 @@ impl Pool {
                         format!("cannot allocate a chunk buffer: {e}"),
                     )
                 })?;
-                self.transport
+                let reg = self
+                    .transport
                     .register(Memory::Buffer(buf), Access::Local)
-                    .map_err(|e| remote(ErrorKind::Io, format!("cannot register a buffer: {e}")))?
+                    .map_err(|e| remote(ErrorKind::Io, format!("cannot register a buffer: {e}")))?;
+                Pooled {
+                    reg,
+                    _counted: self.registrations.hold(1),
+                }
             }
         };
         Ok(Lease {
             pool: self.clone(),
-            reg: Some(reg),
+            buf: Some(buf),
             _permit: permit,
         })
     }
@@ -74,9 +96,11 @@ impl Pool {
 impl Lease {
     /// The leased registration (a [`Buffer`] of the pool's chunk size).
     pub fn reg(&self) -> &Registration {
-        self.reg
+        &self
+            .buf
             .as_ref()
             .expect("lease holds its registration until drop")
+            .reg
     }
 
     /// The leased buffer.
@@ -87,12 +111,12 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if let Some(r) = self.reg.take() {
+        if let Some(b) = self.buf.take() {
             self.pool
                 .free
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .push(r);
+                .push(b);
         }
     }
 }

@@ -1,10 +1,12 @@
 //! Uploads (pulled with one-sided READs) and downloads (pushed with one-sided WRITEs).
 //!
 //! Invariants:
-//! - An upload writes only to a hidden temporary file in the target directory; it is
-//!   renamed to the final name only by [`Upload::commit`], after every chunk verified
-//!   against its SHA-256 and the manifest hash matched. Dropping an uncommitted
-//!   [`Upload`] (abort, error, connection loss) removes the temporary file.
+//! - An upload writes only to a hidden temporary file in the target directory, whose
+//!   declared size is reserved when it is opened (a file that cannot fit is refused
+//!   with "no space" before any data moves). It is renamed to the final name only by
+//!   [`Upload::commit`], after every chunk verified against its SHA-256 and the
+//!   manifest hash matched. Dropping an uncommitted [`Upload`] (abort, error,
+//!   connection loss) removes the temporary file.
 //! - A window's response is sent only after every one-sided operation of that window
 //!   completed (successfully or not), so no chunk buffer is reused while the transport
 //!   may still fill or drain it.
@@ -19,6 +21,7 @@ use ferry_common::msg::{
     Attr, ErrorKind, RegionDesc, RemoteError, Response, Sha256, Timestamp, MAX_WINDOW_CHUNKS,
 };
 use ferry_common::proto::transfer::{check_window, ChunkRef, UploadState, Window};
+use ferry_common::space;
 use ferry_common::transport::{RemoteSlice, SharedTransport, TransportError};
 use ferry_common::writeback::Writeback;
 use ferry_common::TEMP_PREFIX;
@@ -90,14 +93,18 @@ impl Upload {
             .open(&temp_path)
             .map_err(|e| io_error("create", &what, &e))?;
         let file = Arc::new(file);
+        let temp = TempFile {
+            path: temp_path,
+            file: file.clone(),
+            committed: false,
+        };
+        // A file that cannot fit fails here, before any data moves; dropping `temp`
+        // removes the temporary file.
+        space::reserve(&file, size).map_err(|e| io_error("reserve space", &what, &e))?;
         Ok(Upload {
             what,
             final_path,
-            temp: Mutex::new(TempFile {
-                path: temp_path,
-                file: file.clone(),
-                committed: false,
-            }),
+            temp: Mutex::new(temp),
             writeback: Writeback::new(file.clone()),
             file,
             state: Mutex::new(UploadState::new(size, chunk_bytes, MAX_WINDOW_CHUNKS)),

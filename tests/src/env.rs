@@ -6,8 +6,10 @@ use std::path::{Path, PathBuf};
 
 use tempfile::TempDir;
 
-use crate::rcp::{rcp, RcpOutput};
+use crate::rcp::{spawn_rcp_as, RcpOutput};
 use crate::server::{Server, Share};
+use crate::tmpfs::Tmpfs;
+use crate::user::{open_dir_to_all, User};
 
 /// The share every [`Env::new`] serves, read-write.
 pub const DEFAULT_SHARE: &str = "data";
@@ -15,12 +17,113 @@ pub const DEFAULT_SHARE: &str = "data";
 /// A test's world: `<tmp>/local/` for rcp's local side, `<tmp>/shares/<name>/` for each
 /// share, and a [`Server`] exporting them.
 ///
-/// Dropping it stops the server first, then removes the temp dir.
+/// Dropping it stops the server first, then unmounts the tmpfs file systems of
+/// [`EnvBuilder::tmpfs`], then removes the temp dir.
 #[derive(Debug)]
 pub struct Env {
-    // Field order is drop order: the server goes before its directories.
+    // Field order is drop order: the server goes before its file systems and
+    // directories.
     server: Server,
+    mounts: Vec<(String, Tmpfs)>,
     root: TempDir,
+    rcp_user: Option<User>,
+}
+
+/// Builds an [`Env`] that needs more than [`Env::with_shares`]: a share on a small
+/// tmpfs, or ferryd or rcp running as an unprivileged [`User`].
+#[derive(Debug, Default)]
+pub struct EnvBuilder {
+    shares: Vec<(String, bool)>,
+    tmpfs: Vec<(String, u64)>,
+    server_user: Option<User>,
+    rcp_user: Option<User>,
+}
+
+impl EnvBuilder {
+    /// Serves share `name` (read-only if `read_only`). Without any, the environment
+    /// serves [`DEFAULT_SHARE`], read-write.
+    pub fn share(mut self, name: &str, read_only: bool) -> Self {
+        self.shares.push((name.to_owned(), read_only));
+        self
+    }
+
+    /// Mounts a tmpfs of `size_bytes` on share `name`'s directory before ferryd starts
+    /// (see [`Tmpfs`]); [`EnvBuilder::start`] panics if that fails, so check
+    /// [`Tmpfs::available`] first. `name` must be a served share.
+    pub fn tmpfs(mut self, name: &str, size_bytes: u64) -> Self {
+        self.tmpfs.push((name.to_owned(), size_bytes));
+        self
+    }
+
+    /// Runs ferryd as `user`: the temp dir can be entered by all and every share
+    /// directory belongs to `user` (its files keep their owner).
+    pub fn server_user(mut self, user: User) -> Self {
+        self.server_user = Some(user);
+        self
+    }
+
+    /// Runs [`Env::rcp`] as `user`: the temp dir can be entered by all and `local/`
+    /// belongs to `user`.
+    pub fn rcp_user(mut self, user: User) -> Self {
+        self.rcp_user = Some(user);
+        self
+    }
+
+    /// Creates the directories, mounts, and starts ferryd.
+    pub fn start(self) -> Env {
+        let root = tempfile::Builder::new()
+            .prefix("ferry-test-")
+            .tempdir()
+            .expect("cannot create the test's temp dir");
+        // Declared after `root`, so a panic below unmounts before the dir is removed.
+        let mut mounts = Vec::new();
+        fs::create_dir(root.path().join("local")).expect("mkdir local");
+        fs::create_dir(root.path().join("shares")).expect("mkdir shares");
+        let mut shares = self.shares;
+        if shares.is_empty() {
+            shares.push((DEFAULT_SHARE.to_owned(), false));
+        }
+        for (name, size) in &self.tmpfs {
+            assert!(
+                shares.iter().any(|(n, _)| n == name),
+                "tmpfs for {name}, which is not a share"
+            );
+            let path = root.path().join("shares").join(name);
+            let tmpfs = Tmpfs::mount(&path, *size).unwrap_or_else(|e| panic!("{e}"));
+            mounts.push((name.clone(), tmpfs));
+        }
+        let shares: Vec<Share> = shares
+            .iter()
+            .map(|(name, read_only)| {
+                let path = root.path().join("shares").join(name);
+                if !path.exists() {
+                    fs::create_dir(&path).expect("mkdir share");
+                }
+                if let Some(user) = self.server_user {
+                    user.own(&path);
+                }
+                if *read_only {
+                    Share::ro(name, path)
+                } else {
+                    Share::rw(name, path)
+                }
+            })
+            .collect();
+        if self.server_user.is_some() || self.rcp_user.is_some() {
+            open_dir_to_all(root.path());
+            open_dir_to_all(&root.path().join("shares"));
+        }
+        if let Some(user) = self.rcp_user {
+            user.own(&root.path().join("local"));
+        }
+        let server = Server::start_as(&shares, self.server_user);
+        Env {
+            server,
+            mounts,
+            root,
+            rcp_user: self.rcp_user,
+        }
+    }
 }
 
 impl Env {
@@ -32,26 +135,24 @@ impl Env {
     /// An environment serving the `(name, read_only)` shares, each from an empty
     /// directory `<tmp>/shares/<name>`.
     pub fn with_shares(shares: &[(&str, bool)]) -> Env {
-        let root = tempfile::Builder::new()
-            .prefix("ferry-test-")
-            .tempdir()
-            .expect("cannot create the test's temp dir");
-        fs::create_dir(root.path().join("local")).expect("mkdir local");
-        fs::create_dir(root.path().join("shares")).expect("mkdir shares");
-        let shares: Vec<Share> = shares
+        shares
             .iter()
-            .map(|&(name, read_only)| {
-                let path = root.path().join("shares").join(name);
-                fs::create_dir(&path).expect("mkdir share");
-                if read_only {
-                    Share::ro(name, path)
-                } else {
-                    Share::rw(name, path)
-                }
-            })
-            .collect();
-        let server = Server::start(&shares);
-        Env { server, root }
+            .fold(Env::builder(), |b, &(name, ro)| b.share(name, ro))
+            .start()
+    }
+
+    /// A builder for environments with tmpfs shares or unprivileged programs.
+    pub fn builder() -> EnvBuilder {
+        EnvBuilder::default()
+    }
+
+    /// The tmpfs mounted on share `name` by [`EnvBuilder::tmpfs`]; panics if none.
+    pub fn tmpfs(&self, name: &str) -> &Tmpfs {
+        self.mounts
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+            .unwrap_or_else(|| panic!("share {name} has no tmpfs"))
     }
 
     /// The temp dir holding everything.
@@ -89,13 +190,14 @@ impl Env {
         self.server.remote(name, rel)
     }
 
-    /// Runs rcp with `args` (see [`rcp()`]).
+    /// Runs rcp with `args` (see [`crate::rcp()`]), as the [`EnvBuilder::rcp_user`] if
+    /// one was set.
     pub fn rcp<I, S>(&self, args: I) -> RcpOutput
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        rcp(args)
+        spawn_rcp_as(self.rcp_user, args).wait()
     }
 }
 

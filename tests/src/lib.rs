@@ -18,6 +18,10 @@
 //!   file, and kills the process on drop (printing its stderr when the test panicked).
 //! - [`rcp()`] / [`spawn_rcp`] run the real `rcp` with a timeout and return an
 //!   [`RcpOutput`] (exit code, stdout, stderr) with assertion helpers.
+//! - [`open_fds`] and [`proc_status`] read a process's open descriptors and memory
+//!   (peak RSS) from `/proc`, for leak and memory-bound checks on ferryd.
+//! - [`Env::builder`] adds a small [`Tmpfs`] under a share (disk-full tests) and runs
+//!   ferryd or rcp as an unprivileged [`User`] (permission tests: root reads anything).
 //! - [`files`](write_random_file) and [`tree`](make_tree) helpers write seeded random
 //!   files and trees, and compare files and trees byte for byte, with modes, mtimes and
 //!   symlink targets.
@@ -32,12 +36,15 @@
 mod env;
 mod files;
 mod mount;
+mod procfs;
 mod rcp;
 mod server;
+mod tmpfs;
 mod tree;
+mod user;
 mod wire_proxy;
 
-pub use env::{Env, DEFAULT_SHARE};
+pub use env::{Env, EnvBuilder, DEFAULT_SHARE};
 pub use files::{
     assert_entries, assert_files_equal, assert_no_temp_files, assert_same_mode_and_mtime,
     first_difference, mode_of, mtime_of, set_mode, set_mtime, unused_local_port, write_random_file,
@@ -47,9 +54,12 @@ pub use mount::{
     ferry_mount, is_fuse_type, mount_type, send_signal, Mount, MountBuilder, MountFailed,
     MountOutput, Stopped, FSTYPE, MOUNT_TIMEOUT, UNMOUNT_TIMEOUT,
 };
-pub use rcp::{rcp, spawn_rcp, RcpChild, RcpOutput, RCP_TIMEOUT};
+pub use procfs::{open_fds, proc_status};
+pub use rcp::{rcp, spawn_rcp, spawn_rcp_as, RcpChild, RcpOutput, RCP_TIMEOUT};
 pub use server::{bin, bin_dir, Server, Share, STARTUP_TIMEOUT};
+pub use tmpfs::Tmpfs;
 pub use tree::{assert_trees_equal, make_small_tree, make_tree, TreeStats};
+pub use user::User;
 pub use wire_proxy::{Corruption, Direction, Flip, ReadInfo, ReadTarget, WireProxy};
 
 /// Declares a `#[test]` that runs `$body` with a fresh [`Env`] bound to `$env`.

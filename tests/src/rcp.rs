@@ -9,6 +9,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use crate::server::bin;
+use crate::user::User;
 
 /// The longest one `rcp` run may take before it is killed and the test fails.
 pub const RCP_TIMEOUT: Duration = Duration::from_secs(120);
@@ -32,16 +33,29 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
+    spawn_rcp_as(None, args)
+}
+
+/// [`spawn_rcp`], with rcp running as `user` when one is given.
+pub fn spawn_rcp_as<I, S>(user: Option<User>, args: I) -> RcpChild
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
     let args: Vec<String> = args
         .into_iter()
         .map(|a| a.as_ref().to_string_lossy().into_owned())
         .collect();
-    let mut child = Command::new(bin("rcp"))
-        .args(&args)
+    let mut cmd = Command::new(bin("rcp"));
+    cmd.args(&args)
         .env("FERRY_TRANSPORT", crate::test_transport())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(user) = user {
+        user.apply(&mut cmd);
+    }
+    let mut child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start rcp {args:?}: {e}"));
     let stdout = child.stdout.take().map(drain::<ChildStdout>);

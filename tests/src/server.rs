@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+use crate::user::User;
+
 /// How long [`Server::start`] waits for ferryd's port file before giving up.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -104,10 +106,19 @@ impl Server {
     ///
     /// Panics if ferryd exits early or the port file never appears.
     pub fn start(shares: &[Share]) -> Server {
+        Server::start_as(shares, None)
+    }
+
+    /// [`Server::start`], with ferryd running as `user` when one is given (its port
+    /// file's directory is given to that user; the shares must be reachable by it).
+    pub fn start_as(shares: &[Share], user: Option<User>) -> Server {
         let state = tempfile::Builder::new()
             .prefix("ferryd-")
             .tempdir()
             .expect("cannot create ferryd's temp dir");
+        if let Some(user) = user {
+            user.own(state.path());
+        }
         let port_file = state.path().join("port");
         let log_path = state.path().join("ferryd.stderr");
         let log = File::create(&log_path).expect("cannot create ferryd's log file");
@@ -130,6 +141,9 @@ impl Server {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
+        if let Some(user) = user {
+            user.apply(&mut cmd);
+        }
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", cmd));
@@ -177,6 +191,11 @@ impl Server {
     /// The listening address, e.g. `127.0.0.1:41234`.
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// The ferryd process's id (for [`crate::proc_status`] and [`crate::open_fds`]).
+    pub fn pid(&self) -> u32 {
+        self.child().id()
     }
 
     /// The rcp remote argument for `path` in `share`: `127.0.0.1:PORT:share/path`

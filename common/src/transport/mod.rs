@@ -12,7 +12,8 @@
 //!   peer's region (RDMA WRITE). The peer's application code takes no part: its
 //!   transport engine serves the operation against its registration table.
 //! - [`Transport::send`] / [`Transport::recv`] carry small control messages, at most
-//!   [`crate::codec::MAX_CTRL_FRAME_BYTES`] each, in order.
+//!   [`crate::codec::MAX_CTRL_FRAME_BYTES`] each, in order; at most
+//!   [`MAX_QUEUED_CTRL_BYTES`] wait to be sent at once.
 //!
 //! Backends: `rdma::Rdma` (kernel verbs through rdma-sys, feature `rdma`, on by
 //! default), [`tcp::Tcp`] (software RDMA over TCP, always available) and, with the
@@ -36,6 +37,11 @@ pub mod faulty;
 pub use mem::{Buffer, FileWindow, Memory};
 
 use crate::msg::RegionDesc;
+
+/// Most bytes of control messages one side keeps queued for its peer: beyond this,
+/// [`Transport::send`] waits until the peer has taken some. A peer that stops reading
+/// therefore holds up its own connection instead of growing this side's memory.
+pub const MAX_QUEUED_CTRL_BYTES: usize = 4 << 20;
 
 /// What the peer may do with a registered region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -394,15 +400,21 @@ pub trait Transport: Send + Sync {
         dst: RemoteSlice,
     ) -> Result<(), TransportError>;
 
-    /// Sends one control message, in order with earlier ones.
+    /// Sends one control message, in order with earlier ones. Waits while
+    /// [`MAX_QUEUED_CTRL_BYTES`] of this side's messages are still queued for the peer
+    /// (a peer that does not read holds up its own connection, not this side's
+    /// memory); fails with [`TransportError::Closed`] once the connection is closed,
+    /// including while waiting.
     async fn send(&self, msg: Vec<u8>) -> Result<(), TransportError>;
 
     /// Receives the next control message; `Ok(None)` once the peer has closed cleanly.
     /// Only one task may call this at a time.
     async fn recv(&self) -> Result<Option<Vec<u8>>, TransportError>;
 
-    /// Closes the connection; outstanding operations fail with
-    /// [`TransportError::Closed`].
+    /// Closes the connection. Messages already queued are still delivered if the peer
+    /// takes them; sends waiting for queue space fail with [`TransportError::Closed`]
+    /// at once, outstanding operations once the queue is written (on TCP at the latest
+    /// after `tcp::CLOSE_GRACE`, however slow the peer).
     fn close(&self);
 }
 

@@ -98,6 +98,8 @@ pub struct Flow {
     sent: u32,
     /// Frames waiting for credits, in order: (flags, payload).
     out: VecDeque<(u8, Vec<u8>)>,
+    /// Payload bytes in `out`.
+    queued_bytes: usize,
     /// Cumulative receives we have posted.
     posted: u32,
     /// The last grant we put in a frame.
@@ -128,6 +130,7 @@ impl Flow {
             peer_grant: peer_initial,
             sent: 0,
             out: VecDeque::new(),
+            queued_bytes: 0,
             posted: initial,
             advertised: initial,
             hold: false,
@@ -138,6 +141,7 @@ impl Flow {
 
     /// Queues one message, split into frames.
     pub fn push_message(&mut self, msg: &[u8]) {
+        self.queued_bytes += msg.len();
         if msg.is_empty() {
             self.out.push_back((0, Vec::new()));
             return;
@@ -157,6 +161,12 @@ impl Flow {
     /// Frames waiting for credits.
     pub fn queued(&self) -> usize {
         self.out.len()
+    }
+
+    /// Message bytes waiting for credits (the sum of the lengths of the messages
+    /// pushed, less what [`Flow::next_frame`] has handed out).
+    pub fn queued_bytes(&self) -> usize {
+        self.queued_bytes
     }
 
     /// SENDs we may still post.
@@ -194,7 +204,9 @@ impl Flow {
             // CLOSE needs no reply and ends our sending: like a credit update, it may
             // use the last credit.
             Some((flags, _)) if credits >= 2 || (*flags == CLOSE && credits >= 1) => {
-                self.out.pop_front().expect("front exists")
+                let (flags, payload) = self.out.pop_front().expect("front exists");
+                self.queued_bytes -= payload.len();
+                (flags, payload)
             }
             _ if credits >= 1 && self.owed() >= self.initial / 2 => (CREDIT, Vec::new()),
             _ => return None,
@@ -309,6 +321,11 @@ mod tests {
         // Four credits: three data frames, one kept for a credit update.
         assert_eq!(frames.len(), 3);
         assert_eq!(a.credits(), 1);
+        assert_eq!(
+            a.queued_bytes(),
+            7,
+            "seven one-byte messages wait for credits"
+        );
         for f in &frames {
             deliver(&mut b, f);
         }
@@ -461,6 +478,10 @@ mod tests {
                             me.flow.set_hold(me.app_queue.len() >= HOLD_AT);
                         }
                     }
+                }
+                for s in &sides {
+                    let waiting: usize = s.flow.out.iter().map(|(_, p)| p.len()).sum();
+                    assert_eq!(s.flow.queued_bytes(), waiting, "seed {seed}");
                 }
                 let quiet = sides.iter().all(|s| {
                     s.flow.queued() == 0

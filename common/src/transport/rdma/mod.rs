@@ -18,7 +18,10 @@
 //!   (and, for a buffer, the buffer's lock) until its completion is polled, so an MR is
 //!   never deregistered under a work request.
 //! - Control messages are fragmented into [`SLOT_BYTES`] SENDs under credit-based flow
-//!   control ([`flow`]), so a SEND never meets a receive-not-ready.
+//!   control ([`flow`]), so a SEND never meets a receive-not-ready. At most
+//!   [`MAX_QUEUED_CTRL_BYTES`](crate::transport::MAX_QUEUED_CTRL_BYTES) of messages
+//!   wait for credits; beyond that [`Transport::send`] waits, so a peer that withholds
+//!   credits (its application does not read) cannot grow this side's queue.
 //!
 //! Only `transport::sys::verbs` calls into the C libraries; this module drives its safe
 //! wrappers.
@@ -136,6 +139,10 @@ struct Shared {
     id: Arc<CmId>,
     channel: Arc<EventChannel>,
     ops: Arc<Semaphore>,
+    /// Permits for the message bytes waiting in the flow's queue: a sender takes its
+    /// message's length, [`Shared::pump`] gives back what it posts. Closed with the
+    /// connection, failing waiting senders.
+    ctrl_budget: Arc<Semaphore>,
     next_op: AtomicU64,
     /// No new work may start (closing, disconnected or failed).
     closed: AtomicBool,
@@ -154,8 +161,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    /// Posts as many queued control frames as credits and send slots allow.
+    /// Posts as many queued control frames as credits and send slots allow, and gives
+    /// the bytes posted back to the senders' budget.
     fn pump(&self, st: &mut CtrlState) -> Result<(), TransportError> {
+        let queued = st.flow.queued_bytes();
+        let posted = self.post_frames(st);
+        self.ctrl_budget
+            .add_permits(queued - st.flow.queued_bytes());
+        posted
+    }
+
+    /// Posts frames while there are credits and free send slots.
+    fn post_frames(&self, st: &mut CtrlState) -> Result<(), TransportError> {
         while let Some(slot) = st.free_send.last().copied() {
             let Some(frame) = st.flow.next_frame() else {
                 break;
@@ -175,6 +192,7 @@ impl Shared {
     /// Starts an orderly disconnect once (QP to error; everything posted flushes).
     fn disconnect(&self) {
         self.closed.store(true, Ordering::SeqCst);
+        self.ctrl_budget.close();
         if !self.disconnected.swap(true, Ordering::SeqCst) {
             self.id.disconnect();
         }
@@ -382,8 +400,22 @@ impl Transport for Rdma {
         if self.shared.closed.load(Ordering::SeqCst) {
             return Err(TransportError::Closed);
         }
+        // Waits while MAX_QUEUED_CTRL_BYTES wait for credits (a message is at most
+        // MAX_CTRL_FRAME_BYTES, which is less, so one always fits eventually).
+        let budget = self
+            .shared
+            .ctrl_budget
+            .clone()
+            .acquire_many_owned(msg.len() as u32)
+            .await
+            .map_err(|_| TransportError::Closed)?;
+        if self.shared.closed.load(Ordering::SeqCst) {
+            return Err(TransportError::Closed);
+        }
         let mut st = lock(&self.shared.ctrl);
         st.flow.push_message(&msg);
+        // From here `pump` gives the bytes back as their frames are posted.
+        budget.forget();
         let pumped = self.shared.pump(&mut st);
         drop(st);
         pumped.inspect_err(|e| self.shared.fail(TransportError::Protocol(e.to_string())))
@@ -413,6 +445,8 @@ impl Transport for Rdma {
         if self.shared.closed.swap(true, Ordering::SeqCst) {
             return;
         }
+        // Senders still waiting for queue space fail; what is queued is sent.
+        self.shared.ctrl_budget.close();
         let mut st = lock(&self.shared.ctrl);
         st.flow.push_close();
         if self.shared.pump(&mut st).is_err() {

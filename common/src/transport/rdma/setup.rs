@@ -31,7 +31,7 @@ use super::{
 use crate::transport::sys::verbs::{
     CmEvent, CmId, ConnParams, Cq, EventChannel, Pd, Qp, QpCaps, Ring, Watch,
 };
-use crate::transport::TransportError;
+use crate::transport::{TransportError, MAX_QUEUED_CTRL_BYTES};
 
 const MAGIC: &[u8; 4] = b"FRYR";
 const VERSION: u8 = 1;
@@ -207,6 +207,7 @@ impl Resources {
             id,
             channel,
             ops: Arc::new(Semaphore::new(RDMA_OPS)),
+            ctrl_budget: Arc::new(Semaphore::new(MAX_QUEUED_CTRL_BYTES)),
             next_op: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             disconnected: AtomicBool::new(false),

@@ -22,11 +22,10 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
-use super::wire::{self, MAX_PEER_INFLIGHT_READS, STATUS_OK, STATUS_UNREADABLE};
+use super::wire::{self, Header, Parsed, MAX_PEER_INFLIGHT_READS, STATUS_OK, STATUS_UNREADABLE};
 use super::{Outgoing, Pending, Shared};
-use crate::codec::MAX_CTRL_FRAME_BYTES;
 use crate::transport::{Buffer, FileWindow, Memory, Op, RemoteSlice, TransportError};
 
 /// Socket buffer size for both directions: large enough that a chunk moves in few
@@ -38,6 +37,9 @@ const IO_BUF_BYTES: usize = 256 << 10;
 const STAGING_KEEP_BYTES: usize = 16 << 20;
 
 type CtrlTx = mpsc::Sender<Result<Vec<u8>, TransportError>>;
+
+/// Completes one of our own operations.
+type Done = oneshot::Sender<Result<(), TransportError>>;
 
 fn io(op: &'static str) -> impl FnOnce(std::io::Error) -> TransportError {
     move |source| TransportError::Io { op, source }
@@ -60,38 +62,45 @@ pub(super) async fn reader(shared: Arc<Shared>, r: OwnedReadHalf, ctrl: CtrlTx) 
     let _ = shared.out.send(Outgoing::Shutdown);
 }
 
+/// Reads the next frame header, exactly its bytes; `None` if the stream ended cleanly
+/// at a frame boundary.
+async fn read_header(r: &mut BufReader<OwnedReadHalf>) -> Result<Option<Header>, TransportError> {
+    let mut bytes = [0u8; wire::MAX_HEADER_BYTES];
+    let mut filled = 0;
+    loop {
+        match Header::parse(&bytes[..filled])? {
+            Parsed::Header { header, .. } => return Ok(Some(header)),
+            // `Header::parse` asks for more than it was given, and never for more
+            // than MAX_HEADER_BYTES.
+            Parsed::Need(need) => match r.read_exact(&mut bytes[filled..need]).await {
+                Ok(_) => filled = need,
+                Err(e) if filled == 0 && e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return Ok(None)
+                }
+                Err(e) => return Err(io("read frame")(e)),
+            },
+        }
+    }
+}
+
 async fn read_loop(
     shared: &Shared,
     r: &mut BufReader<OwnedReadHalf>,
     ctrl: &CtrlTx,
 ) -> Result<(), TransportError> {
-    loop {
-        let kind = match r.read_u8().await {
-            Ok(k) => k,
-            // EOF at a frame boundary is a clean close.
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(io("read frame")(e)),
-        };
-        match kind {
-            wire::CTRL => {
-                let len = r.read_u32_le().await.map_err(io("read frame"))? as usize;
-                if len > MAX_CTRL_FRAME_BYTES {
-                    return Err(TransportError::Protocol(format!(
-                        "control frame of {len} bytes exceeds {MAX_CTRL_FRAME_BYTES}"
-                    )));
-                }
-                let mut msg = vec![0u8; len];
+    while let Some(header) = read_header(r).await? {
+        match header {
+            Header::Ctrl { len } => {
+                // `Header::parse` refused anything over MAX_CTRL_FRAME_BYTES.
+                let mut msg = vec![0u8; len as usize];
                 r.read_exact(&mut msg).await.map_err(io("read frame"))?;
                 if ctrl.send(Ok(msg)).await.is_err() {
                     // The application dropped its end; keep serving one-sided ops.
                     continue;
                 }
             }
-            wire::READ_REQ => {
-                let id = r.read_u64_le().await.map_err(io("read frame"))?;
-                let rkey = r.read_u32_le().await.map_err(io("read frame"))?;
-                let addr = r.read_u64_le().await.map_err(io("read frame"))?;
-                let len = r.read_u32_le().await.map_err(io("read frame"))?;
+            Header::ReadReq { id, slice } => {
+                let RemoteSlice { rkey, addr, len } = slice;
                 let inflight = shared.served_inflight.fetch_add(1, Ordering::SeqCst) + 1;
                 if inflight > MAX_PEER_INFLIGHT_READS {
                     return Err(TransportError::Protocol(format!(
@@ -107,11 +116,8 @@ async fn read_loop(
                 };
                 let _ = shared.out.send(Outgoing::ReadResp { id, result });
             }
-            wire::WRITE_REQ => {
-                let id = r.read_u64_le().await.map_err(io("read frame"))?;
-                let rkey = r.read_u32_le().await.map_err(io("read frame"))?;
-                let addr = r.read_u64_le().await.map_err(io("read frame"))?;
-                let len = r.read_u32_le().await.map_err(io("read frame"))?;
+            Header::WriteReq { id, slice } => {
+                let RemoteSlice { rkey, addr, len } = slice;
                 let status = match shared.table.check(Op::Write, rkey, addr, len) {
                     Ok(g) => {
                         let Memory::Buffer(buf) = g.memory else {
@@ -134,42 +140,26 @@ async fn read_loop(
                 };
                 let _ = shared.out.send(Outgoing::WriteResp { id, status });
             }
-            wire::READ_RESP => {
-                let id = r.read_u64_le().await.map_err(io("read frame"))?;
-                let status = r.read_u8().await.map_err(io("read frame"))?;
-                let pending = shared.pending().remove(&id);
-                let Some(Pending::Read {
-                    dst,
-                    offset,
-                    slice,
-                    done,
-                }) = pending
-                else {
+            Header::ReadData { id, len } => {
+                let (dst, offset, slice, done) = pending_read(shared, id)?;
+                if len != slice.len {
                     return Err(TransportError::Protocol(format!(
-                        "READ response for unknown operation {id}"
+                        "READ response of {len} bytes for a {}-byte READ",
+                        slice.len
                     )));
-                };
-                if status == STATUS_OK {
-                    let len = r.read_u32_le().await.map_err(io("read frame"))?;
-                    if len != slice.len {
-                        return Err(TransportError::Protocol(format!(
-                            "READ response of {len} bytes for a {}-byte READ",
-                            slice.len
-                        )));
-                    }
-                    let mut bytes = dst.write().await;
-                    r.read_exact(&mut bytes[offset..offset + len as usize])
-                        .await
-                        .map_err(io("read READ payload"))?;
-                    drop(bytes);
-                    let _ = done.send(Ok(()));
-                } else {
-                    let _ = done.send(Err(refused(Op::Read, status, slice)?));
                 }
+                let mut bytes = dst.write().await;
+                r.read_exact(&mut bytes[offset..offset + len as usize])
+                    .await
+                    .map_err(io("read READ payload"))?;
+                drop(bytes);
+                let _ = done.send(Ok(()));
             }
-            wire::WRITE_RESP => {
-                let id = r.read_u64_le().await.map_err(io("read frame"))?;
-                let status = r.read_u8().await.map_err(io("read frame"))?;
+            Header::ReadRefused { id, status } => {
+                let (_, _, slice, done) = pending_read(shared, id)?;
+                let _ = done.send(Err(refused(Op::Read, status, slice)?));
+            }
+            Header::WriteResp { id, status } => {
                 let Some(Pending::Write { slice, done }) = shared.pending().remove(&id) else {
                     return Err(TransportError::Protocol(format!(
                         "WRITE response for unknown operation {id}"
@@ -182,12 +172,27 @@ async fn read_loop(
                 };
                 let _ = done.send(result);
             }
-            other => {
-                return Err(TransportError::Protocol(format!(
-                    "unknown frame kind {other:#04x}"
-                )))
-            }
         }
+    }
+    Ok(())
+}
+
+/// Takes our READ `id` out of the pending table: its destination buffer and offset,
+/// the remote slice and the completion.
+fn pending_read(
+    shared: &Shared,
+    id: u64,
+) -> Result<(Arc<Buffer>, usize, RemoteSlice, Done), TransportError> {
+    match shared.pending().remove(&id) {
+        Some(Pending::Read {
+            dst,
+            offset,
+            slice,
+            done,
+        }) => Ok((dst, offset, slice, done)),
+        _ => Err(TransportError::Protocol(format!(
+            "READ response for unknown operation {id}"
+        ))),
     }
 }
 
@@ -244,14 +249,15 @@ async fn write_loop(
                 w.flush().await.map_err(io("flush"))?;
                 return Ok(());
             }
-            Outgoing::Ctrl(msg) => {
-                w.write_u8(wire::CTRL).await.map_err(io("send"))?;
-                w.write_u32_le(msg.len() as u32).await.map_err(io("send"))?;
+            Outgoing::Ctrl(msg, _queued) => {
+                // `Tcp::send` refused anything over MAX_CTRL_FRAME_BYTES. The message's
+                // share of the send queue is given back once it is in the socket buffer.
+                let len = msg.len() as u32;
+                write_header(w, Header::Ctrl { len }).await?;
                 w.write_all(&msg).await.map_err(io("send"))?;
             }
             Outgoing::ReadReq { id, slice } => {
-                w.write_u8(wire::READ_REQ).await.map_err(io("send"))?;
-                write_slice(w, id, slice).await?;
+                write_header(w, Header::ReadReq { id, slice }).await?;
             }
             Outgoing::ReadResp { id, result } => {
                 let sent = send_read_resp(shared, w, id, result, staging).await;
@@ -265,9 +271,7 @@ async fn write_loop(
                 offset,
             } => send_write_req(shared, w, id, slice, src, offset, staging).await?,
             Outgoing::WriteResp { id, status } => {
-                w.write_u8(wire::WRITE_RESP).await.map_err(io("send"))?;
-                w.write_u64_le(id).await.map_err(io("send"))?;
-                w.write_u8(status).await.map_err(io("send"))?;
+                write_header(w, Header::WriteResp { id, status }).await?;
             }
         }
         if queue.is_empty() {
@@ -277,15 +281,13 @@ async fn write_loop(
     Ok(())
 }
 
-async fn write_slice(
+async fn write_header(
     w: &mut BufWriter<OwnedWriteHalf>,
-    id: u64,
-    s: RemoteSlice,
+    header: Header,
 ) -> Result<(), TransportError> {
-    w.write_u64_le(id).await.map_err(io("send"))?;
-    w.write_u32_le(s.rkey).await.map_err(io("send"))?;
-    w.write_u64_le(s.addr).await.map_err(io("send"))?;
-    w.write_u32_le(s.len).await.map_err(io("send"))
+    let mut bytes = Vec::with_capacity(wire::MAX_HEADER_BYTES);
+    header.encode(&mut bytes);
+    w.write_all(&bytes).await.map_err(io("send"))
 }
 
 /// Answers a peer's READ. A granted file window is staged with `pread` first; if that
@@ -310,16 +312,13 @@ async fn send_read_resp(
         Ok((Memory::Buffer(_), ..)) => Ok(()),
         Err(status) => Err(*status),
     };
-    w.write_u8(wire::READ_RESP).await.map_err(io("send"))?;
-    w.write_u64_le(id).await.map_err(io("send"))?;
     let (memory, offset, len) = match (staged, result) {
         (Ok(()), Ok(granted)) => granted,
         (Err(status), _) | (Ok(()), Err(status)) => {
-            return w.write_u8(status).await.map_err(io("send"));
+            return write_header(w, Header::ReadRefused { id, status }).await;
         }
     };
-    w.write_u8(STATUS_OK).await.map_err(io("send"))?;
-    w.write_u32_le(len).await.map_err(io("send"))?;
+    write_header(w, Header::ReadData { id, len }).await?;
     match memory {
         Memory::File(_) => {
             let sent = w.write_all(staging).await.map_err(io("send payload"));
@@ -352,15 +351,13 @@ async fn send_write_req(
                 }
                 return Ok(());
             }
-            w.write_u8(wire::WRITE_REQ).await.map_err(io("send"))?;
-            write_slice(w, id, slice).await?;
+            write_header(w, Header::WriteReq { id, slice }).await?;
             let sent = w.write_all(staging).await.map_err(io("send payload"));
             release_staging(staging);
             sent
         }
         Memory::Buffer(b) => {
-            w.write_u8(wire::WRITE_REQ).await.map_err(io("send"))?;
-            write_slice(w, id, slice).await?;
+            write_header(w, Header::WriteReq { id, slice }).await?;
             write_buffer(w, &b, offset, slice.len).await
         }
     }

@@ -5,20 +5,30 @@
 //! WRITE requests straight against that table — bounds, rkey and access checked —
 //! without calling into application code, exactly as a NIC would. The application
 //! only ever sees its own operations complete.
+//!
+//! Bounds: at most [`MAX_QUEUED_CTRL_BYTES`] of control messages wait for the socket
+//! (then [`Transport::send`] waits), and at most 256 received ones wait for the
+//! application (then the engine stops reading). Once the connection is closed or
+//! its last handle dropped, the engine gets [`CLOSE_GRACE`] to put what is queued on
+//! the socket; a peer that does not take it by then has the connection torn down
+//! (tasks aborted, operations failed, socket closed), so a peer that stops reading
+//! cannot keep a closed connection's memory and descriptor alive.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::AbortHandle;
 
 use crate::msg::RegionDesc;
 use crate::transport::{
     Access, Buffer, Memory, Registration, RemoteSlice, Transport, TransportError, TransportKind,
+    MAX_QUEUED_CTRL_BYTES,
 };
 
 mod engine;
@@ -30,6 +40,10 @@ use table::Table;
 /// How many received control messages may wait for the application before the engine
 /// stops reading the socket (back-pressure on the peer).
 const CTRL_QUEUE: usize = 256;
+
+/// How long a closed (or dropped) connection's engine may take to write what is still
+/// queued before the connection is torn down regardless.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 /// An operation of ours waiting for the peer's answer.
 enum Pending {
@@ -47,7 +61,9 @@ enum Pending {
 
 /// A frame the writer task will put on the socket.
 enum Outgoing {
-    Ctrl(Vec<u8>),
+    /// A control message, holding its bytes' share of [`MAX_QUEUED_CTRL_BYTES`] until
+    /// it is written.
+    Ctrl(Vec<u8>, OwnedSemaphorePermit),
     ReadReq {
         id: u64,
         slice: RemoteSlice,
@@ -81,6 +97,11 @@ struct Shared {
     closed: AtomicBool,
     /// Peer-initiated READs accepted but not yet answered on the socket.
     served_inflight: AtomicUsize,
+    /// Permits for the bytes of control messages queued and not yet written; closed
+    /// (failing waiting senders) when the connection is.
+    ctrl_budget: Arc<Semaphore>,
+    /// The close grace timer has been started.
+    closing: AtomicBool,
 }
 
 impl Shared {
@@ -92,6 +113,7 @@ impl Shared {
     /// Marks the connection dead and fails every outstanding operation.
     fn fail_all(&self) {
         self.closed.store(true, Ordering::SeqCst);
+        self.ctrl_budget.close();
         let drained: Vec<Pending> = self.pending().drain().map(|(_, p)| p).collect();
         for p in drained {
             let done = match p {
@@ -137,6 +159,7 @@ pub struct Tcp {
     shared: Arc<Shared>,
     ctrl: tokio::sync::Mutex<mpsc::Receiver<Result<Vec<u8>, TransportError>>>,
     reader: AbortHandle,
+    writer: AbortHandle,
 }
 
 impl Tcp {
@@ -184,13 +207,16 @@ impl Tcp {
             out: out_tx,
             closed: AtomicBool::new(false),
             served_inflight: AtomicUsize::new(0),
+            ctrl_budget: Arc::new(Semaphore::new(MAX_QUEUED_CTRL_BYTES)),
+            closing: AtomicBool::new(false),
         });
         let reader = tokio::spawn(engine::reader(shared.clone(), r, ctrl_tx)).abort_handle();
-        tokio::spawn(engine::writer(shared.clone(), w, out_rx));
+        let writer = tokio::spawn(engine::writer(shared.clone(), w, out_rx)).abort_handle();
         Ok(Tcp {
             shared,
             ctrl: tokio::sync::Mutex::new(ctrl_rx),
             reader,
+            writer,
         })
     }
 
@@ -202,6 +228,33 @@ impl Tcp {
     fn next_id(&self) -> u64 {
         self.shared.next_id.fetch_add(1, Ordering::Relaxed)
     }
+
+    /// Starts (once) the [`CLOSE_GRACE`] timer: if the writer has not finished by
+    /// then, both engine tasks are aborted (closing the socket) and every outstanding
+    /// operation fails. Needs a tokio runtime; without one (a handle dropped after its
+    /// runtime) there is no task left to stop.
+    fn start_close_grace(&self) {
+        if self.shared.closing.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let shared = Arc::downgrade(&self.shared);
+        let (reader, writer) = (self.reader.clone(), self.writer.clone());
+        runtime.spawn(async move {
+            tokio::time::sleep(CLOSE_GRACE).await;
+            if writer.is_finished() {
+                return;
+            }
+            writer.abort();
+            reader.abort();
+            if let Some(shared) = shared.upgrade() {
+                tracing::debug!(peer = %shared.peer, "peer took nothing for {CLOSE_GRACE:?} after close; connection torn down");
+                shared.fail_all();
+            }
+        });
+    }
 }
 
 impl Drop for Tcp {
@@ -209,6 +262,7 @@ impl Drop for Tcp {
         let _ = self.shared.out.send(Outgoing::Shutdown);
         self.reader.abort();
         self.shared.fail_all();
+        self.start_close_grace();
     }
 }
 
@@ -285,12 +339,21 @@ impl Transport for Tcp {
         if msg.len() > crate::codec::MAX_CTRL_FRAME_BYTES {
             return Err(TransportError::Local("control message too large"));
         }
+        // Waits while MAX_QUEUED_CTRL_BYTES are queued (a message is at most
+        // MAX_CTRL_FRAME_BYTES, which is less, so one always fits eventually).
+        let queued = self
+            .shared
+            .ctrl_budget
+            .clone()
+            .acquire_many_owned(msg.len() as u32)
+            .await
+            .map_err(|_| TransportError::Closed)?;
         if self.shared.closed.load(Ordering::SeqCst) {
             return Err(TransportError::Closed);
         }
         self.shared
             .out
-            .send(Outgoing::Ctrl(msg))
+            .send(Outgoing::Ctrl(msg, queued))
             .map_err(|_| TransportError::Closed)
     }
 
@@ -303,7 +366,10 @@ impl Transport for Tcp {
     }
 
     fn close(&self) {
+        // Senders still waiting for queue space fail; what is queued is written.
+        self.shared.ctrl_budget.close();
         let _ = self.shared.out.send(Outgoing::Shutdown);
+        self.start_close_grace();
     }
 }
 

@@ -360,3 +360,51 @@ async fn wrong_greeting_is_refused() {
     let r = Tcp::start(l.accept().await.unwrap().0).await;
     assert!(matches!(r, Err(TransportError::Protocol(_))));
 }
+
+/// A connected transport whose peer greets it and then never reads; the peer's socket
+/// is returned so it stays open.
+async fn peer_that_never_reads() -> (Arc<Tcp>, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let peer = tokio::spawn(async move {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(&wire::GREETING).await.unwrap();
+        s
+    });
+    let t = Tcp::start(l.accept().await.unwrap().0).await.unwrap();
+    (Arc::new(t), peer.await.unwrap())
+}
+
+#[tokio::test]
+async fn send_waits_once_the_queue_is_full_and_close_fails_the_waiter() {
+    let (t, _peer) = peer_that_never_reads().await;
+    let msg = vec![7u8; crate::codec::MAX_CTRL_FRAME_BYTES];
+    // The socket buffers take some messages, the queue MAX_QUEUED_CTRL_BYTES more;
+    // then a send must wait.
+    let mut sent = 0;
+    while tokio::time::timeout(Duration::from_millis(300), t.send(msg.clone()))
+        .await
+        .is_ok()
+    {
+        sent += 1;
+        assert!(
+            sent < 256,
+            "{sent} MiB queued for a peer that reads nothing"
+        );
+    }
+    let waiting = tokio::spawn({
+        let t = t.clone();
+        async move { t.send(vec![1]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a send waits while the queue is full"
+    );
+    t.close();
+    let r = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("close ends a waiting send")
+        .unwrap();
+    assert!(matches!(r, Err(TransportError::Closed)), "{r:?}");
+}

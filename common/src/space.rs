@@ -1,0 +1,67 @@
+//! Reserving disk space for a file before its bytes arrive.
+//!
+//! Both ends write a received file into a hidden temporary file of a size known in
+//! advance (an upload's declared size on the server, a download's size on the client).
+//! [`reserve`] allocates that size up front, so that:
+//!
+//! - a file that does not fit fails at once with "no space", before any data moves;
+//! - once reserved, its writes cannot run out of space half-way, and the files of a
+//!   tree copied at the same time do not take each other's space: each either fits
+//!   whole or fails at its start.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+
+use nix::errno::Errno;
+use nix::fcntl::{fallocate, FallocateFlags};
+
+/// Allocates bytes `0..len_bytes` of `file` (`fallocate(2)`, mode 0), growing its size
+/// to at least `len_bytes`. Blocking.
+///
+/// A full filesystem fails with `ENOSPC` (or `EDQUOT` for a quota), having allocated
+/// nothing that outlives the file. A filesystem without `fallocate` is not an error:
+/// there the writes themselves report a full disk. Copy-on-write filesystems may still
+/// fail a later write with `ENOSPC`; callers must handle write errors as before.
+pub fn reserve(file: &File, len_bytes: u64) -> io::Result<()> {
+    if len_bytes == 0 {
+        return Ok(());
+    }
+    let len = i64::try_from(len_bytes).map_err(|_| io::Error::from(Errno::EFBIG))?;
+    loop {
+        match fallocate(file.as_raw_fd(), FallocateFlags::empty(), 0, len) {
+            Ok(()) => return Ok(()),
+            // tmpfs gives up a long allocation when a signal arrives.
+            Err(Errno::EINTR) => continue,
+            Err(Errno::EOPNOTSUPP | Errno::ENOSYS) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    #[test]
+    fn reserving_grows_the_file_and_allocates_it() {
+        let file = tempfile::tempfile().unwrap();
+        reserve(&file, 3 << 20).unwrap();
+        let meta = file.metadata().unwrap();
+        assert_eq!(meta.len(), 3 << 20);
+        // Allocated, not just a sparse size.
+        assert!(meta.blocks() * 512 >= 3 << 20, "{} blocks", meta.blocks());
+        reserve(&file, 0).unwrap();
+        assert_eq!(file.metadata().unwrap().len(), 3 << 20);
+    }
+
+    #[test]
+    fn a_size_beyond_what_a_file_can_hold_is_an_error() {
+        let file = tempfile::tempfile().unwrap();
+        let e = reserve(&file, u64::MAX).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(Errno::EFBIG as i32));
+        assert_eq!(file.metadata().unwrap().len(), 0);
+    }
+}

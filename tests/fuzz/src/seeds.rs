@@ -1,0 +1,660 @@
+//! The committed seed corpus (`tests/fuzz/corpus/TARGET/NAME`): valid inputs that
+//! show the fuzzer each target's input format. Written by
+//! `cargo run --manifest-path tests/fuzz/Cargo.toml --example seeds`.
+
+use ferry_common::codec;
+use ferry_common::msg::*;
+use ferry_common::transport::tcp::wire::Header;
+use ferry_common::transport::RemoteSlice;
+
+use crate::server_requests::{F_DATA, F_HASHES, F_LATEST, F_PIPELINED, F_RAW, F_REGION, F_RO};
+use crate::Record;
+
+/// One seed input.
+#[derive(Debug, Clone)]
+pub struct Seed {
+    /// The target it is for.
+    pub target: &'static str,
+    /// Its file name.
+    pub name: &'static str,
+    /// The input.
+    pub bytes: Vec<u8>,
+}
+
+/// Every seed, for every target.
+pub fn seeds() -> Vec<Seed> {
+    let mut out = Vec::new();
+    for (name, m) in messages() {
+        out.push(seed("codec_decode", name, encode(&m)));
+    }
+    out.extend(tcp_frames());
+    out.extend(sessions());
+    out.extend(request_sequences());
+    out
+}
+
+fn seed(target: &'static str, name: &'static str, bytes: Vec<u8>) -> Seed {
+    Seed {
+        target,
+        name,
+        bytes,
+    }
+}
+
+fn encode(m: &Message) -> Vec<u8> {
+    codec::encode(m).expect("seed messages are within the limits")
+}
+
+fn ts(secs: i64) -> Timestamp {
+    Timestamp { secs, nanos: 5 }
+}
+
+fn hello() -> Message {
+    Message::Hello(Hello {
+        magic: HELLO_MAGIC,
+        min_version: PROTOCOL_VERSION,
+        max_version: PROTOCOL_VERSION,
+        software: "rcp/0.1.0".into(),
+    })
+}
+
+fn req(id: u64, body: Request) -> Message {
+    Message::Request { id, body }
+}
+
+fn resp(id: u64, body: Response) -> Message {
+    Message::Response { id, body }
+}
+
+fn s(x: &str) -> String {
+    x.into()
+}
+
+fn region(len: u64) -> RegionDesc {
+    RegionDesc {
+        addr: 0x7f00_0000_0000,
+        len,
+        rkey: 0x1234_5679,
+    }
+}
+
+fn attr(kind: FileKind, target: Option<&str>) -> Attr {
+    Attr {
+        kind,
+        size: 5000,
+        mode: 0o644,
+        mtime: ts(1_700_000_000),
+        symlink_target: target.map(s),
+        ino: 1234,
+        nlink: 1,
+        atime: ts(1_700_000_001),
+        ctime: ts(1_700_000_002),
+        blocks: 16,
+        dev: 2049,
+    }
+}
+
+/// One message of every request and response variant, and the handshake ones.
+fn messages() -> Vec<(&'static str, Message)> {
+    let data = || s("data");
+    vec![
+        ("hello", hello()),
+        (
+            "welcome",
+            Message::Welcome(Welcome {
+                version: PROTOCOL_VERSION,
+                software: s("ferryd/0.1.0"),
+                chunk_bytes: DEFAULT_CHUNK_BYTES,
+                max_window_chunks: MAX_WINDOW_CHUNKS as u32,
+                max_inflight_requests: 256,
+            }),
+        ),
+        (
+            "refused",
+            Message::Refused(RemoteError {
+                kind: ErrorKind::Protocol,
+                message: s("client speaks versions 1..=1, server speaks 2"),
+            }),
+        ),
+        (
+            "req-stat",
+            req(
+                7,
+                Request::Stat {
+                    share: data(),
+                    path: s("a/b"),
+                    follow: true,
+                },
+            ),
+        ),
+        (
+            "req-list-dir",
+            req(
+                1,
+                Request::ListDir {
+                    share: data(),
+                    path: s("dir"),
+                    cursor: 0,
+                },
+            ),
+        ),
+        (
+            "req-mkdir",
+            req(
+                2,
+                Request::Mkdir {
+                    share: data(),
+                    path: s("dir/new"),
+                    mode: 0o755,
+                    exist_ok: true,
+                },
+            ),
+        ),
+        (
+            "req-symlink",
+            req(
+                3,
+                Request::Symlink {
+                    share: data(),
+                    path: s("sneaky"),
+                    target: s("../canary"),
+                },
+            ),
+        ),
+        (
+            "req-set-attr",
+            req(
+                4,
+                Request::SetAttr {
+                    share: data(),
+                    path: s("file"),
+                    mode: Some(0o600),
+                    mtime: Some(ts(1_600_000_000)),
+                },
+            ),
+        ),
+        (
+            "req-upload-open",
+            req(
+                5,
+                Request::UploadOpen {
+                    share: data(),
+                    path: s("up"),
+                    size: 3000,
+                    mode: 0o644,
+                    mtime: ts(1_650_000_000),
+                },
+            ),
+        ),
+        (
+            "req-upload-window",
+            req(
+                6,
+                Request::UploadWindow {
+                    transfer: 1,
+                    offset: 0,
+                    region: region(3000),
+                    hashes: vec![[0xab; 32]],
+                },
+            ),
+        ),
+        (
+            "req-upload-commit",
+            req(
+                7,
+                Request::UploadCommit {
+                    transfer: 1,
+                    manifest: [0xcd; 32],
+                },
+            ),
+        ),
+        (
+            "req-download-open",
+            req(
+                8,
+                Request::DownloadOpen {
+                    share: data(),
+                    path: s("file"),
+                },
+            ),
+        ),
+        (
+            "req-download-window",
+            req(
+                9,
+                Request::DownloadWindow {
+                    transfer: 1,
+                    offset: 0,
+                    region: region(1 << 20),
+                },
+            ),
+        ),
+        ("req-close", req(10, Request::Close { transfer: 1 })),
+        (
+            "req-map-open",
+            req(
+                11,
+                Request::MapOpen {
+                    share: data(),
+                    path: s("file"),
+                    chunk_bytes: 4096,
+                },
+            ),
+        ),
+        (
+            "req-map-release",
+            req(12, Request::MapRelease { handle: 1 }),
+        ),
+        ("req-statfs", req(13, Request::StatFs { share: data() })),
+        ("req-stats", req(14, Request::Stats)),
+        ("resp-ok", resp(1, Response::Ok)),
+        (
+            "resp-attr",
+            resp(2, Response::Attr(attr(FileKind::Symlink, Some("file")))),
+        ),
+        (
+            "resp-dir",
+            resp(
+                3,
+                Response::Dir {
+                    entries: vec![
+                        DirEntry {
+                            name: s("file"),
+                            attr: attr(FileKind::File, None),
+                        },
+                        DirEntry {
+                            name: s("link"),
+                            attr: attr(FileKind::Symlink, Some("file")),
+                        },
+                    ],
+                    next: Some(2),
+                },
+            ),
+        ),
+        (
+            "resp-upload-opened",
+            resp(4, Response::UploadOpened { transfer: 1 }),
+        ),
+        (
+            "resp-window-pulled",
+            resp(5, Response::WindowPulled { bytes: 3000 }),
+        ),
+        (
+            "resp-committed",
+            resp(6, Response::Committed { size: 3000 }),
+        ),
+        (
+            "resp-download-opened",
+            resp(
+                7,
+                Response::DownloadOpened {
+                    transfer: 2,
+                    attr: attr(FileKind::File, None),
+                },
+            ),
+        ),
+        (
+            "resp-window-pushed",
+            resp(
+                8,
+                Response::WindowPushed {
+                    hashes: vec![[1; 32], [2; 32]],
+                },
+            ),
+        ),
+        (
+            "resp-error",
+            resp(
+                9,
+                Response::Error(RemoteError {
+                    kind: ErrorKind::OutsideShare,
+                    message: s("data/escape: path resolves outside the share"),
+                }),
+            ),
+        ),
+        (
+            "resp-mapped",
+            resp(
+                10,
+                Response::Mapped(Box::new(MappedFile {
+                    handle: 1,
+                    attr: attr(FileKind::File, None),
+                    version: FileVersion {
+                        size: 5000,
+                        mtime: ts(1_700_000_000),
+                        ctime: ts(1_700_000_002),
+                        ino: 1234,
+                        chunk_bytes: 4096,
+                        manifest: [3; 32],
+                    },
+                    window_bytes: MAP_WINDOW_BYTES,
+                    regions: vec![region(5000)],
+                    manifest: Some(region(64)),
+                })),
+            ),
+        ),
+        (
+            "resp-fs-stat",
+            resp(
+                11,
+                Response::FsStat(FsStat {
+                    block_size: 4096,
+                    blocks: 1000,
+                    blocks_free: 500,
+                    blocks_avail: 400,
+                    files: 100,
+                    files_free: 50,
+                    name_max: 255,
+                }),
+            ),
+        ),
+        (
+            "resp-stats",
+            resp(
+                12,
+                Response::Stats(ServerStats {
+                    requests: 3,
+                    connections: 1,
+                    ..ServerStats::default()
+                }),
+            ),
+        ),
+    ]
+}
+
+fn frame(header: Header, payload: &[u8], out: &mut Vec<u8>) {
+    header.encode(out);
+    out.extend_from_slice(payload);
+}
+
+fn tcp_frames() -> Vec<Seed> {
+    let slice = RemoteSlice {
+        rkey: 0x1234_5679,
+        addr: 0x7f00_0000_0000,
+        len: 4,
+    };
+    let hello = encode(&hello());
+    let mut ctrl = Vec::new();
+    frame(
+        Header::Ctrl {
+            len: hello.len() as u32,
+        },
+        &hello,
+        &mut ctrl,
+    );
+    let mut all = ctrl.clone();
+    frame(Header::ReadReq { id: 1, slice }, &[], &mut all);
+    frame(Header::ReadData { id: 2, len: 4 }, b"data", &mut all);
+    frame(Header::ReadRefused { id: 3, status: 1 }, &[], &mut all);
+    frame(Header::WriteReq { id: 4, slice }, b"wxyz", &mut all);
+    frame(Header::WriteResp { id: 5, status: 0 }, &[], &mut all);
+    vec![
+        seed("tcp_frame", "ctrl-hello", ctrl),
+        seed("tcp_frame", "every-kind", all),
+    ]
+}
+
+/// `server_session` record kinds (see that module).
+const MESSAGE: u8 = 0;
+const ADVANCE: u8 = 1;
+const SECONDS: u8 = 4;
+const RESPOND_OUTSTANDING: u8 = 2;
+const RESPOND_ANY: u8 = 3;
+
+fn records(steps: &[(u8, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (flags, bytes) in steps {
+        Record::encode(*flags, bytes, &mut out);
+    }
+    out
+}
+
+fn sessions() -> Vec<Seed> {
+    let stat = |id| {
+        encode(&req(
+            id,
+            Request::Stat {
+                share: s("data"),
+                path: s("file"),
+                follow: false,
+            },
+        ))
+    };
+    let attr_resp = encode(&resp(0, Response::Attr(attr(FileKind::File, None))));
+    let old_hello = encode(&Message::Hello(Hello {
+        magic: HELLO_MAGIC,
+        min_version: 1,
+        max_version: 1,
+        software: s("rcp/0.0.1"),
+    }));
+    let session = |name, steps: &[(u8, Vec<u8>)]| seed("server_session", name, records(steps));
+    vec![
+        session(
+            "requests-and-answers",
+            &[
+                (MESSAGE, encode(&hello())),
+                (MESSAGE, stat(1)),
+                (MESSAGE, encode(&req(2, Request::Stats))),
+                (RESPOND_OUTSTANDING, [&[0][..], &attr_resp].concat()),
+                (RESPOND_ANY, 2u64.to_le_bytes().to_vec()),
+                (MESSAGE, stat(1)),
+                (ADVANCE | SECONDS, 11u32.to_le_bytes().to_vec()),
+            ],
+        ),
+        session(
+            "handshake-timeout",
+            &[
+                (ADVANCE | SECONDS, 9u32.to_le_bytes().to_vec()),
+                (ADVANCE, 1000u32.to_le_bytes().to_vec()),
+                (MESSAGE, encode(&hello())),
+            ],
+        ),
+        session("old-client", &[(MESSAGE, old_hello)]),
+        session("request-before-hello", &[(MESSAGE, stat(1))]),
+        session(
+            "duplicate-request",
+            &[
+                (MESSAGE, encode(&hello())),
+                (MESSAGE, stat(5)),
+                (MESSAGE, stat(5)),
+            ],
+        ),
+    ]
+}
+
+fn request_sequences() -> Vec<Seed> {
+    let r = |flags: u8, body: Request| (flags, encode(&req(0, body)));
+    let d = s("data");
+    let stat = |path: &str, follow| Request::Stat {
+        share: s("data"),
+        path: s(path),
+        follow,
+    };
+    let upload_open = |path: &str, size| Request::UploadOpen {
+        share: s("data"),
+        path: s(path),
+        size,
+        mode: 0o640,
+        mtime: ts(1_650_000_000),
+    };
+    let upload_window = Request::UploadWindow {
+        transfer: 1,
+        offset: 0,
+        region: region(0),
+        hashes: Vec::new(),
+    };
+    let commit = Request::UploadCommit {
+        transfer: 1,
+        manifest: [0; 32],
+    };
+    let sequence = |name, steps: &[(u8, Vec<u8>)]| seed("server_requests", name, records(steps));
+    let both = F_REGION | F_HASHES | F_LATEST;
+    vec![
+        sequence(
+            "metadata",
+            &[
+                r(F_DATA, stat("file", false)),
+                r(F_DATA, stat("escape", true)),
+                r(F_DATA, stat("dirlink/inner", true)),
+                r(
+                    F_DATA,
+                    Request::ListDir {
+                        share: d.clone(),
+                        path: s(""),
+                        cursor: 0,
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::Mkdir {
+                        share: d.clone(),
+                        path: s("dir/new"),
+                        mode: 0o700,
+                        exist_ok: false,
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::SetAttr {
+                        share: d.clone(),
+                        path: s("dir/new"),
+                        mode: Some(0o755),
+                        mtime: Some(ts(-1)),
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::Symlink {
+                        share: d.clone(),
+                        path: s("dir/sneaky"),
+                        target: s("../../outside/secret"),
+                    },
+                ),
+                r(F_DATA, stat("dir/sneaky", true)),
+                r(F_DATA, Request::StatFs { share: d.clone() }),
+                r(0, Request::Stats),
+            ],
+        ),
+        sequence(
+            "upload",
+            &[
+                r(F_DATA, upload_open("up", 3000)),
+                r(both, upload_window.clone()),
+                r(F_HASHES | F_LATEST, commit.clone()),
+                r(F_DATA, stat("up", false)),
+            ],
+        ),
+        sequence(
+            "upload-two-chunks-over-a-link",
+            &[
+                r(F_DATA, upload_open("escape", (1 << 20) + 100)),
+                r(both, upload_window.clone()),
+                r(F_HASHES | F_LATEST, commit),
+            ],
+        ),
+        sequence(
+            "upload-abort",
+            &[
+                r(F_DATA, upload_open("dir/partial", 10)),
+                r(F_REGION | F_LATEST, upload_window.clone()),
+                r(F_LATEST, Request::Close { transfer: 1 }),
+            ],
+        ),
+        sequence(
+            "download",
+            &[
+                r(
+                    F_DATA,
+                    Request::DownloadOpen {
+                        share: d.clone(),
+                        path: s("link"),
+                    },
+                ),
+                r(
+                    F_REGION | F_LATEST,
+                    Request::DownloadWindow {
+                        transfer: 1,
+                        offset: 0,
+                        region: region(0),
+                    },
+                ),
+                r(F_LATEST, Request::Close { transfer: 1 }),
+            ],
+        ),
+        sequence(
+            "map",
+            &[
+                r(
+                    F_DATA,
+                    Request::MapOpen {
+                        share: d.clone(),
+                        path: s("file"),
+                        chunk_bytes: 4096,
+                    },
+                ),
+                r(F_LATEST, Request::MapRelease { handle: 1 }),
+                r(
+                    F_DATA,
+                    Request::MapOpen {
+                        share: d,
+                        path: s("dir/inner"),
+                        chunk_bytes: 0,
+                    },
+                ),
+            ],
+        ),
+        sequence(
+            "read-only-share",
+            &[
+                r(
+                    F_RO,
+                    Request::Mkdir {
+                        share: s("ro"),
+                        path: s("x"),
+                        mode: 0o755,
+                        exist_ok: true,
+                    },
+                ),
+                r(F_RO, upload_open("file", 1)),
+                r(
+                    F_RO,
+                    Request::Stat {
+                        share: s("ro"),
+                        path: s("escape"),
+                        follow: true,
+                    },
+                ),
+            ],
+        ),
+        sequence(
+            "pipelined",
+            &[
+                r(F_DATA, upload_open("dir/racing", 4000)),
+                r(both | F_PIPELINED, upload_window),
+                r(F_LATEST | F_PIPELINED, Request::Close { transfer: 1 }),
+                r(
+                    F_DATA | F_PIPELINED,
+                    Request::MapOpen {
+                        share: s("data"),
+                        path: s("file"),
+                        chunk_bytes: 65536,
+                    },
+                ),
+                r(F_PIPELINED, Request::MapRelease { handle: 1 }),
+                r(
+                    F_DATA | F_PIPELINED,
+                    Request::Symlink {
+                        share: s("data"),
+                        path: s("file"),
+                        target: s("dir"),
+                    },
+                ),
+                r(F_DATA, stat("file", true)),
+            ],
+        ),
+        sequence(
+            "raw-garbage",
+            &[r(F_DATA, stat("file", true)), (F_RAW, vec![3, 1, 99])],
+        ),
+    ]
+}

@@ -1,0 +1,238 @@
+//! `server_session`: [`Record`]s drive the sans-IO [`ServerSession`] with a simulated
+//! clock, and a reference model of the session rules (`docs/protocol.md` section 2)
+//! predicts every event and transmitted message exactly.
+//!
+//! Record flags, low two bits: `0` feed `bytes` as a received message (skipped if it
+//! does not decode: the driver closes the connection then); `1` advance the clock by
+//! `bytes` (u32 LE) milliseconds, or seconds with flag bit 2, and fire the timer if it
+//! is due, or regardless with flag bit 3; `2` answer the outstanding request
+//! `bytes[0] % n` with the response in `bytes[1..]` (`Ok` if that does not decode);
+//! `3` answer the id in `bytes` (u64 LE), outstanding or not.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use ferry_common::codec;
+use ferry_common::msg::{
+    ErrorKind, Message, Response, HELLO_MAGIC, MAX_WINDOW_CHUNKS, PROTOCOL_VERSION,
+};
+use ferry_common::proto::server::{ServerEvent, ServerParams, ServerSession};
+use ferry_common::proto::{ProtoError, HANDSHAKE_TIMEOUT, MAX_INFLIGHT_REQUESTS};
+
+use crate::{records, Record};
+
+const SOFTWARE: &str = "ferryd/fuzz";
+const CHUNK_BYTES: u32 = 1 << 20;
+
+/// Runs the records of `data` against a fresh session and the model.
+pub fn server_session(data: &[u8]) {
+    let start = Instant::now();
+    let mut h = Harness {
+        session: ServerSession::new(
+            start,
+            ServerParams {
+                software: SOFTWARE.into(),
+                chunk_bytes: CHUNK_BYTES,
+            },
+        ),
+        start,
+        now: start,
+        ready: false,
+        closed: false,
+        outstanding: Vec::new(),
+        transmits: VecDeque::new(),
+        events: VecDeque::new(),
+    };
+    h.check_drained();
+    for r in records(data) {
+        match r.flags & 3 {
+            0 => h.receive(r.bytes),
+            1 => h.advance(r),
+            2 => h.respond_outstanding(r.bytes),
+            _ => h.respond_any(r.bytes),
+        }
+        h.check_drained();
+    }
+}
+
+/// What the model expects the session to transmit.
+#[derive(Debug)]
+enum Transmit {
+    Welcome,
+    Refused,
+    Response(u64, Response),
+}
+
+/// What the model expects the session to report.
+#[derive(Debug)]
+enum Event {
+    Ready(String),
+    Request(u64),
+    Closed(fn(&ProtoError) -> bool),
+}
+
+struct Harness {
+    session: ServerSession,
+    start: Instant,
+    now: Instant,
+    /// The model: handshake done, session closed, outstanding request ids in order.
+    ready: bool,
+    closed: bool,
+    outstanding: Vec<u64>,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<Event>,
+}
+
+impl Harness {
+    fn close(&mut self, why: fn(&ProtoError) -> bool) {
+        self.closed = true;
+        self.outstanding.clear();
+        self.events.push_back(Event::Closed(why));
+    }
+
+    fn receive(&mut self, bytes: &[u8]) {
+        let Ok(msg) = codec::decode(bytes) else {
+            return;
+        };
+        let result = self.session.handle_message(self.now, msg.clone());
+        if self.closed {
+            assert_eq!(result, Ok(()), "a closed session ignores input");
+            return;
+        }
+        let expected: Result<(), fn(&ProtoError) -> bool> = match (self.ready, msg) {
+            (false, Message::Hello(h)) => {
+                if h.magic == HELLO_MAGIC
+                    && (h.min_version..=h.max_version).contains(&PROTOCOL_VERSION)
+                {
+                    self.ready = true;
+                    self.transmits.push_back(Transmit::Welcome);
+                    self.events.push_back(Event::Ready(h.software));
+                    Ok(())
+                } else {
+                    self.transmits.push_back(Transmit::Refused);
+                    Err(|e| matches!(e, ProtoError::Incompatible(_)))
+                }
+            }
+            (true, Message::Request { id, .. }) => {
+                if self.outstanding.contains(&id) {
+                    Err(|e| matches!(e, ProtoError::DuplicateRequest(_)))
+                } else if self.outstanding.len() >= MAX_INFLIGHT_REQUESTS as usize {
+                    Err(|e| matches!(e, ProtoError::TooManyRequests(_)))
+                } else {
+                    self.outstanding.push(id);
+                    self.events.push_back(Event::Request(id));
+                    Ok(())
+                }
+            }
+            _ => Err(|e| matches!(e, ProtoError::Unexpected { .. })),
+        };
+        match (expected, result) {
+            (Ok(()), Ok(())) => {}
+            (Err(why), Err(e)) => {
+                assert!(why(&e), "unexpected error {e:?}");
+                self.close(why);
+            }
+            (expected, got) => panic!(
+                "expected {}, got {got:?}",
+                if expected.is_ok() { "Ok" } else { "an error" }
+            ),
+        }
+    }
+
+    fn advance(&mut self, r: Record<'_>) {
+        let mut n = [0u8; 4];
+        let len = r.bytes.len().min(4);
+        n[..len].copy_from_slice(&r.bytes[..len]);
+        let n = u64::from(u32::from_le_bytes(n));
+        self.now += if r.flags & 4 != 0 {
+            Duration::from_secs(n)
+        } else {
+            Duration::from_millis(n)
+        };
+        let due = self.session.poll_timeout().is_some_and(|t| t <= self.now);
+        if due || r.flags & 8 != 0 {
+            self.session.handle_timeout(self.now);
+        }
+        if !self.ready && !self.closed && self.now >= self.start + HANDSHAKE_TIMEOUT {
+            self.close(|e| matches!(e, ProtoError::HandshakeTimeout));
+        }
+    }
+
+    fn respond_outstanding(&mut self, bytes: &[u8]) {
+        let Some((&k, rest)) = bytes.split_first() else {
+            return;
+        };
+        if self.outstanding.is_empty() {
+            return;
+        }
+        let id = self.outstanding[usize::from(k) % self.outstanding.len()];
+        let body = match codec::decode(rest) {
+            Ok(Message::Response { body, .. }) => body,
+            _ => Response::Ok,
+        };
+        self.respond(id, body);
+    }
+
+    fn respond_any(&mut self, bytes: &[u8]) {
+        let mut id = [0u8; 8];
+        let len = bytes.len().min(8);
+        id[..len].copy_from_slice(&bytes[..len]);
+        self.respond(u64::from_le_bytes(id), Response::Ok);
+    }
+
+    fn respond(&mut self, id: u64, body: Response) {
+        self.session.respond(id, body.clone());
+        if let Some(i) = self.outstanding.iter().position(|&o| o == id) {
+            self.outstanding.remove(i);
+            self.transmits.push_back(Transmit::Response(id, body));
+        }
+    }
+
+    /// Drains the session's outputs and compares them with the model's.
+    fn check_drained(&mut self) {
+        while let Some(msg) = self.session.poll_transmit() {
+            let bytes = codec::encode(&msg).expect("a transmitted message encodes");
+            assert_eq!(codec::decode(&bytes).as_ref(), Ok(&msg));
+            match (self.transmits.pop_front(), msg) {
+                (Some(Transmit::Welcome), Message::Welcome(w)) => {
+                    assert_eq!(w.version, PROTOCOL_VERSION);
+                    assert_eq!(w.software, SOFTWARE);
+                    assert_eq!(w.chunk_bytes, CHUNK_BYTES);
+                    assert_eq!(w.max_window_chunks as usize, MAX_WINDOW_CHUNKS);
+                    assert_eq!(w.max_inflight_requests, MAX_INFLIGHT_REQUESTS);
+                }
+                (Some(Transmit::Refused), Message::Refused(e)) => {
+                    assert_eq!(e.kind, ErrorKind::Protocol);
+                }
+                (Some(Transmit::Response(id, body)), Message::Response { id: got, body: b }) => {
+                    assert_eq!((got, &b), (id, &body));
+                }
+                (expected, got) => panic!("expected to transmit {expected:?}, got {got:?}"),
+            }
+        }
+        assert!(
+            self.transmits.is_empty(),
+            "not transmitted: {:?}",
+            self.transmits
+        );
+        while let Some(event) = self.session.poll_event() {
+            match (self.events.pop_front(), event) {
+                (Some(Event::Ready(s)), ServerEvent::Ready { software }) => {
+                    assert_eq!(s, software);
+                }
+                (Some(Event::Request(id)), ServerEvent::Request { id: got, .. }) => {
+                    assert_eq!(got, id);
+                }
+                (Some(Event::Closed(why)), ServerEvent::Closed(e)) => {
+                    assert!(why(&e), "closed for the wrong reason: {e:?}");
+                }
+                (expected, got) => panic!("expected event {expected:?}, got {got:?}"),
+            }
+        }
+        assert!(self.events.is_empty(), "not reported: {:?}", self.events);
+        assert!(self.outstanding.len() <= MAX_INFLIGHT_REQUESTS as usize);
+        assert_eq!(self.session.is_closed(), self.closed);
+        let deadline = (!self.ready && !self.closed).then(|| self.start + HANDSHAKE_TIMEOUT);
+        assert_eq!(self.session.poll_timeout(), deadline);
+    }
+}

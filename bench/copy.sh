@@ -224,7 +224,9 @@ head -c "$SIZE_BYTES" /dev/urandom >"$FILE"
 ln "$FILE" "$SHARE/dl.bin" 2>/dev/null || cp "$FILE" "$SHARE/dl.bin"
 sync # the test file is written back now, not during the first timed job
 
-"$FERRYD" --share "bench=$SHARE" --listen 127.0.0.1:0 --port-file "$WORK/port" 2>"$WORK/ferryd.log" &
+"$FERRYD" --generate-secret "$WORK/bench.secret" 2>/dev/null
+export FERRY_SECRET_FILE="$WORK/bench.secret" # for rcp and ferry-mount
+"$FERRYD" --share "bench=$SHARE" --secret-file "$WORK/bench.secret" --listen 127.0.0.1:0 --port-file "$WORK/port" 2>"$WORK/ferryd.log" &
 FERRYD_PID=$!
 for _ in $(seq 1 100); do
     [ -s "$WORK/port" ] && break

@@ -314,7 +314,9 @@ sync
 sleep 2
 
 # --- ferryd + ferry-mount -----------------------------------------------------
-"$FERRYD" --share "bench=$SHARE" --listen 127.0.0.1:0 --port-file "$WORK/port" --transport tcp 2>"$WORK/ferryd.log" &
+"$FERRYD" --generate-secret "$WORK/bench.secret" 2>/dev/null
+export FERRY_SECRET_FILE="$WORK/bench.secret" # for rcp and ferry-mount
+"$FERRYD" --share "bench=$SHARE" --secret-file "$WORK/bench.secret" --listen 127.0.0.1:0 --port-file "$WORK/port" --transport tcp 2>"$WORK/ferryd.log" &
 FERRYD_PID=$!
 for _ in $(seq 1 100); do
     [ -s "$WORK/port" ] && break

@@ -59,8 +59,10 @@ IP=$SOFTROCE_IP
 W=$(mktemp -d /tmp/ferry-bench.XXXXXX)
 mkdir -p "$W/share" "$W/local"
 head -c "$((SIZE_MIB << 20))" /dev/urandom >"$W/local/src.bin"
+"$BIN_DIR/ferryd" --generate-secret "$W/b.secret" 2>/dev/null
+export FERRY_SECRET_FILE="$W/b.secret"
 "$BIN_DIR/ferryd" --transport rdma --listen "$IP:0" --port-file "$W/port" \
-    --share "b=$W/share" 2>"$W/ferryd.log" &
+    --share "b=$W/share" --secret-file "$W/b.secret" 2>"$W/ferryd.log" &
 FERRYD=$!
 for _ in $(seq 100); do [ -s "$W/port" ] && break; sleep 0.1; done
 PORT=$(sed 's/.*://' "$W/port")

@@ -68,8 +68,12 @@ mkdir -p "$SHARE" "$SRC" "$DOWN"
 
 # --- server -------------------------------------------------------------------
 step "Starting ferryd (share demo=$SHARE, loopback, ephemeral port)"
-"$FERRYD" --share "demo=$SHARE" --listen 127.0.0.1:0 --port-file "$WORK/port" \
-    2>"$WORK/ferryd.log" &
+# Every share has a secret; clients prove it (HMAC challenge-response) without sending it.
+"$FERRYD" --generate-secret "$WORK/demo.secret"
+export FERRY_SECRET_FILE="$WORK/demo.secret"   # rcp reads its secret from here
+info "share secret in $FERRY_SECRET_FILE (mode 0600; rcp uses it through \$FERRY_SECRET_FILE)"
+"$FERRYD" --share "demo=$SHARE" --secret-file "$WORK/demo.secret" \
+    --listen 127.0.0.1:0 --port-file "$WORK/port" 2>"$WORK/ferryd.log" &
 FERRYD_PID=$!
 for _ in $(seq 1 100); do
     [ -s "$WORK/port" ] && break

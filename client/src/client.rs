@@ -8,14 +8,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ferry_common::auth::Secret;
 use ferry_common::codec;
 use ferry_common::msg::{
-    Attr, DirEntry, FsStat, MappedFile, Request, Response, ServerStats, Timestamp, Welcome,
+    Attr, DirEntry, ErrorKind, FsStat, MappedFile, RemoteError, Request, Response, ServerStats,
+    Timestamp, Welcome,
 };
 use ferry_common::proto::client::{ClientEvent, ClientSession};
 use ferry_common::transport::tcp::Tcp;
 use ferry_common::transport::{Buffer, SharedTransport, TransportChoice, TransportError};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, OnceCell};
 
 use crate::error::ClientError;
 
@@ -44,7 +46,65 @@ struct Inner {
     /// Reusable download buffers, so fresh memory is faulted in only once per run.
     buffers: Mutex<Vec<Arc<Buffer>>>,
     addr: String,
+    credentials: Credentials,
+    /// Per share: the outcome of this session's proof of its secret, made once, by the
+    /// first request that names the share (concurrent ones wait for it).
+    proofs: Mutex<HashMap<String, Arc<Proof>>>,
 }
+
+/// The outcome of a session's proof of one share's secret, decided once.
+type Proof = OnceCell<Result<(), RemoteError>>;
+
+/// The secrets a client proves to a server, by share.
+#[derive(Clone, Debug, Default)]
+pub struct Credentials {
+    default: Option<Secret>,
+    shares: HashMap<String, Secret>,
+}
+
+impl Credentials {
+    /// No secrets: only shares the server serves openly are usable.
+    pub fn none() -> Credentials {
+        Credentials::default()
+    }
+
+    /// `secret` for every share.
+    pub fn with_default(secret: Secret) -> Credentials {
+        Credentials {
+            default: Some(secret),
+            shares: HashMap::new(),
+        }
+    }
+
+    /// Uses `secret` for `share` (over the default).
+    pub fn insert(&mut self, share: &str, secret: Secret) {
+        self.shares.insert(share.to_string(), secret);
+    }
+
+    /// The secret to prove for `share`, if any.
+    pub fn for_share(&self, share: &str) -> Option<&Secret> {
+        self.shares.get(share).or(self.default.as_ref())
+    }
+
+    /// The secret a command-line client was given: the file `file` (from a flag or
+    /// `$FERRY_SECRET_FILE`), else `$FERRY_SECRET`, else none.
+    pub fn from_file_or_env(file: Option<&std::path::Path>) -> Result<Credentials, ClientError> {
+        if let Some(f) = file {
+            return Ok(Credentials::with_default(Secret::from_file(f)?));
+        }
+        if std::env::var_os(SECRET_ENV).is_some() {
+            return Ok(Credentials::with_default(Secret::from_env(SECRET_ENV)?));
+        }
+        Ok(Credentials::none())
+    }
+}
+
+/// Environment variable a command-line client reads its secret from when it is given
+/// no secret file.
+pub const SECRET_ENV: &str = "FERRY_SECRET";
+
+/// Environment variable naming a command-line client's secret file.
+pub const SECRET_FILE_ENV: &str = "FERRY_SECRET_FILE";
 
 /// A connected, handshaken session with a server. Cheap to clone.
 #[derive(Clone)]
@@ -66,6 +126,17 @@ impl Client {
         port: u16,
         choice: TransportChoice,
     ) -> Result<Client, ClientError> {
+        Client::connect_with(host, port, choice, Credentials::none()).await
+    }
+
+    /// [`Client::connect`], proving `credentials` to the server: each share's secret
+    /// is proved by the first request that names the share.
+    pub async fn connect_with(
+        host: &str,
+        port: u16,
+        choice: TransportChoice,
+        credentials: Credentials,
+    ) -> Result<Client, ClientError> {
         let addr = if host.contains(':') {
             format!("[{host}]:{port}")
         } else {
@@ -84,7 +155,7 @@ impl Client {
         }
         if choice != TransportChoice::Tcp {
             match connect_rdma(&addrs).await {
-                Ok(t) => return Client::start(t, addr).await,
+                Ok(t) => return Client::start_with(t, addr, credentials).await,
                 Err(cause) if choice == TransportChoice::Rdma => return Err(connect_err(cause)),
                 Err(cause) => tracing::info!("not using RDMA to {addr}: {cause}; trying TCP"),
             }
@@ -92,7 +163,9 @@ impl Client {
         let mut last = String::new();
         for a in addrs {
             match tokio::time::timeout(CONNECT_TIMEOUT, Tcp::connect(a)).await {
-                Ok(Ok(t)) => return Client::start(Arc::new(t), addr).await,
+                Ok(Ok(t)) => {
+                    return Client::start_with(Arc::new(t), addr, credentials).await;
+                }
                 Ok(Err(TransportError::Io { source, .. })) => last = describe_connect(&source),
                 Ok(Err(e)) => last = e.to_string(),
                 Err(_) => last = format!("timed out after {CONNECT_TIMEOUT:?}"),
@@ -104,15 +177,27 @@ impl Client {
     /// Runs the handshake over an established transport (any backend, or a test
     /// wrapper); `addr` names the server in messages.
     pub async fn start(transport: SharedTransport, addr: String) -> Result<Client, ClientError> {
+        Client::start_with(transport, addr, Credentials::none()).await
+    }
+
+    /// [`Client::start`] with `credentials`.
+    pub async fn start_with(
+        transport: SharedTransport,
+        addr: String,
+        credentials: Credentials,
+    ) -> Result<Client, ClientError> {
         let (tx, rx) = oneshot::channel();
+        let nonce = ferry_common::auth::fresh_nonce();
         let inner = Arc::new(Inner {
             transport,
-            session: Mutex::new(ClientSession::new(Instant::now(), SOFTWARE)),
+            session: Mutex::new(ClientSession::new(Instant::now(), SOFTWARE, nonce)),
             waiters: Mutex::new(Waiters::default()),
             connected: Mutex::new(Some(tx)),
             welcome: Mutex::new(None),
             buffers: Mutex::new(Vec::new()),
             addr: addr.clone(),
+            credentials,
+            proofs: Mutex::new(HashMap::new()),
         });
         tokio::spawn(drive(inner.clone()));
         flush(&inner).await;
@@ -147,8 +232,84 @@ impl Client {
     }
 
     /// Sends `req` and waits for its response; a [`Response::Error`] becomes
-    /// [`ClientError::Remote`].
+    /// [`ClientError::Remote`]. If `req` names a share this session has a secret for
+    /// and has not yet proved, the proof goes first.
     pub async fn call(&self, req: Request) -> Result<Response, ClientError> {
+        if let Some(share) = req.share() {
+            if !matches!(req, Request::Auth { .. }) {
+                self.authenticate(share).await?;
+            }
+        }
+        self.call_raw(req).await
+    }
+
+    /// Proves this session knows `share`'s secret (once per session; later calls
+    /// return the first outcome). Without a secret for `share` it does nothing: the
+    /// server then answers requests with `AuthRequired` unless the share is open.
+    pub async fn authenticate(&self, share: &str) -> Result<(), ClientError> {
+        let Some(secret) = self.inner.credentials.for_share(share) else {
+            return Ok(());
+        };
+        let cell = lock(&self.inner.proofs)
+            .entry(share.to_string())
+            .or_default()
+            .clone();
+        // The attempt's own error, for the call that made it; the others get a copy.
+        let mut mine = None;
+        let outcome = cell
+            .get_or_init(|| async {
+                self.prove(share, secret).await.map_err(|e| {
+                    let copy = match &e {
+                        ClientError::Remote(r) => r.clone(),
+                        other => RemoteError {
+                            kind: ErrorKind::AuthFailed,
+                            message: format!("authentication for share '{share}' failed: {other}"),
+                        },
+                    };
+                    mine = Some(e);
+                    copy
+                })
+            })
+            .await;
+        match (outcome, mine) {
+            (Ok(()), _) => Ok(()),
+            (Err(_), Some(e)) => Err(e),
+            (Err(copy), None) => Err(ClientError::Remote(copy.clone())),
+        }
+    }
+
+    async fn prove(&self, share: &str, secret: &Secret) -> Result<(), ClientError> {
+        let client_nonce = *lock(&self.inner.session).nonce();
+        let server_nonce = self.welcome().nonce;
+        let proof = secret.client_proof(share, &client_nonce, &server_nonce);
+        let req = Request::Auth {
+            share: share.to_string(),
+            proof,
+        };
+        match self.call_raw(req).await? {
+            Response::Authenticated { proof: Some(p) } => {
+                if secret.check_server_proof(share, &client_nonce, &server_nonce, &p) {
+                    Ok(())
+                } else {
+                    self.close();
+                    Err(ClientError::ServerNotAuthentic {
+                        addr: self.addr().to_string(),
+                        share: share.to_string(),
+                    })
+                }
+            }
+            Response::Authenticated { proof: None } => {
+                tracing::info!(
+                    "{}: share '{share}' is served without a secret",
+                    self.addr()
+                );
+                Ok(())
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn call_raw(&self, req: Request) -> Result<Response, ClientError> {
         let (tx, rx) = oneshot::channel();
         {
             let mut session = lock(&self.inner.session);

@@ -23,6 +23,9 @@ pub mod exit {
     pub const LOCAL: u8 = 5;
     /// A chunk failed SHA-256 verification.
     pub const INTEGRITY: u8 = 6;
+    /// Authentication failed: no secret, a wrong one, an unusable secret file, or a
+    /// server that could not prove it knows the secret.
+    pub const AUTH: u8 = 7;
 }
 
 /// Why a client operation failed.
@@ -85,6 +88,20 @@ pub enum ClientError {
     /// The peer broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(#[from] ProtoError),
+    /// A local secret could not be loaded.
+    #[error(transparent)]
+    Secret(#[from] ferry_common::auth::SecretError),
+    /// The server accepted our proof but could not prove it knows the share's secret
+    /// itself: it is not the server that holds the secret.
+    #[error(
+        "{addr}: the server could not prove it knows the secret of share '{share}'; not using it"
+    )]
+    ServerNotAuthentic {
+        /// `host:port` as given.
+        addr: String,
+        /// The share.
+        share: String,
+    },
 }
 
 /// True for a full filesystem: `ENOSPC`, or `EDQUOT` (the quota is exhausted).
@@ -128,8 +145,10 @@ impl ClientError {
             ClientError::Remote(e) => match e.kind {
                 ErrorKind::Integrity => exit::INTEGRITY,
                 ErrorKind::Protocol => exit::OTHER,
+                ErrorKind::AuthRequired | ErrorKind::AuthFailed => exit::AUTH,
                 _ => exit::REMOTE,
             },
+            ClientError::Secret(_) | ClientError::ServerNotAuthentic { .. } => exit::AUTH,
             ClientError::Local { .. } | ClientError::SourceChanged { .. } => exit::LOCAL,
             ClientError::Integrity { .. } => exit::INTEGRITY,
             ClientError::Usage(_) => exit::USAGE,
@@ -158,6 +177,8 @@ impl ClientError {
             ClientError::Usage(_) => "usage",
             ClientError::Transport(_) | ClientError::Disconnected(_) => "io",
             ClientError::Protocol(_) => "protocol",
+            ClientError::Secret(_) => "secret",
+            ClientError::ServerNotAuthentic { .. } => "auth_failed",
         }
     }
 }

@@ -31,5 +31,5 @@ pub mod error;
 pub mod location;
 pub mod transfer;
 
-pub use client::Client;
+pub use client::{Client, Credentials};
 pub use error::ClientError;

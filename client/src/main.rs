@@ -10,7 +10,7 @@ use clap::Parser;
 use ferry_client::copy::{self, CopyOptions, Progress, Report};
 use ferry_client::error::{exit, ClientError};
 use ferry_client::location::{self, Location, Remote};
-use ferry_client::Client;
+use ferry_client::{Client, Credentials};
 use ferry_common::transport::TransportChoice;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -20,6 +20,11 @@ REMOTE PATHS:
   HOST[:PORT]:SHARE[/PATH]    e.g. storage1:backups/db.dump, 10.0.0.5:7447:data/x
   [IPv6]:PORT:SHARE[/PATH]    e.g. [::1]:7447:data/x
   An operand is remote if it has a ':' before any '/'. Default port 7447.
+
+SECRETS:
+  Each share has a secret, which rcp proves to the server without sending it.
+  Give it as a file (mode 0600): --secret-file FILE or $FERRY_SECRET_FILE, or in
+  $FERRY_SECRET. Never on the command line.
 
 EXAMPLES:
   rcp big.iso storage1:data/isos/          upload into a directory
@@ -36,6 +41,8 @@ EXIT CODES:
      outside the share, read-only share, no space on the server)
   5  local I/O error (a source that cannot be read, no space left locally)
   6  integrity failure (a chunk's SHA-256 did not match)
+  7  authentication failed (no secret given, a wrong one, a secret file others
+     can read, or a server that cannot prove it knows the secret)
   130, 143  interrupted by SIGINT, SIGTERM (unfinished files are not written)";
 
 /// Copy files and directory trees to and from a Ferry server (ferryd), like scp.
@@ -83,6 +90,11 @@ struct Args {
         env = "FERRY_TRANSPORT"
     )]
     transport: TransportChoice,
+
+    /// File holding the share's secret (mode 0600 or stricter). Without it,
+    /// $FERRY_SECRET is used if set.
+    #[arg(long, value_name = "FILE", env = "FERRY_SECRET_FILE")]
+    secret_file: Option<PathBuf>,
 
     /// More log output on stderr (repeat for more). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
@@ -256,8 +268,21 @@ async fn run(args: Args) -> u8 {
         Direction::Upload(_, r) => r.clone(),
         Direction::Download(rs, _) => rs[0].clone(),
     };
-    let client = match Client::connect(&server.host, server.port, args.transport).await {
+    let credentials = match Credentials::from_file_or_env(args.secret_file.as_deref()) {
         Ok(c) => c,
+        Err(e) => return fail_early(&args, direction_name(&direction), e, started),
+    };
+    let connected =
+        Client::connect_with(&server.host, server.port, args.transport, credentials).await;
+    // Prove the secret at once, so a wrong one fails before any work. A share that
+    // does not exist is reported by the copy, item by item.
+    let client = match connected {
+        Ok(c) => match c.authenticate(&server.share).await {
+            Err(e) if e.remote_kind() != Some(ferry_common::msg::ErrorKind::NoSuchShare) => {
+                return fail_early(&args, direction_name(&direction), e, started)
+            }
+            _ => c,
+        },
         Err(e) => return fail_early(&args, direction_name(&direction), e, started),
     };
     let link = Link::of(&client);
@@ -340,6 +365,10 @@ fn direction_name(d: &Direction) -> &'static str {
 /// the item (`host:port:share/path`) already ends with it.
 fn describe(item: &str, e: &ClientError) -> String {
     match e {
+        ClientError::Remote(r) if r.kind == ferry_common::msg::ErrorKind::AuthRequired => format!(
+            "{}: give the share's secret with --secret-file FILE or $FERRY_SECRET_FILE",
+            r.message
+        ),
         ClientError::Remote(r) => {
             let cause = match r.message.split_once(": ") {
                 Some((head, rest)) if !item.is_empty() && item.ends_with(head) => rest,
@@ -356,7 +385,9 @@ fn describe(item: &str, e: &ClientError) -> String {
         | ClientError::Usage(_)
         | ClientError::Integrity { .. }
         | ClientError::Connect { .. }
-        | ClientError::Handshake { .. } => e.to_string(),
+        | ClientError::Handshake { .. }
+        | ClientError::Secret(_)
+        | ClientError::ServerNotAuthentic { .. } => e.to_string(),
         other => format!("{item}: {other}"),
     }
 }

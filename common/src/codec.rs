@@ -105,7 +105,9 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::UploadOpen { share, path, .. }
         | Request::DownloadOpen { share, path }
         | Request::MapOpen { share, path, .. } => share_and_path(share, path),
-        Request::StatFs { share } => limit("share", share.len(), MAX_NAME_BYTES),
+        Request::StatFs { share } | Request::Auth { share, .. } => {
+            limit("share", share.len(), MAX_NAME_BYTES)
+        }
         Request::Symlink {
             share,
             path,
@@ -156,7 +158,8 @@ fn validate_response(resp: &Response) -> Result<(), CodecError> {
         | Response::Stats(_)
         | Response::UploadOpened { .. }
         | Response::WindowPulled { .. }
-        | Response::Committed { .. } => Ok(()),
+        | Response::Committed { .. }
+        | Response::Authenticated { .. } => Ok(()),
     }
 }
 

@@ -13,12 +13,14 @@
 //!   the manifest hash names a file version.
 //! - [`proto`] holds the session and transfer logic with no sockets and no clock reads;
 //!   the server and client crates are thin tokio drivers around it.
+//! - [`auth`] holds share secrets and the HMAC challenge-response of the handshake.
 //! - [`path`] validates share-relative paths before the server touches the disk.
 //! - [`space`] reserves a received file's size before its bytes arrive, so a full disk
 //!   fails a file at its start.
 #![warn(missing_docs)]
 
 pub mod attr;
+pub mod auth;
 pub mod chunk;
 pub mod codec;
 pub mod msg;

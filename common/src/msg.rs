@@ -7,8 +7,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{Nonce, Proof};
+
 /// Protocol version spoken by this build. Bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Magic bytes opening a [`Hello`]: rejects peers that speak something else.
 pub const HELLO_MAGIC: [u8; 4] = *b"FRY\x01";
@@ -204,6 +206,8 @@ pub struct Hello {
     pub max_version: u16,
     /// Free-form software name and version, for logs.
     pub software: String,
+    /// The client's fresh random nonce for this session's [`Request::Auth`] proofs.
+    pub nonce: Nonce,
 }
 
 /// The server's answer to a [`Hello`] it accepts.
@@ -219,6 +223,8 @@ pub struct Welcome {
     pub max_window_chunks: u32,
     /// Most requests the client may have outstanding at once.
     pub max_inflight_requests: u32,
+    /// The server's fresh random nonce for this session's [`Request::Auth`] proofs.
+    pub nonce: Nonce,
 }
 
 /// A request from client to server.
@@ -352,8 +358,45 @@ pub enum Request {
         /// Share name.
         share: String,
     },
-    /// The server's counters.
+    /// The server's counters. Allowed once the session has authenticated for some
+    /// share (or the server has an open share).
     Stats,
+    /// Prove this session knows `share`'s secret (see [`crate::auth`]): `proof` is the
+    /// client proof over both nonces of the handshake. Until it succeeds, every
+    /// request naming `share` fails with [`ErrorKind::AuthRequired`]; a wrong proof is
+    /// answered with [`ErrorKind::AuthFailed`] and the server closes the connection.
+    Auth {
+        /// Share name.
+        share: String,
+        /// HMAC-SHA256 client proof.
+        proof: Proof,
+    },
+}
+
+impl Request {
+    /// The share a request names, if it names one. Requests that name none act on
+    /// transfers or mapped files that were opened in an authenticated share, or (for
+    /// [`Request::Stats`]) on the server as a whole.
+    pub fn share(&self) -> Option<&str> {
+        match self {
+            Request::Stat { share, .. }
+            | Request::ListDir { share, .. }
+            | Request::Mkdir { share, .. }
+            | Request::Symlink { share, .. }
+            | Request::SetAttr { share, .. }
+            | Request::UploadOpen { share, .. }
+            | Request::DownloadOpen { share, .. }
+            | Request::MapOpen { share, .. }
+            | Request::StatFs { share }
+            | Request::Auth { share, .. } => Some(share),
+            Request::UploadWindow { .. }
+            | Request::UploadCommit { .. }
+            | Request::DownloadWindow { .. }
+            | Request::Close { .. }
+            | Request::MapRelease { .. }
+            | Request::Stats => None,
+        }
+    }
 }
 
 /// A response from server to client, matched to its request by id.
@@ -405,6 +448,13 @@ pub enum Response {
     FsStat(FsStat),
     /// Counters for [`Request::Stats`].
     Stats(ServerStats),
+    /// The session proved the share's secret. `proof` is the server proof over the
+    /// same values (the client checks it); `None` for a share the server serves
+    /// without a secret.
+    Authenticated {
+        /// HMAC-SHA256 server proof.
+        proof: Option<Proof>,
+    },
 }
 
 /// Why a request failed, as the server reports it.
@@ -450,6 +500,10 @@ pub enum ErrorKind {
     Io,
     /// The server is at a resource limit (open mapped files, registered bytes).
     Busy,
+    /// The share needs a secret this session has not proved.
+    AuthRequired,
+    /// The proof of a share's secret was wrong (the server closes the connection).
+    AuthFailed,
 }
 
 impl ErrorKind {
@@ -471,6 +525,8 @@ impl ErrorKind {
             ErrorKind::Changed => "changed",
             ErrorKind::Io => "io",
             ErrorKind::Busy => "busy",
+            ErrorKind::AuthRequired => "auth_required",
+            ErrorKind::AuthFailed => "auth_failed",
         }
     }
 }

@@ -97,7 +97,7 @@ fn attr() -> impl Strategy<Value = Attr> {
         )
 }
 
-const ERROR_KINDS: [ErrorKind; 15] = [
+const ERROR_KINDS: [ErrorKind; 17] = [
     ErrorKind::NotFound,
     ErrorKind::NoSuchShare,
     ErrorKind::PermissionDenied,
@@ -113,6 +113,8 @@ const ERROR_KINDS: [ErrorKind; 15] = [
     ErrorKind::Changed,
     ErrorKind::Io,
     ErrorKind::Busy,
+    ErrorKind::AuthRequired,
+    ErrorKind::AuthFailed,
 ];
 
 fn remote_error() -> impl Strategy<Value = RemoteError> {
@@ -203,6 +205,8 @@ fn request() -> impl Strategy<Value = Request> {
         any::<u64>().prop_map(|handle| Request::MapRelease { handle }),
         text(MAX_NAME_BYTES).prop_map(|share| Request::StatFs { share }),
         Just(Request::Stats),
+        (text(MAX_NAME_BYTES), any::<[u8; 32]>())
+            .prop_map(|(share, proof)| Request::Auth { share, proof }),
     ]
 }
 
@@ -299,31 +303,47 @@ fn response() -> impl Strategy<Value = Response> {
         mapped_file().prop_map(|m| Response::Mapped(Box::new(m))),
         fs_stat().prop_map(Response::FsStat),
         server_stats().prop_map(Response::Stats),
+        proptest::option::of(any::<[u8; 32]>()).prop_map(|proof| Response::Authenticated { proof }),
     ]
 }
 
 /// Any message within the protocol limits.
 fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
-        1 => (any::<[u8; 4]>(), any::<u16>(), any::<u16>(), text(MAX_NAME_BYTES)).prop_map(
-            |(magic, min_version, max_version, software)| Message::Hello(Hello {
-                magic,
-                min_version,
-                max_version,
-                software,
-            })
-        ),
-        1 => (any::<u16>(), text(MAX_NAME_BYTES), any::<[u32; 3]>()).prop_map(
-            |(version, software, [chunk_bytes, max_window_chunks, max_inflight_requests])| {
-                Message::Welcome(Welcome {
-                    version,
+        1 => (
+            any::<[u8; 4]>(),
+            any::<u16>(),
+            any::<u16>(),
+            text(MAX_NAME_BYTES),
+            any::<[u8; 32]>()
+        )
+            .prop_map(|(magic, min_version, max_version, software, nonce)| {
+                Message::Hello(Hello {
+                    magic,
+                    min_version,
+                    max_version,
                     software,
-                    chunk_bytes,
-                    max_window_chunks,
-                    max_inflight_requests,
+                    nonce,
                 })
-            }
-        ),
+            }),
+        1 => (
+            any::<u16>(),
+            text(MAX_NAME_BYTES),
+            any::<[u32; 3]>(),
+            any::<[u8; 32]>()
+        )
+            .prop_map(
+                |(version, software, [chunk_bytes, max_window_chunks, max_inflight_requests], nonce)| {
+                    Message::Welcome(Welcome {
+                        version,
+                        software,
+                        chunk_bytes,
+                        max_window_chunks,
+                        max_inflight_requests,
+                        nonce,
+                    })
+                }
+            ),
         1 => remote_error().prop_map(Message::Refused),
         4 => (any::<u64>(), request()).prop_map(|(id, body)| Message::Request { id, body }),
         4 => (any::<u64>(), response()).prop_map(|(id, body)| Message::Response { id, body }),
@@ -348,6 +368,7 @@ fn request_variant(r: &Request) -> usize {
         Request::MapRelease { .. } => 12,
         Request::StatFs { .. } => 13,
         Request::Stats => 14,
+        Request::Auth { .. } => 15,
     }
 }
 
@@ -366,6 +387,7 @@ fn response_variant(r: &Response) -> usize {
         Response::Mapped(_) => 9,
         Response::FsStat(_) => 10,
         Response::Stats(_) => 11,
+        Response::Authenticated { .. } => 12,
     }
 }
 
@@ -402,6 +424,7 @@ fn over_limit() -> impl Strategy<Value = (Message, &'static str)> {
                 min_version: 1,
                 max_version: 2,
                 software,
+                nonce: [0; 32],
             }),
             "software"
         )),
@@ -412,6 +435,7 @@ fn over_limit() -> impl Strategy<Value = (Message, &'static str)> {
                 chunk_bytes: 1,
                 max_window_chunks: 1,
                 max_inflight_requests: 1,
+                nonce: [0; 32],
             }),
             "software"
         )),
@@ -671,7 +695,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 15], [false; 12]);
+    let (mut requests, mut responses) = ([false; 16], [false; 13]);
     for _ in 0..2000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

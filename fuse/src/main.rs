@@ -10,6 +10,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use ferry_client::location::{self, Location};
+use ferry_client::Credentials;
+use ferry_common::msg::ErrorKind;
 use ferry_common::transport::TransportChoice;
 use ferry_common::DEFAULT_PORT;
 use ferry_fuse::fs::FerryFs;
@@ -23,6 +25,7 @@ mod exit {
     pub const USAGE: u8 = 2;
     pub const CONNECT: u8 = 3;
     pub const MOUNT: u8 = 4;
+    pub const AUTH: u8 = 5;
 }
 
 /// Set by a background mount in the child it starts: say "ready" on stdout once
@@ -57,9 +60,13 @@ Mount options (-o, comma-separated):
   timeout=SECS           bound on each server round trip and read (default 20)
   threads=N              threads taking requests from the kernel (default 4)
   fsname=NAME            source name shown by mount(8)
+  secret_file=PATH       the share's secret (as --secret-file)
+
+Secrets: the share's secret comes from --secret-file (or -o secret_file=PATH, or
+$FERRY_SECRET_FILE), a file of mode 0600, or from $FERRY_SECRET.
 
 Exit status: 0 mounted (and, in the foreground, cleanly unmounted), 1 other error,
-2 usage error, 3 cannot reach the server, 4 cannot mount."
+2 usage error, 3 cannot reach the server, 4 cannot mount, 5 authentication failed."
 )]
 struct Args {
     /// The share: HOST[:PORT]:SHARE[/SUBDIR] (PORT defaults to 7447).
@@ -75,6 +82,9 @@ struct Args {
     /// Transport: auto (RDMA when a device and the server allow, else TCP), rdma, tcp.
     #[arg(long, env = "FERRY_TRANSPORT", default_value = "auto")]
     transport: TransportChoice,
+    /// File holding the share's secret (mode 0600 or stricter); else $FERRY_SECRET.
+    #[arg(long, value_name = "FILE", env = "FERRY_SECRET_FILE")]
+    secret_file: Option<PathBuf>,
     /// More logging on stderr (-v: debug, -vv: trace).
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -161,35 +171,60 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
         .build()
         .context("cannot start the runtime")
         .map_err(fail(exit::OTHER))?;
+    let secret_file = opts.secret_file.clone().or(args.secret_file.clone());
+    let credentials = Credentials::from_file_or_env(secret_file.as_deref())
+        .map_err(|e| (exit::AUTH, anyhow::anyhow!("{e}")))?;
     let link = Arc::new(Remote::new(
         remote.host.clone(),
         remote.port,
         args.transport,
+        credentials,
         opts.timeout,
     ));
-    let (transport, device) = rt
+    let (transport, device, root_attr) = rt
         .block_on(async {
-            let conn = link.conn().await?;
+            let conn = link.conn().await.map_err(|e| (exit::CONNECT, e.message))?;
+            // Prove the secret and stat the root before mounting, so a wrong or missing
+            // secret, or a root that is not a directory, fails the mount itself.
+            let auth_failure = |e: ferry_client::ClientError| {
+                let code = match e.remote_kind() {
+                    Some(ErrorKind::AuthRequired) => {
+                        return (
+                            exit::AUTH,
+                            format!("{e}: give it with --secret-file FILE or $FERRY_SECRET_FILE"),
+                        )
+                    }
+                    Some(ErrorKind::AuthFailed) | None => exit::AUTH,
+                    Some(_) => exit::MOUNT,
+                };
+                (code, e.to_string())
+            };
+            conn.client
+                .authenticate(&remote.share)
+                .await
+                .map_err(auth_failure)?;
+            let root = tokio::time::timeout(
+                opts.timeout,
+                conn.client.stat(&remote.share, &remote.path, true),
+            )
+            .await
+            .map_err(|_| {
+                (
+                    exit::CONNECT,
+                    format!("no answer within {:?}", opts.timeout),
+                )
+            })?
+            .map_err(auth_failure)?;
             let t = conn.client.transport();
-            Ok::<_, ferry_fuse::remote::OpError>((t.kind(), t.device()))
+            Ok::<_, (u8, String)>((t.kind(), t.device(), root))
         })
-        .map_err(|e| {
-            (
-                exit::CONNECT,
-                anyhow::anyhow!("{}: {}", remote.addr(), e.message),
-            )
-        })?;
-    // The root must be a directory before anything is mounted on it.
-    let root_attr = rt
-        .block_on(link.call("stat", |c| {
-            let (share, path) = (remote.share.clone(), remote.path.clone());
-            async move { c.client.stat(&share, &path, true).await }
-        }))
-        .map_err(|e| {
-            (
-                exit::MOUNT,
-                anyhow::anyhow!("{}: {}", remote.display(), e.message),
-            )
+        .map_err(|(code, message)| {
+            let whom = if code == exit::MOUNT {
+                remote.display()
+            } else {
+                remote.addr()
+            };
+            (code, anyhow::anyhow!("{whom}: {message}"))
         })?;
     if root_attr.kind != ferry_common::msg::FileKind::Dir {
         return Err((
@@ -250,6 +285,8 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
 
     // SIGINT/SIGTERM unmount; the session loop then ends by itself.
     let mountpoint = args.mountpoint.clone();
+    let unmounting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let unmount_asked = unmounting.clone();
     rt.spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let (Ok(mut term), Ok(mut int)) = (
@@ -264,6 +301,7 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
             _ = int.recv() => {}
         }
         tracing::info!("signal received: unmounting {}", mountpoint.display());
+        unmount_asked.store(true, std::sync::atomic::Ordering::SeqCst);
         if let Err(e) = unmounter.unmount() {
             tracing::error!("cannot unmount {}: {e}", mountpoint.display());
         }
@@ -287,6 +325,15 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
         Ok(()) => {
+            tracing::info!("unmounted {}", args.mountpoint.display());
+            Ok(())
+        }
+        // The kernel may end a connection we are unmounting with ECONNABORTED rather
+        // than ENODEV (a busy mount falls back to a lazy unmount): still a clean end.
+        Err(e)
+            if unmounting.load(std::sync::atomic::Ordering::SeqCst)
+                && e.raw_os_error() == Some(nix::libc::ECONNABORTED) =>
+        {
             tracing::info!("unmounted {}", args.mountpoint.display());
             Ok(())
         }

@@ -48,6 +48,8 @@ pub struct MountOptions {
     pub threads: usize,
     /// Name shown as the mount's source in `mount` and `/proc/mounts`.
     pub fsname: Option<String>,
+    /// File holding the share's secret (`secret_file=PATH`).
+    pub secret_file: Option<std::path::PathBuf>,
 }
 
 impl Default for MountOptions {
@@ -65,6 +67,7 @@ impl Default for MountOptions {
             timeout: Duration::from_secs(20),
             threads: 4,
             fsname: None,
+            secret_file: None,
         }
     }
 }
@@ -72,7 +75,8 @@ impl Default for MountOptions {
 /// The option names `-o` accepts, for `--help` and error messages.
 pub const KNOWN: &str = "ro, allow_other, allow_root, default_permissions, attr_timeout=SECS, \
      entry_timeout=SECS, negative_timeout=SECS, cache_size=MIB, chunk_size=BYTES, \
-     readahead=CHUNKS, max_readahead=KIB, timeout=SECS, threads=N, fsname=NAME";
+     readahead=CHUNKS, max_readahead=KIB, timeout=SECS, threads=N, fsname=NAME, \
+     secret_file=PATH";
 
 impl MountOptions {
     /// Applies one `-o` argument (comma-separated options) on top of `self`.
@@ -152,6 +156,7 @@ impl MountOptions {
                     }
                 }
                 "fsname" => self.fsname = Some(need(value)?.to_string()),
+                "secret_file" => self.secret_file = Some(need(value)?.into()),
                 other => return Err(format!("unknown mount option '{other}' (known: {KNOWN})")),
             }
         }

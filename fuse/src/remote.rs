@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_client::error::ClientError;
-use ferry_client::Client;
+use ferry_client::{Client, Credentials};
 use ferry_common::msg::{ErrorKind, RegionDesc};
 use ferry_common::transport::{
     Access, Buffer, Memory, Registration, RemoteSlice, TransportChoice, TransportError,
@@ -57,6 +57,7 @@ pub fn errno_of(e: &ClientError) -> Errno {
             ErrorKind::InvalidPath => Errno::EINVAL,
             ErrorKind::Exists => Errno::EEXIST,
             ErrorKind::Busy => Errno::EBUSY,
+            ErrorKind::AuthRequired | ErrorKind::AuthFailed => Errno::EACCES,
             _ => Errno::EIO,
         },
         ClientError::Disconnected(_) | ClientError::Connect { .. } => Errno::ENOTCONN,
@@ -168,18 +169,26 @@ pub struct Remote {
     host: String,
     port: u16,
     choice: TransportChoice,
+    credentials: Credentials,
     timeout: Duration,
     current: Mutex<Option<Arc<Conn>>>,
     connecting: tokio::sync::Mutex<()>,
 }
 
 impl Remote {
-    /// A remote with an established first connection.
-    pub fn new(host: String, port: u16, choice: TransportChoice, timeout: Duration) -> Remote {
+    /// A remote, not yet connected; every connection proves `credentials`.
+    pub fn new(
+        host: String,
+        port: u16,
+        choice: TransportChoice,
+        credentials: Credentials,
+        timeout: Duration,
+    ) -> Remote {
         Remote {
             host,
             port,
             choice,
+            credentials,
             timeout,
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
@@ -211,7 +220,7 @@ impl Remote {
         }
         let client = tokio::time::timeout(
             self.timeout,
-            Client::connect(&self.host, self.port, self.choice),
+            Client::connect_with(&self.host, self.port, self.choice, self.credentials.clone()),
         )
         .await
         .map_err(|_| {

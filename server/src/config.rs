@@ -62,6 +62,28 @@ pub enum ConfigError {
     /// The queue depth is out of range.
     #[error("queue depth must be between 1 and {MAX_QUEUE_DEPTH}, not {0}")]
     QueueDepth(usize),
+    /// A `--secret-file` flag is malformed.
+    #[error("invalid secret file '{0}': expected FILE or NAME=FILE")]
+    SecretSpec(String),
+    /// A `--secret-file NAME=FILE` names no configured share.
+    #[error("--secret-file names share '{0}', which is not configured")]
+    SecretForUnknownShare(String),
+    /// A share's secret cannot be loaded.
+    #[error("share '{share}': {source}")]
+    Secret {
+        /// Share name.
+        share: String,
+        /// Why.
+        #[source]
+        source: ferry_common::auth::SecretError,
+    },
+    /// A share has no secret, and serving without one was not asked for.
+    #[error(
+        "share '{0}' has no secret: give --secret-file {0}=FILE (or --secret-file FILE for \
+         every share, or secret_file in the config, or $FERRYD_SECRET), or --insecure-no-auth \
+         to serve it to anyone who can connect"
+    )]
+    NoSecret(String),
     /// A byte size is not a number with an optional K, M, G or T suffix.
     #[error("invalid size '{0}': expected bytes, optionally with a K, M, G or T suffix (powers of 1024)")]
     Size(String),
@@ -78,6 +100,12 @@ pub struct ShareConfig {
     /// Refuse every write.
     #[serde(default)]
     pub read_only: bool,
+    /// File holding the share's secret (mode 0600 or stricter).
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+    /// Environment variable holding the share's secret.
+    #[serde(default)]
+    pub secret_env: Option<String>,
 }
 
 /// The whole configuration.
@@ -92,6 +120,9 @@ pub struct Config {
     /// Most file bytes registered for mapped files at once, over all connections;
     /// `MapOpen` beyond it fails with `Busy`.
     pub max_mapped_bytes: u64,
+    /// Serve shares that have no secret to anyone who can connect (otherwise such a
+    /// share is a configuration error).
+    pub insecure_no_auth: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -160,7 +191,49 @@ impl Config {
             max_mapped_bytes: max_mapped_bytes
                 .or(parsed.max_mapped_bytes)
                 .unwrap_or(DEFAULT_MAX_MAPPED_BYTES),
+            insecure_no_auth: false,
         })
+    }
+
+    /// Applies `--secret-file` flags: `NAME=FILE` sets share NAME's secret file (it wins
+    /// over the config file's), a bare `FILE` becomes the secret file of every share
+    /// that has no secret yet. Then `default_env`, if given, becomes the secret
+    /// variable of every share that still has none.
+    pub fn apply_secrets(
+        &mut self,
+        specs: &[String],
+        default_env: Option<&str>,
+    ) -> Result<(), ConfigError> {
+        let mut default_file = None;
+        for spec in specs {
+            if spec.is_empty() {
+                return Err(ConfigError::SecretSpec(spec.clone()));
+            }
+            match spec.split_once('=') {
+                Some((name, file)) if check_share_name(name).is_ok() => {
+                    if file.is_empty() {
+                        return Err(ConfigError::SecretSpec(spec.clone()));
+                    }
+                    let share = self
+                        .shares
+                        .iter_mut()
+                        .find(|s| s.name == name)
+                        .ok_or_else(|| ConfigError::SecretForUnknownShare(name.to_string()))?;
+                    share.secret_file = Some(PathBuf::from(file));
+                    share.secret_env = None;
+                }
+                _ => default_file = Some(PathBuf::from(spec)),
+            }
+        }
+        for share in &mut self.shares {
+            if share.secret_file.is_none() && share.secret_env.is_none() {
+                share.secret_file = default_file.clone();
+                if share.secret_file.is_none() {
+                    share.secret_env = default_env.map(str::to_string);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A configuration serving `shares` on `listen` with every other setting at its
@@ -171,6 +244,7 @@ impl Config {
             queue_depth: DEFAULT_QUEUE_DEPTH,
             shares,
             max_mapped_bytes: DEFAULT_MAX_MAPPED_BYTES,
+            insecure_no_auth: false,
         }
     }
 }
@@ -217,6 +291,8 @@ pub fn parse_share_spec(spec: &str) -> Result<ShareConfig, ConfigError> {
         name: name.to_string(),
         path: PathBuf::from(path),
         read_only,
+        secret_file: None,
+        secret_env: None,
     })
 }
 
@@ -246,7 +322,9 @@ mod tests {
             ShareConfig {
                 name: "data".into(),
                 path: "/srv/d".into(),
-                read_only: false
+                read_only: false,
+                secret_file: None,
+                secret_env: None,
             }
         );
         assert!(parse_share_spec("ro=/srv/x:ro").unwrap().read_only);
@@ -273,6 +351,35 @@ mod tests {
         let c = Config::build(Some(&f), None, Some(16), Some(1 << 20), &[]).unwrap();
         assert_eq!(c.queue_depth, 16);
         assert_eq!(c.max_mapped_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn secret_flags() {
+        let mut c = Config::build(None, None, None, None, &["a=/x".into(), "b=/y".into()]).unwrap();
+        c.apply_secrets(
+            &["b=/etc/b.secret".into(), "/etc/all.secret".into()],
+            Some("V"),
+        )
+        .unwrap();
+        assert_eq!(
+            c.shares[0].secret_file.as_deref(),
+            Some(Path::new("/etc/all.secret"))
+        );
+        assert_eq!(
+            c.shares[1].secret_file.as_deref(),
+            Some(Path::new("/etc/b.secret"))
+        );
+        let mut c = Config::build(None, None, None, None, &["a=/x".into()]).unwrap();
+        c.apply_secrets(&[], Some("V")).unwrap();
+        assert_eq!(c.shares[0].secret_env.as_deref(), Some("V"));
+        assert!(matches!(
+            c.apply_secrets(&["zz=/f".into()], None),
+            Err(ConfigError::SecretForUnknownShare(_))
+        ));
+        assert!(matches!(
+            c.apply_secrets(&["a=".into()], None),
+            Err(ConfigError::SecretSpec(_))
+        ));
     }
 
     #[test]

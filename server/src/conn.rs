@@ -77,6 +77,7 @@ pub(crate) async fn run(server: Arc<Server>, transport: SharedTransport) {
     let params = ServerParams {
         software: SOFTWARE.into(),
         chunk_bytes: server.chunk_bytes,
+        access: server.access.clone(),
     };
     let pool = Pool::new(
         transport.clone(),
@@ -85,7 +86,11 @@ pub(crate) async fn run(server: Arc<Server>, transport: SharedTransport) {
         server.registrations.clone(),
     );
     let conn = Arc::new(Conn {
-        session: Mutex::new(ServerSession::new(Instant::now(), params)),
+        session: Mutex::new(ServerSession::new(
+            Instant::now(),
+            params,
+            ferry_common::auth::fresh_nonce(),
+        )),
         server,
         transport,
         peer,
@@ -195,6 +200,16 @@ impl Conn {
                 None => break,
                 Some(ServerEvent::Ready { software }) => {
                     tracing::debug!(peer = %self.peer, client = %software, "session ready");
+                }
+                Some(ServerEvent::Authenticated { share }) => {
+                    tracing::info!(peer = %self.peer, share = %share.escape_debug(), "authenticated");
+                }
+                Some(ServerEvent::Denied { share, reason }) => {
+                    tracing::warn!(
+                        peer = %self.peer,
+                        share = %share.escape_debug(),
+                        "refused peer: {reason}"
+                    );
                 }
                 Some(ServerEvent::Request { id, body }) => {
                     let permit = match slot.take() {
@@ -426,6 +441,11 @@ impl Conn {
                 blocking(move || fsops::statfs(&share)).await
             }
             Request::Stats => Ok(Response::Stats(self.server.stats())),
+            // The session answers these itself; one reaching here is a bug there.
+            Request::Auth { .. } => Err(remote(
+                ErrorKind::Protocol,
+                "authentication is handled by the session",
+            )),
         }
     }
 }

@@ -32,7 +32,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_common::auth::{Secret, ShareAccess};
 use ferry_common::msg::ServerStats;
+use ferry_common::proto::server::AccessTable;
 use ferry_common::transport::tcp::Tcp;
 use ferry_common::transport::SharedTransport;
 use tokio::net::TcpListener;
@@ -50,6 +52,8 @@ pub const SOFTWARE: &str = concat!("ferryd/", env!("CARGO_PKG_VERSION"));
 /// A running server's shared state.
 pub struct Server {
     shares: HashMap<String, Arc<Share>>,
+    /// How each share is guarded; every session checks its requests against it.
+    access: Arc<AccessTable>,
     queue_depth: usize,
     chunk_bytes: u32,
     stop: watch::Sender<bool>,
@@ -69,20 +73,25 @@ pub struct Server {
 }
 
 impl Server {
-    /// Opens every share of `config` (their roots must exist and be directories).
+    /// Opens every share of `config` (their roots must exist and be directories) and
+    /// loads their secrets (a share without one is an error unless
+    /// `config.insecure_no_auth`).
     pub fn new(config: &Config) -> Result<Arc<Server>, ConfigError> {
         let mut shares = HashMap::new();
+        let mut access = AccessTable::new();
         for s in &config.shares {
             let share = Share::open(s)?;
             if shares.insert(s.name.clone(), Arc::new(share)).is_some() {
                 return Err(ConfigError::DuplicateShare(s.name.clone()));
             }
+            access.insert(s.name.clone(), share_access(s, config.insecure_no_auth)?);
         }
         if shares.is_empty() {
             return Err(ConfigError::NoShares);
         }
         Ok(Arc::new(Server {
             shares,
+            access: Arc::new(access),
             queue_depth: config.queue_depth,
             chunk_bytes: ferry_common::msg::DEFAULT_CHUNK_BYTES,
             stop: watch::channel(false).0,
@@ -93,6 +102,11 @@ impl Server {
             manifests: ManifestCache::new(MANIFEST_CACHE_BYTES),
             map_budget: MapBudget::new(config.max_mapped_bytes),
         }))
+    }
+
+    /// Whether share `name` is served without a secret.
+    pub fn is_open(&self, name: &str) -> bool {
+        matches!(self.access.get(name), Some(ShareAccess::Open))
     }
 
     /// Counts one dispatched request.
@@ -208,4 +222,21 @@ impl Server {
     pub async fn handle_connection(self: Arc<Self>, transport: SharedTransport) {
         conn::run(self, transport).await
     }
+}
+
+/// How share `s` is guarded: its secret, loaded now (so a bad secret file stops ferryd
+/// at start), or open when it has none and `insecure` allows that.
+fn share_access(s: &ShareConfig, insecure: bool) -> Result<ShareAccess, ConfigError> {
+    let loaded = match (&s.secret_file, &s.secret_env) {
+        (Some(file), _) => Secret::from_file(file),
+        (None, Some(var)) => Secret::from_env(var),
+        (None, None) if insecure => return Ok(ShareAccess::Open),
+        (None, None) => return Err(ConfigError::NoSecret(s.name.clone())),
+    };
+    loaded
+        .map(ShareAccess::Secret)
+        .map_err(|source| ConfigError::Secret {
+            share: s.name.clone(),
+            source,
+        })
 }

@@ -10,6 +10,39 @@ use clap::Parser;
 use ferry_common::transport::TransportChoice;
 use ferry_server::{Config, Server};
 
+/// The end of `ferryd --help`.
+const AFTER_HELP: &str = "\
+EXAMPLES:
+  ferryd --generate-secret /etc/ferry/data.secret
+  ferryd --share data=/srv/data --secret-file /etc/ferry/data.secret
+  ferryd --share data=/srv/data --share pub=/srv/pub:ro \\
+         --secret-file data=/etc/ferry/data.secret --secret-file pub=/etc/ferry/pub.secret \\
+         --listen 0.0.0.0:7447
+  ferryd --config /etc/ferryd.toml
+
+SECRETS:
+  Every share has a secret; a client proves it knows it (HMAC-SHA256 challenge-
+  response over fresh nonces from both sides) before it may use the share. Secrets
+  come from files (mode 0600 or stricter, owned by ferryd's user or root) or from
+  the environment ($FERRYD_SECRET for every share without its own), never from the
+  command line. Clients give theirs with rcp --secret-file or $FERRY_SECRET_FILE.
+
+CONFIG FILE (TOML):
+  listen = \"127.0.0.1:7447\"
+  queue_depth = 8
+  max_mapped_bytes = 68719476736
+  [[share]]
+  name = \"data\"
+  path = \"/srv/data\"
+  read_only = false
+  secret_file = \"/etc/ferry/data.secret\"   # or: secret_env = \"DATA_SECRET\"
+
+The secret proves who may use a share; it does not encrypt: file data and names
+cross the network in the clear (see docs/security.md).";
+
+/// Environment variable holding the secret of every share that has no other.
+const DEFAULT_SECRET_ENV: &str = "FERRYD_SECRET";
+
 /// How long connections may take to wind down after SIGINT/SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -20,7 +53,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 #[command(
     name = "ferryd",
     version,
-    after_help = "EXAMPLES:\n  ferryd --share data=/srv/data\n  ferryd --share data=/srv/data --share pub=/srv/pub:ro --listen 0.0.0.0:7447\n  ferryd --config /etc/ferryd.toml\n\nCONFIG FILE (TOML):\n  listen = \"127.0.0.1:7447\"\n  queue_depth = 8\n  max_mapped_bytes = 68719476736\n  [[share]]\n  name = \"data\"\n  path = \"/srv/data\"\n  read_only = false\n\nThere is no authentication yet: listen on loopback or a trusted network only."
+    after_help = AFTER_HELP
 )]
 struct Args {
     /// TOML configuration file (shares, listen address, queue depth, mapped-byte budget).
@@ -30,6 +63,21 @@ struct Args {
     /// Export a share: NAME=PATH, or NAME=PATH:ro for read-only. Repeatable.
     #[arg(long = "share", value_name = "NAME=PATH[:ro]")]
     shares: Vec<String>,
+
+    /// A share's secret file: NAME=FILE for one share, or FILE for every share without
+    /// its own. The file must not be accessible by group or others. Repeatable.
+    #[arg(long = "secret-file", value_name = "[NAME=]FILE")]
+    secret_files: Vec<String>,
+
+    /// Serve shares that have no secret to anyone who can connect (for a lab or a
+    /// demo on loopback; logged as a warning).
+    #[arg(long)]
+    insecure_no_auth: bool,
+
+    /// Write a new random secret (32 bytes, hex) to FILE with mode 0600 and exit. FILE
+    /// must not exist.
+    #[arg(long, value_name = "FILE", exclusive = true)]
+    generate_secret: Option<PathBuf>,
 
     /// Address (or host name) and port to listen on [default: 127.0.0.1:7447]. Port 0
     /// picks a free one.
@@ -110,13 +158,22 @@ fn init_logging(verbose: u8) {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let config = Config::build(
+    if let Some(path) = &args.generate_secret {
+        generate_secret(path)
+            .with_context(|| format!("cannot write a secret to {}", path.display()))?;
+        eprintln!("ferryd: wrote a new secret to {}", path.display());
+        return Ok(());
+    }
+    let mut config = Config::build(
         args.config.as_deref(),
         args.listen,
         args.queue_depth,
         args.max_mapped_bytes,
         &args.shares,
     )?;
+    let default_env = std::env::var_os(DEFAULT_SECRET_ENV).map(|_| DEFAULT_SECRET_ENV);
+    config.apply_secrets(&args.secret_files, default_env)?;
+    config.insecure_no_auth = args.insecure_no_auth;
     let server = Server::new(&config)?;
     let listeners = listen(args.transport, config.listen).await?;
     let local = listeners.local;
@@ -125,8 +182,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
             share = %s.name,
             path = %s.path.display(),
             read_only = s.read_only,
+            secret = !server.is_open(&s.name),
             "exporting share"
         );
+        if server.is_open(&s.name) {
+            tracing::warn!(
+                share = %s.name,
+                "share served WITHOUT a secret (--insecure-no-auth): anyone who can connect may use it"
+            );
+        }
     }
     if let Some(path) = &args.port_file {
         write_port_file(path, local)
@@ -137,9 +201,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.transport,
         listeners.describe()
     );
-    if !local.ip().is_loopback() {
-        tracing::warn!("listening beyond loopback without authentication: any peer that can reach {local} can read and write the shares");
-    }
     let mut serving = Vec::new();
     if let Some(tcp) = listeners.tcp {
         serving.push(tokio::spawn(server.clone().serve_tcp(tcp)));
@@ -254,6 +315,21 @@ fn parse_listen(arg: &str) -> Result<SocketAddr, String> {
         .map_err(|e| format!("cannot resolve '{arg}': {e}"))?
         .next()
         .ok_or_else(|| format!("'{arg}' resolves to no address"))
+}
+
+/// Writes 32 random bytes, hex-encoded, to a new file of mode 0600.
+fn generate_secret(path: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let nonce = ferry_common::auth::fresh_nonce();
+    let hex: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(format!("{hex}\n").as_bytes())?;
+    f.sync_all()
 }
 
 fn write_port_file(path: &Path, addr: SocketAddr) -> std::io::Result<()> {

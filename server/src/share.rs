@@ -182,6 +182,8 @@ mod tests {
             name: "s".into(),
             path: dir.path().join("root"),
             read_only,
+            secret_file: None,
+            secret_env: None,
         })
         .unwrap();
         (dir, s)

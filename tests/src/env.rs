@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use tempfile::TempDir;
 
 use crate::rcp::{spawn_rcp_as, RcpOutput};
-use crate::server::{Server, Share};
+use crate::server::{Server, ServerOptions, Share};
 use crate::tmpfs::Tmpfs;
 use crate::user::{open_dir_to_all, User};
 
@@ -37,9 +37,26 @@ pub struct EnvBuilder {
     tmpfs: Vec<(String, u64)>,
     server_user: Option<User>,
     rcp_user: Option<User>,
+    server_args: Vec<std::ffi::OsString>,
+    server_env: Vec<(String, Option<String>)>,
 }
 
 impl EnvBuilder {
+    /// Adds an argument to ferryd's command line.
+    pub fn server_arg(mut self, arg: impl Into<std::ffi::OsString>) -> Self {
+        self.server_args.push(arg.into());
+        self
+    }
+
+    /// Sets (`Some`) or removes (`None`) a variable of ferryd's environment, after the
+    /// harness's own (so `("FERRYD_SECRET", None)` starts ferryd without the test
+    /// secret).
+    pub fn server_env(mut self, key: &str, value: Option<&str>) -> Self {
+        self.server_env
+            .push((key.to_owned(), value.map(str::to_owned)));
+        self
+    }
+
     /// Serves share `name` (read-only if `read_only`). Without any, the environment
     /// serves [`DEFAULT_SHARE`], read-write.
     pub fn share(mut self, name: &str, read_only: bool) -> Self {
@@ -116,7 +133,14 @@ impl EnvBuilder {
         if let Some(user) = self.rcp_user {
             user.own(&root.path().join("local"));
         }
-        let server = Server::start_as(&shares, self.server_user);
+        let server = Server::start_with(
+            &shares,
+            ServerOptions {
+                user: self.server_user,
+                args: self.server_args,
+                env: self.server_env,
+            },
+        );
         Env {
             server,
             mounts,

@@ -16,6 +16,8 @@
 //! - [`ferrytest!`] declares a `#[test]` that receives an [`Env`].
 //! - [`Server`] starts `ferryd --listen 127.0.0.1:0 --port-file ...`, waits for the port
 //!   file, and kills the process on drop (printing its stderr when the test panicked).
+//!   Its shares are guarded by [`TEST_SECRET`], which [`rcp()`], [`Mount`] and
+//!   [`connect`] prove.
 //! - [`rcp()`] / [`spawn_rcp`] run the real `rcp` with a timeout and return an
 //!   [`RcpOutput`] (exit code, stdout, stderr) with assertion helpers.
 //! - [`open_fds`] and [`proc_status`] read a process's open descriptors and memory
@@ -38,6 +40,7 @@ mod files;
 mod mount;
 mod procfs;
 mod rcp;
+mod secret;
 mod server;
 mod tmpfs;
 mod tree;
@@ -55,8 +58,11 @@ pub use mount::{
     MountOutput, Stopped, FSTYPE, MOUNT_TIMEOUT, UNMOUNT_TIMEOUT,
 };
 pub use procfs::{open_fds, proc_status};
-pub use rcp::{rcp, spawn_rcp, spawn_rcp_as, RcpChild, RcpOutput, RCP_TIMEOUT};
-pub use server::{bin, bin_dir, Server, Share, STARTUP_TIMEOUT};
+pub use rcp::{
+    rcp, rcp_env, spawn_rcp, spawn_rcp_as, spawn_rcp_env, RcpChild, RcpOutput, RCP_TIMEOUT,
+};
+pub use secret::{connect, credentials, test_secret, write_secret_file, TEST_SECRET};
+pub use server::{bin, bin_dir, Server, ServerOptions, Share, STARTUP_TIMEOUT};
 pub use tmpfs::Tmpfs;
 pub use tree::{assert_trees_equal, make_small_tree, make_tree, TreeStats};
 pub use user::User;

@@ -167,6 +167,8 @@ impl MountBuilder {
         let mut cmd = Command::new(bin("ferry-mount"));
         cmd.args(&args)
             .env("FERRY_TRANSPORT", &self.transport)
+            .env("FERRY_SECRET", crate::TEST_SECRET)
+            .env_remove("FERRY_SECRET_FILE")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
@@ -477,6 +479,8 @@ where
     let mut child = Command::new(bin("ferry-mount"))
         .args(&args)
         .env("FERRY_TRANSPORT", crate::test_transport())
+        .env("FERRY_SECRET", crate::TEST_SECRET)
+        .env_remove("FERRY_SECRET_FILE")
         .stdin(Stdio::null())
         .stdout(File::create(&out_path).expect("create stdout file"))
         .stderr(File::create(&err_path).expect("create stderr file"))

@@ -42,6 +42,26 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
+    spawn_rcp_env(user, &[], args)
+}
+
+/// Runs `rcp ARGS...` to completion with changes to its environment: each
+/// `(KEY, Some(VALUE))` is set and each `(KEY, None)` removed, after the harness's own
+/// settings (so `("FERRY_SECRET", None)` runs rcp without the test secret).
+pub fn rcp_env<I, S>(env: &[(&str, Option<&str>)], args: I) -> RcpOutput
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    spawn_rcp_env(None, env, args).wait()
+}
+
+/// [`spawn_rcp_as`] with the environment changes of [`rcp_env`].
+pub fn spawn_rcp_env<I, S>(user: Option<User>, env: &[(&str, Option<&str>)], args: I) -> RcpChild
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
     let args: Vec<String> = args
         .into_iter()
         .map(|a| a.as_ref().to_string_lossy().into_owned())
@@ -49,9 +69,17 @@ where
     let mut cmd = Command::new(bin("rcp"));
     cmd.args(&args)
         .env("FERRY_TRANSPORT", crate::test_transport())
+        .env("FERRY_SECRET", crate::TEST_SECRET)
+        .env_remove("FERRY_SECRET_FILE")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    for (key, value) in env {
+        match value {
+            Some(v) => cmd.env(key, v),
+            None => cmd.env_remove(key),
+        };
+    }
     if let Some(user) = user {
         user.apply(&mut cmd);
     }

@@ -86,6 +86,17 @@ impl Share {
     }
 }
 
+/// What [`Server::start_with`] may change.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// Run ferryd as this user.
+    pub user: Option<User>,
+    /// Arguments added after the harness's own.
+    pub args: Vec<OsString>,
+    /// Environment variables to set (`Some`) or remove (`None`).
+    pub env: Vec<(String, Option<String>)>,
+}
+
 /// A running `ferryd` on [`crate::test_host`] (`127.0.0.1` by default) with an
 /// ephemeral port.
 ///
@@ -112,6 +123,19 @@ impl Server {
     /// [`Server::start`], with ferryd running as `user` when one is given (its port
     /// file's directory is given to that user; the shares must be reachable by it).
     pub fn start_as(shares: &[Share], user: Option<User>) -> Server {
+        Server::start_with(
+            shares,
+            ServerOptions {
+                user,
+                ..ServerOptions::default()
+            },
+        )
+    }
+
+    /// [`Server::start`] with more options: a user, extra arguments, and changes to
+    /// ferryd's environment (applied after the harness's own, so they win).
+    pub fn start_with(shares: &[Share], opts: ServerOptions) -> Server {
+        let user = opts.user;
         let state = tempfile::Builder::new()
             .prefix("ferryd-")
             .tempdir()
@@ -134,9 +158,17 @@ impl Server {
             .arg(format!("{}:0", crate::test_host()))
             .arg("--port-file")
             .arg(&port_file)
-            .env("FERRY_TRANSPORT", transport);
+            .env("FERRY_TRANSPORT", transport)
+            .env("FERRYD_SECRET", crate::TEST_SECRET);
         for share in shares {
             cmd.arg("--share").arg(share.arg());
+        }
+        cmd.args(&opts.args);
+        for (key, value) in &opts.env {
+            match value {
+                Some(v) => cmd.env(key, v),
+                None => cmd.env_remove(key),
+            };
         }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -22,7 +22,9 @@ use ferry_common::msg::{
 };
 use ferry_common::proto::MAX_INFLIGHT_REQUESTS;
 use ferry_common::transport::MAX_QUEUED_CTRL_BYTES;
-use ferry_tests::{open_fds, proc_status, runtime, test_host, write_random_file, Env, MIB};
+use ferry_tests::{
+    open_fds, proc_status, runtime, test_host, test_secret, write_random_file, Env, MIB,
+};
 
 /// Entries of the listed directory, and the length of each name: one listing page is
 /// about 50 KiB.
@@ -40,6 +42,11 @@ const BATCH_WAIT: Duration = Duration::from_secs(2);
 /// How long ferryd may take to let go of a connection whose peer stopped reading (the
 /// TCP transport's close grace is 5 s).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The raw client's nonce (a fixed one is fine for a test: the server's is fresh).
+const CLIENT_NONCE: [u8; 32] = [7; 32];
+/// The request id of the raw client's proof.
+const AUTH_ID: u64 = u64::MAX;
 
 /// A hand-driven client of the TCP transport that reads only what it is told to.
 struct Raw {
@@ -70,10 +77,27 @@ impl Raw {
             min_version: PROTOCOL_VERSION,
             max_version: PROTOCOL_VERSION,
             software: "backpressure-test".into(),
+            nonce: CLIENT_NONCE,
         }));
-        match raw.recv() {
-            Message::Welcome(_) => raw,
+        let welcome = match raw.recv() {
+            Message::Welcome(w) => w,
             other => panic!("expected a welcome, got {other:?}"),
+        };
+        // Prove the share's secret under an id the tests never use.
+        let proof = test_secret().client_proof("data", &CLIENT_NONCE, &welcome.nonce);
+        raw.send(&request(
+            AUTH_ID,
+            Request::Auth {
+                share: "data".into(),
+                proof,
+            },
+        ));
+        match raw.recv() {
+            Message::Response {
+                id: AUTH_ID,
+                body: Response::Authenticated { proof: Some(_) },
+            } => raw,
+            other => panic!("expected the proof accepted, got {other:?}"),
         }
     }
 
@@ -140,7 +164,7 @@ fn connect_client(rt: &tokio::runtime::Runtime, env: &Env) -> Client {
         .parse()
         .unwrap();
     // The raw clients speak TCP; so does this one, whatever the suite's transport.
-    rt.block_on(Client::connect(
+    rt.block_on(ferry_tests::connect(
         &test_host(),
         port,
         ferry_common::transport::TransportChoice::Tcp,

@@ -7,7 +7,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ferry_client::transfer::{download_file, upload_file, ProgressFn};
-use ferry_client::Client;
 use ferry_common::msg::ErrorKind;
 use ferry_common::transport::faulty::{FaultPlan, Faulty, Flip};
 use ferry_common::transport::tcp::Tcp;
@@ -16,17 +15,20 @@ use ferry_server::{Config, Server, ShareConfig};
 use ferry_tests::write_random_file as write_random;
 
 /// Starts an in-process ferryd whose every connection is wrapped in `plan`.
+/// The share's secret file goes beside `root`.
 async fn faulty_server(root: &Path, plan: FaultPlan) -> u16 {
-    let config = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        queue_depth: 4,
-        shares: vec![ShareConfig {
+    let secret = ferry_tests::write_secret_file(root.parent().unwrap());
+    let mut config = Config::with_shares(
+        "127.0.0.1:0".parse().unwrap(),
+        vec![ShareConfig {
             name: "data".into(),
             path: root.to_owned(),
             read_only: false,
+            secret_file: Some(secret),
+            secret_env: None,
         }],
-        max_mapped_bytes: ferry_server::config::DEFAULT_MAX_MAPPED_BYTES,
-    };
+    );
+    config.queue_depth = 4;
     let server = Server::new(&config).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -70,7 +72,7 @@ async fn one_flipped_upload_chunk_is_detected_and_resent() {
         },
     )
     .await;
-    let client = Client::connect("127.0.0.1", port, TransportChoice::Tcp)
+    let client = ferry_tests::connect("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
     upload_file(&client, &src, "data", "dst.bin", no_progress())
@@ -97,7 +99,7 @@ async fn persistent_upload_corruption_fails_and_leaves_nothing() {
         },
     )
     .await;
-    let client = Client::connect("127.0.0.1", port, TransportChoice::Tcp)
+    let client = ferry_tests::connect("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
     let err = upload_file(&client, &src, "data", "dst.bin", no_progress())
@@ -124,7 +126,7 @@ async fn one_flipped_download_chunk_is_detected_and_refetched() {
         },
     )
     .await;
-    let client = Client::connect("127.0.0.1", port, TransportChoice::Tcp)
+    let client = ferry_tests::connect("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
     download_file(&client, "data", "f.bin", &out.join("f.bin"), no_progress())
@@ -152,7 +154,7 @@ async fn persistent_download_corruption_fails_and_leaves_nothing() {
         },
     )
     .await;
-    let client = Client::connect("127.0.0.1", port, TransportChoice::Tcp)
+    let client = ferry_tests::connect("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
     let err = download_file(&client, "data", "f.bin", &out.join("f.bin"), no_progress())
@@ -177,7 +179,7 @@ async fn a_failing_transport_mid_upload_leaves_no_file() {
         },
     )
     .await;
-    let client = Client::connect("127.0.0.1", port, TransportChoice::Tcp)
+    let client = ferry_tests::connect("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
     assert!(upload_file(&client, &src, "data", "dst.bin", no_progress())

@@ -26,7 +26,7 @@ use ferry_tests::runtime;
 
 async fn connect_to(addr: &str, choice: TransportChoice) -> Client {
     let (host, port) = addr.rsplit_once(':').unwrap();
-    Client::connect(host, port.parse().unwrap(), choice)
+    ferry_tests::connect(host, port.parse().unwrap(), choice)
         .await
         .unwrap()
 }
@@ -341,6 +341,8 @@ async fn budget_server(root: &Path, max_mapped_bytes: u64) -> (Arc<Server>, Stri
             name: SHARE.into(),
             path: root.to_owned(),
             read_only: true,
+            secret_file: Some(ferry_tests::write_secret_file(root)),
+            secret_env: None,
         }],
     );
     config.max_mapped_bytes = max_mapped_bytes;

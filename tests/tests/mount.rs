@@ -33,7 +33,6 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ferry_client::Client;
 use ferry_tests::{
     bin, ferry_mount, ferrytest, is_fuse_type, mount_type, rcp_args, send_signal, set_mode,
     test_choice, test_host, test_transport, unused_local_port, write_random_file, Corruption, Env,
@@ -925,7 +924,7 @@ ferrytest!(reads_of_an_open_file_are_one_sided, |env| {
         .build()
         .unwrap();
     let client = rt
-        .block_on(Client::connect(host, port, test_choice()))
+        .block_on(ferry_tests::connect(host, port, test_choice()))
         .expect("connect a stats client");
 
     let mut file = File::open(mount.join("big.bin")).unwrap();
@@ -1285,6 +1284,7 @@ impl FixedFerryd {
             .arg("--share")
             .arg(format!("data={}", dir.display()))
             .env("FERRY_TRANSPORT", transport)
+            .env("FERRYD_SECRET", ferry_tests::TEST_SECRET)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -16,7 +16,7 @@ use ferry_tests::runtime;
 
 async fn connect(env: &Env) -> Client {
     let (host, port) = env.server().addr().rsplit_once(':').unwrap();
-    Client::connect(host, port.parse().unwrap(), ferry_tests::test_choice())
+    ferry_tests::connect(host, port.parse().unwrap(), ferry_tests::test_choice())
         .await
         .unwrap()
 }

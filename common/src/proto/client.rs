@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use super::timer::{Timer, TimerTable};
 use super::{ProtoError, HANDSHAKE_TIMEOUT};
+use crate::auth::Nonce;
 use crate::msg::{Hello, Message, Request, Response, Welcome, HELLO_MAGIC, PROTOCOL_VERSION};
 
 /// What the driver must act on.
@@ -47,11 +48,13 @@ pub struct ClientSession {
     queued: VecDeque<(u64, Request)>,
     next_id: u64,
     timers: TimerTable,
+    nonce: Nonce,
 }
 
 impl ClientSession {
-    /// Starts a session at `now`, queuing the `Hello`.
-    pub fn new(now: Instant, software: &str) -> ClientSession {
+    /// Starts a session at `now`, queuing the `Hello`. `nonce` must be fresh random
+    /// bytes (see [`crate::auth::fresh_nonce`]), never reused for another session.
+    pub fn new(now: Instant, software: &str, nonce: Nonce) -> ClientSession {
         let mut timers = TimerTable::default();
         timers.set(Timer::Handshake, now + HANDSHAKE_TIMEOUT);
         let hello = Hello {
@@ -59,6 +62,7 @@ impl ClientSession {
             min_version: PROTOCOL_VERSION,
             max_version: PROTOCOL_VERSION,
             software: software.chars().take(64).collect(),
+            nonce,
         };
         ClientSession {
             state: State::AwaitWelcome,
@@ -68,7 +72,13 @@ impl ClientSession {
             queued: VecDeque::new(),
             next_id: 1,
             timers,
+            nonce,
         }
+    }
+
+    /// This session's nonce, as sent in the `Hello`.
+    pub fn nonce(&self) -> &Nonce {
+        &self.nonce
     }
 
     /// Queues `body` and returns the id its response will carry.

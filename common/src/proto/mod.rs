@@ -66,6 +66,9 @@ pub enum ProtoError {
     /// A transfer request broke the window rules.
     #[error("{0}")]
     Transfer(String),
+    /// The client's proof of a share's secret was wrong.
+    #[error("authentication failed for share '{0}'")]
+    AuthFailed(String),
 }
 
 impl ProtoError {

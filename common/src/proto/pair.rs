@@ -2,12 +2,14 @@
 //! through the real codec, and `drive` runs until both sides are idle.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::client::{ClientEvent, ClientSession};
-use super::server::{ServerEvent, ServerParams, ServerSession};
+use super::server::{AccessTable, ServerEvent, ServerParams, ServerSession};
 use super::transfer::{UploadState, WindowPlan};
 use super::{ProtoError, MAX_INFLIGHT_REQUESTS};
+use crate::auth::{Secret, ShareAccess};
 use crate::chunk::{hash_chunk, hash_chunks, manifest_id};
 use crate::codec::{decode, encode};
 use crate::msg::*;
@@ -29,19 +31,26 @@ struct Pair {
 }
 
 impl Pair {
+    /// A pair whose server serves share "s" without a secret.
     fn new() -> Pair {
+        Pair::with_access(AccessTable::from([("s".to_string(), ShareAccess::Open)]))
+    }
+
+    fn with_access(access: AccessTable) -> Pair {
         // The only clock read in the module: a base instant that is then advanced
         // by hand, so runs are deterministic.
         let now = Instant::now();
         Pair {
             now,
-            client: ClientSession::new(now, "test-client"),
+            client: ClientSession::new(now, "test-client", [1; 32]),
             server: ServerSession::new(
                 now,
                 ServerParams {
                     software: "test-server".into(),
                     chunk_bytes: DEFAULT_CHUNK_BYTES,
+                    access: Arc::new(access),
                 },
+                [2; 32],
             ),
             to_server: VecDeque::new(),
             to_client: VecDeque::new(),
@@ -209,6 +218,7 @@ fn version_mismatch_is_refused() {
         min_version: PROTOCOL_VERSION + 1,
         max_version: PROTOCOL_VERSION + 3,
         software: "future".into(),
+        nonce: [0; 32],
     };
     p.to_server
         .push_back(encode(&Message::Hello(hello)).unwrap());
@@ -328,4 +338,168 @@ fn flipped_bit_is_detected_and_blocks_commit() {
     for at in [0, 4095, 4096, 30_000, 49_999] {
         assert!(upload(&data, 4096, Some(at)).is_err(), "flip at {at}");
     }
+}
+
+fn secret(text: &str) -> Secret {
+    Secret::from_bytes(text.as_bytes(), "test").unwrap()
+}
+
+/// A pair whose server guards "s" with a secret and also has an open share "pub".
+fn guarded() -> Pair {
+    Pair::with_access(AccessTable::from([
+        (
+            "s".to_string(),
+            ShareAccess::Secret(secret("the-right-secret-0001")),
+        ),
+        ("pub".to_string(), ShareAccess::Open),
+    ]))
+}
+
+fn auth_with(p: &mut Pair, share: &str, key: &Secret) -> u64 {
+    p.drive();
+    let (c, s) = (*p.client.nonce(), p.client.welcome().unwrap().nonce);
+    let proof = key.client_proof(share, &c, &s);
+    let id = p
+        .client
+        .request(Request::Auth {
+            share: share.into(),
+            proof,
+        })
+        .unwrap();
+    p.drive();
+    id
+}
+
+fn error_kind(r: &Response) -> Option<ErrorKind> {
+    match r {
+        Response::Error(e) => Some(e.kind),
+        _ => None,
+    }
+}
+
+#[test]
+fn requests_wait_for_the_proof_of_their_share() {
+    let mut p = guarded();
+    p.responder = Box::new(|_| Some(Response::Ok));
+    let early = p.client.request(stat("a")).unwrap();
+    let stats = p.client.request(Request::Stats).unwrap();
+    let open = p
+        .client
+        .request(Request::Stat {
+            share: "pub".into(),
+            path: "".into(),
+            follow: false,
+        })
+        .unwrap();
+    p.drive();
+    let r = p.responses();
+    assert_eq!(error_kind(&r[0].1), Some(ErrorKind::AuthRequired), "{r:?}");
+    // Stats is allowed: the server has an open share.
+    assert_eq!(r[1], (stats, Response::Ok));
+    assert_eq!(r[2], (open, Response::Ok));
+    assert_eq!(r[0].0, early);
+    // The refused request never reached the driver, and the refusal was reported.
+    let reached: Vec<_> = p
+        .server_events
+        .iter()
+        .filter(|e| matches!(e, ServerEvent::Request { .. }))
+        .collect();
+    assert_eq!(reached.len(), 2);
+    assert!(p
+        .server_events
+        .iter()
+        .any(|e| matches!(e, ServerEvent::Denied { share, .. } if share == "s")));
+
+    let key = secret("the-right-secret-0001");
+    let id = auth_with(&mut p, "s", &key);
+    let (_, answer) = p.responses().into_iter().find(|(i, _)| *i == id).unwrap();
+    let Response::Authenticated { proof: Some(proof) } = answer else {
+        panic!("{answer:?}");
+    };
+    assert!(key.check_server_proof("s", &[1; 32], &[2; 32], &proof));
+    let later = p.client.request(stat("a")).unwrap();
+    p.drive();
+    assert!(p.responses().contains(&(later, Response::Ok)));
+    assert!(p.server_closed().is_none());
+}
+
+#[test]
+fn a_wrong_secret_is_refused_and_closes_the_session() {
+    let mut p = guarded();
+    let id = auth_with(&mut p, "s", &secret("not-the-right-secret"));
+    let r = p.responses();
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].0, id);
+    assert_eq!(error_kind(&r[0].1), Some(ErrorKind::AuthFailed));
+    assert!(matches!(p.server_closed(), Some(ProtoError::AuthFailed(_))));
+    assert!(p
+        .server_events
+        .iter()
+        .any(|e| matches!(e, ServerEvent::Denied { share, .. } if share == "s")));
+    // Nothing more is served.
+    let _ = p.client.request(stat("a"));
+    p.drive();
+    assert_eq!(p.responses().len(), 1);
+}
+
+#[test]
+fn a_proof_is_bound_to_its_share_and_session() {
+    // A proof made for another share, or with another server nonce, fails.
+    let key = secret("the-right-secret-0001");
+    let mut p = Pair::with_access(AccessTable::from([
+        ("s".to_string(), ShareAccess::Secret(key.clone())),
+        ("t".to_string(), ShareAccess::Secret(key.clone())),
+    ]));
+    p.drive();
+    let proof = key.client_proof("t", &[1; 32], &[2; 32]);
+    p.client
+        .request(Request::Auth {
+            share: "s".into(),
+            proof,
+        })
+        .unwrap();
+    p.drive();
+    assert!(matches!(p.server_closed(), Some(ProtoError::AuthFailed(_))));
+
+    let mut p = Pair::with_access(AccessTable::from([(
+        "s".to_string(),
+        ShareAccess::Secret(key.clone()),
+    )]));
+    p.drive();
+    let replayed = key.client_proof("s", &[1; 32], &[9; 32]);
+    p.client
+        .request(Request::Auth {
+            share: "s".into(),
+            proof: replayed,
+        })
+        .unwrap();
+    p.drive();
+    assert!(matches!(p.server_closed(), Some(ProtoError::AuthFailed(_))));
+}
+
+#[test]
+fn stats_and_unknown_shares_without_any_proof() {
+    let key = secret("the-right-secret-0001");
+    let mut p = Pair::with_access(AccessTable::from([(
+        "s".to_string(),
+        ShareAccess::Secret(key.clone()),
+    )]));
+    let stats = p.client.request(Request::Stats).unwrap();
+    p.drive();
+    assert_eq!(
+        error_kind(&p.responses()[0].1),
+        Some(ErrorKind::AuthRequired)
+    );
+    let id = auth_with(&mut p, "nope", &key);
+    let r = p.responses();
+    assert_eq!(r.last().unwrap().0, id);
+    assert_eq!(
+        error_kind(&r.last().unwrap().1),
+        Some(ErrorKind::NoSuchShare)
+    );
+    auth_with(&mut p, "s", &key);
+    let again = p.client.request(Request::Stats).unwrap();
+    p.drive();
+    assert!(p.responses().contains(&(again, Response::Ok)));
+    assert_ne!(stats, again);
 }

@@ -7,25 +7,41 @@
 //! each [`ServerEvent::Request`] must be answered exactly once with
 //! [`ServerSession::respond`]. After [`ServerEvent::Closed`] the driver sends what is
 //! left to transmit and closes the connection.
+//!
+//! Access invariant: a request naming a share reaches the driver (and so any path
+//! resolution or memory registration) only if the share is open or this session has
+//! proved the share's secret with [`Request::Auth`]; [`Request::Stats`] only once some
+//! share is usable. The session answers everything else itself: `AuthRequired` for a
+//! request before its share's proof, `AuthFailed` for a wrong proof (then it closes).
+//! Requests that name no share act on transfers and mapped files, which exist only
+//! once a request naming an accessible share opened them.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::client::message_name;
 use super::timer::{Timer, TimerTable};
 use super::{ProtoError, HANDSHAKE_TIMEOUT, MAX_INFLIGHT_REQUESTS};
+use crate::auth::{Nonce, ShareAccess};
 use crate::msg::{
     ErrorKind, Message, RemoteError, Request, Response, Welcome, HELLO_MAGIC, MAX_WINDOW_CHUNKS,
     PROTOCOL_VERSION,
 };
 
-/// What the server announces in its welcome.
+/// How each share the server exports is guarded, by share name. A name missing from
+/// it is no share: requests naming it go to the driver, which answers `NoSuchShare`.
+pub type AccessTable = HashMap<String, ShareAccess>;
+
+/// What the server announces in its welcome, and how it guards its shares.
 #[derive(Debug, Clone)]
 pub struct ServerParams {
     /// Software name and version.
     pub software: String,
     /// Chunk size for transfers.
     pub chunk_bytes: u32,
+    /// The secret (or openness) of every share.
+    pub access: Arc<AccessTable>,
 }
 
 /// What the driver must act on.
@@ -43,6 +59,19 @@ pub enum ServerEvent {
         /// The request.
         body: Request,
     },
+    /// The session proved a share's secret.
+    Authenticated {
+        /// The share.
+        share: String,
+    },
+    /// The session was refused a share (wrong proof, or a request before the proof):
+    /// the driver logs the peer.
+    Denied {
+        /// The share.
+        share: String,
+        /// Why, in words.
+        reason: String,
+    },
     /// The session is over.
     Closed(ProtoError),
 }
@@ -50,7 +79,7 @@ pub enum ServerEvent {
 #[derive(Debug, PartialEq, Eq)]
 enum State {
     AwaitHello,
-    Ready,
+    Ready { client_nonce: Nonce },
     Closed,
 }
 
@@ -63,11 +92,17 @@ pub struct ServerSession {
     events: VecDeque<ServerEvent>,
     outstanding: HashSet<u64>,
     timers: TimerTable,
+    nonce: Nonce,
+    /// Shares this session proved the secret of.
+    authenticated: HashSet<String>,
+    /// Shares a request was refused for before their proof, so each is logged once.
+    denied: HashSet<String>,
 }
 
 impl ServerSession {
-    /// A session for a connection accepted at `now`.
-    pub fn new(now: Instant, params: ServerParams) -> ServerSession {
+    /// A session for a connection accepted at `now`; `nonce` must be fresh random
+    /// bytes (see [`crate::auth::fresh_nonce`]), never reused for another session.
+    pub fn new(now: Instant, params: ServerParams, nonce: Nonce) -> ServerSession {
         let mut timers = TimerTable::default();
         timers.set(Timer::Handshake, now + HANDSHAKE_TIMEOUT);
         ServerSession {
@@ -77,6 +112,9 @@ impl ServerSession {
             events: VecDeque::new(),
             outstanding: HashSet::new(),
             timers,
+            nonce,
+            authenticated: HashSet::new(),
+            denied: HashSet::new(),
         }
     }
 
@@ -111,25 +149,38 @@ impl ServerSession {
                     return Err(ProtoError::Incompatible(message));
                 }
                 self.timers.stop(Timer::Handshake);
-                self.state = State::Ready;
+                self.state = State::Ready {
+                    client_nonce: h.nonce,
+                };
                 self.transmit.push_back(Message::Welcome(Welcome {
                     version: PROTOCOL_VERSION,
                     software: self.params.software.clone(),
                     chunk_bytes: self.params.chunk_bytes,
                     max_window_chunks: MAX_WINDOW_CHUNKS as u32,
                     max_inflight_requests: MAX_INFLIGHT_REQUESTS,
+                    nonce: self.nonce,
                 }));
                 self.events.push_back(ServerEvent::Ready {
                     software: h.software,
                 });
                 Ok(())
             }
-            (State::Ready, Message::Request { id, body }) => {
+            (&State::Ready { client_nonce }, Message::Request { id, body }) => {
                 if self.outstanding.contains(&id) {
                     return Err(ProtoError::DuplicateRequest(id));
                 }
                 if self.outstanding.len() >= MAX_INFLIGHT_REQUESTS as usize {
                     return Err(ProtoError::TooManyRequests(MAX_INFLIGHT_REQUESTS));
+                }
+                if let Request::Auth { share, proof } = &body {
+                    return self.authenticate(id, share, proof, &client_nonce);
+                }
+                if let Some(refusal) = self.refusal(&body) {
+                    self.transmit.push_back(Message::Response {
+                        id,
+                        body: Response::Error(refusal),
+                    });
+                    return Ok(());
                 }
                 self.outstanding.insert(id);
                 self.events.push_back(ServerEvent::Request { id, body });
@@ -147,10 +198,99 @@ impl ServerSession {
         }
     }
 
+    /// Checks a [`Request::Auth`] and answers it. A wrong proof is answered, reported
+    /// as [`ServerEvent::Denied`] and closes the session.
+    fn authenticate(
+        &mut self,
+        id: u64,
+        share: &str,
+        proof: &[u8; 32],
+        client_nonce: &Nonce,
+    ) -> Result<(), ProtoError> {
+        let answer = match self.params.access.get(share) {
+            None => Response::Error(RemoteError {
+                kind: ErrorKind::NoSuchShare,
+                message: format!("no such share '{}'", share.escape_debug()),
+            }),
+            Some(ShareAccess::Open) => Response::Authenticated { proof: None },
+            Some(ShareAccess::Secret(secret)) => {
+                if secret.check_client_proof(share, client_nonce, &self.nonce, proof) {
+                    self.authenticated.insert(share.to_string());
+                    self.events.push_back(ServerEvent::Authenticated {
+                        share: share.to_string(),
+                    });
+                    Response::Authenticated {
+                        proof: Some(secret.server_proof(share, client_nonce, &self.nonce)),
+                    }
+                } else {
+                    let message = format!(
+                        "wrong secret for share '{}': authentication failed",
+                        share.escape_debug()
+                    );
+                    self.transmit.push_back(Message::Response {
+                        id,
+                        body: Response::Error(RemoteError {
+                            kind: ErrorKind::AuthFailed,
+                            message: message.clone(),
+                        }),
+                    });
+                    self.events.push_back(ServerEvent::Denied {
+                        share: share.to_string(),
+                        reason: "wrong secret".into(),
+                    });
+                    return Err(ProtoError::AuthFailed(share.escape_debug().to_string()));
+                }
+            }
+        };
+        self.transmit
+            .push_back(Message::Response { id, body: answer });
+        Ok(())
+    }
+
+    /// Why `body` may not run on this session yet, if it may not.
+    fn refusal(&mut self, body: &Request) -> Option<RemoteError> {
+        let usable = |s: &ServerSession, share: &str| {
+            s.authenticated.contains(share)
+                || !matches!(s.params.access.get(share), Some(ShareAccess::Secret(_)))
+        };
+        let share = match (body.share(), body) {
+            (Some(share), _) if usable(self, share) => return None,
+            (Some(share), _) => share.to_string(),
+            (None, Request::Stats) => {
+                let any_open = self
+                    .params
+                    .access
+                    .values()
+                    .any(|a| matches!(a, ShareAccess::Open));
+                if any_open || !self.authenticated.is_empty() {
+                    return None;
+                }
+                return Some(RemoteError {
+                    kind: ErrorKind::AuthRequired,
+                    message: "server statistics need an authenticated share".into(),
+                });
+            }
+            (None, _) => return None,
+        };
+        if self.denied.insert(share.clone()) {
+            self.events.push_back(ServerEvent::Denied {
+                share: share.clone(),
+                reason: "request before authentication".into(),
+            });
+        }
+        Some(RemoteError {
+            kind: ErrorKind::AuthRequired,
+            message: format!(
+                "share '{}' requires a secret, and this session has not proved it",
+                share.escape_debug()
+            ),
+        })
+    }
+
     /// Answers request `id`. Answers to requests that are not outstanding (the session
     /// closed meanwhile) are dropped.
     pub fn respond(&mut self, id: u64, body: Response) {
-        if self.state == State::Ready && self.outstanding.remove(&id) {
+        if matches!(self.state, State::Ready { .. }) && self.outstanding.remove(&id) {
             self.transmit.push_back(Message::Response { id, body });
         }
     }

@@ -55,6 +55,7 @@ fn hello() -> Message {
         min_version: PROTOCOL_VERSION,
         max_version: PROTOCOL_VERSION,
         software: "rcp/0.1.0".into(),
+        nonce: [0x11; 32],
     })
 }
 
@@ -107,6 +108,7 @@ fn messages() -> Vec<(&'static str, Message)> {
                 chunk_bytes: DEFAULT_CHUNK_BYTES,
                 max_window_chunks: MAX_WINDOW_CHUNKS as u32,
                 max_inflight_requests: 256,
+                nonce: [0x22; 32],
             }),
         ),
         (
@@ -247,6 +249,16 @@ fn messages() -> Vec<(&'static str, Message)> {
         ),
         ("req-statfs", req(13, Request::StatFs { share: data() })),
         ("req-stats", req(14, Request::Stats)),
+        (
+            "req-auth",
+            req(
+                15,
+                Request::Auth {
+                    share: data(),
+                    proof: [0x33; 32],
+                },
+            ),
+        ),
         ("resp-ok", resp(1, Response::Ok)),
         (
             "resp-attr",
@@ -359,6 +371,15 @@ fn messages() -> Vec<(&'static str, Message)> {
                 }),
             ),
         ),
+        (
+            "resp-authenticated",
+            resp(
+                13,
+                Response::Authenticated {
+                    proof: Some([0x44; 32]),
+                },
+            ),
+        ),
     ]
 }
 
@@ -400,6 +421,7 @@ const ADVANCE: u8 = 1;
 const SECONDS: u8 = 4;
 const RESPOND_OUTSTANDING: u8 = 2;
 const RESPOND_ANY: u8 = 3;
+const VALID_AUTH: u8 = 4;
 
 fn records(steps: &[(u8, Vec<u8>)]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -426,13 +448,26 @@ fn sessions() -> Vec<Seed> {
         min_version: 1,
         max_version: 1,
         software: s("rcp/0.0.1"),
+        nonce: [0; 32],
     }));
     let session = |name, steps: &[(u8, Vec<u8>)]| seed("server_session", name, records(steps));
+    let valid_auth = |id: u64, share: &str| [&id.to_le_bytes()[..], share.as_bytes()].concat();
+    let wrong_auth = encode(&req(
+        9,
+        Request::Auth {
+            share: s("data"),
+            proof: [0x55; 32],
+        },
+    ));
     vec![
         session(
             "requests-and-answers",
             &[
                 (MESSAGE, encode(&hello())),
+                (MESSAGE, stat(7)),
+                (MESSAGE | VALID_AUTH, valid_auth(8, "data")),
+                (MESSAGE | VALID_AUTH, valid_auth(9, "pub")),
+                (MESSAGE | VALID_AUTH, valid_auth(10, "nope")),
                 (MESSAGE, stat(1)),
                 (MESSAGE, encode(&req(2, Request::Stats))),
                 (RESPOND_OUTSTANDING, [&[0][..], &attr_resp].concat()),
@@ -448,6 +483,10 @@ fn sessions() -> Vec<Seed> {
                 (ADVANCE, 1000u32.to_le_bytes().to_vec()),
                 (MESSAGE, encode(&hello())),
             ],
+        ),
+        session(
+            "wrong-secret",
+            &[(MESSAGE, encode(&hello())), (MESSAGE, wrong_auth)],
         ),
         session("old-client", &[(MESSAGE, old_hello)]),
         session("request-before-hello", &[(MESSAGE, stat(1))]),

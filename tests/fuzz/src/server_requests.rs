@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use ferry_common::auth::{Nonce, Secret};
 use ferry_common::chunk::{hash_chunks, manifest_id};
 use ferry_common::codec;
 use ferry_common::msg::{
@@ -141,7 +142,10 @@ impl World {
                 (m.dev(), m.ino())
             })
             .collect();
-        let config = Config::build(
+        let secret_file = b.join("ferry.secret");
+        fs::write(&secret_file, SECRET).expect("secret file");
+        fs::set_permissions(&secret_file, fs::Permissions::from_mode(0o600)).expect("chmod");
+        let mut config = Config::build(
             None,
             Some(([127, 0, 0, 1], 0).into()),
             Some(2),
@@ -152,6 +156,9 @@ impl World {
             ],
         )
         .expect("config");
+        config
+            .apply_secrets(&[secret_file.display().to_string()], None)
+            .expect("secrets");
         let server = Server::new(&config).expect("server");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -227,6 +234,7 @@ impl World {
             last_download: None,
             last_transfer: None,
             last_map: None,
+            welcome_nonce: [0; 32],
         };
         c.hello().await;
         let mut raw = false;
@@ -342,6 +350,17 @@ struct Client<'w> {
     last_download: Option<u64>,
     last_transfer: Option<u64>,
     last_map: Option<u64>,
+    /// The server's nonce from its welcome.
+    welcome_nonce: Nonce,
+}
+
+/// The secret of both shares.
+const SECRET: &str = "fuzz-secret-of-the-shares";
+/// Our nonce (fixed: runs must be deterministic; the server's is fresh).
+const CLIENT_NONCE: Nonce = [0x3c; 32];
+
+fn secret() -> Secret {
+    Secret::from_bytes(SECRET.as_bytes(), "fuzz").expect("a valid secret")
 }
 
 impl Client<'_> {
@@ -351,14 +370,36 @@ impl Client<'_> {
             min_version: PROTOCOL_VERSION,
             max_version: PROTOCOL_VERSION,
             software: "ferry-fuzz".into(),
+            nonce: CLIENT_NONCE,
         });
         self.tcp
             .send(codec::encode(&hello).expect("encode"))
             .await
             .expect("send hello");
         match self.receive("hello").await {
-            Message::Welcome(_) => {}
+            Message::Welcome(w) => self.welcome_nonce = w.nonce,
             other => panic!("expected a welcome, got {other:?}"),
+        }
+        // Prove both shares' secret, so the fuzzed requests reach the server's code.
+        for share in ["data", "ro"] {
+            let auth = Message::Request {
+                id: 0,
+                body: Request::Auth {
+                    share: share.into(),
+                    proof: secret().client_proof(share, &CLIENT_NONCE, &self.welcome_nonce),
+                },
+            };
+            self.tcp
+                .send(codec::encode(&auth).expect("encode"))
+                .await
+                .expect("send auth");
+            match self.receive("auth").await {
+                Message::Response {
+                    id: 0,
+                    body: Response::Authenticated { proof: Some(_) },
+                } => {}
+                other => panic!("expected the proof accepted, got {other:?}"),
+            }
         }
     }
 
@@ -437,6 +478,13 @@ impl Client<'_> {
             Request::Close { transfer } => latest(transfer, self.last_transfer),
             Request::MapRelease { handle } => latest(handle, self.last_map),
             Request::Stats => {}
+            // A wrong proof ends the connection, which the harness does not model:
+            // proofs for the real shares are made valid (re-proving is allowed).
+            Request::Auth { share, proof } => {
+                if share == "data" || share == "ro" {
+                    *proof = secret().client_proof(share, &CLIENT_NONCE, &self.welcome_nonce);
+                }
+            }
         }
         body
     }

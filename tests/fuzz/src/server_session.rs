@@ -7,45 +7,70 @@
 //! `bytes` (u32 LE) milliseconds, or seconds with flag bit 2, and fire the timer if it
 //! is due, or regardless with flag bit 3; `2` answer the outstanding request
 //! `bytes[0] % n` with the response in `bytes[1..]` (`Ok` if that does not decode);
-//! `3` answer the id in `bytes` (u64 LE), outstanding or not.
+//! `3` answer the id in `bytes` (u64 LE), outstanding or not. Flag `0` with bit 2
+//! feeds a *valid* `Auth` request instead (a fuzzer cannot forge an HMAC): id from
+//! `bytes[..8]` (u64 LE), share name from the rest; the proof is made with
+//! [`SECRET`] and the nonces of this session.
+//!
+//! The session guards share `data` with [`SECRET`] and serves `pub` openly; the model
+//! predicts every refusal (`AuthRequired`, `AuthFailed`, `NoSuchShare` for an `Auth`).
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry_common::auth::{Nonce, Secret, ShareAccess};
 use ferry_common::codec;
 use ferry_common::msg::{
-    ErrorKind, Message, Response, HELLO_MAGIC, MAX_WINDOW_CHUNKS, PROTOCOL_VERSION,
+    ErrorKind, Message, Request, Response, HELLO_MAGIC, MAX_WINDOW_CHUNKS, PROTOCOL_VERSION,
 };
-use ferry_common::proto::server::{ServerEvent, ServerParams, ServerSession};
+use ferry_common::proto::server::{AccessTable, ServerEvent, ServerParams, ServerSession};
 use ferry_common::proto::{ProtoError, HANDSHAKE_TIMEOUT, MAX_INFLIGHT_REQUESTS};
 
 use crate::{records, Record};
 
 const SOFTWARE: &str = "ferryd/fuzz";
 const CHUNK_BYTES: u32 = 1 << 20;
+/// The secret of share `data`.
+pub const SECRET: &str = "fuzz-secret-of-share-data";
+/// The server's nonce (fixed: the run must be deterministic).
+const SERVER_NONCE: Nonce = [0x5a; 32];
+
+fn secret() -> Secret {
+    Secret::from_bytes(SECRET.as_bytes(), "fuzz").expect("a valid secret")
+}
 
 /// Runs the records of `data` against a fresh session and the model.
 pub fn server_session(data: &[u8]) {
     let start = Instant::now();
+    let access = AccessTable::from([
+        ("data".to_string(), ShareAccess::Secret(secret())),
+        ("pub".to_string(), ShareAccess::Open),
+    ]);
     let mut h = Harness {
         session: ServerSession::new(
             start,
             ServerParams {
                 software: SOFTWARE.into(),
                 chunk_bytes: CHUNK_BYTES,
+                access: Arc::new(access),
             },
+            SERVER_NONCE,
         ),
         start,
         now: start,
-        ready: false,
+        ready: None,
         closed: false,
         outstanding: Vec::new(),
+        authenticated: HashSet::new(),
+        denied: HashSet::new(),
         transmits: VecDeque::new(),
         events: VecDeque::new(),
     };
     h.check_drained();
     for r in records(data) {
         match r.flags & 3 {
+            0 if r.flags & 4 != 0 => h.receive_valid_auth(r.bytes),
             0 => h.receive(r.bytes),
             1 => h.advance(r),
             2 => h.respond_outstanding(r.bytes),
@@ -61,6 +86,8 @@ enum Transmit {
     Welcome,
     Refused,
     Response(u64, Response),
+    /// An error response of this kind (its message is not modelled).
+    Error(u64, ErrorKind),
 }
 
 /// What the model expects the session to report.
@@ -68,6 +95,8 @@ enum Transmit {
 enum Event {
     Ready(String),
     Request(u64),
+    Authenticated(String),
+    Denied(String),
     Closed(fn(&ProtoError) -> bool),
 }
 
@@ -75,10 +104,13 @@ struct Harness {
     session: ServerSession,
     start: Instant,
     now: Instant,
-    /// The model: handshake done, session closed, outstanding request ids in order.
-    ready: bool,
+    /// The model: the client's nonce once the handshake is done, session closed,
+    /// outstanding request ids in order, shares proved, shares refused (reported once).
+    ready: Option<Nonce>,
     closed: bool,
     outstanding: Vec<u64>,
+    authenticated: HashSet<String>,
+    denied: HashSet<String>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
 }
@@ -88,6 +120,76 @@ impl Harness {
         self.closed = true;
         self.outstanding.clear();
         self.events.push_back(Event::Closed(why));
+    }
+
+    fn receive_valid_auth(&mut self, bytes: &[u8]) {
+        let mut id = [0u8; 8];
+        let len = bytes.len().min(8);
+        id[..len].copy_from_slice(&bytes[..len]);
+        let share = String::from_utf8_lossy(&bytes[len..]).into_owned();
+        let client_nonce = self.ready.unwrap_or_default();
+        let proof = secret().client_proof(&share, &client_nonce, &SERVER_NONCE);
+        let msg = Message::Request {
+            id: u64::from_le_bytes(id),
+            body: Request::Auth { share, proof },
+        };
+        if let Ok(bytes) = codec::encode(&msg) {
+            self.receive(&bytes);
+        }
+    }
+
+    /// The model of a request that passed the id checks.
+    fn request(
+        &mut self,
+        id: u64,
+        body: Request,
+        client_nonce: Nonce,
+    ) -> Result<(), fn(&ProtoError) -> bool> {
+        if let Request::Auth { share, proof } = body {
+            match share.as_str() {
+                "pub" => self.transmits.push_back(Transmit::Response(
+                    id,
+                    Response::Authenticated { proof: None },
+                )),
+                "data"
+                    if secret().check_client_proof(
+                        &share,
+                        &client_nonce,
+                        &SERVER_NONCE,
+                        &proof,
+                    ) =>
+                {
+                    let proof = secret().server_proof(&share, &client_nonce, &SERVER_NONCE);
+                    self.events.push_back(Event::Authenticated(share.clone()));
+                    self.authenticated.insert(share);
+                    self.transmits.push_back(Transmit::Response(
+                        id,
+                        Response::Authenticated { proof: Some(proof) },
+                    ));
+                }
+                "data" => {
+                    self.transmits
+                        .push_back(Transmit::Error(id, ErrorKind::AuthFailed));
+                    self.events.push_back(Event::Denied(share));
+                    return Err(|e| matches!(e, ProtoError::AuthFailed(_)));
+                }
+                _ => self
+                    .transmits
+                    .push_back(Transmit::Error(id, ErrorKind::NoSuchShare)),
+            }
+            return Ok(());
+        }
+        if body.share() == Some("data") && !self.authenticated.contains("data") {
+            self.transmits
+                .push_back(Transmit::Error(id, ErrorKind::AuthRequired));
+            if self.denied.insert("data".into()) {
+                self.events.push_back(Event::Denied("data".into()));
+            }
+            return Ok(());
+        }
+        self.outstanding.push(id);
+        self.events.push_back(Event::Request(id));
+        Ok(())
     }
 
     fn receive(&mut self, bytes: &[u8]) {
@@ -100,11 +202,11 @@ impl Harness {
             return;
         }
         let expected: Result<(), fn(&ProtoError) -> bool> = match (self.ready, msg) {
-            (false, Message::Hello(h)) => {
+            (None, Message::Hello(h)) => {
                 if h.magic == HELLO_MAGIC
                     && (h.min_version..=h.max_version).contains(&PROTOCOL_VERSION)
                 {
-                    self.ready = true;
+                    self.ready = Some(h.nonce);
                     self.transmits.push_back(Transmit::Welcome);
                     self.events.push_back(Event::Ready(h.software));
                     Ok(())
@@ -113,15 +215,13 @@ impl Harness {
                     Err(|e| matches!(e, ProtoError::Incompatible(_)))
                 }
             }
-            (true, Message::Request { id, .. }) => {
+            (Some(client_nonce), Message::Request { id, body }) => {
                 if self.outstanding.contains(&id) {
                     Err(|e| matches!(e, ProtoError::DuplicateRequest(_)))
                 } else if self.outstanding.len() >= MAX_INFLIGHT_REQUESTS as usize {
                     Err(|e| matches!(e, ProtoError::TooManyRequests(_)))
                 } else {
-                    self.outstanding.push(id);
-                    self.events.push_back(Event::Request(id));
-                    Ok(())
+                    self.request(id, body, client_nonce)
                 }
             }
             _ => Err(|e| matches!(e, ProtoError::Unexpected { .. })),
@@ -153,7 +253,7 @@ impl Harness {
         if due || r.flags & 8 != 0 {
             self.session.handle_timeout(self.now);
         }
-        if !self.ready && !self.closed && self.now >= self.start + HANDSHAKE_TIMEOUT {
+        if self.ready.is_none() && !self.closed && self.now >= self.start + HANDSHAKE_TIMEOUT {
             self.close(|e| matches!(e, ProtoError::HandshakeTimeout));
         }
     }
@@ -200,12 +300,22 @@ impl Harness {
                     assert_eq!(w.chunk_bytes, CHUNK_BYTES);
                     assert_eq!(w.max_window_chunks as usize, MAX_WINDOW_CHUNKS);
                     assert_eq!(w.max_inflight_requests, MAX_INFLIGHT_REQUESTS);
+                    assert_eq!(w.nonce, SERVER_NONCE);
                 }
                 (Some(Transmit::Refused), Message::Refused(e)) => {
                     assert_eq!(e.kind, ErrorKind::Protocol);
                 }
                 (Some(Transmit::Response(id, body)), Message::Response { id: got, body: b }) => {
                     assert_eq!((got, &b), (id, &body));
+                }
+                (
+                    Some(Transmit::Error(id, kind)),
+                    Message::Response {
+                        id: got,
+                        body: Response::Error(e),
+                    },
+                ) => {
+                    assert_eq!((got, e.kind), (id, kind));
                 }
                 (expected, got) => panic!("expected to transmit {expected:?}, got {got:?}"),
             }
@@ -223,6 +333,12 @@ impl Harness {
                 (Some(Event::Request(id)), ServerEvent::Request { id: got, .. }) => {
                     assert_eq!(got, id);
                 }
+                (Some(Event::Authenticated(s)), ServerEvent::Authenticated { share }) => {
+                    assert_eq!(s, share);
+                }
+                (Some(Event::Denied(s)), ServerEvent::Denied { share, .. }) => {
+                    assert_eq!(s, share);
+                }
                 (Some(Event::Closed(why)), ServerEvent::Closed(e)) => {
                     assert!(why(&e), "closed for the wrong reason: {e:?}");
                 }
@@ -232,7 +348,8 @@ impl Harness {
         assert!(self.events.is_empty(), "not reported: {:?}", self.events);
         assert!(self.outstanding.len() <= MAX_INFLIGHT_REQUESTS as usize);
         assert_eq!(self.session.is_closed(), self.closed);
-        let deadline = (!self.ready && !self.closed).then(|| self.start + HANDSHAKE_TIMEOUT);
+        let deadline =
+            (self.ready.is_none() && !self.closed).then(|| self.start + HANDSHAKE_TIMEOUT);
         assert_eq!(self.session.poll_timeout(), deadline);
     }
 }

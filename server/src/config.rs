@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -13,6 +14,9 @@ pub const MAX_QUEUE_DEPTH: usize = 256;
 
 /// Default budget of file bytes registered for mapped files, over all connections.
 pub const DEFAULT_MAX_MAPPED_BYTES: u64 = 64 << 30;
+
+/// Default age beyond which the startup cleanup removes a resumable partial upload.
+pub const DEFAULT_PARTIAL_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// Configuration errors, reported before the server starts.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +69,9 @@ pub enum ConfigError {
     /// A byte size is not a number with an optional K, M, G or T suffix.
     #[error("invalid size '{0}': expected bytes, optionally with a K, M, G or T suffix (powers of 1024)")]
     Size(String),
+    /// A duration is not a number with an optional s, m, h or d suffix.
+    #[error("invalid duration '{0}': expected seconds, or a number with an s, m, h or d suffix (e.g. 90m, 24h)")]
+    Duration(String),
 }
 
 /// One exported share.
@@ -92,6 +99,9 @@ pub struct Config {
     /// Most file bytes registered for mapped files at once, over all connections;
     /// `MapOpen` beyond it fails with `Busy`.
     pub max_mapped_bytes: u64,
+    /// At start, resumable partial uploads not written to for this long are removed
+    /// (zero: all of them).
+    pub partial_ttl: Duration,
 }
 
 #[derive(Debug, Deserialize)]
@@ -100,6 +110,7 @@ struct FileConfig {
     listen: Option<SocketAddr>,
     queue_depth: Option<usize>,
     max_mapped_bytes: Option<u64>,
+    partial_ttl: Option<String>,
     #[serde(default)]
     share: Vec<ShareConfig>,
 }
@@ -112,6 +123,7 @@ impl Config {
         listen: Option<SocketAddr>,
         queue_depth: Option<usize>,
         max_mapped_bytes: Option<u64>,
+        partial_ttl: Option<Duration>,
         share_specs: &[String],
     ) -> Result<Config, ConfigError> {
         let parsed = match file {
@@ -136,6 +148,7 @@ impl Config {
                 listen: None,
                 queue_depth: None,
                 max_mapped_bytes: None,
+                partial_ttl: None,
                 share: Vec::new(),
             },
         };
@@ -153,6 +166,11 @@ impl Config {
             return Err(ConfigError::QueueDepth(queue_depth));
         }
         let default_listen = SocketAddr::from(([127, 0, 0, 1], ferry_common::DEFAULT_PORT));
+        let partial_ttl = match (partial_ttl, parsed.partial_ttl) {
+            (Some(d), _) => d,
+            (None, Some(text)) => parse_duration(&text)?,
+            (None, None) => DEFAULT_PARTIAL_TTL,
+        };
         Ok(Config {
             listen: listen.or(parsed.listen).unwrap_or(default_listen),
             queue_depth,
@@ -160,6 +178,7 @@ impl Config {
             max_mapped_bytes: max_mapped_bytes
                 .or(parsed.max_mapped_bytes)
                 .unwrap_or(DEFAULT_MAX_MAPPED_BYTES),
+            partial_ttl,
         })
     }
 
@@ -171,8 +190,31 @@ impl Config {
             queue_depth: DEFAULT_QUEUE_DEPTH,
             shares,
             max_mapped_bytes: DEFAULT_MAX_MAPPED_BYTES,
+            partial_ttl: DEFAULT_PARTIAL_TTL,
         }
     }
+}
+
+/// Parses a duration: a number of seconds, optionally followed by `s`, `m`, `h` or `d`
+/// (`0`, `90m`, `24h`, `7d`).
+pub fn parse_duration(arg: &str) -> Result<Duration, ConfigError> {
+    let bad = || ConfigError::Duration(arg.to_string());
+    let s = arg.trim();
+    let (digits, unit) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let unit: u64 = match c.to_ascii_lowercase() {
+                's' => 1,
+                'm' => 60,
+                'h' => 3600,
+                'd' => 86_400,
+                _ => return Err(bad()),
+            };
+            (&s[..i], unit)
+        }
+        _ => (s, 1),
+    };
+    let n: u64 = digits.trim().parse().map_err(|_| bad())?;
+    n.checked_mul(unit).map(Duration::from_secs).ok_or_else(bad)
 }
 
 /// Parses a byte size: a number, optionally followed by `K`, `M`, `G` or `T` (powers
@@ -264,13 +306,13 @@ mod tests {
             "listen = \"127.0.0.1:9000\"\nqueue_depth = 4\n[[share]]\nname = \"a\"\npath = \"/tmp\"\nread_only = true\n",
         )
         .unwrap();
-        let c = Config::build(Some(&f), None, None, None, &["b=/var".into()]).unwrap();
+        let c = Config::build(Some(&f), None, None, None, None, &["b=/var".into()]).unwrap();
         assert_eq!(c.listen.port(), 9000);
         assert_eq!(c.queue_depth, 4);
         assert_eq!(c.max_mapped_bytes, DEFAULT_MAX_MAPPED_BYTES);
         assert_eq!(c.shares.len(), 2);
         assert!(c.shares[0].read_only && !c.shares[1].read_only);
-        let c = Config::build(Some(&f), None, Some(16), Some(1 << 20), &[]).unwrap();
+        let c = Config::build(Some(&f), None, Some(16), Some(1 << 20), None, &[]).unwrap();
         assert_eq!(c.queue_depth, 16);
         assert_eq!(c.max_mapped_bytes, 1 << 20);
     }
@@ -293,8 +335,48 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("m.toml");
         std::fs::write(&f, "max_mapped_bytes = 1024\n").unwrap();
-        let c = Config::build(Some(&f), None, None, None, &["a=/tmp".into()]).unwrap();
+        let c = Config::build(Some(&f), None, None, None, None, &["a=/tmp".into()]).unwrap();
         assert_eq!(c.max_mapped_bytes, 1024);
+        assert_eq!(c.partial_ttl, DEFAULT_PARTIAL_TTL);
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_duration("45").unwrap(), Duration::from_secs(45));
+        assert_eq!(parse_duration("45s").unwrap(), Duration::from_secs(45));
+        assert_eq!(parse_duration("90m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("24H").unwrap(), DEFAULT_PARTIAL_TTL);
+        assert_eq!(
+            parse_duration("7d").unwrap(),
+            Duration::from_secs(7 * 86_400)
+        );
+        for bad in ["", "h", "1w", "-1", "1.5h", "99999999999999999999d"] {
+            assert!(
+                matches!(parse_duration(bad), Err(ConfigError::Duration(_))),
+                "{bad}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("t.toml");
+        std::fs::write(&f, "partial_ttl = \"2h\"\n").unwrap();
+        let c = Config::build(Some(&f), None, None, None, None, &["a=/tmp".into()]).unwrap();
+        assert_eq!(c.partial_ttl, Duration::from_secs(7200));
+        let c = Config::build(
+            Some(&f),
+            None,
+            None,
+            None,
+            Some(Duration::ZERO),
+            &["a=/tmp".into()],
+        )
+        .unwrap();
+        assert_eq!(c.partial_ttl, Duration::ZERO);
+        std::fs::write(&f, "partial_ttl = \"soon\"\n").unwrap();
+        assert!(matches!(
+            Config::build(Some(&f), None, None, None, None, &["a=/tmp".into()]),
+            Err(ConfigError::Duration(_))
+        ));
     }
 
     #[test]
@@ -303,15 +385,15 @@ mod tests {
         let f = dir.path().join("bad.toml");
         std::fs::write(&f, "[[share]]\nname = \"a\"\nbogus = 1\n").unwrap();
         assert!(matches!(
-            Config::build(Some(&f), None, None, None, &[]),
+            Config::build(Some(&f), None, None, None, None, &[]),
             Err(ConfigError::Parse { .. })
         ));
         assert!(matches!(
-            Config::build(None, None, None, None, &["a/b=/tmp".into()]),
+            Config::build(None, None, None, None, None, &["a/b=/tmp".into()]),
             Err(ConfigError::ShareName(_))
         ));
         assert!(matches!(
-            Config::build(None, None, Some(0), None, &[]),
+            Config::build(None, None, Some(0), None, None, &[]),
             Err(ConfigError::QueueDepth(0))
         ));
     }

@@ -20,7 +20,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 #[command(
     name = "ferryd",
     version,
-    after_help = "EXAMPLES:\n  ferryd --share data=/srv/data\n  ferryd --share data=/srv/data --share pub=/srv/pub:ro --listen 0.0.0.0:7447\n  ferryd --config /etc/ferryd.toml\n\nCONFIG FILE (TOML):\n  listen = \"127.0.0.1:7447\"\n  queue_depth = 8\n  max_mapped_bytes = 68719476736\n  [[share]]\n  name = \"data\"\n  path = \"/srv/data\"\n  read_only = false\n\nThere is no authentication yet: listen on loopback or a trusted network only."
+    after_help = "EXAMPLES:\n  ferryd --share data=/srv/data\n  ferryd --share data=/srv/data --share pub=/srv/pub:ro --listen 0.0.0.0:7447\n  ferryd --config /etc/ferryd.toml\n\nCONFIG FILE (TOML):\n  listen = \"127.0.0.1:7447\"\n  queue_depth = 8\n  max_mapped_bytes = 68719476736\n  partial_ttl = \"24h\"\n  [[share]]\n  name = \"data\"\n  path = \"/srv/data\"\n  read_only = false\n\nThere is no authentication yet: listen on loopback or a trusted network only."
 )]
 struct Args {
     /// TOML configuration file (shares, listen address, queue depth, mapped-byte budget).
@@ -49,6 +49,12 @@ struct Args {
     /// suffix (powers of 1024) [default: 64G].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     max_mapped_bytes: Option<u64>,
+
+    /// At start, remove resumable partial uploads (left by interrupted uploads) not
+    /// written to for this long: seconds, or with an s, m, h or d suffix; 0 removes them
+    /// all [default: 24h].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    partial_ttl: Option<Duration>,
 
     /// Transports to serve: `auto` serves TCP and, where an RDMA device exists, RDMA
     /// on the same address and port; `rdma` serves RDMA only (and fails without a
@@ -115,9 +121,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.listen,
         args.queue_depth,
         args.max_mapped_bytes,
+        args.partial_ttl,
         &args.shares,
     )?;
     let server = Server::new(&config)?;
+    // Stale hidden files of a killed ferryd go in the background: a large share must
+    // not delay serving, and nothing a live transfer uses is touched.
+    let cleaner = server.clone();
+    tokio::task::spawn_blocking(move || cleaner.clean_stale_files());
     let listeners = listen(args.transport, config.listen).await?;
     let local = listeners.local;
     for s in &config.shares {
@@ -237,6 +248,11 @@ async fn listen(choice: TransportChoice, addr: SocketAddr) -> anyhow::Result<Lis
             rdma_note: "no rdma: built without the rdma feature".into(),
         })
     }
+}
+
+/// A duration for `--partial-ttl`.
+fn parse_duration(arg: &str) -> Result<Duration, String> {
+    ferry_server::config::parse_duration(arg).map_err(|e| e.to_string())
 }
 
 /// A byte size for `--max-mapped-bytes`.

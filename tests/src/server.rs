@@ -1,6 +1,6 @@
 //! Locating the binaries and running a real `ferryd` process.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -91,11 +91,14 @@ impl Share {
 ///
 /// Dropping it SIGKILLs and reaps the process; if the current thread is panicking, the
 /// drop also prints ferryd's captured stderr so the failing test shows the server log.
+/// [`Server::restart`] kills it and starts another ferryd on the same shares.
 #[derive(Debug)]
 pub struct Server {
     child: Mutex<Child>,
     addr: String,
     log_path: PathBuf,
+    shares: Vec<Share>,
+    user: Option<User>,
     /// Holds the port file and the log; removed after the process is gone.
     _state: TempDir,
 }
@@ -112,6 +115,15 @@ impl Server {
     /// [`Server::start`], with ferryd running as `user` when one is given (its port
     /// file's directory is given to that user; the shares must be reachable by it).
     pub fn start_as(shares: &[Share], user: Option<User>) -> Server {
+        Server::start_with(shares, user, &[] as &[&str])
+    }
+
+    /// [`Server::start_as`], with `extra` arguments for ferryd (e.g. `--partial-ttl 0`).
+    pub fn start_with<S: AsRef<OsStr>>(
+        shares: &[Share],
+        user: Option<User>,
+        extra: &[S],
+    ) -> Server {
         let state = tempfile::Builder::new()
             .prefix("ferryd-")
             .tempdir()
@@ -138,6 +150,7 @@ impl Server {
         for share in shares {
             cmd.arg("--share").arg(share.arg());
         }
+        cmd.args(extra);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
@@ -152,6 +165,8 @@ impl Server {
             child: Mutex::new(child),
             addr: String::new(),
             log_path,
+            shares: shares.to_vec(),
+            user,
             _state: state,
         };
         server.addr = server.wait_for_port_file(&port_file);
@@ -212,6 +227,37 @@ impl Server {
     /// Everything ferryd has written to stderr so far.
     pub fn stderr(&self) -> String {
         fs::read_to_string(&self.log_path).unwrap_or_else(|e| format!("<cannot read log: {e}>"))
+    }
+
+    /// SIGKILLs ferryd now (it gets no chance to clean up) and reaps it.
+    pub fn kill(&self) {
+        let mut child = self.child();
+        // Ignoring errors: the process may have exited already.
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// SIGKILLs this ferryd and starts another on the same shares, as the same user,
+    /// with `extra` arguments; it listens on a new port ([`Server::addr`] and
+    /// [`Server::remote`] follow) and logs to a new [`Server::stderr`].
+    pub fn restart<S: AsRef<OsStr>>(&mut self, extra: &[S]) {
+        self.kill();
+        *self = Server::start_with(&self.shares, self.user, extra);
+    }
+
+    /// Waits up to `timeout` until ferryd's stderr holds `needle` at least `times`
+    /// times; returns whether it did.
+    pub fn wait_for_log(&self, needle: &str, times: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.stderr().matches(needle).count() >= times {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            thread::sleep(PORT_FILE_POLL);
+        }
     }
 
     /// Panics (with ferryd's stderr) if the ferryd process has exited.

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use ferry_common::attr::attr_of;
 use ferry_common::msg::{ErrorKind, FileKind, Timestamp};
-use ferry_common::TEMP_PREFIX;
+use ferry_common::staging::link_path;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -615,14 +615,18 @@ async fn walk_remote(
     }
 }
 
-/// Creates `link` -> `target`, atomically replacing a file or link already there.
+/// Creates `link` -> `target`, atomically replacing a file or link already there. The
+/// link is made under a hidden name derived from `link`'s, so one that a killed copy
+/// left there is replaced rather than left behind.
 fn make_local_symlink(target: &str, link: &Path) -> std::io::Result<()> {
-    let dir = link
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = dir.join(format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>()));
-    symlink(target, &tmp)?;
+    let tmp = link_path(link).ok_or_else(|| std::io::Error::other("no file name"))?;
+    match symlink(target, &tmp) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            fs::remove_file(&tmp)?;
+            symlink(target, &tmp)?;
+        }
+        made => made?,
+    }
     fs::rename(&tmp, link).inspect_err(|_| {
         let _ = fs::remove_file(&tmp);
     })

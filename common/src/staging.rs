@@ -6,17 +6,20 @@
 //! [`TEMP_PREFIX`] (never listed, never a valid target), and is renamed over the final
 //! name only once every chunk verified ([`Staged::commit`]).
 //!
-//! - A file of at least [`RESUME_MIN_CHUNKS`] chunks is *resumable*: its partial file
-//!   is `.ferry-tmp.<stem>.part`, where the stem is the first 32 hex digits of the
-//!   SHA-256 of the final file name (so the name never exceeds `NAME_MAX`, whatever the
-//!   final name), beside a [`journal`](crate::journal) `.ferry-tmp.<stem>.journal`.
-//!   An interrupted transfer (killed, disconnected) leaves both; the next transfer to
-//!   the same name opens them again and gets the journal's chunks as hints
+//! - A file is written *resumably* where it can be: its partial file is
+//!   `.ferry-tmp.<stem>.part`, where the stem is the first 32 hex digits of the SHA-256
+//!   of the final file name (so the name never exceeds `NAME_MAX`, whatever the final
+//!   name), beside a [`journal`](crate::journal) `.ferry-tmp.<stem>.journal`. An
+//!   interrupted transfer (killed, disconnected) leaves both; the next transfer to the
+//!   same name opens them again and gets the journal's chunks as hints
 //!   ([`Staged::hints`]), which it must verify against the partial's bytes before
-//!   trusting them ([`chunk_matches`], [`verify_hints`]).
-//! - Any other file, or a resumable one whose partial another transfer holds, is
-//!   written to a *scratch* file `.ferry-tmp.<16 random hex>`, removed when its
-//!   [`Staged`] is dropped uncommitted.
+//!   trusting them ([`chunk_matches`], [`verify_hints`]). Small and empty files too:
+//!   their names being deterministic, the next transfer of the same name takes over
+//!   (and finally renames or removes) what a killed one left, so a receiver that has no
+//!   cleaner of its own (rcp) is not left with stray hidden files.
+//! - A file whose partial another live transfer holds (or where something other than
+//!   a regular file sits under the partial's name) is written to a *scratch* file
+//!   `.ferry-tmp.<16 random hex>`, removed when its [`Staged`] is dropped uncommitted.
 //!
 //! Invariants:
 //! - A transfer owns its partial and journal while it holds an exclusive `flock` on the
@@ -51,11 +54,11 @@ use crate::{space, TEMP_PREFIX};
 pub const PART_SUFFIX: &str = ".part";
 /// Suffix of a resumable partial file's journal.
 pub const JOURNAL_SUFFIX: &str = ".journal";
+/// Suffix of the hidden name a symlink is created under before it is renamed over its
+/// final name (see [`link_path`]).
+pub const LINK_SUFFIX: &str = ".link";
 /// Hex digits of the stem naming a resumable partial and its journal.
 pub const STEM_HEX_DIGITS: usize = 32;
-/// Smallest file, in chunks, written resumably: a file of one chunk has nothing to
-/// resume that would save more than the journal costs.
-pub const RESUME_MIN_CHUNKS: u64 = 2;
 /// How long opening a resumable partial waits for another transfer to let go of it
 /// (a connection killed a moment ago may still be winding down) before falling back
 /// to a scratch file.
@@ -81,6 +84,15 @@ pub fn partial_paths(final_path: &Path) -> Option<(PathBuf, PathBuf)> {
     ))
 }
 
+/// The hidden name, `.ferry-tmp.<stem>.link`, under which a symlink to be named
+/// `final_path` is created before its rename; `None` if it has no file name. Being
+/// deterministic, a link a killed copy left there is replaced by the next copy of the
+/// same name.
+pub fn link_path(final_path: &Path) -> Option<PathBuf> {
+    let stem = stem(final_path.file_name()?);
+    Some(parent_dir(final_path).join(format!("{TEMP_PREFIX}{stem}{LINK_SUFFIX}")))
+}
+
 fn parent_dir(path: &Path) -> PathBuf {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
@@ -95,7 +107,8 @@ pub enum TempName {
     Part(String),
     /// A resumable partial file's journal, with its stem.
     Journal(String),
-    /// Any other temporary name: a scratch file, or a symlink being created.
+    /// Any other temporary name: a scratch file, or a symlink being created
+    /// ([`link_path`]).
     Scratch,
 }
 
@@ -192,12 +205,9 @@ impl Staged {
     /// fit fails with [`StageOp::Reserve`] and leaves nothing behind. Blocking; may wait
     /// up to [`LOCK_WAIT`] for another transfer of the same name.
     pub fn open(final_path: &Path, header: &JournalHeader) -> Result<Staged, StageError> {
-        let staged = match header.chunks() >= RESUME_MIN_CHUNKS {
-            true => match Staged::open_resumable(final_path, header)? {
-                Some(s) => s,
-                None => Staged::open_scratch(final_path)?,
-            },
-            false => Staged::open_scratch(final_path)?,
+        let staged = match Staged::open_resumable(final_path, header)? {
+            Some(s) => s,
+            None => Staged::open_scratch(final_path)?,
         };
         staged.reserve(header.size)
     }
@@ -504,6 +514,9 @@ mod tests {
             Some(TempName::Scratch)
         );
         assert_eq!(classify(OsStr::new("x.part")), None);
+        let link = link_path(Path::new("d/l")).unwrap();
+        assert_eq!(link.parent(), Some(Path::new("d")));
+        assert_eq!(classify(link.file_name().unwrap()), Some(TempName::Scratch));
         // A long final name still gives a short partial name.
         let long = "n".repeat(255);
         let (part, _) = partial_paths(Path::new(&long)).unwrap();
@@ -604,13 +617,17 @@ mod tests {
     }
 
     #[test]
-    fn small_files_are_not_resumable_and_a_failed_reservation_leaves_nothing() {
+    fn empty_files_resume_too_and_a_failed_reservation_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let dst = dir.path().join("f.bin");
-        let s = Staged::open(&dst, &header(u64::from(C))).unwrap();
-        assert!(!s.is_resumable());
+        let s = Staged::open(&dst, &header(0)).unwrap();
+        assert!(s.is_resumable());
         drop(s);
+        assert_eq!(temp_entries(dir.path()).len(), 2);
+        let mut s = Staged::open(&dst, &header(0)).unwrap();
+        s.commit(&dst).unwrap();
         assert!(temp_entries(dir.path()).is_empty());
+        assert_eq!(fs::metadata(&dst).unwrap().len(), 0);
         for size in [u64::MAX, u64::MAX / 2] {
             let e = Staged::open(&dst, &header(size)).unwrap_err();
             assert_eq!(e.op, StageOp::Reserve);

@@ -180,8 +180,12 @@ pub fn read_journal(path: &Path) -> Result<JournalContents, JournalError> {
 pub fn read_from(file: impl Read) -> Result<JournalContents, JournalError> {
     let mut r = BufReader::new(file);
     let mut head = [0u8; HEADER_BYTES as usize];
-    if read_full(&mut r, &mut head)? < head.len() {
-        return Err(JournalError::NotAJournal);
+    match r.read_exact(&mut head) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            return Err(JournalError::NotAJournal)
+        }
+        Err(e) => return Err(e.into()),
     }
     let header = JournalHeader::decode(&head)?;
     let check = header.check();
@@ -194,8 +198,13 @@ pub fn read_from(file: impl Read) -> Result<JournalContents, JournalError> {
         complete_len: HEADER_BYTES,
     };
     let mut rec = [0u8; RECORD_BYTES as usize];
-    // An incomplete last record is simply not counted in `complete_len`.
-    while read_full(&mut r, &mut rec)? == rec.len() {
+    loop {
+        match r.read_exact(&mut rec) {
+            Ok(()) => {}
+            // The end, or an incomplete last record, not counted in `complete_len`.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
+            Err(e) => return Err(e.into()),
+        }
         contents.records += 1;
         contents.complete_len += RECORD_BYTES;
         match decode_record(&rec, &check) {
@@ -237,20 +246,6 @@ fn array<const N: usize>(b: &[u8]) -> [u8; N] {
     let mut out = [0u8; N];
     out.copy_from_slice(&b[..N]);
     out
-}
-
-/// Reads until `buf` is full or the input ends; returns the bytes read.
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 /// Appends records to an open journal.

@@ -199,22 +199,28 @@ impl Config {
 /// (`0`, `90m`, `24h`, `7d`).
 pub fn parse_duration(arg: &str) -> Result<Duration, ConfigError> {
     let bad = || ConfigError::Duration(arg.to_string());
-    let s = arg.trim();
-    let (digits, unit) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let unit: u64 = match c.to_ascii_lowercase() {
-                's' => 1,
-                'm' => 60,
-                'h' => 3600,
-                'd' => 86_400,
-                _ => return Err(bad()),
-            };
-            (&s[..i], unit)
-        }
-        _ => (s, 1),
+    let (n, unit) = number_and_unit(arg).ok_or_else(bad)?;
+    let seconds: u64 = match unit {
+        None | Some('s') => 1,
+        Some('m') => 60,
+        Some('h') => 3600,
+        Some('d') => 86_400,
+        Some(_) => return Err(bad()),
     };
-    let n: u64 = digits.trim().parse().map_err(|_| bad())?;
-    n.checked_mul(unit).map(Duration::from_secs).ok_or_else(bad)
+    n.checked_mul(seconds)
+        .map(Duration::from_secs)
+        .ok_or_else(bad)
+}
+
+/// Splits `s` into a number and an optional one-letter unit after it (lowercased):
+/// `"64G"` is `(64, Some('g'))`, `"7"` is `(7, None)`; `None` if there is no number.
+fn number_and_unit(s: &str) -> Option<(u64, Option<char>)> {
+    let s = s.trim();
+    let (digits, unit) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => (&s[..i], Some(c.to_ascii_lowercase())),
+        _ => (s, None),
+    };
+    Some((digits.trim().parse().ok()?, unit))
 }
 
 /// Parses a byte size: a number, optionally followed by `K`, `M`, `G` or `T` (powers
@@ -226,20 +232,15 @@ pub fn parse_size(arg: &str) -> Result<u64, ConfigError> {
         .strip_suffix("iB")
         .or_else(|| s.strip_suffix('B'))
         .unwrap_or(s);
-    let (digits, shift) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let shift = match c.to_ascii_uppercase() {
-                'K' => 10,
-                'M' => 20,
-                'G' => 30,
-                'T' => 40,
-                _ => return Err(bad()),
-            };
-            (&s[..i], shift)
-        }
-        _ => (s, 0),
+    let (n, unit) = number_and_unit(s).ok_or_else(bad)?;
+    let shift = match unit {
+        None => 0,
+        Some('k') => 10,
+        Some('m') => 20,
+        Some('g') => 30,
+        Some('t') => 40,
+        Some(_) => return Err(bad()),
     };
-    let n: u64 = digits.trim().parse().map_err(|_| bad())?;
     n.checked_mul(1u64 << shift).ok_or_else(bad)
 }
 

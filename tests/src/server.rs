@@ -208,6 +208,15 @@ impl Server {
         &self.addr
     }
 
+    /// The port ferryd listens on.
+    pub fn port(&self) -> u16 {
+        self.addr
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in ferryd's address {}", self.addr))
+    }
+
     /// The ferryd process's id (for [`crate::proc_status`] and [`crate::open_fds`]).
     pub fn pid(&self) -> u32 {
         self.child().id()

@@ -475,13 +475,7 @@ fn many_clients_mixed_load_leaves_no_leaks_and_bounded_memory() {
     fs::create_dir(env.share("up")).unwrap();
     fs::create_dir(env.local("down")).unwrap();
     let pid = env.server().pid();
-    let port: u16 = env
-        .server()
-        .addr()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("ferryd's port");
+    let port = env.server().port();
 
     // The idle baseline, with the monitoring connection open.
     let rt = ferry_tests::runtime();

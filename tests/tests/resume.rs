@@ -178,13 +178,7 @@ fn assert_finals_whole(src: &Path, dst: &Path, what: &str) {
 /// Waits until ferryd holds no open transfer (so a killed rcp's uploads are let go of
 /// and their journals complete); answering at all shows it still serves.
 fn wait_until_idle(env: &Env) {
-    let port: u16 = env
-        .server()
-        .addr()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("ferryd's port");
+    let port = env.server().port();
     let rt = runtime();
     rt.block_on(async {
         let client = Client::connect(&test_host(), port, TransportChoice::Tcp)
@@ -429,8 +423,9 @@ fn killed_ferryd_during_downloads_resumes() {
 }
 
 /// Leaves what an interrupted transfer of `final_path` would: a resumable partial of
-/// `header` whose journal records `chunks` (index, bytes); a chunk given as `None` is
-/// journaled with `source`'s hash but never written (a lying record). Returns the
+/// `header` whose journal records `chunks` (index, written), with the hash of
+/// `source`'s bytes; a chunk given with `false` is journaled but never written (a lying
+/// record). Returns the
 /// partial's and the journal's paths.
 fn leave_partial(
     final_path: &Path,

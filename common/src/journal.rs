@@ -31,7 +31,7 @@
 //! the end is ignored and cut off before the next append. When an index appears twice,
 //! the later record wins.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::os::unix::fs::FileExt;
@@ -255,19 +255,39 @@ fn array<const N: usize>(b: &[u8]) -> [u8; N] {
 /// next append rather than shifting every later record.
 #[derive(Debug)]
 pub struct JournalWriter {
-    file: Mutex<(File, u64)>,
+    state: Mutex<Appending>,
     check: [u8; 8],
 }
 
+#[derive(Debug)]
+struct Appending {
+    file: File,
+    next: u64,
+    /// Indices appended through this writer.
+    appended: BTreeSet<u64>,
+}
+
 impl JournalWriter {
+    fn new(file: File, next: u64, check: [u8; 8]) -> JournalWriter {
+        JournalWriter {
+            state: Mutex::new(Appending {
+                file,
+                next,
+                appended: BTreeSet::new(),
+            }),
+            check,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, Appending> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Starts a new journal in `file` (emptied first) with `header`. Blocking.
     pub fn create(file: File, header: &JournalHeader) -> io::Result<JournalWriter> {
         file.set_len(0)?;
         file.write_all_at(&header.encode(), 0)?;
-        Ok(JournalWriter {
-            file: Mutex::new((file, HEADER_BYTES)),
-            check: header.check(),
-        })
+        Ok(JournalWriter::new(file, HEADER_BYTES, header.check()))
     }
 
     /// Continues the journal `contents` was read from `file`: cuts off an incomplete
@@ -289,21 +309,24 @@ impl JournalWriter {
             contents.complete_len
         };
         file.set_len(next)?;
-        Ok(JournalWriter {
-            file: Mutex::new((file, next)),
-            check,
-        })
+        Ok(JournalWriter::new(file, next, check))
     }
 
     /// Appends the record "chunk `index` was written and hashes to `hash`". Call it
     /// only after the chunk's bytes were written to the partial file. Blocking.
     pub fn append(&self, index: u64, hash: &Sha256) -> io::Result<()> {
         let rec = encode_record(index, hash, &self.check);
-        let mut guard = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        let (file, next) = &mut *guard;
-        file.write_all_at(&rec, *next)?;
-        *next += RECORD_BYTES;
+        let mut state = self.state();
+        let next = state.next;
+        state.file.write_all_at(&rec, next)?;
+        state.next += RECORD_BYTES;
+        state.appended.insert(index);
         Ok(())
+    }
+
+    /// The chunk indices appended through this writer so far.
+    pub fn appended(&self) -> BTreeSet<u64> {
+        self.state().appended.clone()
     }
 }
 

@@ -28,9 +28,13 @@
 //! - Whoever takes the lock then checks that the path still names the file it locked (a
 //!   commit may have renamed it away in between), and otherwise tries again.
 //! - Dropping an uncommitted resumable [`Staged`] keeps its partial and journal (that
-//!   is what makes a transfer resumable); [`Staged::discard`] removes them.
+//!   is what makes a transfer resumable) if they name any chunk, and then gives back
+//!   the reserved space of every chunk they do not name, so what is kept costs the
+//!   disk only what arrived; one that names no chunk is removed. [`Staged::discard`]
+//!   removes them in any case. (A process that is killed drops nothing: its partial
+//!   keeps its whole reservation until the next transfer of the name or a cleaner.)
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -192,6 +196,7 @@ pub struct Staged {
     /// sees the file is live.
     _lock: Flock<File>,
     resumable: Option<Resumable>,
+    header: JournalHeader,
     hints: BTreeMap<u64, Sha256>,
     /// Committed or discarded: nothing is left to remove on drop.
     done: bool,
@@ -207,7 +212,7 @@ impl Staged {
     pub fn open(final_path: &Path, header: &JournalHeader) -> Result<Staged, StageError> {
         let staged = match Staged::open_resumable(final_path, header)? {
             Some(s) => s,
-            None => Staged::open_scratch(final_path)?,
+            None => Staged::open_scratch(final_path, header)?,
         };
         staged.reserve(header.size)
     }
@@ -231,7 +236,7 @@ impl Staged {
         }
     }
 
-    fn open_scratch(final_path: &Path) -> Result<Staged, StageError> {
+    fn open_scratch(final_path: &Path, header: &JournalHeader) -> Result<Staged, StageError> {
         let path =
             parent_dir(final_path).join(format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>()));
         let file = OpenOptions::new()
@@ -257,6 +262,7 @@ impl Staged {
             file: Arc::new(file),
             _lock: lock,
             resumable: None,
+            header: *header,
             hints: BTreeMap::new(),
             done: false,
         })
@@ -321,6 +327,7 @@ impl Staged {
                     journal_path: journal,
                     writer: Arc::new(writer),
                 }),
+                header: *header,
                 hints,
                 done: false,
             }));
@@ -381,11 +388,47 @@ impl Staged {
 
 impl Drop for Staged {
     fn drop(&mut self) {
-        // A resumable partial outlives its transfer; a scratch file does not.
-        if !self.done && self.resumable.is_none() {
+        if self.done {
+            return;
+        }
+        let Some(r) = &self.resumable else {
+            // A scratch file does not outlive its transfer.
             remove_quietly(&self.path);
+            return;
+        };
+        // A resumable partial does, if it holds anything to resume.
+        let mut held: BTreeSet<u64> = self.hints.keys().copied().collect();
+        held.extend(r.writer.appended());
+        if held.is_empty() {
+            self.discard();
+        } else if let Err(e) = release_unheld(&self.file, &self.header, &held) {
+            tracing::debug!(path = %self.path.display(), "cannot release a partial file's unused space: {e}");
         }
     }
+}
+
+/// Gives back the space of the chunks of `file` not in `held` (not empty): cuts the
+/// file after the last held chunk and punches holes where the others were reserved.
+/// Blocking.
+fn release_unheld(file: &File, header: &JournalHeader, held: &BTreeSet<u64>) -> io::Result<()> {
+    let c = u64::from(header.chunk_bytes);
+    let Some(&last) = held.last() else {
+        return Ok(());
+    };
+    file.set_len(((last + 1) * c).min(header.size))?;
+    let mut i = 0;
+    while i < last {
+        if held.contains(&i) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < last && !held.contains(&i) {
+            i += 1;
+        }
+        space::release(file, start * c, (i - start) * c)?;
+    }
+    Ok(())
 }
 
 fn remove_quietly(path: &Path) {
@@ -538,8 +581,10 @@ mod tests {
         s.journal().unwrap().append(1, &hash_chunk(&chunk)).unwrap();
         // A lying record: chunk 2 was never written.
         s.journal().unwrap().append(2, &hash_chunk(&chunk)).unwrap();
-        drop(s); // interrupted: both files stay
+        drop(s); // interrupted: both files stay, holding chunks 1 and 2 only
         assert_eq!(temp_entries(dir.path()).len(), 2);
+        let (part, _) = partial_paths(&dst).unwrap();
+        assert_eq!(fs::metadata(&part).unwrap().len(), 3 * u64::from(C));
 
         let mut s = Staged::open(&dst, &h).unwrap();
         assert_eq!(s.hints().len(), 2);
@@ -589,8 +634,11 @@ mod tests {
             s.file().read_exact_at(&mut b, 0).unwrap();
             assert_eq!(b, [0; 16], "the old bytes were dropped");
             let (_, journal) = partial_paths(&dst).unwrap();
-            drop(s);
             assert_eq!(read_journal(&journal).unwrap().header, other);
+            // Interrupted again, holding a chunk, for the next round.
+            s.file().write_all_at(&[1; 16], 0).unwrap();
+            s.journal().unwrap().append(0, &[1; 32]).unwrap();
+            drop(s);
         }
     }
 
@@ -617,14 +665,21 @@ mod tests {
     }
 
     #[test]
-    fn empty_files_resume_too_and_a_failed_reservation_leaves_nothing() {
+    fn a_partial_that_holds_nothing_goes_and_a_failed_reservation_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let dst = dir.path().join("f.bin");
-        let s = Staged::open(&dst, &header(0)).unwrap();
-        assert!(s.is_resumable());
-        drop(s);
-        assert_eq!(temp_entries(dir.path()).len(), 2);
+        for size in [0, 3 * u64::from(C)] {
+            let s = Staged::open(&dst, &header(size)).unwrap();
+            assert!(s.is_resumable());
+            drop(s);
+            assert!(temp_entries(dir.path()).is_empty(), "{size}");
+        }
+        // What a killed transfer of an empty file leaves is taken over and renamed.
+        let (part, journal) = partial_paths(&dst).unwrap();
+        fs::write(&part, b"").unwrap();
+        fs::write(&journal, header(0).encode()).unwrap();
         let mut s = Staged::open(&dst, &header(0)).unwrap();
+        assert!(s.is_resumable());
         s.commit(&dst).unwrap();
         assert!(temp_entries(dir.path()).is_empty());
         assert_eq!(fs::metadata(&dst).unwrap().len(), 0);

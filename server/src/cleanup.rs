@@ -219,9 +219,12 @@ mod tests {
         }
     }
 
-    /// A resumable partial of `dir/name` left by an interrupted transfer.
+    /// A resumable partial of `dir/name` left by an interrupted transfer that had
+    /// received chunk 0.
     fn leave_partial(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-        drop(Staged::open(&dir.join(name), &header()).unwrap());
+        let staged = Staged::open(&dir.join(name), &header()).unwrap();
+        staged.journal().unwrap().append(0, &[0; 32]).unwrap();
+        drop(staged);
         partial_paths(&dir.join(name)).unwrap()
     }
 

@@ -334,7 +334,7 @@ impl Conn {
                 let up =
                     blocking(move || Upload::open(&share, &path, size, mode, mtime, chunk_bytes))
                         .await?;
-                let transfer = self.open_transfer(Transfer::Upload(up))?;
+                let transfer = self.open_transfer(Transfer::Upload(Box::new(up)))?;
                 Ok(Response::UploadOpened { transfer })
             }
             Request::UploadWindow {

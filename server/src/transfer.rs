@@ -490,8 +490,8 @@ impl Download {
 
 /// An open transfer of a connection.
 pub enum Transfer {
-    /// An upload.
-    Upload(Upload),
+    /// An upload (boxed: it is the larger by far).
+    Upload(Box<Upload>),
     /// A download.
     Download(Download),
 }

@@ -13,14 +13,14 @@ use std::sync::{Arc, Mutex};
 
 use ferry_common::attr::attr_of;
 use ferry_common::msg::{ErrorKind, FileKind, Timestamp};
-use ferry_common::TEMP_PREFIX;
+use ferry_common::staging::link_path;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::client::Client;
 use crate::error::ClientError;
 use crate::location::Remote;
-use crate::transfer::{download_file, upload_file, ProgressFn};
+use crate::transfer::{download_file, upload_file, Copied, ProgressFn};
 
 /// Options of a copy.
 #[derive(Debug, Clone)]
@@ -49,8 +49,15 @@ pub struct Report {
     pub dirs: u64,
     /// Symlinks copied.
     pub symlinks: u64,
-    /// File bytes copied.
+    /// File bytes copied (the sizes of the files copied).
     pub bytes: u64,
+    /// File bytes of the files copied that crossed the connection: pulled by the server
+    /// (uploads) or pushed by it (downloads).
+    pub bytes_sent: u64,
+    /// File bytes of the files copied that were not sent because an interrupted copy
+    /// had left them, verified, in the destination's partial file (`bytes_sent +
+    /// bytes_reused == bytes`).
+    pub bytes_reused: u64,
     /// Items that failed.
     pub errors: Vec<ItemError>,
     /// Special files (devices, fifos, sockets) inside trees, not copied (as rsync does
@@ -113,10 +120,12 @@ impl Shared {
         lock(&self.report).errors.push(ItemError { path, error });
     }
 
-    fn copied(&self, bytes: u64) {
+    fn copied(&self, c: Copied) {
         let mut r = lock(&self.report);
         r.files += 1;
-        r.bytes += bytes;
+        r.bytes += c.bytes;
+        r.bytes_sent += c.bytes_sent;
+        r.bytes_reused += c.bytes_reused;
     }
 
     fn progress_fn(self: &Arc<Self>) -> ProgressFn {
@@ -253,7 +262,7 @@ pub async fn upload(
         let shown = dest.with_path(target.clone()).display();
         spawn_limited(&mut tasks, &sem, async move {
             match upload_file(&client, &src, &share, &target, shared.progress_fn()).await {
-                Ok(n) => shared.copied(n),
+                Ok(c) => shared.copied(c),
                 // Server errors are about the target, local ones about the source.
                 Err(e) if e.remote_kind().is_some() => shared.fail(shown, e),
                 Err(e) => shared.fail(src.display().to_string(), e),
@@ -505,7 +514,7 @@ pub async fn download(
         spawn_limited(&mut tasks, &sem, async move {
             let progress = shared.progress_fn();
             match download_file(&client, &src.share, &src.path, &target, progress).await {
-                Ok(n) => shared.copied(n),
+                Ok(c) => shared.copied(c),
                 // Local errors are about the target (a full disk, a directory we may
                 // not write), the others about the source.
                 Err(e @ ClientError::Local { .. }) => shared.fail(target.display().to_string(), e),
@@ -606,14 +615,18 @@ async fn walk_remote(
     }
 }
 
-/// Creates `link` -> `target`, atomically replacing a file or link already there.
+/// Creates `link` -> `target`, atomically replacing a file or link already there. The
+/// link is made under a hidden name derived from `link`'s, so one that a killed copy
+/// left there is replaced rather than left behind.
 fn make_local_symlink(target: &str, link: &Path) -> std::io::Result<()> {
-    let dir = link
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = dir.join(format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>()));
-    symlink(target, &tmp)?;
+    let tmp = link_path(link).ok_or_else(|| std::io::Error::other("no file name"))?;
+    match symlink(target, &tmp) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            fs::remove_file(&tmp)?;
+            symlink(target, &tmp)?;
+        }
+        made => made?,
+    }
     fs::rename(&tmp, link).inspect_err(|_| {
         let _ = fs::remove_file(&tmp);
     })

@@ -5,7 +5,9 @@
 //!   source window read-only and let the server PULL it (RDMA READ); downloads register
 //!   pooled anonymous buffers writable and let the server PUSH into them (RDMA WRITE).
 //!   Every chunk is checked against its SHA-256; downloads appear under their final
-//!   name only after every chunk verified.
+//!   name only after every chunk verified. A copy cut short resumes when run again:
+//!   chunks the destination's partial file holds are verified there and not sent
+//!   ([`transfer::Copied`] says how many bytes were sent and reused).
 //! - [`copy`]: cp/scp semantics for files and trees, with files in flight concurrently.
 //! - [`location`]: parsing `HOST[:PORT]:SHARE/PATH` operands.
 //!

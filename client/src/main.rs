@@ -43,7 +43,12 @@ EXIT CODES:
   6  integrity failure (a chunk's SHA-256 did not match)
   7  authentication failed (no secret given, a wrong one, a secret file others
      can read, or a server that cannot prove it knows the secret)
-  130, 143  interrupted by SIGINT, SIGTERM (unfinished files are not written)";
+  130, 143  interrupted by SIGINT, SIGTERM (unfinished files are not written)
+
+RESUMING:
+  Running the same copy again after it was interrupted (killed, disconnected, a
+  server restart) resumes it: chunks that the destination's hidden partial file
+  already holds are verified there and not sent again (--json: bytes_reused).";
 
 /// Copy files and directory trees to and from a Ferry server (ferryd), like scp.
 ///
@@ -216,13 +221,14 @@ fn main() -> ExitCode {
         tokio::select! {
             code = run(args) => code,
             code = interrupted() => {
-                eprintln!("rcp: interrupted; unfinished files were not written");
+                eprintln!("rcp: interrupted; unfinished files were not written (run the same copy again to resume them)");
                 code
             }
         }
     });
-    // Dropping the runtime drops every unfinished transfer, which removes its hidden
-    // temporary file (the server drops its side when the connection closes).
+    // Dropping the runtime drops every unfinished transfer: a download's scratch file is
+    // removed, its resumable partial kept for the next run (the server keeps an
+    // upload's partial when the connection closes).
     drop(runtime);
     ExitCode::from(code)
 }
@@ -340,8 +346,12 @@ async fn run(args: Args) -> u8 {
             code,
         );
     } else if show {
+        let resumed = match report.bytes_reused {
+            0 => String::new(),
+            n => format!(", {} of it resumed", indicatif::BinaryBytes(n)),
+        };
         eprintln!(
-            "rcp: {} files, {} dirs, {} symlinks, {} in {:.2} s ({}/s)",
+            "rcp: {} files, {} dirs, {} symlinks, {}{resumed} in {:.2} s ({}/s)",
             report.files,
             report.dirs,
             report.symlinks,
@@ -470,6 +480,8 @@ fn print_json(direction: &str, link: Option<&Link>, report: &Report, seconds: f6
         "symlinks": report.symlinks,
         "skipped": report.skipped,
         "bytes": report.bytes,
+        "bytes_sent": report.bytes_sent,
+        "bytes_reused": report.bytes_reused,
         "seconds": seconds,
         "bytes_per_sec": if seconds > 0.0 { report.bytes as f64 / seconds } else { 0.0 },
         "errors": errors,

@@ -17,16 +17,21 @@
 //! - [`path`] validates share-relative paths before the server touches the disk.
 //! - [`space`] reserves a received file's size before its bytes arrive, so a full disk
 //!   fails a file at its start.
+//! - [`staging`] holds a received file under a hidden name until it is complete; a
+//!   file of several chunks is a resumable partial whose [`journal`] records the chunks
+//!   written, so an interrupted transfer of it can resume.
 #![warn(missing_docs)]
 
 pub mod attr;
 pub mod auth;
 pub mod chunk;
 pub mod codec;
+pub mod journal;
 pub mod msg;
 pub mod path;
 pub mod proto;
 pub mod space;
+pub mod staging;
 pub mod transport;
 pub mod writeback;
 

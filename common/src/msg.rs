@@ -418,10 +418,14 @@ pub enum Response {
         /// Id naming the transfer in later requests.
         transfer: u64,
     },
-    /// A window was pulled and every chunk in it verified and written.
+    /// A window was received: every chunk in it verified and written. `bytes + reused`
+    /// is the window's length.
     WindowPulled {
-        /// Bytes pulled.
+        /// Bytes pulled (RDMA READ) from the client's region.
         bytes: u64,
+        /// Bytes not pulled because the server's resumable partial file already held
+        /// those chunks with the client's hashes (read back and verified by the server).
+        reused: u64,
     },
     /// An upload was committed under its final name.
     Committed {

@@ -8,6 +8,9 @@
 //! - once reserved, its writes cannot run out of space half-way, and the files of a
 //!   tree copied at the same time do not take each other's space: each either fits
 //!   whole or fails at its start.
+//!
+//! [`release`] gives back the space of chunks an interrupted transfer never received,
+//! so a partial file kept for resuming holds only what arrived.
 
 use std::fs::File;
 use std::io;
@@ -39,6 +42,28 @@ pub fn reserve(file: &File, len_bytes: u64) -> io::Result<()> {
     }
 }
 
+/// Gives back the space of bytes `offset..offset + len_bytes` of `file` without
+/// changing its size (`fallocate(2)` punching a hole): those bytes read as zeros
+/// afterwards. Best effort: a filesystem that cannot punch holes keeps the space.
+/// Blocking.
+pub fn release(file: &File, offset: u64, len_bytes: u64) -> io::Result<()> {
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len_bytes)) else {
+        return Err(Errno::EFBIG.into());
+    };
+    if len == 0 {
+        return Ok(());
+    }
+    let flags = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+    loop {
+        match fallocate(file.as_raw_fd(), flags, offset, len) {
+            Ok(()) => return Ok(()),
+            Err(Errno::EINTR) => continue,
+            Err(Errno::EOPNOTSUPP | Errno::ENOSYS) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::MetadataExt;
@@ -55,6 +80,29 @@ mod tests {
         assert!(meta.blocks() * 512 >= 3 << 20, "{} blocks", meta.blocks());
         reserve(&file, 0).unwrap();
         assert_eq!(file.metadata().unwrap().len(), 3 << 20);
+    }
+
+    #[test]
+    fn released_space_reads_as_zeros_and_the_size_stays() {
+        use std::os::unix::fs::FileExt;
+        let file = tempfile::tempfile().unwrap();
+        reserve(&file, 3 << 20).unwrap();
+        file.write_all_at(&[7u8; 1 << 20], 1 << 20).unwrap();
+        let before = file.metadata().unwrap().blocks();
+        release(&file, 1 << 20, 1 << 20).unwrap();
+        let meta = file.metadata().unwrap();
+        assert_eq!(meta.len(), 3 << 20);
+        assert!(
+            meta.blocks() <= before,
+            "{} > {before} blocks",
+            meta.blocks()
+        );
+        // Where the filesystem punched the hole, its bytes are gone.
+        if meta.blocks() < before {
+            let mut b = [1u8; 16];
+            file.read_exact_at(&mut b, (1 << 20) + 5).unwrap();
+            assert_eq!(b, [0; 16]);
+        }
     }
 
     #[test]

@@ -294,7 +294,8 @@ fn response() -> impl Strategy<Value = Response> {
         (vec(dir_entry(), 0..=8), proptest::option::of(any::<u64>()))
             .prop_map(|(entries, next)| Response::Dir { entries, next }),
         any::<u64>().prop_map(|transfer| Response::UploadOpened { transfer }),
-        any::<u64>().prop_map(|bytes| Response::WindowPulled { bytes }),
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(bytes, reused)| Response::WindowPulled { bytes, reused }),
         any::<u64>().prop_map(|size| Response::Committed { size }),
         (any::<u64>(), attr())
             .prop_map(|(transfer, attr)| Response::DownloadOpened { transfer, attr }),

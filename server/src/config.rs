@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -13,6 +14,9 @@ pub const MAX_QUEUE_DEPTH: usize = 256;
 
 /// Default budget of file bytes registered for mapped files, over all connections.
 pub const DEFAULT_MAX_MAPPED_BYTES: u64 = 64 << 30;
+
+/// Default age beyond which the startup cleanup removes a resumable partial upload.
+pub const DEFAULT_PARTIAL_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// Configuration errors, reported before the server starts.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +91,9 @@ pub enum ConfigError {
     /// A byte size is not a number with an optional K, M, G or T suffix.
     #[error("invalid size '{0}': expected bytes, optionally with a K, M, G or T suffix (powers of 1024)")]
     Size(String),
+    /// A duration is not a number with an optional s, m, h or d suffix.
+    #[error("invalid duration '{0}': expected seconds, or a number with an s, m, h or d suffix (e.g. 90m, 24h)")]
+    Duration(String),
 }
 
 /// One exported share.
@@ -123,6 +130,9 @@ pub struct Config {
     /// Serve shares that have no secret to anyone who can connect (otherwise such a
     /// share is a configuration error).
     pub insecure_no_auth: bool,
+    /// At start, resumable partial uploads not written to for this long are removed
+    /// (zero: all of them).
+    pub partial_ttl: Duration,
 }
 
 #[derive(Debug, Deserialize)]
@@ -131,6 +141,7 @@ struct FileConfig {
     listen: Option<SocketAddr>,
     queue_depth: Option<usize>,
     max_mapped_bytes: Option<u64>,
+    partial_ttl: Option<String>,
     #[serde(default)]
     share: Vec<ShareConfig>,
 }
@@ -143,6 +154,7 @@ impl Config {
         listen: Option<SocketAddr>,
         queue_depth: Option<usize>,
         max_mapped_bytes: Option<u64>,
+        partial_ttl: Option<Duration>,
         share_specs: &[String],
     ) -> Result<Config, ConfigError> {
         let parsed = match file {
@@ -167,6 +179,7 @@ impl Config {
                 listen: None,
                 queue_depth: None,
                 max_mapped_bytes: None,
+                partial_ttl: None,
                 share: Vec::new(),
             },
         };
@@ -184,6 +197,11 @@ impl Config {
             return Err(ConfigError::QueueDepth(queue_depth));
         }
         let default_listen = SocketAddr::from(([127, 0, 0, 1], ferry_common::DEFAULT_PORT));
+        let partial_ttl = match (partial_ttl, parsed.partial_ttl) {
+            (Some(d), _) => d,
+            (None, Some(text)) => parse_duration(&text)?,
+            (None, None) => DEFAULT_PARTIAL_TTL,
+        };
         Ok(Config {
             listen: listen.or(parsed.listen).unwrap_or(default_listen),
             queue_depth,
@@ -192,6 +210,7 @@ impl Config {
                 .or(parsed.max_mapped_bytes)
                 .unwrap_or(DEFAULT_MAX_MAPPED_BYTES),
             insecure_no_auth: false,
+            partial_ttl,
         })
     }
 
@@ -245,8 +264,37 @@ impl Config {
             shares,
             max_mapped_bytes: DEFAULT_MAX_MAPPED_BYTES,
             insecure_no_auth: false,
+            partial_ttl: DEFAULT_PARTIAL_TTL,
         }
     }
+}
+
+/// Parses a duration: a number of seconds, optionally followed by `s`, `m`, `h` or `d`
+/// (`0`, `90m`, `24h`, `7d`).
+pub fn parse_duration(arg: &str) -> Result<Duration, ConfigError> {
+    let bad = || ConfigError::Duration(arg.to_string());
+    let (n, unit) = number_and_unit(arg).ok_or_else(bad)?;
+    let seconds: u64 = match unit {
+        None | Some('s') => 1,
+        Some('m') => 60,
+        Some('h') => 3600,
+        Some('d') => 86_400,
+        Some(_) => return Err(bad()),
+    };
+    n.checked_mul(seconds)
+        .map(Duration::from_secs)
+        .ok_or_else(bad)
+}
+
+/// Splits `s` into a number and an optional one-letter unit after it (lowercased):
+/// `"64G"` is `(64, Some('g'))`, `"7"` is `(7, None)`; `None` if there is no number.
+fn number_and_unit(s: &str) -> Option<(u64, Option<char>)> {
+    let s = s.trim();
+    let (digits, unit) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => (&s[..i], Some(c.to_ascii_lowercase())),
+        _ => (s, None),
+    };
+    Some((digits.trim().parse().ok()?, unit))
 }
 
 /// Parses a byte size: a number, optionally followed by `K`, `M`, `G` or `T` (powers
@@ -258,20 +306,15 @@ pub fn parse_size(arg: &str) -> Result<u64, ConfigError> {
         .strip_suffix("iB")
         .or_else(|| s.strip_suffix('B'))
         .unwrap_or(s);
-    let (digits, shift) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let shift = match c.to_ascii_uppercase() {
-                'K' => 10,
-                'M' => 20,
-                'G' => 30,
-                'T' => 40,
-                _ => return Err(bad()),
-            };
-            (&s[..i], shift)
-        }
-        _ => (s, 0),
+    let (n, unit) = number_and_unit(s).ok_or_else(bad)?;
+    let shift = match unit {
+        None => 0,
+        Some('k') => 10,
+        Some('m') => 20,
+        Some('g') => 30,
+        Some('t') => 40,
+        Some(_) => return Err(bad()),
     };
-    let n: u64 = digits.trim().parse().map_err(|_| bad())?;
     n.checked_mul(1u64 << shift).ok_or_else(bad)
 }
 
@@ -342,20 +385,28 @@ mod tests {
             "listen = \"127.0.0.1:9000\"\nqueue_depth = 4\n[[share]]\nname = \"a\"\npath = \"/tmp\"\nread_only = true\n",
         )
         .unwrap();
-        let c = Config::build(Some(&f), None, None, None, &["b=/var".into()]).unwrap();
+        let c = Config::build(Some(&f), None, None, None, None, &["b=/var".into()]).unwrap();
         assert_eq!(c.listen.port(), 9000);
         assert_eq!(c.queue_depth, 4);
         assert_eq!(c.max_mapped_bytes, DEFAULT_MAX_MAPPED_BYTES);
         assert_eq!(c.shares.len(), 2);
         assert!(c.shares[0].read_only && !c.shares[1].read_only);
-        let c = Config::build(Some(&f), None, Some(16), Some(1 << 20), &[]).unwrap();
+        let c = Config::build(Some(&f), None, Some(16), Some(1 << 20), None, &[]).unwrap();
         assert_eq!(c.queue_depth, 16);
         assert_eq!(c.max_mapped_bytes, 1 << 20);
     }
 
     #[test]
     fn secret_flags() {
-        let mut c = Config::build(None, None, None, None, &["a=/x".into(), "b=/y".into()]).unwrap();
+        let mut c = Config::build(
+            None,
+            None,
+            None,
+            None,
+            None,
+            &["a=/x".into(), "b=/y".into()],
+        )
+        .unwrap();
         c.apply_secrets(
             &["b=/etc/b.secret".into(), "/etc/all.secret".into()],
             Some("V"),
@@ -369,7 +420,7 @@ mod tests {
             c.shares[1].secret_file.as_deref(),
             Some(Path::new("/etc/b.secret"))
         );
-        let mut c = Config::build(None, None, None, None, &["a=/x".into()]).unwrap();
+        let mut c = Config::build(None, None, None, None, None, &["a=/x".into()]).unwrap();
         c.apply_secrets(&[], Some("V")).unwrap();
         assert_eq!(c.shares[0].secret_env.as_deref(), Some("V"));
         assert!(matches!(
@@ -400,8 +451,48 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("m.toml");
         std::fs::write(&f, "max_mapped_bytes = 1024\n").unwrap();
-        let c = Config::build(Some(&f), None, None, None, &["a=/tmp".into()]).unwrap();
+        let c = Config::build(Some(&f), None, None, None, None, &["a=/tmp".into()]).unwrap();
         assert_eq!(c.max_mapped_bytes, 1024);
+        assert_eq!(c.partial_ttl, DEFAULT_PARTIAL_TTL);
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_duration("45").unwrap(), Duration::from_secs(45));
+        assert_eq!(parse_duration("45s").unwrap(), Duration::from_secs(45));
+        assert_eq!(parse_duration("90m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("24H").unwrap(), DEFAULT_PARTIAL_TTL);
+        assert_eq!(
+            parse_duration("7d").unwrap(),
+            Duration::from_secs(7 * 86_400)
+        );
+        for bad in ["", "h", "1w", "-1", "1.5h", "99999999999999999999d"] {
+            assert!(
+                matches!(parse_duration(bad), Err(ConfigError::Duration(_))),
+                "{bad}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("t.toml");
+        std::fs::write(&f, "partial_ttl = \"2h\"\n").unwrap();
+        let c = Config::build(Some(&f), None, None, None, None, &["a=/tmp".into()]).unwrap();
+        assert_eq!(c.partial_ttl, Duration::from_secs(7200));
+        let c = Config::build(
+            Some(&f),
+            None,
+            None,
+            None,
+            Some(Duration::ZERO),
+            &["a=/tmp".into()],
+        )
+        .unwrap();
+        assert_eq!(c.partial_ttl, Duration::ZERO);
+        std::fs::write(&f, "partial_ttl = \"soon\"\n").unwrap();
+        assert!(matches!(
+            Config::build(Some(&f), None, None, None, None, &["a=/tmp".into()]),
+            Err(ConfigError::Duration(_))
+        ));
     }
 
     #[test]
@@ -410,15 +501,15 @@ mod tests {
         let f = dir.path().join("bad.toml");
         std::fs::write(&f, "[[share]]\nname = \"a\"\nbogus = 1\n").unwrap();
         assert!(matches!(
-            Config::build(Some(&f), None, None, None, &[]),
+            Config::build(Some(&f), None, None, None, None, &[]),
             Err(ConfigError::Parse { .. })
         ));
         assert!(matches!(
-            Config::build(None, None, None, None, &["a/b=/tmp".into()]),
+            Config::build(None, None, None, None, None, &["a/b=/tmp".into()]),
             Err(ConfigError::ShareName(_))
         ));
         assert!(matches!(
-            Config::build(None, None, Some(0), None, &[]),
+            Config::build(None, None, Some(0), None, None, &[]),
             Err(ConfigError::QueueDepth(0))
         ));
     }

@@ -4,8 +4,9 @@
 //!
 //! Teardown invariant: when the connection ends, the driver closes the transport (so
 //! every outstanding one-sided operation fails promptly), waits for every request task
-//! to finish, then drops the open transfers, which removes their temporary files, and
-//! the open mapped files, which revokes their registrations.
+//! to finish, then drops the open transfers (an unfinished upload's scratch file is
+//! removed, its resumable partial and journal are kept for a later upload to resume),
+//! and the open mapped files, which revokes their registrations.
 //!
 //! Bound: at most [`MAX_INFLIGHT_REQUESTS`] request tasks live at once, counted from
 //! dispatch until their answer has been handed to the transport (which queues at most
@@ -63,7 +64,8 @@ struct Conn {
 /// A transfer in a connection's table, counted in the server's open transfers until its
 /// last reference (the table's or a request task's) is dropped.
 struct OpenTransfer {
-    // Field order is drop order: an upload's temporary file goes before the count.
+    // Field order is drop order: an upload's hidden file is let go of (its lock
+    // released, a scratch file removed) before the count falls.
     transfer: Transfer,
     _counted: Held,
 }
@@ -347,7 +349,7 @@ impl Conn {
                 let up =
                     blocking(move || Upload::open(&share, &path, size, mode, mtime, chunk_bytes))
                         .await?;
-                let transfer = self.open_transfer(Transfer::Upload(up))?;
+                let transfer = self.open_transfer(Transfer::Upload(Box::new(up)))?;
                 Ok(Response::UploadOpened { transfer })
             }
             Request::UploadWindow {
@@ -399,8 +401,11 @@ impl Conn {
                 })?;
                 blocking(move || match &t.transfer {
                     Transfer::Download(down) => down.close(),
-                    // Dropping the last reference removes the temporary file.
-                    Transfer::Upload(_) => Ok(Response::Ok),
+                    // The client gave up on the upload: nothing of it is kept.
+                    Transfer::Upload(up) => {
+                        up.discard();
+                        Ok(Response::Ok)
+                    }
                 })
                 .await
             }

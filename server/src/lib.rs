@@ -10,12 +10,17 @@
 //! read-only, with its chunk manifest ([`manifests`], cached server-wide), so a client
 //! reads any part of it with one-sided READs and no request per read.
 //!
+//! Uploads of several chunks are resumable: an interrupted one leaves a partial file and
+//! its journal ([`ferry_common::staging`]), which the next upload of the same name
+//! continues; [`cleanup`] removes what a killed ferryd left, once, at start.
+//!
 //! Server-wide state lives in [`Server`]: the shares, the manifest cache, the budget of
 //! mapped bytes and the counters [`Server::stats`] reports (live things are counted by
 //! [`gauge`]s, so a leak shows as a count that does not fall back).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cleanup;
 pub mod config;
 pub mod conn;
 pub mod error;
@@ -30,7 +35,7 @@ pub mod transfer;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use ferry_common::auth::{Secret, ShareAccess};
 use ferry_common::msg::ServerStats;
@@ -70,6 +75,10 @@ pub struct Server {
     manifests: ManifestCache,
     /// Registered mapped-file bytes and open mapped files, over every connection.
     map_budget: Arc<MapBudget>,
+    /// When this server was created: hidden files changed since are its own.
+    started: SystemTime,
+    /// Age beyond which [`Server::clean_stale_files`] removes a resumable partial.
+    partial_ttl: Duration,
 }
 
 impl Server {
@@ -101,12 +110,36 @@ impl Server {
             requests: AtomicU64::new(0),
             manifests: ManifestCache::new(MANIFEST_CACHE_BYTES),
             map_budget: MapBudget::new(config.max_mapped_bytes),
+            started: SystemTime::now(),
+            partial_ttl: config.partial_ttl,
         }))
     }
 
     /// Whether share `name` is served without a secret.
     pub fn is_open(&self, name: &str) -> bool {
         matches!(self.access.get(name), Some(ShareAccess::Open))
+    }
+
+    /// Removes the hidden files a killed ferryd left in the writable shares (see
+    /// [`cleanup`]), logging one line per share. Read-only shares are not touched.
+    /// Blocking; meant for a background thread at start, while connections are served.
+    pub fn clean_stale_files(&self) {
+        let mut shares: Vec<&Arc<Share>> = self.shares.values().collect();
+        shares.sort_by(|a, b| a.name().cmp(b.name()));
+        for share in shares {
+            if share.read_only() {
+                continue;
+            }
+            let r = cleanup::clean_tree(share.root(), self.partial_ttl, self.started);
+            tracing::info!(
+                "share {}: startup cleanup removed {} stale temporary files, kept {} resumable partial uploads ({} hidden files in use, {} failures)",
+                share.name(),
+                r.removed,
+                r.kept,
+                r.live,
+                r.failed
+            );
+        }
     }
 
     /// Counts one dispatched request.
@@ -139,8 +172,9 @@ impl Server {
         self.live.get() as usize
     }
 
-    /// Stops accepting, ends every connection (removing the temporary files of
-    /// unfinished uploads) and waits up to `grace` for them to finish. Returns the
+    /// Stops accepting, ends every connection (unfinished uploads keep their resumable
+    /// partial files, scratch files are removed) and waits up to `grace` for them to
+    /// finish. Returns the
     /// number of connections still open when the grace period ran out.
     pub async fn shutdown(&self, grace: Duration) -> usize {
         self.stop.send_replace(true);
@@ -218,7 +252,8 @@ impl Server {
     }
 
     /// Serves one connection until it closes. Everything the connection owned (open
-    /// transfers and their temporary files, registrations) is released on return.
+    /// transfers, registrations) is released on return; see [`conn`] for what happens
+    /// to the hidden files of unfinished uploads.
     pub async fn handle_connection(self: Arc<Self>, transport: SharedTransport) {
         conn::run(self, transport).await
     }

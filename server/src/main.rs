@@ -31,6 +31,7 @@ CONFIG FILE (TOML):
   listen = \"127.0.0.1:7447\"
   queue_depth = 8
   max_mapped_bytes = 68719476736
+  partial_ttl = \"24h\"
   [[share]]
   name = \"data\"
   path = \"/srv/data\"
@@ -97,6 +98,12 @@ struct Args {
     /// suffix (powers of 1024) [default: 64G].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     max_mapped_bytes: Option<u64>,
+
+    /// At start, remove resumable partial uploads (left by interrupted uploads) not
+    /// written to for this long: seconds, or with an s, m, h or d suffix; 0 removes them
+    /// all [default: 24h].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    partial_ttl: Option<Duration>,
 
     /// Transports to serve: `auto` serves TCP and, where an RDMA device exists, RDMA
     /// on the same address and port; `rdma` serves RDMA only (and fails without a
@@ -169,12 +176,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.listen,
         args.queue_depth,
         args.max_mapped_bytes,
+        args.partial_ttl,
         &args.shares,
     )?;
     let default_env = std::env::var_os(DEFAULT_SECRET_ENV).map(|_| DEFAULT_SECRET_ENV);
     config.apply_secrets(&args.secret_files, default_env)?;
     config.insecure_no_auth = args.insecure_no_auth;
     let server = Server::new(&config)?;
+    // Stale hidden files of a killed ferryd go in the background: a large share must
+    // not delay serving, and nothing a live transfer uses is touched.
+    let cleaner = server.clone();
+    tokio::task::spawn_blocking(move || cleaner.clean_stale_files());
     let listeners = listen(args.transport, config.listen).await?;
     let local = listeners.local;
     for s in &config.shares {
@@ -298,6 +310,11 @@ async fn listen(choice: TransportChoice, addr: SocketAddr) -> anyhow::Result<Lis
             rdma_note: "no rdma: built without the rdma feature".into(),
         })
     }
+}
+
+/// A duration for `--partial-ttl`.
+fn parse_duration(arg: &str) -> Result<Duration, String> {
+    ferry_server::config::parse_duration(arg).map_err(|e| e.to_string())
 }
 
 /// A byte size for `--max-mapped-bytes`.

@@ -1,59 +1,57 @@
 //! Uploads (pulled with one-sided READs) and downloads (pushed with one-sided WRITEs).
 //!
 //! Invariants:
-//! - An upload writes only to a hidden temporary file in the target directory, whose
-//!   declared size is reserved when it is opened (a file that cannot fit is refused
-//!   with "no space" before any data moves). It is renamed to the final name only by
-//!   [`Upload::commit`], after every chunk verified against its SHA-256 and the
-//!   manifest hash matched. Dropping an uncommitted [`Upload`] (abort, error,
-//!   connection loss) removes the temporary file.
+//! - An upload writes only to a hidden file in the target directory
+//!   ([`ferry_common::staging`]), whose declared size is reserved when it is opened (a
+//!   file that cannot fit is refused with "no space" before any data moves). It is
+//!   renamed to the final name only by [`Upload::commit`], after every chunk verified
+//!   against its SHA-256 and the manifest hash matched.
+//! - A file of several chunks is written to a resumable partial with a journal: each
+//!   chunk is journaled after its bytes were written. A later upload of the same name,
+//!   size and chunk size takes the journal as hints: a chunk whose hint equals the
+//!   client's hash is read back from the partial and hashed again, and only if that
+//!   matches is it not pulled. So every chunk of a committed file was verified against
+//!   the client's hash by this server, pulled or not.
+//! - [`Upload::discard`] (an explicit close) removes the partial and its journal.
+//!   Dropping an uncommitted upload otherwise (connection lost, client killed, server
+//!   shutting down) keeps a resumable partial for the next attempt and removes a
+//!   scratch file.
 //! - A window's response is sent only after every one-sided operation of that window
 //!   completed (successfully or not), so no chunk buffer is reused while the transport
 //!   may still fill or drain it.
 
-use std::fs::{self, File, OpenOptions, Permissions};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::collections::BTreeMap;
+use std::fs::{self, File, Permissions};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use ferry_common::chunk::hash_chunk;
+use ferry_common::journal::{JournalHeader, JournalWriter};
 use ferry_common::msg::{
     Attr, ErrorKind, RegionDesc, RemoteError, Response, Sha256, Timestamp, MAX_WINDOW_CHUNKS,
 };
 use ferry_common::proto::transfer::{check_window, ChunkRef, UploadState, Window};
-use ferry_common::space;
+use ferry_common::staging::{chunk_matches, StageError, Staged};
 use ferry_common::transport::{RemoteSlice, SharedTransport, TransportError};
 use ferry_common::writeback::Writeback;
-use ferry_common::TEMP_PREFIX;
 use tokio::task::JoinSet;
 
 use crate::error::{io_error, remote};
 use crate::pool::Pool;
 use crate::share::Share;
 
-/// A temporary file that is removed on drop unless it was renamed into place.
-struct TempFile {
-    path: PathBuf,
-    file: Arc<File>,
-    committed: bool,
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if !self.committed {
-            if let Err(e) = fs::remove_file(&self.path) {
-                tracing::warn!(path = %self.path.display(), "cannot remove temporary file: {e}");
-            }
-        }
-    }
-}
-
 /// An open upload.
 pub struct Upload {
     what: String,
     final_path: PathBuf,
-    temp: Mutex<TempFile>,
+    staged: Mutex<Staged>,
     file: Arc<File>,
+    /// The partial's journal; `None` for a scratch file.
+    journal: Option<Arc<JournalWriter>>,
+    header: JournalHeader,
+    /// Chunks an interrupted upload of this file journaled: index to hash.
+    hints: BTreeMap<u64, Sha256>,
     writeback: Writeback,
     state: Mutex<UploadState>,
     mode: u32,
@@ -65,9 +63,13 @@ fn transport_error(what: &str, e: TransportError) -> RemoteError {
     remote(ErrorKind::Io, format!("{what}: transfer failed: {e}"))
 }
 
+fn stage_error(what: &str, e: &StageError) -> RemoteError {
+    io_error(e.op.verb(), what, &e.source)
+}
+
 impl Upload {
-    /// Opens an upload of `size` bytes to `rel`: creates the temporary file next to the
-    /// final name. Blocking.
+    /// Opens an upload of `size` bytes to `rel`: opens (or resumes) its hidden file next
+    /// to the final name and reserves `size` bytes. Blocking.
     pub fn open(
         share: &Share,
         rel: &str,
@@ -84,27 +86,26 @@ impl Upload {
                 format!("{what}: a directory is in the way"),
             ));
         }
-        let dir = final_path.parent().unwrap_or(share.root());
-        let temp_path = dir.join(format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>()));
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&temp_path)
-            .map_err(|e| io_error("create", &what, &e))?;
-        let file = Arc::new(file);
-        let temp = TempFile {
-            path: temp_path,
-            file: file.clone(),
-            committed: false,
+        // The upload's own chunk hashes decide what may be reused, so the journal does
+        // not name a source.
+        let header = JournalHeader {
+            size,
+            chunk_bytes,
+            source: [0; 32],
         };
-        // A file that cannot fit fails here, before any data moves; dropping `temp`
-        // removes the temporary file.
-        space::reserve(&file, size).map_err(|e| io_error("reserve space", &what, &e))?;
+        let staged = Staged::open(&final_path, &header).map_err(|e| stage_error(&what, &e))?;
+        let hints = staged.hints().clone();
+        if !hints.is_empty() {
+            tracing::info!(file = %what, chunks = hints.len(), "resuming an interrupted upload");
+        }
+        let file = staged.file().clone();
         Ok(Upload {
             what,
             final_path,
-            temp: Mutex::new(temp),
+            journal: staged.journal(),
+            staged: Mutex::new(staged),
+            header,
+            hints,
             writeback: Writeback::new(file.clone()),
             file,
             state: Mutex::new(UploadState::new(size, chunk_bytes, MAX_WINDOW_CHUNKS)),
@@ -118,8 +119,14 @@ impl Upload {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Pulls one window: RDMA READ of each chunk from the client's `region` into a pool
-    /// buffer, SHA-256 check against `hashes`, write into the temporary file.
+    fn staged(&self) -> std::sync::MutexGuard<'_, Staged> {
+        self.staged.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Receives one window: each chunk that the partial file already holds with the
+    /// hash in `hashes` (journaled by an interrupted upload, then read back and hashed
+    /// again) is kept; every other chunk is pulled by RDMA READ from the client's
+    /// `region` into a pool buffer, checked against `hashes` and written.
     pub async fn pull_window(
         &self,
         transport: &SharedTransport,
@@ -138,24 +145,35 @@ impl Upload {
                 transport: transport.clone(),
                 pool: pool.clone(),
                 file: self.file.clone(),
+                journal: self.journal.clone(),
+                header: self.header,
                 what: self.what.clone(),
                 region,
                 window,
                 chunk,
                 expected,
+                hinted: self.hints.get(&chunk.index) == Some(&expected),
             };
             tasks.spawn(job.run());
         }
         match join_all(tasks).await {
             Ok(done) => {
+                let (mut pulled, mut reused) = (0, 0);
                 let mut state = self.state();
-                for (index, hash) in done {
+                for c in done {
                     state
-                        .handle_chunk_verified(index, hash)
+                        .handle_chunk_verified(c.index, c.hash)
                         .map_err(|e| remote(ErrorKind::Protocol, e.to_string()))?;
+                    match c.reused {
+                        true => reused += u64::from(c.len),
+                        false => pulled += u64::from(c.len),
+                    }
                 }
-                self.writeback.wrote(window.len);
-                Ok(Response::WindowPulled { bytes: window.len })
+                self.writeback.wrote(pulled);
+                Ok(Response::WindowPulled {
+                    bytes: pulled,
+                    reused,
+                })
             }
             Err(e) => {
                 self.state().handle_window_failed(window);
@@ -165,7 +183,8 @@ impl Upload {
     }
 
     /// Commits: checks every chunk verified and the manifest, fsyncs, sets mode and
-    /// mtime, renames into place and fsyncs the directory. Blocking.
+    /// mtime, renames into place (removing the journal) and fsyncs the directory.
+    /// Blocking.
     pub fn commit(&self, manifest: &Sha256) -> Result<Response, RemoteError> {
         let size = {
             let state = self.state();
@@ -178,8 +197,8 @@ impl Upload {
             state.size()
         };
         let what = &self.what;
-        let mut temp = self.temp.lock().unwrap_or_else(|p| p.into_inner());
-        let file = &temp.file;
+        let mut staged = self.staged();
+        let file = &self.file;
         if file
             .metadata()
             .map_err(|e| io_error("stat", what, &e))?
@@ -202,14 +221,20 @@ impl Upload {
                 format!("{what}: a directory is in the way"),
             ));
         }
-        fs::rename(&temp.path, &self.final_path).map_err(|e| io_error("rename", what, &e))?;
-        temp.committed = true;
+        staged
+            .commit(&self.final_path)
+            .map_err(|e| stage_error(what, &e))?;
         if let Some(dir) = self.final_path.parent() {
             File::open(dir)
                 .and_then(|d| d.sync_all())
                 .map_err(|e| io_error("fsync the directory", what, &e))?;
         }
         Ok(Response::Committed { size })
+    }
+
+    /// Abandons the upload for good: removes its hidden file and journal. Blocking.
+    pub fn discard(&self) {
+        self.staged().discard();
     }
 }
 
@@ -240,32 +265,66 @@ struct PullChunk {
     transport: SharedTransport,
     pool: Arc<Pool>,
     file: Arc<File>,
+    journal: Option<Arc<JournalWriter>>,
+    header: JournalHeader,
     what: String,
     region: RegionDesc,
     window: Window,
     chunk: ChunkRef,
     expected: Sha256,
+    /// The journal names this chunk with the expected hash.
+    hinted: bool,
+}
+
+/// A chunk of a window, verified and in the file.
+struct ChunkDone {
+    index: u64,
+    hash: Sha256,
+    len: u32,
+    /// Found in the partial file rather than pulled.
+    reused: bool,
 }
 
 impl PullChunk {
-    async fn run(self) -> Result<(u64, Sha256), RemoteError> {
+    async fn run(self) -> Result<ChunkDone, RemoteError> {
         let PullChunk {
             transport,
             pool,
             file,
+            journal,
+            header,
             what,
             region,
             window,
             chunk,
             expected,
+            hinted,
         } = self;
+        let done = |reused| ChunkDone {
+            index: chunk.index,
+            hash: expected,
+            len: chunk.len,
+            reused,
+        };
+        let lease = pool.lease().await?;
+        if hinted {
+            let (buf, file) = (lease.buffer().clone(), file.clone());
+            let held = tokio::task::spawn_blocking(move || {
+                let mut bytes = buf.blocking_write();
+                chunk_matches(&file, &header, chunk.index, &expected, &mut bytes[..])
+            })
+            .await
+            .map_err(|e| remote(ErrorKind::Io, format!("{what}: hashing task failed: {e}")))?;
+            if held {
+                return Ok(done(true));
+            }
+        }
         let slice = RemoteSlice::of(&region, chunk.window_offset, chunk.len).ok_or_else(|| {
             remote(
                 ErrorKind::Protocol,
                 format!("{what}: chunk outside the region"),
             )
         })?;
-        let lease = pool.lease().await?;
         transport
             .read(slice, lease.reg(), 0)
             .await
@@ -273,34 +332,40 @@ impl PullChunk {
         let buf = lease.buffer().clone();
         let file_offset = window.offset + chunk.window_offset;
         let len = chunk.len as usize;
+        let what2 = what.clone();
         let verdict = tokio::task::spawn_blocking(move || {
             let bytes = buf.blocking_read();
             let got = hash_chunk(&bytes[..len]);
             if got != expected {
-                return Ok(Err(got));
+                return Ok(false);
             }
-            file.write_all_at(&bytes[..len], file_offset)
-                .map(|()| Ok(got))
+            file.write_all_at(&bytes[..len], file_offset)?;
+            // Journaled only once the bytes are in the file. The journal is a hint, so
+            // failing to extend it costs a later resume, not this upload.
+            if let Some(j) = journal {
+                if let Err(e) = j.append(chunk.index, &got) {
+                    tracing::warn!(file = %what2, "cannot extend the upload's journal: {e}");
+                }
+            }
+            Ok(true)
         })
         .await
         .map_err(|e| remote(ErrorKind::Io, format!("{what}: hashing task failed: {e}")))?
         .map_err(|e| io_error("write", &what, &e))?;
         drop(lease);
-        match verdict {
-            Ok(hash) => Ok((chunk.index, hash)),
-            Err(_) => {
-                tracing::warn!(file = %what, chunk = chunk.index, "upload chunk failed SHA-256 verification");
-                Err(remote(
-                    ErrorKind::Integrity,
-                    format!(
-                        "{what}: chunk {} (bytes {}..{}) failed SHA-256 verification",
-                        chunk.index,
-                        file_offset,
-                        file_offset + chunk.len as u64
-                    ),
-                ))
-            }
+        if verdict {
+            return Ok(done(false));
         }
+        tracing::warn!(file = %what, chunk = chunk.index, "upload chunk failed SHA-256 verification");
+        Err(remote(
+            ErrorKind::Integrity,
+            format!(
+                "{what}: chunk {} (bytes {}..{}) failed SHA-256 verification",
+                chunk.index,
+                file_offset,
+                file_offset + chunk.len as u64
+            ),
+        ))
     }
 }
 
@@ -425,8 +490,8 @@ impl Download {
 
 /// An open transfer of a connection.
 pub enum Transfer {
-    /// An upload.
-    Upload(Upload),
+    /// An upload (boxed: it is the larger by far).
+    Upload(Box<Upload>),
     /// A download.
     Download(Download),
 }

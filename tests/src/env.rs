@@ -189,6 +189,11 @@ impl Env {
         &self.server
     }
 
+    /// The server, to [`Server::restart`] it.
+    pub fn server_mut(&mut self) -> &mut Server {
+        &mut self.server
+    }
+
     /// `<tmp>/local/<rel>` (`rel` may be empty).
     pub fn local(&self, rel: &str) -> PathBuf {
         self.root().join("local").join(rel)

@@ -4,9 +4,12 @@ use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Write};
 use std::net::TcpListener;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 
+use ferry_common::journal::read_journal;
+use ferry_common::staging::{classify, TempName, JOURNAL_SUFFIX, PART_SUFFIX};
+use ferry_common::TEMP_PREFIX as TEMP_PREFIX_FULL;
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
@@ -176,8 +179,7 @@ pub fn assert_entries(dir: &Path, expected: &[&str]) {
 /// starting with [`TEMP_PREFIX`].
 #[track_caller]
 pub fn assert_no_temp_files(dir: &Path) {
-    let mut stray = Vec::new();
-    find_temp_files(dir, &mut stray);
+    let stray = temp_files(dir);
     assert!(
         stray.is_empty(),
         "stray temporary files under {}: {stray:#?}",
@@ -185,18 +187,82 @@ pub fn assert_no_temp_files(dir: &Path) {
     );
 }
 
-fn find_temp_files(dir: &Path, stray: &mut Vec<String>) {
+/// Every entry under `dir` (recursively, not following symlinks) whose name starts with
+/// [`TEMP_PREFIX`].
+pub fn temp_files(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    find_temp_files(dir, &mut found);
+    found.sort();
+    found
+}
+
+fn find_temp_files(dir: &Path, found: &mut Vec<PathBuf>) {
     let entries = fs::read_dir(dir).unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()));
     for entry in entries {
         let entry = entry.expect("read_dir entry");
         let path = entry.path();
         if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
-            stray.push(path.display().to_string());
+            found.push(path.clone());
         }
         if entry.file_type().expect("file type").is_dir() {
-            find_temp_files(&path, stray);
+            find_temp_files(&path, found);
         }
     }
+}
+
+/// The journal beside the resumable partial `path`, or the partial beside the journal
+/// `path`; `None` if `path` is neither.
+fn sibling(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?;
+    let stem = match classify(name)? {
+        TempName::Part(s) => format!("{TEMP_PREFIX_FULL}{s}{JOURNAL_SUFFIX}"),
+        TempName::Journal(s) => format!("{TEMP_PREFIX_FULL}{s}{PART_SUFFIX}"),
+        TempName::Scratch => return None,
+    };
+    Some(path.with_file_name(stem))
+}
+
+/// Panics unless every hidden temporary file under `dir` (recursively) is a resumable
+/// partial with a readable journal beside it, or that journal: what an interrupted
+/// transfer may leave, and nothing else (no scratch file, no orphan).
+#[track_caller]
+pub fn assert_only_resumable_temp_files(dir: &Path) {
+    let bad: Vec<String> = temp_files(dir)
+        .into_iter()
+        .filter(|p| {
+            let Some(other) = sibling(p) else {
+                return true;
+            };
+            let journal = match classify(p.file_name().unwrap_or_default()) {
+                Some(TempName::Journal(_)) => p.clone(),
+                _ => other.clone(),
+            };
+            !other.is_file() || read_journal(&journal).is_err()
+        })
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "temporary files under {} that are not resumable partials with their journals: {bad:#?}",
+        dir.display()
+    );
+}
+
+/// File bytes that the journals of resumable partials under `dir` (recursively) record
+/// as written: what a resumed copy may reuse, after verifying it.
+pub fn journaled_bytes(dir: &Path) -> u64 {
+    temp_files(dir)
+        .into_iter()
+        .filter(|p| {
+            matches!(
+                classify(p.file_name().unwrap_or_default()),
+                Some(TempName::Journal(_))
+            )
+        })
+        .filter(|p| sibling(p).is_some_and(|part| part.is_file()))
+        .filter_map(|p| read_journal(&p).ok())
+        .map(|c| c.chunk_bytes_total())
+        .sum()
 }
 
 /// A loopback port that nothing listens on (bound, then released).

@@ -26,7 +26,9 @@
 //!   ferryd or rcp as an unprivileged [`User`] (permission tests: root reads anything).
 //! - [`files`](write_random_file) and [`tree`](make_tree) helpers write seeded random
 //!   files and trees, and compare files and trees byte for byte, with modes, mtimes and
-//!   symlink targets.
+//!   symlink targets; [`assert_only_resumable_temp_files`] and [`journaled_bytes`] look
+//!   at what an interrupted copy left for a resumed one.
+//! - [`Server::restart`] SIGKILLs ferryd and starts another on the same shares.
 //!
 //! `cargo test -p ferry-tests` does not build the binaries: run
 //! `cargo build --workspace --bins` first. They are looked up in `$FERRY_BIN_DIR`, or
@@ -49,9 +51,9 @@ mod wire_proxy;
 
 pub use env::{Env, EnvBuilder, DEFAULT_SHARE};
 pub use files::{
-    assert_entries, assert_files_equal, assert_no_temp_files, assert_same_mode_and_mtime,
-    first_difference, mode_of, mtime_of, set_mode, set_mtime, unused_local_port, write_random_file,
-    MIB, TEMP_PREFIX,
+    assert_entries, assert_files_equal, assert_no_temp_files, assert_only_resumable_temp_files,
+    assert_same_mode_and_mtime, first_difference, journaled_bytes, mode_of, mtime_of, set_mode,
+    set_mtime, temp_files, unused_local_port, write_random_file, MIB, TEMP_PREFIX,
 };
 pub use mount::{
     ferry_mount, is_fuse_type, mount_type, send_signal, Mount, MountBuilder, MountFailed,

@@ -1,6 +1,6 @@
 //! Locating the binaries and running a real `ferryd` process.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -102,11 +102,14 @@ pub struct ServerOptions {
 ///
 /// Dropping it SIGKILLs and reaps the process; if the current thread is panicking, the
 /// drop also prints ferryd's captured stderr so the failing test shows the server log.
+/// [`Server::restart`] kills it and starts another ferryd on the same shares.
 #[derive(Debug)]
 pub struct Server {
     child: Mutex<Child>,
     addr: String,
     log_path: PathBuf,
+    shares: Vec<Share>,
+    opts: ServerOptions,
     /// Holds the port file and the log; removed after the process is gone.
     _state: TempDir,
 }
@@ -136,6 +139,7 @@ impl Server {
     /// ferryd's environment (applied after the harness's own, so they win).
     pub fn start_with(shares: &[Share], opts: ServerOptions) -> Server {
         let user = opts.user;
+        let opts = opts.clone();
         let state = tempfile::Builder::new()
             .prefix("ferryd-")
             .tempdir()
@@ -184,6 +188,8 @@ impl Server {
             child: Mutex::new(child),
             addr: String::new(),
             log_path,
+            shares: shares.to_vec(),
+            opts,
             _state: state,
         };
         server.addr = server.wait_for_port_file(&port_file);
@@ -225,6 +231,15 @@ impl Server {
         &self.addr
     }
 
+    /// The port ferryd listens on.
+    pub fn port(&self) -> u16 {
+        self.addr
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in ferryd's address {}", self.addr))
+    }
+
     /// The ferryd process's id (for [`crate::proc_status`] and [`crate::open_fds`]).
     pub fn pid(&self) -> u32 {
         self.child().id()
@@ -244,6 +259,40 @@ impl Server {
     /// Everything ferryd has written to stderr so far.
     pub fn stderr(&self) -> String {
         fs::read_to_string(&self.log_path).unwrap_or_else(|e| format!("<cannot read log: {e}>"))
+    }
+
+    /// SIGKILLs ferryd now (it gets no chance to clean up) and reaps it.
+    pub fn kill(&self) {
+        let mut child = self.child();
+        // Ignoring errors: the process may have exited already.
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// SIGKILLs this ferryd and starts another on the same shares with the same
+    /// options, plus `extra` arguments; it listens on a new port ([`Server::addr`] and
+    /// [`Server::remote`] follow) and logs to a new [`Server::stderr`].
+    pub fn restart<S: AsRef<OsStr>>(&mut self, extra: &[S]) {
+        self.kill();
+        let mut opts = self.opts.clone();
+        opts.args
+            .extend(extra.iter().map(|a| a.as_ref().to_os_string()));
+        *self = Server::start_with(&self.shares, opts);
+    }
+
+    /// Waits up to `timeout` until ferryd's stderr holds `needle` at least `times`
+    /// times; returns whether it did.
+    pub fn wait_for_log(&self, needle: &str, times: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.stderr().matches(needle).count() >= times {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            thread::sleep(PORT_FILE_POLL);
+        }
     }
 
     /// Panics (with ferryd's stderr) if the ferryd process has exited.

@@ -245,7 +245,10 @@ fn reads_of_revoked_or_out_of_bounds_regions_fail_cleanly() {
         };
         assert!(matches!(
             c.call(window).await,
-            Ok(Response::WindowPulled { bytes: 4096 })
+            Ok(Response::WindowPulled {
+                bytes: 4096,
+                reused: 0
+            })
         ));
         let manifest = ferry_common::chunk::manifest_id(4096, 1 << 20, &[hash]);
         assert!(matches!(

@@ -5,7 +5,8 @@
 //! one window of memory, advertises it, and revokes it when the window completes — and
 //! chunks are the unit of hashing, verification and one-sided transfer.
 //!
-//! - [`WindowPlan`] (client) yields the windows of a file, a bounded number in flight.
+//! - [`WindowPlan`] (client) yields the windows of a file, a bounded number in flight,
+//!   leaving out chunks the client already holds (a resumed download).
 //! - [`check_window`] (server) validates a window a client asks for.
 //! - [`UploadState`] (server) tracks which chunks of an upload verified and decides
 //!   whether it may commit.
@@ -92,14 +93,20 @@ pub fn check_window(
 }
 
 /// The client's schedule of windows for one file.
+///
+/// Invariant: between calls, `next_offset` is the end of the file or the start of a
+/// chunk that is not skipped, so every window yielded starts on a chunk to fetch and
+/// runs over consecutive chunks to fetch only.
 #[derive(Debug, Clone)]
 pub struct WindowPlan {
     size: u64,
+    chunk_bytes: u64,
     window_bytes: u64,
     next_offset: u64,
     in_flight: BTreeSet<u64>,
     max_in_flight: usize,
     done_bytes: u64,
+    skip: BTreeSet<u64>,
 }
 
 impl WindowPlan {
@@ -108,11 +115,30 @@ impl WindowPlan {
     pub fn new(size: u64, chunk_bytes: u32, window_chunks: usize, max_in_flight: usize) -> Self {
         WindowPlan {
             size,
+            chunk_bytes: u64::from(chunk_bytes.max(1)),
             window_bytes: u64::from(chunk_bytes) * window_chunks.max(1) as u64,
             next_offset: 0,
             in_flight: BTreeSet::new(),
             max_in_flight: max_in_flight.max(1),
             done_bytes: 0,
+            skip: BTreeSet::new(),
+        }
+    }
+
+    /// Leaves the chunks with these indices out of every window (the client holds
+    /// them already). Call before the first [`WindowPlan::poll_window`].
+    pub fn skipping(mut self, chunks: BTreeSet<u64>) -> Self {
+        self.skip = chunks;
+        self.pass_skipped();
+        self
+    }
+
+    /// Moves `next_offset` past chunks to skip.
+    fn pass_skipped(&mut self) {
+        while self.next_offset < self.size
+            && self.skip.contains(&(self.next_offset / self.chunk_bytes))
+        {
+            self.next_offset = (self.next_offset + self.chunk_bytes).min(self.size);
         }
     }
 
@@ -121,11 +147,18 @@ impl WindowPlan {
         if self.in_flight.len() >= self.max_in_flight || self.next_offset >= self.size {
             return None;
         }
+        let start = self.next_offset;
+        let limit = (start + self.window_bytes).min(self.size);
+        let mut end = start;
+        while end < limit && !self.skip.contains(&(end / self.chunk_bytes)) {
+            end = (end + self.chunk_bytes).min(self.size);
+        }
         let w = Window {
-            offset: self.next_offset,
-            len: (self.size - self.next_offset).min(self.window_bytes),
+            offset: start,
+            len: end - start,
         };
-        self.next_offset += w.len;
+        self.next_offset = end;
+        self.pass_skipped();
         self.in_flight.insert(w.offset);
         Some(w)
     }
@@ -323,6 +356,37 @@ mod tests {
                 (0..crate::chunk::chunk_count(size, C)).collect::<Vec<_>>()
             );
         }
+    }
+
+    #[test]
+    fn skipped_chunks_are_left_out_of_the_windows() {
+        let size = 20 * 4096 + 3; // chunks 0..=20
+        let skip = BTreeSet::from([0, 1, 5, 6, 7, 8, 9, 20]);
+        let mut plan = WindowPlan::new(size, C, 4, 100).skipping(skip.clone());
+        let mut windows = Vec::new();
+        while let Some(w) = plan.poll_window() {
+            check_window(size, C, 4, w.offset, w.len).unwrap();
+            windows.push(w);
+        }
+        let chunks: Vec<u64> = windows
+            .iter()
+            .flat_map(|w| w.chunks(C))
+            .map(|c| c.index)
+            .collect();
+        let want: Vec<u64> = (0..=20).filter(|i| !skip.contains(i)).collect();
+        assert_eq!(chunks, want);
+        // Runs split at skipped chunks and at the window limit.
+        let starts: Vec<u64> = windows.iter().map(|w| w.offset / 4096).collect();
+        assert_eq!(starts, vec![2, 10, 14, 18]);
+        for w in windows {
+            plan.handle_window_done(w).unwrap();
+        }
+        assert!(plan.is_complete());
+
+        // Everything held: nothing to fetch.
+        let mut plan = WindowPlan::new(size, C, 4, 2).skipping((0..=20).collect());
+        assert!(plan.poll_window().is_none());
+        assert!(plan.is_complete());
     }
 
     #[test]

@@ -289,7 +289,13 @@ fn messages() -> Vec<(&'static str, Message)> {
         ),
         (
             "resp-window-pulled",
-            resp(5, Response::WindowPulled { bytes: 3000 }),
+            resp(
+                5,
+                Response::WindowPulled {
+                    bytes: 3000,
+                    reused: 0,
+                },
+            ),
         ),
         (
             "resp-committed",

@@ -14,6 +14,9 @@ pub const MAX_QUEUE_DEPTH: usize = 256;
 /// Default budget of file bytes registered for mapped files, over all connections.
 pub const DEFAULT_MAX_MAPPED_BYTES: u64 = 64 << 30;
 
+/// Default most connections served at once (TCP and RDMA together).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
 /// Configuration errors, reported before the server starts.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -62,6 +65,9 @@ pub enum ConfigError {
     /// The queue depth is out of range.
     #[error("queue depth must be between 1 and {MAX_QUEUE_DEPTH}, not {0}")]
     QueueDepth(usize),
+    /// The connection limit is zero.
+    #[error("max connections must be at least 1")]
+    MaxConnections,
     /// A byte size is not a number with an optional K, M, G or T suffix.
     #[error("invalid size '{0}': expected bytes, optionally with a K, M, G or T suffix (powers of 1024)")]
     Size(String),
@@ -92,6 +98,9 @@ pub struct Config {
     /// Most file bytes registered for mapped files at once, over all connections;
     /// `MapOpen` beyond it fails with `Busy`.
     pub max_mapped_bytes: u64,
+    /// Most connections served at once, TCP and RDMA together, counted from accept
+    /// (a connection still in its handshake counts); one more is refused as busy.
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Deserialize)]
@@ -100,6 +109,7 @@ struct FileConfig {
     listen: Option<SocketAddr>,
     queue_depth: Option<usize>,
     max_mapped_bytes: Option<u64>,
+    max_connections: Option<usize>,
     #[serde(default)]
     share: Vec<ShareConfig>,
 }
@@ -112,6 +122,7 @@ impl Config {
         listen: Option<SocketAddr>,
         queue_depth: Option<usize>,
         max_mapped_bytes: Option<u64>,
+        max_connections: Option<usize>,
         share_specs: &[String],
     ) -> Result<Config, ConfigError> {
         let parsed = match file {
@@ -136,6 +147,7 @@ impl Config {
                 listen: None,
                 queue_depth: None,
                 max_mapped_bytes: None,
+                max_connections: None,
                 share: Vec::new(),
             },
         };
@@ -152,6 +164,12 @@ impl Config {
         if !(1..=MAX_QUEUE_DEPTH).contains(&queue_depth) {
             return Err(ConfigError::QueueDepth(queue_depth));
         }
+        let max_connections = max_connections
+            .or(parsed.max_connections)
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 {
+            return Err(ConfigError::MaxConnections);
+        }
         let default_listen = SocketAddr::from(([127, 0, 0, 1], ferry_common::DEFAULT_PORT));
         Ok(Config {
             listen: listen.or(parsed.listen).unwrap_or(default_listen),
@@ -160,6 +178,7 @@ impl Config {
             max_mapped_bytes: max_mapped_bytes
                 .or(parsed.max_mapped_bytes)
                 .unwrap_or(DEFAULT_MAX_MAPPED_BYTES),
+            max_connections,
         })
     }
 
@@ -171,6 +190,7 @@ impl Config {
             queue_depth: DEFAULT_QUEUE_DEPTH,
             shares,
             max_mapped_bytes: DEFAULT_MAX_MAPPED_BYTES,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -264,15 +284,17 @@ mod tests {
             "listen = \"127.0.0.1:9000\"\nqueue_depth = 4\n[[share]]\nname = \"a\"\npath = \"/tmp\"\nread_only = true\n",
         )
         .unwrap();
-        let c = Config::build(Some(&f), None, None, None, &["b=/var".into()]).unwrap();
+        let c = Config::build(Some(&f), None, None, None, None, &["b=/var".into()]).unwrap();
         assert_eq!(c.listen.port(), 9000);
         assert_eq!(c.queue_depth, 4);
         assert_eq!(c.max_mapped_bytes, DEFAULT_MAX_MAPPED_BYTES);
+        assert_eq!(c.max_connections, DEFAULT_MAX_CONNECTIONS);
         assert_eq!(c.shares.len(), 2);
         assert!(c.shares[0].read_only && !c.shares[1].read_only);
-        let c = Config::build(Some(&f), None, Some(16), Some(1 << 20), &[]).unwrap();
+        let c = Config::build(Some(&f), None, Some(16), Some(1 << 20), Some(3), &[]).unwrap();
         assert_eq!(c.queue_depth, 16);
         assert_eq!(c.max_mapped_bytes, 1 << 20);
+        assert_eq!(c.max_connections, 3);
     }
 
     #[test]
@@ -293,7 +315,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("m.toml");
         std::fs::write(&f, "max_mapped_bytes = 1024\n").unwrap();
-        let c = Config::build(Some(&f), None, None, None, &["a=/tmp".into()]).unwrap();
+        let c = Config::build(Some(&f), None, None, None, None, &["a=/tmp".into()]).unwrap();
         assert_eq!(c.max_mapped_bytes, 1024);
     }
 
@@ -303,16 +325,28 @@ mod tests {
         let f = dir.path().join("bad.toml");
         std::fs::write(&f, "[[share]]\nname = \"a\"\nbogus = 1\n").unwrap();
         assert!(matches!(
-            Config::build(Some(&f), None, None, None, &[]),
+            Config::build(Some(&f), None, None, None, None, &[]),
             Err(ConfigError::Parse { .. })
         ));
         assert!(matches!(
-            Config::build(None, None, None, None, &["a/b=/tmp".into()]),
+            Config::build(None, None, None, None, None, &["a/b=/tmp".into()]),
             Err(ConfigError::ShareName(_))
         ));
         assert!(matches!(
-            Config::build(None, None, Some(0), None, &[]),
+            Config::build(None, None, Some(0), None, None, &[]),
             Err(ConfigError::QueueDepth(0))
         ));
+        assert!(matches!(
+            Config::build(None, None, None, None, Some(0), &["a=/tmp".into()]),
+            Err(ConfigError::MaxConnections)
+        ));
+        std::fs::write(&f, "max_connections = 0\n").unwrap();
+        assert!(matches!(
+            Config::build(Some(&f), None, None, None, None, &["a=/tmp".into()]),
+            Err(ConfigError::MaxConnections)
+        ));
+        std::fs::write(&f, "max_connections = 7\n").unwrap();
+        let c = Config::build(Some(&f), None, None, None, None, &["a=/tmp".into()]).unwrap();
+        assert_eq!(c.max_connections, 7);
     }
 }

@@ -20,7 +20,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 #[command(
     name = "ferryd",
     version,
-    after_help = "EXAMPLES:\n  ferryd --share data=/srv/data\n  ferryd --share data=/srv/data --share pub=/srv/pub:ro --listen 0.0.0.0:7447\n  ferryd --config /etc/ferryd.toml\n\nCONFIG FILE (TOML):\n  listen = \"127.0.0.1:7447\"\n  queue_depth = 8\n  max_mapped_bytes = 68719476736\n  [[share]]\n  name = \"data\"\n  path = \"/srv/data\"\n  read_only = false\n\nThere is no authentication yet: listen on loopback or a trusted network only."
+    after_help = "EXAMPLES:\n  ferryd --share data=/srv/data\n  ferryd --share data=/srv/data --share pub=/srv/pub:ro --listen 0.0.0.0:7447\n  ferryd --config /etc/ferryd.toml\n\nCONFIG FILE (TOML):\n  listen = \"127.0.0.1:7447\"\n  queue_depth = 8\n  max_mapped_bytes = 68719476736\n  max_connections = 1024\n  [[share]]\n  name = \"data\"\n  path = \"/srv/data\"\n  read_only = false\n\nThere is no authentication yet: listen on loopback or a trusted network only."
 )]
 struct Args {
     /// TOML configuration file (shares, listen address, queue depth, mapped-byte budget).
@@ -49,6 +49,12 @@ struct Args {
     /// suffix (powers of 1024) [default: 64G].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     max_mapped_bytes: Option<u64>,
+
+    /// Most connections served at once, TCP and RDMA together, counted from accept
+    /// until closed; one more is told the server is at its limit and closed
+    /// [default: 1024].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
 
     /// Transports to serve: `auto` serves TCP and, where an RDMA device exists, RDMA
     /// on the same address and port; `rdma` serves RDMA only (and fails without a
@@ -115,8 +121,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.listen,
         args.queue_depth,
         args.max_mapped_bytes,
+        args.max_connections,
         &args.shares,
     )?;
+    raise_fd_limit(config.max_connections);
     let server = Server::new(&config)?;
     let listeners = listen(args.transport, config.listen).await?;
     let local = listeners.local;
@@ -236,6 +244,33 @@ async fn listen(choice: TransportChoice, addr: SocketAddr) -> anyhow::Result<Lis
             tcp,
             rdma_note: "no rdma: built without the rdma feature".into(),
         })
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit, as far as it goes: each
+/// connection holds at least one descriptor (more while it has transfers and mapped
+/// files open), and the usual soft limit of 1024 would make accept fail (EMFILE) before
+/// `max_connections` is reached. Warns if the result is still low for the limit.
+fn raise_fd_limit(max_connections: usize) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    let soft = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        hard
+    } else {
+        soft
+    };
+    // A connection's socket plus an open upload or mapped file or two, and the
+    // server's own descriptors.
+    let wanted = (max_connections as u64)
+        .saturating_mul(2)
+        .saturating_add(64);
+    if soft < wanted {
+        tracing::warn!(
+            "the open-file limit is {soft}: with --max-connections {max_connections}, \
+             accepts may fail for lack of descriptors (raise `ulimit -n` to at least {wanted})"
+        );
     }
 }
 

@@ -26,6 +26,7 @@ async fn faulty_server(root: &Path, plan: FaultPlan) -> u16 {
             read_only: false,
         }],
         max_mapped_bytes: ferry_server::config::DEFAULT_MAX_MAPPED_BYTES,
+        max_connections: ferry_server::config::DEFAULT_MAX_CONNECTIONS,
     };
     let server = Server::new(&config).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

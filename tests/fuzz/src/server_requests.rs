@@ -146,6 +146,7 @@ impl World {
             Some(([127, 0, 0, 1], 0).into()),
             Some(2),
             Some(4 << 20),
+            None,
             &[
                 format!("data={}", share.display()),
                 format!("ro={}:ro", ro.display()),

@@ -37,6 +37,7 @@ pub struct EnvBuilder {
     tmpfs: Vec<(String, u64)>,
     server_user: Option<User>,
     rcp_user: Option<User>,
+    ferryd_args: Vec<String>,
 }
 
 impl EnvBuilder {
@@ -59,6 +60,12 @@ impl EnvBuilder {
     /// directory belongs to `user` (its files keep their owner).
     pub fn server_user(mut self, user: User) -> Self {
         self.server_user = Some(user);
+        self
+    }
+
+    /// Passes `arg` to ferryd after the shares (e.g. `--max-connections`). Repeatable.
+    pub fn ferryd_arg(mut self, arg: impl Into<String>) -> Self {
+        self.ferryd_args.push(arg.into());
         self
     }
 
@@ -116,7 +123,7 @@ impl EnvBuilder {
         if let Some(user) = self.rcp_user {
             user.own(&root.path().join("local"));
         }
-        let server = Server::start_as(&shares, self.server_user);
+        let server = Server::start_as(&shares, self.server_user, &self.ferryd_args);
         Env {
             server,
             mounts,

@@ -106,12 +106,13 @@ impl Server {
     ///
     /// Panics if ferryd exits early or the port file never appears.
     pub fn start(shares: &[Share]) -> Server {
-        Server::start_as(shares, None)
+        Server::start_as(shares, None, &[])
     }
 
     /// [`Server::start`], with ferryd running as `user` when one is given (its port
-    /// file's directory is given to that user; the shares must be reachable by it).
-    pub fn start_as(shares: &[Share], user: Option<User>) -> Server {
+    /// file's directory is given to that user; the shares must be reachable by it), and
+    /// with the extra command-line arguments `args` (e.g. `--max-connections 4`).
+    pub fn start_as(shares: &[Share], user: Option<User>, args: &[String]) -> Server {
         let state = tempfile::Builder::new()
             .prefix("ferryd-")
             .tempdir()
@@ -138,6 +139,7 @@ impl Server {
         for share in shares {
             cmd.arg("--share").arg(share.arg());
         }
+        cmd.args(args);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));

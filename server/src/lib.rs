@@ -154,7 +154,15 @@ impl Server {
         let server = self.clone();
         tokio::spawn(async move {
             let deadline = accepted + HANDSHAKE_TIMEOUT;
-            match tokio::time::timeout_at(deadline.into(), setup).await {
+            let mut stop = server.stop_signal();
+            let set_up = tokio::select! {
+                set_up = tokio::time::timeout_at(deadline.into(), setup) => set_up,
+                _ = stop.wait_for(|stopping| *stopping) => {
+                    tracing::debug!(%peer, "connection dropped at shutdown, before its transport was up");
+                    return;
+                }
+            };
+            match set_up {
                 Ok(Ok(t)) => conn::run(server, t, live, accepted).await,
                 Ok(Err(e)) => tracing::warn!(%peer, "connection failed at transport set-up: {e}"),
                 Err(_) => tracing::warn!(

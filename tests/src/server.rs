@@ -216,6 +216,21 @@ impl Server {
         fs::read_to_string(&self.log_path).unwrap_or_else(|e| format!("<cannot read log: {e}>"))
     }
 
+    /// Waits up to `limit` for the ferryd process to exit (after a signal); returns
+    /// its status, or `None` if it is still running.
+    pub fn wait_for_exit(&self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child().try_wait().expect("cannot poll ferryd") {
+                return Some(status);
+            }
+            if start.elapsed() > limit {
+                return None;
+            }
+            thread::sleep(PORT_FILE_POLL);
+        }
+    }
+
     /// Panics (with ferryd's stderr) if the ferryd process has exited.
     #[track_caller]
     pub fn assert_running(&self) {

@@ -19,7 +19,8 @@ use ferry_client::{Client, ClientError};
 use ferry_common::proto::HANDSHAKE_TIMEOUT;
 use ferry_server::MAX_REFUSING;
 use ferry_tests::{
-    connect, raw_greet, raw_socket, rcp_args, runtime, test_choice, write_random_file, Env,
+    connect, raw_greet, raw_socket, rcp_args, runtime, send_signal, test_choice, write_random_file,
+    Env,
 };
 
 const LIMIT: usize = 4;
@@ -187,4 +188,24 @@ fn refusals_in_progress_are_bounded_too() {
         env.server().stderr()
     );
     env.server().assert_running();
+}
+
+#[test]
+fn a_connection_that_never_greets_does_not_hold_up_shutdown() {
+    let env = limited_env(LIMIT);
+    let rt = runtime();
+    let _silent = raw_socket(env.server());
+    let client = rt.block_on(connect(env.server(), test_choice())).unwrap();
+    // Counted from accept, before its transport is up.
+    wait_connections(&rt, &client, 2);
+    client.close();
+    let start = Instant::now();
+    assert!(send_signal(env.server().pid(), "TERM"));
+    let status = env
+        .server()
+        .wait_for_exit(Duration::from_secs(4))
+        .unwrap_or_else(|| panic!("ferryd still runs {:?} after SIGTERM", start.elapsed()));
+    assert!(status.success(), "{status}");
+    let log = env.server().stderr();
+    assert!(!log.contains("still open"), "{log}");
 }

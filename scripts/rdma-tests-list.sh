@@ -2,6 +2,8 @@
 # Builds the test executables of the Soft-RoCE suite on the host and writes their list
 # (NAME PATH [FILTER] per line) to target/rdma-suite/tests.txt, for scripts/rdma-suite.sh.
 # Also builds the binaries those tests start (ferryd, rcp, ferry-mount: target/debug).
+# Test files that speak the TCP transport's frames by hand (TCP_ONLY below) are left out:
+# they test ferryd's TCP listener, whatever transport the suite runs rcp on.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -10,6 +12,8 @@ cargo build --workspace --bins --quiet
 cargo test -p ferry-common -p ferry-tests --no-run --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys, os
+# Raw TCP-transport clients (tests/src/raw.rs): nothing in them runs over RDMA.
+TCP_ONLY = {"hostile"}
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") != "compiler-artifact" or not m.get("executable"):
@@ -19,7 +23,7 @@ for line in sys.stdin:
     if m["package_id"].find("ferry-common") >= 0 or name == "ferry_common":
         # Only the verbs transport unit tests need the device; the rest ran on the host.
         print("ferry_common_rdma", exe, "transport::rdma")
-    elif m["target"]["kind"] == ["test"]:
+    elif m["target"]["kind"] == ["test"] and name not in TCP_ONLY:
         print(name, exe)
 ' > target/rdma-suite/tests.txt
 cat target/rdma-suite/tests.txt >&2

@@ -19,6 +19,13 @@ use crate::msg::{
 /// Largest control frame either side sends or accepts, in bytes.
 pub const MAX_CTRL_FRAME_BYTES: usize = 1 << 20;
 
+/// Largest control message a client sends (a `Hello` or a `Request`), in bytes: what a
+/// server accepts from its peer. Every message within [`validate`]'s limits is far
+/// shorter (the longest, a `Symlink` with a path and a target of 4096 bytes each, takes
+/// under 9 KiB); a server refuses a longer frame before reading it, so the requests
+/// waiting for it on one connection hold at most 256 times this.
+pub const MAX_REQUEST_FRAME_BYTES: usize = 64 << 10;
+
 /// Why a control message could not be encoded or decoded.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[non_exhaustive]
@@ -279,6 +286,49 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn the_longest_client_messages_fit_a_request_frame() {
+        let longest = [
+            Request::Symlink {
+                share: "s".repeat(MAX_NAME_BYTES),
+                path: "p".repeat(MAX_PATH_BYTES),
+                target: "t".repeat(MAX_PATH_BYTES),
+            },
+            Request::UploadWindow {
+                transfer: u64::MAX,
+                offset: u64::MAX,
+                region: RegionDesc {
+                    addr: u64::MAX,
+                    len: u64::MAX,
+                    rkey: u32::MAX,
+                },
+                hashes: vec![[0xff; 32]; MAX_WINDOW_CHUNKS],
+            },
+            Request::SetAttr {
+                share: "s".repeat(MAX_NAME_BYTES),
+                path: "p".repeat(MAX_PATH_BYTES),
+                mode: Some(u32::MAX),
+                mtime: Some(Timestamp {
+                    secs: i64::MIN,
+                    nanos: u32::MAX,
+                }),
+            },
+        ];
+        for body in longest {
+            let msg = Message::Request { id: u64::MAX, body };
+            let len = encode(&msg).unwrap().len();
+            assert!(len < MAX_REQUEST_FRAME_BYTES / 4, "{len}");
+        }
+        let hello = Message::Hello(Hello {
+            magic: HELLO_MAGIC,
+            min_version: u16::MAX,
+            max_version: u16::MAX,
+            software: "s".repeat(MAX_NAME_BYTES),
+            nonce: [0xff; 32],
+        });
+        assert!(encode(&hello).unwrap().len() < MAX_REQUEST_FRAME_BYTES);
     }
 
     #[test]

@@ -542,7 +542,9 @@ pub enum Message {
     Hello(Hello),
     /// Server accepts the session.
     Welcome(Welcome),
-    /// Server refuses the session (bad magic, no common version); it then closes.
+    /// Server refuses the session (bad magic, no common version: in answer to the
+    /// `Hello`; at its connection limit: as soon as the transport is up, with
+    /// [`ErrorKind::Busy`]); it then closes.
     Refused(RemoteError),
     /// A client request with its id.
     Request {

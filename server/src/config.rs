@@ -17,6 +17,8 @@ pub const DEFAULT_MAX_MAPPED_BYTES: u64 = 64 << 30;
 
 /// Default age beyond which the startup cleanup removes a resumable partial upload.
 pub const DEFAULT_PARTIAL_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Default most connections served at once (TCP and RDMA together).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
 /// Configuration errors, reported before the server starts.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +90,9 @@ pub enum ConfigError {
          to serve it to anyone who can connect"
     )]
     NoSecret(String),
+    /// The connection limit is zero.
+    #[error("max connections must be at least 1")]
+    MaxConnections,
     /// A byte size is not a number with an optional K, M, G or T suffix.
     #[error("invalid size '{0}': expected bytes, optionally with a K, M, G or T suffix (powers of 1024)")]
     Size(String),
@@ -133,6 +138,9 @@ pub struct Config {
     /// At start, resumable partial uploads not written to for this long are removed
     /// (zero: all of them).
     pub partial_ttl: Duration,
+    /// Most connections served at once, TCP and RDMA together, counted from accept
+    /// (a connection still in its handshake counts); one more is refused as busy.
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Deserialize)]
@@ -142,6 +150,7 @@ struct FileConfig {
     queue_depth: Option<usize>,
     max_mapped_bytes: Option<u64>,
     partial_ttl: Option<String>,
+    max_connections: Option<usize>,
     #[serde(default)]
     share: Vec<ShareConfig>,
 }
@@ -155,6 +164,7 @@ impl Config {
         queue_depth: Option<usize>,
         max_mapped_bytes: Option<u64>,
         partial_ttl: Option<Duration>,
+        max_connections: Option<usize>,
         share_specs: &[String],
     ) -> Result<Config, ConfigError> {
         let parsed = match file {
@@ -180,6 +190,7 @@ impl Config {
                 queue_depth: None,
                 max_mapped_bytes: None,
                 partial_ttl: None,
+                max_connections: None,
                 share: Vec::new(),
             },
         };
@@ -196,6 +207,12 @@ impl Config {
         if !(1..=MAX_QUEUE_DEPTH).contains(&queue_depth) {
             return Err(ConfigError::QueueDepth(queue_depth));
         }
+        let max_connections = max_connections
+            .or(parsed.max_connections)
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 {
+            return Err(ConfigError::MaxConnections);
+        }
         let default_listen = SocketAddr::from(([127, 0, 0, 1], ferry_common::DEFAULT_PORT));
         let partial_ttl = match (partial_ttl, parsed.partial_ttl) {
             (Some(d), _) => d,
@@ -211,6 +228,7 @@ impl Config {
                 .unwrap_or(DEFAULT_MAX_MAPPED_BYTES),
             insecure_no_auth: false,
             partial_ttl,
+            max_connections,
         })
     }
 
@@ -265,6 +283,7 @@ impl Config {
             max_mapped_bytes: DEFAULT_MAX_MAPPED_BYTES,
             insecure_no_auth: false,
             partial_ttl: DEFAULT_PARTIAL_TTL,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -385,20 +404,23 @@ mod tests {
             "listen = \"127.0.0.1:9000\"\nqueue_depth = 4\n[[share]]\nname = \"a\"\npath = \"/tmp\"\nread_only = true\n",
         )
         .unwrap();
-        let c = Config::build(Some(&f), None, None, None, None, &["b=/var".into()]).unwrap();
+        let c = Config::build(Some(&f), None, None, None, None, None, &["b=/var".into()]).unwrap();
         assert_eq!(c.listen.port(), 9000);
         assert_eq!(c.queue_depth, 4);
         assert_eq!(c.max_mapped_bytes, DEFAULT_MAX_MAPPED_BYTES);
+        assert_eq!(c.max_connections, DEFAULT_MAX_CONNECTIONS);
         assert_eq!(c.shares.len(), 2);
         assert!(c.shares[0].read_only && !c.shares[1].read_only);
-        let c = Config::build(Some(&f), None, Some(16), Some(1 << 20), None, &[]).unwrap();
+        let c = Config::build(Some(&f), None, Some(16), Some(1 << 20), None, Some(3), &[]).unwrap();
         assert_eq!(c.queue_depth, 16);
         assert_eq!(c.max_mapped_bytes, 1 << 20);
+        assert_eq!(c.max_connections, 3);
     }
 
     #[test]
     fn secret_flags() {
         let mut c = Config::build(
+            None,
             None,
             None,
             None,
@@ -420,7 +442,7 @@ mod tests {
             c.shares[1].secret_file.as_deref(),
             Some(Path::new("/etc/b.secret"))
         );
-        let mut c = Config::build(None, None, None, None, None, &["a=/x".into()]).unwrap();
+        let mut c = Config::build(None, None, None, None, None, None, &["a=/x".into()]).unwrap();
         c.apply_secrets(&[], Some("V")).unwrap();
         assert_eq!(c.shares[0].secret_env.as_deref(), Some("V"));
         assert!(matches!(
@@ -451,7 +473,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("m.toml");
         std::fs::write(&f, "max_mapped_bytes = 1024\n").unwrap();
-        let c = Config::build(Some(&f), None, None, None, None, &["a=/tmp".into()]).unwrap();
+        let c = Config::build(Some(&f), None, None, None, None, None, &["a=/tmp".into()]).unwrap();
         assert_eq!(c.max_mapped_bytes, 1024);
         assert_eq!(c.partial_ttl, DEFAULT_PARTIAL_TTL);
     }
@@ -476,7 +498,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("t.toml");
         std::fs::write(&f, "partial_ttl = \"2h\"\n").unwrap();
-        let c = Config::build(Some(&f), None, None, None, None, &["a=/tmp".into()]).unwrap();
+        let c = Config::build(Some(&f), None, None, None, None, None, &["a=/tmp".into()]).unwrap();
         assert_eq!(c.partial_ttl, Duration::from_secs(7200));
         let c = Config::build(
             Some(&f),
@@ -484,13 +506,14 @@ mod tests {
             None,
             None,
             Some(Duration::ZERO),
+            None,
             &["a=/tmp".into()],
         )
         .unwrap();
         assert_eq!(c.partial_ttl, Duration::ZERO);
         std::fs::write(&f, "partial_ttl = \"soon\"\n").unwrap();
         assert!(matches!(
-            Config::build(Some(&f), None, None, None, None, &["a=/tmp".into()]),
+            Config::build(Some(&f), None, None, None, None, None, &["a=/tmp".into()]),
             Err(ConfigError::Duration(_))
         ));
     }
@@ -501,16 +524,28 @@ mod tests {
         let f = dir.path().join("bad.toml");
         std::fs::write(&f, "[[share]]\nname = \"a\"\nbogus = 1\n").unwrap();
         assert!(matches!(
-            Config::build(Some(&f), None, None, None, None, &[]),
+            Config::build(Some(&f), None, None, None, None, None, &[]),
             Err(ConfigError::Parse { .. })
         ));
         assert!(matches!(
-            Config::build(None, None, None, None, None, &["a/b=/tmp".into()]),
+            Config::build(None, None, None, None, None, None, &["a/b=/tmp".into()]),
             Err(ConfigError::ShareName(_))
         ));
         assert!(matches!(
-            Config::build(None, None, Some(0), None, None, &[]),
+            Config::build(None, None, Some(0), None, None, None, &[]),
             Err(ConfigError::QueueDepth(0))
         ));
+        assert!(matches!(
+            Config::build(None, None, None, None, None, Some(0), &["a=/tmp".into()]),
+            Err(ConfigError::MaxConnections)
+        ));
+        std::fs::write(&f, "max_connections = 0\n").unwrap();
+        assert!(matches!(
+            Config::build(Some(&f), None, None, None, None, None, &["a=/tmp".into()]),
+            Err(ConfigError::MaxConnections)
+        ));
+        std::fs::write(&f, "max_connections = 7\n").unwrap();
+        let c = Config::build(Some(&f), None, None, None, None, None, &["a=/tmp".into()]).unwrap();
+        assert_eq!(c.max_connections, 7);
     }
 }

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ferry_common::codec;
-use ferry_common::msg::{ErrorKind, RemoteError, Request, Response};
+use ferry_common::msg::{ErrorKind, Message, RemoteError, Request, Response};
 use ferry_common::proto::server::{ServerEvent, ServerParams, ServerSession};
 use ferry_common::proto::MAX_INFLIGHT_REQUESTS;
 use ferry_common::transport::SharedTransport;
@@ -70,11 +70,17 @@ struct OpenTransfer {
     _counted: Held,
 }
 
-/// Serves one connection to the end.
-pub(crate) async fn run(server: Arc<Server>, transport: SharedTransport) {
-    // Declared first, dropped last: the connection is counted until everything it
-    // held (pool, transfers, mapped files, transport) is gone.
-    let _live = server.live_guard();
+/// Serves one connection, accepted at `accepted` and counted by `live`, to the end.
+/// The session's handshake must finish within `HANDSHAKE_TIMEOUT` of `accepted`.
+pub(crate) async fn run(
+    server: Arc<Server>,
+    transport: SharedTransport,
+    live: Held,
+    accepted: Instant,
+) {
+    // Bound first, dropped last: the connection is counted until everything it held
+    // (pool, transfers, mapped files, transport) is gone.
+    let _live = live;
     let peer = transport.peer();
     let params = ServerParams {
         software: SOFTWARE.into(),
@@ -89,7 +95,7 @@ pub(crate) async fn run(server: Arc<Server>, transport: SharedTransport) {
     );
     let conn = Arc::new(Conn {
         session: Mutex::new(ServerSession::new(
-            Instant::now(),
+            accepted,
             params,
             ferry_common::auth::fresh_nonce(),
         )),
@@ -453,6 +459,21 @@ impl Conn {
             )),
         }
     }
+}
+
+/// Tells the peer why its session is refused with `Message::Refused(error)`, its only
+/// message, and closes the connection once the peer has closed its side (reading and
+/// discarding what it sends meanwhile, its `Hello`), so that the refusal is not lost to
+/// a reset of a socket closed with unread data. The caller bounds the wait.
+pub(crate) async fn refuse(transport: SharedTransport, error: RemoteError) {
+    match codec::encode(&Message::Refused(error)) {
+        Ok(bytes) => {
+            let _ = transport.send(bytes).await;
+        }
+        Err(e) => tracing::error!("cannot encode a refusal: {e}"),
+    }
+    transport.close();
+    while let Ok(Some(_)) = transport.recv().await {}
 }
 
 fn not_a(id: u64, what: &str) -> RemoteError {

@@ -37,6 +37,22 @@ impl Gauge {
         }
     }
 
+    /// Counts `n` more things until the returned [`Held`] is dropped, unless that would
+    /// take the count over `max`: then counts nothing and returns `None`. The check and
+    /// the count are one atomic step, so concurrent callers never overshoot `max`
+    /// together.
+    pub fn try_hold(&self, n: u64, max: u64) -> Option<Held> {
+        self.0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
+                now.checked_add(n).filter(|&after| after <= max)
+            })
+            .ok()?;
+        Some(Held {
+            gauge: self.0.clone(),
+            n,
+        })
+    }
+
     /// The count now.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::SeqCst)
@@ -63,6 +79,22 @@ mod tests {
         drop(three);
         assert_eq!(g.get(), 1);
         drop((one, none));
+        assert_eq!(g.get(), 0);
+    }
+
+    #[test]
+    fn try_hold_stops_at_the_maximum() {
+        let g = Gauge::new();
+        let two = g.try_hold(2, 3).unwrap();
+        assert!(g.try_hold(2, 3).is_none());
+        assert_eq!(g.get(), 2);
+        let three = g.try_hold(1, 3).unwrap();
+        assert!(g.try_hold(1, 3).is_none());
+        assert_eq!(g.get(), 3);
+        drop(two);
+        let again = g.try_hold(2, 3).unwrap();
+        assert_eq!(g.get(), 3);
+        drop((three, again));
         assert_eq!(g.get(), 0);
     }
 }

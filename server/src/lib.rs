@@ -17,6 +17,16 @@
 //! Server-wide state lives in [`Server`]: the shares, the manifest cache, the budget of
 //! mapped bytes and the counters [`Server::stats`] reports (live things are counted by
 //! [`gauge`]s, so a leak shows as a count that does not fall back).
+//!
+//! Connection admission: a connection is counted from the moment it is accepted (TCP)
+//! or its connect request arrives (RDMA) until everything it held is released, and at
+//! most `max_connections` are counted at once over both transports. One over the limit
+//! is still given its transport, told `Refused` (`Busy`, "server at its connection
+//! limit (N)") and closed; at most [`MAX_REFUSING`] such refusals run at once, beyond
+//! which a connection is closed at accept with only a log line. An admitted connection
+//! must finish its transport set-up and its session handshake within
+//! [`HANDSHAKE_TIMEOUT`] of being accepted, so a peer that connects and sends nothing
+//! holds its place only that long.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -33,26 +43,37 @@ pub mod share;
 pub mod transfer;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use ferry_common::auth::{Secret, ShareAccess};
-use ferry_common::msg::ServerStats;
+use ferry_common::codec::MAX_REQUEST_FRAME_BYTES;
+use ferry_common::msg::{ErrorKind, RemoteError, ServerStats};
 use ferry_common::proto::server::AccessTable;
+use ferry_common::proto::HANDSHAKE_TIMEOUT;
 use ferry_common::transport::tcp::Tcp;
-use ferry_common::transport::SharedTransport;
+use ferry_common::transport::{SharedTransport, TransportError};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 pub use config::{Config, ConfigError, ShareConfig};
-use gauge::{Gauge, Held};
+use gauge::Gauge;
 use manifests::{ManifestCache, MANIFEST_CACHE_BYTES};
 use map::MapBudget;
 use share::Share;
 
 /// Software name sent in the welcome.
 pub const SOFTWARE: &str = concat!("ferryd/", env!("CARGO_PKG_VERSION"));
+
+/// Most connections over the limit being told so at once; each holds a socket and a
+/// task for at most [`REFUSE_TIMEOUT`]. Beyond this, one is closed at accept.
+pub const MAX_REFUSING: usize = 32;
+
+/// How long a connection over the limit may take to set up its transport, be told
+/// `Refused` and close.
+pub const REFUSE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A running server's shared state.
 pub struct Server {
@@ -62,8 +83,12 @@ pub struct Server {
     queue_depth: usize,
     chunk_bytes: u32,
     stop: watch::Sender<bool>,
-    /// Connections being served.
+    /// Connections admitted and not yet released (see the module docs).
     live: Gauge,
+    /// Most connections counted in `live` at once.
+    max_connections: u64,
+    /// One permit per connection over the limit being refused.
+    refusing: Arc<Semaphore>,
     /// Memory registered by the server (chunk buffers, mapped-file windows and
     /// manifests), over every connection.
     registrations: Gauge,
@@ -105,6 +130,8 @@ impl Server {
             chunk_bytes: ferry_common::msg::DEFAULT_CHUNK_BYTES,
             stop: watch::channel(false).0,
             live: Gauge::new(),
+            max_connections: config.max_connections as u64,
+            refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
             registrations: Gauge::new(),
             transfers: Gauge::new(),
             requests: AtomicU64::new(0),
@@ -159,8 +186,77 @@ impl Server {
         }
     }
 
-    fn live_guard(&self) -> Held {
-        self.live.hold(1)
+    /// Admits a connection that arrived at `accepted` from `peer`, on a task of its
+    /// own: under the connection limit, `setup` brings its transport up (within
+    /// [`HANDSHAKE_TIMEOUT`] of `accepted`) and it is served; over it, it is refused
+    /// (see [`Server::spawn_refusal`]).
+    fn admit<F>(self: &Arc<Self>, peer: String, accepted: Instant, setup: F)
+    where
+        F: Future<Output = Result<SharedTransport, TransportError>> + Send + 'static,
+    {
+        let Some(live) = self.live.try_hold(1, self.max_connections) else {
+            self.spawn_refusal(peer, setup);
+            return;
+        };
+        let server = self.clone();
+        tokio::spawn(async move {
+            let deadline = accepted + HANDSHAKE_TIMEOUT;
+            let mut stop = server.stop_signal();
+            let set_up = tokio::select! {
+                set_up = tokio::time::timeout_at(deadline.into(), setup) => set_up,
+                _ = stop.wait_for(|stopping| *stopping) => {
+                    tracing::debug!(%peer, "connection dropped at shutdown, before its transport was up");
+                    return;
+                }
+            };
+            match set_up {
+                Ok(Ok(t)) => conn::run(server, t, live, accepted).await,
+                Ok(Err(e)) => tracing::warn!(%peer, "connection failed at transport set-up: {e}"),
+                Err(_) => tracing::warn!(
+                    %peer,
+                    "connection dropped: transport not set up within {HANDSHAKE_TIMEOUT:?}"
+                ),
+            }
+        });
+    }
+
+    /// Refuses a connection over the limit on a task of its own: `setup` brings its
+    /// transport up, the peer is told `Refused` (`Busy`) and the connection closed, all
+    /// within [`REFUSE_TIMEOUT`]. If [`MAX_REFUSING`] refusals are already running,
+    /// `setup` is dropped unused instead, which closes the connection at once.
+    fn spawn_refusal<F>(self: &Arc<Self>, peer: String, setup: F)
+    where
+        F: Future<Output = Result<SharedTransport, TransportError>> + Send + 'static,
+    {
+        let error = self.at_limit();
+        let Ok(slot) = self.refusing.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, "refused: {}; closed at accept", error.message);
+            return;
+        };
+        tracing::warn!(%peer, "refused: {}", error.message);
+        tokio::spawn(async move {
+            let refused = tokio::time::timeout(REFUSE_TIMEOUT, async {
+                conn::refuse(setup.await?, error).await;
+                Ok::<_, TransportError>(())
+            })
+            .await;
+            match refused {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!(%peer, "refused connection failed at set-up: {e}"),
+                Err(_) => {
+                    tracing::debug!(%peer, "refused connection still open after {REFUSE_TIMEOUT:?}; closed")
+                }
+            }
+            drop(slot);
+        });
+    }
+
+    /// The refusal sent to a connection over the limit.
+    fn at_limit(&self) -> RemoteError {
+        RemoteError {
+            kind: ErrorKind::Busy,
+            message: format!("server at its connection limit ({})", self.max_connections),
+        }
     }
 
     fn stop_signal(&self) -> watch::Receiver<bool> {
@@ -207,12 +303,11 @@ impl Server {
                     continue;
                 }
             };
-            let server = self.clone();
-            tokio::spawn(async move {
-                match Tcp::start(stream).await {
-                    Ok(t) => server.handle_connection(Arc::new(t)).await,
-                    Err(e) => tracing::warn!(%peer, "connection refused at transport setup: {e}"),
-                }
+            self.admit(peer.to_string(), Instant::now(), async move {
+                // A server receives only hellos and requests.
+                let t = Tcp::start_with_limit(stream, MAX_REQUEST_FRAME_BYTES as u32).await?;
+                let t: SharedTransport = Arc::new(t);
+                Ok(t)
             });
         }
     }
@@ -221,7 +316,6 @@ impl Server {
     /// exactly like a TCP connection.
     #[cfg(feature = "rdma")]
     pub async fn serve_rdma(self: Arc<Self>, listener: ferry_common::transport::rdma::Listener) {
-        use ferry_common::transport::TransportError;
         let mut stop = self.stop_signal();
         loop {
             let incoming = tokio::select! {
@@ -240,22 +334,29 @@ impl Server {
                     continue;
                 }
             };
-            let server = self.clone();
-            tokio::spawn(async move {
-                let peer = incoming.peer();
-                match incoming.establish().await {
-                    Ok(t) => server.handle_connection(Arc::new(t)).await,
-                    Err(e) => tracing::warn!(%peer, "RDMA connection refused at set-up: {e}"),
-                }
+            // Dropped unused (a refusal when too many are running), `incoming`
+            // rejects the connect request.
+            self.admit(incoming.peer(), Instant::now(), async move {
+                let t: SharedTransport = Arc::new(incoming.establish().await?);
+                Ok(t)
             });
         }
     }
 
-    /// Serves one connection until it closes. Everything the connection owned (open
-    /// transfers, registrations) is released on return; see [`conn`] for what happens
-    /// to the hidden files of unfinished uploads.
+    /// Serves one connection, whose transport is already up, until it closes.
+    /// Everything the connection owned (open transfers, registrations) is released on
+    /// return; see [`conn`] for what happens to the hidden files of unfinished
+    /// uploads. Over the connection limit, the peer is told `Refused` (`Busy`) instead
+    /// and the connection closed.
     pub async fn handle_connection(self: Arc<Self>, transport: SharedTransport) {
-        conn::run(self, transport).await
+        match self.live.try_hold(1, self.max_connections) {
+            Some(live) => conn::run(self, transport, live, Instant::now()).await,
+            None => {
+                let error = self.at_limit();
+                tracing::warn!(peer = %transport.peer(), "refused: {}", error.message);
+                let _ = tokio::time::timeout(REFUSE_TIMEOUT, conn::refuse(transport, error)).await;
+            }
+        }
     }
 }
 

@@ -32,6 +32,7 @@ CONFIG FILE (TOML):
   queue_depth = 8
   max_mapped_bytes = 68719476736
   partial_ttl = \"24h\"
+  max_connections = 1024
   [[share]]
   name = \"data\"
   path = \"/srv/data\"
@@ -104,6 +105,11 @@ struct Args {
     /// all [default: 24h].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     partial_ttl: Option<Duration>,
+    /// Most connections served at once, TCP and RDMA together, counted from accept
+    /// until closed; one more is told the server is at its limit and closed
+    /// [default: 1024].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
 
     /// Transports to serve: `auto` serves TCP and, where an RDMA device exists, RDMA
     /// on the same address and port; `rdma` serves RDMA only (and fails without a
@@ -177,8 +183,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.queue_depth,
         args.max_mapped_bytes,
         args.partial_ttl,
+        args.max_connections,
         &args.shares,
     )?;
+    raise_fd_limit(config.max_connections);
     let default_env = std::env::var_os(DEFAULT_SECRET_ENV).map(|_| DEFAULT_SECRET_ENV);
     config.apply_secrets(&args.secret_files, default_env)?;
     config.insecure_no_auth = args.insecure_no_auth;
@@ -315,6 +323,33 @@ async fn listen(choice: TransportChoice, addr: SocketAddr) -> anyhow::Result<Lis
 /// A duration for `--partial-ttl`.
 fn parse_duration(arg: &str) -> Result<Duration, String> {
     ferry_server::config::parse_duration(arg).map_err(|e| e.to_string())
+}
+
+/// Raises the soft limit on open files to the hard limit, as far as it goes: each
+/// connection holds at least one descriptor (more while it has transfers and mapped
+/// files open), and the usual soft limit of 1024 would make accept fail (EMFILE) before
+/// `max_connections` is reached. Warns if the result is still low for the limit.
+fn raise_fd_limit(max_connections: usize) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    let soft = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        hard
+    } else {
+        soft
+    };
+    // A connection's socket plus an open upload or mapped file or two, and the
+    // server's own descriptors.
+    let wanted = (max_connections as u64)
+        .saturating_mul(2)
+        .saturating_add(64);
+    if soft < wanted {
+        tracing::warn!(
+            "the open-file limit is {soft}: with --max-connections {max_connections}, \
+             accepts may fail for lack of descriptors (raise `ulimit -n` to at least {wanted})"
+        );
+    }
 }
 
 /// A byte size for `--max-mapped-bytes`.

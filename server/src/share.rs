@@ -6,13 +6,21 @@
 //! must also stay inside. `..`, absolute paths and NUL bytes never get this far (see
 //! [`ferry_common::path`]).
 //!
+//! Paths are resolved one component at a time from the root ([`Share::resolve`]),
+//! following symlinks by reading their targets: a target that climbs above the root or
+//! names an absolute path outside it is refused as it is met, before anything outside
+//! the share is looked at. So the answer to a request never depends on what exists
+//! outside the share (a client that may create symlinks cannot use them to probe the
+//! server's file system).
+//!
 //! Known limit: resolution and use are separate system calls, so a local user who can
 //! rename directories inside the share while a request runs could race it; clients of
 //! ferryd alone cannot, since they cannot create a symlink that points outside and then
 //! follow it (every follow is re-checked).
 
+use std::ffi::OsString;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use ferry_common::msg::{ErrorKind, RemoteError};
 use ferry_common::path::{components, PathError};
@@ -20,6 +28,9 @@ use ferry_common::TEMP_PREFIX;
 
 use crate::config::{ConfigError, ShareConfig};
 use crate::error::{io_error, remote};
+
+/// Most symlinks followed while resolving one path (the kernel's `MAXSYMLINKS`).
+const MAX_SYMLINKS: usize = 40;
 
 /// An exported directory.
 #[derive(Debug)]
@@ -92,11 +103,7 @@ impl Share {
         let Some((last, parents)) = comps.split_last() else {
             return Ok(self.root.clone());
         };
-        let mut parent = self.root.clone();
-        parent.extend(parents);
-        let parent = std::fs::canonicalize(&parent)
-            .map_err(|e| io_error("resolve", &self.display(rel), &e))?;
-        self.check_inside(&parent, rel)?;
+        let parent = self.walk(self.root.clone(), parents, "resolve", rel)?;
         if !parent.is_dir() {
             return Err(io_error(
                 "resolve",
@@ -104,14 +111,71 @@ impl Share {
                 &io::Error::from(io::ErrorKind::NotADirectory),
             ));
         }
-        let full = parent.join(last);
         if !follow {
-            return Ok(full);
+            return Ok(parent.join(last));
         }
-        let real =
-            std::fs::canonicalize(&full).map_err(|e| io_error("open", &self.display(rel), &e))?;
-        self.check_inside(&real, rel)?;
-        Ok(real)
+        self.walk(parent, &[last], "open", rel)
+    }
+
+    /// Resolves `comps` from `dir` (a canonical directory inside the root), following
+    /// every symlink met, and returns the canonical result. Fails with
+    /// [`ErrorKind::OutsideShare`] as soon as the walk would leave the root (a `..` of a
+    /// link's target at the root, or an absolute target outside it), without looking
+    /// at anything outside; with the error of `op` when a component is missing, not a
+    /// directory, or the links nest deeper than [`MAX_SYMLINKS`].
+    fn walk(
+        &self,
+        mut dir: PathBuf,
+        comps: &[&str],
+        op: &str,
+        rel: &str,
+    ) -> Result<PathBuf, RemoteError> {
+        let fail = |e: io::Error| io_error(op, &self.display(rel), &e);
+        // Invariant: `dir` is canonical and inside the root. Components still to
+        // resolve are in `todo`, the next one last.
+        let mut todo: Vec<OsString> = comps.iter().rev().map(OsString::from).collect();
+        let mut links = 0;
+        while let Some(name) = todo.pop() {
+            if name == ".." {
+                // Only a link's target has these. `dir` is canonical, so its parent
+                // is the lexical one.
+                if dir == self.root {
+                    return Err(self.outside(rel));
+                }
+                dir.pop();
+                continue;
+            }
+            let next = dir.join(&name);
+            let meta = std::fs::symlink_metadata(&next).map_err(fail)?;
+            if !meta.file_type().is_symlink() {
+                dir = next;
+                continue;
+            }
+            links += 1;
+            if links > MAX_SYMLINKS {
+                return Err(fail(io::Error::from_raw_os_error(nix::libc::ELOOP)));
+            }
+            let target = std::fs::read_link(&next).map_err(fail)?;
+            let rest = if target.is_absolute() {
+                let Ok(rest) = target.strip_prefix(&self.root) else {
+                    return Err(self.outside(rel));
+                };
+                dir = self.root.clone();
+                rest
+            } else {
+                &target
+            };
+            for c in rest.components().rev() {
+                match c {
+                    Component::Normal(n) => todo.push(n.to_owned()),
+                    Component::ParentDir => todo.push("..".into()),
+                    Component::CurDir => {}
+                    // A relative path, or what follows the root's prefix, has neither.
+                    Component::RootDir | Component::Prefix(_) => return Err(self.outside(rel)),
+                }
+            }
+        }
+        Ok(dir)
     }
 
     /// Resolves `rel` as the target of a write: not the root, not a temporary name, on
@@ -144,16 +208,13 @@ impl Share {
         }
     }
 
-    fn check_inside(&self, real: &Path, rel: &str) -> Result<(), RemoteError> {
-        if real.starts_with(&self.root) {
-            Ok(())
-        } else {
-            tracing::warn!(share = %self.name, path = rel, "refused a path that resolves outside the share");
-            Err(remote(
-                ErrorKind::OutsideShare,
-                format!("{}: path resolves outside the share", self.display(rel)),
-            ))
-        }
+    /// The refusal of `rel`, which leads outside the share (logged).
+    fn outside(&self, rel: &str) -> RemoteError {
+        tracing::warn!(share = %self.name, path = rel, "refused a path that resolves outside the share");
+        remote(
+            ErrorKind::OutsideShare,
+            format!("{}: path resolves outside the share", self.display(rel)),
+        )
     }
 }
 
@@ -178,6 +239,9 @@ mod tests {
         symlink("../secret", dir.path().join("root/escape")).unwrap();
         symlink("sub", dir.path().join("root/inside")).unwrap();
         symlink("/", dir.path().join("root/slash")).unwrap();
+        symlink("../nowhere", dir.path().join("root/gone")).unwrap();
+        symlink("loop", dir.path().join("root/loop")).unwrap();
+        symlink("sub/../inside", dir.path().join("root/chain")).unwrap();
         let s = Share::open(&ShareConfig {
             name: "s".into(),
             path: dir.path().join("root"),
@@ -201,6 +265,40 @@ mod tests {
         assert_eq!(s.resolve("inside/f", true).unwrap(), s.root().join("sub/f"));
         assert_eq!(s.resolve("inside", false).unwrap(), s.root().join("inside"));
         assert_eq!(s.resolve("new", false).unwrap(), s.root().join("new"));
+        assert_eq!(s.resolve("chain/f", true).unwrap(), s.root().join("sub/f"));
+        // An absolute target inside the share is followed.
+        symlink(s.root().join("sub"), s.root().join("abs")).unwrap();
+        assert_eq!(s.resolve("abs/f", true).unwrap(), s.root().join("sub/f"));
+    }
+
+    #[test]
+    fn what_exists_outside_does_not_change_the_answer() {
+        let (d, s) = share(false);
+        // `gone` leads to a missing file outside, `escape` to an existing one: both
+        // are outside, whatever lies there.
+        for path in ["gone/x", "escape/x", "slash/no/such/dir", "slash/etc/x"] {
+            assert_eq!(
+                kind(s.resolve(path, true)),
+                ErrorKind::OutsideShare,
+                "{path}"
+            );
+            assert_eq!(
+                kind(s.resolve(path, false)),
+                ErrorKind::OutsideShare,
+                "{path}"
+            );
+        }
+        assert_eq!(kind(s.resolve("gone", true)), ErrorKind::OutsideShare);
+        // Not followed, the link itself is inside.
+        assert!(s.resolve("gone", false).is_ok());
+        std::fs::write(d.path().join("nowhere"), b"now here").unwrap();
+        assert_eq!(kind(s.resolve("gone", true)), ErrorKind::OutsideShare);
+        // A loop is an error of its own, not a way out.
+        let looped = kind(s.resolve("loop", true));
+        assert!(
+            !matches!(looped, ErrorKind::OutsideShare | ErrorKind::NotFound),
+            "{looped:?}"
+        );
     }
 
     #[test]

@@ -20,6 +20,9 @@
 //!   [`connect`] prove.
 //! - [`rcp()`] / [`spawn_rcp`] run the real `rcp` with a timeout and return an
 //!   [`RcpOutput`] (exit code, stdout, stderr) with assertion helpers.
+//! - [`connect`] opens a client-library session with a test server, and
+//!   [`raw_handshake`] a [`RawClient`] one that writes TCP-transport frames itself (for
+//!   hostile-input tests): every session a test opens starts in [`session`](connect).
 //! - [`open_fds`] and [`proc_status`] read a process's open descriptors and memory
 //!   (peak RSS) from `/proc`, for leak and memory-bound checks on ferryd.
 //! - [`Env::builder`] adds a small [`Tmpfs`] under a share (disk-full tests) and runs
@@ -41,9 +44,11 @@ mod env;
 mod files;
 mod mount;
 mod procfs;
+mod raw;
 mod rcp;
 mod secret;
 mod server;
+mod session;
 mod tmpfs;
 mod tree;
 mod user;
@@ -60,11 +65,16 @@ pub use mount::{
     MountOutput, Stopped, FSTYPE, MOUNT_TIMEOUT, UNMOUNT_TIMEOUT,
 };
 pub use procfs::{open_fds, proc_status};
+pub use raw::{
+    ctrl_frame, frame_bytes, msg_frame, Closed, Frame, RawClient, RAW_TIMEOUT, STATUS_DENIED,
+    STATUS_INVALID_RKEY, STATUS_OUT_OF_BOUNDS,
+};
 pub use rcp::{
     rcp, rcp_env, spawn_rcp, spawn_rcp_as, spawn_rcp_env, RcpChild, RcpOutput, RCP_TIMEOUT,
 };
-pub use secret::{connect, credentials, test_secret, write_secret_file, TEST_SECRET};
+pub use secret::{connect_to, credentials, test_secret, write_secret_file, TEST_SECRET};
 pub use server::{bin, bin_dir, Server, ServerOptions, Share, STARTUP_TIMEOUT};
+pub use session::{connect, hello, raw_greet, raw_handshake, raw_socket};
 pub use tmpfs::Tmpfs;
 pub use tree::{assert_trees_equal, make_small_tree, make_tree, TreeStats};
 pub use user::User;

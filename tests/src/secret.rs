@@ -26,7 +26,7 @@ pub fn credentials() -> Credentials {
 /// An in-process client of a test server at `host:port`, proving [`TEST_SECRET`] for
 /// every share it uses. It proves [`crate::DEFAULT_SHARE`]'s at once (when the server
 /// has that share), so server-wide requests such as `Stats` are allowed from the start.
-pub async fn connect(
+pub async fn connect_to(
     host: &str,
     port: u16,
     choice: TransportChoice,

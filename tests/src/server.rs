@@ -226,6 +226,11 @@ impl Server {
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
+    /// The names of the shares it serves.
+    pub fn share_names(&self) -> Vec<String> {
+        self.shares.iter().map(|s| s.name.clone()).collect()
+    }
+
     /// The listening address, e.g. `127.0.0.1:41234`.
     pub fn addr(&self) -> &str {
         &self.addr
@@ -290,6 +295,21 @@ impl Server {
             }
             if Instant::now() > deadline {
                 return false;
+            }
+            thread::sleep(PORT_FILE_POLL);
+        }
+    }
+
+    /// Waits up to `limit` for the ferryd process to exit (after a signal); returns
+    /// its status, or `None` if it is still running.
+    pub fn wait_for_exit(&self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child().try_wait().expect("cannot poll ferryd") {
+                return Some(status);
+            }
+            if start.elapsed() > limit {
+                return None;
             }
             thread::sleep(PORT_FILE_POLL);
         }

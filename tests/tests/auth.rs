@@ -328,7 +328,7 @@ fn no_request_reaches_a_share_before_its_proof() {
         .permissions()
         .mode();
     runtime().block_on(async {
-        let watcher = ferry_tests::connect(host, port, test_choice())
+        let watcher = ferry_tests::connect_to(host, port, test_choice())
             .await
             .unwrap();
         let before = watcher.server_stats().await.unwrap().requests;

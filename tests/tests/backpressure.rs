@@ -10,20 +10,18 @@
 //!   though the peer never reads.
 
 use std::fs;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use ferry_client::Client;
 use ferry_common::codec;
-use ferry_common::msg::{
-    Hello, Message, RegionDesc, Request, Response, HELLO_MAGIC, PROTOCOL_VERSION,
-};
+use ferry_common::msg::{Message, RegionDesc, Request, Response};
 use ferry_common::proto::MAX_INFLIGHT_REQUESTS;
-use ferry_common::transport::MAX_QUEUED_CTRL_BYTES;
+use ferry_common::transport::{TransportChoice, MAX_QUEUED_CTRL_BYTES};
 use ferry_tests::{
-    open_fds, proc_status, runtime, test_host, test_secret, write_random_file, Env, MIB,
+    connect, ctrl_frame, msg_frame, open_fds, proc_status, raw_handshake, raw_socket, runtime,
+    write_random_file, Env, RawClient, MIB,
 };
 
 /// Entries of the listed directory, and the length of each name: one listing page is
@@ -43,85 +41,16 @@ const BATCH_WAIT: Duration = Duration::from_secs(2);
 /// TCP transport's close grace is 5 s).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The raw client's nonce (a fixed one is fine for a test: the server's is fresh).
-const CLIENT_NONCE: [u8; 32] = [7; 32];
-/// The request id of the raw client's proof.
-const AUTH_ID: u64 = u64::MAX;
-
-/// A hand-driven client of the TCP transport that reads only what it is told to.
-struct Raw {
-    stream: TcpStream,
-}
-
-impl Raw {
-    /// Connects, exchanges greetings and does the session handshake. With
-    /// `small_receive_buffer`, the socket's receive buffer is shrunk to 4 KiB, so
-    /// ferryd's writes stall soon once this side stops reading.
-    fn connect(env: &Env, small_receive_buffer: bool) -> Raw {
-        let addr: SocketAddr = env.server().addr().parse().unwrap();
-        let stream = TcpStream::connect(addr).unwrap();
-        if small_receive_buffer {
-            use nix::sys::socket::{setsockopt, sockopt::RcvBuf};
-            setsockopt(&stream, RcvBuf, &4096).unwrap();
-        }
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let mut raw = Raw { stream };
-        raw.stream.write_all(b"FRYTCP\x00\x01").unwrap();
-        let mut greeting = [0u8; 8];
-        raw.stream.read_exact(&mut greeting).unwrap();
-        assert_eq!(&greeting, b"FRYTCP\x00\x01");
-        raw.send(&Message::Hello(Hello {
-            magic: HELLO_MAGIC,
-            min_version: PROTOCOL_VERSION,
-            max_version: PROTOCOL_VERSION,
-            software: "backpressure-test".into(),
-            nonce: CLIENT_NONCE,
-        }));
-        let welcome = match raw.recv() {
-            Message::Welcome(w) => w,
-            other => panic!("expected a welcome, got {other:?}"),
-        };
-        // Prove the share's secret under an id the tests never use.
-        let proof = test_secret().client_proof("data", &CLIENT_NONCE, &welcome.nonce);
-        raw.send(&request(
-            AUTH_ID,
-            Request::Auth {
-                share: "data".into(),
-                proof,
-            },
-        ));
-        match raw.recv() {
-            Message::Response {
-                id: AUTH_ID,
-                body: Response::Authenticated { proof: Some(_) },
-            } => raw,
-            other => panic!("expected the proof accepted, got {other:?}"),
-        }
+/// A raw session with ferryd (see [`ferry_tests::RawClient`]). With
+/// `small_receive_buffer`, the socket's receive buffer is shrunk to 4 KiB first, so
+/// ferryd's writes stall soon once this side stops reading.
+fn raw_session(env: &Env, small_receive_buffer: bool) -> RawClient {
+    let stream = raw_socket(env.server());
+    if small_receive_buffer {
+        use nix::sys::socket::{setsockopt, sockopt::RcvBuf};
+        setsockopt(&stream, RcvBuf, &4096).unwrap();
     }
-
-    fn frame(msg: &Message) -> Vec<u8> {
-        let body = codec::encode(msg).unwrap();
-        let mut frame = vec![0x01];
-        frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        frame.extend_from_slice(&body);
-        frame
-    }
-
-    fn send(&mut self, msg: &Message) {
-        self.stream.write_all(&Raw::frame(msg)).unwrap();
-    }
-
-    fn recv(&mut self) -> Message {
-        let mut head = [0u8; 5];
-        self.stream.read_exact(&mut head).unwrap();
-        assert_eq!(head[0], 0x01, "expected a control frame");
-        let len = u32::from_le_bytes(head[1..].try_into().unwrap()) as usize;
-        let mut body = vec![0u8; len];
-        self.stream.read_exact(&mut body).unwrap();
-        codec::decode(&body).unwrap()
-    }
+    raw_handshake(env.server(), stream)
 }
 
 fn request(id: u64, body: Request) -> Message {
@@ -155,21 +84,9 @@ fn answer_bytes(rt: &tokio::runtime::Runtime, client: &Client) -> u64 {
 }
 
 fn connect_client(rt: &tokio::runtime::Runtime, env: &Env) -> Client {
-    let port = env
-        .server()
-        .addr()
-        .rsplit_once(':')
-        .unwrap()
-        .1
-        .parse()
-        .unwrap();
     // The raw clients speak TCP; so does this one, whatever the suite's transport.
-    rt.block_on(ferry_tests::connect(
-        &test_host(),
-        port,
-        ferry_common::transport::TransportChoice::Tcp,
-    ))
-    .unwrap()
+    rt.block_on(connect(env.server(), TransportChoice::Tcp))
+        .unwrap()
 }
 
 /// ferryd's request counter, less the `Stats` requests this poll and earlier ones
@@ -239,8 +156,8 @@ fn a_client_that_never_reads_cannot_grow_ferryds_memory() {
     let pid = env.server().pid();
     let idle_fds = open_fds(pid);
 
-    let mut raw = Raw::connect(&env, false);
-    raw.stream
+    let mut raw = raw_session(&env, false);
+    raw.stream()
         .set_write_timeout(Some(Duration::from_secs(30)))
         .unwrap();
     let mut polls = 0;
@@ -251,9 +168,9 @@ fn a_client_that_never_reads_cannot_grow_ferryds_memory() {
     let mut sent = 0;
     while sent < FLOOD_REQUESTS {
         let batch: Vec<u8> = (sent + 1..=sent + BATCH)
-            .flat_map(|id| Raw::frame(&request(id, list_dir())))
+            .flat_map(|id| msg_frame(&request(id, list_dir())))
             .collect();
-        raw.stream.write_all(&batch).unwrap();
+        raw.stream().write_all(&batch).unwrap();
         sent += BATCH;
         if !wait_for_requests(&rt, &client, &mut polls, base + sent, BATCH_WAIT) {
             break;
@@ -304,7 +221,7 @@ fn a_connection_ended_by_ferryd_is_released_though_the_peer_never_reads() {
 
     // A download whose WRITEs land in a socket that is never read: they cannot
     // complete, so the window's request task waits on them.
-    let mut raw = Raw::connect(&env, true);
+    let mut raw = raw_session(&env, true);
     raw.send(&request(
         1,
         Request::DownloadOpen {
@@ -312,7 +229,7 @@ fn a_connection_ended_by_ferryd_is_released_though_the_peer_never_reads() {
             path: "big.bin".into(),
         },
     ));
-    let transfer = match raw.recv() {
+    let transfer = match raw.recv_msg() {
         Message::Response {
             body: Response::DownloadOpened { transfer, .. },
             ..
@@ -351,9 +268,7 @@ fn a_connection_ended_by_ferryd_is_released_though_the_peer_never_reads() {
     thread::sleep(Duration::from_millis(200));
 
     // A frame that does not decode: ferryd ends the session itself.
-    raw.stream
-        .write_all(&[0x01, 3, 0, 0, 0, 0xee, 0xee, 0xee])
-        .unwrap();
+    raw.send_bytes(&ctrl_frame(&[0xee, 0xee, 0xee])).unwrap();
     let took = assert_released(&rt, &client, pid, &idle_fds);
     println!("released {took:?} after the malformed frame, the peer reading nothing");
     // The peer held its end, unread, until now.

@@ -72,7 +72,7 @@ async fn one_flipped_upload_chunk_is_detected_and_resent() {
         },
     )
     .await;
-    let client = ferry_tests::connect("127.0.0.1", port, TransportChoice::Tcp)
+    let client = ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
     upload_file(&client, &src, "data", "dst.bin", no_progress())
@@ -99,7 +99,7 @@ async fn persistent_upload_corruption_fails_and_leaves_nothing() {
         },
     )
     .await;
-    let client = ferry_tests::connect("127.0.0.1", port, TransportChoice::Tcp)
+    let client = ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
     let err = upload_file(&client, &src, "data", "dst.bin", no_progress())
@@ -126,7 +126,7 @@ async fn one_flipped_download_chunk_is_detected_and_refetched() {
         },
     )
     .await;
-    let client = ferry_tests::connect("127.0.0.1", port, TransportChoice::Tcp)
+    let client = ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
     download_file(&client, "data", "f.bin", &out.join("f.bin"), no_progress())
@@ -154,7 +154,7 @@ async fn persistent_download_corruption_fails_and_leaves_nothing() {
         },
     )
     .await;
-    let client = ferry_tests::connect("127.0.0.1", port, TransportChoice::Tcp)
+    let client = ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
     let err = download_file(&client, "data", "f.bin", &out.join("f.bin"), no_progress())
@@ -179,7 +179,7 @@ async fn a_failing_transport_mid_upload_leaves_no_file_under_its_name() {
         },
     )
     .await;
-    let client = ferry_tests::connect("127.0.0.1", port, TransportChoice::Tcp)
+    let client = ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
     assert!(upload_file(&client, &src, "data", "dst.bin", no_progress())

@@ -377,7 +377,7 @@ fn rcp_worker(ctx: &Ctx, w: usize) {
 /// job.
 async fn lib_worker(ctx: Arc<Ctx>, w: usize, port: u16) {
     let _flag = FailFlag(&ctx.failed);
-    let client = ferry_tests::connect(&test_host(), port, test_choice())
+    let client = ferry_tests::connect_to(&test_host(), port, test_choice())
         .await
         .unwrap_or_else(|e| panic!("in-process client {w} cannot connect: {e}"));
     let mut rng = StdRng::seed_from_u64(SEED ^ ((w as u64 + 1) << 40));
@@ -480,7 +480,7 @@ fn many_clients_mixed_load_leaves_no_leaks_and_bounded_memory() {
     // The idle baseline, with the monitoring connection open.
     let rt = ferry_tests::runtime();
     let monitor = rt
-        .block_on(ferry_tests::connect(&test_host(), port, test_choice()))
+        .block_on(ferry_tests::connect_to(&test_host(), port, test_choice()))
         .expect("monitoring client");
     let idle = stats(&rt, &monitor);
     assert_eq!(

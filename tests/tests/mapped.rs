@@ -26,7 +26,7 @@ use ferry_tests::runtime;
 
 async fn connect_to(addr: &str, choice: TransportChoice) -> Client {
     let (host, port) = addr.rsplit_once(':').unwrap();
-    ferry_tests::connect(host, port.parse().unwrap(), choice)
+    ferry_tests::connect_to(host, port.parse().unwrap(), choice)
         .await
         .unwrap()
 }

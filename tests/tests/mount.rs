@@ -924,7 +924,7 @@ ferrytest!(reads_of_an_open_file_are_one_sided, |env| {
         .build()
         .unwrap();
     let client = rt
-        .block_on(ferry_tests::connect(host, port, test_choice()))
+        .block_on(ferry_tests::connect_to(host, port, test_choice()))
         .expect("connect a stats client");
 
     let mut file = File::open(mount.join("big.bin")).unwrap();

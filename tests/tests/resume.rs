@@ -180,7 +180,7 @@ fn wait_until_idle(env: &Env) {
     let port = env.server().port();
     let rt = runtime();
     rt.block_on(async {
-        let client = ferry_tests::connect(&test_host(), port, TransportChoice::Tcp)
+        let client = ferry_tests::connect_to(&test_host(), port, TransportChoice::Tcp)
             .await
             .expect("ferryd still accepts connections");
         let start = Instant::now();

@@ -151,6 +151,7 @@ impl World {
             Some(2),
             Some(4 << 20),
             None,
+            None,
             &[
                 format!("data={}", share.display()),
                 format!("ro={}:ro", ro.display()),

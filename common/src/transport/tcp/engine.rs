@@ -11,11 +11,27 @@
 //! operations) or that the local caller registered and bounds-checked (own operations).
 //!
 //! File windows are never read through their mapping here: their bytes are copied with
-//! `pread(2)` ([`FileWindow::read_at`]) into a staging buffer before the frame that
-//! carries them is started. A file truncated under a registered window therefore fails
-//! that one operation (a peer's READ is answered with [`wire::STATUS_UNREADABLE`]; our
-//! own WRITE completes with an I/O error) instead of raising SIGBUS and killing the
-//! process; the connection goes on.
+//! `pread(2)` ([`FileWindow::read_at`]) into a staging buffer, at most
+//! [`STAGE_PIECE_BYTES`] at a time; the first piece and the last byte of the range are
+//! read before the frame that carries them is started. A file truncated under a
+//! registered window therefore fails that one operation (a peer's READ is answered
+//! with [`wire::STATUS_UNREADABLE`]; our own WRITE completes with an I/O error) instead
+//! of raising SIGBUS and killing the process; the connection goes on. Only a file that
+//! shrinks while a frame of it is being sent ends the connection (the frame cannot be
+//! taken back).
+//!
+//! The reader never waits for the application: it must go on completing this side's
+//! own operations, which the application may be waiting for before it takes another
+//! message. So a peer that sends more control messages than may wait for the
+//! application ([`CTRL_QUEUE`]: more than a peer keeping to the protocol's limit of
+//! outstanding requests ever has waiting), or one longer than this side accepts, has
+//! the connection closed rather than read later.
+//!
+//! Hostile peers: the peer may have at most [`MAX_PEER_INFLIGHT_OPS`] READs and WRITEs
+//! waiting for their answers to be written, and its refused accesses are logged only
+//! up to [`LOGGED_REFUSALS`] per connection (then counted), so neither a peer that
+//! never reads its answers nor one that sends refused accesses at wire speed makes
+//! this side's memory or log grow without bound.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -24,17 +40,20 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, oneshot};
 
-use super::wire::{self, Header, Parsed, MAX_PEER_INFLIGHT_READS, STATUS_OK, STATUS_UNREADABLE};
-use super::{Outgoing, Pending, Shared};
-use crate::transport::{Buffer, FileWindow, Memory, Op, RemoteSlice, TransportError};
+use super::wire::{self, Header, Parsed, MAX_PEER_INFLIGHT_OPS, STATUS_OK, STATUS_UNREADABLE};
+use super::{Outgoing, Pending, Shared, CTRL_QUEUE};
+use crate::transport::{AccessFault, Buffer, FileWindow, Memory, Op, RemoteSlice, TransportError};
 
 /// Socket buffer size for both directions: large enough that a chunk moves in few
 /// system calls, small enough to be cheap per connection.
 const IO_BUF_BYTES: usize = 256 << 10;
 
-/// Largest staging buffer the writer keeps between frames; a larger one (a READ of a
-/// whole big window) is freed once its frame is written.
-const STAGING_KEEP_BYTES: usize = 16 << 20;
+/// Most bytes of a file window staged at once (the writer's staging buffer never
+/// grows beyond this).
+pub(super) const STAGE_PIECE_BYTES: usize = 4 << 20;
+
+/// Refused peer accesses logged per connection; later ones are only counted.
+pub(super) const LOGGED_REFUSALS: u64 = 16;
 
 type CtrlTx = mpsc::Sender<Result<Vec<u8>, TransportError>>;
 
@@ -54,7 +73,13 @@ pub(super) async fn reader(shared: Arc<Shared>, r: OwnedReadHalf, ctrl: CtrlTx) 
     match result {
         Ok(()) => {}
         Err(e) => {
-            tracing::debug!(peer = %shared.peer, "transport closed: {e}");
+            // A broken rule is logged here: the application may see it only after
+            // the messages queued before it, if at all.
+            if matches!(e, TransportError::Protocol(_)) {
+                tracing::warn!(peer = %shared.peer, "closing the connection: {e}");
+            } else {
+                tracing::debug!(peer = %shared.peer, "transport closed: {e}");
+            }
             let _ = ctrl.send(Err(e)).await;
         }
     }
@@ -83,40 +108,98 @@ async fn read_header(r: &mut BufReader<OwnedReadHalf>) -> Result<Option<Header>,
     }
 }
 
+/// Logs the peer's refused accesses, the first [`LOGGED_REFUSALS`] of them, and how
+/// many there were in all when the connection ends.
+struct Refusals<'a> {
+    peer: &'a str,
+    count: u64,
+}
+
+impl Refusals<'_> {
+    fn log(&mut self, op: Op, slice: RemoteSlice, fault: AccessFault) {
+        let peer = self.peer;
+        self.count += 1;
+        let RemoteSlice { rkey, addr, len } = slice;
+        let op = match op {
+            Op::Read => "READ",
+            Op::Write => "WRITE",
+        };
+        if self.count <= LOGGED_REFUSALS {
+            tracing::warn!(%peer, rkey, addr, len, "refused peer {op}: {fault}");
+        }
+        if self.count == LOGGED_REFUSALS {
+            tracing::warn!(%peer, "further refused accesses of this peer are only counted");
+        }
+    }
+}
+
+impl Drop for Refusals<'_> {
+    fn drop(&mut self) {
+        if self.count > LOGGED_REFUSALS {
+            tracing::info!(peer = %self.peer, "{} peer accesses refused on this connection in all", self.count);
+        }
+    }
+}
+
+/// Counts one more peer READ or WRITE waiting for its answer to be written; fails if
+/// the peer has more than [`MAX_PEER_INFLIGHT_OPS`] (it is not reading them).
+fn count_served(shared: &Shared) -> Result<(), TransportError> {
+    let inflight = shared.served_inflight.fetch_add(1, Ordering::SeqCst) + 1;
+    if inflight > MAX_PEER_INFLIGHT_OPS {
+        return Err(TransportError::Protocol(format!(
+            "peer has more than {MAX_PEER_INFLIGHT_OPS} READs and WRITEs awaiting their answers"
+        )));
+    }
+    Ok(())
+}
+
 async fn read_loop(
     shared: &Shared,
     r: &mut BufReader<OwnedReadHalf>,
     ctrl: &CtrlTx,
 ) -> Result<(), TransportError> {
+    let mut refusals = Refusals {
+        peer: &shared.peer,
+        count: 0,
+    };
     while let Some(header) = read_header(r).await? {
         match header {
             Header::Ctrl { len } => {
-                // `Header::parse` refused anything over MAX_CTRL_FRAME_BYTES.
+                // `Header::parse` refused anything over MAX_CTRL_FRAME_BYTES; this side
+                // may accept less.
+                if len > shared.max_recv_ctrl {
+                    return Err(TransportError::Protocol(format!(
+                        "control frame of {len} bytes exceeds the {} this side accepts",
+                        shared.max_recv_ctrl
+                    )));
+                }
                 let mut msg = vec![0u8; len as usize];
                 r.read_exact(&mut msg).await.map_err(io("read frame"))?;
-                if ctrl.send(Ok(msg)).await.is_err() {
+                match ctrl.try_send(Ok(msg)) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        return Err(TransportError::Protocol(format!(
+                            "peer has more than {CTRL_QUEUE} control messages waiting to be taken"
+                        )));
+                    }
                     // The application dropped its end; keep serving one-sided ops.
-                    continue;
+                    Err(mpsc::error::TrySendError::Closed(_)) => {}
                 }
             }
             Header::ReadReq { id, slice } => {
+                count_served(shared)?;
                 let RemoteSlice { rkey, addr, len } = slice;
-                let inflight = shared.served_inflight.fetch_add(1, Ordering::SeqCst) + 1;
-                if inflight > MAX_PEER_INFLIGHT_READS {
-                    return Err(TransportError::Protocol(format!(
-                        "peer has more than {MAX_PEER_INFLIGHT_READS} READs outstanding"
-                    )));
-                }
                 let result = match shared.table.check(Op::Read, rkey, addr, len) {
                     Ok(g) => Ok((g.memory, g.offset, len)),
                     Err(fault) => {
-                        tracing::warn!(peer = %shared.peer, rkey, addr, len, "refused peer READ: {fault}");
+                        refusals.log(Op::Read, slice, fault);
                         Err(wire::status_of(fault))
                     }
                 };
                 let _ = shared.out.send(Outgoing::ReadResp { id, result });
             }
             Header::WriteReq { id, slice } => {
+                count_served(shared)?;
                 let RemoteSlice { rkey, addr, len } = slice;
                 let status = match shared.table.check(Op::Write, rkey, addr, len) {
                     Ok(g) => {
@@ -133,7 +216,7 @@ async fn read_loop(
                         STATUS_OK
                     }
                     Err(fault) => {
-                        tracing::warn!(peer = %shared.peer, rkey, addr, len, "refused peer WRITE: {fault}");
+                        refusals.log(Op::Write, slice, fault);
                         discard(r, u64::from(len)).await?;
                         wire::status_of(fault)
                     }
@@ -271,7 +354,9 @@ async fn write_loop(
                 offset,
             } => send_write_req(shared, w, id, slice, src, offset, staging).await?,
             Outgoing::WriteResp { id, status } => {
-                write_header(w, Header::WriteResp { id, status }).await?;
+                let sent = write_header(w, Header::WriteResp { id, status }).await;
+                shared.served_inflight.fetch_sub(1, Ordering::SeqCst);
+                sent?;
             }
         }
         if queue.is_empty() {
@@ -290,8 +375,8 @@ async fn write_header(
     w.write_all(&bytes).await.map_err(io("send"))
 }
 
-/// Answers a peer's READ. A granted file window is staged with `pread` first; if that
-/// fails (the file shrank), the answer is [`STATUS_UNREADABLE`] instead of data.
+/// Answers a peer's READ. A granted file window whose range cannot be read (the file
+/// shrank) is answered [`STATUS_UNREADABLE`] instead of data.
 async fn send_read_resp(
     shared: &Shared,
     w: &mut BufWriter<OwnedWriteHalf>,
@@ -299,38 +384,28 @@ async fn send_read_resp(
     result: Result<(Memory, usize, u32), u8>,
     staging: &mut Vec<u8>,
 ) -> Result<(), TransportError> {
-    let staged = match &result {
+    let status = match result {
+        Err(status) => status,
+        Ok((Memory::Buffer(b), offset, len)) => {
+            write_header(w, Header::ReadData { id, len }).await?;
+            return write_buffer(w, &b, offset, len).await;
+        }
         Ok((Memory::File(f), offset, len)) => {
-            match stage(f.clone(), *offset, *len, staging).await {
-                Ok(()) => Ok(()),
+            let header = Header::ReadData { id, len };
+            match send_file_frame(w, header, &f, offset, staging).await? {
+                Ok(()) => return Ok(()),
                 Err(e) => {
                     tracing::warn!(peer = %shared.peer, len, "cannot serve peer READ of a file window: {e}");
-                    Err(STATUS_UNREADABLE)
+                    STATUS_UNREADABLE
                 }
             }
         }
-        Ok((Memory::Buffer(_), ..)) => Ok(()),
-        Err(status) => Err(*status),
     };
-    let (memory, offset, len) = match (staged, result) {
-        (Ok(()), Ok(granted)) => granted,
-        (Err(status), _) | (Ok(()), Err(status)) => {
-            return write_header(w, Header::ReadRefused { id, status }).await;
-        }
-    };
-    write_header(w, Header::ReadData { id, len }).await?;
-    match memory {
-        Memory::File(_) => {
-            let sent = w.write_all(staging).await.map_err(io("send payload"));
-            release_staging(staging);
-            sent
-        }
-        Memory::Buffer(b) => write_buffer(w, &b, offset, len).await,
-    }
+    write_header(w, Header::ReadRefused { id, status }).await
 }
 
-/// Sends our own WRITE. A file-window source is staged with `pread` first; if that
-/// fails, nothing is sent and the operation completes with the I/O error.
+/// Sends our own WRITE. If a file-window source cannot be read, nothing is sent and
+/// the operation completes with the I/O error.
 async fn send_write_req(
     shared: &Shared,
     w: &mut BufWriter<OwnedWriteHalf>,
@@ -340,41 +415,81 @@ async fn send_write_req(
     offset: usize,
     staging: &mut Vec<u8>,
 ) -> Result<(), TransportError> {
+    let header = Header::WriteReq { id, slice };
     match src {
         Memory::File(f) => {
-            if let Err(source) = stage(f, offset, slice.len, staging).await {
+            if let Err(source) = send_file_frame(w, header, &f, offset, staging).await? {
                 if let Some(Pending::Write { done, .. }) = shared.pending().remove(&id) {
                     let _ = done.send(Err(TransportError::Io {
                         op: "read the file window to send",
                         source,
                     }));
                 }
-                return Ok(());
             }
-            write_header(w, Header::WriteReq { id, slice }).await?;
-            let sent = w.write_all(staging).await.map_err(io("send payload"));
-            release_staging(staging);
-            sent
+            Ok(())
         }
         Memory::Buffer(b) => {
-            write_header(w, Header::WriteReq { id, slice }).await?;
+            write_header(w, header).await?;
             write_buffer(w, &b, offset, slice.len).await
         }
     }
 }
 
+/// Sends `header` and, as its payload, its [`Header::payload_len`] bytes of `window`
+/// from `offset` (a range the table or the registration checked against the window),
+/// copied with `pread` a piece of at most [`STAGE_PIECE_BYTES`] at a time.
+///
+/// The first piece and the last byte of the range are read before anything is sent:
+/// if either fails (the file no longer covers the range), nothing is sent and the read
+/// error is returned as `Ok(Err(_))`, for the caller to answer in its own way. A read
+/// that fails once the header is out (the file shrank meanwhile) cannot be reported in
+/// the frame: it fails the connection.
+async fn send_file_frame(
+    w: &mut BufWriter<OwnedWriteHalf>,
+    header: Header,
+    window: &Arc<FileWindow>,
+    offset: usize,
+    staging: &mut Vec<u8>,
+) -> Result<std::io::Result<()>, TransportError> {
+    let len = header.payload_len() as usize;
+    let first = len.min(STAGE_PIECE_BYTES);
+    if len > first {
+        if let Err(e) = stage(window.clone(), offset + len - 1, 1, staging).await {
+            return Ok(Err(e));
+        }
+    }
+    if let Err(e) = stage(window.clone(), offset, first, staging).await {
+        return Ok(Err(e));
+    }
+    write_header(w, header).await?;
+    w.write_all(staging).await.map_err(io("send payload"))?;
+    let mut sent = first;
+    while sent < len {
+        let piece = (len - sent).min(STAGE_PIECE_BYTES);
+        stage(window.clone(), offset + sent, piece, staging)
+            .await
+            .map_err(|source| TransportError::Io {
+                op: "read the file window being sent",
+                source,
+            })?;
+        w.write_all(staging).await.map_err(io("send payload"))?;
+        sent += piece;
+    }
+    Ok(Ok(()))
+}
+
 /// Copies `len` bytes of `window` from `offset` into `staging` (resized to exactly
-/// `len`) with `pread`, on the blocking pool: the file may be slow to read, and the
-/// writer must not stall a runtime thread. The range was checked against the window by
-/// the table (peer READ) or by the registration (own WRITE).
+/// `len`, at most [`STAGE_PIECE_BYTES`]) with `pread`, on the blocking pool: the file
+/// may be slow to read, and the writer must not stall a runtime thread.
 async fn stage(
     window: Arc<FileWindow>,
     offset: usize,
-    len: u32,
+    len: usize,
     staging: &mut Vec<u8>,
 ) -> std::io::Result<()> {
+    debug_assert!(len <= STAGE_PIECE_BYTES);
     let mut buf = std::mem::take(staging);
-    buf.resize(len as usize, 0);
+    buf.resize(len, 0);
     let (buf, result) = tokio::task::spawn_blocking(move || {
         let r = window.read_at(offset, &mut buf);
         (buf, r)
@@ -383,13 +498,6 @@ async fn stage(
     .map_err(|e| std::io::Error::other(format!("file read task failed: {e}")))?;
     *staging = buf;
     result
-}
-
-/// Keeps a staging buffer for the next frame unless it grew unusually large.
-fn release_staging(staging: &mut Vec<u8>) {
-    if staging.capacity() > STAGING_KEEP_BYTES {
-        *staging = Vec::new();
-    }
 }
 
 /// Writes `len` bytes of a registered buffer from `offset`, straight from the memory

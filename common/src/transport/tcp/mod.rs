@@ -7,12 +7,17 @@
 //! only ever sees its own operations complete.
 //!
 //! Bounds: at most [`MAX_QUEUED_CTRL_BYTES`] of control messages wait for the socket
-//! (then [`Transport::send`] waits), and at most 256 received ones wait for the
-//! application (then the engine stops reading). Once the connection is closed or
-//! its last handle dropped, the engine gets [`CLOSE_GRACE`] to put what is queued on
-//! the socket; a peer that does not take it by then has the connection torn down
-//! (tasks aborted, operations failed, socket closed), so a peer that stops reading
-//! cannot keep a closed connection's memory and descriptor alive.
+//! (then [`Transport::send`] waits), and at most [`CTRL_QUEUE`] received ones, each of
+//! at most the length this side accepts ([`Tcp::start_with_limit`]), wait for the
+//! application: a peer that sends more has the connection closed (the engine never
+//! stops reading, see [`engine`]). The peer may have at most
+//! [`wire::MAX_PEER_INFLIGHT_OPS`] READs and WRITEs waiting for their answers to be
+//! written (a peer that does not read them has the connection closed), and a READ
+//! answer out of a file window is staged a piece at a time. Once the
+//! connection is closed or its last handle dropped, the engine gets [`CLOSE_GRACE`] to
+//! put what is queued on the socket; a peer that does not take it by then has the
+//! connection torn down (tasks aborted, operations failed, socket closed), so a peer
+//! that stops reading cannot keep a closed connection's memory and descriptor alive.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -25,6 +30,7 @@ use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::AbortHandle;
 
+use crate::codec::MAX_CTRL_FRAME_BYTES;
 use crate::msg::RegionDesc;
 use crate::transport::{
     Access, Buffer, Memory, Registration, RemoteSlice, Transport, TransportError, TransportKind,
@@ -37,9 +43,11 @@ pub mod wire;
 
 use table::Table;
 
-/// How many received control messages may wait for the application before the engine
-/// stops reading the socket (back-pressure on the peer).
-const CTRL_QUEUE: usize = 256;
+/// How many received control messages may wait for the application; a peer that sends
+/// more has the connection closed. A peer keeping to the protocol never has more
+/// waiting: a client has at most `proto::MAX_INFLIGHT_REQUESTS` (256) requests
+/// outstanding, and a server sends only the answers to them.
+pub const CTRL_QUEUE: usize = 256;
 
 /// How long a closed (or dropped) connection's engine may take to write what is still
 /// queued before the connection is torn down regardless.
@@ -95,8 +103,10 @@ struct Shared {
     next_id: AtomicU64,
     out: mpsc::UnboundedSender<Outgoing>,
     closed: AtomicBool,
-    /// Peer-initiated READs accepted but not yet answered on the socket.
+    /// Peer-initiated READs and WRITEs accepted but not yet answered on the socket.
     served_inflight: AtomicUsize,
+    /// Longest control frame accepted from the peer.
+    max_recv_ctrl: u32,
     /// Permits for the bytes of control messages queued and not yet written; closed
     /// (failing waiting senders) when the connection is.
     ctrl_budget: Arc<Semaphore>,
@@ -175,7 +185,20 @@ impl Tcp {
     }
 
     /// Wraps an accepted or connected stream and exchanges greetings.
-    pub async fn start(mut stream: TcpStream) -> Result<Tcp, TransportError> {
+    pub async fn start(stream: TcpStream) -> Result<Tcp, TransportError> {
+        Tcp::start_with_limit(stream, MAX_CTRL_FRAME_BYTES as u32).await
+    }
+
+    /// [`Tcp::start`], accepting control frames of at most `max_recv_ctrl_bytes` from
+    /// the peer (capped at [`MAX_CTRL_FRAME_BYTES`]); a longer one closes the
+    /// connection before it is read. A server, which receives only requests, passes
+    /// what the longest request takes, so what waits for it is bounded by
+    /// [`CTRL_QUEUE`] times that.
+    pub async fn start_with_limit(
+        mut stream: TcpStream,
+        max_recv_ctrl_bytes: u32,
+    ) -> Result<Tcp, TransportError> {
+        let max_recv_ctrl = max_recv_ctrl_bytes.min(MAX_CTRL_FRAME_BYTES as u32);
         let io = |op| move |source| TransportError::Io { op, source };
         stream.set_nodelay(true).map_err(io("set TCP_NODELAY"))?;
         let peer = stream
@@ -207,6 +230,7 @@ impl Tcp {
             out: out_tx,
             closed: AtomicBool::new(false),
             served_inflight: AtomicUsize::new(0),
+            max_recv_ctrl,
             ctrl_budget: Arc::new(Semaphore::new(MAX_QUEUED_CTRL_BYTES)),
             closing: AtomicBool::new(false),
         });

@@ -408,3 +408,79 @@ async fn send_waits_once_the_queue_is_full_and_close_fails_the_waiter() {
         .unwrap();
     assert!(matches!(r, Err(TransportError::Closed)), "{r:?}");
 }
+
+#[tokio::test]
+async fn file_window_operations_larger_than_a_staging_piece_arrive_whole() {
+    use std::io::Write;
+    let (a, b) = pair().await;
+    let len = 2 * engine::STAGE_PIECE_BYTES + 4096 + 123;
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let mut f = tempfile::tempfile().unwrap();
+    f.write_all(&data).unwrap();
+    let window = FileWindow::map(&f, 0, len).unwrap();
+    let reg = b
+        .register(Memory::File(window.clone()), Access::RemoteRead)
+        .unwrap();
+    let dst = a
+        .register(Memory::Buffer(Buffer::new(len).unwrap()), Access::Local)
+        .unwrap();
+    a.read(
+        RemoteSlice::of(&reg.desc(), 0, len as u32).unwrap(),
+        &dst,
+        0,
+    )
+    .await
+    .unwrap();
+    assert!(dst.buffer().unwrap().read().await[..] == data[..]);
+
+    // Our own WRITE out of a file window, in pieces too.
+    let target = Buffer::new(len).unwrap();
+    let theirs = a
+        .register(Memory::Buffer(target.clone()), Access::RemoteWrite)
+        .unwrap();
+    let src = b.register(Memory::File(window), Access::Local).unwrap();
+    let n = len as u32 - 1;
+    b.write(&src, 1, RemoteSlice::of(&theirs.desc(), 0, n).unwrap())
+        .await
+        .unwrap();
+    assert!(target.read().await[..len - 1] == data[1..]);
+}
+
+#[tokio::test]
+async fn a_peer_that_sends_more_messages_than_may_wait_is_cut_off() {
+    let frames: Vec<u8> = (0..=CTRL_QUEUE)
+        .flat_map(|_| [wire::CTRL, 1, 0, 0, 0, 7])
+        .collect();
+    let t = raw_peer(&frames).await;
+    // The engine does not stop reading for the application: it ends the connection.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..CTRL_QUEUE {
+        assert_eq!(t.recv().await.unwrap(), Some(vec![7]));
+    }
+    assert!(matches!(t.recv().await, Err(TransportError::Protocol(_))));
+}
+
+#[tokio::test]
+async fn a_side_refuses_control_frames_over_its_own_limit() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let peer = tokio::spawn(async move {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(&wire::GREETING).await.unwrap();
+        for len in [64u32, 65] {
+            let mut f = vec![wire::CTRL];
+            f.extend_from_slice(&len.to_le_bytes());
+            f.resize(5 + len as usize, 1);
+            // The second may find the connection closed already.
+            let _ = s.write_all(&f).await;
+        }
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink).await;
+    });
+    let t = Tcp::start_with_limit(l.accept().await.unwrap().0, 64)
+        .await
+        .unwrap();
+    assert_eq!(t.recv().await.unwrap(), Some(vec![1; 64]));
+    assert!(matches!(t.recv().await, Err(TransportError::Protocol(_))));
+    peer.await.unwrap();
+}

@@ -41,9 +41,11 @@ pub const STATUS_OK: u8 = 0;
 /// [`AccessFault::Refused`]; the connection goes on.
 pub const STATUS_UNREADABLE: u8 = 4;
 
-/// Most peer-initiated READs a side serves concurrently before it treats the peer as
-/// hostile and closes (an RDMA responder's `max_dest_rd_atomic`, generously).
-pub const MAX_PEER_INFLIGHT_READS: usize = 1024;
+/// Most peer-initiated READs and WRITEs a side holds accepted but not yet answered on
+/// the socket before it treats the peer as hostile and closes: an RDMA responder's
+/// `max_dest_rd_atomic`, generously, and a bound on the answers a peer that does not
+/// read them can make this side queue.
+pub const MAX_PEER_INFLIGHT_OPS: usize = 1024;
 
 /// Status byte for a refused access.
 pub fn status_of(fault: AccessFault) -> u8 {

@@ -1,0 +1,1445 @@
+//! Hostile input: a hand-written client ([`RawClient`]) speaks the TCP transport's
+//! frames directly to a real ferryd process and sends what rcp never would: truncated,
+//! oversized and malformed frames, unknown frame kinds and enum tags, messages out of
+//! order, paths that try to leave the share, one-sided READs and WRITEs outside the
+//! regions ferryd advertised, and a barrage of such connections at once.
+//!
+//! Each case gets a typed answer (an error response, a `Refused`, an error status of a
+//! one-sided operation) or, at worst, the end of its own connection, which ferryd
+//! logs; a client that connected before the case keeps working through it; no file
+//! outside the share is read or written; and ferryd's memory, descriptors and
+//! connection count come back to what they were.
+//!
+//! TCP only, by nature: the raw client speaks the TCP transport, so the Soft-RoCE
+//! suite leaves this file out (`scripts/rdma-tests-list.sh`).
+
+use std::fs;
+use std::io::{ErrorKind as IoErrorKind, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::path::Path;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime};
+
+use ferry_client::Client;
+use ferry_common::chunk::{hash_chunk, manifest_id};
+use ferry_common::codec::{MAX_CTRL_FRAME_BYTES, MAX_REQUEST_FRAME_BYTES};
+use ferry_common::msg::{
+    ErrorKind, FileKind, Hello, MappedFile, Message, RegionDesc, RemoteError, Request, Response,
+    ServerStats, Welcome, DEFAULT_CHUNK_BYTES, MAX_NAME_BYTES, MAX_PATH_BYTES,
+};
+use ferry_common::proto::MAX_INFLIGHT_REQUESTS;
+use ferry_common::transport::tcp::wire::{Header, READ_REQ};
+use ferry_common::transport::tcp::CTRL_QUEUE;
+use ferry_common::transport::{RemoteSlice, TransportChoice};
+use ferry_tests::{
+    connect, ctrl_frame, frame_bytes, hello, msg_frame, open_fds, proc_status, raw_greet,
+    raw_handshake, raw_socket, runtime, write_random_file, Env, Frame, RawClient,
+    DEFAULT_SHARE as SHARE, MIB, STATUS_DENIED, STATUS_INVALID_RKEY, STATUS_OUT_OF_BOUNDS,
+};
+
+/// How long ferryd may take to log what it did.
+const LOG_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long ferryd may take to release what a closed connection held.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A client-library session opened before the hostile traffic starts, on its own
+/// connection, that must keep working through it.
+struct Healthy {
+    rt: tokio::runtime::Runtime,
+    client: Client,
+}
+
+impl Healthy {
+    fn open(env: &Env) -> Healthy {
+        let rt = runtime();
+        let client = rt
+            .block_on(connect(env.server(), TransportChoice::Tcp))
+            .expect("healthy client");
+        Healthy { rt, client }
+    }
+
+    /// ferryd runs and still answers the healthy session on its old connection.
+    #[track_caller]
+    fn check(&self, env: &Env, after: &str) {
+        env.server().assert_running();
+        let attr = self
+            .rt
+            .block_on(self.client.stat(SHARE, "", true))
+            .unwrap_or_else(|e| panic!("after {after}: the healthy client failed: {e}"));
+        assert_eq!(attr.kind, FileKind::Dir, "after {after}");
+    }
+
+    fn stats(&self) -> ServerStats {
+        self.rt.block_on(self.client.server_stats()).unwrap()
+    }
+
+    /// Waits until ferryd counts `connections` connections (this one included) and
+    /// no open transfer; panics with the last counts if it does not within
+    /// [`SETTLE_TIMEOUT`].
+    #[track_caller]
+    fn wait_settled(&self, connections: u64) -> ServerStats {
+        let start = Instant::now();
+        loop {
+            let s = self.stats();
+            if s.connections == connections && s.open_transfers == 0 {
+                return s;
+            }
+            assert!(
+                start.elapsed() < SETTLE_TIMEOUT,
+                "ferryd did not settle to {connections} connections: {s:?}"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Waits for a line of ferryd's log that contains every one of `parts`; returns it.
+#[track_caller]
+fn log_line(env: &Env, parts: &[&str]) -> String {
+    let start = Instant::now();
+    loop {
+        let log = env.server().stderr();
+        if let Some(line) = log.lines().find(|l| parts.iter().all(|p| l.contains(p))) {
+            return line.to_owned();
+        }
+        assert!(
+            start.elapsed() < LOG_TIMEOUT,
+            "no line of ferryd's log has all of {parts:?}; log:\n{log}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How far a raw connection gets before its case starts.
+#[derive(Debug, Clone, Copy)]
+enum Stage {
+    /// Transport greetings exchanged, no `Hello` yet.
+    Greeted,
+    /// The session handshake done.
+    InSession,
+}
+
+fn open_raw(env: &Env, stage: Stage) -> RawClient {
+    let stream = raw_socket(env.server());
+    match stage {
+        Stage::Greeted => raw_greet(env.server(), stream),
+        Stage::InSession => raw_handshake(env.server(), stream),
+    }
+}
+
+/// Reads what ferryd sends on `stream` until it closes the connection, which it must
+/// do within the socket's read timeout; returns the bytes.
+#[track_caller]
+fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
+    let mut got = Vec::new();
+    match stream.read_to_end(&mut got) {
+        Ok(_) => got,
+        Err(e) if e.kind() == IoErrorKind::ConnectionReset => got,
+        Err(e) => panic!("ferryd did not close the connection: {e} (got {got:?})"),
+    }
+}
+
+fn stat(path: &str) -> Request {
+    Request::Stat {
+        share: SHARE.into(),
+        path: path.into(),
+        follow: true,
+    }
+}
+
+/// The kind of an error response; panics on anything else.
+#[track_caller]
+fn error_kind(r: Response) -> ErrorKind {
+    match r {
+        Response::Error(e) => e.kind,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+/// A malformed frame and what ferryd logs when it closes the connection for it.
+struct BadFrame {
+    name: &'static str,
+    bytes: Vec<u8>,
+    /// Half-close after sending (what truncates the frame).
+    then_close: bool,
+    log: &'static str,
+}
+
+fn bad_frames() -> Vec<BadFrame> {
+    let bad = |name, bytes, then_close, log| BadFrame {
+        name,
+        bytes,
+        then_close,
+        log,
+    };
+    let stat_bytes = ferry_common::codec::encode(&Message::Request {
+        id: 1,
+        body: stat(""),
+    })
+    .unwrap();
+    let mut trailing = stat_bytes.clone();
+    trailing.push(0);
+    let long_path = Message::Request {
+        id: 1,
+        body: stat(&"p".repeat(MAX_PATH_BYTES + 1)),
+    };
+    let mut truncated_body = frame_bytes(Header::Ctrl { len: 64 }, &[]);
+    truncated_body.extend_from_slice(&stat_bytes[..10]);
+    let huge_write = RemoteSlice {
+        rkey: 1,
+        addr: 0,
+        len: u32::MAX,
+    };
+    let mut huge_write = frame_bytes(
+        Header::WriteReq {
+            id: 1,
+            slice: huge_write,
+        },
+        &[],
+    );
+    huge_write.extend_from_slice(&[0x55; 100]);
+    vec![
+        bad(
+            "truncated header",
+            vec![0x01, 0x10, 0x00],
+            true,
+            "read frame",
+        ),
+        bad(
+            "truncated READ header",
+            vec![READ_REQ, 1, 2, 3, 4, 5],
+            true,
+            "read frame",
+        ),
+        bad("truncated body", truncated_body, true, "read frame"),
+        bad(
+            "length over the maximum",
+            frame_bytes(
+                Header::Ctrl {
+                    len: MAX_CTRL_FRAME_BYTES as u32 + 1,
+                },
+                &[],
+            ),
+            false,
+            "exceeds",
+        ),
+        bad(
+            "length over what a server accepts",
+            frame_bytes(
+                Header::Ctrl {
+                    len: MAX_REQUEST_FRAME_BYTES as u32 + 1,
+                },
+                &[],
+            ),
+            false,
+            "exceeds the 65536 this side accepts",
+        ),
+        bad(
+            "4 GiB length",
+            frame_bytes(Header::Ctrl { len: u32::MAX }, &[]),
+            false,
+            "exceeds",
+        ),
+        bad(
+            "garbage body",
+            ctrl_frame(&[0xee, 0xee, 0xee]),
+            false,
+            "malformed control message",
+        ),
+        bad(
+            "empty body",
+            ctrl_frame(&[]),
+            false,
+            "malformed control message",
+        ),
+        bad(
+            "unknown frame kind 0x06",
+            vec![0x06, 0, 0, 0, 0],
+            false,
+            "unknown frame kind 0x06",
+        ),
+        bad(
+            "unknown frame kind 0x00",
+            vec![0x00],
+            false,
+            "unknown frame kind 0x00",
+        ),
+        bad(
+            "unknown frame kind 0xff",
+            vec![0xff; 32],
+            false,
+            "unknown frame kind 0xff",
+        ),
+        // Message has variants 0..=4.
+        bad(
+            "unknown Message tag",
+            ctrl_frame(&[0x05]),
+            false,
+            "malformed control message",
+        ),
+        // Request has variants 0..=15: a Request { id: 1, <variant 16> }.
+        bad(
+            "unknown Request tag",
+            ctrl_frame(&[0x03, 0x01, 0x10]),
+            false,
+            "malformed control message",
+        ),
+        // ErrorKind has variants 0..=16: a Refused { kind: 17, message: "" }.
+        bad(
+            "unknown ErrorKind tag",
+            ctrl_frame(&[0x02, 0x11, 0x00]),
+            false,
+            "malformed control message",
+        ),
+        bad(
+            "trailing byte",
+            ctrl_frame(&trailing),
+            false,
+            "1 trailing bytes",
+        ),
+        bad(
+            "path over 4096 bytes",
+            msg_frame(&long_path),
+            false,
+            "exceeds its limit",
+        ),
+        bad(
+            "READ answer to nothing",
+            frame_bytes(Header::ReadRefused { id: 77, status: 1 }, &[]),
+            false,
+            "READ response for unknown operation 77",
+        ),
+        bad(
+            "READ data for nothing",
+            frame_bytes(Header::ReadData { id: 78, len: 4 }, &[1, 2, 3, 4]),
+            false,
+            "READ response for unknown operation 78",
+        ),
+        bad(
+            "WRITE answer to nothing",
+            frame_bytes(Header::WriteResp { id: 79, status: 0 }, &[]),
+            false,
+            "WRITE response for unknown operation 79",
+        ),
+        bad(
+            "4 GiB WRITE cut short",
+            huge_write,
+            true,
+            "discard WRITE payload",
+        ),
+    ]
+}
+
+#[test]
+fn malformed_frames_close_only_their_own_connection() {
+    let env = Env::new();
+    let healthy = Healthy::open(&env);
+
+    // Not Ferry at all, and a greeting cut short: ferryd greets, then closes.
+    for (name, bytes, log) in [
+        (
+            "HTTP",
+            &b"GET / HTTP/1.0\r\n\r\n"[..],
+            "does not speak Ferry's TCP transport",
+        ),
+        ("short greeting", &b"FRYT"[..], "receive greeting"),
+    ] {
+        let mut s = raw_socket(env.server());
+        let peer = s.local_addr().unwrap().to_string();
+        s.write_all(bytes).unwrap();
+        // Fails if ferryd has already reset the connection.
+        let _ = s.shutdown(Shutdown::Write);
+        let got = read_until_closed(&mut s);
+        assert!(got.len() <= 8, "{name}: ferryd sent {got:?}");
+        log_line(&env, &[&peer, log]);
+        healthy.check(&env, name);
+    }
+
+    for stage in [Stage::Greeted, Stage::InSession] {
+        for case in bad_frames() {
+            let what = format!("{} ({stage:?})", case.name);
+            let mut raw = open_raw(&env, stage);
+            let peer = raw.local_addr();
+            raw.send_bytes(&case.bytes).unwrap();
+            if case.then_close {
+                raw.shutdown_write();
+            }
+            let closed = raw.expect_closed();
+            assert!(closed.frames.is_empty(), "{what}: {:?}", closed.frames);
+            log_line(&env, &[&peer, case.log]);
+            healthy.check(&env, &what);
+        }
+    }
+    // Every hostile connection is gone; the healthy one is all that is left.
+    healthy.wait_settled(1);
+}
+
+#[test]
+fn messages_out_of_order_end_the_session() {
+    let env = Env::new();
+    let healthy = Healthy::open(&env);
+    let welcome = Message::Welcome(Welcome {
+        version: 2,
+        software: "not a server".into(),
+        chunk_bytes: DEFAULT_CHUNK_BYTES,
+        max_window_chunks: 64,
+        max_inflight_requests: 256,
+        nonce: [0; 32],
+    });
+    let refused = Message::Refused(RemoteError {
+        kind: ErrorKind::Busy,
+        message: "no".into(),
+    });
+    let response = |id| Message::Response {
+        id,
+        body: Response::Ok,
+    };
+    let cases = [
+        (
+            Stage::Greeted,
+            Message::Request {
+                id: 1,
+                body: stat(""),
+            },
+            "unexpected Request while awaiting the client's hello",
+        ),
+        (
+            Stage::Greeted,
+            response(1),
+            "unexpected Response while awaiting",
+        ),
+        (
+            Stage::Greeted,
+            welcome.clone(),
+            "unexpected Welcome while awaiting",
+        ),
+        (
+            Stage::Greeted,
+            refused.clone(),
+            "unexpected Refused while awaiting",
+        ),
+        (
+            Stage::InSession,
+            Message::Hello(hello()),
+            "unexpected Hello while in session",
+        ),
+        (
+            Stage::InSession,
+            welcome,
+            "unexpected Welcome while in session",
+        ),
+        (
+            Stage::InSession,
+            response(1),
+            "unexpected Response while in session",
+        ),
+        (
+            Stage::InSession,
+            response(u64::MAX),
+            "unexpected Response while in session",
+        ),
+        (
+            Stage::InSession,
+            refused,
+            "unexpected Refused while in session",
+        ),
+    ];
+    for (stage, msg, log) in cases {
+        let mut raw = open_raw(&env, stage);
+        let peer = raw.local_addr();
+        raw.send(&msg);
+        let closed = raw.expect_closed();
+        assert!(closed.frames.is_empty(), "{msg:?}: {:?}", closed.frames);
+        log_line(&env, &[&peer, log]);
+        healthy.check(&env, log);
+    }
+
+    // A hello ferryd cannot accept is answered with a typed refusal, then closed.
+    let bad_magic = Hello {
+        magic: *b"HTTP",
+        ..hello()
+    };
+    let old = Hello {
+        min_version: 0,
+        max_version: 1,
+        ..hello()
+    };
+    for (h, why) in [
+        (bad_magic, "bad magic"),
+        (old, "client speaks versions 0..=1"),
+    ] {
+        let mut raw = open_raw(&env, Stage::Greeted);
+        raw.send(&Message::Hello(h));
+        match &raw.expect_closed().frames[..] {
+            [Frame::Ctrl(Message::Refused(e))] => {
+                assert_eq!(e.kind, ErrorKind::Protocol);
+                assert!(e.message.contains(why), "{e:?}");
+            }
+            other => panic!("expected one refusal for {why}, got {other:?}"),
+        }
+        healthy.check(&env, why);
+    }
+
+    // A request id may be used again once it was answered...
+    let mut raw = open_raw(&env, Stage::InSession);
+    let peer = raw.local_addr();
+    for _ in 0..2 {
+        raw.send(&Message::Request {
+            id: 5,
+            body: stat(""),
+        });
+        assert!(matches!(
+            raw.recv_msg(),
+            Message::Response {
+                id: 5,
+                body: Response::Attr(_)
+            }
+        ));
+    }
+    // ...but not while it is outstanding: an upload window whose READ this client
+    // never answers keeps request 6 outstanding.
+    let transfer = open_upload(&mut raw, "dup", 4096);
+    let data = vec![7u8; 4096];
+    let hashes = vec![hash_chunk(&data)];
+    let region = raw.offer(data);
+    raw.send(&Message::Request {
+        id: 6,
+        body: Request::UploadWindow {
+            transfer,
+            offset: 0,
+            region,
+            hashes,
+        },
+    });
+    match raw.recv_frame() {
+        Ok(Some(Frame::ReadReq { .. })) => {}
+        other => panic!("expected ferryd to READ the window, got {other:?}"),
+    }
+    raw.send(&Message::Request {
+        id: 6,
+        body: stat(""),
+    });
+    assert_closed_without_a_message(raw);
+    log_line(&env, &[&peer, "request id 6 is already outstanding"]);
+    // The unfinished upload went with its connection, temporary file and all.
+    healthy.wait_settled(1);
+    ferry_tests::assert_no_temp_files(&env.share(""));
+    healthy.check(&env, "duplicate request id");
+}
+
+/// Waits for ferryd to close `raw`'s connection; panics if it sent a control message
+/// first (READs of `raw`'s memory may come: they are not answered).
+#[track_caller]
+fn assert_closed_without_a_message(raw: RawClient) {
+    let closed = raw.expect_closed();
+    assert!(
+        !closed.frames.iter().any(|f| matches!(f, Frame::Ctrl(_))),
+        "{:?}",
+        closed.frames
+    );
+}
+
+/// Opens an upload of `size` bytes to `path` on `raw`; returns the transfer id.
+#[track_caller]
+fn open_upload(raw: &mut RawClient, path: &str, size: u64) -> u64 {
+    let open = Request::UploadOpen {
+        share: SHARE.into(),
+        path: path.into(),
+        size,
+        mode: 0o644,
+        mtime: Default::default(),
+    };
+    match raw.call(open) {
+        Response::UploadOpened { transfer } => transfer,
+        other => panic!("upload of {path} did not open: {other:?}"),
+    }
+}
+
+#[test]
+fn transfer_requests_out_of_order_get_typed_errors() {
+    let env = Env::new();
+    let size = 3 * MIB + 5;
+    write_random_file(&env.share("src"), size, 1);
+    let healthy = Healthy::open(&env);
+    let mut raw = open_raw(&env, Stage::InSession);
+    let chunk = u64::from(DEFAULT_CHUNK_BYTES);
+
+    // Transfers and handles that were never opened.
+    for req in [
+        Request::UploadWindow {
+            transfer: 999,
+            offset: 0,
+            region: RegionDesc {
+                addr: 0x1000,
+                len: 4096,
+                rkey: 1,
+            },
+            hashes: vec![[0; 32]],
+        },
+        Request::UploadCommit {
+            transfer: 999,
+            manifest: [0; 32],
+        },
+        Request::DownloadWindow {
+            transfer: 999,
+            offset: 0,
+            region: RegionDesc {
+                addr: 0x1000,
+                len: 4096,
+                rkey: 1,
+            },
+        },
+        Request::Close { transfer: 999 },
+        Request::MapRelease { handle: 999 },
+    ] {
+        assert_eq!(
+            error_kind(raw.call(req.clone())),
+            ErrorKind::Protocol,
+            "{req:?}"
+        );
+    }
+
+    // An upload of `size` bytes: 4 chunks, the last 5 bytes long.
+    let data: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+    let hashes: Vec<_> = data.chunks(chunk as usize).map(hash_chunk).collect();
+    let manifest = manifest_id(size, DEFAULT_CHUNK_BYTES, &hashes);
+    let first_two = raw.offer(data[..2 * chunk as usize].to_vec());
+    let up = open_upload(&mut raw, "up", size);
+    let window = |offset: u64, len: u64, n: usize| Request::UploadWindow {
+        transfer: up,
+        offset,
+        region: RegionDesc { len, ..first_two },
+        hashes: vec![[0; 32]; n],
+    };
+    for (what, req) in [
+        ("unaligned", window(17, 2 * chunk, 2)),
+        ("past the end", window(4 * chunk, chunk, 1)),
+        ("running past the end", window(3 * chunk, 2 * chunk, 2)),
+        ("overflowing", window(u64::MAX - chunk + 1, chunk, 1)),
+        ("ending inside a chunk", window(0, chunk + 1, 2)),
+        ("hash count", window(0, 2 * chunk, 1)),
+        ("empty", window(0, 0, 0)),
+    ] {
+        assert_eq!(error_kind(raw.call(req)), ErrorKind::Protocol, "{what}");
+    }
+    let commit = Request::UploadCommit {
+        transfer: up,
+        manifest,
+    };
+    assert_eq!(
+        error_kind(raw.call(commit.clone())),
+        ErrorKind::Integrity,
+        "commit before any window"
+    );
+    let good = Request::UploadWindow {
+        transfer: up,
+        offset: 0,
+        region: first_two,
+        hashes: hashes[..2].to_vec(),
+    };
+    assert_eq!(
+        raw.call(good),
+        Response::WindowPulled {
+            bytes: 2 * chunk,
+            reused: 0
+        }
+    );
+    assert_eq!(
+        error_kind(raw.call(commit)),
+        ErrorKind::Integrity,
+        "commit before the last windows"
+    );
+    let as_download = Request::DownloadWindow {
+        transfer: up,
+        offset: 0,
+        region: first_two,
+    };
+    assert_eq!(error_kind(raw.call(as_download)), ErrorKind::Protocol);
+
+    let down = match raw.call(Request::DownloadOpen {
+        share: SHARE.into(),
+        path: "src".into(),
+    }) {
+        Response::DownloadOpened { transfer, .. } => transfer,
+        other => panic!("download did not open: {other:?}"),
+    };
+    let dest = RegionDesc {
+        addr: 1 << 40,
+        len: chunk,
+        rkey: 0x77,
+    };
+    for (what, req) in [
+        (
+            "an upload window for a download",
+            Request::UploadWindow {
+                transfer: down,
+                offset: 0,
+                region: first_two,
+                hashes: hashes[..2].to_vec(),
+            },
+        ),
+        (
+            "a commit of a download",
+            Request::UploadCommit {
+                transfer: down,
+                manifest,
+            },
+        ),
+        (
+            "an unaligned download window",
+            Request::DownloadWindow {
+                transfer: down,
+                offset: 17,
+                region: dest,
+            },
+        ),
+        (
+            "a download window past the end",
+            Request::DownloadWindow {
+                transfer: down,
+                offset: 4 * chunk,
+                region: dest,
+            },
+        ),
+    ] {
+        assert_eq!(error_kind(raw.call(req)), ErrorKind::Protocol, "{what}");
+    }
+    for transfer in [down, up] {
+        assert_eq!(raw.call(Request::Close { transfer }), Response::Ok);
+        assert_eq!(
+            error_kind(raw.call(Request::Close { transfer })),
+            ErrorKind::Protocol,
+            "closed twice"
+        );
+    }
+    assert_eq!(
+        error_kind(raw.call(window(0, 2 * chunk, 2))),
+        ErrorKind::Protocol,
+        "a window of a closed upload"
+    );
+
+    // The same connection still serves, and nothing was left behind.
+    assert!(matches!(raw.call(stat("src")), Response::Attr(a) if a.size == size));
+    match raw.call(Request::Stats) {
+        Response::Stats(s) => assert_eq!(s.open_transfers, 0),
+        other => panic!("{other:?}"),
+    }
+    ferry_tests::assert_entries(&env.share(""), &["src"]);
+    healthy.check(&env, "bad transfer requests");
+}
+
+/// What hostile requests must leave alone outside the share: a canary directory and
+/// file next to the share's parent, and the listings of the directories around it.
+#[derive(Debug, PartialEq, Eq)]
+struct Outside {
+    root_entries: Vec<String>,
+    shares_entries: Vec<String>,
+    dir_entries: Vec<String>,
+    dir_mode: u32,
+    dir_mtime: SystemTime,
+    file: Vec<u8>,
+    file_mode: u32,
+    file_mtime: SystemTime,
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn outside(env: &Env) -> Outside {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = env.root().join("outside");
+    let file = dir.join("canary");
+    let dir_meta = fs::metadata(&dir).unwrap();
+    let file_meta = fs::metadata(&file).unwrap();
+    Outside {
+        root_entries: entries(env.root()),
+        shares_entries: entries(&env.root().join("shares")),
+        dir_entries: entries(&dir),
+        dir_mode: dir_meta.permissions().mode(),
+        dir_mtime: dir_meta.modified().unwrap(),
+        file: fs::read(&file).unwrap(),
+        file_mode: file_meta.permissions().mode(),
+        file_mtime: file_meta.modified().unwrap(),
+    }
+}
+
+/// Every request kind that takes a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PathRequest {
+    Stat { follow: bool },
+    ListDir,
+    Mkdir,
+    Symlink,
+    SetAttr,
+    UploadOpen,
+    DownloadOpen,
+    MapOpen,
+}
+
+const EVERY_KIND: [PathRequest; 9] = [
+    PathRequest::Stat { follow: true },
+    PathRequest::Stat { follow: false },
+    PathRequest::ListDir,
+    PathRequest::Mkdir,
+    PathRequest::Symlink,
+    PathRequest::SetAttr,
+    PathRequest::UploadOpen,
+    PathRequest::DownloadOpen,
+    PathRequest::MapOpen,
+];
+
+/// The kinds that follow a final symlink.
+const FOLLOWING: [PathRequest; 4] = [
+    PathRequest::Stat { follow: true },
+    PathRequest::ListDir,
+    PathRequest::DownloadOpen,
+    PathRequest::MapOpen,
+];
+
+impl PathRequest {
+    fn on(self, share: &str, path: &str) -> Request {
+        let (share, path) = (share.to_owned(), path.to_owned());
+        match self {
+            PathRequest::Stat { follow } => Request::Stat {
+                share,
+                path,
+                follow,
+            },
+            PathRequest::ListDir => Request::ListDir {
+                share,
+                path,
+                cursor: 0,
+            },
+            PathRequest::Mkdir => Request::Mkdir {
+                share,
+                path,
+                mode: 0o777,
+                exist_ok: true,
+            },
+            PathRequest::Symlink => Request::Symlink {
+                share,
+                path,
+                target: "sub".into(),
+            },
+            PathRequest::SetAttr => Request::SetAttr {
+                share,
+                path,
+                mode: Some(0o777),
+                mtime: Some(Default::default()),
+            },
+            PathRequest::UploadOpen => Request::UploadOpen {
+                share,
+                path,
+                size: 4096,
+                mode: 0o777,
+                mtime: Default::default(),
+            },
+            PathRequest::DownloadOpen => Request::DownloadOpen { share, path },
+            PathRequest::MapOpen => Request::MapOpen {
+                share,
+                path,
+                chunk_bytes: 4096,
+            },
+        }
+    }
+}
+
+/// Plants the canary outside the share and, inside, symlinks that lead to it.
+fn plant_escapes(env: &Env) {
+    use std::os::unix::fs::symlink;
+    let outside = env.root().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(
+        outside.join("canary"),
+        b"canary: never to be read or written",
+    )
+    .unwrap();
+    ferry_tests::set_mode(&outside.join("canary"), 0o640);
+    ferry_tests::set_mtime(&outside.join("canary"), 1_000_000_000);
+    ferry_tests::set_mode(&outside, 0o750);
+    ferry_tests::set_mtime(&outside, 1_000_000_000);
+    fs::create_dir(env.share("sub")).unwrap();
+    fs::write(env.share("sub/f"), b"inside").unwrap();
+    // The share is <root>/shares/data: `../..` is <root>.
+    symlink(&outside, env.share("abs-dir")).unwrap();
+    symlink("../../outside", env.share("rel-dir")).unwrap();
+    symlink(outside.join("canary"), env.share("abs-file")).unwrap();
+    symlink("../../outside/canary", env.share("rel-file")).unwrap();
+    symlink("sub/../../../outside", env.share("sub-up")).unwrap();
+    symlink(env.root().join("missing"), env.share("dangling-out")).unwrap();
+}
+
+#[test]
+fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
+    let env = Env::new();
+    plant_escapes(&env);
+    let before = outside(&env);
+    let healthy = Healthy::open(&env);
+    let mut raw = open_raw(&env, Stage::InSession);
+    let canary = env.root().join("outside/canary");
+    let canary = canary.to_str().unwrap();
+    let long_name = "n".repeat(MAX_NAME_BYTES + 1);
+    let long_inner = format!("sub/{long_name}");
+
+    use ErrorKind::{InvalidPath, NoSuchShare, OutsideShare};
+    // (path, what every request kind must answer).
+    let mut cases: Vec<(String, ErrorKind)> = [
+        ("../outside/canary", OutsideShare),
+        ("sub/../../outside/canary", OutsideShare),
+        ("sub/..", OutsideShare),
+        ("..", OutsideShare),
+        ("/", OutsideShare),
+        (canary, OutsideShare),
+        ("sub/a\0b", InvalidPath),
+        ("\0", InvalidPath),
+        (&long_name, InvalidPath),
+        (&long_inner, InvalidPath),
+        // A symlink to a directory outside, as an intermediate component.
+        ("abs-dir/canary", OutsideShare),
+        ("rel-dir/canary", OutsideShare),
+        ("sub-up/canary", OutsideShare),
+        ("abs-dir/new", OutsideShare),
+        ("rel-dir/new/deeper", OutsideShare),
+        ("dangling-out/x", OutsideShare),
+    ]
+    .into_iter()
+    .map(|(p, k)| (p.to_owned(), k))
+    .collect();
+    // A path of exactly the longest length is judged on its merits.
+    let longest = format!("{}{}", "d/".repeat(MAX_PATH_BYTES / 2 - 1), "dd");
+    assert_eq!(longest.len(), MAX_PATH_BYTES);
+    cases.push((longest, ErrorKind::NotFound));
+
+    for kind in EVERY_KIND {
+        for (path, expected) in &cases {
+            let got = error_kind(raw.call(kind.on(SHARE, path)));
+            assert_eq!(got, *expected, "{kind:?} {path:?}");
+        }
+        for share in ["../data", "data/..", "data\0", "", "/"] {
+            let got = error_kind(raw.call(kind.on(share, "x")));
+            assert_eq!(got, NoSuchShare, "{kind:?} in share {share:?}");
+        }
+    }
+
+    // Final symlinks that lead outside: refused by every kind that follows them...
+    let made = Request::Symlink {
+        share: SHARE.into(),
+        path: "made".into(),
+        target: "../../outside/canary".into(),
+    };
+    // (Stored verbatim: following it is what is checked.)
+    assert_eq!(raw.call(made), Response::Ok);
+    for link in [
+        "abs-dir",
+        "rel-dir",
+        "abs-file",
+        "rel-file",
+        "sub-up",
+        "made",
+        "dangling-out",
+    ] {
+        for kind in FOLLOWING {
+            let got = error_kind(raw.call(kind.on(SHARE, link)));
+            assert_eq!(got, OutsideShare, "{kind:?} {link:?}");
+        }
+        // ...and described, not followed, by a Stat without follow.
+        match raw.call(PathRequest::Stat { follow: false }.on(SHARE, link)) {
+            Response::Attr(a) => assert_eq!(a.kind, FileKind::Symlink, "{link}"),
+            other => panic!("lstat {link}: {other:?}"),
+        }
+        // The writes that name the link itself do not go through it.
+        let got = error_kind(raw.call(PathRequest::SetAttr.on(SHARE, link)));
+        assert_eq!(got, InvalidPath, "SetAttr {link:?}");
+        let got = error_kind(raw.call(PathRequest::Mkdir.on(SHARE, link)));
+        assert_eq!(got, ErrorKind::Exists, "Mkdir {link:?}");
+    }
+    // Names the server reserves, and the share root, are not write targets.
+    for (kind, path) in [
+        (PathRequest::UploadOpen, ".ferry-tmp.0123456789abcdef"),
+        (PathRequest::Mkdir, ""),
+        (PathRequest::SetAttr, ""),
+        (PathRequest::Symlink, "."),
+    ] {
+        let got = error_kind(raw.call(kind.on(SHARE, path)));
+        assert_eq!(got, InvalidPath, "{kind:?} {path:?}");
+    }
+    for target in ["", "a\0b"] {
+        let bad = Request::Symlink {
+            share: SHARE.into(),
+            path: "bad-target".into(),
+            target: target.into(),
+        };
+        assert_eq!(error_kind(raw.call(bad)), InvalidPath, "target {target:?}");
+    }
+
+    // An upload to a link's name replaces the link; the file it pointed to is untouched.
+    let data = b"replaces the link".to_vec();
+    let hashes = vec![hash_chunk(&data)];
+    let manifest = manifest_id(data.len() as u64, DEFAULT_CHUNK_BYTES, &hashes);
+    let region = raw.offer(data.clone());
+    let up = open_upload(&mut raw, "abs-file", data.len() as u64);
+    let window = Request::UploadWindow {
+        transfer: up,
+        offset: 0,
+        region,
+        hashes,
+    };
+    assert!(matches!(raw.call(window), Response::WindowPulled { .. }));
+    let commit = Request::UploadCommit {
+        transfer: up,
+        manifest,
+    };
+    assert!(matches!(raw.call(commit), Response::Committed { .. }));
+    assert!(fs::symlink_metadata(env.share("abs-file"))
+        .unwrap()
+        .is_file());
+    assert_eq!(fs::read(env.share("abs-file")).unwrap(), data);
+
+    // A path of more than 4096 bytes does not even decode: that connection ends.
+    let peer = raw.local_addr();
+    let too_long = format!("{}{}", "d/".repeat(MAX_PATH_BYTES / 2), "d");
+    raw.send(&Message::Request {
+        id: 1000,
+        body: stat(&too_long),
+    });
+    assert!(raw.expect_closed().frames.is_empty());
+    log_line(&env, &[&peer, "path exceeds its limit"]);
+
+    healthy.check(&env, "hostile paths");
+    assert_eq!(outside(&env), before, "something outside the share changed");
+    ferry_tests::assert_no_temp_files(&env.share(""));
+}
+
+/// Maps `path` on `raw`; panics unless ferryd answers `Mapped`.
+#[track_caller]
+fn map_open(raw: &mut RawClient, path: &str, chunk_bytes: u32) -> MappedFile {
+    let open = Request::MapOpen {
+        share: SHARE.into(),
+        path: path.into(),
+        chunk_bytes,
+    };
+    match raw.call(open) {
+        Response::Mapped(m) => *m,
+        other => panic!("MapOpen {path}: {other:?}"),
+    }
+}
+
+#[test]
+fn one_sided_access_outside_advertised_regions_is_refused() {
+    let env = Env::new();
+    let size = 200 * 1024;
+    write_random_file(&env.share("m"), size, 5);
+    let file = fs::read(env.share("m")).unwrap();
+    let mtime = fs::metadata(env.share("m")).unwrap().modified().unwrap();
+    let healthy = Healthy::open(&env);
+    let mut raw = open_raw(&env, Stage::InSession);
+
+    let chunk_bytes = 64 * 1024;
+    let m = map_open(&mut raw, "m", chunk_bytes);
+    let region = m.regions[0];
+    let manifest = m.manifest.expect("a manifest region");
+    let slice = |r: &RegionDesc, offset: u64, len: u32| RemoteSlice {
+        rkey: r.rkey,
+        addr: r.addr.wrapping_add(offset),
+        len,
+    };
+
+    // In bounds, the file's bytes and its chunk hashes come back: the refusals below
+    // are refusals, not a dead connection.
+    let id = raw.read(slice(&region, 4096, 1000));
+    assert_eq!(
+        raw.recv(),
+        Frame::ReadData {
+            id,
+            data: file[4096..5096].to_vec()
+        }
+    );
+    let hashes: Vec<u8> = file
+        .chunks(chunk_bytes as usize)
+        .flat_map(hash_chunk)
+        .collect();
+    let id = raw.read(slice(&manifest, 0, manifest.len as u32));
+    assert_eq!(raw.recv(), Frame::ReadData { id, data: hashes });
+
+    let len = region.len;
+    let reads = [
+        (
+            "before the region",
+            slice(&region, u64::MAX, 1),
+            STATUS_OUT_OF_BOUNDS,
+        ),
+        (
+            "across its end",
+            slice(&region, len - 10, 20),
+            STATUS_OUT_OF_BOUNDS,
+        ),
+        (
+            "just past its end",
+            slice(&region, len, 1),
+            STATUS_OUT_OF_BOUNDS,
+        ),
+        (
+            "at address 0",
+            RemoteSlice {
+                addr: 0,
+                ..slice(&region, 0, 1)
+            },
+            STATUS_OUT_OF_BOUNDS,
+        ),
+        (
+            "everything",
+            RemoteSlice {
+                addr: u64::MAX,
+                ..slice(&region, 0, u32::MAX)
+            },
+            STATUS_OUT_OF_BOUNDS,
+        ),
+        (
+            "past the manifest",
+            slice(&manifest, 0, manifest.len as u32 + 1),
+            STATUS_OUT_OF_BOUNDS,
+        ),
+        (
+            "an rkey never issued",
+            RemoteSlice {
+                rkey: region.rkey.wrapping_add(1),
+                ..slice(&region, 0, 1)
+            },
+            STATUS_INVALID_RKEY,
+        ),
+        (
+            "rkey 0",
+            RemoteSlice {
+                rkey: 0,
+                ..slice(&region, 0, 1)
+            },
+            STATUS_INVALID_RKEY,
+        ),
+    ];
+    for (what, s, status) in reads {
+        let id = raw.read(s);
+        assert_eq!(raw.recv(), Frame::ReadRefused { id, status }, "READ {what}");
+    }
+
+    // The regions are registered read-only: WRITEs are refused (rights before bounds)
+    // and their payload discarded, however large.
+    let writes: [(&str, &RegionDesc, u64, Vec<u8>, u8); 5] = [
+        (
+            "the file",
+            &region,
+            0,
+            b"overwritten!".to_vec(),
+            STATUS_DENIED,
+        ),
+        ("the manifest", &manifest, 0, vec![0; 32], STATUS_DENIED),
+        (
+            "across the end",
+            &region,
+            len - 4,
+            vec![0; 64],
+            STATUS_DENIED,
+        ),
+        ("a MiB", &region, 0, vec![0xaa; MIB as usize], STATUS_DENIED),
+        (
+            "an rkey never issued",
+            &RegionDesc {
+                rkey: region.rkey.wrapping_add(1),
+                ..region
+            },
+            0,
+            vec![0; 8],
+            STATUS_INVALID_RKEY,
+        ),
+    ];
+    for (what, r, offset, data, status) in writes {
+        let id = raw.write(r.rkey, r.addr + offset, &data);
+        assert_eq!(raw.recv(), Frame::WriteResp { id, status }, "WRITE {what}");
+    }
+
+    // Another connection cannot use this one's keys.
+    let mut other = open_raw(&env, Stage::InSession);
+    let id = other.read(slice(&region, 0, 16));
+    assert_eq!(
+        other.recv(),
+        Frame::ReadRefused {
+            id,
+            status: STATUS_INVALID_RKEY
+        }
+    );
+
+    // Released, the keys are revoked at once.
+    assert_eq!(
+        raw.call(Request::MapRelease { handle: m.handle }),
+        Response::Ok
+    );
+    for r in [&region, &manifest] {
+        let id = raw.read(slice(r, 0, 16));
+        assert_eq!(
+            raw.recv(),
+            Frame::ReadRefused {
+                id,
+                status: STATUS_INVALID_RKEY
+            },
+            "READ after MapRelease"
+        );
+        let id = raw.write(r.rkey, r.addr, &[0; 16]);
+        assert_eq!(
+            raw.recv(),
+            Frame::WriteResp {
+                id,
+                status: STATUS_INVALID_RKEY
+            },
+            "WRITE after MapRelease"
+        );
+    }
+
+    // The connection serves on; the file is as it was.
+    assert!(matches!(raw.call(stat("m")), Response::Attr(a) if a.size == size));
+    assert_eq!(fs::read(env.share("m")).unwrap(), file);
+    assert_eq!(
+        fs::metadata(env.share("m")).unwrap().modified().unwrap(),
+        mtime
+    );
+    healthy.check(&env, "one-sided accesses");
+}
+
+/// Connections of each kind in the barrage.
+const STALLED: usize = 200;
+const OVERSIZED: usize = 100;
+const SILENT: usize = 20;
+const FLOODERS: usize = 8;
+
+/// Refused WRITEs each flooding connection sends without reading one answer: 25
+/// bytes each on the wire, 64 MiB in all per connection.
+const FLOOD_WRITES: usize = (64 << 20) / 25;
+
+/// READs each flooding connection sends without reading one answer: more than the
+/// 1024 a peer may have outstanding.
+const FLOOD_READS: usize = 1100;
+
+/// Connections that READ a whole mapped window of [`WHOLE_WINDOW_BYTES`].
+const WHOLE_WINDOW_READERS: usize = 2;
+const WHOLE_WINDOW_BYTES: u64 = 64 * MIB;
+
+/// Refused accesses ferryd logs one by one per connection (the TCP transport's
+/// engine; later ones are only counted).
+const LOGGED_REFUSALS: usize = 16;
+
+/// How much ferryd's peak resident memory may grow under the barrage. Without the
+/// bounds it checks, the barrage costs far more: the answers queued for the flooders
+/// that do not read them (hundreds of MiB), and the whole-window READs staged at once
+/// (128 MiB).
+const BARRAGE_RSS_BOUND: u64 = 64 * MIB;
+
+#[test]
+fn a_barrage_of_hostile_connections_leaves_memory_and_descriptors_bounded() {
+    let env = Env::new();
+    // A mapped file for the READ floods: 16 MiB, one region.
+    write_random_file(&env.share("big"), 16 * MIB, 3);
+    let healthy = Healthy::open(&env);
+    let pid = env.server().pid();
+    let idle_fds = open_fds(pid);
+    let rss_before = proc_status(pid, "VmRSS");
+    let start = Instant::now();
+    let mut held = Vec::new();
+
+    // Control frames that claim the largest length ferryd accepts, then stall after
+    // 1 KiB.
+    for i in 0..STALLED {
+        let stage = if i % 2 == 0 {
+            Stage::Greeted
+        } else {
+            Stage::InSession
+        };
+        let mut raw = open_raw(&env, stage);
+        let mut bytes = frame_bytes(
+            Header::Ctrl {
+                len: MAX_REQUEST_FRAME_BYTES as u32,
+            },
+            &[],
+        );
+        bytes.extend_from_slice(&[0x03; 1024]);
+        raw.send_bytes(&bytes).unwrap();
+        held.push(raw);
+    }
+    // Lengths over the limit: closed at once.
+    for _ in 0..OVERSIZED {
+        let mut raw = open_raw(&env, Stage::Greeted);
+        raw.send_bytes(&frame_bytes(Header::Ctrl { len: u32::MAX }, &[]))
+            .unwrap();
+        assert!(raw.expect_closed().frames.is_empty());
+    }
+    // Connections that never even greet.
+    let silent: Vec<TcpStream> = (0..SILENT).map(|_| raw_socket(env.server())).collect();
+    // Refused WRITEs, whose answers are never read.
+    let mut flood = Vec::with_capacity(FLOOD_WRITES * 25);
+    for id in 0..FLOOD_WRITES as u64 {
+        let s = RemoteSlice {
+            rkey: 3,
+            addr: 0,
+            len: 0,
+        };
+        flood.extend_from_slice(&frame_bytes(Header::WriteReq { id, slice: s }, &[]));
+    }
+    let writers: Vec<_> = (0..FLOODERS)
+        .map(|_| {
+            let mut raw = open_raw(&env, Stage::InSession);
+            let flood = flood.clone();
+            let peer = raw.local_addr();
+            let sender = thread::spawn(move || {
+                raw.stream()
+                    .set_write_timeout(Some(Duration::from_secs(20)))
+                    .unwrap();
+                // Stops when ferryd stops reading, or closes.
+                let _ = raw.send_bytes(&flood);
+                raw
+            });
+            (peer, sender)
+        })
+        .collect();
+    // READs of a mapped file whose answers are never read.
+    let mut readers = Vec::new();
+    for _ in 0..FLOODERS {
+        let mut raw = open_raw(&env, Stage::InSession);
+        let region = map_open(&mut raw, "big", 1 << 20).regions[0];
+        let mut reads = Vec::new();
+        for id in 0..FLOOD_READS as u64 {
+            let s = RemoteSlice {
+                rkey: region.rkey,
+                addr: region.addr,
+                len: 1 << 20,
+            };
+            reads.extend_from_slice(&frame_bytes(Header::ReadReq { id, slice: s }, &[]));
+        }
+        // ferryd may close before it has taken them all.
+        let _ = raw.send_bytes(&reads);
+        readers.push((raw.local_addr(), raw));
+    }
+    // READs of a whole 64 MiB window whose answer is never read.
+    fs::File::create(env.share("sparse"))
+        .unwrap()
+        .set_len(WHOLE_WINDOW_BYTES)
+        .unwrap();
+    for _ in 0..WHOLE_WINDOW_READERS {
+        let mut raw = open_raw(&env, Stage::InSession);
+        let region = map_open(&mut raw, "sparse", 1 << 20).regions[0];
+        raw.read(RemoteSlice {
+            rkey: region.rkey,
+            addr: region.addr,
+            len: WHOLE_WINDOW_BYTES as u32,
+        });
+        held.push(raw);
+    }
+    // A session whose every request slot is taken by an upload window whose READ it
+    // never answers, and which then sends more messages than may wait for a slot:
+    // ferryd cannot stop reading it (its own READs' answers would wait behind them),
+    // so it closes it, and lets go of the 256 uploads.
+    let mut stuck = open_raw(&env, Stage::InSession);
+    let stuck_peer = stuck.local_addr();
+    let data = vec![1u8; 4096];
+    let hashes = vec![hash_chunk(&data)];
+    let region = stuck.offer(data);
+    let slots = MAX_INFLIGHT_REQUESTS as usize;
+    let uploads: Vec<u64> = (0..slots)
+        .map(|i| open_upload(&mut stuck, &format!("stuck-{i}"), 4096))
+        .collect();
+    let requests = healthy.stats().requests;
+    for transfer in uploads {
+        stuck.request(Request::UploadWindow {
+            transfer,
+            offset: 0,
+            region,
+            hashes: hashes.clone(),
+        });
+    }
+    // Every window is dispatched (and stuck) before the messages that cannot be taken.
+    // (Each `Stats` request counts itself.)
+    let waiting = Instant::now();
+    let mut polls = 0;
+    loop {
+        polls += 1;
+        if healthy.stats().requests - polls >= requests + slots as u64 {
+            break;
+        }
+        assert!(
+            waiting.elapsed() < SETTLE_TIMEOUT,
+            "the windows were not dispatched"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    let one = msg_frame(&Message::Request {
+        id: u64::MAX,
+        body: stat(""),
+    });
+    let frames: Vec<u8> = (0..=CTRL_QUEUE).flat_map(|_| one.clone()).collect();
+    stuck.send_bytes(&frames).unwrap();
+    assert_closed_without_a_message(stuck);
+    log_line(&env, &[&stuck_peer, "control messages waiting to be taken"]);
+    let writers: Vec<_> = writers
+        .into_iter()
+        .map(|(peer, t)| (peer, t.join().unwrap()))
+        .collect();
+    thread::sleep(Duration::from_millis(500));
+
+    let rss = proc_status(pid, "VmRSS");
+    let peak = proc_status(pid, "VmHWM");
+    let growth = peak.saturating_sub(rss_before);
+    let stats = healthy.stats();
+    println!(
+        "barrage of {} connections in {:?}: ferryd RSS {:.1} MiB before, {:.1} MiB now, \
+         peak {:.1} MiB (bound: {:.1} MiB); {} connections counted",
+        STALLED + OVERSIZED + SILENT + 2 * FLOODERS + WHOLE_WINDOW_READERS + 1,
+        start.elapsed(),
+        rss_before as f64 / MIB as f64,
+        rss as f64 / MIB as f64,
+        peak as f64 / MIB as f64,
+        (rss_before + BARRAGE_RSS_BOUND) as f64 / MIB as f64,
+        stats.connections,
+    );
+    healthy.check(&env, "the barrage");
+    assert!(
+        growth <= BARRAGE_RSS_BOUND,
+        "ferryd's peak RSS grew by {:.1} MiB under the barrage (bound {} MiB)",
+        growth as f64 / MIB as f64,
+        BARRAGE_RSS_BOUND / MIB
+    );
+    // The flooders that read no answers were cut off; their refused accesses were
+    // logged a few at a time, not one line each.
+    for (peer, _) in writers.iter().chain(&readers) {
+        log_line(&env, &[peer, "READs and WRITEs awaiting their answers"]);
+    }
+    let log = env.server().stderr();
+    let logged = log.lines().filter(|l| l.contains("refused peer")).count();
+    assert!(
+        logged <= FLOODERS * LOGGED_REFUSALS,
+        "{logged} refused accesses logged one by one"
+    );
+    log_line(
+        &env,
+        &["further refused accesses of this peer are only counted"],
+    );
+
+    drop((held, silent, writers, readers));
+    let settled = healthy.wait_settled(1);
+    assert_eq!(settled.registrations, 0, "{settled:?}");
+    let start = Instant::now();
+    loop {
+        let fds = open_fds(pid);
+        if fds == idle_fds {
+            break;
+        }
+        assert!(
+            start.elapsed() < SETTLE_TIMEOUT,
+            "ferryd holds descriptors it did not hold before: {fds:?} (idle: {idle_fds:?})"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    healthy.check(&env, "the barrage ended");
+}

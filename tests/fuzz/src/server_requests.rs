@@ -24,7 +24,8 @@
 //! upload holds exactly the bytes of its manifest, and a pushed download window the
 //! bytes of its hashes (checked when no other request is in flight); when the
 //! connection ends, the server's connection task finishes, no temporary file is left
-//! in the share, and no mapped file, transfer or registration is still counted; the
+//! in the share but the resumable partials (and journals) of unfinished uploads, and
+//! no mapped file, transfer or registration is still counted; the
 //! canary, the `outside` directory and the read-only share are untouched.
 //!
 //! With `FERRY_FUZZ_TRACE` set, every request and its answer are printed to stderr.
@@ -39,11 +40,13 @@ use std::time::Duration;
 use ferry_common::auth::{Nonce, Secret};
 use ferry_common::chunk::{hash_chunks, manifest_id};
 use ferry_common::codec;
+use ferry_common::journal::read_journal;
 use ferry_common::msg::{
     Attr, Hello, Message, Request, Response, Sha256, DEFAULT_CHUNK_BYTES, HELLO_MAGIC,
     PROTOCOL_VERSION,
 };
 use ferry_common::path::components;
+use ferry_common::staging::{JOURNAL_SUFFIX, PART_SUFFIX};
 use ferry_common::transport::tcp::Tcp;
 use ferry_common::transport::{Access, Buffer, Memory, Registration, Transport};
 use ferry_common::TEMP_PREFIX;
@@ -324,11 +327,26 @@ impl World {
         }
     }
 
-    /// The share holds no temporary file, and nothing outside it changed.
+    /// The share holds no temporary file but the resumable partials of uploads the
+    /// connection left unfinished (a `.part` whose journal names a chunk, and that
+    /// journal), and nothing outside it changed.
     fn check_untouched(&self) {
+        let resumable = |p: &Path| {
+            let name = file_name(p);
+            let stem = name
+                .strip_suffix(PART_SUFFIX)
+                .or_else(|| name.strip_suffix(JOURNAL_SUFFIX));
+            let Some(stem) = stem else {
+                return false;
+            };
+            let dir = p.parent().expect("a file in the share");
+            let part = dir.join(format!("{stem}{PART_SUFFIX}"));
+            let journal = dir.join(format!("{stem}{JOURNAL_SUFFIX}"));
+            part.is_file() && read_journal(&journal).is_ok_and(|j| !j.chunks.is_empty())
+        };
         let leftover = walk(&self.share)
             .into_iter()
-            .find(|p| file_name(p).starts_with(TEMP_PREFIX));
+            .find(|p| file_name(p).starts_with(TEMP_PREFIX) && !resumable(p));
         assert_eq!(leftover, None, "a temporary file outlived its connection");
         let now = snapshot(self.base.path());
         assert_eq!(now, self.untouched, "something outside the share changed");

@@ -17,7 +17,7 @@
 
 use std::ffi::OsString;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -28,9 +28,9 @@ use ferry_client::Client;
 use ferry_common::msg::{ServerStats, DEFAULT_CHUNK_BYTES};
 use ferry_server::config::DEFAULT_QUEUE_DEPTH;
 use ferry_tests::{
-    assert_no_temp_files, assert_only_resumable_temp_files, first_difference, open_fds,
-    proc_status, rcp_args, spawn_rcp, test_choice, test_host, test_transport, write_random_file,
-    Env, RcpChild, RcpOutput, MIB,
+    assert_no_temp_files, assert_only_resumable_temp_files, open_fds, proc_status, rcp_args,
+    spawn_rcp, test_choice, test_host, test_transport, write_random_file, Env, RcpChild, RcpOutput,
+    MIB,
 };
 use rand::distributions::{Distribution, WeightedIndex};
 use rand::rngs::StdRng;
@@ -223,19 +223,6 @@ impl Drop for FailFlag<'_> {
     }
 }
 
-#[track_caller]
-fn assert_same(expected: &Path, actual: &Path) {
-    match first_difference(expected, actual) {
-        Ok(None) => {}
-        Ok(Some(diff)) => panic!(
-            "{} differs from {}: {diff}",
-            actual.display(),
-            expected.display()
-        ),
-        Err(e) => panic!("cannot compare {}: {e}", actual.display()),
-    }
-}
-
 /// Waits for `child` at most `limit`; on timeout kills it and panics.
 fn wait_within(mut child: RcpChild, limit: Duration) -> RcpOutput {
     let start = Instant::now();
@@ -330,7 +317,7 @@ fn rcp_job(ctx: &Ctx, rng: &mut StdRng, w: usize, n: u64) -> Tally {
             // under a final name: each result is absent or whole.
             for (src, dst) in &pairs {
                 if dst.exists() {
-                    assert_same(src, dst);
+                    ferry_tests::assert_files_equal(src, dst);
                 } else if out.code == Some(0) {
                     panic!("rcp succeeded but {} is missing\n{out}", dst.display());
                 }
@@ -342,7 +329,7 @@ fn rcp_job(ctx: &Ctx, rng: &mut StdRng, w: usize, n: u64) -> Tally {
         None => {
             wait_within(child, ctx.scale.job_timeout).assert_success();
             for (src, dst) in &pairs {
-                assert_same(src, dst);
+                ferry_tests::assert_files_equal(src, dst);
                 let len = fs::metadata(dst).unwrap().len();
                 tally.bytes += len;
                 if upload {
@@ -416,7 +403,7 @@ async fn lib_worker(ctx: Arc<Ctx>, w: usize, port: u16) {
                     .unwrap_or_else(|_| panic!("{tag}: not done within {limit:?}"))
                     .unwrap_or_else(|e| panic!("{tag}: {e}"));
                 tokio::task::spawn_blocking(move || {
-                    assert_same(&src, &dst);
+                    ferry_tests::assert_files_equal(&src, &dst);
                     fs::remove_file(&dst).unwrap();
                 })
                 .await

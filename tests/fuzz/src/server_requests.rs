@@ -442,7 +442,7 @@ impl Client<'_> {
                 *t = l;
             }
         };
-        if let Request::UploadOpen { size, .. } = &mut body {
+        if let Request::UploadOpen { size, .. } | Request::UploadOpenBase { size, .. } = &mut body {
             if (MAX_RESERVED_BYTES..IMPOSSIBLE_BYTES).contains(size) {
                 *size %= MAX_RESERVED_BYTES;
             }
@@ -456,6 +456,10 @@ impl Client<'_> {
             | Request::UploadOpen { share, .. }
             | Request::DownloadOpen { share, .. }
             | Request::MapOpen { share, .. }
+            | Request::Link { share, .. }
+            | Request::Rename { share, .. }
+            | Request::Manifest { share, .. }
+            | Request::UploadOpenBase { share, .. }
             | Request::StatFs { share } => match flags & (F_DATA | F_RO) {
                 F_DATA => *share = "data".into(),
                 F_RO => *share = "ro".into(),

@@ -1,0 +1,327 @@
+//! Server requests for snapshot backups (issue 5): `Link` shares an unchanged file
+//! with the previous snapshot, `Rename` publishes a finished snapshot without ever
+//! replacing anything, `Manifest` returns a stored file's chunk hashes page by page.
+
+use std::fs;
+use std::os::unix::fs::{symlink, MetadataExt};
+
+use ferry_common::chunk::{hash_chunk, manifest_id};
+use ferry_common::msg::{ErrorKind, Request, Response, Sha256, MAX_MANIFEST_PAGE_CHUNKS};
+use ferry_tests::{ferrytest, raw_handshake, raw_socket, write_random_file, RawClient, MIB};
+
+const SHARE: &str = ferry_tests::DEFAULT_SHARE;
+
+fn session(env: &ferry_tests::Env) -> RawClient {
+    raw_handshake(env.server(), raw_socket(env.server()))
+}
+
+fn error_kind(resp: Response) -> ErrorKind {
+    match resp {
+        Response::Error(e) => e.kind,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+fn link(raw: &mut RawClient, from: &str, to: &str) -> Response {
+    raw.call(Request::Link {
+        share: SHARE.into(),
+        from: from.into(),
+        to: to.into(),
+    })
+}
+
+fn rename(raw: &mut RawClient, from: &str, to: &str) -> Response {
+    raw.call(Request::Rename {
+        share: SHARE.into(),
+        from: from.into(),
+        to: to.into(),
+    })
+}
+
+ferrytest!(link_shares_the_inode_and_never_replaces, |env| {
+    fs::create_dir_all(env.share("snap1")).unwrap();
+    fs::create_dir_all(env.share("snap2")).unwrap();
+    write_random_file(&env.share("snap1/f"), 5000, 1);
+    fs::write(env.share("snap2/taken"), b"x").unwrap();
+    let mut raw = session(&env);
+
+    assert_eq!(link(&mut raw, "snap1/f", "snap2/f"), Response::Ok);
+    let a = fs::metadata(env.share("snap1/f")).unwrap();
+    let b = fs::metadata(env.share("snap2/f")).unwrap();
+    assert_eq!((a.dev(), a.ino()), (b.dev(), b.ino()));
+    assert_eq!(b.nlink(), 2);
+
+    assert_eq!(
+        error_kind(link(&mut raw, "snap1/f", "snap2/taken")),
+        ErrorKind::Exists
+    );
+    assert_eq!(fs::read(env.share("snap2/taken")).unwrap(), b"x");
+    assert_eq!(
+        error_kind(link(&mut raw, "snap1/none", "snap2/g")),
+        ErrorKind::NotFound
+    );
+    // Directories and symlinks are not linked; nothing outside the share either.
+    assert_eq!(
+        error_kind(link(&mut raw, "snap1", "snap2/d")),
+        ErrorKind::InvalidPath
+    );
+    symlink("f", env.share("snap1/l")).unwrap();
+    assert_eq!(
+        error_kind(link(&mut raw, "snap1/l", "snap2/l")),
+        ErrorKind::InvalidPath
+    );
+    assert_eq!(
+        error_kind(link(&mut raw, "../f", "snap2/h")),
+        ErrorKind::OutsideShare
+    );
+    assert_eq!(
+        error_kind(link(&mut raw, "snap1/f", "../h")),
+        ErrorKind::OutsideShare
+    );
+    // A temporary transfer file never gains a visible name.
+    fs::write(env.share("snap1/.ferry-tmp.x.part"), b"partial").unwrap();
+    assert_eq!(
+        error_kind(link(&mut raw, "snap1/.ferry-tmp.x.part", "snap2/p")),
+        ErrorKind::InvalidPath
+    );
+    assert!(!env.share("snap2/p").exists());
+});
+
+ferrytest!(rename_publishes_a_directory_without_replacing, |env| {
+    fs::create_dir_all(env.share("b/.partial/sub")).unwrap();
+    fs::write(env.share("b/.partial/sub/f"), b"data").unwrap();
+    fs::create_dir_all(env.share("b/old")).unwrap();
+    let mut raw = session(&env);
+
+    // An existing destination is never replaced, not even an empty directory.
+    assert_eq!(
+        error_kind(rename(&mut raw, "b/.partial", "b/old")),
+        ErrorKind::Exists
+    );
+    assert!(env.share("b/.partial/sub/f").exists());
+
+    assert_eq!(rename(&mut raw, "b/.partial", "b/snap"), Response::Ok);
+    assert_eq!(fs::read(env.share("b/snap/sub/f")).unwrap(), b"data");
+    assert!(!env.share("b/.partial").exists());
+
+    assert_eq!(
+        error_kind(rename(&mut raw, "b/none", "b/x")),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        error_kind(rename(&mut raw, "b/snap", "../x")),
+        ErrorKind::OutsideShare
+    );
+    assert_eq!(
+        error_kind(rename(&mut raw, "", "b/x")),
+        ErrorKind::InvalidPath
+    );
+});
+
+ferrytest!(
+    rename_is_refused_on_a_read_only_share,
+    shares = [("data", false), ("ro", true)],
+    |env| {
+        fs::create_dir_all(env.share_dir("ro").join("a")).unwrap();
+        let mut raw = session(&env);
+        let resp = raw.call(Request::Rename {
+            share: "ro".into(),
+            from: "a".into(),
+            to: "b".into(),
+        });
+        assert_eq!(error_kind(resp), ErrorKind::ReadOnly);
+        assert!(env.share_dir("ro").join("a").exists());
+    }
+);
+
+/// Every page of `path`'s manifest in chunks of `chunk_bytes`, checking that all pages
+/// name the same version.
+fn manifest(raw: &mut RawClient, path: &str, chunk_bytes: u32) -> (u64, u32, Sha256, Vec<Sha256>) {
+    let mut all = Vec::new();
+    let mut seen = None;
+    loop {
+        let resp = raw.call(Request::Manifest {
+            share: SHARE.into(),
+            path: path.into(),
+            chunk_bytes,
+            first_chunk: all.len() as u64,
+        });
+        let Response::Manifest {
+            version,
+            first_chunk,
+            hashes,
+        } = resp
+        else {
+            panic!("expected a manifest page, got {resp:?}");
+        };
+        assert_eq!(first_chunk, all.len() as u64);
+        assert!(hashes.len() <= MAX_MANIFEST_PAGE_CHUNKS);
+        if let Some(v) = &seen {
+            assert_eq!(v, &version, "pages of one unchanged file name one version");
+        }
+        let done = hashes.is_empty();
+        all.extend(hashes);
+        seen = Some(version);
+        if done {
+            let v = seen.unwrap();
+            return (v.size, v.chunk_bytes, v.manifest, all);
+        }
+    }
+}
+
+ferrytest!(manifest_pages_cover_the_file, |env| {
+    // 4 KiB chunks over 9 MiB + 1 byte: 2305 chunks, three pages.
+    let len = 9 * MIB + 1;
+    write_random_file(&env.share("big"), len, 7);
+    let data = fs::read(env.share("big")).unwrap();
+    let mut raw = session(&env);
+
+    let (size, chunk_bytes, id, hashes) = manifest(&mut raw, "big", 4096);
+    assert_eq!((size, chunk_bytes), (len, 4096));
+    let expected: Vec<Sha256> = data.chunks(4096).map(hash_chunk).collect();
+    assert_eq!(hashes.len(), 2305);
+    assert_eq!(hashes, expected);
+    assert_eq!(id, manifest_id(len, 4096, &expected));
+
+    // The requested chunk size is clamped and rounded as for MapOpen.
+    let (_, chunk_bytes, _, hashes) = manifest(&mut raw, "big", 3 << 20);
+    assert_eq!(chunk_bytes, 4 << 20);
+    assert_eq!(hashes.len(), 3);
+
+    // An empty file has no chunks; a directory has no manifest.
+    fs::write(env.share("empty"), b"").unwrap();
+    let (size, _, _, hashes) = manifest(&mut raw, "empty", 1 << 20);
+    assert_eq!((size, hashes.len()), (0, 0));
+    fs::create_dir(env.share("dir")).unwrap();
+    let resp = raw.call(Request::Manifest {
+        share: SHARE.into(),
+        path: "dir".into(),
+        chunk_bytes: 1 << 20,
+        first_chunk: 0,
+    });
+    assert!(matches!(resp, Response::Error(_)), "{resp:?}");
+});
+
+ferrytest!(manifest_follows_a_rewritten_file, |env| {
+    write_random_file(&env.share("f"), 3 * MIB, 1);
+    let mut raw = session(&env);
+    let (_, _, first, _) = manifest(&mut raw, "f", 1 << 20);
+    // Same size, new content: the manifest must change (the key includes ctime).
+    write_random_file(&env.share("f"), 3 * MIB, 2);
+    let (_, _, second, hashes) = manifest(&mut raw, "f", 1 << 20);
+    assert_ne!(first, second);
+    let data = fs::read(env.share("f")).unwrap();
+    let expected: Vec<Sha256> = data.chunks(1 << 20).map(hash_chunk).collect();
+    assert_eq!(hashes, expected);
+});
+
+#[test]
+fn the_client_library_reads_whole_manifests_and_links() {
+    let env = ferry_tests::Env::new();
+    let len = 5 * MIB + 77;
+    write_random_file(&env.share("f"), len, 3);
+    let data = fs::read(env.share("f")).unwrap();
+    ferry_tests::runtime().block_on(async {
+        let c = ferry_tests::connect(env.server(), ferry_tests::test_choice())
+            .await
+            .unwrap();
+        let (version, hashes) = c.manifest(SHARE, "f", 4096).await.unwrap();
+        assert_eq!(version.size, len);
+        assert_eq!(version.chunk_bytes, 4096);
+        let expected: Vec<Sha256> = data.chunks(4096).map(hash_chunk).collect();
+        assert_eq!(hashes, expected);
+
+        c.mkdir(SHARE, ".partial", 0o755, false).await.unwrap();
+        c.link(SHARE, "f", ".partial/f").await.unwrap();
+        c.rename(SHARE, ".partial", "snap").await.unwrap();
+        let err = c.rename(SHARE, "f", "snap").await.unwrap_err();
+        assert_eq!(err.remote_kind(), Some(ErrorKind::Exists));
+    });
+    let a = fs::metadata(env.share("f")).unwrap();
+    let b = fs::metadata(env.share("snap/f")).unwrap();
+    assert_eq!(a.ino(), b.ino());
+}
+
+/// Uploads `local` to `path` with `base` through the client library.
+fn upload_with_base(
+    env: &ferry_tests::Env,
+    local: &std::path::Path,
+    path: &str,
+    base: &str,
+) -> Result<ferry_client::transfer::Copied, ferry_client::ClientError> {
+    ferry_tests::runtime().block_on(async {
+        let c = ferry_tests::connect(env.server(), ferry_tests::test_choice())
+            .await
+            .unwrap();
+        let progress: ferry_client::transfer::ProgressFn = std::sync::Arc::new(|_| {});
+        ferry_client::transfer::upload_file_with_base(&c, local, SHARE, path, base, progress).await
+    })
+}
+
+ferrytest!(an_upload_with_a_base_pulls_only_changed_chunks, |env| {
+    // 8 MiB + 5 in 1 MiB chunks (the server's default): chunk 3 changes, the short last
+    // chunk grows by 5 bytes, so two chunks are pulled.
+    fs::create_dir_all(env.share("snap1")).unwrap();
+    fs::create_dir_all(env.share("snap2")).unwrap();
+    write_random_file(&env.share("snap1/f"), 8 * MIB, 1);
+    let mut data = fs::read(env.share("snap1/f")).unwrap();
+    data[3 * MIB as usize + 17] ^= 0xff;
+    data.extend_from_slice(b"tail!");
+    let local = env.local("f");
+    fs::write(&local, &data).unwrap();
+
+    let copied = upload_with_base(&env, &local, "snap2/f", "snap1/f").unwrap();
+    assert_eq!(copied.bytes, data.len() as u64);
+    assert_eq!(copied.bytes_reused, 7 * MIB);
+    assert_eq!(copied.bytes_sent, MIB + 5);
+    assert_eq!(fs::read(env.share("snap2/f")).unwrap(), data);
+    // The base is untouched and a separate file.
+    let a = fs::metadata(env.share("snap1/f")).unwrap();
+    let b = fs::metadata(env.share("snap2/f")).unwrap();
+    assert_eq!(a.len(), 8 * MIB);
+    assert_ne!(a.ino(), b.ino());
+    ferry_tests::assert_no_temp_files(&env.share_dir(SHARE));
+});
+
+ferrytest!(a_base_is_matched_by_hash_and_checked, |env| {
+    // A base with moved chunks still serves them (matched by hash, not by offset); a
+    // base with nothing in common serves nothing and the file is pulled whole.
+    let mut data = Vec::new();
+    for seed in 0..4 {
+        write_random_file(&env.local("part"), MIB, seed);
+        data.push(fs::read(env.local("part")).unwrap());
+    }
+    let shuffled: Vec<u8> = [2, 0, 3, 1]
+        .iter()
+        .flat_map(|&i| data[i].iter().copied())
+        .collect();
+    fs::write(env.share("base"), &shuffled).unwrap();
+    let local = env.local("src");
+    fs::write(&local, data.concat()).unwrap();
+    let copied = upload_with_base(&env, &local, "out", "base").unwrap();
+    assert_eq!((copied.bytes_sent, copied.bytes_reused), (0, 4 * MIB));
+    assert_eq!(fs::read(env.share("out")).unwrap(), data.concat());
+
+    write_random_file(&env.share("other"), 4 * MIB, 99);
+    let copied = upload_with_base(&env, &local, "out2", "other").unwrap();
+    assert_eq!((copied.bytes_sent, copied.bytes_reused), (4 * MIB, 0));
+    assert_eq!(fs::read(env.share("out2")).unwrap(), data.concat());
+});
+
+ferrytest!(a_bad_base_is_refused_before_anything_moves, |env| {
+    write_random_file(&env.local("src"), MIB, 1);
+    let local = env.local("src");
+    let kind = |r: Result<_, ferry_client::ClientError>| r.unwrap_err().remote_kind();
+    assert_eq!(
+        kind(upload_with_base(&env, &local, "o", "none")),
+        Some(ErrorKind::NotFound)
+    );
+    assert_eq!(
+        kind(upload_with_base(&env, &local, "o", "../x")),
+        Some(ErrorKind::OutsideShare)
+    );
+    fs::create_dir(env.share("d")).unwrap();
+    assert!(kind(upload_with_base(&env, &local, "o", "d")).is_some());
+    assert!(!env.share("o").exists());
+    ferry_tests::assert_no_temp_files(&env.share_dir(SHARE));
+});

@@ -200,7 +200,8 @@ impl Upload {
 
     /// Receives one window: each chunk that the partial file already holds with the
     /// hash in `hashes` (journaled by an interrupted upload, then read back and hashed
-    /// again) is kept; every other chunk is pulled by RDMA READ from the client's
+    /// again) is kept; each other chunk that the base holds with that hash (read from
+    /// the base and hashed again) is copied; every other chunk is pulled by RDMA READ from the client's
     /// `region` into a pool buffer, checked against `hashes` and written.
     pub async fn pull_window(
         &self,
@@ -237,7 +238,7 @@ impl Upload {
         }
         match join_all(tasks).await {
             Ok(done) => {
-                let (mut pulled, mut reused) = (0, 0);
+                let (mut pulled, mut reused, mut written) = (0, 0, 0);
                 let mut state = self.state();
                 for c in done {
                     state
@@ -247,8 +248,11 @@ impl Upload {
                         true => reused += u64::from(c.len),
                         false => pulled += u64::from(c.len),
                     }
+                    if c.written {
+                        written += u64::from(c.len);
+                    }
                 }
-                self.writeback.wrote(pulled);
+                self.writeback.wrote(written);
                 Ok(Response::WindowPulled {
                     bytes: pulled,
                     reused,
@@ -362,8 +366,10 @@ struct ChunkDone {
     index: u64,
     hash: Sha256,
     len: u32,
-    /// Found in the partial file rather than pulled.
+    /// Found in the partial file or the base rather than pulled.
     reused: bool,
+    /// Written to the file by this upload (pulled, or copied from the base).
+    written: bool,
 }
 
 impl PullChunk {
@@ -382,11 +388,12 @@ impl PullChunk {
             hinted,
             base,
         } = self;
-        let done = |reused| ChunkDone {
+        let done = |reused, written| ChunkDone {
             index: chunk.index,
             hash: expected,
             len: chunk.len,
             reused,
+            written,
         };
         let lease = pool.lease().await?;
         if hinted {
@@ -398,7 +405,7 @@ impl PullChunk {
             .await
             .map_err(|e| remote(ErrorKind::Io, format!("{what}: hashing task failed: {e}")))?;
             if held {
-                return Ok(done(true));
+                return Ok(done(true, false));
             }
         }
         if let Some(base) = base {
@@ -423,7 +430,7 @@ impl PullChunk {
             .map_err(|e| remote(ErrorKind::Io, format!("{what}: hashing task failed: {e}")))?
             .map_err(|e| io_error("write", &what, &e))?;
             if copied {
-                return Ok(done(true));
+                return Ok(done(true, true));
             }
         }
         let slice = RemoteSlice::of(&region, chunk.window_offset, chunk.len).ok_or_else(|| {
@@ -461,7 +468,7 @@ impl PullChunk {
         .map_err(|e| io_error("write", &what, &e))?;
         drop(lease);
         if verdict {
-            return Ok(done(false));
+            return Ok(done(false, true));
         }
         tracing::warn!(file = %what, chunk = chunk.index, "upload chunk failed SHA-256 verification");
         Err(remote(

@@ -565,7 +565,10 @@ impl Client<'_> {
         // With nothing else in flight, the bytes an answer vouches for are still there.
         let alone = self.waiting.is_empty();
         match (&body, &resp) {
-            (Request::UploadOpen { size, path, .. }, Response::UploadOpened { transfer }) => {
+            (
+                Request::UploadOpen { size, path, .. } | Request::UploadOpenBase { size, path, .. },
+                Response::UploadOpened { transfer },
+            ) => {
                 self.uploads.insert(*transfer, (*size, path.clone()));
                 self.last_upload = Some(*transfer);
                 self.last_transfer = Some(*transfer);

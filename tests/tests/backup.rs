@@ -325,3 +325,183 @@ ferrytest!(a_bad_base_is_refused_before_anything_moves, |env| {
     assert!(!env.share("o").exists());
     ferry_tests::assert_no_temp_files(&env.share_dir(SHARE));
 });
+
+mod snapshots {
+    use std::fs;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::Path;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use ferry_client::backup::{backup, no_progress, snapshot_name, BackupReport};
+    use ferry_client::transfer::ProgressFn;
+    use ferry_tests::{assert_trees_equal, make_tree, write_random_file, Env, MIB};
+
+    use super::SHARE;
+
+    const T0: u64 = 1_795_257_009;
+
+    fn at(secs: u64) -> std::time::SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    fn run(
+        env: &Env,
+        src: &Path,
+        secs: u64,
+        progress: ProgressFn,
+    ) -> Result<BackupReport, ferry_client::ClientError> {
+        ferry_tests::runtime().block_on(async {
+            let c = ferry_tests::connect(env.server(), ferry_tests::test_choice())
+                .await
+                .unwrap();
+            backup(&c, src, SHARE, "backups/host", at(secs), progress).await
+        })
+    }
+
+    fn snap(env: &Env, secs: u64) -> std::path::PathBuf {
+        env.share(&format!("backups/host/{}", snapshot_name(at(secs))))
+    }
+
+    /// Rewrites `path` with other bytes of the same length (a new mtime too).
+    fn touch_content(path: &Path, offset: usize) {
+        let mut data = fs::read(path).unwrap();
+        data[offset] ^= 0x5a;
+        fs::write(path, data).unwrap();
+    }
+
+    #[test]
+    fn a_second_backup_sends_only_what_changed() {
+        let env = Env::new();
+        let src = env.local("src");
+        let stats = make_tree(&src, 5);
+        write_random_file(&src.join("big"), 6 * MIB, 9);
+        let first = run(&env, &src, T0, no_progress()).unwrap();
+        assert_eq!(first.previous, None);
+        assert_eq!(first.files_new, first.files_scanned);
+        assert_trees_equal(&src, &snap(&env, T0));
+
+        // About 1 % of the small files change, one byte of the big one, one file goes,
+        // one comes.
+        let mut files: Vec<_> = walk_files(&src);
+        files.sort();
+        let small: Vec<_> = files
+            .iter()
+            .filter(|p| {
+                let len = fs::metadata(p).unwrap().len();
+                len > 0 && len <= 4096
+            })
+            .cloned()
+            .collect();
+        let changed: Vec<_> = small.iter().step_by(100).cloned().collect();
+        let changed_bytes: u64 = changed.iter().map(|p| fs::metadata(p).unwrap().len()).sum();
+        for p in &changed {
+            touch_content(p, 0);
+        }
+        touch_content(&src.join("big"), 3 * MIB as usize + 5);
+        fs::remove_file(&small[1]).unwrap();
+        write_random_file(&src.join("fresh"), 1000, 77);
+
+        let second = run(&env, &src, T0 + 60, no_progress()).unwrap();
+        assert_eq!(second.previous.as_deref(), Some(first.snapshot.as_str()));
+        assert_eq!(second.files_changed, changed.len() as u64 + 1, "{second:?}");
+        assert_eq!(second.files_new, 1);
+        assert_eq!(second.files_deleted, 1);
+        assert_eq!(
+            second.files_unchanged,
+            second.files_scanned - second.files_changed - 1
+        );
+        // The changed small files whole, one chunk of the big one, the new file.
+        assert_eq!(second.bytes_sent, changed_bytes + MIB + 1000, "{second:?}");
+        assert!(second.bytes_reused >= stats.bytes - changed_bytes);
+        assert_trees_equal(&src, &snap(&env, T0 + 60));
+
+        // Unchanged files share their inode with the previous snapshot; changed ones
+        // do not, and the previous snapshot still holds the old bytes.
+        let rel = |p: &Path| p.strip_prefix(&src).unwrap().to_path_buf();
+        let unchanged = &small[2];
+        let (a, b) = (
+            snap(&env, T0).join(rel(unchanged)),
+            snap(&env, T0 + 60).join(rel(unchanged)),
+        );
+        assert_eq!(
+            fs::metadata(&a).unwrap().ino(),
+            fs::metadata(&b).unwrap().ino()
+        );
+        let (a, b) = (
+            snap(&env, T0).join(rel(&changed[0])),
+            snap(&env, T0 + 60).join(rel(&changed[0])),
+        );
+        assert_ne!(
+            fs::metadata(&a).unwrap().ino(),
+            fs::metadata(&b).unwrap().ino()
+        );
+        assert_ne!(fs::read(&a).unwrap(), fs::read(&b).unwrap());
+        ferry_tests::assert_no_temp_files(&env.share_dir(SHARE));
+    }
+
+    #[test]
+    fn an_interrupted_backup_publishes_nothing_and_the_next_run_continues() {
+        let env = Env::new();
+        let src = env.local("src");
+        make_tree(&src, 6);
+        for i in 0..6 {
+            write_random_file(&src.join(format!("big{i}")), 2 * MIB, i);
+        }
+        let first = run(&env, &src, T0, no_progress()).unwrap();
+        for i in 0..6 {
+            touch_content(&src.join(format!("big{i}")), 100);
+        }
+
+        // The connection is cut once some bytes of the second run went through.
+        let err = ferry_tests::runtime().block_on(async {
+            let c = ferry_tests::connect(env.server(), ferry_tests::test_choice())
+                .await
+                .unwrap();
+            let seen = Arc::new(AtomicU64::new(0));
+            let cut = c.clone();
+            let progress: ProgressFn = Arc::new(move |n| {
+                if seen.fetch_add(n, Ordering::SeqCst) + n > 3 * MIB {
+                    cut.close();
+                }
+            });
+            backup(&c, &src, SHARE, "backups/host", at(T0 + 60), progress)
+                .await
+                .unwrap_err()
+        });
+        drop(err);
+        assert!(!snap(&env, T0 + 60).exists());
+        let partial = env.share(&format!(
+            "backups/host/.partial-{}",
+            snapshot_name(at(T0 + 60))
+        ));
+        assert!(partial.exists());
+        // The previous snapshot is as it was.
+        assert_eq!(
+            fs::read(snap(&env, T0).join("big0")).unwrap()[100],
+            fs::read(src.join("big0")).unwrap()[100] ^ 0x5a
+        );
+
+        let again = run(&env, &src, T0 + 60, no_progress()).unwrap();
+        assert_eq!(again.previous.as_deref(), Some(first.snapshot.as_str()));
+        assert!(!partial.exists());
+        assert_trees_equal(&src, &snap(&env, T0 + 60));
+        // Each big file differs from its base in one chunk only.
+        assert!(again.bytes_sent <= 6 * MIB, "{again:?}");
+    }
+
+    fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        for e in fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                out.extend(walk_files(&e.path()));
+            } else if t.is_file() {
+                out.push(e.path());
+            }
+        }
+        out
+    }
+}

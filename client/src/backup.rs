@@ -1,0 +1,372 @@
+//! Snapshot backups of a local directory tree into `SHARE/PREFIX/<timestamp>/` on one
+//! server (issue 5; the plan is `docs/backup-plan.md`).
+//!
+//! A snapshot is built under the hidden name `PREFIX/.partial-<timestamp>` and renamed
+//! to `PREFIX/<timestamp>` (never replacing anything) only after every file in it was
+//! committed, which the server does only after verifying every chunk. So a snapshot
+//! under its final name is always complete, and an interrupted run leaves the earlier
+//! snapshots as they were.
+//!
+//! Per regular file, against the newest earlier snapshot (the *previous* one):
+//! - same size and mtime (ns) as the previous copy: **unchanged**, hard-linked to it
+//!   ([`Client::link`]), nothing sent;
+//! - a previous copy that differs: **changed**, uploaded with the previous copy as base
+//!   ([`upload_file_with_base`]), so the server copies the chunks it already holds and
+//!   pulls only the others;
+//! - no previous copy: **new**, uploaded in full.
+//!
+//! A run finding the partial directory of an interrupted run with the same timestamp
+//! continues it: a file already there with the source's size and mtime is kept, and
+//! an upload cut short resumes from the server's partial file and journal.
+//!
+//! "Unchanged" uses rsync's quick check (size and mtime); a file rewritten in place
+//! with its mtime put back is not detected.
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ferry_common::attr::attr_of;
+use ferry_common::msg::{Attr, ErrorKind, FileKind, Timestamp};
+
+use crate::client::Client;
+use crate::error::ClientError;
+use crate::transfer::{upload_file, upload_file_with_base, ProgressFn};
+
+/// Prefix of the hidden name a snapshot is built under (not `.ferry-tmp.`, which
+/// ferryd's startup cleaner removes: an interrupted snapshot must survive a restart).
+pub const PARTIAL_PREFIX: &str = ".partial-";
+
+/// What a backup did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackupReport {
+    /// Share-relative path of the finished snapshot.
+    pub snapshot: String,
+    /// Share-relative path of the snapshot it was compared with, if any.
+    pub previous: Option<String>,
+    /// Regular files in the source.
+    pub files_scanned: u64,
+    /// Files hard-linked to the previous snapshot (or found complete in a resumed
+    /// partial snapshot).
+    pub files_unchanged: u64,
+    /// Files uploaded against their previous copy.
+    pub files_changed: u64,
+    /// Files with no previous copy.
+    pub files_new: u64,
+    /// Regular files of the previous snapshot's visited directories that the source no
+    /// longer has.
+    pub files_deleted: u64,
+    /// File bytes that crossed the connection.
+    pub bytes_sent: u64,
+    /// File bytes not sent: linked files' sizes plus chunks the server took from a base
+    /// or a resumed partial.
+    pub bytes_reused: u64,
+    /// Wall time of the run.
+    pub duration: Duration,
+}
+
+/// The snapshot name for `time`: UTC `YYYY-MM-DDTHH-MM-SSZ` (sorts by time; no `:` so
+/// it is a valid name everywhere).
+pub fn snapshot_name(time: SystemTime) -> String {
+    let secs = time
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}-{:02}-{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// True if `name` has the shape [`snapshot_name`] produces.
+pub fn is_snapshot_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    b.len() == 20
+        && b.iter().enumerate().all(|(i, &c)| match i {
+            4 | 7 | 13 | 16 => c == b'-',
+            10 => c == b'T',
+            19 => c == b'Z',
+            _ => c.is_ascii_digit(),
+        })
+}
+
+/// Proleptic Gregorian (year, month, day) of `days` since 1970-01-01 (Howard
+/// Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{}/{name}", dir.trim_end_matches('/'))
+    }
+}
+
+/// Entries of the server directory `path` by name; empty if it does not exist.
+async fn listing(
+    client: &Client,
+    share: &str,
+    path: &str,
+) -> Result<HashMap<String, Attr>, ClientError> {
+    match client.list_dir(share, path).await {
+        Ok(entries) => Ok(entries.into_iter().map(|e| (e.name, e.attr)).collect()),
+        Err(e) if e.remote_kind() == Some(ErrorKind::NotFound) => Ok(HashMap::new()),
+        Err(e) => Err(e),
+    }
+}
+
+fn same_version(a: &Attr, size: u64, mtime: Timestamp) -> bool {
+    a.kind == FileKind::File && a.size == size && a.mtime == mtime
+}
+
+/// Backs up the local directory `src` into `share`/`prefix`/[`snapshot_name`]`(now)`.
+///
+/// Call order on the server: the prefix's directories are created if missing; the
+/// partial snapshot is filled depth first (directories before their contents, each
+/// directory's mode and mtime set after its contents); then one `Rename` publishes it.
+/// On error the partial snapshot stays for the next run with the same `now` to continue
+/// (a later run with another `now` starts a new partial and leaves this one; retention
+/// is to remove stale partials, see the plan).
+pub async fn backup(
+    client: &Client,
+    src: &Path,
+    share: &str,
+    prefix: &str,
+    now: SystemTime,
+    progress: ProgressFn,
+) -> Result<BackupReport, ClientError> {
+    let started = Instant::now();
+    let meta = fs::metadata(src).map_err(|e| ClientError::local(src, "cannot stat", e))?;
+    if !meta.is_dir() {
+        return Err(ClientError::local(
+            src,
+            "cannot back up",
+            std::io::Error::other("not a directory"),
+        ));
+    }
+    let prefix = prefix.trim_matches('/');
+    let mut made = String::new();
+    for part in prefix.split('/').filter(|p| !p.is_empty()) {
+        made = join(&made, part);
+        client.mkdir(share, &made, 0o755, true).await?;
+    }
+    let name = snapshot_name(now);
+    let previous = listing(client, share, prefix)
+        .await?
+        .into_iter()
+        .filter(|(n, a)| a.kind == FileKind::Dir && is_snapshot_name(n) && *n < name)
+        .map(|(n, _)| n)
+        .max()
+        .map(|n| join(prefix, &n));
+    let partial = join(prefix, &format!("{PARTIAL_PREFIX}{name}"));
+    client.mkdir(share, &partial, 0o700, true).await?;
+    let mut report = BackupReport {
+        snapshot: join(prefix, &name),
+        previous: previous.clone(),
+        ..BackupReport::default()
+    };
+    let ctx = Ctx {
+        client,
+        share,
+        progress,
+    };
+    ctx.tree(src, &partial, previous.as_deref(), &mut report)
+        .await?;
+    client.rename(share, &partial, &report.snapshot).await?;
+    report.duration = started.elapsed();
+    Ok(report)
+}
+
+struct Ctx<'a> {
+    client: &'a Client,
+    share: &'a str,
+    progress: ProgressFn,
+}
+
+impl Ctx<'_> {
+    /// Fills the server directory `dst` (existing) from the local directory `src`,
+    /// against `prev` (the same directory in the previous snapshot, if any).
+    async fn tree(
+        &self,
+        src: &Path,
+        dst: &str,
+        prev: Option<&str>,
+        report: &mut BackupReport,
+    ) -> Result<(), ClientError> {
+        // Depth first with an explicit stack of directories still to visit, so deep
+        // trees cannot overflow the stack. Directory attributes are set once a
+        // directory's contents are in, in reverse visiting order.
+        let mut todo = vec![(src.to_path_buf(), dst.to_string(), prev.map(str::to_string))];
+        let root = fs::metadata(src).map_err(|e| ClientError::local(src, "cannot stat", e))?;
+        let mut finish = vec![(
+            dst.to_string(),
+            root.mode() & 0o7777,
+            attr_of(&root, None).mtime,
+        )];
+        while let Some((src, dst, prev)) = todo.pop() {
+            let mut names: Vec<_> = fs::read_dir(&src)
+                .map_err(|e| ClientError::local(&src, "cannot list", e))?
+                .map(|e| e.map(|e| e.file_name()))
+                .collect::<Result<_, _>>()
+                .map_err(|e| ClientError::local(&src, "cannot list", e))?;
+            names.sort();
+            let before = match &prev {
+                Some(p) => listing(self.client, self.share, p).await?,
+                None => HashMap::new(),
+            };
+            let already = listing(self.client, self.share, &dst).await?;
+            let mut seen = 0u64;
+            for name in names {
+                let path = src.join(&name);
+                let Some(name) = name.to_str() else {
+                    tracing::warn!(path = %path.display(), "skipping a name that is not UTF-8");
+                    continue;
+                };
+                let meta = fs::symlink_metadata(&path)
+                    .map_err(|e| ClientError::local(&path, "cannot stat", e))?;
+                let to = join(&dst, name);
+                let old = before.get(name);
+                if meta.is_dir() {
+                    self.client.mkdir(self.share, &to, 0o700, true).await?;
+                    let attr = attr_of(&meta, None);
+                    finish.push((to.clone(), meta.mode() & 0o7777, attr.mtime));
+                    let sub_prev = match (old, &prev) {
+                        (Some(a), Some(p)) if a.kind == FileKind::Dir => Some(join(p, name)),
+                        _ => None,
+                    };
+                    todo.push((path, to, sub_prev));
+                } else if meta.file_type().is_symlink() {
+                    let target = fs::read_link(&path)
+                        .map_err(|e| ClientError::local(&path, "cannot read the link", e))?;
+                    self.client
+                        .symlink(self.share, &to, &target.to_string_lossy())
+                        .await?;
+                } else if meta.is_file() {
+                    report.files_scanned += 1;
+                    if old.is_some_and(|a| a.kind == FileKind::File) {
+                        seen += 1;
+                    }
+                    self.file(&path, &meta, &to, name, old, &prev, &already, report)
+                        .await?;
+                }
+            }
+            let old_files = before.values().filter(|a| a.kind == FileKind::File).count();
+            report.files_deleted += (old_files as u64).saturating_sub(seen);
+        }
+        for (dir, mode, mtime) in finish.into_iter().rev() {
+            self.client
+                .set_attr(self.share, &dir, Some(mode), Some(mtime))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// One regular file: link, upload with a base, or upload (see the module docs).
+    #[allow(clippy::too_many_arguments)]
+    async fn file(
+        &self,
+        path: &Path,
+        meta: &fs::Metadata,
+        to: &str,
+        name: &str,
+        old: Option<&Attr>,
+        prev: &Option<String>,
+        already: &HashMap<String, Attr>,
+        report: &mut BackupReport,
+    ) -> Result<(), ClientError> {
+        let size = meta.len();
+        let mtime = attr_of(meta, None).mtime;
+        let unchanged = old.is_some_and(|a| same_version(a, size, mtime));
+        // Left complete by an interrupted run of this snapshot.
+        if already
+            .get(name)
+            .is_some_and(|a| same_version(a, size, mtime))
+        {
+            match unchanged {
+                true => report.files_unchanged += 1,
+                false if old.is_some() => report.files_changed += 1,
+                false => report.files_new += 1,
+            }
+            report.bytes_reused += size;
+            (self.progress)(size);
+            return Ok(());
+        }
+        let prev_path = prev.as_deref().map(|p| join(p, name));
+        match (old, prev_path) {
+            // A stale entry of an interrupted run is in the way of a link (Link never
+            // replaces): the upload below replaces it atomically instead.
+            (Some(_), Some(from)) if unchanged && !already.contains_key(name) => {
+                self.client.link(self.share, &from, to).await?;
+                report.files_unchanged += 1;
+                report.bytes_reused += size;
+                (self.progress)(size);
+            }
+            (Some(a), Some(base)) if a.kind == FileKind::File => {
+                let copied = upload_file_with_base(
+                    self.client,
+                    path,
+                    self.share,
+                    to,
+                    &base,
+                    self.progress.clone(),
+                )
+                .await?;
+                match unchanged {
+                    true => report.files_unchanged += 1,
+                    false => report.files_changed += 1,
+                }
+                report.bytes_sent += copied.bytes_sent;
+                report.bytes_reused += copied.bytes_reused;
+            }
+            _ => {
+                let copied =
+                    upload_file(self.client, path, self.share, to, self.progress.clone()).await?;
+                report.files_new += 1;
+                report.bytes_sent += copied.bytes_sent;
+                report.bytes_reused += copied.bytes_reused;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Shares a progress function that ignores its input (for callers without a bar).
+pub fn no_progress() -> ProgressFn {
+    Arc::new(|_| {})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_names_are_utc_and_sortable() {
+        assert_eq!(snapshot_name(UNIX_EPOCH), "1970-01-01T00-00-00Z");
+        let t = UNIX_EPOCH + Duration::from_secs(1_795_257_009);
+        assert_eq!(snapshot_name(t), "2026-11-21T10-30-09Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(snapshot_name(leap), "2000-02-29T00-00-00Z");
+        assert!(is_snapshot_name(&snapshot_name(t)));
+        assert!(snapshot_name(t) < snapshot_name(t + Duration::from_secs(1)));
+        assert!(!is_snapshot_name(".partial-2026-11-21T10-30-09Z"));
+        assert!(!is_snapshot_name("2026-11-21T10:30:09Z"));
+    }
+}

@@ -375,9 +375,17 @@ mod snapshots {
     fn a_second_backup_sends_only_what_changed() {
         let env = Env::new();
         let src = env.local("src");
-        let stats = make_tree(&src, 5);
+        let mut stats = make_tree(&src, 5);
         write_random_file(&src.join("big"), 6 * MIB, 9);
+        // Over 2,000 files in all.
+        fs::create_dir(src.join("many")).unwrap();
+        for i in 0..1200u64 {
+            let len = 1 + (i * 37) % 4096;
+            write_random_file(&src.join(format!("many/{i:04}")), len, 1000 + i);
+            stats.bytes += len;
+        }
         let first = run(&env, &src, T0, no_progress()).unwrap();
+        assert!(first.files_scanned > 2000, "{first:?}");
         assert_eq!(first.previous, None);
         assert_eq!(first.files_new, first.files_scanned);
         assert_trees_equal(&src, &snap(&env, T0));

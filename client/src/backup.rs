@@ -15,9 +15,14 @@
 //!   pulls only the others;
 //! - no previous copy: **new**, uploaded in full.
 //!
-//! A run finding the partial directory of an interrupted run with the same timestamp
-//! continues it: a file already there with the source's size and mtime is kept, and
-//! an upload cut short resumes from the server's partial file and journal.
+//! Interrupted runs: a run finding the partial directory of its own timestamp
+//! continues it (a file already there with the source's size and mtime is kept; an
+//! upload cut short resumes from the server's partial file and journal). A run finding
+//! the newest partial snapshot of another timestamp builds a fresh partial but links
+//! each file that one holds with the source's size and mtime instead of sending it, so
+//! the new snapshot holds exactly the source (nothing the source has since lost), and
+//! what the interrupted run sent is not sent again. (The old partial stays until
+//! retention removes it.)
 //!
 //! "Unchanged" uses rsync's quick check (size and mtime); a file rewritten in place
 //! with its mtime put back is not detected.
@@ -169,14 +174,27 @@ pub async fn backup(
         client.mkdir(share, &made, 0o755, true).await?;
     }
     let name = snapshot_name(now);
-    let previous = listing(client, share, prefix)
-        .await?
-        .into_iter()
-        .filter(|(n, a)| a.kind == FileKind::Dir && is_snapshot_name(n) && *n < name)
-        .map(|(n, _)| n)
+    let entries = listing(client, share, prefix).await?;
+    let previous = entries
+        .iter()
+        .filter(|(n, a)| a.kind == FileKind::Dir && is_snapshot_name(n) && **n < name)
+        .map(|(n, _)| n.clone())
         .max()
         .map(|n| join(prefix, &n));
-    let partial = join(prefix, &format!("{PARTIAL_PREFIX}{name}"));
+    let partial_name = format!("{PARTIAL_PREFIX}{name}");
+    // The newest partial snapshot an earlier interrupted run left (another timestamp):
+    // its complete files are linked into this one instead of being sent again.
+    let resume = entries
+        .iter()
+        .filter(|(n, a)| {
+            a.kind == FileKind::Dir
+                && **n != partial_name
+                && n.strip_prefix(PARTIAL_PREFIX).is_some_and(is_snapshot_name)
+        })
+        .map(|(n, _)| n.clone())
+        .max()
+        .map(|n| join(prefix, &n));
+    let partial = join(prefix, &partial_name);
     client.mkdir(share, &partial, 0o700, true).await?;
     let mut report = BackupReport {
         snapshot: join(prefix, &name),
@@ -188,8 +206,13 @@ pub async fn backup(
         share,
         progress,
     };
-    ctx.tree(src, &partial, previous.as_deref(), &mut report)
-        .await?;
+    let root = Dir {
+        src: src.to_path_buf(),
+        dst: partial.clone(),
+        prev: previous,
+        resume,
+    };
+    ctx.tree(root, &mut report).await?;
     client.rename(share, &partial, &report.snapshot).await?;
     report.duration = started.elapsed();
     Ok(report)
@@ -201,58 +224,87 @@ struct Ctx<'a> {
     progress: ProgressFn,
 }
 
+/// One directory to back up: the local `src`, the server directory `dst` (existing)
+/// it is copied to, and the same directory in the previous snapshot and in the partial
+/// snapshot being resumed, where they exist.
+struct Dir {
+    src: std::path::PathBuf,
+    dst: String,
+    prev: Option<String>,
+    resume: Option<String>,
+}
+
+/// The server's listings for one [`Dir`], by name.
+struct Listings {
+    /// `prev`'s entries.
+    before: HashMap<String, Attr>,
+    /// `dst`'s entries (left by an interrupted run of this very snapshot).
+    already: HashMap<String, Attr>,
+    /// `resume`'s entries.
+    resumed: HashMap<String, Attr>,
+}
+
+/// `parent/name` if `parent` exists and `entries` lists `name` as a directory.
+fn sub_dir(parent: &Option<String>, entries: &HashMap<String, Attr>, name: &str) -> Option<String> {
+    match (parent, entries.get(name)) {
+        (Some(p), Some(a)) if a.kind == FileKind::Dir => Some(join(p, name)),
+        _ => None,
+    }
+}
+
 impl Ctx<'_> {
-    /// Fills the server directory `dst` (existing) from the local directory `src`,
-    /// against `prev` (the same directory in the previous snapshot, if any).
-    async fn tree(
-        &self,
-        src: &Path,
-        dst: &str,
-        prev: Option<&str>,
-        report: &mut BackupReport,
-    ) -> Result<(), ClientError> {
+    async fn listing_of(&self, dir: &Option<String>) -> Result<HashMap<String, Attr>, ClientError> {
+        match dir {
+            Some(d) => listing(self.client, self.share, d).await,
+            None => Ok(HashMap::new()),
+        }
+    }
+
+    /// Fills `root.dst` from `root.src` and everything below it.
+    async fn tree(&self, root: Dir, report: &mut BackupReport) -> Result<(), ClientError> {
         // Depth first with an explicit stack of directories still to visit, so deep
         // trees cannot overflow the stack. Directory attributes are set once a
         // directory's contents are in, in reverse visiting order.
-        let mut todo = vec![(src.to_path_buf(), dst.to_string(), prev.map(str::to_string))];
-        let root = fs::metadata(src).map_err(|e| ClientError::local(src, "cannot stat", e))?;
+        let meta =
+            fs::metadata(&root.src).map_err(|e| ClientError::local(&root.src, "cannot stat", e))?;
         let mut finish = vec![(
-            dst.to_string(),
-            root.mode() & 0o7777,
-            attr_of(&root, None).mtime,
+            root.dst.clone(),
+            meta.mode() & 0o7777,
+            attr_of(&meta, None).mtime,
         )];
-        while let Some((src, dst, prev)) = todo.pop() {
-            let mut names: Vec<_> = fs::read_dir(&src)
-                .map_err(|e| ClientError::local(&src, "cannot list", e))?
+        let mut todo = vec![root];
+        while let Some(dir) = todo.pop() {
+            let mut names: Vec<_> = fs::read_dir(&dir.src)
+                .map_err(|e| ClientError::local(&dir.src, "cannot list", e))?
                 .map(|e| e.map(|e| e.file_name()))
                 .collect::<Result<_, _>>()
-                .map_err(|e| ClientError::local(&src, "cannot list", e))?;
+                .map_err(|e| ClientError::local(&dir.src, "cannot list", e))?;
             names.sort();
-            let before = match &prev {
-                Some(p) => listing(self.client, self.share, p).await?,
-                None => HashMap::new(),
+            let lists = Listings {
+                before: self.listing_of(&dir.prev).await?,
+                already: listing(self.client, self.share, &dir.dst).await?,
+                resumed: self.listing_of(&dir.resume).await?,
             };
-            let already = listing(self.client, self.share, &dst).await?;
             let mut seen = 0u64;
             for name in names {
-                let path = src.join(&name);
+                let path = dir.src.join(&name);
                 let Some(name) = name.to_str() else {
                     tracing::warn!(path = %path.display(), "skipping a name that is not UTF-8");
                     continue;
                 };
                 let meta = fs::symlink_metadata(&path)
                     .map_err(|e| ClientError::local(&path, "cannot stat", e))?;
-                let to = join(&dst, name);
-                let old = before.get(name);
+                let to = join(&dir.dst, name);
                 if meta.is_dir() {
                     self.client.mkdir(self.share, &to, 0o700, true).await?;
                     let attr = attr_of(&meta, None);
                     finish.push((to.clone(), meta.mode() & 0o7777, attr.mtime));
-                    let sub_prev = match (old, &prev) {
-                        (Some(a), Some(p)) if a.kind == FileKind::Dir => Some(join(p, name)),
-                        _ => None,
-                    };
-                    todo.push((path, to, sub_prev));
+                    todo.push(Dir {
+                        src: path,
+                        dst: to,
+                        prev: sub_dir(&dir.prev, &lists.before, name),
+                        resume: sub_dir(&dir.resume, &lists.resumed, name),
+                    });
                 } else if meta.file_type().is_symlink() {
                     let target = fs::read_link(&path)
                         .map_err(|e| ClientError::local(&path, "cannot read the link", e))?;
@@ -261,14 +313,21 @@ impl Ctx<'_> {
                         .await?;
                 } else if meta.is_file() {
                     report.files_scanned += 1;
-                    if old.is_some_and(|a| a.kind == FileKind::File) {
+                    if lists
+                        .before
+                        .get(name)
+                        .is_some_and(|a| a.kind == FileKind::File)
+                    {
                         seen += 1;
                     }
-                    self.file(&path, &meta, &to, name, old, &prev, &already, report)
-                        .await?;
+                    self.file(&path, &meta, &dir, &lists, name, report).await?;
                 }
             }
-            let old_files = before.values().filter(|a| a.kind == FileKind::File).count();
+            let old_files = lists
+                .before
+                .values()
+                .filter(|a| a.kind == FileKind::File)
+                .count();
             report.files_deleted += (old_files as u64).saturating_sub(seen);
         }
         for (dir, mode, mtime) in finish.into_iter().rev() {
@@ -279,71 +338,80 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// One regular file: link, upload with a base, or upload (see the module docs).
-    #[allow(clippy::too_many_arguments)]
+    /// One regular file: kept, linked, uploaded with a base, or uploaded (see the
+    /// module docs).
     async fn file(
         &self,
         path: &Path,
         meta: &fs::Metadata,
-        to: &str,
+        dir: &Dir,
+        lists: &Listings,
         name: &str,
-        old: Option<&Attr>,
-        prev: &Option<String>,
-        already: &HashMap<String, Attr>,
         report: &mut BackupReport,
     ) -> Result<(), ClientError> {
         let size = meta.len();
         let mtime = attr_of(meta, None).mtime;
+        let to = join(&dir.dst, name);
+        let old = lists.before.get(name);
         let unchanged = old.is_some_and(|a| same_version(a, size, mtime));
-        // Left complete by an interrupted run of this snapshot.
-        if already
+        let count = |report: &mut BackupReport| match unchanged {
+            true => report.files_unchanged += 1,
+            false if old.is_some() => report.files_changed += 1,
+            false => report.files_new += 1,
+        };
+        // Left complete by an interrupted run of this snapshot: kept.
+        if lists
+            .already
             .get(name)
             .is_some_and(|a| same_version(a, size, mtime))
         {
-            match unchanged {
-                true => report.files_unchanged += 1,
-                false if old.is_some() => report.files_changed += 1,
-                false => report.files_new += 1,
-            }
+            count(report);
             report.bytes_reused += size;
             (self.progress)(size);
             return Ok(());
         }
-        let prev_path = prev.as_deref().map(|p| join(p, name));
-        match (old, prev_path) {
-            // A stale entry of an interrupted run is in the way of a link (Link never
-            // replaces): the upload below replaces it atomically instead.
-            (Some(_), Some(from)) if unchanged && !already.contains_key(name) => {
-                self.client.link(self.share, &from, to).await?;
-                report.files_unchanged += 1;
-                report.bytes_reused += size;
-                (self.progress)(size);
+        // A stale entry of an interrupted run is in the way of a link (Link never
+        // replaces): an upload replaces it atomically instead.
+        let free = !lists.already.contains_key(name);
+        // Linked from the previous snapshot, or from the partial snapshot of an
+        // interrupted run that holds this version of the file.
+        let link_from = match (&dir.prev, &dir.resume) {
+            (Some(p), _) if unchanged => Some(join(p, name)),
+            (_, Some(r))
+                if lists
+                    .resumed
+                    .get(name)
+                    .is_some_and(|a| same_version(a, size, mtime)) =>
+            {
+                Some(join(r, name))
             }
-            (Some(a), Some(base)) if a.kind == FileKind::File => {
-                let copied = upload_file_with_base(
+            _ => None,
+        };
+        if let (Some(from), true) = (link_from, free) {
+            self.client.link(self.share, &from, &to).await?;
+            count(report);
+            report.bytes_reused += size;
+            (self.progress)(size);
+            return Ok(());
+        }
+        let copied = match (old, &dir.prev) {
+            (Some(a), Some(p)) if a.kind == FileKind::File => {
+                let base = join(p, name);
+                upload_file_with_base(
                     self.client,
                     path,
                     self.share,
-                    to,
+                    &to,
                     &base,
                     self.progress.clone(),
                 )
-                .await?;
-                match unchanged {
-                    true => report.files_unchanged += 1,
-                    false => report.files_changed += 1,
-                }
-                report.bytes_sent += copied.bytes_sent;
-                report.bytes_reused += copied.bytes_reused;
+                .await?
             }
-            _ => {
-                let copied =
-                    upload_file(self.client, path, self.share, to, self.progress.clone()).await?;
-                report.files_new += 1;
-                report.bytes_sent += copied.bytes_sent;
-                report.bytes_reused += copied.bytes_reused;
-            }
-        }
+            _ => upload_file(self.client, path, self.share, &to, self.progress.clone()).await?,
+        };
+        count(report);
+        report.bytes_sent += copied.bytes_sent;
+        report.bytes_reused += copied.bytes_reused;
         Ok(())
     }
 }

@@ -491,12 +491,25 @@ mod snapshots {
             fs::read(src.join("big0")).unwrap()[100] ^ 0x5a
         );
 
-        let again = run(&env, &src, T0 + 60, no_progress()).unwrap();
+        // The next run (another timestamp) links what the interrupted one completed,
+        // and its snapshot holds exactly the source (a file deleted meanwhile is not
+        // carried over from the partial).
+        fs::remove_file(src.join("big5")).unwrap();
+        let again = run(&env, &src, T0 + 120, no_progress()).unwrap();
         assert_eq!(again.previous.as_deref(), Some(first.snapshot.as_str()));
+        assert_trees_equal(&src, &snap(&env, T0 + 120));
+        // Each big file differs from its base in one chunk only, and the ones the
+        // interrupted run finished are not sent again.
+        // (Files go in name order: the cut came during big1, after big0 was in.)
+        assert!(again.bytes_sent <= 4 * MIB, "{again:?}");
+        assert_eq!(again.files_changed, 5, "{again:?}");
+        assert_eq!(again.files_deleted, 1, "{again:?}");
+
+        // A run of the very timestamp that was interrupted continues its partial.
+        let same = run(&env, &src, T0 + 60, no_progress()).unwrap();
         assert!(!partial.exists());
-        assert_trees_equal(&src, &snap(&env, T0 + 60));
-        // Each big file differs from its base in one chunk only.
-        assert!(again.bytes_sent <= 6 * MIB, "{again:?}");
+        assert_eq!(same.previous.as_deref(), Some(first.snapshot.as_str()));
+        assert!(snap(&env, T0 + 60).exists());
     }
 
     fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {

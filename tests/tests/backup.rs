@@ -526,3 +526,62 @@ mod snapshots {
         out
     }
 }
+
+mod cli {
+    use std::fs;
+
+    use ferry_tests::{
+        assert_trees_equal, ferrytest, make_small_tree, rcp_args, unused_local_port,
+    };
+
+    ferrytest!(rcp_backup_makes_snapshots_and_reports_json, |env| {
+        let src = env.local("src");
+        make_small_tree(&src, 3);
+        let dest = env.remote("backups/host");
+        let out = env.rcp(rcp_args!["backup", "--json", &src, &dest]);
+        out.assert_success();
+        let first = out.json();
+        assert_eq!(first["ok"], true);
+        assert_eq!(first["files_new"], first["files_scanned"]);
+        let snapshot = first["targets"][0]["snapshot"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_trees_equal(&src, &env.share(&snapshot));
+
+        // One second later (snapshot names have second resolution), nothing changed:
+        // nothing is sent.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let out = env.rcp(rcp_args!["backup", "--json", &src, &dest]);
+        out.assert_success();
+        let second = out.json();
+        assert_eq!(second["bytes_sent"], 0, "{second}");
+        assert_eq!(second["files_unchanged"], second["files_scanned"]);
+        assert_eq!(
+            second["targets"][0]["previous"].as_str(),
+            Some(snapshot.as_str())
+        );
+        let names: Vec<_> = fs::read_dir(env.share("backups/host"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+    });
+
+    ferrytest!(rcp_backup_exit_codes, |env| {
+        let src = env.local("src");
+        make_small_tree(&src, 3);
+        // A destination without a prefix is a usage error.
+        let out = env.rcp(rcp_args!["backup", &src, env.remote("")]);
+        out.assert_code(2);
+        // Nothing listens: exit 3, with a JSON line naming the failed target.
+        let host = ferry_tests::test_host();
+        let dead = format!("{host}:{}:data/b", unused_local_port());
+        let out = env.rcp(rcp_args!["backup", "--json", &src, &dead]);
+        out.assert_code(3);
+        assert_eq!(out.json()["targets"][0]["ok"], false);
+        // A missing source directory: exit 5.
+        let out = env.rcp(rcp_args!["backup", env.local("none"), env.remote("b")]);
+        out.assert_code(5);
+    });
+}

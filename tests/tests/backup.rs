@@ -580,6 +580,37 @@ mod cli {
         let out = env.rcp(rcp_args!["backup", "--json", &src, &dead]);
         out.assert_code(3);
         assert_eq!(out.json()["targets"][0]["ok"], false);
+        // Two targets, one down: the live one gets its snapshot, exit 8.
+        let out = env.rcp(rcp_args![
+            "backup",
+            "--json",
+            &src,
+            env.remote("two"),
+            "--to",
+            &dead
+        ]);
+        out.assert_code(8);
+        let json = out.json();
+        assert_eq!(json["targets"][0]["ok"], true, "{json}");
+        assert_eq!(json["targets"][1]["ok"], false, "{json}");
+        let snapshot = json["targets"][0]["snapshot"].as_str().unwrap();
+        assert_trees_equal(&src, &env.share(snapshot));
+        // Two live targets: both get the snapshot, under the same name.
+        let out = env.rcp(rcp_args![
+            "backup",
+            "--json",
+            &src,
+            env.remote("one"),
+            "--to",
+            env.remote("other/prefix")
+        ]);
+        out.assert_success();
+        let json = out.json();
+        let a = json["targets"][0]["snapshot"].as_str().unwrap();
+        let b = json["targets"][1]["snapshot"].as_str().unwrap();
+        assert_eq!(a.rsplit('/').next(), b.rsplit('/').next());
+        assert_trees_equal(&src, &env.share(a));
+        assert_trees_equal(&src, &env.share(b));
         // A missing source directory: exit 5.
         let out = env.rcp(rcp_args!["backup", env.local("none"), env.remote("b")]);
         out.assert_code(5);

@@ -616,3 +616,49 @@ mod cli {
         out.assert_code(5);
     });
 }
+
+ferrytest!(backup_requests_never_reach_outside_the_share, |env| {
+    // A symlink inside the share to a directory outside it, holding a file.
+    let outside = env.local("outside");
+    fs::create_dir_all(&outside).unwrap();
+    fs::write(outside.join("secret"), b"secret").unwrap();
+    symlink(&outside, env.share("out")).unwrap();
+    fs::create_dir_all(env.share("snap")).unwrap();
+    write_random_file(&env.share("snap/f"), 100, 1);
+    let mut raw = session(&env);
+
+    assert_eq!(
+        error_kind(link(&mut raw, "out/secret", "snap/s")),
+        ErrorKind::OutsideShare
+    );
+    assert_eq!(
+        error_kind(link(&mut raw, "snap/f", "out/f")),
+        ErrorKind::OutsideShare
+    );
+    assert_eq!(
+        error_kind(rename(&mut raw, "snap", "out/snap")),
+        ErrorKind::OutsideShare
+    );
+    assert_eq!(
+        error_kind(rename(&mut raw, "out/secret", "snap/s")),
+        ErrorKind::OutsideShare
+    );
+    let resp = raw.call(Request::Manifest {
+        share: SHARE.into(),
+        path: "out/secret".into(),
+        chunk_bytes: 4096,
+        first_chunk: 0,
+    });
+    assert_eq!(error_kind(resp), ErrorKind::OutsideShare);
+    write_random_file(&env.local("src"), 6, 1);
+    let err = upload_with_base(&env, &env.local("src"), "snap/g", "out/secret").unwrap_err();
+    assert_eq!(err.remote_kind(), Some(ErrorKind::OutsideShare));
+    // Renaming the symlink itself is fine: it stays a symlink inside the share.
+    assert_eq!(rename(&mut raw, "out", "out2"), Response::Ok);
+    assert!(fs::symlink_metadata(env.share("out2"))
+        .unwrap()
+        .is_symlink());
+    assert_eq!(fs::read(outside.join("secret")).unwrap(), b"secret");
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 1);
+    assert!(!env.share("snap/s").exists() && !env.share("snap/g").exists());
+});

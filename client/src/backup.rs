@@ -286,6 +286,7 @@ impl Ctx<'_> {
                 resumed: self.listing_of(&dir.resume).await?,
             };
             let mut seen = 0u64;
+            let mut jobs = Vec::new();
             for name in names {
                 let path = dir.src.join(&name);
                 let Some(name) = name.to_str() else {
@@ -320,9 +321,10 @@ impl Ctx<'_> {
                     {
                         seen += 1;
                     }
-                    self.file(&path, &meta, &dir, &lists, name, report).await?;
+                    jobs.push(self.plan_file(&path, &meta, &dir, &lists, name));
                 }
             }
+            self.run_jobs(jobs, report).await?;
             let old_files = lists
                 .before
                 .values()
@@ -338,26 +340,30 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// One regular file: kept, linked, uploaded with a base, or uploaded (see the
-    /// module docs).
-    async fn file(
+    /// What to do with one regular file: keep, link, upload with a base, or upload
+    /// (see the module docs).
+    fn plan_file(
         &self,
         path: &Path,
         meta: &fs::Metadata,
         dir: &Dir,
         lists: &Listings,
         name: &str,
-        report: &mut BackupReport,
-    ) -> Result<(), ClientError> {
+    ) -> FileJob {
         let size = meta.len();
         let mtime = attr_of(meta, None).mtime;
         let to = join(&dir.dst, name);
         let old = lists.before.get(name);
         let unchanged = old.is_some_and(|a| same_version(a, size, mtime));
-        let count = |report: &mut BackupReport| match unchanged {
-            true => report.files_unchanged += 1,
-            false if old.is_some() => report.files_changed += 1,
-            false => report.files_new += 1,
+        let class = match unchanged {
+            true => Class::Unchanged,
+            false if old.is_some() => Class::Changed,
+            false => Class::New,
+        };
+        let job = |action| FileJob {
+            class,
+            size,
+            action,
         };
         // Left complete by an interrupted run of this snapshot: kept.
         if lists
@@ -365,10 +371,7 @@ impl Ctx<'_> {
             .get(name)
             .is_some_and(|a| same_version(a, size, mtime))
         {
-            count(report);
-            report.bytes_reused += size;
-            (self.progress)(size);
-            return Ok(());
+            return job(Action::Keep);
         }
         // A stale entry of an interrupted run is in the way of a link (Link never
         // replaces): an upload replaces it atomically instead.
@@ -388,31 +391,126 @@ impl Ctx<'_> {
             _ => None,
         };
         if let (Some(from), true) = (link_from, free) {
-            self.client.link(self.share, &from, &to).await?;
-            count(report);
-            report.bytes_reused += size;
-            (self.progress)(size);
-            return Ok(());
+            return job(Action::Link { from, to });
         }
-        let copied = match (old, &dir.prev) {
-            (Some(a), Some(p)) if a.kind == FileKind::File => {
-                let base = join(p, name);
-                upload_file_with_base(
-                    self.client,
-                    path,
-                    self.share,
-                    &to,
-                    &base,
-                    self.progress.clone(),
-                )
-                .await?
-            }
-            _ => upload_file(self.client, path, self.share, &to, self.progress.clone()).await?,
+        let base = match (old, &dir.prev) {
+            (Some(a), Some(p)) if a.kind == FileKind::File => Some(join(p, name)),
+            _ => None,
         };
-        count(report);
-        report.bytes_sent += copied.bytes_sent;
-        report.bytes_reused += copied.bytes_reused;
-        Ok(())
+        job(Action::Upload {
+            path: path.to_path_buf(),
+            to,
+            base,
+        })
+    }
+
+    /// Runs `jobs`, at most [`FILES_IN_FLIGHT`] at once, and adds their outcome to
+    /// `report`. On the first failure no further job starts; the running ones are
+    /// waited for, then the failure is returned.
+    async fn run_jobs(
+        &self,
+        jobs: Vec<FileJob>,
+        report: &mut BackupReport,
+    ) -> Result<(), ClientError> {
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut first_err = None;
+        let mut jobs = jobs.into_iter();
+        loop {
+            while first_err.is_none() && tasks.len() < FILES_IN_FLIGHT {
+                let Some(job) = jobs.next() else { break };
+                let (client, share) = (self.client.clone(), self.share.to_string());
+                let progress = self.progress.clone();
+                tasks.spawn(async move { job.run(&client, &share, progress).await });
+            }
+            let Some(joined) = tasks.join_next().await else {
+                break;
+            };
+            match joined {
+                Ok(Ok((job, sent, reused))) => {
+                    match job {
+                        Class::Unchanged => report.files_unchanged += 1,
+                        Class::Changed => report.files_changed += 1,
+                        Class::New => report.files_new += 1,
+                    }
+                    report.bytes_sent += sent;
+                    report.bytes_reused += reused;
+                }
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(ClientError::Disconnected(format!(
+                        "backup task failed: {e}"
+                    )));
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Files of one directory in flight at once.
+pub const FILES_IN_FLIGHT: usize = 8;
+
+/// How a file compares with the previous snapshot.
+#[derive(Debug, Clone, Copy)]
+enum Class {
+    Unchanged,
+    Changed,
+    New,
+}
+
+/// What one file needs.
+enum Action {
+    /// Already complete in the partial snapshot.
+    Keep,
+    /// Hard-link `from` (previous snapshot or an interrupted partial) to `to`.
+    Link { from: String, to: String },
+    /// Upload the local `path` to `to`, against `base` if any.
+    Upload {
+        path: std::path::PathBuf,
+        to: String,
+        base: Option<String>,
+    },
+}
+
+struct FileJob {
+    class: Class,
+    size: u64,
+    action: Action,
+}
+
+impl FileJob {
+    /// Does the job; returns its class, bytes sent and bytes reused.
+    async fn run(
+        self,
+        client: &Client,
+        share: &str,
+        progress: ProgressFn,
+    ) -> Result<(Class, u64, u64), ClientError> {
+        match self.action {
+            Action::Keep => {
+                progress(self.size);
+                Ok((self.class, 0, self.size))
+            }
+            Action::Link { from, to } => {
+                client.link(share, &from, &to).await?;
+                progress(self.size);
+                Ok((self.class, 0, self.size))
+            }
+            Action::Upload { path, to, base } => {
+                let copied = match base {
+                    Some(base) => {
+                        upload_file_with_base(client, &path, share, &to, &base, progress).await?
+                    }
+                    None => upload_file(client, &path, share, &to, progress).await?,
+                };
+                Ok((self.class, copied.bytes_sent, copied.bytes_reused))
+            }
+        }
     }
 }
 

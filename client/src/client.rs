@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_common::auth::Secret;
+use ferry_common::chunk::{chunk_count, manifest_id};
 use ferry_common::codec;
 use ferry_common::msg::{
-    Attr, DirEntry, ErrorKind, FsStat, MappedFile, RemoteError, Request, Response, ServerStats,
-    Timestamp, Welcome,
+    Attr, DirEntry, ErrorKind, FileVersion, FsStat, MappedFile, RemoteError, Request, Response,
+    ServerStats, Sha256, Timestamp, Welcome,
 };
 use ferry_common::proto::client::{ClientEvent, ClientSession};
 use ferry_common::transport::tcp::Tcp;
@@ -473,6 +474,98 @@ impl Client {
         }
     }
 
+    /// Hard-links the regular file `from` to the new name `to` in `share` (see
+    /// [`Request::Link`]); an existing `to` fails with [`ErrorKind::Exists`].
+    pub async fn link(&self, share: &str, from: &str, to: &str) -> Result<(), ClientError> {
+        let req = Request::Link {
+            share: share.into(),
+            from: from.into(),
+            to: to.into(),
+        };
+        self.call(req).await.and_then(expect_ok)
+    }
+
+    /// Renames `from` to `to` in `share`, never replacing an existing `to` (see
+    /// [`Request::Rename`]).
+    pub async fn rename(&self, share: &str, from: &str, to: &str) -> Result<(), ClientError> {
+        let req = Request::Rename {
+            share: share.into(),
+            from: from.into(),
+            to: to.into(),
+        };
+        self.call(req).await.and_then(expect_ok)
+    }
+
+    /// The whole chunk manifest of the server's file `path` (every page of
+    /// [`Request::Manifest`]), checked against its manifest hash.
+    ///
+    /// Invariant of the result: `hashes.len()` is the chunk count of `version.size` in
+    /// chunks of `version.chunk_bytes`, and `manifest_id` of them is
+    /// `version.manifest`. Pages of different versions (the file changed on the server
+    /// while it was read) restart the listing, at most [`MANIFEST_ATTEMPTS`] times in
+    /// all; then it fails with [`ErrorKind::Changed`].
+    pub async fn manifest(
+        &self,
+        share: &str,
+        path: &str,
+        chunk_bytes: u32,
+    ) -> Result<(FileVersion, Vec<Sha256>), ClientError> {
+        'attempt: for _ in 0..MANIFEST_ATTEMPTS {
+            let mut version: Option<FileVersion> = None;
+            let mut all: Vec<Sha256> = Vec::new();
+            loop {
+                let req = Request::Manifest {
+                    share: share.into(),
+                    path: path.into(),
+                    chunk_bytes,
+                    first_chunk: all.len() as u64,
+                };
+                let (page_version, first_chunk, hashes) = match self.call(req).await? {
+                    Response::Manifest {
+                        version,
+                        first_chunk,
+                        hashes,
+                    } => (version, first_chunk, hashes),
+                    other => return Err(unexpected(other)),
+                };
+                if first_chunk != all.len() as u64 {
+                    return Err(bad_manifest(path, "a page starts at the wrong chunk"));
+                }
+                match &version {
+                    Some(v) if *v != page_version => continue 'attempt,
+                    _ => {}
+                }
+                let chunks = chunk_count(page_version.size, page_version.chunk_bytes.max(1));
+                if (all.len() + hashes.len()) as u64 > chunks {
+                    return Err(bad_manifest(path, "more hashes than chunks"));
+                }
+                let done = hashes.is_empty();
+                all.extend(hashes);
+                version = Some(page_version);
+                if done {
+                    break;
+                }
+            }
+            // The loop only ends after a page was seen.
+            let Some(version) = version else {
+                return Err(bad_manifest(path, "no page"));
+            };
+            if all.len() as u64 != chunk_count(version.size, version.chunk_bytes.max(1))
+                || manifest_id(version.size, version.chunk_bytes, &all) != version.manifest
+            {
+                return Err(bad_manifest(
+                    path,
+                    "the hashes do not match the manifest hash",
+                ));
+            }
+            return Ok((version, all));
+        }
+        Err(ClientError::Remote(RemoteError {
+            kind: ErrorKind::Changed,
+            message: format!("{path}: the file kept changing while its manifest was read"),
+        }))
+    }
+
     /// The server's counters (this request is counted in them).
     pub async fn server_stats(&self) -> Result<ServerStats, ClientError> {
         match self.call(Request::Stats).await? {
@@ -509,6 +602,17 @@ fn describe_connect(e: &std::io::Error) -> String {
         std::io::ErrorKind::TimedOut => "connection timed out".into(),
         _ => e.to_string(),
     }
+}
+
+/// How many times [`Client::manifest`] starts over when the file changes between
+/// pages.
+pub const MANIFEST_ATTEMPTS: usize = 3;
+
+/// The error for a manifest listing that contradicts itself.
+fn bad_manifest(path: &str, why: &str) -> ClientError {
+    ClientError::Protocol(ferry_common::proto::ProtoError::Transfer(format!(
+        "{path}: bad manifest from the server: {why}"
+    )))
 }
 
 /// The error for a response of the wrong type.

@@ -26,6 +26,9 @@ pub mod exit {
     /// Authentication failed: no secret, a wrong one, an unusable secret file, or a
     /// server that could not prove it knows the secret.
     pub const AUTH: u8 = 7;
+    /// `rcp backup` with several targets: at least one succeeded and at least one
+    /// failed.
+    pub const SOME_TARGETS_FAILED: u8 = 8;
 }
 
 /// Why a client operation failed.

@@ -9,6 +9,8 @@
 //!   chunks the destination's partial file holds are verified there and not sent
 //!   ([`transfer::Copied`] says how many bytes were sent and reused).
 //! - [`copy`]: cp/scp semantics for files and trees, with files in flight concurrently.
+//! - [`backup`]: snapshot backups into `SHARE/PREFIX/<timestamp>/`, unchanged files
+//!   hard-linked to the previous snapshot, changed files sent as changed chunks.
 //! - [`location`]: parsing `HOST[:PORT]:SHARE/PATH` operands.
 //!
 //! ```no_run
@@ -27,6 +29,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod backup;
 pub mod client;
 pub mod copy;
 pub mod error;

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
+
+mod backup_cmd;
 use ferry_client::copy::{self, CopyOptions, Progress, Report};
 use ferry_client::error::{exit, ClientError};
 use ferry_client::location::{self, Location, Remote};
@@ -180,6 +182,40 @@ fn progress_bar(show: bool) -> ProgressBar {
 }
 
 fn main() -> ExitCode {
+    // `rcp backup ...` is a command of its own (a source that is literally named
+    // `backup` is given as `./backup`).
+    if std::env::args_os().nth(1).is_some_and(|a| a == "backup") {
+        let args = match backup_cmd::BackupArgs::try_parse_from(std::env::args_os().skip(1)) {
+            Ok(a) => a,
+            Err(e) if e.use_stderr() => {
+                let _ = e.print();
+                return ExitCode::from(exit::USAGE);
+            }
+            Err(e) => e.exit(),
+        };
+        init_logging(0);
+        let runtime = match tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("rcp: cannot start the runtime: {e}");
+                return ExitCode::from(exit::OTHER);
+            }
+        };
+        let code = runtime.block_on(async {
+            tokio::select! {
+                code = backup_cmd::run(args) => code,
+                code = interrupted() => {
+                    eprintln!("rcp: interrupted; no snapshot was published (run the backup again to continue)");
+                    code
+                }
+            }
+        });
+        drop(runtime);
+        return ExitCode::from(code);
+    }
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) if e.use_stderr() => {

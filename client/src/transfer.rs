@@ -49,7 +49,8 @@ pub struct Copied {
     /// completed.
     pub bytes_sent: u64,
     /// File bytes not sent because the destination's partial file of an interrupted
-    /// copy already held them (verified there against their SHA-256).
+    /// copy, or the base file of an upload with a base, already held them (verified
+    /// there against their SHA-256).
     pub bytes_reused: u64,
 }
 
@@ -133,6 +134,33 @@ pub async fn upload_file(
     path: &str,
     progress: ProgressFn,
 ) -> Result<Copied, ClientError> {
+    upload(client, local, share, path, None, progress).await
+}
+
+/// [`upload_file`] against a `base`: the server's file `share`/`base` (typically the
+/// same file in the previous snapshot). Chunks of the source that the base holds are
+/// copied by the server from the base (after hashing them again) instead of being
+/// pulled; they are counted in [`Copied::bytes_reused`]. The source is still read and
+/// hashed in full here: the server matches by the hashes of each window.
+pub async fn upload_file_with_base(
+    client: &Client,
+    local: &Path,
+    share: &str,
+    path: &str,
+    base: &str,
+    progress: ProgressFn,
+) -> Result<Copied, ClientError> {
+    upload(client, local, share, path, Some(base), progress).await
+}
+
+async fn upload(
+    client: &Client,
+    local: &Path,
+    share: &str,
+    path: &str,
+    base: Option<&str>,
+    progress: ProgressFn,
+) -> Result<Copied, ClientError> {
     let file = File::open(local).map_err(|e| ClientError::local(local, "cannot open", e))?;
     let meta = file
         .metadata()
@@ -145,12 +173,26 @@ pub async fn upload_file(
         ));
     }
     let size = meta.len();
-    let open = Request::UploadOpen {
-        share: share.into(),
-        path: path.into(),
-        size,
-        mode: meta.mode() & 0o7777,
-        mtime: ferry_common::attr::attr_of(&meta, None).mtime,
+    let (mode, mtime) = (
+        meta.mode() & 0o7777,
+        ferry_common::attr::attr_of(&meta, None).mtime,
+    );
+    let open = match base {
+        None => Request::UploadOpen {
+            share: share.into(),
+            path: path.into(),
+            size,
+            mode,
+            mtime,
+        },
+        Some(base) => Request::UploadOpenBase {
+            share: share.into(),
+            path: path.into(),
+            size,
+            mode,
+            mtime,
+            base: base.into(),
+        },
     };
     let transfer = match client.call(open).await? {
         Response::UploadOpened { transfer } => transfer,

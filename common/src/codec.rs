@@ -13,7 +13,8 @@
 
 use crate::msg::{
     Attr, DirEntry, Message, RemoteError, Request, Response, MAX_DIR_PAGE_ENTRIES,
-    MAX_ERROR_MESSAGE_BYTES, MAX_MAP_REGIONS, MAX_NAME_BYTES, MAX_PATH_BYTES, MAX_WINDOW_CHUNKS,
+    MAX_ERROR_MESSAGE_BYTES, MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MAX_NAME_BYTES,
+    MAX_PATH_BYTES, MAX_WINDOW_CHUNKS,
 };
 
 /// Largest control frame either side sends or accepts, in bytes.
@@ -111,7 +112,18 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::SetAttr { share, path, .. }
         | Request::UploadOpen { share, path, .. }
         | Request::DownloadOpen { share, path }
-        | Request::MapOpen { share, path, .. } => share_and_path(share, path),
+        | Request::MapOpen { share, path, .. }
+        | Request::Manifest { share, path, .. } => share_and_path(share, path),
+        Request::UploadOpenBase {
+            share, path, base, ..
+        } => {
+            share_and_path(share, path)?;
+            limit("base", base.len(), MAX_PATH_BYTES)
+        }
+        Request::Link { share, from, to } | Request::Rename { share, from, to } => {
+            share_and_path(share, from)?;
+            limit("to", to.len(), MAX_PATH_BYTES)
+        }
         Request::StatFs { share } | Request::Auth { share, .. } => {
             limit("share", share.len(), MAX_NAME_BYTES)
         }
@@ -155,6 +167,9 @@ fn validate_response(resp: &Response) -> Result<(), CodecError> {
             })
         }
         Response::WindowPushed { hashes } => limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS),
+        Response::Manifest { hashes, .. } => {
+            limit("hashes", hashes.len(), MAX_MANIFEST_PAGE_CHUNKS)
+        }
         Response::Error(e) => validate_error(e),
         Response::Mapped(m) => {
             validate_attr(&m.attr)?;
@@ -289,8 +304,109 @@ mod tests {
     }
 
     #[test]
+    fn backup_requests_have_appended_indices() {
+        // Variant indices are the first varint of a request body: Link 16, Rename 17,
+        // Manifest 18 (appended after Auth 15).
+        let link = Request::Link {
+            share: "s".into(),
+            from: "a".into(),
+            to: "b".into(),
+        };
+        assert_eq!(
+            postcard::to_stdvec(&link).unwrap(),
+            [16, 1, b's', 1, b'a', 1, b'b']
+        );
+        let rename = Request::Rename {
+            share: "s".into(),
+            from: "a".into(),
+            to: "b".into(),
+        };
+        assert_eq!(postcard::to_stdvec(&rename).unwrap()[0], 17);
+        let manifest = Request::Manifest {
+            share: "s".into(),
+            path: "p".into(),
+            chunk_bytes: 1,
+            first_chunk: 2,
+        };
+        assert_eq!(
+            postcard::to_stdvec(&manifest).unwrap(),
+            [18, 1, b's', 1, b'p', 1, 2]
+        );
+        let open = Request::UploadOpenBase {
+            share: "s".into(),
+            path: "p".into(),
+            size: 3,
+            mode: 4,
+            mtime: Timestamp { secs: 5, nanos: 6 },
+            base: "b".into(),
+        };
+        assert_eq!(
+            postcard::to_stdvec(&open).unwrap(),
+            [19, 1, b's', 1, b'p', 3, 4, 10, 6, 1, b'b']
+        );
+    }
+
+    #[test]
+    fn too_long_link_target_hits_the_limit() {
+        let m = Message::Request {
+            id: 1,
+            body: Request::Rename {
+                share: "s".into(),
+                from: "a".into(),
+                to: "x".repeat(MAX_PATH_BYTES + 1),
+            },
+        };
+        let bytes = postcard::to_stdvec(&m).unwrap();
+        assert!(matches!(
+            decode(&bytes),
+            Err(CodecError::Limit { field: "to", .. })
+        ));
+    }
+
+    #[test]
+    fn manifest_pages_are_bounded() {
+        let page = |n| Message::Response {
+            id: 1,
+            body: Response::Manifest {
+                version: FileVersion {
+                    size: u64::MAX,
+                    mtime: Timestamp {
+                        secs: i64::MIN,
+                        nanos: u32::MAX,
+                    },
+                    ctime: Timestamp {
+                        secs: i64::MIN,
+                        nanos: u32::MAX,
+                    },
+                    ino: u64::MAX,
+                    chunk_bytes: u32::MAX,
+                    manifest: [0xff; 32],
+                },
+                first_chunk: u64::MAX,
+                hashes: vec![[0xff; 32]; n],
+            },
+        };
+        let full = encode(&page(MAX_MANIFEST_PAGE_CHUNKS)).unwrap();
+        assert!(full.len() < MAX_CTRL_FRAME_BYTES / 16, "{}", full.len());
+        assert_eq!(decode(&full).unwrap(), page(MAX_MANIFEST_PAGE_CHUNKS));
+        let over = postcard::to_stdvec(&page(MAX_MANIFEST_PAGE_CHUNKS + 1)).unwrap();
+        assert!(matches!(
+            decode(&over),
+            Err(CodecError::Limit {
+                field: "hashes",
+                ..
+            })
+        ));
+    }
+
+    #[test]
     fn the_longest_client_messages_fit_a_request_frame() {
         let longest = [
+            Request::Link {
+                share: "s".repeat(MAX_NAME_BYTES),
+                from: "f".repeat(MAX_PATH_BYTES),
+                to: "t".repeat(MAX_PATH_BYTES),
+            },
             Request::Symlink {
                 share: "s".repeat(MAX_NAME_BYTES),
                 path: "p".repeat(MAX_PATH_BYTES),

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::auth::{Nonce, Proof};
 
 /// Protocol version spoken by this build. Bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// Magic bytes opening a [`Hello`]: rejects peers that speak something else.
 pub const HELLO_MAGIC: [u8; 4] = *b"FRY\x01";
@@ -38,6 +38,8 @@ pub const MAP_WINDOW_BYTES: u64 = 256 << 20;
 /// Most regions one [`MappedFile`] may carry (bounds the largest mappable file at
 /// `MAX_MAP_REGIONS * MAP_WINDOW_BYTES` = 1 TiB).
 pub const MAX_MAP_REGIONS: usize = 4096;
+/// Most chunk hashes in one [`Response::Manifest`] page (32 KiB of hashes).
+pub const MAX_MANIFEST_PAGE_CHUNKS: usize = 1024;
 
 /// A SHA-256 digest.
 pub type Sha256 = [u8; 32];
@@ -371,6 +373,65 @@ pub enum Request {
         /// HMAC-SHA256 client proof.
         proof: Proof,
     },
+    /// Hard-link the existing regular file `from` to the new name `to`, both in
+    /// `share` (the final component of `from` is not followed; `to` must not exist).
+    /// Backups use it to share an unchanged file with the previous snapshot.
+    Link {
+        /// Share name.
+        share: String,
+        /// Share-relative path of the existing file.
+        from: String,
+        /// Share-relative path of the new link.
+        to: String,
+    },
+    /// Rename `from` (a file, symlink or directory) to `to` within `share`; fails with
+    /// [`ErrorKind::Exists`] if `to` exists (never replaces). Backups use it to give a
+    /// finished snapshot its final name.
+    Rename {
+        /// Share name.
+        share: String,
+        /// Share-relative path of the existing entry.
+        from: String,
+        /// Share-relative new path.
+        to: String,
+    },
+    /// One page of the chunk manifest of the regular file `path` (symlinks followed
+    /// within the share): the hashes of chunks `first_chunk..`, at most
+    /// [`MAX_MANIFEST_PAGE_CHUNKS`] of them. `chunk_bytes` is chosen as for
+    /// [`Request::MapOpen`]. Every page names the [`FileVersion`] it belongs to; a
+    /// client reading several pages checks they name the same version.
+    Manifest {
+        /// Share name.
+        share: String,
+        /// Share-relative path.
+        path: String,
+        /// Chunk size wanted (see [`Request::MapOpen`]).
+        chunk_bytes: u32,
+        /// Index of the first chunk wanted.
+        first_chunk: u64,
+    },
+    /// [`Request::UploadOpen`] with a `base`: a file in the same share (an earlier
+    /// version of this one, e.g. in the previous snapshot) whose chunks the server may
+    /// copy locally instead of pulling them. For each chunk of a window whose hash the
+    /// base's manifest lists, the server reads that chunk of the base and hashes it
+    /// again; only if it equals the client's hash is it written without being pulled
+    /// (counted in [`Response::WindowPulled::reused`]). So every chunk of the committed
+    /// file is still verified against the client's hash by the server.
+    UploadOpenBase {
+        /// Share name.
+        share: String,
+        /// Share-relative destination path.
+        path: String,
+        /// Final size in bytes.
+        size: u64,
+        /// Permission bits of the final file.
+        mode: u32,
+        /// Modification time of the final file.
+        mtime: Timestamp,
+        /// Share-relative path of the base file (a regular file; its final component
+        /// is not followed).
+        base: String,
+    },
 }
 
 impl Request {
@@ -388,7 +449,11 @@ impl Request {
             | Request::DownloadOpen { share, .. }
             | Request::MapOpen { share, .. }
             | Request::StatFs { share }
-            | Request::Auth { share, .. } => Some(share),
+            | Request::Auth { share, .. }
+            | Request::Link { share, .. }
+            | Request::Rename { share, .. }
+            | Request::Manifest { share, .. }
+            | Request::UploadOpenBase { share, .. } => Some(share),
             Request::UploadWindow { .. }
             | Request::UploadCommit { .. }
             | Request::DownloadWindow { .. }
@@ -458,6 +523,16 @@ pub enum Response {
     Authenticated {
         /// HMAC-SHA256 server proof.
         proof: Option<Proof>,
+    },
+    /// A page of a file's chunk manifest, for [`Request::Manifest`].
+    Manifest {
+        /// The file version the hashes belong to (its `manifest` covers every chunk).
+        version: FileVersion,
+        /// Index of the first chunk in `hashes`.
+        first_chunk: u64,
+        /// SHA-256 of chunks `first_chunk..first_chunk + hashes.len()`; empty past the
+        /// last chunk.
+        hashes: Vec<Sha256>,
     },
 }
 

@@ -207,6 +207,41 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Request::Stats),
         (text(MAX_NAME_BYTES), any::<[u8; 32]>())
             .prop_map(|(share, proof)| Request::Auth { share, proof }),
+        (share_path(), text(MAX_PATH_BYTES)).prop_map(|((share, from), to)| Request::Link {
+            share,
+            from,
+            to
+        }),
+        (share_path(), text(MAX_PATH_BYTES)).prop_map(|((share, from), to)| Request::Rename {
+            share,
+            from,
+            to
+        }),
+        (share_path(), any::<u32>(), any::<u64>()).prop_map(
+            |((share, path), chunk_bytes, first_chunk)| Request::Manifest {
+                share,
+                path,
+                chunk_bytes,
+                first_chunk
+            }
+        ),
+        (
+            share_path(),
+            any::<u64>(),
+            any::<u32>(),
+            timestamp(),
+            text(MAX_PATH_BYTES)
+        )
+            .prop_map(|((share, path), size, mode, mtime, base)| {
+                Request::UploadOpenBase {
+                    share,
+                    path,
+                    size,
+                    mode,
+                    mtime,
+                    base,
+                }
+            }),
     ]
 }
 
@@ -305,6 +340,16 @@ fn response() -> impl Strategy<Value = Response> {
         fs_stat().prop_map(Response::FsStat),
         server_stats().prop_map(Response::Stats),
         proptest::option::of(any::<[u8; 32]>()).prop_map(|proof| Response::Authenticated { proof }),
+        (
+            file_version(),
+            any::<u64>(),
+            hashes(MAX_MANIFEST_PAGE_CHUNKS)
+        )
+            .prop_map(|(version, first_chunk, hashes)| Response::Manifest {
+                version,
+                first_chunk,
+                hashes
+            }),
     ]
 }
 
@@ -370,6 +415,10 @@ fn request_variant(r: &Request) -> usize {
         Request::StatFs { .. } => 13,
         Request::Stats => 14,
         Request::Auth { .. } => 15,
+        Request::Link { .. } => 16,
+        Request::Rename { .. } => 17,
+        Request::Manifest { .. } => 18,
+        Request::UploadOpenBase { .. } => 19,
     }
 }
 
@@ -389,6 +438,7 @@ fn response_variant(r: &Response) -> usize {
         Response::FsStat(_) => 10,
         Response::Stats(_) => 11,
         Response::Authenticated { .. } => 12,
+        Response::Manifest { .. } => 13,
     }
 }
 
@@ -696,7 +746,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 16], [false; 13]);
+    let (mut requests, mut responses) = ([false; 20], [false; 14]);
     for _ in 0..2000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

@@ -38,7 +38,7 @@ use crate::gauge::Held;
 use crate::map::{self, MapContext, MapTable};
 use crate::pool::Pool;
 use crate::share::Share;
-use crate::transfer::{Download, Transfer, Upload};
+use crate::transfer::{BaseFile, Download, Transfer, Upload};
 use crate::{Server, SOFTWARE};
 
 /// Most transfers one connection may have open at once.
@@ -352,9 +352,29 @@ impl Conn {
                 mtime,
             } => {
                 let share = self.share(&share)?;
-                let up =
-                    blocking(move || Upload::open(&share, &path, size, mode, mtime, chunk_bytes))
-                        .await?;
+                let up = blocking(move || {
+                    Upload::open(&share, &path, size, mode, mtime, chunk_bytes, None)
+                })
+                .await?;
+                let transfer = self.open_transfer(Transfer::Upload(Box::new(up)))?;
+                Ok(Response::UploadOpened { transfer })
+            }
+            Request::UploadOpenBase {
+                share,
+                path,
+                size,
+                mode,
+                mtime,
+                base,
+            } => {
+                let share = self.share(&share)?;
+                let server = self.server.clone();
+                let up = blocking(move || {
+                    share.check_writable()?;
+                    let base = BaseFile::open(&share, &base, chunk_bytes, &server.manifests)?;
+                    Upload::open(&share, &path, size, mode, mtime, chunk_bytes, Some(base))
+                })
+                .await?;
                 let transfer = self.open_transfer(Transfer::Upload(Box::new(up)))?;
                 Ok(Response::UploadOpened { transfer })
             }
@@ -452,6 +472,27 @@ impl Conn {
                 blocking(move || fsops::statfs(&share)).await
             }
             Request::Stats => Ok(Response::Stats(self.server.stats())),
+            Request::Link { share, from, to } => {
+                let share = self.share(&share)?;
+                blocking(move || fsops::link(&share, &from, &to)).await
+            }
+            Request::Rename { share, from, to } => {
+                let share = self.share(&share)?;
+                blocking(move || fsops::rename(&share, &from, &to)).await
+            }
+            Request::Manifest {
+                share,
+                path,
+                chunk_bytes,
+                first_chunk,
+            } => {
+                let share = self.share(&share)?;
+                let server = self.server.clone();
+                blocking(move || {
+                    map::manifest_page(&share, &path, chunk_bytes, first_chunk, &server.manifests)
+                })
+                .await
+            }
             // The session answers these itself; one reaching here is a bug there.
             Request::Auth { .. } => Err(remote(
                 ErrorKind::Protocol,

@@ -160,6 +160,66 @@ pub fn set_attr(
     Ok(Response::Ok)
 }
 
+/// `Link`: hard-links the regular file `from` (its final component not followed) to the
+/// new name `to`. Never replaces: an existing `to` fails with [`ErrorKind::Exists`].
+/// Temporary transfer files cannot be linked, so a partial upload never gains a
+/// visible name this way.
+pub fn link(share: &Share, from: &str, to: &str) -> Result<Response, RemoteError> {
+    let from_what = share.display(from);
+    let src = share.resolve(from, false)?;
+    if src
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with(TEMP_PREFIX))
+    {
+        return Err(remote(
+            ErrorKind::InvalidPath,
+            format!("{from_what}: names starting with '{TEMP_PREFIX}' are reserved"),
+        ));
+    }
+    let dst = share.resolve_for_write(to)?;
+    let meta = fs::symlink_metadata(&src).map_err(|e| io_error("stat", &from_what, &e))?;
+    if !meta.is_file() {
+        return Err(remote(
+            ErrorKind::InvalidPath,
+            format!("{from_what}: only regular files can be hard-linked"),
+        ));
+    }
+    // linkat(2) without AT_SYMLINK_FOLLOW: had `from` been swapped for a symlink since
+    // the check, the link would name that symlink itself, never its target.
+    fs::hard_link(&src, &dst).map_err(|e| io_error("link", &share.display(to), &e))?;
+    Ok(Response::Ok)
+}
+
+/// `Rename`: renames `from` to `to` with `RENAME_NOREPLACE` (an existing `to` fails with
+/// [`ErrorKind::Exists`], whatever its kind), then fsyncs the destination directory so
+/// the new name is durable. Neither name may be the share root or a temporary name.
+pub fn rename(share: &Share, from: &str, to: &str) -> Result<Response, RemoteError> {
+    let src = share.resolve_for_write(from)?;
+    let dst = share.resolve_for_write(to)?;
+    let what = share.display(to);
+    nix::fcntl::renameat2(
+        None,
+        &src,
+        None,
+        &dst,
+        nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+    )
+    .map_err(|errno| {
+        io_error(
+            "rename",
+            &what,
+            &std::io::Error::from_raw_os_error(errno as i32),
+        )
+    })?;
+    if let Some(parent) = dst.parent() {
+        File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_error("fsync", &what, &e))?;
+    }
+    Ok(Response::Ok)
+}
+
 /// `StatFs`: `statvfs(3)` of the share's root. Counts are in units of `block_size` (the
 /// fragment size, `f_frsize`, which is what `f_blocks` counts).
 pub fn statfs(share: &Share) -> Result<Response, RemoteError> {

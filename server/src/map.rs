@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex};
 use ferry_common::attr::attr_of;
 use ferry_common::chunk::{chunk_count, manifest_id};
 use ferry_common::msg::{
-    ErrorKind, FileVersion, MappedFile, RemoteError, Sha256, MAP_WINDOW_BYTES, MAX_CHUNK_BYTES,
-    MAX_MAP_REGIONS, MIN_CHUNK_BYTES,
+    ErrorKind, FileVersion, MappedFile, RemoteError, Response, Sha256, MAP_WINDOW_BYTES,
+    MAX_CHUNK_BYTES, MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MIN_CHUNK_BYTES,
 };
 use ferry_common::transport::{
     Access, Buffer, FileWindow, Memory, Registration, SharedTransport, TransportError,
@@ -343,6 +343,58 @@ pub fn open(
         slot,
     };
     Ok((entry, response))
+}
+
+/// `Manifest`: one page of the chunk manifest of the regular file `rel` (symlinks
+/// followed within the share), hashes of chunks `first_chunk..` (at most
+/// [`MAX_MANIFEST_PAGE_CHUNKS`]), with the version they belong to. Blocking.
+///
+/// The hashes come from `cache` when the file's [`crate::manifests::ManifestKey`] is
+/// there, so paging through a settled file hashes it once; a file that changes between
+/// pages yields pages of different versions, which the client detects.
+pub fn manifest_page(
+    share: &Share,
+    rel: &str,
+    requested_chunk_bytes: u32,
+    first_chunk: u64,
+    cache: &ManifestCache,
+) -> Result<Response, RemoteError> {
+    let what = share.display(rel);
+    let path = share.resolve(rel, true)?;
+    check_regular(
+        &std::fs::metadata(&path).map_err(|e| io_error("stat", &what, &e))?,
+        &what,
+    )?;
+    // O_NONBLOCK: see `open`.
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(&path)
+        .map_err(|e| io_error("open", &what, &e))?;
+    let first = file.metadata().map_err(|e| io_error("stat", &what, &e))?;
+    check_regular(&first, &what)?;
+    let chunk_bytes = chunk_bytes_for(requested_chunk_bytes, first.size());
+    let (hashes, meta) = manifest_of(&file, chunk_bytes, &what, cache, CACHE_SETTLE)?;
+    let attr = attr_of(&meta, None);
+    let version = FileVersion {
+        size: meta.size(),
+        mtime: attr.mtime,
+        ctime: attr.ctime,
+        ino: meta.ino(),
+        chunk_bytes,
+        manifest: manifest_id(meta.size(), chunk_bytes, &hashes),
+    };
+    let start = usize::try_from(first_chunk)
+        .unwrap_or(usize::MAX)
+        .min(hashes.len());
+    let end = start
+        .saturating_add(MAX_MANIFEST_PAGE_CHUNKS)
+        .min(hashes.len());
+    Ok(Response::Manifest {
+        version,
+        first_chunk,
+        hashes: hashes[start..end].to_vec(),
+    })
 }
 
 fn check_regular(meta: &std::fs::Metadata, what: &str) -> Result<(), RemoteError> {

@@ -20,13 +20,13 @@
 //!   completed (successfully or not), so no chunk buffer is reused while the transport
 //!   may still fill or drain it.
 
-use std::collections::BTreeMap;
-use std::fs::{self, File, Permissions};
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File, OpenOptions, Permissions};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use ferry_common::chunk::hash_chunk;
+use ferry_common::chunk::{chunk_len, hash_chunk};
 use ferry_common::journal::{JournalHeader, JournalWriter};
 use ferry_common::msg::{
     Attr, ErrorKind, RegionDesc, RemoteError, Response, Sha256, Timestamp, MAX_WINDOW_CHUNKS,
@@ -38,6 +38,7 @@ use ferry_common::writeback::Writeback;
 use tokio::task::JoinSet;
 
 use crate::error::{io_error, remote};
+use crate::manifests::{manifest_of, ManifestCache, CACHE_SETTLE};
 use crate::pool::Pool;
 use crate::share::Share;
 
@@ -52,6 +53,9 @@ pub struct Upload {
     header: JournalHeader,
     /// Chunks an interrupted upload of this file journaled: index to hash.
     hints: BTreeMap<u64, Sha256>,
+    /// The base file of an [`Request::UploadOpenBase`](ferry_common::msg::Request), if
+    /// any.
+    base: Option<Arc<BaseFile>>,
     writeback: Writeback,
     state: Mutex<UploadState>,
     mode: u32,
@@ -67,9 +71,78 @@ fn stage_error(what: &str, e: &StageError) -> RemoteError {
     io_error(e.op.verb(), what, &e.source)
 }
 
+/// A file whose chunks an upload may copy instead of pulling.
+///
+/// Invariant: `offsets` maps a chunk hash of the base's manifest (in the upload's
+/// chunk size) to the offset of one chunk that had it when the manifest was taken. The
+/// base may have changed since, so a chunk copied from it is hashed again before use.
+pub struct BaseFile {
+    file: File,
+    size: u64,
+    chunk_bytes: u32,
+    offsets: HashMap<Sha256, u64>,
+}
+
+impl BaseFile {
+    /// Opens the regular file `rel` (final component not followed) and takes its
+    /// manifest in chunks of `chunk_bytes` (from `cache` if it is there). Blocking.
+    pub fn open(
+        share: &Share,
+        rel: &str,
+        chunk_bytes: u32,
+        cache: &ManifestCache,
+    ) -> Result<BaseFile, RemoteError> {
+        let what = share.display(rel);
+        let path = share.resolve(rel, false)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| io_error("open the base", &what, &e))?;
+        let meta = file.metadata().map_err(|e| io_error("stat", &what, &e))?;
+        if !meta.is_file() {
+            return Err(remote(
+                ErrorKind::InvalidPath,
+                format!("{what}: the base is not a regular file"),
+            ));
+        }
+        let (hashes, meta) = manifest_of(&file, chunk_bytes, &what, cache, CACHE_SETTLE)?;
+        let mut offsets = HashMap::with_capacity(hashes.len());
+        for (i, h) in hashes.iter().enumerate() {
+            offsets
+                .entry(*h)
+                .or_insert(i as u64 * u64::from(chunk_bytes));
+        }
+        Ok(BaseFile {
+            file,
+            size: meta.size(),
+            chunk_bytes,
+            offsets,
+        })
+    }
+
+    /// Copies `len` bytes of a base chunk hashing to `expected` into `buf`, if the base
+    /// has one and it still hashes so. Blocking.
+    fn find(&self, expected: &Sha256, len: usize, buf: &mut [u8]) -> bool {
+        let Some(&offset) = self.offsets.get(expected) else {
+            return false;
+        };
+        let available = chunk_len(
+            self.size,
+            self.chunk_bytes,
+            offset / u64::from(self.chunk_bytes),
+        );
+        len <= buf.len()
+            && len as u64 == available
+            && self.file.read_exact_at(&mut buf[..len], offset).is_ok()
+            && hash_chunk(&buf[..len]) == *expected
+    }
+}
+
 impl Upload {
     /// Opens an upload of `size` bytes to `rel`: opens (or resumes) its hidden file next
-    /// to the final name and reserves `size` bytes. Blocking.
+    /// to the final name and reserves `size` bytes. With a `base`, chunks the base holds
+    /// with the client's hash are copied from it instead of pulled. Blocking.
     pub fn open(
         share: &Share,
         rel: &str,
@@ -77,6 +150,7 @@ impl Upload {
         mode: u32,
         mtime: Timestamp,
         chunk_bytes: u32,
+        base: Option<BaseFile>,
     ) -> Result<Upload, RemoteError> {
         let what = share.display(rel);
         let final_path = share.resolve_for_write(rel)?;
@@ -106,6 +180,7 @@ impl Upload {
             staged: Mutex::new(staged),
             header,
             hints,
+            base: base.map(Arc::new),
             writeback: Writeback::new(file.clone()),
             file,
             state: Mutex::new(UploadState::new(size, chunk_bytes, MAX_WINDOW_CHUNKS)),
@@ -125,7 +200,8 @@ impl Upload {
 
     /// Receives one window: each chunk that the partial file already holds with the
     /// hash in `hashes` (journaled by an interrupted upload, then read back and hashed
-    /// again) is kept; every other chunk is pulled by RDMA READ from the client's
+    /// again) is kept; each other chunk that the base holds with that hash (read from
+    /// the base and hashed again) is copied; every other chunk is pulled by RDMA READ from the client's
     /// `region` into a pool buffer, checked against `hashes` and written.
     pub async fn pull_window(
         &self,
@@ -153,12 +229,16 @@ impl Upload {
                 chunk,
                 expected,
                 hinted: self.hints.get(&chunk.index) == Some(&expected),
+                base: self
+                    .base
+                    .clone()
+                    .filter(|b| b.offsets.contains_key(&expected)),
             };
             tasks.spawn(job.run());
         }
         match join_all(tasks).await {
             Ok(done) => {
-                let (mut pulled, mut reused) = (0, 0);
+                let (mut pulled, mut reused, mut written) = (0, 0, 0);
                 let mut state = self.state();
                 for c in done {
                     state
@@ -168,8 +248,11 @@ impl Upload {
                         true => reused += u64::from(c.len),
                         false => pulled += u64::from(c.len),
                     }
+                    if c.written {
+                        written += u64::from(c.len);
+                    }
                 }
-                self.writeback.wrote(pulled);
+                self.writeback.wrote(written);
                 Ok(Response::WindowPulled {
                     bytes: pulled,
                     reused,
@@ -274,6 +357,8 @@ struct PullChunk {
     expected: Sha256,
     /// The journal names this chunk with the expected hash.
     hinted: bool,
+    /// The upload's base file, if its manifest lists the expected hash.
+    base: Option<Arc<BaseFile>>,
 }
 
 /// A chunk of a window, verified and in the file.
@@ -281,8 +366,10 @@ struct ChunkDone {
     index: u64,
     hash: Sha256,
     len: u32,
-    /// Found in the partial file rather than pulled.
+    /// Found in the partial file or the base rather than pulled.
     reused: bool,
+    /// Written to the file by this upload (pulled, or copied from the base).
+    written: bool,
 }
 
 impl PullChunk {
@@ -299,12 +386,14 @@ impl PullChunk {
             chunk,
             expected,
             hinted,
+            base,
         } = self;
-        let done = |reused| ChunkDone {
+        let done = |reused, written| ChunkDone {
             index: chunk.index,
             hash: expected,
             len: chunk.len,
             reused,
+            written,
         };
         let lease = pool.lease().await?;
         if hinted {
@@ -316,7 +405,32 @@ impl PullChunk {
             .await
             .map_err(|e| remote(ErrorKind::Io, format!("{what}: hashing task failed: {e}")))?;
             if held {
-                return Ok(done(true));
+                return Ok(done(true, false));
+            }
+        }
+        if let Some(base) = base {
+            let (buf, file, journal) = (lease.buffer().clone(), file.clone(), journal.clone());
+            let file_offset = window.offset + chunk.window_offset;
+            let what2 = what.clone();
+            let copied = tokio::task::spawn_blocking(move || {
+                let mut bytes = buf.blocking_write();
+                let len = chunk.len as usize;
+                if !base.find(&expected, len, &mut bytes[..]) {
+                    return Ok(false);
+                }
+                file.write_all_at(&bytes[..len], file_offset)?;
+                if let Some(j) = journal {
+                    if let Err(e) = j.append(chunk.index, &expected) {
+                        tracing::warn!(file = %what2, "cannot extend the upload's journal: {e}");
+                    }
+                }
+                Ok(true)
+            })
+            .await
+            .map_err(|e| remote(ErrorKind::Io, format!("{what}: hashing task failed: {e}")))?
+            .map_err(|e| io_error("write", &what, &e))?;
+            if copied {
+                return Ok(done(true, true));
             }
         }
         let slice = RemoteSlice::of(&region, chunk.window_offset, chunk.len).ok_or_else(|| {
@@ -354,7 +468,7 @@ impl PullChunk {
         .map_err(|e| io_error("write", &what, &e))?;
         drop(lease);
         if verdict {
-            return Ok(done(false));
+            return Ok(done(false, true));
         }
         tracing::warn!(file = %what, chunk = chunk.index, "upload chunk failed SHA-256 verification");
         Err(remote(

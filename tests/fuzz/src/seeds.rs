@@ -259,6 +259,54 @@ fn messages() -> Vec<(&'static str, Message)> {
                 },
             ),
         ),
+        (
+            "req-link",
+            req(
+                16,
+                Request::Link {
+                    share: data(),
+                    from: s("file"),
+                    to: s("dir/link"),
+                },
+            ),
+        ),
+        (
+            "req-rename",
+            req(
+                17,
+                Request::Rename {
+                    share: data(),
+                    from: s("dir"),
+                    to: s("dir2"),
+                },
+            ),
+        ),
+        (
+            "req-manifest",
+            req(
+                18,
+                Request::Manifest {
+                    share: data(),
+                    path: s("file"),
+                    chunk_bytes: 4096,
+                    first_chunk: 0,
+                },
+            ),
+        ),
+        (
+            "req-upload-open-base",
+            req(
+                19,
+                Request::UploadOpenBase {
+                    share: data(),
+                    path: s("new"),
+                    size: 5000,
+                    mode: 0o644,
+                    mtime: ts(1_700_000_000),
+                    base: s("file"),
+                },
+            ),
+        ),
         ("resp-ok", resp(1, Response::Ok)),
         (
             "resp-attr",
@@ -383,6 +431,24 @@ fn messages() -> Vec<(&'static str, Message)> {
                 13,
                 Response::Authenticated {
                     proof: Some([0x44; 32]),
+                },
+            ),
+        ),
+        (
+            "resp-manifest",
+            resp(
+                14,
+                Response::Manifest {
+                    version: FileVersion {
+                        size: 5000,
+                        mtime: ts(1_700_000_000),
+                        ctime: ts(1_700_000_002),
+                        ino: 1234,
+                        chunk_bytes: 4096,
+                        manifest: [3; 32],
+                    },
+                    first_chunk: 0,
+                    hashes: vec![[5; 32], [6; 32]],
                 },
             ),
         ),
@@ -641,9 +707,66 @@ fn request_sequences() -> Vec<Seed> {
                 r(
                     F_DATA,
                     Request::MapOpen {
-                        share: d,
+                        share: d.clone(),
                         path: s("dir/inner"),
                         chunk_bytes: 0,
+                    },
+                ),
+            ],
+        ),
+        sequence(
+            "backup",
+            &[
+                r(
+                    F_DATA,
+                    Request::UploadOpenBase {
+                        share: d.clone(),
+                        path: s("dir/new"),
+                        size: 5000,
+                        mode: 0o644,
+                        mtime: ts(1_700_000_000),
+                        base: s("file"),
+                    },
+                ),
+                r(
+                    F_LATEST | F_REGION | F_HASHES,
+                    Request::UploadWindow {
+                        transfer: 1,
+                        offset: 0,
+                        region: region(5000),
+                        hashes: vec![],
+                    },
+                ),
+                r(
+                    F_LATEST | F_HASHES,
+                    Request::UploadCommit {
+                        transfer: 1,
+                        manifest: [0; 32],
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::Manifest {
+                        share: d.clone(),
+                        path: s("dir/new"),
+                        chunk_bytes: 4096,
+                        first_chunk: 0,
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::Link {
+                        share: d.clone(),
+                        from: s("dir/new"),
+                        to: s("linked"),
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::Rename {
+                        share: d.clone(),
+                        from: s("dir"),
+                        to: s("dir2"),
                     },
                 ),
             ],

@@ -442,7 +442,7 @@ impl Client<'_> {
                 *t = l;
             }
         };
-        if let Request::UploadOpen { size, .. } = &mut body {
+        if let Request::UploadOpen { size, .. } | Request::UploadOpenBase { size, .. } = &mut body {
             if (MAX_RESERVED_BYTES..IMPOSSIBLE_BYTES).contains(size) {
                 *size %= MAX_RESERVED_BYTES;
             }
@@ -456,6 +456,10 @@ impl Client<'_> {
             | Request::UploadOpen { share, .. }
             | Request::DownloadOpen { share, .. }
             | Request::MapOpen { share, .. }
+            | Request::Link { share, .. }
+            | Request::Rename { share, .. }
+            | Request::Manifest { share, .. }
+            | Request::UploadOpenBase { share, .. }
             | Request::StatFs { share } => match flags & (F_DATA | F_RO) {
                 F_DATA => *share = "data".into(),
                 F_RO => *share = "ro".into(),
@@ -561,7 +565,10 @@ impl Client<'_> {
         // With nothing else in flight, the bytes an answer vouches for are still there.
         let alone = self.waiting.is_empty();
         match (&body, &resp) {
-            (Request::UploadOpen { size, path, .. }, Response::UploadOpened { transfer }) => {
+            (
+                Request::UploadOpen { size, path, .. } | Request::UploadOpenBase { size, path, .. },
+                Response::UploadOpened { transfer },
+            ) => {
                 self.uploads.insert(*transfer, (*size, path.clone()));
                 self.last_upload = Some(*transfer);
                 self.last_transfer = Some(*transfer);

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Backup benchmark: `rcp backup` against `rsync --link-dest`, both on one machine
+# (ferryd on 127.0.0.1; rsync local to local, which is its best case: no ssh).
+#
+# A tree of FILES small files (1..8 KiB) and BIG_MIB MiB of large files (8 MiB each)
+# is backed up once (full), then 1 % of the small files and one 4 KiB range of every
+# tenth big file are changed and it is backed up again (incremental). Reported: wall
+# time of each run, and for rcp the bytes sent (--json).
+#
+#   bench/backup.sh                    # 20,000 files + 512 MiB, release build
+#   bench/backup.sh --quick            # 2,000 files + 64 MiB
+#   bench/backup.sh --bin-dir target/debug
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+FILES=20000
+BIG_MIB=512
+BIN_DIR=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) FILES=2000; BIG_MIB=64 ;;
+        --files) FILES="${2:?}"; shift ;;
+        --big-mib) BIG_MIB="${2:?}"; shift ;;
+        --bin-dir) BIN_DIR="${2:?}"; shift ;;
+        -h | --help) sed -n 2,13p "$0"; exit 0 ;;
+        *) echo "bench: unknown argument '$1'" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+log() { echo "[bench] $*" >&2; }
+if [ -z "$BIN_DIR" ]; then
+    log "building release binaries"
+    cargo build --release --bins --quiet
+    BIN_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/release"
+fi
+FERRYD="$BIN_DIR/ferryd"
+RCP="$BIN_DIR/rcp"
+command -v rsync >/dev/null || { echo "bench: rsync is not installed" >&2; exit 2; }
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/ferry-backup-bench.XXXXXX")"
+FERRYD_PID=""
+cleanup() {
+    [ -n "$FERRYD_PID" ] && kill "$FERRYD_PID" 2>/dev/null && wait "$FERRYD_PID" 2>/dev/null
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+SRC="$WORK/src"
+log "making the tree: $FILES small files, $BIG_MIB MiB of big ones"
+python3 - "$SRC" "$FILES" "$BIG_MIB" <<'PY'
+import os, random, sys
+src, files, big_mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rng = random.Random(1)
+for i in range(files):
+    d = os.path.join(src, f"d{i % 50:02}", f"s{i % 7}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"f{i:06}"), "wb") as f:
+        f.write(rng.randbytes(rng.randint(1024, 8192)))
+os.makedirs(os.path.join(src, "big"), exist_ok=True)
+for i in range(big_mib // 8):
+    with open(os.path.join(src, "big", f"b{i:04}"), "wb") as f:
+        f.write(os.urandom(8 << 20))
+PY
+
+change() {
+    python3 - "$SRC" <<'PY'
+import os, sys
+src = sys.argv[1]
+small = sorted(os.path.join(r, n) for r, _, ns in os.walk(src) for n in ns if "/big" not in r)
+for p in small[::100]:
+    with open(p, "r+b") as f:
+        b = f.read(1)
+        f.seek(0)
+        f.write(bytes([b[0] ^ 0xFF]))
+big = sorted(os.listdir(os.path.join(src, "big")))
+for n in big[::10]:
+    with open(os.path.join(src, "big", n), "r+b") as f:
+        f.seek(3 << 20)
+        f.write(os.urandom(4096))
+PY
+}
+
+SHARE="$WORK/share"
+mkdir -p "$SHARE"
+"$FERRYD" --generate-secret "$WORK/bench.secret" 2>/dev/null
+export FERRY_SECRET_FILE="$WORK/bench.secret"
+"$FERRYD" --share "bench=$SHARE" --secret-file "$WORK/bench.secret" --listen 127.0.0.1:0 --port-file "$WORK/port" 2>"$WORK/ferryd.log" &
+FERRYD_PID=$!
+for _ in $(seq 100); do [ -s "$WORK/port" ] && break; sleep 0.1; done
+ADDR="$(head -n 1 "$WORK/port")"
+
+now() { date +%s.%N; }
+elapsed() { python3 -c "print(f'{$2 - $1:.2f}')"; }
+
+RSYNC_DST="$WORK/rsync"
+mkdir -p "$RSYNC_DST"
+sync
+t0=$(now); rsync -a "$SRC/" "$RSYNC_DST/1/"; sync; t1=$(now); RSYNC_FULL=$(elapsed "$t0" "$t1")
+t0=$(now); "$RCP" backup --json "$SRC" "$ADDR:bench/host" >"$WORK/full.json"; t1=$(now); RCP_FULL=$(elapsed "$t0" "$t1")
+sleep 1.1 # snapshot names have second resolution
+change
+sync
+t0=$(now); rsync -a --link-dest="$RSYNC_DST/1" "$SRC/" "$RSYNC_DST/2/"; sync; t1=$(now); RSYNC_INC=$(elapsed "$t0" "$t1")
+t0=$(now); "$RCP" backup --json "$SRC" "$ADDR:bench/host" >"$WORK/inc.json"; t1=$(now); RCP_INC=$(elapsed "$t0" "$t1")
+
+field() { sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p" "$1"; }
+echo
+echo "| run | rsync --link-dest (s) | rcp backup (s) | rcp bytes sent | rcp bytes reused |"
+echo "|---|---|---|---|---|"
+echo "| full | $RSYNC_FULL | $RCP_FULL | $(field "$WORK/full.json" bytes_sent) | $(field "$WORK/full.json" bytes_reused) |"
+echo "| 1 % changed | $RSYNC_INC | $RCP_INC | $(field "$WORK/inc.json" bytes_sent) | $(field "$WORK/inc.json" bytes_reused) |"
+echo
+echo "($FILES small files + $BIG_MIB MiB; rcp over the tcp transport on loopback; rsync local.)"

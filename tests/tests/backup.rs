@@ -1,0 +1,663 @@
+//! Server requests for snapshot backups (issue 5): `Link` shares an unchanged file
+//! with the previous snapshot, `Rename` publishes a finished snapshot without ever
+//! replacing anything, `Manifest` returns a stored file's chunk hashes page by page.
+
+use std::fs;
+use std::os::unix::fs::{symlink, MetadataExt};
+
+use ferry_common::chunk::{hash_chunk, manifest_id};
+use ferry_common::msg::{ErrorKind, Request, Response, Sha256, MAX_MANIFEST_PAGE_CHUNKS};
+use ferry_tests::{ferrytest, raw_handshake, raw_socket, write_random_file, RawClient, MIB};
+
+const SHARE: &str = ferry_tests::DEFAULT_SHARE;
+
+fn session(env: &ferry_tests::Env) -> RawClient {
+    raw_handshake(env.server(), raw_socket(env.server()))
+}
+
+fn error_kind(resp: Response) -> ErrorKind {
+    match resp {
+        Response::Error(e) => e.kind,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+fn link(raw: &mut RawClient, from: &str, to: &str) -> Response {
+    raw.call(Request::Link {
+        share: SHARE.into(),
+        from: from.into(),
+        to: to.into(),
+    })
+}
+
+fn rename(raw: &mut RawClient, from: &str, to: &str) -> Response {
+    raw.call(Request::Rename {
+        share: SHARE.into(),
+        from: from.into(),
+        to: to.into(),
+    })
+}
+
+ferrytest!(link_shares_the_inode_and_never_replaces, |env| {
+    fs::create_dir_all(env.share("snap1")).unwrap();
+    fs::create_dir_all(env.share("snap2")).unwrap();
+    write_random_file(&env.share("snap1/f"), 5000, 1);
+    fs::write(env.share("snap2/taken"), b"x").unwrap();
+    let mut raw = session(&env);
+
+    assert_eq!(link(&mut raw, "snap1/f", "snap2/f"), Response::Ok);
+    let a = fs::metadata(env.share("snap1/f")).unwrap();
+    let b = fs::metadata(env.share("snap2/f")).unwrap();
+    assert_eq!((a.dev(), a.ino()), (b.dev(), b.ino()));
+    assert_eq!(b.nlink(), 2);
+
+    assert_eq!(
+        error_kind(link(&mut raw, "snap1/f", "snap2/taken")),
+        ErrorKind::Exists
+    );
+    assert_eq!(fs::read(env.share("snap2/taken")).unwrap(), b"x");
+    assert_eq!(
+        error_kind(link(&mut raw, "snap1/none", "snap2/g")),
+        ErrorKind::NotFound
+    );
+    // Directories and symlinks are not linked; nothing outside the share either.
+    assert_eq!(
+        error_kind(link(&mut raw, "snap1", "snap2/d")),
+        ErrorKind::InvalidPath
+    );
+    symlink("f", env.share("snap1/l")).unwrap();
+    assert_eq!(
+        error_kind(link(&mut raw, "snap1/l", "snap2/l")),
+        ErrorKind::InvalidPath
+    );
+    assert_eq!(
+        error_kind(link(&mut raw, "../f", "snap2/h")),
+        ErrorKind::OutsideShare
+    );
+    assert_eq!(
+        error_kind(link(&mut raw, "snap1/f", "../h")),
+        ErrorKind::OutsideShare
+    );
+    // A temporary transfer file never gains a visible name.
+    fs::write(env.share("snap1/.ferry-tmp.x.part"), b"partial").unwrap();
+    assert_eq!(
+        error_kind(link(&mut raw, "snap1/.ferry-tmp.x.part", "snap2/p")),
+        ErrorKind::InvalidPath
+    );
+    assert!(!env.share("snap2/p").exists());
+});
+
+ferrytest!(rename_publishes_a_directory_without_replacing, |env| {
+    fs::create_dir_all(env.share("b/.partial/sub")).unwrap();
+    fs::write(env.share("b/.partial/sub/f"), b"data").unwrap();
+    fs::create_dir_all(env.share("b/old")).unwrap();
+    let mut raw = session(&env);
+
+    // An existing destination is never replaced, not even an empty directory.
+    assert_eq!(
+        error_kind(rename(&mut raw, "b/.partial", "b/old")),
+        ErrorKind::Exists
+    );
+    assert!(env.share("b/.partial/sub/f").exists());
+
+    assert_eq!(rename(&mut raw, "b/.partial", "b/snap"), Response::Ok);
+    assert_eq!(fs::read(env.share("b/snap/sub/f")).unwrap(), b"data");
+    assert!(!env.share("b/.partial").exists());
+
+    assert_eq!(
+        error_kind(rename(&mut raw, "b/none", "b/x")),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        error_kind(rename(&mut raw, "b/snap", "../x")),
+        ErrorKind::OutsideShare
+    );
+    assert_eq!(
+        error_kind(rename(&mut raw, "", "b/x")),
+        ErrorKind::InvalidPath
+    );
+});
+
+ferrytest!(
+    rename_is_refused_on_a_read_only_share,
+    shares = [("data", false), ("ro", true)],
+    |env| {
+        fs::create_dir_all(env.share_dir("ro").join("a")).unwrap();
+        let mut raw = session(&env);
+        let resp = raw.call(Request::Rename {
+            share: "ro".into(),
+            from: "a".into(),
+            to: "b".into(),
+        });
+        assert_eq!(error_kind(resp), ErrorKind::ReadOnly);
+        assert!(env.share_dir("ro").join("a").exists());
+    }
+);
+
+/// Every page of `path`'s manifest in chunks of `chunk_bytes`, checking that all pages
+/// name the same version.
+fn manifest(raw: &mut RawClient, path: &str, chunk_bytes: u32) -> (u64, u32, Sha256, Vec<Sha256>) {
+    let mut all = Vec::new();
+    let mut seen = None;
+    loop {
+        let resp = raw.call(Request::Manifest {
+            share: SHARE.into(),
+            path: path.into(),
+            chunk_bytes,
+            first_chunk: all.len() as u64,
+        });
+        let Response::Manifest {
+            version,
+            first_chunk,
+            hashes,
+        } = resp
+        else {
+            panic!("expected a manifest page, got {resp:?}");
+        };
+        assert_eq!(first_chunk, all.len() as u64);
+        assert!(hashes.len() <= MAX_MANIFEST_PAGE_CHUNKS);
+        if let Some(v) = &seen {
+            assert_eq!(v, &version, "pages of one unchanged file name one version");
+        }
+        let done = hashes.is_empty();
+        all.extend(hashes);
+        seen = Some(version);
+        if done {
+            let v = seen.unwrap();
+            return (v.size, v.chunk_bytes, v.manifest, all);
+        }
+    }
+}
+
+ferrytest!(manifest_pages_cover_the_file, |env| {
+    // 4 KiB chunks over 9 MiB + 1 byte: 2305 chunks, three pages.
+    let len = 9 * MIB + 1;
+    write_random_file(&env.share("big"), len, 7);
+    let data = fs::read(env.share("big")).unwrap();
+    let mut raw = session(&env);
+
+    let (size, chunk_bytes, id, hashes) = manifest(&mut raw, "big", 4096);
+    assert_eq!((size, chunk_bytes), (len, 4096));
+    let expected: Vec<Sha256> = data.chunks(4096).map(hash_chunk).collect();
+    assert_eq!(hashes.len(), 2305);
+    assert_eq!(hashes, expected);
+    assert_eq!(id, manifest_id(len, 4096, &expected));
+
+    // The requested chunk size is clamped and rounded as for MapOpen.
+    let (_, chunk_bytes, _, hashes) = manifest(&mut raw, "big", 3 << 20);
+    assert_eq!(chunk_bytes, 4 << 20);
+    assert_eq!(hashes.len(), 3);
+
+    // An empty file has no chunks; a directory has no manifest.
+    fs::write(env.share("empty"), b"").unwrap();
+    let (size, _, _, hashes) = manifest(&mut raw, "empty", 1 << 20);
+    assert_eq!((size, hashes.len()), (0, 0));
+    fs::create_dir(env.share("dir")).unwrap();
+    let resp = raw.call(Request::Manifest {
+        share: SHARE.into(),
+        path: "dir".into(),
+        chunk_bytes: 1 << 20,
+        first_chunk: 0,
+    });
+    assert!(matches!(resp, Response::Error(_)), "{resp:?}");
+});
+
+ferrytest!(manifest_follows_a_rewritten_file, |env| {
+    write_random_file(&env.share("f"), 3 * MIB, 1);
+    let mut raw = session(&env);
+    let (_, _, first, _) = manifest(&mut raw, "f", 1 << 20);
+    // Same size, new content: the manifest must change (the key includes ctime).
+    write_random_file(&env.share("f"), 3 * MIB, 2);
+    let (_, _, second, hashes) = manifest(&mut raw, "f", 1 << 20);
+    assert_ne!(first, second);
+    let data = fs::read(env.share("f")).unwrap();
+    let expected: Vec<Sha256> = data.chunks(1 << 20).map(hash_chunk).collect();
+    assert_eq!(hashes, expected);
+});
+
+#[test]
+fn the_client_library_reads_whole_manifests_and_links() {
+    let env = ferry_tests::Env::new();
+    let len = 5 * MIB + 77;
+    write_random_file(&env.share("f"), len, 3);
+    let data = fs::read(env.share("f")).unwrap();
+    ferry_tests::runtime().block_on(async {
+        let c = ferry_tests::connect(env.server(), ferry_tests::test_choice())
+            .await
+            .unwrap();
+        let (version, hashes) = c.manifest(SHARE, "f", 4096).await.unwrap();
+        assert_eq!(version.size, len);
+        assert_eq!(version.chunk_bytes, 4096);
+        let expected: Vec<Sha256> = data.chunks(4096).map(hash_chunk).collect();
+        assert_eq!(hashes, expected);
+
+        c.mkdir(SHARE, ".partial", 0o755, false).await.unwrap();
+        c.link(SHARE, "f", ".partial/f").await.unwrap();
+        c.rename(SHARE, ".partial", "snap").await.unwrap();
+        let err = c.rename(SHARE, "f", "snap").await.unwrap_err();
+        assert_eq!(err.remote_kind(), Some(ErrorKind::Exists));
+    });
+    let a = fs::metadata(env.share("f")).unwrap();
+    let b = fs::metadata(env.share("snap/f")).unwrap();
+    assert_eq!(a.ino(), b.ino());
+}
+
+/// Uploads `local` to `path` with `base` through the client library.
+fn upload_with_base(
+    env: &ferry_tests::Env,
+    local: &std::path::Path,
+    path: &str,
+    base: &str,
+) -> Result<ferry_client::transfer::Copied, ferry_client::ClientError> {
+    ferry_tests::runtime().block_on(async {
+        let c = ferry_tests::connect(env.server(), ferry_tests::test_choice())
+            .await
+            .unwrap();
+        let progress: ferry_client::transfer::ProgressFn = std::sync::Arc::new(|_| {});
+        ferry_client::transfer::upload_file_with_base(&c, local, SHARE, path, base, progress).await
+    })
+}
+
+ferrytest!(an_upload_with_a_base_pulls_only_changed_chunks, |env| {
+    // 8 MiB + 5 in 1 MiB chunks (the server's default): chunk 3 changes, the short last
+    // chunk grows by 5 bytes, so two chunks are pulled.
+    fs::create_dir_all(env.share("snap1")).unwrap();
+    fs::create_dir_all(env.share("snap2")).unwrap();
+    write_random_file(&env.share("snap1/f"), 8 * MIB, 1);
+    let mut data = fs::read(env.share("snap1/f")).unwrap();
+    data[3 * MIB as usize + 17] ^= 0xff;
+    data.extend_from_slice(b"tail!");
+    let local = env.local("f");
+    fs::write(&local, &data).unwrap();
+
+    let copied = upload_with_base(&env, &local, "snap2/f", "snap1/f").unwrap();
+    assert_eq!(copied.bytes, data.len() as u64);
+    assert_eq!(copied.bytes_reused, 7 * MIB);
+    assert_eq!(copied.bytes_sent, MIB + 5);
+    assert_eq!(fs::read(env.share("snap2/f")).unwrap(), data);
+    // The base is untouched and a separate file.
+    let a = fs::metadata(env.share("snap1/f")).unwrap();
+    let b = fs::metadata(env.share("snap2/f")).unwrap();
+    assert_eq!(a.len(), 8 * MIB);
+    assert_ne!(a.ino(), b.ino());
+    ferry_tests::assert_no_temp_files(&env.share_dir(SHARE));
+});
+
+ferrytest!(a_base_is_matched_by_hash_and_checked, |env| {
+    // A base with moved chunks still serves them (matched by hash, not by offset); a
+    // base with nothing in common serves nothing and the file is pulled whole.
+    let mut data = Vec::new();
+    for seed in 0..4 {
+        write_random_file(&env.local("part"), MIB, seed);
+        data.push(fs::read(env.local("part")).unwrap());
+    }
+    let shuffled: Vec<u8> = [2, 0, 3, 1]
+        .iter()
+        .flat_map(|&i| data[i].iter().copied())
+        .collect();
+    fs::write(env.share("base"), &shuffled).unwrap();
+    let local = env.local("src");
+    fs::write(&local, data.concat()).unwrap();
+    let copied = upload_with_base(&env, &local, "out", "base").unwrap();
+    assert_eq!((copied.bytes_sent, copied.bytes_reused), (0, 4 * MIB));
+    assert_eq!(fs::read(env.share("out")).unwrap(), data.concat());
+
+    write_random_file(&env.share("other"), 4 * MIB, 99);
+    let copied = upload_with_base(&env, &local, "out2", "other").unwrap();
+    assert_eq!((copied.bytes_sent, copied.bytes_reused), (4 * MIB, 0));
+    assert_eq!(fs::read(env.share("out2")).unwrap(), data.concat());
+});
+
+ferrytest!(a_bad_base_is_refused_before_anything_moves, |env| {
+    write_random_file(&env.local("src"), MIB, 1);
+    let local = env.local("src");
+    let kind = |r: Result<_, ferry_client::ClientError>| r.unwrap_err().remote_kind();
+    assert_eq!(
+        kind(upload_with_base(&env, &local, "o", "none")),
+        Some(ErrorKind::NotFound)
+    );
+    assert_eq!(
+        kind(upload_with_base(&env, &local, "o", "../x")),
+        Some(ErrorKind::OutsideShare)
+    );
+    fs::create_dir(env.share("d")).unwrap();
+    assert!(kind(upload_with_base(&env, &local, "o", "d")).is_some());
+    assert!(!env.share("o").exists());
+    ferry_tests::assert_no_temp_files(&env.share_dir(SHARE));
+});
+
+mod snapshots {
+    use std::fs;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::Path;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use ferry_client::backup::{backup, no_progress, snapshot_name, BackupReport};
+    use ferry_client::transfer::ProgressFn;
+    use ferry_tests::{assert_trees_equal, make_tree, write_random_file, Env, MIB};
+
+    use super::SHARE;
+
+    const T0: u64 = 1_795_257_009;
+
+    fn at(secs: u64) -> std::time::SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    fn run(
+        env: &Env,
+        src: &Path,
+        secs: u64,
+        progress: ProgressFn,
+    ) -> Result<BackupReport, ferry_client::ClientError> {
+        ferry_tests::runtime().block_on(async {
+            let c = ferry_tests::connect(env.server(), ferry_tests::test_choice())
+                .await
+                .unwrap();
+            backup(&c, src, SHARE, "backups/host", at(secs), progress).await
+        })
+    }
+
+    fn snap(env: &Env, secs: u64) -> std::path::PathBuf {
+        env.share(&format!("backups/host/{}", snapshot_name(at(secs))))
+    }
+
+    /// Rewrites `path` with other bytes of the same length (a new mtime too).
+    fn touch_content(path: &Path, offset: usize) {
+        let mut data = fs::read(path).unwrap();
+        data[offset] ^= 0x5a;
+        fs::write(path, data).unwrap();
+    }
+
+    #[test]
+    fn a_second_backup_sends_only_what_changed() {
+        let env = Env::new();
+        let src = env.local("src");
+        let mut stats = make_tree(&src, 5);
+        write_random_file(&src.join("big"), 6 * MIB, 9);
+        // Over 2,000 files in all.
+        fs::create_dir(src.join("many")).unwrap();
+        for i in 0..1200u64 {
+            let len = 1 + (i * 37) % 4096;
+            write_random_file(&src.join(format!("many/{i:04}")), len, 1000 + i);
+            stats.bytes += len;
+        }
+        let first = run(&env, &src, T0, no_progress()).unwrap();
+        assert!(first.files_scanned > 2000, "{first:?}");
+        assert_eq!(first.previous, None);
+        assert_eq!(first.files_new, first.files_scanned);
+        assert_trees_equal(&src, &snap(&env, T0));
+
+        // About 1 % of the small files change, one byte of the big one, one file goes,
+        // one comes.
+        let mut files: Vec<_> = walk_files(&src);
+        files.sort();
+        let small: Vec<_> = files
+            .iter()
+            .filter(|p| {
+                let len = fs::metadata(p).unwrap().len();
+                len > 0 && len <= 4096
+            })
+            .cloned()
+            .collect();
+        let changed: Vec<_> = small.iter().step_by(100).cloned().collect();
+        let changed_bytes: u64 = changed.iter().map(|p| fs::metadata(p).unwrap().len()).sum();
+        for p in &changed {
+            touch_content(p, 0);
+        }
+        touch_content(&src.join("big"), 3 * MIB as usize + 5);
+        fs::remove_file(&small[1]).unwrap();
+        write_random_file(&src.join("fresh"), 1000, 77);
+
+        let second = run(&env, &src, T0 + 60, no_progress()).unwrap();
+        assert_eq!(second.previous.as_deref(), Some(first.snapshot.as_str()));
+        assert_eq!(second.files_changed, changed.len() as u64 + 1, "{second:?}");
+        assert_eq!(second.files_new, 1);
+        assert_eq!(second.files_deleted, 1);
+        assert_eq!(
+            second.files_unchanged,
+            second.files_scanned - second.files_changed - 1
+        );
+        // The changed small files whole, one chunk of the big one, the new file.
+        assert_eq!(second.bytes_sent, changed_bytes + MIB + 1000, "{second:?}");
+        assert!(second.bytes_reused >= stats.bytes - changed_bytes);
+        assert_trees_equal(&src, &snap(&env, T0 + 60));
+
+        // Unchanged files share their inode with the previous snapshot; changed ones
+        // do not, and the previous snapshot still holds the old bytes.
+        let rel = |p: &Path| p.strip_prefix(&src).unwrap().to_path_buf();
+        let unchanged = &small[2];
+        let (a, b) = (
+            snap(&env, T0).join(rel(unchanged)),
+            snap(&env, T0 + 60).join(rel(unchanged)),
+        );
+        assert_eq!(
+            fs::metadata(&a).unwrap().ino(),
+            fs::metadata(&b).unwrap().ino()
+        );
+        let (a, b) = (
+            snap(&env, T0).join(rel(&changed[0])),
+            snap(&env, T0 + 60).join(rel(&changed[0])),
+        );
+        assert_ne!(
+            fs::metadata(&a).unwrap().ino(),
+            fs::metadata(&b).unwrap().ino()
+        );
+        assert_ne!(fs::read(&a).unwrap(), fs::read(&b).unwrap());
+        ferry_tests::assert_no_temp_files(&env.share_dir(SHARE));
+    }
+
+    #[test]
+    fn an_interrupted_backup_publishes_nothing_and_the_next_run_continues() {
+        let env = Env::new();
+        let src = env.local("src");
+        make_tree(&src, 6);
+        for i in 0..6 {
+            write_random_file(&src.join(format!("big{i}")), 2 * MIB, i);
+        }
+        let first = run(&env, &src, T0, no_progress()).unwrap();
+        for i in 0..6 {
+            touch_content(&src.join(format!("big{i}")), 100);
+        }
+
+        // The connection is cut once some bytes of the second run went through.
+        let err = ferry_tests::runtime().block_on(async {
+            let c = ferry_tests::connect(env.server(), ferry_tests::test_choice())
+                .await
+                .unwrap();
+            let seen = Arc::new(AtomicU64::new(0));
+            let cut = c.clone();
+            let progress: ProgressFn = Arc::new(move |n| {
+                if seen.fetch_add(n, Ordering::SeqCst) + n > 3 * MIB {
+                    cut.close();
+                }
+            });
+            backup(&c, &src, SHARE, "backups/host", at(T0 + 60), progress)
+                .await
+                .unwrap_err()
+        });
+        drop(err);
+        assert!(!snap(&env, T0 + 60).exists());
+        let partial = env.share(&format!(
+            "backups/host/.partial-{}",
+            snapshot_name(at(T0 + 60))
+        ));
+        assert!(partial.exists());
+        // The previous snapshot is as it was.
+        assert_eq!(
+            fs::read(snap(&env, T0).join("big0")).unwrap()[100],
+            fs::read(src.join("big0")).unwrap()[100] ^ 0x5a
+        );
+
+        // The next run (another timestamp) links what the interrupted one completed,
+        // and its snapshot holds exactly the source (a file deleted meanwhile is not
+        // carried over from the partial).
+        fs::remove_file(src.join("big5")).unwrap();
+        let again = run(&env, &src, T0 + 120, no_progress()).unwrap();
+        assert_eq!(again.previous.as_deref(), Some(first.snapshot.as_str()));
+        assert_trees_equal(&src, &snap(&env, T0 + 120));
+        // Each big file differs from its base in one chunk only (and the ones the
+        // interrupted run finished are linked from its partial, not sent again).
+        assert!(again.bytes_sent <= 5 * MIB, "{again:?}");
+        assert_eq!(again.files_changed, 5, "{again:?}");
+        assert_eq!(again.files_deleted, 1, "{again:?}");
+
+        // A run of the very timestamp that was interrupted continues its partial.
+        let same = run(&env, &src, T0 + 60, no_progress()).unwrap();
+        assert!(!partial.exists());
+        assert_eq!(same.previous.as_deref(), Some(first.snapshot.as_str()));
+        assert!(snap(&env, T0 + 60).exists());
+    }
+
+    fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        for e in fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                out.extend(walk_files(&e.path()));
+            } else if t.is_file() {
+                out.push(e.path());
+            }
+        }
+        out
+    }
+}
+
+mod cli {
+    use std::fs;
+
+    use ferry_tests::{
+        assert_trees_equal, ferrytest, make_small_tree, rcp_args, unused_local_port,
+    };
+
+    ferrytest!(rcp_backup_makes_snapshots_and_reports_json, |env| {
+        let src = env.local("src");
+        make_small_tree(&src, 3);
+        let dest = env.remote("backups/host");
+        let out = env.rcp(rcp_args!["backup", "--json", &src, &dest]);
+        out.assert_success();
+        let first = out.json();
+        assert_eq!(first["ok"], true);
+        assert_eq!(first["files_new"], first["files_scanned"]);
+        let snapshot = first["targets"][0]["snapshot"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_trees_equal(&src, &env.share(&snapshot));
+
+        // One second later (snapshot names have second resolution), nothing changed:
+        // nothing is sent.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let out = env.rcp(rcp_args!["backup", "--json", &src, &dest]);
+        out.assert_success();
+        let second = out.json();
+        assert_eq!(second["bytes_sent"], 0, "{second}");
+        assert_eq!(second["files_unchanged"], second["files_scanned"]);
+        assert_eq!(
+            second["targets"][0]["previous"].as_str(),
+            Some(snapshot.as_str())
+        );
+        let names: Vec<_> = fs::read_dir(env.share("backups/host"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+    });
+
+    ferrytest!(rcp_backup_exit_codes, |env| {
+        let src = env.local("src");
+        make_small_tree(&src, 3);
+        // A destination without a prefix is a usage error.
+        let out = env.rcp(rcp_args!["backup", &src, env.remote("")]);
+        out.assert_code(2);
+        // Nothing listens: exit 3, with a JSON line naming the failed target.
+        let host = ferry_tests::test_host();
+        let dead = format!("{host}:{}:data/b", unused_local_port());
+        let out = env.rcp(rcp_args!["backup", "--json", &src, &dead]);
+        out.assert_code(3);
+        assert_eq!(out.json()["targets"][0]["ok"], false);
+        // Two targets, one down: the live one gets its snapshot, exit 8.
+        let out = env.rcp(rcp_args![
+            "backup",
+            "--json",
+            &src,
+            env.remote("two"),
+            "--to",
+            &dead
+        ]);
+        out.assert_code(8);
+        let json = out.json();
+        assert_eq!(json["targets"][0]["ok"], true, "{json}");
+        assert_eq!(json["targets"][1]["ok"], false, "{json}");
+        let snapshot = json["targets"][0]["snapshot"].as_str().unwrap();
+        assert_trees_equal(&src, &env.share(snapshot));
+        // Two live targets: both get the snapshot, under the same name.
+        let out = env.rcp(rcp_args![
+            "backup",
+            "--json",
+            &src,
+            env.remote("one"),
+            "--to",
+            env.remote("other/prefix")
+        ]);
+        out.assert_success();
+        let json = out.json();
+        let a = json["targets"][0]["snapshot"].as_str().unwrap();
+        let b = json["targets"][1]["snapshot"].as_str().unwrap();
+        assert_eq!(a.rsplit('/').next(), b.rsplit('/').next());
+        assert_trees_equal(&src, &env.share(a));
+        assert_trees_equal(&src, &env.share(b));
+        // A missing source directory: exit 5.
+        let out = env.rcp(rcp_args!["backup", env.local("none"), env.remote("b")]);
+        out.assert_code(5);
+    });
+}
+
+ferrytest!(backup_requests_never_reach_outside_the_share, |env| {
+    // A symlink inside the share to a directory outside it, holding a file.
+    let outside = env.local("outside");
+    fs::create_dir_all(&outside).unwrap();
+    fs::write(outside.join("secret"), b"secret").unwrap();
+    symlink(&outside, env.share("out")).unwrap();
+    fs::create_dir_all(env.share("snap")).unwrap();
+    write_random_file(&env.share("snap/f"), 100, 1);
+    let mut raw = session(&env);
+
+    assert_eq!(
+        error_kind(link(&mut raw, "out/secret", "snap/s")),
+        ErrorKind::OutsideShare
+    );
+    assert_eq!(
+        error_kind(link(&mut raw, "snap/f", "out/f")),
+        ErrorKind::OutsideShare
+    );
+    assert_eq!(
+        error_kind(rename(&mut raw, "snap", "out/snap")),
+        ErrorKind::OutsideShare
+    );
+    assert_eq!(
+        error_kind(rename(&mut raw, "out/secret", "snap/s")),
+        ErrorKind::OutsideShare
+    );
+    let resp = raw.call(Request::Manifest {
+        share: SHARE.into(),
+        path: "out/secret".into(),
+        chunk_bytes: 4096,
+        first_chunk: 0,
+    });
+    assert_eq!(error_kind(resp), ErrorKind::OutsideShare);
+    write_random_file(&env.local("src"), 6, 1);
+    let err = upload_with_base(&env, &env.local("src"), "snap/g", "out/secret").unwrap_err();
+    assert_eq!(err.remote_kind(), Some(ErrorKind::OutsideShare));
+    // Renaming the symlink itself is fine: it stays a symlink inside the share.
+    assert_eq!(rename(&mut raw, "out", "out2"), Response::Ok);
+    assert!(fs::symlink_metadata(env.share("out2"))
+        .unwrap()
+        .is_symlink());
+    assert_eq!(fs::read(outside.join("secret")).unwrap(), b"secret");
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 1);
+    assert!(!env.share("snap/s").exists() && !env.share("snap/g").exists());
+});

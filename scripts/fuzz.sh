@@ -79,6 +79,11 @@ for t in "${targets[@]}"; do
     set -e
     if [ "$rc" -ne 0 ]; then
         tail -n 60 "$logfile" >&2
+        # The panic message sits above the backtrace that the tail shows: print it last.
+        if grep -q 'panicked at' "$logfile"; then
+            log "$t panicked:"
+            grep -A 4 'panicked at' "$logfile" | head -n 12 | cut -c 1-2000 >&2
+        fi
         crash="$(ls -t "$artifacts" 2>/dev/null | head -n 1)"
         log "$t FAILED (exit $rc); full output in $logfile"
         if [ -n "$crash" ]; then

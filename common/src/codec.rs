@@ -452,4 +452,30 @@ mod tests {
         let bytes = [3, 7, 0, 1, 0xff, 1, b'a', 0];
         assert!(matches!(decode(&bytes), Err(CodecError::Malformed(_))));
     }
+
+    #[test]
+    fn error_messages_quoting_long_names_are_cut_to_what_decodes() {
+        // A share name of escaped control characters grows sixfold in a message.
+        let name = "\u{1b}".repeat(MAX_NAME_BYTES);
+        let msg = Message::Response {
+            id: 1,
+            body: Response::Error(RemoteError::new(
+                ErrorKind::NoSuchShare,
+                format!("no such share '{}'", name.escape_debug()),
+            )),
+        };
+        let Message::Response {
+            body: Response::Error(e),
+            ..
+        } = decode(&encode(&msg).unwrap()).unwrap()
+        else {
+            panic!("not an error response");
+        };
+        assert_eq!(e.message.len(), MAX_ERROR_MESSAGE_BYTES);
+        // A cut never splits a character.
+        let wide = RemoteError::new(ErrorKind::Io, "é".repeat(MAX_ERROR_MESSAGE_BYTES));
+        assert_eq!(wide.message.len(), MAX_ERROR_MESSAGE_BYTES);
+        let odd = RemoteError::new(ErrorKind::Io, format!("x{}", "é".repeat(600)));
+        assert_eq!(odd.message.len(), MAX_ERROR_MESSAGE_BYTES - 1);
+    }
 }

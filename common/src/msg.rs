@@ -545,6 +545,23 @@ pub struct RemoteError {
     pub message: String,
 }
 
+impl RemoteError {
+    /// An error whose message is cut (at a character boundary) to
+    /// [`MAX_ERROR_MESSAGE_BYTES`], so it always encodes into a message the peer
+    /// accepts, however long the names it quotes.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> RemoteError {
+        let mut message = message.into();
+        if message.len() > MAX_ERROR_MESSAGE_BYTES {
+            let mut cut = MAX_ERROR_MESSAGE_BYTES;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        RemoteError { kind, message }
+    }
+}
+
 /// Classes of failure a server reports. Appended to, never reordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]

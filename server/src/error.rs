@@ -5,22 +5,14 @@
 
 use std::io;
 
-use ferry_common::msg::{ErrorKind, RemoteError, MAX_ERROR_MESSAGE_BYTES};
+use ferry_common::msg::{ErrorKind, RemoteError};
 
 /// `EDQUOT`: the disk quota is exhausted (reported as "no space").
 const EDQUOT: i32 = 122;
 
 /// A [`RemoteError`] with a message cut to the protocol's limit.
 pub fn remote(kind: ErrorKind, message: impl Into<String>) -> RemoteError {
-    let mut message = message.into();
-    if message.len() > MAX_ERROR_MESSAGE_BYTES {
-        let mut cut = MAX_ERROR_MESSAGE_BYTES;
-        while !message.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        message.truncate(cut);
-    }
-    RemoteError { kind, message }
+    RemoteError::new(kind, message)
 }
 
 /// The error kind for an OS error.
@@ -78,11 +70,5 @@ mod tests {
             r.message,
             "data/x: cannot write: no space left on the server's device"
         );
-    }
-
-    #[test]
-    fn long_messages_are_cut_on_a_char_boundary() {
-        let r = remote(ErrorKind::Io, "é".repeat(MAX_ERROR_MESSAGE_BYTES));
-        assert!(r.message.len() <= MAX_ERROR_MESSAGE_BYTES);
     }
 }

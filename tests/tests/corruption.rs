@@ -17,6 +17,11 @@ use ferry_tests::{assert_only_resumable_temp_files, write_random_file as write_r
 /// Starts an in-process ferryd whose every connection is wrapped in `plan`.
 /// The share's secret file goes beside `root`.
 async fn faulty_server(root: &Path, plan: FaultPlan) -> u16 {
+    faulty_server_handle(root, plan).await.0
+}
+
+/// [`faulty_server`], also returning the server (to see when its connections ended).
+async fn faulty_server_handle(root: &Path, plan: FaultPlan) -> (u16, Arc<Server>) {
     let secret = ferry_tests::write_secret_file(root.parent().unwrap());
     let mut config = Config::with_shares(
         "127.0.0.1:0".parse().unwrap(),
@@ -32,15 +37,16 @@ async fn faulty_server(root: &Path, plan: FaultPlan) -> u16 {
     let server = Server::new(&config).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
+    let serving = server.clone();
     tokio::spawn(async move {
         loop {
             let (stream, _) = listener.accept().await.unwrap();
             let tcp = Arc::new(Tcp::start(stream).await.unwrap());
             let wrapped = Faulty::new(tcp, plan.clone());
-            tokio::spawn(server.clone().handle_connection(wrapped));
+            tokio::spawn(serving.clone().handle_connection(wrapped));
         }
     });
-    port
+    (port, server)
 }
 
 fn no_progress() -> ProgressFn {
@@ -171,7 +177,7 @@ async fn a_failing_transport_mid_upload_leaves_no_file_under_its_name() {
     let (share, src) = (dir.path().join("share"), dir.path().join("src.bin"));
     std::fs::create_dir(&share).unwrap();
     write_random(&src, SIZE, 5);
-    let port = faulty_server(
+    let (port, server) = faulty_server_handle(
         &share,
         FaultPlan {
             fail_after: Some(3),
@@ -185,6 +191,17 @@ async fn a_failing_transport_mid_upload_leaves_no_file_under_its_name() {
     assert!(upload_file(&client, &src, "data", "dst.bin", no_progress())
         .await
         .is_err());
+    // The server drops the upload when its connection ends, which it counts until
+    // everything the connection held is gone: look at the share only after that.
+    drop(client);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while server.connections() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the failed connection was not closed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     // Nothing under the final name; at most the resumable partial and its journal,
     // which a later upload of the same file would continue (whether they stay depends
     // on whether the client's close still reached the server).

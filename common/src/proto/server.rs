@@ -142,10 +142,10 @@ impl ServerSession {
                     None
                 };
                 if let Some(message) = problem {
-                    self.transmit.push_back(Message::Refused(RemoteError {
-                        kind: ErrorKind::Protocol,
-                        message: message.clone(),
-                    }));
+                    self.transmit.push_back(Message::Refused(RemoteError::new(
+                        ErrorKind::Protocol,
+                        message.clone(),
+                    )));
                     return Err(ProtoError::Incompatible(message));
                 }
                 self.timers.stop(Timer::Handshake);
@@ -208,10 +208,10 @@ impl ServerSession {
         client_nonce: &Nonce,
     ) -> Result<(), ProtoError> {
         let answer = match self.params.access.get(share) {
-            None => Response::Error(RemoteError {
-                kind: ErrorKind::NoSuchShare,
-                message: format!("no such share '{}'", share.escape_debug()),
-            }),
+            None => Response::Error(RemoteError::new(
+                ErrorKind::NoSuchShare,
+                format!("no such share '{}'", share.escape_debug()),
+            )),
             Some(ShareAccess::Open) => Response::Authenticated { proof: None },
             Some(ShareAccess::Secret(secret)) => {
                 if secret.check_client_proof(share, client_nonce, &self.nonce, proof) {
@@ -229,10 +229,10 @@ impl ServerSession {
                     );
                     self.transmit.push_back(Message::Response {
                         id,
-                        body: Response::Error(RemoteError {
-                            kind: ErrorKind::AuthFailed,
-                            message: message.clone(),
-                        }),
+                        body: Response::Error(RemoteError::new(
+                            ErrorKind::AuthFailed,
+                            message.clone(),
+                        )),
                     });
                     self.events.push_back(ServerEvent::Denied {
                         share: share.to_string(),
@@ -265,10 +265,10 @@ impl ServerSession {
                 if any_open || !self.authenticated.is_empty() {
                     return None;
                 }
-                return Some(RemoteError {
-                    kind: ErrorKind::AuthRequired,
-                    message: "server statistics need an authenticated share".into(),
-                });
+                return Some(RemoteError::new(
+                    ErrorKind::AuthRequired,
+                    "server statistics need an authenticated share",
+                ));
             }
             (None, _) => return None,
         };
@@ -278,13 +278,13 @@ impl ServerSession {
                 reason: "request before authentication".into(),
             });
         }
-        Some(RemoteError {
-            kind: ErrorKind::AuthRequired,
-            message: format!(
+        Some(RemoteError::new(
+            ErrorKind::AuthRequired,
+            format!(
                 "share '{}' requires a secret, and this session has not proved it",
                 share.escape_debug()
             ),
-        })
+        ))
     }
 
     /// Answers request `id`. Answers to requests that are not outstanding (the session

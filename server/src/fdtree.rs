@@ -22,6 +22,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 
 use ferry_common::msg::{ErrorKind, RemoteError, MAX_PATH_BYTES};
+use ferry_common::path::components;
 use nix::dir::{Dir, OwningIter};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
@@ -65,12 +66,22 @@ impl Top {
     /// against [`RESERVED_PREFIX`], so a symlink to a reserved directory does not get
     /// around the rule.
     pub fn open(share: &Share, rel: &str, write: bool) -> Result<Top, RemoteError> {
+        let what = share.display(rel);
+        let reserved = || {
+            remote(
+                ErrorKind::InvalidPath,
+                format!("{what}: names starting with '{RESERVED_PREFIX}' are reserved"),
+            )
+        };
+        // As named (whether it exists or not), then as resolved.
+        if components(rel).is_ok_and(|c| c.iter().any(|c| c.starts_with(RESERVED_PREFIX))) {
+            return Err(reserved());
+        }
         let path = if write {
             share.resolve_for_write(rel)?
         } else {
             share.resolve(rel, false)?
         };
-        let what = share.display(rel);
         let Ok(inside) = path.strip_prefix(share.root()) else {
             return Err(remote(
                 ErrorKind::OutsideShare,
@@ -82,10 +93,7 @@ impl Top {
             .iter()
             .any(|c| c.as_bytes().starts_with(RESERVED_PREFIX.as_bytes()))
         {
-            return Err(remote(
-                ErrorKind::InvalidPath,
-                format!("{what}: names starting with '{RESERVED_PREFIX}' are reserved"),
-            ));
+            return Err(reserved());
         }
         let mut dir = Dir::open(share.root(), dir_flags(), Mode::empty())
             .map_err(|e| io_error("open", &what, &io::Error::from(e)))?;

@@ -21,8 +21,9 @@
 //! the newest partial snapshot of another timestamp builds a fresh partial but links
 //! each file that one holds with the source's size and mtime instead of sending it, so
 //! the new snapshot holds exactly the source (nothing the source has since lost), and
-//! what the interrupted run sent is not sent again. (The old partial stays until
-//! retention removes it.)
+//! what the interrupted run sent is not sent again. (The old partial is removed once
+//! the new snapshot is published: [`crate::backup_admin::after_publish`].) A partial of
+//! its own timestamp loses the entries the source no longer has before it is filled.
 //!
 //! "Unchanged" uses rsync's quick check (size and mtime); a file rewritten in place
 //! with its mtime put back is not detected.
@@ -37,6 +38,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ferry_common::attr::attr_of;
 use ferry_common::msg::{Attr, ErrorKind, FileKind, Timestamp};
 
+use crate::backup_admin::drop_stale_entries;
 use crate::client::Client;
 use crate::error::ClientError;
 use crate::transfer::{upload_file, upload_file_with_base, ProgressFn};
@@ -148,8 +150,8 @@ fn same_version(a: &Attr, size: u64, mtime: Timestamp) -> bool {
 /// partial snapshot is filled depth first (directories before their contents, each
 /// directory's mode and mtime set after its contents); then one `Rename` publishes it.
 /// On error the partial snapshot stays for the next run with the same `now` to continue
-/// (a later run with another `now` starts a new partial and leaves this one; retention
-/// is to remove stale partials, see the plan).
+/// (a later run with another `now` starts a new partial and leaves this one for
+/// [`crate::backup_admin::after_publish`] to remove).
 pub async fn backup(
     client: &Client,
     src: &Path,
@@ -280,11 +282,19 @@ impl Ctx<'_> {
                 .collect::<Result<_, _>>()
                 .map_err(|e| ClientError::local(&dir.src, "cannot list", e))?;
             names.sort();
-            let lists = Listings {
+            let mut lists = Listings {
                 before: self.listing_of(&dir.prev).await?,
                 already: listing(self.client, self.share, &dir.dst).await?,
                 resumed: self.listing_of(&dir.resume).await?,
             };
+            drop_stale_entries(
+                self.client,
+                self.share,
+                &dir.dst,
+                &dir.src,
+                &mut lists.already,
+            )
+            .await?;
             let mut seen = 0u64;
             let mut jobs = Vec::new();
             for name in names {

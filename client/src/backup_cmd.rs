@@ -1,6 +1,8 @@
 //! `rcp backup SRC_DIR HOST[:PORT]:SHARE/PREFIX [--to HOST2:SHARE/PREFIX ...]`: one
-//! snapshot on each target, the targets in parallel and independent of each other
-//! (issue 5; `docs/backup-plan.md` says what remains).
+//! snapshot on each target, the targets in parallel and independent of each other,
+//! each pruned after its snapshot is published; `rcp backup --list TARGET` (issue 5;
+//! `docs/backup-plan.md` says what remains; listing and pruning are in
+//! [`ferry_client::backup_admin`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,6 +10,7 @@ use std::time::{Instant, SystemTime};
 
 use clap::Parser;
 use ferry_client::backup::{backup, BackupReport};
+use ferry_client::backup_admin::{self, PruneReport, Retention};
 use ferry_client::error::{exit, ClientError};
 use ferry_client::location::{self, Location};
 use ferry_client::transfer::ProgressFn;
@@ -21,17 +24,37 @@ use ferry_common::transport::TransportChoice;
 #[derive(Parser, Debug)]
 #[command(
     name = "rcp backup",
-    override_usage = "rcp backup [OPTIONS] SRC_DIR HOST[:PORT]:SHARE/PREFIX [--to HOST[:PORT]:SHARE/PREFIX]...",
-    after_help = "EXIT CODES:\n  As for a copy (see rcp --help), and\n  8  several targets: some succeeded, some failed (see --json's targets)"
+    override_usage = "rcp backup [OPTIONS] SRC_DIR HOST[:PORT]:SHARE/PREFIX [--to HOST[:PORT]:SHARE/PREFIX]...\n       rcp backup --list HOST[:PORT]:SHARE/PREFIX [--json]",
+    after_help = "RETENTION:\n  With --keep and/or --keep-days, a snapshot is removed only if it is outside every\n  rule given (--keep 3 --keep-days 7: the 3 newest and all of the last 7 days stay).\n  Pruning runs per target only after that target's new snapshot is published, never\n  removes the new snapshot, and also removes the target's partial snapshots older\n  than the new one (interrupted runs). A pruning failure is reported (--json:\n  pruned, prune_errors) but does not change the exit code.\n\nEXIT CODES:\n  As for a copy (see rcp --help), and\n  8  several targets: some succeeded, some failed (see --json's targets)"
 )]
 pub struct BackupArgs {
     /// The local directory to back up.
-    #[arg(value_name = "SRC_DIR")]
-    src: PathBuf,
+    #[arg(value_name = "SRC_DIR", required_unless_present_any = ["list"])]
+    src: Option<PathBuf>,
 
     /// Where the snapshots go.
-    #[arg(value_name = "HOST[:PORT]:SHARE/PREFIX")]
-    dest: String,
+    #[arg(value_name = "HOST[:PORT]:SHARE/PREFIX", required_unless_present_any = ["list"])]
+    dest: Option<String>,
+
+    /// List the snapshots of a target instead of backing up: one line each, oldest
+    /// first (name, files, size, unique size: what removing it would free), partial
+    /// snapshots of interrupted runs marked; with --json, one JSON array.
+    #[arg(
+        long,
+        value_name = "HOST[:PORT]:SHARE/PREFIX",
+        conflicts_with_all = ["src", "dest", "to", "keep", "keep_days"]
+    )]
+    list: Option<String>,
+
+    /// Keep the N newest snapshots of each target (the new one included) and remove
+    /// the older ones, unless --keep-days keeps them. At least 1.
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    keep: Option<u64>,
+
+    /// Keep the snapshots taken less than D days ago (by their names' UTC times) and
+    /// remove the older ones, unless --keep keeps them. At least 1.
+    #[arg(long, value_name = "D", value_parser = at_least_one)]
+    keep_days: Option<u64>,
 
     /// Another target, backed up in parallel (repeatable). A target that fails does
     /// not stop the others; exit code 8 says some failed and some succeeded.
@@ -59,22 +82,40 @@ pub struct BackupArgs {
 /// Runs `rcp backup` and returns the exit code: the copy's table, plus
 /// [`exit::SOME_TARGETS_FAILED`] when targets disagree.
 pub async fn run(args: BackupArgs) -> u8 {
+    if let Some(target) = &args.list {
+        return list(target, &args).await;
+    }
+    let (Some(src), Some(dest)) = (args.src.clone(), args.dest.clone()) else {
+        eprintln!("rcp: backup needs SRC_DIR and HOST[:PORT]:SHARE/PREFIX");
+        return exit::USAGE;
+    };
+    let retention = Retention {
+        keep: args.keep.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        keep_days: args.keep_days,
+    };
     let started = Instant::now();
     // One timestamp for every target, so their snapshots share a name.
     let now = SystemTime::now();
-    let targets: Vec<String> = std::iter::once(args.dest.clone())
+    let targets: Vec<String> = std::iter::once(dest)
         .chain(args.to.iter().cloned())
         .collect();
     let mut tasks = tokio::task::JoinSet::new();
     for (i, dest) in targets.iter().enumerate() {
-        let (dest, src) = (dest.clone(), args.src.clone());
+        let (dest, src) = (dest.clone(), src.clone());
         let (transport, secret_file) = (args.transport, args.secret_file.clone());
         tasks.spawn(async move {
-            let r = snapshot(&dest, &src, transport, secret_file.as_deref(), now).await;
-            (i, r)
+            let r = snapshot(
+                &dest,
+                &src,
+                transport,
+                secret_file.as_deref(),
+                now,
+                retention,
+            );
+            (i, r.await)
         });
     }
-    let mut results: Vec<Option<Result<BackupReport, ClientError>>> =
+    let mut results: Vec<Option<Result<(BackupReport, PruneReport), ClientError>>> =
         targets.iter().map(|_| None).collect();
     while let Some(joined) = tasks.join_next().await {
         match joined {
@@ -82,7 +123,7 @@ pub async fn run(args: BackupArgs) -> u8 {
             Err(e) => tracing::error!("a backup task failed: {e}"),
         }
     }
-    let results: Vec<Result<BackupReport, ClientError>> = results
+    let results: Vec<Result<(BackupReport, PruneReport), ClientError>> = results
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(ClientError::Usage("the backup task failed".into()))))
         .collect();
@@ -100,7 +141,8 @@ pub async fn run(args: BackupArgs) -> u8 {
     };
     for (dest, result) in targets.iter().zip(&results) {
         match result {
-            Ok(r) if !args.json => eprintln!(
+            Ok((r, prune)) if !args.json => {
+                eprintln!(
                 "rcp: {dest}: snapshot {} ({} files: {} unchanged, {} changed, {} new, {} deleted; {} bytes sent, {} reused)",
                 r.snapshot,
                 r.files_scanned,
@@ -110,7 +152,15 @@ pub async fn run(args: BackupArgs) -> u8 {
                 r.files_deleted,
                 r.bytes_sent,
                 r.bytes_reused
-            ),
+                );
+                prune
+                    .pruned
+                    .iter()
+                    .for_each(|p| eprintln!("rcp: {dest}: removed {p}"));
+                for (p, e) in &prune.errors {
+                    eprintln!("rcp: {dest}: cannot prune {p}: {e}");
+                }
+            }
             Ok(_) => {}
             Err(e) => eprintln!("rcp: {dest}: {e}"),
         }
@@ -121,13 +171,63 @@ pub async fn run(args: BackupArgs) -> u8 {
     code
 }
 
+/// Backs up `src` to `dest`, then prunes `dest` (see [`backup_admin::after_publish`]).
 async fn snapshot(
     dest: &str,
     src: &std::path::Path,
     transport: TransportChoice,
     secret_file: Option<&std::path::Path>,
     now: SystemTime,
-) -> Result<BackupReport, ClientError> {
+    retention: Retention,
+) -> Result<(BackupReport, PruneReport), ClientError> {
+    let (client, share, prefix) = open(dest, transport, secret_file).await?;
+    let progress: ProgressFn = Arc::new(|_| {});
+    let report = backup(&client, src, &share, &prefix, now, progress).await?;
+    let name = report.snapshot.rsplit('/').next().unwrap_or_default();
+    let prune = backup_admin::after_publish(&client, &share, &prefix, name, &retention, now).await;
+    Ok((report, prune))
+}
+
+/// `rcp backup --list TARGET`.
+async fn list(target: &str, args: &BackupArgs) -> u8 {
+    let listed = async {
+        let (client, share, prefix) =
+            open(target, args.transport, args.secret_file.as_deref()).await?;
+        backup_admin::list(&client, &share, &prefix).await
+    };
+    match listed.await {
+        Ok(snapshots) if args.json => {
+            let all: Vec<_> = snapshots.iter().map(|s| s.to_json()).collect();
+            println!("{}", serde_json::Value::Array(all));
+            exit::OK
+        }
+        Ok(snapshots) => {
+            snapshots.iter().for_each(|s| println!("{}", s.line()));
+            exit::OK
+        }
+        Err(e) => {
+            eprintln!("rcp: {target}: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// A `--keep` or `--keep-days` count: 0 would remove every snapshot but the new one.
+fn at_least_one(arg: &str) -> Result<u64, String> {
+    match arg.parse::<u64>() {
+        Ok(0) => Err("must be at least 1 (0 would remove every snapshot but the new one)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Connects to the target `dest` and authenticates; returns the client, the share and
+/// the prefix.
+async fn open(
+    dest: &str,
+    transport: TransportChoice,
+    secret_file: Option<&std::path::Path>,
+) -> Result<(Client, String, String), ClientError> {
     let remote = match location::parse(dest, ferry_common::DEFAULT_PORT)? {
         Location::Remote(r) if !r.path.is_empty() => r,
         _ => {
@@ -139,13 +239,12 @@ async fn snapshot(
     let credentials = Credentials::from_file_or_env(secret_file)?;
     let client = Client::connect_with(&remote.host, remote.port, transport, credentials).await?;
     client.authenticate(&remote.share).await?;
-    let progress: ProgressFn = Arc::new(|_| {});
-    backup(&client, src, &remote.share, &remote.path, now, progress).await
+    Ok((client, remote.share, remote.path))
 }
 
 fn print_json(
     targets: &[String],
-    results: &[Result<BackupReport, ClientError>],
+    results: &[Result<(BackupReport, PruneReport), ClientError>],
     seconds: f64,
     code: u8,
 ) {
@@ -153,7 +252,7 @@ fn print_json(
         .iter()
         .zip(results)
         .map(|(dest, result)| match result {
-            Ok(r) => serde_json::json!({
+            Ok((r, prune)) => serde_json::json!({
                 "target": dest,
                 "ok": true,
                 "snapshot": r.snapshot,
@@ -165,6 +264,8 @@ fn print_json(
                 "bytes_sent": r.bytes_sent,
                 "bytes_reused": r.bytes_reused,
                 "seconds": r.duration.as_secs_f64(),
+                "pruned": prune.to_json().0,
+                "prune_errors": prune.to_json().1,
             }),
             Err(e) => serde_json::json!({
                 "target": dest,
@@ -178,9 +279,18 @@ fn print_json(
     let first = results
         .iter()
         .find_map(|r| r.as_ref().ok())
-        .cloned()
+        .map(|(r, _)| r.clone())
         .unwrap_or_default();
-    let ok = results.iter().filter_map(|r| r.as_ref().ok());
+    let ok = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok().map(|(r, _)| r));
+    let prunes = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok().map(|(_, p)| p));
+    let pruned: Vec<_> = prunes.clone().flat_map(|p| &p.pruned).collect();
+    let prune_errors: Vec<_> = prunes
+        .flat_map(|p| p.to_json().1.as_array().cloned().unwrap_or_default())
+        .collect();
     let summary = serde_json::json!({
         "ok": code == exit::OK,
         "exit_code": code,
@@ -192,6 +302,8 @@ fn print_json(
         "bytes_sent": ok.clone().map(|r| r.bytes_sent).sum::<u64>(),
         "bytes_reused": ok.map(|r| r.bytes_reused).sum::<u64>(),
         "seconds": seconds,
+        "pruned": pruned,
+        "prune_errors": prune_errors,
         "targets": per_target,
     });
     println!("{summary}");

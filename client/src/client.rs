@@ -12,8 +12,8 @@ use ferry_common::auth::Secret;
 use ferry_common::chunk::{chunk_count, manifest_id};
 use ferry_common::codec;
 use ferry_common::msg::{
-    Attr, DirEntry, ErrorKind, FileVersion, FsStat, MappedFile, RemoteError, Request, Response,
-    ServerStats, Sha256, Timestamp, Welcome,
+    Attr, DirEntry, DiskUsage, ErrorKind, FileVersion, FsStat, MappedFile, RemoteError, Request,
+    Response, ServerStats, Sha256, Timestamp, Welcome,
 };
 use ferry_common::proto::client::{ClientEvent, ClientSession};
 use ferry_common::transport::tcp::Tcp;
@@ -470,6 +470,37 @@ impl Client {
             .await?
         {
             Response::FsStat(s) => Ok(s),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Removes the file, symlink or directory `path` of `share` (see
+    /// [`Request::Remove`]): a symlink is removed, never its target; a directory must
+    /// be empty unless `recursive`, which removes the tree below it without following
+    /// symlinks. The share root and reserved names are refused.
+    pub async fn remove(
+        &self,
+        share: &str,
+        path: &str,
+        recursive: bool,
+    ) -> Result<(), ClientError> {
+        let req = Request::Remove {
+            share: share.into(),
+            path: path.into(),
+            recursive,
+        };
+        self.call(req).await.and_then(expect_ok)
+    }
+
+    /// Counts and sizes of the tree at `path` in `share`, computed by the server
+    /// without following symlinks (see [`DiskUsage`]).
+    pub async fn disk_usage(&self, share: &str, path: &str) -> Result<DiskUsage, ClientError> {
+        let req = Request::DiskUsage {
+            share: share.into(),
+            path: path.into(),
+        };
+        match self.call(req).await? {
+            Response::DiskUsage(u) => Ok(u),
             other => Err(unexpected(other)),
         }
     }

@@ -113,7 +113,9 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::UploadOpen { share, path, .. }
         | Request::DownloadOpen { share, path }
         | Request::MapOpen { share, path, .. }
-        | Request::Manifest { share, path, .. } => share_and_path(share, path),
+        | Request::Manifest { share, path, .. }
+        | Request::Remove { share, path, .. }
+        | Request::DiskUsage { share, path } => share_and_path(share, path),
         Request::UploadOpenBase {
             share, path, base, ..
         } => {
@@ -181,7 +183,8 @@ fn validate_response(resp: &Response) -> Result<(), CodecError> {
         | Response::UploadOpened { .. }
         | Response::WindowPulled { .. }
         | Response::Committed { .. }
-        | Response::Authenticated { .. } => Ok(()),
+        | Response::Authenticated { .. }
+        | Response::DiskUsage(_) => Ok(()),
     }
 }
 
@@ -344,6 +347,47 @@ mod tests {
             postcard::to_stdvec(&open).unwrap(),
             [19, 1, b's', 1, b'p', 3, 4, 10, 6, 1, b'b']
         );
+    }
+
+    #[test]
+    fn remove_and_disk_usage_have_their_agreed_indices() {
+        // Request::Remove 20, Request::DiskUsage 21, Response::DiskUsage 14.
+        let remove = Request::Remove {
+            share: "s".into(),
+            path: "p".into(),
+            recursive: true,
+        };
+        assert_eq!(
+            postcard::to_stdvec(&remove).unwrap(),
+            [20, 1, b's', 1, b'p', 1]
+        );
+        let du = Request::DiskUsage {
+            share: "s".into(),
+            path: "p".into(),
+        };
+        assert_eq!(postcard::to_stdvec(&du).unwrap(), [21, 1, b's', 1, b'p']);
+        let usage = Response::DiskUsage(DiskUsage {
+            files: 1,
+            dirs: 2,
+            bytes: 300,
+            unique_bytes: 4,
+        });
+        assert_eq!(
+            postcard::to_stdvec(&usage).unwrap(),
+            [14, 1, 2, 0xac, 0x02, 4]
+        );
+        let long = Message::Request {
+            id: 1,
+            body: Request::Remove {
+                share: "s".into(),
+                path: "x".repeat(MAX_PATH_BYTES + 1),
+                recursive: false,
+            },
+        };
+        assert!(matches!(
+            decode(&postcard::to_stdvec(&long).unwrap()),
+            Err(CodecError::Limit { field: "path", .. })
+        ));
     }
 
     #[test]

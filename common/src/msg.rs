@@ -432,6 +432,27 @@ pub enum Request {
         /// is not followed).
         base: String,
     },
+    /// Remove the file, symlink or directory `path` (its final component not
+    /// followed: a symlink is removed, never its target). A directory must be empty
+    /// unless `recursive`, which removes the whole tree below it without following any
+    /// symlink in it. The share root, reserved names (`.ferry-`) and read-only shares
+    /// are refused. Backups use it for retention and stale partial snapshots.
+    Remove {
+        /// Share name.
+        share: String,
+        /// Share-relative path of the entry to remove.
+        path: String,
+        /// Remove a directory with everything in it.
+        recursive: bool,
+    },
+    /// Counts and sizes of the tree at `path` (its final component not followed,
+    /// no symlink followed below it), answered with [`Response::DiskUsage`].
+    DiskUsage {
+        /// Share name.
+        share: String,
+        /// Share-relative path of the tree (or single entry).
+        path: String,
+    },
 }
 
 impl Request {
@@ -453,7 +474,9 @@ impl Request {
             | Request::Link { share, .. }
             | Request::Rename { share, .. }
             | Request::Manifest { share, .. }
-            | Request::UploadOpenBase { share, .. } => Some(share),
+            | Request::UploadOpenBase { share, .. }
+            | Request::Remove { share, .. }
+            | Request::DiskUsage { share, .. } => Some(share),
             Request::UploadWindow { .. }
             | Request::UploadCommit { .. }
             | Request::DownloadWindow { .. }
@@ -534,6 +557,26 @@ pub enum Response {
         /// last chunk.
         hashes: Vec<Sha256>,
     },
+    /// Counts and sizes of a tree, for [`Request::DiskUsage`].
+    DiskUsage(DiskUsage),
+}
+
+/// What a tree holds, as [`Request::DiskUsage`] reports it. Symlinks are counted, never
+/// followed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DiskUsage {
+    /// Entries that are not directories (regular files, symlinks, others), each name
+    /// counted once (so a file with two links in the tree counts twice).
+    pub files: u64,
+    /// Directories, the tree's top one included.
+    pub dirs: u64,
+    /// Apparent size: the sum of the sizes of the non-directory entries, hard links
+    /// counted at each name.
+    pub bytes: u64,
+    /// What removing the tree would free: the allocated bytes (`st_blocks * 512`) of
+    /// every directory and of every other inode all of whose links lie in the tree
+    /// (seen in the walk as many times as its link count), each inode counted once.
+    pub unique_bytes: u64,
 }
 
 /// Why a request failed, as the server reports it.

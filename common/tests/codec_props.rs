@@ -242,6 +242,12 @@ fn request() -> impl Strategy<Value = Request> {
                     base,
                 }
             }),
+        (share_path(), any::<bool>()).prop_map(|((share, path), recursive)| Request::Remove {
+            share,
+            path,
+            recursive
+        }),
+        share_path().prop_map(|(share, path)| Request::DiskUsage { share, path }),
     ]
 }
 
@@ -350,6 +356,14 @@ fn response() -> impl Strategy<Value = Response> {
                 first_chunk,
                 hashes
             }),
+        any::<[u64; 4]>().prop_map(|[files, dirs, bytes, unique_bytes]| {
+            Response::DiskUsage(DiskUsage {
+                files,
+                dirs,
+                bytes,
+                unique_bytes,
+            })
+        }),
     ]
 }
 
@@ -419,6 +433,8 @@ fn request_variant(r: &Request) -> usize {
         Request::Rename { .. } => 17,
         Request::Manifest { .. } => 18,
         Request::UploadOpenBase { .. } => 19,
+        Request::Remove { .. } => 20,
+        Request::DiskUsage { .. } => 21,
     }
 }
 
@@ -439,6 +455,7 @@ fn response_variant(r: &Response) -> usize {
         Response::Stats(_) => 11,
         Response::Authenticated { .. } => 12,
         Response::Manifest { .. } => 13,
+        Response::DiskUsage(_) => 14,
     }
 }
 
@@ -746,7 +763,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 20], [false; 14]);
+    let (mut requests, mut responses) = ([false; 22], [false; 15]);
     for _ in 0..2000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

@@ -33,12 +33,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::error::remote;
-use crate::fsops;
 use crate::gauge::Held;
 use crate::map::{self, MapContext, MapTable};
 use crate::pool::Pool;
 use crate::share::Share;
 use crate::transfer::{BaseFile, Download, Transfer, Upload};
+use crate::{du, fsops, remove};
 use crate::{Server, SOFTWARE};
 
 /// Most transfers one connection may have open at once.
@@ -492,6 +492,18 @@ impl Conn {
                     map::manifest_page(&share, &path, chunk_bytes, first_chunk, &server.manifests)
                 })
                 .await
+            }
+            Request::Remove {
+                share,
+                path,
+                recursive,
+            } => {
+                let share = self.share(&share)?;
+                blocking(move || remove::remove(&share, &path, recursive)).await
+            }
+            Request::DiskUsage { share, path } => {
+                let share = self.share(&share)?;
+                blocking(move || du::disk_usage(&share, &path)).await
             }
             // The session answers these itself; one reaching here is a bug there.
             Request::Auth { .. } => Err(remote(

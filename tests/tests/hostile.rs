@@ -773,7 +773,9 @@ fn outside(env: &Env) -> Outside {
 /// Every request kind that takes a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PathRequest {
-    Stat { follow: bool },
+    Stat {
+        follow: bool,
+    },
     ListDir,
     Mkdir,
     Symlink,
@@ -781,9 +783,21 @@ enum PathRequest {
     UploadOpen,
     DownloadOpen,
     MapOpen,
+    /// The path as `Link`'s existing file, then as its new name.
+    Link,
+    LinkTo,
+    /// The path as `Rename`'s source, then as its destination.
+    Rename,
+    RenameTo,
+    Manifest,
+    /// The path as `UploadOpenBase`'s destination, then as its base.
+    UploadOpenBase,
+    UploadBase,
+    Remove,
+    DiskUsage,
 }
 
-const EVERY_KIND: [PathRequest; 9] = [
+const EVERY_KIND: [PathRequest; 18] = [
     PathRequest::Stat { follow: true },
     PathRequest::Stat { follow: false },
     PathRequest::ListDir,
@@ -793,14 +807,24 @@ const EVERY_KIND: [PathRequest; 9] = [
     PathRequest::UploadOpen,
     PathRequest::DownloadOpen,
     PathRequest::MapOpen,
+    PathRequest::Link,
+    PathRequest::LinkTo,
+    PathRequest::Rename,
+    PathRequest::RenameTo,
+    PathRequest::Manifest,
+    PathRequest::UploadOpenBase,
+    PathRequest::UploadBase,
+    PathRequest::Remove,
+    PathRequest::DiskUsage,
 ];
 
 /// The kinds that follow a final symlink.
-const FOLLOWING: [PathRequest; 4] = [
+const FOLLOWING: [PathRequest; 5] = [
     PathRequest::Stat { follow: true },
     PathRequest::ListDir,
     PathRequest::DownloadOpen,
     PathRequest::MapOpen,
+    PathRequest::Manifest,
 ];
 
 impl PathRequest {
@@ -847,6 +871,54 @@ impl PathRequest {
                 path,
                 chunk_bytes: 4096,
             },
+            PathRequest::Link => Request::Link {
+                share,
+                from: path,
+                to: "new-link".into(),
+            },
+            PathRequest::LinkTo => Request::Link {
+                share,
+                from: "sub/f".into(),
+                to: path,
+            },
+            PathRequest::Rename => Request::Rename {
+                share,
+                from: path,
+                to: "renamed".into(),
+            },
+            PathRequest::RenameTo => Request::Rename {
+                share,
+                from: "sub/f".into(),
+                to: path,
+            },
+            PathRequest::Manifest => Request::Manifest {
+                share,
+                path,
+                chunk_bytes: 4096,
+                first_chunk: 0,
+            },
+            PathRequest::UploadOpenBase => Request::UploadOpenBase {
+                share,
+                path,
+                size: 4096,
+                mode: 0o777,
+                mtime: Default::default(),
+                base: "sub/f".into(),
+            },
+            PathRequest::UploadBase => Request::UploadOpenBase {
+                share,
+                path: "new-upload".into(),
+                size: 4096,
+                mode: 0o777,
+                mtime: Default::default(),
+                base: path,
+            },
+            PathRequest::Remove => Request::Remove {
+                share,
+                path,
+                recursive: true,
+            },
+            PathRequest::DiskUsage => Request::DiskUsage { share, path },
         }
     }
 }
@@ -959,6 +1031,11 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
         assert_eq!(got, InvalidPath, "SetAttr {link:?}");
         let got = error_kind(raw.call(PathRequest::Mkdir.on(SHARE, link)));
         assert_eq!(got, ErrorKind::Exists, "Mkdir {link:?}");
+        // DiskUsage describes the link itself, and never walks what it points at.
+        match raw.call(PathRequest::DiskUsage.on(SHARE, link)) {
+            Response::DiskUsage(u) => assert_eq!((u.files, u.dirs), (1, 0), "{link}"),
+            other => panic!("DiskUsage {link}: {other:?}"),
+        }
     }
     // Names the server reserves, and the share root, are not write targets.
     for (kind, path) in [
@@ -966,6 +1043,13 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
         (PathRequest::Mkdir, ""),
         (PathRequest::SetAttr, ""),
         (PathRequest::Symlink, "."),
+        (PathRequest::Remove, ""),
+        (PathRequest::Remove, "."),
+        (PathRequest::Remove, ".ferry-tmp.0123456789abcdef"),
+        (PathRequest::Remove, ".ferry-state/manifests"),
+        (PathRequest::DiskUsage, ".ferry-state"),
+        (PathRequest::Rename, ""),
+        (PathRequest::LinkTo, ".ferry-tmp.0123456789abcdef"),
     ] {
         let got = error_kind(raw.call(kind.on(SHARE, path)));
         assert_eq!(got, InvalidPath, "{kind:?} {path:?}");
@@ -1002,6 +1086,22 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
         .is_file());
     assert_eq!(fs::read(env.share("abs-file")).unwrap(), data);
 
+    // Removing the links that lead outside removes the links, nothing they point at.
+    for link in [
+        "abs-dir",
+        "rel-dir",
+        "abs-file",
+        "sub-up",
+        "made",
+        "dangling-out",
+    ] {
+        assert_eq!(
+            raw.call(PathRequest::Remove.on(SHARE, link)),
+            Response::Ok,
+            "{link}"
+        );
+        assert!(fs::symlink_metadata(env.share(link)).is_err(), "{link}");
+    }
     // A path of more than 4096 bytes does not even decode: that connection ends.
     let peer = raw.local_addr();
     let too_long = format!("{}{}", "d/".repeat(MAX_PATH_BYTES / 2), "d");

@@ -307,6 +307,27 @@ fn messages() -> Vec<(&'static str, Message)> {
                 },
             ),
         ),
+        (
+            "req-remove",
+            req(
+                20,
+                Request::Remove {
+                    share: data(),
+                    path: s("dir"),
+                    recursive: true,
+                },
+            ),
+        ),
+        (
+            "req-disk-usage",
+            req(
+                21,
+                Request::DiskUsage {
+                    share: data(),
+                    path: s("dir"),
+                },
+            ),
+        ),
         ("resp-ok", resp(1, Response::Ok)),
         (
             "resp-attr",
@@ -450,6 +471,18 @@ fn messages() -> Vec<(&'static str, Message)> {
                     first_chunk: 0,
                     hashes: vec![[5; 32], [6; 32]],
                 },
+            ),
+        ),
+        (
+            "resp-disk-usage",
+            resp(
+                15,
+                Response::DiskUsage(DiskUsage {
+                    files: 3,
+                    dirs: 2,
+                    bytes: 5100,
+                    unique_bytes: 8192,
+                }),
             ),
         ),
     ]
@@ -767,6 +800,37 @@ fn request_sequences() -> Vec<Seed> {
                         share: d.clone(),
                         from: s("dir"),
                         to: s("dir2"),
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::DiskUsage {
+                        share: d.clone(),
+                        path: s(""),
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::Remove {
+                        share: d.clone(),
+                        path: s("linked"),
+                        recursive: false,
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::Remove {
+                        share: d.clone(),
+                        path: s("dirlink"),
+                        recursive: true,
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::Remove {
+                        share: d.clone(),
+                        path: s("dir2"),
+                        recursive: true,
                     },
                 ),
             ],

@@ -460,6 +460,8 @@ impl Client<'_> {
             | Request::Rename { share, .. }
             | Request::Manifest { share, .. }
             | Request::UploadOpenBase { share, .. }
+            | Request::Remove { share, .. }
+            | Request::DiskUsage { share, .. }
             | Request::StatFs { share } => match flags & (F_DATA | F_RO) {
                 F_DATA => *share = "data".into(),
                 F_RO => *share = "ro".into(),

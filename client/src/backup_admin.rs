@@ -1,0 +1,349 @@
+//! Looking after a backup prefix: listing its snapshots with their sizes
+//! (`rcp backup --list`), retention (`--keep N`, `--keep-days D`), removal of stale
+//! partial snapshots, and the tidying of a resumed partial snapshot (the plan is
+//! `docs/backup-plan.md`).
+//!
+//! Retention rule (as rsnapshot's and borg's): every rule given names snapshots to
+//! keep: `keep` the `keep` newest, `keep_days` those taken less than `keep_days` days
+//! before the run. A snapshot is removed only if it is outside every rule given; the
+//! run's own new snapshot is never removed. Nothing here runs before the new snapshot
+//! is published, and pruning failures are reported, not fatal (see [`PruneReport`]).
+//!
+//! Removing a snapshot never affects another: unchanged files are hard links, and the
+//! server's `Remove` unlinks names, so each other snapshot keeps its own link.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ferry_common::msg::{Attr, DiskUsage, ErrorKind, FileKind};
+
+use crate::backup::{is_snapshot_name, PARTIAL_PREFIX};
+use crate::client::Client;
+use crate::error::ClientError;
+
+/// Seconds in a day, for `--keep-days`.
+const DAY_SECS: u64 = 86_400;
+
+/// One snapshot (or partial snapshot) of a prefix, as [`list`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// Its timestamp name (`YYYY-MM-DDTHH-MM-SSZ`), without the partial prefix.
+    pub name: String,
+    /// Share-relative path of its directory.
+    pub path: String,
+    /// True for the partial snapshot of an interrupted run (`.partial-<name>`).
+    pub partial: bool,
+    /// What it holds, as the server counted it; `unique_bytes` is what removing it
+    /// would free.
+    pub usage: DiskUsage,
+}
+
+/// Time of the snapshot name `name` (as [`crate::backup::snapshot_name`] writes it),
+/// or `None` if it is not one.
+pub fn snapshot_time(name: &str) -> Option<SystemTime> {
+    if !is_snapshot_name(name) {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| name[r].parse::<u64>().ok();
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    let days = u64::try_from(days_from_civil(y as i64, mo as i64, d as i64)).ok()?;
+    Some(UNIX_EPOCH + Duration::from_secs(days * DAY_SECS + h * 3600 + mi * 60 + s))
+}
+
+/// Days since 1970-01-01 of the proleptic Gregorian date (Howard Hinnant's
+/// `days_from_civil`, the inverse of the backup module's `civil_from_days`).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn join(dir: &str, name: &str) -> String {
+    let dir = dir.trim_matches('/');
+    if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+/// The snapshot directories in `prefix`: `(timestamp name, partial)`, oldest first (a
+/// partial after the snapshot of the same name). A missing prefix has none.
+async fn snapshot_dirs(
+    client: &Client,
+    share: &str,
+    prefix: &str,
+) -> Result<Vec<(String, bool)>, ClientError> {
+    let entries = match client.list_dir(share, prefix.trim_matches('/')).await {
+        Ok(e) => e,
+        Err(e) if e.remote_kind() == Some(ErrorKind::NotFound) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    let mut out: Vec<(String, bool)> = entries
+        .into_iter()
+        .filter(|e| e.attr.kind == FileKind::Dir)
+        .filter_map(|e| match e.name.strip_prefix(PARTIAL_PREFIX) {
+            Some(ts) if is_snapshot_name(ts) => Some((ts.to_string(), true)),
+            None if is_snapshot_name(&e.name) => Some((e.name, false)),
+            _ => None,
+        })
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+/// Every snapshot and partial snapshot in `share`/`prefix`, oldest first, each with
+/// its usage (one `DiskUsage` request each: the server walks the tree, nothing is
+/// listed over the wire).
+pub async fn list(
+    client: &Client,
+    share: &str,
+    prefix: &str,
+) -> Result<Vec<SnapshotInfo>, ClientError> {
+    let mut out = Vec::new();
+    for (name, partial) in snapshot_dirs(client, share, prefix).await? {
+        let dir = if partial {
+            format!("{PARTIAL_PREFIX}{name}")
+        } else {
+            name.clone()
+        };
+        let path = join(prefix, &dir);
+        let usage = client.disk_usage(share, &path).await?;
+        out.push(SnapshotInfo {
+            name,
+            path,
+            partial,
+            usage,
+        });
+    }
+    Ok(out)
+}
+
+impl SnapshotInfo {
+    /// One line for `rcp backup --list`: name, partial mark, files, apparent and
+    /// unique size (human-readable).
+    pub fn line(&self) -> String {
+        let mark = if self.partial { "  (partial)" } else { "" };
+        format!(
+            "{}{mark}  {} files  {}  unique {}",
+            self.name,
+            self.usage.files,
+            indicatif::HumanBytes(self.usage.bytes),
+            indicatif::HumanBytes(self.usage.unique_bytes)
+        )
+    }
+
+    /// The object `rcp backup --list --json` prints for it.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name,
+            "path": self.path,
+            "partial": self.partial,
+            "files": self.usage.files,
+            "dirs": self.usage.dirs,
+            "bytes": self.usage.bytes,
+            "unique_bytes": self.usage.unique_bytes,
+        })
+    }
+}
+
+/// Which snapshots to keep; see the module docs for the rule.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Keep the newest this many (at least 1).
+    pub keep: Option<usize>,
+    /// Keep those taken less than this many days before the run.
+    pub keep_days: Option<u64>,
+}
+
+impl Retention {
+    /// True if some rule is given (otherwise nothing is ever removed).
+    pub fn is_set(&self) -> bool {
+        self.keep.is_some() || self.keep_days.is_some()
+    }
+
+    /// The snapshot names among `names` to remove at time `now`, oldest first:
+    /// those outside every rule given. `new` (the run's own snapshot) is never among
+    /// them; nor is a name that does not parse as a time, since no age rule can judge
+    /// it.
+    pub fn doomed(&self, names: &[String], new: &str, now: SystemTime) -> Vec<String> {
+        if !self.is_set() {
+            return Vec::new();
+        }
+        let mut sorted: Vec<&String> = names.iter().collect();
+        sorted.sort();
+        let newest_kept = self.keep.map_or(0, |n| n.max(1));
+        let cutoff = self
+            .keep_days
+            .map(|d| now.checked_sub(Duration::from_secs(d.saturating_mul(DAY_SECS))));
+        let recent = |name: &str| match (cutoff, snapshot_time(name)) {
+            (Some(Some(cutoff)), Some(t)) => t > cutoff,
+            // A cutoff before the epoch keeps everything; so does an unparsable name.
+            (Some(None), _) | (Some(_), None) => true,
+            (None, _) => false,
+        };
+        let n = sorted.len();
+        sorted
+            .into_iter()
+            .enumerate()
+            .filter(|&(i, name)| {
+                let among_newest = i + newest_kept >= n;
+                name != new && !among_newest && !recent(name)
+            })
+            .map(|(_, name)| name.clone())
+            .collect()
+    }
+}
+
+/// What [`after_publish`] removed, and what it could not.
+#[derive(Debug, Default)]
+pub struct PruneReport {
+    /// Share-relative paths removed: snapshots outside the retention rules, and stale
+    /// partial snapshots.
+    pub pruned: Vec<String>,
+    /// Paths (or the prefix, if it could not be listed) that could not be removed, with
+    /// why.
+    pub errors: Vec<(String, ClientError)>,
+}
+
+impl PruneReport {
+    /// `(pruned, prune_errors)` as `rcp backup --json` reports them.
+    pub fn to_json(&self) -> (serde_json::Value, serde_json::Value) {
+        let errors: Vec<_> = self
+            .errors
+            .iter()
+            .map(|(path, e)| {
+                serde_json::json!({ "path": path, "kind": e.kind(), "message": e.to_string() })
+            })
+            .collect();
+        (
+            serde_json::json!(self.pruned),
+            serde_json::Value::Array(errors),
+        )
+    }
+}
+
+/// Tidies `share`/`prefix` once the snapshot `new` (its timestamp name) is published:
+/// removes every partial snapshot older than `new` (interrupted runs, whose useful
+/// files `new` already linked) and the snapshots `retention` does not keep at `now`.
+/// Never removes `new`; never fails: what could not be done is in the report's
+/// `errors`.
+pub async fn after_publish(
+    client: &Client,
+    share: &str,
+    prefix: &str,
+    new: &str,
+    retention: &Retention,
+    now: SystemTime,
+) -> PruneReport {
+    let mut report = PruneReport::default();
+    let dirs = match snapshot_dirs(client, share, prefix).await {
+        Ok(d) => d,
+        Err(e) => {
+            report.errors.push((prefix.to_string(), e));
+            return report;
+        }
+    };
+    let stale = dirs
+        .iter()
+        .filter(|(name, partial)| *partial && name.as_str() < new)
+        .map(|(name, _)| format!("{PARTIAL_PREFIX}{name}"));
+    let published: Vec<String> = dirs
+        .iter()
+        .filter(|(_, partial)| !partial)
+        .map(|(name, _)| name.clone())
+        .collect();
+    let doomed = retention.doomed(&published, new, now);
+    for dir in stale.chain(doomed) {
+        let path = join(prefix, &dir);
+        match client.remove(share, &path, true).await {
+            Ok(()) => report.pruned.push(path),
+            Err(e) => report.errors.push((path, e)),
+        }
+    }
+    report
+}
+
+/// Makes the server directory `dst` of a resumed partial snapshot fit the local
+/// directory `src`: removes each entry of `already` (`dst`'s listing) that `src` no
+/// longer has, or has as a directory where `dst` has none (or the reverse), and drops
+/// it from `already`. Called before `dst` is filled, so the finished snapshot holds
+/// exactly the source.
+pub(crate) async fn drop_stale_entries(
+    client: &Client,
+    share: &str,
+    dst: &str,
+    src: &Path,
+    already: &mut HashMap<String, Attr>,
+) -> Result<(), ClientError> {
+    let mut stale: Vec<String> = already
+        .iter()
+        .filter(
+            |(name, attr)| match std::fs::symlink_metadata(src.join(name)) {
+                Ok(meta) => meta.is_dir() != (attr.kind == FileKind::Dir),
+                Err(_) => true,
+            },
+        )
+        .map(|(name, _)| name.clone())
+        .collect();
+    stale.sort();
+    for name in stale {
+        client.remove(share, &join(dst, &name), true).await?;
+        already.remove(&name);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backup::snapshot_name;
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn snapshot_times_invert_snapshot_names() {
+        for secs in [0, 951_782_400, 1_795_257_009, 4_102_444_799] {
+            assert_eq!(snapshot_time(&snapshot_name(at(secs))), Some(at(secs)));
+        }
+        assert_eq!(snapshot_time(".partial-2026-11-21T10-30-09Z"), None);
+        assert_eq!(snapshot_time("2026-13-21T10-30-09Z"), None);
+    }
+
+    fn names(days: &[u64]) -> Vec<String> {
+        days.iter()
+            .map(|d| snapshot_name(at(d * DAY_SECS)))
+            .collect()
+    }
+
+    #[test]
+    fn a_snapshot_goes_only_when_outside_every_rule() {
+        let all = names(&[1, 2, 3, 4, 5, 6]);
+        let now = at(6 * DAY_SECS + 10);
+        let new = all[5].clone();
+        let keep = |keep, keep_days| Retention { keep, keep_days };
+        assert!(keep(None, None).doomed(&all, &new, now).is_empty());
+        assert_eq!(keep(Some(2), None).doomed(&all, &new, now), all[..4]);
+        // Days 4, 5 and 6 are less than 3 days old.
+        assert_eq!(keep(None, Some(3)).doomed(&all, &new, now), all[..3]);
+        // Union of what either rule keeps.
+        assert_eq!(keep(Some(4), Some(1)).doomed(&all, &new, now), all[..2]);
+        assert_eq!(keep(Some(1), Some(3)).doomed(&all, &new, now), all[..3]);
+        // The new snapshot stays even when it is not the newest.
+        let older_new = all[0].clone();
+        assert_eq!(keep(Some(1), None).doomed(&all, &older_new, now), all[1..5]);
+        // Keep 0 is never asked for (the CLI refuses it); it keeps the newest anyway.
+        assert_eq!(keep(Some(0), None).doomed(&all, &new, now), all[..5]);
+    }
+}

@@ -242,6 +242,7 @@ fn request() -> impl Strategy<Value = Request> {
                     base,
                 }
             }),
+        share_path().prop_map(|(share, path)| Request::Verify { share, path }),
     ]
 }
 
@@ -350,7 +351,37 @@ fn response() -> impl Strategy<Value = Response> {
                 first_chunk,
                 hashes
             }),
+        verify_report().prop_map(Response::Verified),
     ]
+}
+
+fn verify_report() -> impl Strategy<Value = VerifyReport> {
+    let record = prop_oneof![
+        Just(VerifyRecord::Missing),
+        Just(VerifyRecord::Current),
+        (any::<bool>(), any::<bool>()).prop_map(|(size_changed, mtime_changed)| {
+            VerifyRecord::Stale {
+                size_changed,
+                mtime_changed,
+            }
+        }),
+    ];
+    (
+        record,
+        any::<(u64, u32, u64, u64)>(),
+        // Lists at the limit are slow to generate; see the limit tests.
+        vec(any::<u64>(), 0..=64),
+    )
+        .prop_map(
+            |(record, (size, chunk_bytes, chunks, bad_count), bad_chunks)| VerifyReport {
+                record,
+                size,
+                chunk_bytes,
+                chunks,
+                bad_count,
+                bad_chunks,
+            },
+        )
 }
 
 /// Any message within the protocol limits.
@@ -419,6 +450,8 @@ fn request_variant(r: &Request) -> usize {
         Request::Rename { .. } => 17,
         Request::Manifest { .. } => 18,
         Request::UploadOpenBase { .. } => 19,
+        // 22 once Remove (20) and DiskUsage (21) are merged before it.
+        Request::Verify { .. } => 20,
     }
 }
 
@@ -439,6 +472,8 @@ fn response_variant(r: &Response) -> usize {
         Response::Stats(_) => 11,
         Response::Authenticated { .. } => 12,
         Response::Manifest { .. } => 13,
+        // 15 once the DiskUsage response (14) is merged before it.
+        Response::Verified(_) => 14,
     }
 }
 
@@ -603,6 +638,24 @@ fn over_limit() -> impl Strategy<Value = (Message, &'static str)> {
             }))),
             "regions"
         )),
+        long(MAX_PATH_BYTES).prop_map(move |path| (
+            req(Request::Verify {
+                share: "s".into(),
+                path,
+            }),
+            "path"
+        )),
+        (1..=4usize).prop_map(move |extra| (
+            resp(Response::Verified(VerifyReport {
+                record: VerifyRecord::Current,
+                size: 0,
+                chunk_bytes: 4096,
+                chunks: 0,
+                bad_count: 0,
+                bad_chunks: vec![0; MAX_VERIFY_BAD_CHUNKS + extra],
+            })),
+            "bad_chunks"
+        )),
     ]
 }
 
@@ -746,7 +799,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 20], [false; 14]);
+    let (mut requests, mut responses) = ([false; 21], [false; 15]);
     for _ in 0..2000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

@@ -39,6 +39,7 @@ use crate::map::{self, MapContext, MapTable};
 use crate::pool::Pool;
 use crate::share::Share;
 use crate::transfer::{BaseFile, Download, Transfer, Upload};
+use crate::verify;
 use crate::{Server, SOFTWARE};
 
 /// Most transfers one connection may have open at once.
@@ -492,6 +493,10 @@ impl Conn {
                     map::manifest_page(&share, &path, chunk_bytes, first_chunk, &server.manifests)
                 })
                 .await
+            }
+            Request::Verify { share, path } => {
+                let share = self.share(&share)?;
+                blocking(move || verify::verify(&share, &path)).await
             }
             // The session answers these itself; one reaching here is a bug there.
             Request::Auth { .. } => Err(remote(

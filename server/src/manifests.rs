@@ -198,6 +198,25 @@ pub fn hash_file(
     chunk_bytes: u32,
     what: &str,
 ) -> Result<Vec<Sha256>, RemoteError> {
+    hash_chunks_of(file, size, chunk_bytes, what, |e| {
+        Err(io_error("read", what, &e))
+    })
+}
+
+/// [`hash_file`] with the chunks that fail to read (other than by a short read) handed
+/// to `unreadable`, whose answer stands for that chunk: `Ok` carries on, `Err` fails
+/// the whole call.
+pub fn hash_chunks_of<T, F>(
+    file: &File,
+    size: u64,
+    chunk_bytes: u32,
+    what: &str,
+    unreadable: F,
+) -> Result<Vec<T>, RemoteError>
+where
+    T: From<Sha256> + Send,
+    F: Fn(std::io::Error) -> Result<T, RemoteError> + Sync,
+{
     let buf_len = u64::from(chunk_bytes).min(size) as usize;
     (0..chunk_count(size, chunk_bytes))
         .into_par_iter()
@@ -207,12 +226,12 @@ pub fn hash_file(
                 let len = chunk_len(size, chunk_bytes, index) as usize;
                 let offset = index * u64::from(chunk_bytes);
                 match file.read_exact_at(&mut buf[..len], offset) {
-                    Ok(()) => Ok(hash_chunk(&buf[..len])),
+                    Ok(()) => Ok(T::from(hash_chunk(&buf[..len]))),
                     Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(remote(
                         ErrorKind::Changed,
-                        format!("{what}: the file shrank while it was being hashed"),
+                        format!("{what}: the file shrank while it was being read"),
                     )),
-                    Err(e) => Err(io_error("read", what, &e)),
+                    Err(e) => unreadable(e),
                 }
             },
         )
@@ -421,9 +440,15 @@ mod tests {
         let (d, path) = file_with(&[3u8; 9000]);
         let store = ManifestStore::new(d.path(), 4096);
         let f = File::open(&path).unwrap();
-        let (hashed, meta) =
-            manifest_of(&f, 4096, "t", &ManifestCache::new(1 << 20), Some(&store), Duration::ZERO)
-                .unwrap();
+        let (hashed, meta) = manifest_of(
+            &f,
+            4096,
+            "t",
+            &ManifestCache::new(1 << 20),
+            Some(&store),
+            Duration::ZERO,
+        )
+        .unwrap();
         let key = ManifestKey::of(&meta, 4096);
         assert_eq!(store.get(&key).unwrap(), hashed[..]);
         // A record of exactly this key is believed (forged here, to show where the
@@ -435,8 +460,7 @@ mod tests {
         assert_eq!(got[..], forged[..]);
         assert_eq!(cache.len(), 1);
         // Another chunk size is not in the store: hashed.
-        let (other, _) =
-            manifest_of(&f, 8192, "t", &cache, Some(&store), Duration::ZERO).unwrap();
+        let (other, _) = manifest_of(&f, 8192, "t", &cache, Some(&store), Duration::ZERO).unwrap();
         assert_eq!(other.len(), 2);
         // Unsettled files are not stored.
         let (d2, path2) = file_with(&[4u8; 100]);

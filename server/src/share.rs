@@ -62,7 +62,8 @@ impl Share {
         if !root.is_dir() {
             return Err(bad("not a directory".into()));
         }
-        let store = (!cfg.read_only).then(|| Arc::new(ManifestStore::new(&root, DEFAULT_CHUNK_BYTES)));
+        let store =
+            (!cfg.read_only).then(|| Arc::new(ManifestStore::new(&root, DEFAULT_CHUNK_BYTES)));
         Ok(Share {
             name: cfg.name.clone(),
             root,
@@ -392,10 +393,18 @@ mod tests {
             "sub/up/.ferry-state",
             "inside/up/.ferry-state/x",
         ] {
-            assert_eq!(kind(s.resolve(path, true)), ErrorKind::InvalidPath, "{path}");
+            assert_eq!(
+                kind(s.resolve(path, true)),
+                ErrorKind::InvalidPath,
+                "{path}"
+            );
             // A final symlink is not followed by a write: it is the link that is named.
             if path != "state-link" {
-                assert_eq!(kind(s.resolve_for_write(path)), ErrorKind::InvalidPath, "{path}");
+                assert_eq!(
+                    kind(s.resolve_for_write(path)),
+                    ErrorKind::InvalidPath,
+                    "{path}"
+                );
             }
         }
         // Not followed, a link is just a link; the name elsewhere is an ordinary name.

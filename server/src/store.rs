@@ -465,7 +465,10 @@ mod tests {
         let mut out = Vec::new();
         for fan in fs::read_dir(&store.dir).unwrap().flatten() {
             for r in fs::read_dir(fan.path()).unwrap().flatten() {
-                if r.file_name().to_string_lossy().starts_with(TEMP_RECORD_PREFIX) {
+                if r.file_name()
+                    .to_string_lossy()
+                    .starts_with(TEMP_RECORD_PREFIX)
+                {
                     out.push(r.path());
                 }
             }

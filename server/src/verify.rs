@@ -19,18 +19,16 @@
 //! record keeps that record, so the damage stays visible.
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::time::SystemTime;
 
-use ferry_common::chunk::{chunk_count, chunk_len, hash_chunk};
 use ferry_common::msg::{
     ErrorKind, RemoteError, Response, Sha256, VerifyRecord, VerifyReport, MAX_VERIFY_BAD_CHUNKS,
 };
-use rayon::prelude::*;
 
 use crate::error::{io_error, remote};
-use crate::manifests::{settled, ManifestKey, CACHE_SETTLE};
+use crate::manifests::{hash_chunks_of, settled, ManifestKey, CACHE_SETTLE};
 use crate::share::Share;
 use crate::store::ManifestStore;
 
@@ -152,28 +150,10 @@ fn read_hashes(
     chunk_bytes: u32,
     what: &str,
 ) -> Result<Vec<Option<Sha256>>, RemoteError> {
-    let buf_len = u64::from(chunk_bytes).min(size) as usize;
-    (0..chunk_count(size, chunk_bytes))
-        .into_par_iter()
-        .map_init(
-            || vec![0u8; buf_len],
-            |buf, index| {
-                let len = chunk_len(size, chunk_bytes, index) as usize;
-                let offset = index * u64::from(chunk_bytes);
-                match file.read_exact_at(&mut buf[..len], offset) {
-                    Ok(()) => Ok(Some(hash_chunk(&buf[..len]))),
-                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(remote(
-                        ErrorKind::Changed,
-                        format!("{what}: the file shrank while it was being verified"),
-                    )),
-                    Err(e) => {
-                        tracing::warn!(file = %what, chunk = index, "verify cannot read a chunk: {e}");
-                        Ok(None)
-                    }
-                }
-            },
-        )
-        .collect()
+    hash_chunks_of(file, size, chunk_bytes, what, |e| {
+        tracing::warn!(file = %what, "verify cannot read a chunk: {e}");
+        Ok(None)
+    })
 }
 
 /// Asks the kernel to drop the clean cached pages of `file`, so the next reads come
@@ -214,6 +194,7 @@ fn remember(
 mod tests {
     use super::*;
     use crate::config::ShareConfig;
+    use ferry_common::chunk::hash_chunk;
     use std::io::Write;
 
     /// The store key of `meta` in the store's chunk size.
@@ -294,7 +275,10 @@ mod tests {
         std::fs::create_dir(dir.path().join("d")).unwrap();
         std::os::unix::fs::symlink("f", dir.path().join("l")).unwrap();
         let r = report(verify(&s, "f").unwrap());
-        assert_eq!((r.record, r.bad_count, r.chunks), (VerifyRecord::Missing, 0, 1));
+        assert_eq!(
+            (r.record, r.bad_count, r.chunks),
+            (VerifyRecord::Missing, 0, 1)
+        );
         assert_eq!(verify(&s, "d").unwrap_err().kind, ErrorKind::IsADirectory);
         assert_eq!(verify(&s, "l").unwrap_err().kind, ErrorKind::InvalidPath);
         assert_eq!(

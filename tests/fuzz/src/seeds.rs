@@ -307,6 +307,16 @@ fn messages() -> Vec<(&'static str, Message)> {
                 },
             ),
         ),
+        (
+            "req-verify",
+            req(
+                20,
+                Request::Verify {
+                    share: data(),
+                    path: s("file"),
+                },
+            ),
+        ),
         ("resp-ok", resp(1, Response::Ok)),
         (
             "resp-attr",
@@ -450,6 +460,23 @@ fn messages() -> Vec<(&'static str, Message)> {
                     first_chunk: 0,
                     hashes: vec![[5; 32], [6; 32]],
                 },
+            ),
+        ),
+        (
+            "resp-verified",
+            resp(
+                15,
+                Response::Verified(VerifyReport {
+                    record: VerifyRecord::Stale {
+                        size_changed: false,
+                        mtime_changed: false,
+                    },
+                    size: 5000,
+                    chunk_bytes: 4096,
+                    chunks: 2,
+                    bad_count: 1,
+                    bad_chunks: vec![1],
+                }),
             ),
         ),
     ]
@@ -759,6 +786,20 @@ fn request_sequences() -> Vec<Seed> {
                         share: d.clone(),
                         from: s("dir/new"),
                         to: s("linked"),
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::Verify {
+                        share: d.clone(),
+                        path: s("linked"),
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::Verify {
+                        share: d.clone(),
+                        path: s(".ferry-state/manifests"),
                     },
                 ),
                 r(

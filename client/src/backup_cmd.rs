@@ -8,6 +8,7 @@ use std::time::{Instant, SystemTime};
 
 use clap::Parser;
 use ferry_client::backup::{backup, BackupReport};
+use ferry_client::backup_verify;
 use ferry_client::error::{exit, ClientError};
 use ferry_client::location::{self, Location};
 use ferry_client::transfer::ProgressFn;
@@ -21,17 +22,27 @@ use ferry_common::transport::TransportChoice;
 #[derive(Parser, Debug)]
 #[command(
     name = "rcp backup",
-    override_usage = "rcp backup [OPTIONS] SRC_DIR HOST[:PORT]:SHARE/PREFIX [--to HOST[:PORT]:SHARE/PREFIX]...",
-    after_help = "EXIT CODES:\n  As for a copy (see rcp --help), and\n  8  several targets: some succeeded, some failed (see --json's targets)"
+    override_usage = "rcp backup [OPTIONS] SRC_DIR HOST[:PORT]:SHARE/PREFIX [--to HOST[:PORT]:SHARE/PREFIX]...\n       rcp backup [--json] --verify HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]",
+    after_help = "EXIT CODES:\n  As for a copy (see rcp --help), and\n  8  several targets: some succeeded, some failed (see --json's targets)\n  9  --verify found damaged files"
 )]
 pub struct BackupArgs {
     /// The local directory to back up.
-    #[arg(value_name = "SRC_DIR")]
-    src: PathBuf,
+    #[arg(value_name = "SRC_DIR", required_unless_present_any = ["verify"])]
+    src: Option<PathBuf>,
 
     /// Where the snapshots go.
-    #[arg(value_name = "HOST[:PORT]:SHARE/PREFIX")]
-    dest: String,
+    #[arg(value_name = "HOST[:PORT]:SHARE/PREFIX", required_unless_present_any = ["verify"])]
+    dest: Option<String>,
+
+    /// Have the server re-read a snapshot (the newest under PREFIX unless one is named)
+    /// and compare every file with the manifests it recorded; damaged files are listed
+    /// with their chunks, and the exit code is 9 if there are any.
+    #[arg(
+        long,
+        value_name = "HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]",
+        conflicts_with_all = ["src", "dest", "to"]
+    )]
+    verify: Option<String>,
 
     /// Another target, backed up in parallel (repeatable). A target that fails does
     /// not stop the others; exit code 8 says some failed and some succeeded.
@@ -59,15 +70,23 @@ pub struct BackupArgs {
 /// Runs `rcp backup` and returns the exit code: the copy's table, plus
 /// [`exit::SOME_TARGETS_FAILED`] when targets disagree.
 pub async fn run(args: BackupArgs) -> u8 {
+    if let Some(target) = &args.verify {
+        let secret_file = args.secret_file.as_deref();
+        return backup_verify::run(target, args.json, args.transport, secret_file).await;
+    }
+    let (Some(src), Some(dest)) = (args.src.clone(), args.dest.clone()) else {
+        eprintln!("rcp: backup needs SRC_DIR and HOST[:PORT]:SHARE/PREFIX");
+        return exit::USAGE;
+    };
     let started = Instant::now();
     // One timestamp for every target, so their snapshots share a name.
     let now = SystemTime::now();
-    let targets: Vec<String> = std::iter::once(args.dest.clone())
+    let targets: Vec<String> = std::iter::once(dest)
         .chain(args.to.iter().cloned())
         .collect();
     let mut tasks = tokio::task::JoinSet::new();
     for (i, dest) in targets.iter().enumerate() {
-        let (dest, src) = (dest.clone(), args.src.clone());
+        let (dest, src) = (dest.clone(), src.clone());
         let (transport, secret_file) = (args.transport, args.secret_file.clone());
         tasks.spawn(async move {
             let r = snapshot(&dest, &src, transport, secret_file.as_deref(), now).await;

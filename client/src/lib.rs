@@ -11,6 +11,8 @@
 //! - [`copy`]: cp/scp semantics for files and trees, with files in flight concurrently.
 //! - [`backup`]: snapshot backups into `SHARE/PREFIX/<timestamp>/`, unchanged files
 //!   hard-linked to the previous snapshot, changed files sent as changed chunks.
+//! - [`backup_verify`]: `rcp backup --verify`, the server re-reading a snapshot's files
+//!   and comparing them with the manifests it recorded.
 //! - [`location`]: parsing `HOST[:PORT]:SHARE/PATH` operands.
 //!
 //! ```no_run
@@ -30,6 +32,7 @@
 #![warn(missing_docs)]
 
 pub mod backup;
+pub mod backup_verify;
 pub mod client;
 pub mod copy;
 pub mod error;

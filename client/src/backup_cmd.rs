@@ -11,6 +11,7 @@ use std::time::{Instant, SystemTime};
 use clap::Parser;
 use ferry_client::backup::{backup, BackupReport};
 use ferry_client::backup_admin::{self, PruneReport, Retention};
+use ferry_client::backup_verify;
 use ferry_client::error::{exit, ClientError};
 use ferry_client::location::{self, Location};
 use ferry_client::transfer::ProgressFn;
@@ -24,16 +25,16 @@ use ferry_common::transport::TransportChoice;
 #[derive(Parser, Debug)]
 #[command(
     name = "rcp backup",
-    override_usage = "rcp backup [OPTIONS] SRC_DIR HOST[:PORT]:SHARE/PREFIX [--to HOST[:PORT]:SHARE/PREFIX]...\n       rcp backup --list HOST[:PORT]:SHARE/PREFIX [--json]",
-    after_help = "RETENTION:\n  With --keep and/or --keep-days, a snapshot is removed only if it is outside every\n  rule given (--keep 3 --keep-days 7: the 3 newest and all of the last 7 days stay).\n  Pruning runs per target only after that target's new snapshot is published, never\n  removes the new snapshot, and also removes the target's partial snapshots older\n  than the new one (interrupted runs). A pruning failure is reported (--json:\n  pruned, prune_errors) but does not change the exit code.\n\nEXIT CODES:\n  As for a copy (see rcp --help), and\n  8  several targets: some succeeded, some failed (see --json's targets)"
+    override_usage = "rcp backup [OPTIONS] SRC_DIR HOST[:PORT]:SHARE/PREFIX [--to HOST[:PORT]:SHARE/PREFIX]...\n       rcp backup --list HOST[:PORT]:SHARE/PREFIX [--json]\n       rcp backup [--json] --verify HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]",
+    after_help = "RETENTION:\n  With --keep and/or --keep-days, a snapshot is removed only if it is outside every\n  rule given (--keep 3 --keep-days 7: the 3 newest and all of the last 7 days stay).\n  Pruning runs per target only after that target's new snapshot is published, never\n  removes the new snapshot, and also removes the target's partial snapshots older\n  than the new one (interrupted runs). A pruning failure is reported (--json:\n  pruned, prune_errors) but does not change the exit code.\n\nEXIT CODES:\n  As for a copy (see rcp --help), and\n  8  several targets: some succeeded, some failed (see --json's targets)\n  9  --verify found damaged files"
 )]
 pub struct BackupArgs {
     /// The local directory to back up.
-    #[arg(value_name = "SRC_DIR", required_unless_present_any = ["list"])]
+    #[arg(value_name = "SRC_DIR", required_unless_present_any = ["list", "verify"])]
     src: Option<PathBuf>,
 
     /// Where the snapshots go.
-    #[arg(value_name = "HOST[:PORT]:SHARE/PREFIX", required_unless_present_any = ["list"])]
+    #[arg(value_name = "HOST[:PORT]:SHARE/PREFIX", required_unless_present_any = ["list", "verify"])]
     dest: Option<String>,
 
     /// List the snapshots of a target instead of backing up: one line each, oldest
@@ -42,7 +43,7 @@ pub struct BackupArgs {
     #[arg(
         long,
         value_name = "HOST[:PORT]:SHARE/PREFIX",
-        conflicts_with_all = ["src", "dest", "to", "keep", "keep_days"]
+        conflicts_with_all = ["src", "dest", "to", "keep", "keep_days", "verify"]
     )]
     list: Option<String>,
 
@@ -55,6 +56,16 @@ pub struct BackupArgs {
     /// remove the older ones, unless --keep keeps them. At least 1.
     #[arg(long, value_name = "D", value_parser = at_least_one)]
     keep_days: Option<u64>,
+
+    /// Have the server re-read a snapshot (the newest under PREFIX unless one is named)
+    /// and compare every file with the manifests it recorded; damaged files are listed
+    /// with their chunks, and the exit code is 9 if there are any.
+    #[arg(
+        long,
+        value_name = "HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]",
+        conflicts_with_all = ["src", "dest", "to", "keep", "keep_days"]
+    )]
+    verify: Option<String>,
 
     /// Another target, backed up in parallel (repeatable). A target that fails does
     /// not stop the others; exit code 8 says some failed and some succeeded.
@@ -84,6 +95,10 @@ pub struct BackupArgs {
 pub async fn run(args: BackupArgs) -> u8 {
     if let Some(target) = &args.list {
         return list(target, &args).await;
+    }
+    if let Some(target) = &args.verify {
+        let secret_file = args.secret_file.as_deref();
+        return backup_verify::run(target, args.json, args.transport, secret_file).await;
     }
     let (Some(src), Some(dest)) = (args.src.clone(), args.dest.clone()) else {
         eprintln!("rcp: backup needs SRC_DIR and HOST[:PORT]:SHARE/PREFIX");

@@ -13,7 +13,7 @@ use ferry_common::chunk::{chunk_count, manifest_id};
 use ferry_common::codec;
 use ferry_common::msg::{
     Attr, DirEntry, DiskUsage, ErrorKind, FileVersion, FsStat, MappedFile, RemoteError, Request,
-    Response, ServerStats, Sha256, Timestamp, Welcome,
+    Response, ServerStats, Sha256, Timestamp, VerifyReport, Welcome,
 };
 use ferry_common::proto::client::{ClientEvent, ClientSession};
 use ferry_common::transport::tcp::Tcp;
@@ -595,6 +595,20 @@ impl Client {
             kind: ErrorKind::Changed,
             message: format!("{path}: the file kept changing while its manifest was read"),
         }))
+    }
+
+    /// Has the server re-read the regular file `path` (its final component not
+    /// followed) from its disk and compare every chunk with the manifest it recorded
+    /// for that file (see [`VerifyReport`]). Takes as long as reading the file.
+    pub async fn verify(&self, share: &str, path: &str) -> Result<VerifyReport, ClientError> {
+        let req = Request::Verify {
+            share: share.into(),
+            path: path.into(),
+        };
+        match self.call(req).await? {
+            Response::Verified(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// The server's counters (this request is counted in them).

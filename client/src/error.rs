@@ -29,6 +29,9 @@ pub mod exit {
     /// `rcp backup` with several targets: at least one succeeded and at least one
     /// failed.
     pub const SOME_TARGETS_FAILED: u8 = 8;
+    /// `rcp backup --verify`: the server found stored files whose bytes differ from
+    /// their recorded manifests (damaged, or modified after the backup).
+    pub const DAMAGE_FOUND: u8 = 9;
 }
 
 /// Why a client operation failed.

@@ -13,6 +13,8 @@
 //!   hard-linked to the previous snapshot, changed files sent as changed chunks.
 //! - [`backup_admin`]: listing a prefix's snapshots with their sizes, retention, and
 //!   removal of stale partial snapshots.
+//! - [`backup_verify`]: `rcp backup --verify`, the server re-reading a snapshot's files
+//!   and comparing them with the manifests it recorded.
 //! - [`location`]: parsing `HOST[:PORT]:SHARE/PATH` operands.
 //!
 //! ```no_run
@@ -33,6 +35,7 @@
 
 pub mod backup;
 pub mod backup_admin;
+pub mod backup_verify;
 pub mod client;
 pub mod copy;
 pub mod error;

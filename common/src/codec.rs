@@ -14,7 +14,7 @@
 use crate::msg::{
     Attr, DirEntry, Message, RemoteError, Request, Response, MAX_DIR_PAGE_ENTRIES,
     MAX_ERROR_MESSAGE_BYTES, MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MAX_NAME_BYTES,
-    MAX_PATH_BYTES, MAX_WINDOW_CHUNKS,
+    MAX_PATH_BYTES, MAX_VERIFY_BAD_CHUNKS, MAX_WINDOW_CHUNKS,
 };
 
 /// Largest control frame either side sends or accepts, in bytes.
@@ -115,7 +115,8 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::MapOpen { share, path, .. }
         | Request::Manifest { share, path, .. }
         | Request::Remove { share, path, .. }
-        | Request::DiskUsage { share, path } => share_and_path(share, path),
+        | Request::DiskUsage { share, path }
+        | Request::Verify { share, path } => share_and_path(share, path),
         Request::UploadOpenBase {
             share, path, base, ..
         } => {
@@ -172,6 +173,7 @@ fn validate_response(resp: &Response) -> Result<(), CodecError> {
         Response::Manifest { hashes, .. } => {
             limit("hashes", hashes.len(), MAX_MANIFEST_PAGE_CHUNKS)
         }
+        Response::Verified(r) => limit("bad_chunks", r.bad_chunks.len(), MAX_VERIFY_BAD_CHUNKS),
         Response::Error(e) => validate_error(e),
         Response::Mapped(m) => {
             validate_attr(&m.attr)?;
@@ -347,6 +349,61 @@ mod tests {
             postcard::to_stdvec(&open).unwrap(),
             [19, 1, b's', 1, b'p', 3, 4, 10, 6, 1, b'b']
         );
+    }
+
+    /// Index of `Request::Verify` (after Remove 20 and DiskUsage 21) and of
+    /// `Response::Verified` (after the DiskUsage response 14).
+    const VERIFY_REQUEST_INDEX: u8 = 22;
+    const VERIFIED_RESPONSE_INDEX: u8 = 15;
+
+    #[test]
+    fn verify_has_an_appended_index() {
+        let verify = Request::Verify {
+            share: "s".into(),
+            path: "p".into(),
+        };
+        assert_eq!(
+            postcard::to_stdvec(&verify).unwrap(),
+            [VERIFY_REQUEST_INDEX, 1, b's', 1, b'p']
+        );
+        let verified = Response::Verified(VerifyReport {
+            record: VerifyRecord::Stale {
+                size_changed: false,
+                mtime_changed: true,
+            },
+            size: 3,
+            chunk_bytes: 4,
+            chunks: 5,
+            bad_count: 1,
+            bad_chunks: vec![2],
+        });
+        // VerifyRecord::Stale = 2, then its two bools; the report's fields in order.
+        assert_eq!(
+            postcard::to_stdvec(&verified).unwrap(),
+            [VERIFIED_RESPONSE_INDEX, 2, 0, 1, 3, 4, 5, 1, 1, 2]
+        );
+        let report = |n| Message::Response {
+            id: 1,
+            body: Response::Verified(VerifyReport {
+                record: VerifyRecord::Current,
+                size: u64::MAX,
+                chunk_bytes: u32::MAX,
+                chunks: u64::MAX,
+                bad_count: u64::MAX,
+                bad_chunks: vec![u64::MAX; n],
+            }),
+        };
+        let bytes = encode(&report(MAX_VERIFY_BAD_CHUNKS)).unwrap();
+        assert!(bytes.len() < MAX_CTRL_FRAME_BYTES / 32, "{}", bytes.len());
+        assert_eq!(decode(&bytes).unwrap(), report(MAX_VERIFY_BAD_CHUNKS));
+        let over = postcard::to_stdvec(&report(MAX_VERIFY_BAD_CHUNKS + 1)).unwrap();
+        assert!(matches!(
+            decode(&over),
+            Err(CodecError::Limit {
+                field: "bad_chunks",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -41,3 +41,8 @@ pub const DEFAULT_PORT: u16 = 7447;
 /// Prefix of the hidden temporary files a transfer writes before its final rename.
 /// Names starting with it are never listed and never a valid transfer target.
 pub const TEMP_PREFIX: &str = ".ferry-tmp.";
+
+/// Name of the directory at the root of a writable share where ferryd keeps its state
+/// (the persistent manifest store). Reserved: no request can name, list or reach it,
+/// and the startup cleaner leaves it alone.
+pub const STATE_DIR: &str = ".ferry-state";

@@ -40,6 +40,9 @@ pub const MAP_WINDOW_BYTES: u64 = 256 << 20;
 pub const MAX_MAP_REGIONS: usize = 4096;
 /// Most chunk hashes in one [`Response::Manifest`] page (32 KiB of hashes).
 pub const MAX_MANIFEST_PAGE_CHUNKS: usize = 1024;
+/// Most chunk indices one [`VerifyReport::bad_chunks`] lists (about 10 KiB); the
+/// report's `bad_count` counts them all.
+pub const MAX_VERIFY_BAD_CHUNKS: usize = 1024;
 
 /// A SHA-256 digest.
 pub type Sha256 = [u8; 32];
@@ -453,6 +456,16 @@ pub enum Request {
         /// Share-relative path of the tree (or single entry).
         path: String,
     },
+    /// Re-read the regular file `path` (its final component not followed) from the
+    /// disk, hash every chunk and compare with the manifest the server recorded for
+    /// that file (its persistent manifest store); answered by [`Response::Verified`].
+    /// Unlike [`Request::Manifest`], never answered from a cache.
+    Verify {
+        /// Share name.
+        share: String,
+        /// Share-relative path.
+        path: String,
+    },
 }
 
 impl Request {
@@ -476,7 +489,8 @@ impl Request {
             | Request::Manifest { share, .. }
             | Request::UploadOpenBase { share, .. }
             | Request::Remove { share, .. }
-            | Request::DiskUsage { share, .. } => Some(share),
+            | Request::DiskUsage { share, .. }
+            | Request::Verify { share, .. } => Some(share),
             Request::UploadWindow { .. }
             | Request::UploadCommit { .. }
             | Request::DownloadWindow { .. }
@@ -559,6 +573,8 @@ pub enum Response {
     },
     /// Counts and sizes of a tree, for [`Request::DiskUsage`].
     DiskUsage(DiskUsage),
+    /// The outcome of a [`Request::Verify`].
+    Verified(VerifyReport),
 }
 
 /// What a tree holds, as [`Request::DiskUsage`] reports it. Symlinks are counted, never
@@ -577,6 +593,49 @@ pub struct DiskUsage {
     /// every directory and of every other inode all of whose links lie in the tree
     /// (seen in the walk as many times as its link count), each inode counted once.
     pub unique_bytes: u64,
+}
+
+/// What the server's manifest record of a verified file says about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VerifyRecord {
+    /// The server holds no manifest of this file (it did not receive or hash it
+    /// settled, or the record was lost): nothing to compare with, so the file is
+    /// unverifiable. Not damage.
+    Missing,
+    /// The record was taken of exactly this file version (device, inode, size, mtime,
+    /// ctime, chunk size). Chunks that differ from it changed below the filesystem's
+    /// notice: damage (bit rot, a faulty disk or controller).
+    Current,
+    /// The record is of this inode, but its status changed since (ctime): the file was
+    /// written, truncated or had its attributes changed after the record was taken.
+    /// Differing chunks mean it was modified after the backup; with `mtime_changed`
+    /// and `size_changed` both false, someone changed it and set its mtime back.
+    Stale {
+        /// The size differs from the recorded one.
+        size_changed: bool,
+        /// The mtime differs from the recorded one.
+        mtime_changed: bool,
+    },
+}
+
+/// The answer to a [`Request::Verify`]: the file's bytes as read from the disk now,
+/// compared chunk by chunk with its recorded manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifyReport {
+    /// What the record says (see [`VerifyRecord`]); with `Missing`, nothing was
+    /// compared and `bad_count` is 0.
+    pub record: VerifyRecord,
+    /// Size of the file now, in bytes.
+    pub size: u64,
+    /// Chunk size of the comparison (the record's).
+    pub chunk_bytes: u32,
+    /// Chunks read and hashed.
+    pub chunks: u64,
+    /// Chunks that differ from the record, could not be read, or exist in only one of
+    /// the file and the record.
+    pub bad_count: u64,
+    /// The first [`MAX_VERIFY_BAD_CHUNKS`] of those chunks' indices, ascending.
+    pub bad_chunks: Vec<u64>,
 }
 
 /// Why a request failed, as the server reports it.

@@ -248,6 +248,7 @@ fn request() -> impl Strategy<Value = Request> {
             recursive
         }),
         share_path().prop_map(|(share, path)| Request::DiskUsage { share, path }),
+        share_path().prop_map(|(share, path)| Request::Verify { share, path }),
     ]
 }
 
@@ -364,7 +365,37 @@ fn response() -> impl Strategy<Value = Response> {
                 unique_bytes,
             })
         }),
+        verify_report().prop_map(Response::Verified),
     ]
+}
+
+fn verify_report() -> impl Strategy<Value = VerifyReport> {
+    let record = prop_oneof![
+        Just(VerifyRecord::Missing),
+        Just(VerifyRecord::Current),
+        (any::<bool>(), any::<bool>()).prop_map(|(size_changed, mtime_changed)| {
+            VerifyRecord::Stale {
+                size_changed,
+                mtime_changed,
+            }
+        }),
+    ];
+    (
+        record,
+        any::<(u64, u32, u64, u64)>(),
+        // Lists at the limit are slow to generate; see the limit tests.
+        vec(any::<u64>(), 0..=64),
+    )
+        .prop_map(
+            |(record, (size, chunk_bytes, chunks, bad_count), bad_chunks)| VerifyReport {
+                record,
+                size,
+                chunk_bytes,
+                chunks,
+                bad_count,
+                bad_chunks,
+            },
+        )
 }
 
 /// Any message within the protocol limits.
@@ -435,6 +466,7 @@ fn request_variant(r: &Request) -> usize {
         Request::UploadOpenBase { .. } => 19,
         Request::Remove { .. } => 20,
         Request::DiskUsage { .. } => 21,
+        Request::Verify { .. } => 22,
     }
 }
 
@@ -456,6 +488,7 @@ fn response_variant(r: &Response) -> usize {
         Response::Authenticated { .. } => 12,
         Response::Manifest { .. } => 13,
         Response::DiskUsage(_) => 14,
+        Response::Verified(_) => 15,
     }
 }
 
@@ -620,6 +653,24 @@ fn over_limit() -> impl Strategy<Value = (Message, &'static str)> {
             }))),
             "regions"
         )),
+        long(MAX_PATH_BYTES).prop_map(move |path| (
+            req(Request::Verify {
+                share: "s".into(),
+                path,
+            }),
+            "path"
+        )),
+        (1..=4usize).prop_map(move |extra| (
+            resp(Response::Verified(VerifyReport {
+                record: VerifyRecord::Current,
+                size: 0,
+                chunk_bytes: 4096,
+                chunks: 0,
+                bad_count: 0,
+                bad_chunks: vec![0; MAX_VERIFY_BAD_CHUNKS + extra],
+            })),
+            "bad_chunks"
+        )),
     ]
 }
 
@@ -763,7 +814,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 22], [false; 15]);
+    let (mut requests, mut responses) = ([false; 23], [false; 16]);
     for _ in 0..2000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

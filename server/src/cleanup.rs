@@ -9,6 +9,9 @@
 //! - resumable partials (with their journals) not written to for the partial TTL
 //!   (`--partial-ttl`, default 24 h; zero removes all of them).
 //!
+//! The server's state directory at the root ([`STATE_DIR`], the manifest store) is not
+//! entered: its files are not transfer files, and the store prunes its own.
+//!
 //! Invariant: nothing a live transfer uses is removed. A file whose status changed
 //! after this ferryd started (ctime) is left alone (a transfer of this process wrote
 //! it), and so is a regular file another holder has `flock`ed (every transfer locks its
@@ -24,7 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_common::journal::read_journal;
 use ferry_common::staging::{classify, lock, names, TempName, JOURNAL_SUFFIX, PART_SUFFIX};
-use ferry_common::TEMP_PREFIX;
+use ferry_common::{STATE_DIR, TEMP_PREFIX};
 
 /// What a cleanup of one share did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -62,6 +65,7 @@ pub fn clean_tree(root: &Path, ttl: Duration, started: SystemTime) -> CleanupRep
         let mut partials: BTreeMap<String, (bool, bool)> = BTreeMap::new();
         for entry in entries.flatten() {
             match classify(&entry.file_name()) {
+                None if dir == root && entry.file_name() == STATE_DIR => {}
                 None => {
                     if entry.file_type().is_ok_and(|t| t.is_dir()) {
                         dirs.push(entry.path());
@@ -298,6 +302,25 @@ mod tests {
             "{:?}",
             names_in(root.path())
         );
+    }
+
+    #[test]
+    fn the_state_directory_is_left_alone() {
+        let root = tempfile::tempdir().unwrap();
+        let state = root.path().join(".ferry-state/manifests/00");
+        fs::create_dir_all(&state).unwrap();
+        // Even files with a temporary name, there, are not the cleaner's.
+        fs::write(state.join(".ferry-tmp.0123456789abcdef"), b"x").unwrap();
+        fs::write(state.join("1-100"), b"record").unwrap();
+        // Elsewhere the name is an ordinary directory, cleaned as any other.
+        let deeper = root.path().join("sub/.ferry-state");
+        fs::create_dir_all(&deeper).unwrap();
+        fs::write(deeper.join(".ferry-tmp.0123456789abcdef"), b"x").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let r = clean_tree(root.path(), Duration::ZERO, SystemTime::now());
+        assert_eq!((r.removed, r.failed), (1, 0), "{r:?}");
+        assert_eq!(names_in(&state), [".ferry-tmp.0123456789abcdef", "1-100"]);
+        assert!(names_in(&deeper).is_empty());
     }
 
     #[test]

@@ -38,7 +38,7 @@ use crate::map::{self, MapContext, MapTable};
 use crate::pool::Pool;
 use crate::share::Share;
 use crate::transfer::{BaseFile, Download, Transfer, Upload};
-use crate::{du, fsops, remove};
+use crate::{du, fsops, remove, verify};
 use crate::{Server, SOFTWARE};
 
 /// Most transfers one connection may have open at once.
@@ -504,6 +504,10 @@ impl Conn {
             Request::DiskUsage { share, path } => {
                 let share = self.share(&share)?;
                 blocking(move || du::disk_usage(&share, &path)).await
+            }
+            Request::Verify { share, path } => {
+                let share = self.share(&share)?;
+                blocking(move || verify::verify(&share, &path)).await
             }
             // The session answers these itself; one reaching here is a bug there.
             Request::Auth { .. } => Err(remote(

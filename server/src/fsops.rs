@@ -1,7 +1,7 @@
 //! Metadata requests, as blocking filesystem calls (run them off the async threads).
 
 use std::fs::{self, File, Permissions};
-use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{symlink, DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use ferry_common::attr::attr_of;
@@ -9,10 +9,12 @@ use ferry_common::msg::{
     Attr, DirEntry, ErrorKind, FileKind, FsStat, RemoteError, Response, Timestamp,
     MAX_DIR_PAGE_ENTRIES,
 };
-use ferry_common::TEMP_PREFIX;
+use ferry_common::{STATE_DIR, TEMP_PREFIX};
 
 use crate::error::{io_error, remote};
+use crate::manifests::ManifestKey;
 use crate::share::Share;
+use crate::store::{mtime_settled, ManifestStore};
 
 /// Bytes of names and symlink targets per listing page, so that a page of long names
 /// stays well under the control frame limit.
@@ -37,14 +39,16 @@ pub fn stat(share: &Share, rel: &str, follow: bool) -> Result<Response, RemoteEr
 }
 
 /// `ListDir`: the page of entries starting at index `cursor` in name order. Temporary
-/// transfer files are not listed.
+/// transfer files are not listed, nor the server's state directory at the root.
 pub fn list_dir(share: &Share, rel: &str, cursor: u64) -> Result<Response, RemoteError> {
     let what = share.display(rel);
     let path = share.resolve(rel, true)?;
+    let at_root = path == share.root();
     let mut names: Vec<String> = Vec::new();
     for entry in fs::read_dir(&path).map_err(|e| io_error("list", &what, &e))? {
         let entry = entry.map_err(|e| io_error("list", &what, &e))?;
         match entry.file_name().into_string() {
+            Ok(n) if at_root && n == STATE_DIR => {}
             Ok(n) if !n.starts_with(TEMP_PREFIX) => names.push(n),
             Ok(_) => {}
             Err(raw) => {
@@ -164,6 +168,10 @@ pub fn set_attr(
 /// new name `to`. Never replaces: an existing `to` fails with [`ErrorKind::Exists`].
 /// Temporary transfer files cannot be linked, so a partial upload never gains a
 /// visible name this way.
+///
+/// `link(2)` changes the inode's ctime, hence its manifest key: if the share's store
+/// holds a record of the file as it was just before, the record is saved again under
+/// the new key when nothing but this link happened (see [`rekey_after_link`]).
 pub fn link(share: &Share, from: &str, to: &str) -> Result<Response, RemoteError> {
     let from_what = share.display(from);
     let src = share.resolve(from, false)?;
@@ -178,8 +186,17 @@ pub fn link(share: &Share, from: &str, to: &str) -> Result<Response, RemoteError
         ));
     }
     let dst = share.resolve_for_write(to)?;
-    let meta = fs::symlink_metadata(&src).map_err(|e| io_error("stat", &from_what, &e))?;
-    if !meta.is_file() {
+    // O_PATH | O_NOFOLLOW: a handle on the inode `from` names (a symlink itself, not
+    // its target), without opening its contents; fstat'ed before and after the link.
+    let handle = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_PATH | nix::libc::O_NOFOLLOW)
+        .open(&src)
+        .map_err(|e| io_error("open", &from_what, &e))?;
+    let before = handle
+        .metadata()
+        .map_err(|e| io_error("stat", &from_what, &e))?;
+    if !before.is_file() {
         return Err(remote(
             ErrorKind::InvalidPath,
             format!("{from_what}: only regular files can be hard-linked"),
@@ -188,7 +205,47 @@ pub fn link(share: &Share, from: &str, to: &str) -> Result<Response, RemoteError
     // linkat(2) without AT_SYMLINK_FOLLOW: had `from` been swapped for a symlink since
     // the check, the link would name that symlink itself, never its target.
     fs::hard_link(&src, &dst).map_err(|e| io_error("link", &share.display(to), &e))?;
+    if let Some(store) = share.store() {
+        rekey_after_link(store, &handle, &before, &dst, &from_what);
+    }
     Ok(Response::Ok)
+}
+
+/// After ferryd linked the file `handle` (whose metadata was `before`) to `dst`: saves
+/// the store's record of the `before` version again under the file's key now, if
+/// nothing but that link happened: same inode (also under `dst`), size and mtime, one
+/// link more, and an mtime that any later write would change ([`mtime_settled`]).
+/// Anything else leaves the record as it is (a miss for the new key: the file is
+/// hashed again when next needed). Blocking; failures are logged, never returned.
+pub fn rekey_after_link(
+    store: &ManifestStore,
+    handle: &File,
+    before: &fs::Metadata,
+    dst: &Path,
+    what: &str,
+) {
+    let (Ok(after), Ok(linked)) = (handle.metadata(), fs::symlink_metadata(dst)) else {
+        return;
+    };
+    let old = ManifestKey::of(before, store.chunk_bytes());
+    let new = ManifestKey::of(&after, store.chunk_bytes());
+    let only_the_link = after.dev() == before.dev()
+        && after.ino() == before.ino()
+        && linked.dev() == after.dev()
+        && linked.ino() == after.ino()
+        && after.size() == before.size()
+        && new.mtime_ns == old.mtime_ns
+        && after.nlink() == before.nlink() + 1;
+    if !only_the_link || !mtime_settled(&new) {
+        return;
+    }
+    let Some(hashes) = store.get(&old) else {
+        return;
+    };
+    match store.save(&new, &hashes) {
+        Ok(()) => tracing::debug!(file = %what, "manifest record re-keyed after a link"),
+        Err(e) => tracing::debug!(file = %what, "cannot re-key the manifest record: {e}"),
+    }
 }
 
 /// `Rename`: renames `from` to `to` with `RENAME_NOREPLACE` (an existing `to` fails with

@@ -9,7 +9,9 @@
 //! every chunk hashed with SHA-256, through a bounded per-connection pool of
 //! registered chunk buffers ([`pool`]). Mapped files ([`map`]) register a whole file
 //! read-only, with its chunk manifest ([`manifests`], cached server-wide), so a client
-//! reads any part of it with one-sided READs and no request per read.
+//! reads any part of it with one-sided READs and no request per read. Writable shares
+//! keep manifests across restarts in a persistent store ([`store`]), which `Verify`
+//! ([`verify`]) compares a file's bytes with.
 //!
 //! Uploads of several chunks are resumable: an interrupted one leaves a partial file and
 //! its journal ([`ferry_common::staging`]), which the next upload of the same name
@@ -44,7 +46,9 @@ pub mod map;
 pub mod pool;
 pub mod remove;
 pub mod share;
+pub mod store;
 pub mod transfer;
+pub mod verify;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -152,7 +156,9 @@ impl Server {
     }
 
     /// Removes the hidden files a killed ferryd left in the writable shares (see
-    /// [`cleanup`]), logging one line per share. Read-only shares are not touched.
+    /// [`cleanup`]) and the manifest records of files that are gone
+    /// ([`store::ManifestStore::prune`]), logging one line per share for each.
+    /// Read-only shares are not touched.
     /// Blocking; meant for a background thread at start, while connections are served.
     pub fn clean_stale_files(&self) {
         let mut shares: Vec<&Arc<Share>> = self.shares.values().collect();
@@ -170,6 +176,16 @@ impl Server {
                 r.live,
                 r.failed
             );
+            if let Some(store) = share.store() {
+                let p = store.prune(self.started);
+                tracing::info!(
+                    "share {}: manifest store kept {} records, removed {} of files that are gone ({} failures)",
+                    share.name(),
+                    p.kept,
+                    p.removed,
+                    p.failed
+                );
+            }
         }
     }
 

@@ -20,6 +20,9 @@
 //! changed file is hashed again on every open, so what the cache returns was taken
 //! from content that no write within the same timestamp could have followed. (A clock
 //! stepped backwards by more than that defeats the rule; so be it.)
+//!
+//! Below the cache, a writable share's persistent store ([`crate::store`]) keeps the
+//! manifests of settled files across restarts, under the same key.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, Metadata};
@@ -32,6 +35,7 @@ use ferry_common::msg::{ErrorKind, RemoteError, Sha256};
 use rayon::prelude::*;
 
 use crate::error::{io_error, remote};
+use crate::store::ManifestStore;
 
 /// Bytes of chunk hashes (plus [`ENTRY_OVERHEAD_BYTES`] per entry) the server-wide
 /// cache holds at most; the least recently used entries are evicted beyond it.
@@ -194,6 +198,25 @@ pub fn hash_file(
     chunk_bytes: u32,
     what: &str,
 ) -> Result<Vec<Sha256>, RemoteError> {
+    hash_chunks_of(file, size, chunk_bytes, what, |e| {
+        Err(io_error("read", what, &e))
+    })
+}
+
+/// [`hash_file`] with the chunks that fail to read (other than by a short read) handed
+/// to `unreadable`, whose answer stands for that chunk: `Ok` carries on, `Err` fails
+/// the whole call.
+pub fn hash_chunks_of<T, F>(
+    file: &File,
+    size: u64,
+    chunk_bytes: u32,
+    what: &str,
+    unreadable: F,
+) -> Result<Vec<T>, RemoteError>
+where
+    T: From<Sha256> + Send,
+    F: Fn(std::io::Error) -> Result<T, RemoteError> + Sync,
+{
     let buf_len = u64::from(chunk_bytes).min(size) as usize;
     (0..chunk_count(size, chunk_bytes))
         .into_par_iter()
@@ -203,12 +226,12 @@ pub fn hash_file(
                 let len = chunk_len(size, chunk_bytes, index) as usize;
                 let offset = index * u64::from(chunk_bytes);
                 match file.read_exact_at(&mut buf[..len], offset) {
-                    Ok(()) => Ok(hash_chunk(&buf[..len])),
+                    Ok(()) => Ok(T::from(hash_chunk(&buf[..len]))),
                     Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(remote(
                         ErrorKind::Changed,
-                        format!("{what}: the file shrank while it was being hashed"),
+                        format!("{what}: the file shrank while it was being read"),
                     )),
-                    Err(e) => Err(io_error("read", what, &e)),
+                    Err(e) => unreadable(e),
                 }
             },
         )
@@ -223,16 +246,19 @@ fn same_version(a: &Metadata, b: &Metadata) -> bool {
 /// The manifest of `file` in chunks of `chunk_bytes`, and the metadata it belongs to.
 /// Blocking.
 ///
-/// From `cache` when the file's current [`ManifestKey`] is there; otherwise hashed with
-/// [`hash_file`] between two `fstat`s. If the two differ, the file changed while it was
-/// hashed: it is hashed once more, and a second change fails with
-/// [`ErrorKind::Changed`]. A manifest is cached only if the file had settled (see
-/// [`CACHE_SETTLE`]: its ctime lies at least `settle` before hashing began).
+/// From `cache` when the file's current [`ManifestKey`] is there, else from `store`
+/// (the share's persistent store, if it has one) when it holds a record of exactly that
+/// key; otherwise hashed with [`hash_file`] between two `fstat`s. If the two differ,
+/// the file changed while it was hashed: it is hashed once more, and a second change
+/// fails with [`ErrorKind::Changed`]. A manifest is cached and stored only if the file
+/// had settled (see [`CACHE_SETTLE`]: its ctime lies at least `settle` before hashing
+/// began). Logs at debug whether the manifest came from the store or was hashed.
 pub fn manifest_of(
     file: &File,
     chunk_bytes: u32,
     what: &str,
     cache: &ManifestCache,
+    store: Option<&ManifestStore>,
     settle: Duration,
 ) -> Result<(Arc<[Sha256]>, Metadata), RemoteError> {
     let stat = || file.metadata().map_err(|e| io_error("stat", what, &e));
@@ -242,13 +268,25 @@ pub fn manifest_of(
         if let Some(hashes) = cache.get(&key) {
             return Ok((hashes, before));
         }
+        if let Some(hashes) = store.and_then(|s| s.get(&key)) {
+            tracing::debug!(file = %what, bytes = key.size, "manifest from the store");
+            let hashes: Arc<[Sha256]> = hashes.into();
+            cache.insert(key, hashes.clone());
+            return Ok((hashes, before));
+        }
         let started = SystemTime::now();
         let hashes = hash_file(file, before.size(), chunk_bytes, what)?;
+        tracing::debug!(file = %what, bytes = key.size, "manifest hashed");
         let after = stat()?;
         if same_version(&before, &after) {
             let hashes: Arc<[Sha256]> = hashes.into();
             if settled(&key, started, settle) {
                 cache.insert(key, hashes.clone());
+                if let Some(store) = store {
+                    if let Err(e) = store.save(&key, &hashes) {
+                        tracing::debug!(file = %what, "cannot store the manifest: {e}");
+                    }
+                }
             }
             return Ok((hashes, after));
         }
@@ -261,7 +299,7 @@ pub fn manifest_of(
 }
 
 /// True if the file's ctime lies at least `settle` before `started`.
-fn settled(key: &ManifestKey, started: SystemTime, settle: Duration) -> bool {
+pub fn settled(key: &ManifestKey, started: SystemTime, settle: Duration) -> bool {
     let started_ns = match started.duration_since(SystemTime::UNIX_EPOCH) {
         Ok(d) => d.as_nanos() as i128,
         Err(_) => return false,
@@ -377,10 +415,10 @@ mod tests {
         let (_d, path) = file_with(&[7u8; 9000]);
         let cache = ManifestCache::new(1 << 20);
         let f = File::open(&path).unwrap();
-        let (first, meta) = manifest_of(&f, 4096, "t", &cache, Duration::ZERO).unwrap();
+        let (first, meta) = manifest_of(&f, 4096, "t", &cache, None, Duration::ZERO).unwrap();
         assert_eq!(first.len(), 3);
         assert_eq!(cache.len(), 1);
-        let (second, _) = manifest_of(&f, 4096, "t", &cache, Duration::ZERO).unwrap();
+        let (second, _) = manifest_of(&f, 4096, "t", &cache, None, Duration::ZERO).unwrap();
         assert!(Arc::ptr_eq(&first, &second), "not served from the cache");
 
         // An in-place change of the same size: new mtime/ctime, a new manifest.
@@ -390,11 +428,54 @@ mod tests {
         // distinct mtime makes the change visible whatever the clock's granularity.
         w.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1000))
             .unwrap();
-        let (third, meta3) = manifest_of(&f, 4096, "t", &cache, Duration::ZERO).unwrap();
+        let (third, meta3) = manifest_of(&f, 4096, "t", &cache, None, Duration::ZERO).unwrap();
         assert_eq!(meta3.size(), meta.size());
         assert_ne!(third[0], first[0]);
         assert_eq!(third[1], first[1]);
         assert_eq!(cache.len(), 2);
+    }
+
+    #[test]
+    fn the_store_serves_a_fresh_cache_and_is_filled_by_hashing() {
+        let (d, path) = file_with(&[3u8; 9000]);
+        let store = ManifestStore::new(d.path(), 4096);
+        let f = File::open(&path).unwrap();
+        let (hashed, meta) = manifest_of(
+            &f,
+            4096,
+            "t",
+            &ManifestCache::new(1 << 20),
+            Some(&store),
+            Duration::ZERO,
+        )
+        .unwrap();
+        let key = ManifestKey::of(&meta, 4096);
+        assert_eq!(store.get(&key).unwrap(), hashed[..]);
+        // A record of exactly this key is believed (forged here, to show where the
+        // answer came from): a restarted server, with an empty cache, does not hash.
+        let forged = vec![[9u8; 32]; 3];
+        store.save(&key, &forged).unwrap();
+        let cache = ManifestCache::new(1 << 20);
+        let (got, _) = manifest_of(&f, 4096, "t", &cache, Some(&store), Duration::ZERO).unwrap();
+        assert_eq!(got[..], forged[..]);
+        assert_eq!(cache.len(), 1);
+        // Another chunk size is not in the store: hashed.
+        let (other, _) = manifest_of(&f, 8192, "t", &cache, Some(&store), Duration::ZERO).unwrap();
+        assert_eq!(other.len(), 2);
+        // Unsettled files are not stored.
+        let (d2, path2) = file_with(&[4u8; 100]);
+        let store2 = ManifestStore::new(d2.path(), 4096);
+        let f2 = File::open(&path2).unwrap();
+        let (_, meta2) = manifest_of(
+            &f2,
+            4096,
+            "t",
+            &cache,
+            Some(&store2),
+            Duration::from_secs(3600),
+        )
+        .unwrap();
+        assert!(store2.load(meta2.dev(), meta2.ino()).is_none());
     }
 
     #[test]
@@ -403,7 +484,7 @@ mod tests {
         let cache = ManifestCache::new(1 << 20);
         let f = File::open(&path).unwrap();
         // Just written: its ctime is within the settle time of now.
-        manifest_of(&f, 4096, "t", &cache, Duration::from_secs(3600)).unwrap();
+        manifest_of(&f, 4096, "t", &cache, None, Duration::from_secs(3600)).unwrap();
         assert!(cache.is_empty());
     }
 }

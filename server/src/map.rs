@@ -301,7 +301,14 @@ pub fn open(
     check_region_count(first.size(), &what)?;
     let mut lease = reserve(ctx.budget, first.size(), &what)?;
     let chunk_bytes = chunk_bytes_for(requested_chunk_bytes, first.size());
-    let (hashes, meta) = manifest_of(&file, chunk_bytes, &what, ctx.cache, CACHE_SETTLE)?;
+    let (hashes, meta) = manifest_of(
+        &file,
+        chunk_bytes,
+        &what,
+        ctx.cache,
+        share.store().map(|s| &**s),
+        CACHE_SETTLE,
+    )?;
     let size = meta.size();
     if size != first.size() {
         check_region_count(size, &what)?;
@@ -374,7 +381,14 @@ pub fn manifest_page(
     let first = file.metadata().map_err(|e| io_error("stat", &what, &e))?;
     check_regular(&first, &what)?;
     let chunk_bytes = chunk_bytes_for(requested_chunk_bytes, first.size());
-    let (hashes, meta) = manifest_of(&file, chunk_bytes, &what, cache, CACHE_SETTLE)?;
+    let (hashes, meta) = manifest_of(
+        &file,
+        chunk_bytes,
+        &what,
+        cache,
+        share.store().map(|s| &**s),
+        CACHE_SETTLE,
+    )?;
     let attr = attr_of(&meta, None);
     let version = FileVersion {
         size: meta.size(),

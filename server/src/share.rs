@@ -13,6 +13,11 @@
 //! outside the share (a client that may create symlinks cannot use them to probe the
 //! server's file system).
 //!
+//! Reserved names: the state directory [`STATE_DIR`] at the root is never reached by
+//! a resolution, whether named directly or met through a symlink's target (every
+//! component is checked as the walk meets it at the root), and
+//! [`Share::resolve_for_write`] refuses names starting with [`TEMP_PREFIX`].
+//!
 //! Known limit: resolution and use are separate system calls, so a local user who can
 //! rename directories inside the share while a request runs could race it; clients of
 //! ferryd alone cannot, since they cannot create a symlink that points outside and then
@@ -21,13 +26,15 @@
 use std::ffi::OsString;
 use std::io;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
-use ferry_common::msg::{ErrorKind, RemoteError};
+use ferry_common::msg::{ErrorKind, RemoteError, DEFAULT_CHUNK_BYTES};
 use ferry_common::path::{components, PathError};
-use ferry_common::TEMP_PREFIX;
+use ferry_common::{STATE_DIR, TEMP_PREFIX};
 
 use crate::config::{ConfigError, ShareConfig};
 use crate::error::{io_error, remote};
+use crate::store::ManifestStore;
 
 /// Most symlinks followed while resolving one path (the kernel's `MAXSYMLINKS`).
 const MAX_SYMLINKS: usize = 40;
@@ -38,6 +45,9 @@ pub struct Share {
     name: String,
     root: PathBuf,
     read_only: bool,
+    /// The persistent manifest store (writable shares only), in the server's chunk
+    /// size.
+    store: Option<Arc<ManifestStore>>,
 }
 
 impl Share {
@@ -52,10 +62,13 @@ impl Share {
         if !root.is_dir() {
             return Err(bad("not a directory".into()));
         }
+        let store =
+            (!cfg.read_only).then(|| Arc::new(ManifestStore::new(&root, DEFAULT_CHUNK_BYTES)));
         Ok(Share {
             name: cfg.name.clone(),
             root,
             read_only: cfg.read_only,
+            store,
         })
     }
 
@@ -72,6 +85,12 @@ impl Share {
     /// True if every write is refused.
     pub fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    /// The share's persistent manifest store; `None` for a read-only share, whose
+    /// manifests are kept in memory only.
+    pub fn store(&self) -> Option<&Arc<ManifestStore>> {
+        self.store.as_ref()
     }
 
     /// `share/path`, for messages.
@@ -112,6 +131,9 @@ impl Share {
             ));
         }
         if !follow {
+            if parent == self.root && *last == STATE_DIR {
+                return Err(self.reserved(rel));
+            }
             return Ok(parent.join(last));
         }
         self.walk(parent, &[last], "open", rel)
@@ -144,6 +166,9 @@ impl Share {
                 }
                 dir.pop();
                 continue;
+            }
+            if dir == self.root && name == STATE_DIR {
+                return Err(self.reserved(rel));
             }
             let next = dir.join(&name);
             let meta = std::fs::symlink_metadata(&next).map_err(fail)?;
@@ -206,6 +231,17 @@ impl Share {
             )),
             Some(_) => Ok(path),
         }
+    }
+
+    /// The refusal of `rel`, which leads to the server's state directory.
+    fn reserved(&self, rel: &str) -> RemoteError {
+        remote(
+            ErrorKind::InvalidPath,
+            format!(
+                "{}: '{STATE_DIR}' is reserved for the server's state",
+                self.display(rel)
+            ),
+        )
     }
 
     /// The refusal of `rel`, which leads outside the share (logged).
@@ -339,5 +375,43 @@ mod tests {
             ErrorKind::InvalidPath
         );
         assert!(s.resolve_for_write("sub/new").is_ok());
+    }
+
+    #[test]
+    fn the_state_directory_is_never_reached() {
+        let (_d, s) = share(false);
+        std::fs::create_dir_all(s.root().join(".ferry-state/manifests")).unwrap();
+        symlink(".ferry-state", s.root().join("state-link")).unwrap();
+        symlink(s.root().join(".ferry-state"), s.root().join("state-abs")).unwrap();
+        symlink("..", s.root().join("sub/up")).unwrap();
+        for path in [
+            ".ferry-state",
+            ".ferry-state/manifests",
+            "state-link",
+            "state-link/manifests",
+            "state-abs/manifests",
+            "sub/up/.ferry-state",
+            "inside/up/.ferry-state/x",
+        ] {
+            assert_eq!(
+                kind(s.resolve(path, true)),
+                ErrorKind::InvalidPath,
+                "{path}"
+            );
+            // A final symlink is not followed by a write: it is the link that is named.
+            if path != "state-link" {
+                assert_eq!(
+                    kind(s.resolve_for_write(path)),
+                    ErrorKind::InvalidPath,
+                    "{path}"
+                );
+            }
+        }
+        // Not followed, a link is just a link; the name elsewhere is an ordinary name.
+        assert!(s.resolve("state-link", false).is_ok());
+        assert!(s.resolve_for_write("sub/.ferry-state").is_ok());
+        // Read-only shares have no store; writable ones do.
+        assert!(s.store().is_some());
+        assert!(share(true).1.store().is_none());
     }
 }

@@ -38,9 +38,10 @@ use ferry_common::writeback::Writeback;
 use tokio::task::JoinSet;
 
 use crate::error::{io_error, remote};
-use crate::manifests::{manifest_of, ManifestCache, CACHE_SETTLE};
+use crate::manifests::{manifest_of, ManifestCache, ManifestKey, CACHE_SETTLE};
 use crate::pool::Pool;
 use crate::share::Share;
+use crate::store::{mtime_settled, ManifestStore};
 
 /// An open upload.
 pub struct Upload {
@@ -61,6 +62,8 @@ pub struct Upload {
     mode: u32,
     mtime: Timestamp,
     chunk_bytes: u32,
+    /// The share's manifest store, where the committed file's manifest is recorded.
+    store: Option<Arc<ManifestStore>>,
 }
 
 fn transport_error(what: &str, e: TransportError) -> RemoteError {
@@ -106,7 +109,14 @@ impl BaseFile {
                 format!("{what}: the base is not a regular file"),
             ));
         }
-        let (hashes, meta) = manifest_of(&file, chunk_bytes, &what, cache, CACHE_SETTLE)?;
+        let (hashes, meta) = manifest_of(
+            &file,
+            chunk_bytes,
+            &what,
+            cache,
+            share.store().map(|s| &**s),
+            CACHE_SETTLE,
+        )?;
         let mut offsets = HashMap::with_capacity(hashes.len());
         for (i, h) in hashes.iter().enumerate() {
             offsets
@@ -187,6 +197,7 @@ impl Upload {
             mode,
             mtime,
             chunk_bytes,
+            store: share.store().cloned(),
         })
     }
 
@@ -267,17 +278,18 @@ impl Upload {
 
     /// Commits: checks every chunk verified and the manifest, fsyncs, sets mode and
     /// mtime, renames into place (removing the journal) and fsyncs the directory.
+    /// Then records the verified manifest in the share's store (see [`Upload::record`]).
     /// Blocking.
     pub fn commit(&self, manifest: &Sha256) -> Result<Response, RemoteError> {
-        let size = {
+        let (size, hashes) = {
             let state = self.state();
-            state.commit(manifest).map_err(|e| {
+            let hashes = state.commit(manifest).map_err(|e| {
                 remote(
                     ErrorKind::Integrity,
                     format!("{}: not committed: {e}", self.what),
                 )
             })?;
-            state.size()
+            (state.size(), hashes)
         };
         let what = &self.what;
         let mut staged = self.staged();
@@ -312,7 +324,30 @@ impl Upload {
                 .and_then(|d| d.sync_all())
                 .map_err(|e| io_error("fsync the directory", what, &e))?;
         }
+        if let Some(store) = &self.store {
+            self.record(store, size, &hashes);
+        }
         Ok(Response::Committed { size })
+    }
+
+    /// Saves `hashes`, every one verified by this server as it wrote the chunk, as the
+    /// manifest of the committed file under its key now, if the file is still what this
+    /// upload made it (`size` bytes, the upload's mtime) and that mtime lies far enough
+    /// before the commit that a later write would change the key ([`mtime_settled`]).
+    /// Failures are logged, never returned: the file is committed either way.
+    fn record(&self, store: &ManifestStore, size: u64, hashes: &[Sha256]) {
+        let Ok(meta) = self.file.metadata() else {
+            return;
+        };
+        let key = ManifestKey::of(&meta, self.chunk_bytes);
+        let mtime = i128::from(self.mtime.secs) * 1_000_000_000 + i128::from(self.mtime.nanos);
+        if meta.size() != size || key.mtime_ns != mtime || !mtime_settled(&key) {
+            return;
+        }
+        match store.save(&key, hashes) {
+            Ok(()) => tracing::debug!(file = %self.what, "manifest recorded at commit"),
+            Err(e) => tracing::debug!(file = %self.what, "cannot record the manifest: {e}"),
+        }
     }
 
     /// Abandons the upload for good: removes its hidden file and journal. Blocking.

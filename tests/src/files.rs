@@ -9,6 +9,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use ferry_common::journal::read_journal;
 use ferry_common::staging::{classify, TempName, JOURNAL_SUFFIX, PART_SUFFIX};
+use ferry_common::STATE_DIR;
 use ferry_common::TEMP_PREFIX as TEMP_PREFIX_FULL;
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
@@ -157,7 +158,8 @@ fn read_block(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// Panics unless directory `dir` holds exactly the entries `expected` (names, not
-/// recursive, in any order).
+/// recursive, in any order). ferryd's state directory ([`STATE_DIR`], present at the
+/// root of a writable share once it recorded a manifest) is not counted.
 #[track_caller]
 pub fn assert_entries(dir: &Path, expected: &[&str]) {
     let mut found: Vec<String> = fs::read_dir(dir)
@@ -168,6 +170,7 @@ pub fn assert_entries(dir: &Path, expected: &[&str]) {
                 .to_string_lossy()
                 .into_owned()
         })
+        .filter(|name| name != STATE_DIR)
         .collect();
     found.sort();
     let mut want: Vec<String> = expected.iter().map(|s| (*s).to_owned()).collect();

@@ -196,6 +196,10 @@ fn walk_into(root: &Path, rel: &Path, nodes: &mut BTreeMap<PathBuf, Node>) {
     let entries = fs::read_dir(&dir).unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()));
     for entry in entries {
         let entry = entry.expect("read_dir entry");
+        // ferryd's state directory at a share's root is not part of the copied tree.
+        if rel.as_os_str().is_empty() && entry.file_name() == ferry_common::STATE_DIR {
+            continue;
+        }
         let rel = rel.join(entry.file_name());
         let kind = entry.file_type().expect("file type");
         let node = if kind.is_symlink() {

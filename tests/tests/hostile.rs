@@ -31,6 +31,7 @@ use ferry_common::proto::MAX_INFLIGHT_REQUESTS;
 use ferry_common::transport::tcp::wire::{Header, READ_REQ};
 use ferry_common::transport::tcp::CTRL_QUEUE;
 use ferry_common::transport::{RemoteSlice, TransportChoice};
+use ferry_common::STATE_DIR;
 use ferry_tests::{
     connect, ctrl_frame, frame_bytes, hello, msg_frame, open_fds, proc_status, raw_greet,
     raw_handshake, raw_socket, runtime, write_random_file, Env, Frame, RawClient,
@@ -795,9 +796,10 @@ enum PathRequest {
     UploadBase,
     Remove,
     DiskUsage,
+    Verify,
 }
 
-const EVERY_KIND: [PathRequest; 18] = [
+const EVERY_KIND: [PathRequest; 19] = [
     PathRequest::Stat { follow: true },
     PathRequest::Stat { follow: false },
     PathRequest::ListDir,
@@ -816,6 +818,7 @@ const EVERY_KIND: [PathRequest; 18] = [
     PathRequest::UploadBase,
     PathRequest::Remove,
     PathRequest::DiskUsage,
+    PathRequest::Verify,
 ];
 
 /// The kinds that follow a final symlink.
@@ -919,6 +922,7 @@ impl PathRequest {
                 recursive: true,
             },
             PathRequest::DiskUsage => Request::DiskUsage { share, path },
+            PathRequest::Verify => Request::Verify { share, path },
         }
     }
 }
@@ -946,6 +950,10 @@ fn plant_escapes(env: &Env) {
     symlink("../../outside/canary", env.share("rel-file")).unwrap();
     symlink("sub/../../../outside", env.share("sub-up")).unwrap();
     symlink(env.root().join("missing"), env.share("dangling-out")).unwrap();
+    // ferryd's state directory (as it makes it once it records a manifest), and a
+    // symlink that leads into it.
+    fs::create_dir_all(env.share(".ferry-state/manifests")).unwrap();
+    symlink(".ferry-state", env.share("to-state")).unwrap();
 }
 
 #[test]
@@ -980,6 +988,11 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
         ("abs-dir/new", OutsideShare),
         ("rel-dir/new/deeper", OutsideShare),
         ("dangling-out/x", OutsideShare),
+        // The server's state directory, by name or through a symlink to it.
+        (STATE_DIR, InvalidPath),
+        (".ferry-state/manifests", InvalidPath),
+        ("sub/../.ferry-state", OutsideShare),
+        ("to-state/x", InvalidPath),
     ]
     .into_iter()
     .map(|(p, k)| (p.to_owned(), k))
@@ -1026,6 +1039,9 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
             Response::Attr(a) => assert_eq!(a.kind, FileKind::Symlink, "{link}"),
             other => panic!("lstat {link}: {other:?}"),
         }
+        // Verify does not follow a final symlink at all.
+        let got = error_kind(raw.call(PathRequest::Verify.on(SHARE, link)));
+        assert_eq!(got, InvalidPath, "Verify {link:?}");
         // The writes that name the link itself do not go through it.
         let got = error_kind(raw.call(PathRequest::SetAttr.on(SHARE, link)));
         assert_eq!(got, InvalidPath, "SetAttr {link:?}");

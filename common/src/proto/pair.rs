@@ -320,8 +320,10 @@ fn upload(data: &[u8], chunk: u32, flip_at: Option<usize>) -> Result<(), ProtoEr
             plan.handle_window_done(w)?;
         }
     }
-    let manifest = manifest_id(data.len() as u64, chunk, &hash_chunks(data, chunk as usize));
-    server.commit(&manifest)
+    let hashes = hash_chunks(data, chunk as usize);
+    let manifest = manifest_id(data.len() as u64, chunk, &hashes);
+    assert_eq!(server.commit(&manifest)?, hashes);
+    Ok(())
 }
 
 #[test]

@@ -294,8 +294,9 @@ impl UploadState {
     }
 
     /// Decides whether the upload may be committed: every chunk verified and the
-    /// client's manifest hash equal to the one of the verified chunks.
-    pub fn commit(&self, manifest: &Sha256) -> Result<(), ProtoError> {
+    /// client's manifest hash equal to the one of the verified chunks. Returns the
+    /// verified chunk hashes, in order.
+    pub fn commit(&self, manifest: &Sha256) -> Result<Vec<Sha256>, ProtoError> {
         let count = crate::chunk::chunk_count(self.size, self.chunk_bytes);
         let hashes: Vec<Sha256> = self
             .chunks
@@ -316,7 +317,7 @@ impl UploadState {
                 "manifest hash does not match the verified chunks".into(),
             ));
         }
-        Ok(())
+        Ok(hashes)
     }
 }
 
@@ -440,7 +441,7 @@ mod tests {
         assert!(s.commit(&m.id()).is_err()); // chunk 3 still busy
         s.handle_chunk_verified(3, hashes[3]).unwrap();
         assert!(s.commit(&[0; 32]).is_err());
-        s.commit(&m.id()).unwrap();
+        assert_eq!(s.commit(&m.id()).unwrap(), m.hashes);
         assert_eq!(s.verified_bytes(), m.size);
     }
 }

@@ -328,6 +328,16 @@ fn messages() -> Vec<(&'static str, Message)> {
                 },
             ),
         ),
+        (
+            "req-verify",
+            req(
+                22,
+                Request::Verify {
+                    share: data(),
+                    path: s("file"),
+                },
+            ),
+        ),
         ("resp-ok", resp(1, Response::Ok)),
         (
             "resp-attr",
@@ -482,6 +492,23 @@ fn messages() -> Vec<(&'static str, Message)> {
                     dirs: 2,
                     bytes: 5100,
                     unique_bytes: 8192,
+                }),
+            ),
+        ),
+        (
+            "resp-verified",
+            resp(
+                16,
+                Response::Verified(VerifyReport {
+                    record: VerifyRecord::Stale {
+                        size_changed: false,
+                        mtime_changed: false,
+                    },
+                    size: 5000,
+                    chunk_bytes: 4096,
+                    chunks: 2,
+                    bad_count: 1,
+                    bad_chunks: vec![1],
                 }),
             ),
         ),
@@ -792,6 +819,20 @@ fn request_sequences() -> Vec<Seed> {
                         share: d.clone(),
                         from: s("dir/new"),
                         to: s("linked"),
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::Verify {
+                        share: d.clone(),
+                        path: s("linked"),
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::Verify {
+                        share: d.clone(),
+                        path: s(".ferry-state/manifests"),
                     },
                 ),
                 r(

@@ -49,7 +49,7 @@ use ferry_common::path::components;
 use ferry_common::staging::{JOURNAL_SUFFIX, PART_SUFFIX};
 use ferry_common::transport::tcp::Tcp;
 use ferry_common::transport::{Access, Buffer, Memory, Registration, Transport};
-use ferry_common::TEMP_PREFIX;
+use ferry_common::{STATE_DIR, TEMP_PREFIX};
 use ferry_server::{Config, Server};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::runtime::Runtime;
@@ -314,8 +314,10 @@ impl World {
             Response::Attr(a) | Response::DownloadOpened { attr: a, .. } => attr_ok(a),
             Response::Mapped(m) => attr_ok(&m.attr),
             Response::Dir { entries, .. } => {
+                let at_root = matches!(req, Request::ListDir { path, .. } if path.trim_matches('/').is_empty());
                 for e in entries {
                     assert!(!e.name.starts_with(TEMP_PREFIX), "{req:?} listed {e:?}");
+                    assert!(!(at_root && e.name == STATE_DIR), "{req:?} listed {e:?}");
                     attr_ok(&e.attr);
                 }
             }
@@ -462,6 +464,7 @@ impl Client<'_> {
             | Request::UploadOpenBase { share, .. }
             | Request::Remove { share, .. }
             | Request::DiskUsage { share, .. }
+            | Request::Verify { share, .. }
             | Request::StatFs { share } => match flags & (F_DATA | F_RO) {
                 F_DATA => *share = "data".into(),
                 F_RO => *share = "ro".into(),

@@ -1,0 +1,388 @@
+//! `rcp backup --verify HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]`: the server re-reads every
+//! regular file of a snapshot from its disk and compares it with the manifest it
+//! recorded for that file ([`Client::verify`]); damaged files are reported with their
+//! chunk indices.
+//!
+//! Outcomes per file (see [`VerifyRecord`]): verified (every chunk matches its record);
+//! damaged (chunks differ: with the record still current, the bytes changed below the
+//! filesystem; with a stale record, the file was modified after the backup); no record
+//! (the server never recorded that file, e.g. one put into the share by hand, or one
+//! modified within a second before its backup: unverifiable, not damage; the server
+//! records it now, so the next verify checks it); or an error (the file could not be
+//! verified at all).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use ferry_common::msg::{ErrorKind, FileKind, RemoteError, VerifyRecord, VerifyReport};
+use ferry_common::transport::TransportChoice;
+
+use crate::backup::is_snapshot_name;
+use crate::client::{Client, Credentials};
+use crate::error::{exit, ClientError};
+use crate::location::{self, Location};
+
+/// Files verified at once: each keeps the server's cores hashing and its disk reading.
+pub const VERIFY_IN_FLIGHT: usize = 4;
+
+/// A file whose bytes differ from its recorded manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damaged {
+    /// Path inside the snapshot.
+    pub path: String,
+    /// What the server's answer was.
+    pub report: VerifyReport,
+}
+
+impl Damaged {
+    /// Why the file is damaged, in words.
+    pub fn reason(&self) -> &'static str {
+        match self.report.record {
+            VerifyRecord::Current => {
+                "bytes differ from the backup although the file was not modified since (damaged on the server's storage)"
+            }
+            VerifyRecord::Stale {
+                size_changed: true, ..
+            } => "modified after the backup (size changed)",
+            VerifyRecord::Stale {
+                mtime_changed: true,
+                ..
+            } => "modified after the backup",
+            VerifyRecord::Stale { .. } => {
+                "changed after the backup with its mtime kept (its status change time moved)"
+            }
+            VerifyRecord::Missing => "no record",
+        }
+    }
+}
+
+/// What a verify of one snapshot found.
+#[derive(Debug, Default)]
+pub struct VerifyOutcome {
+    /// Share-relative path of the snapshot verified.
+    pub snapshot: String,
+    /// Regular files in the snapshot.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Files whose every chunk matched its record.
+    pub verified: u64,
+    /// Files whose bytes differ from their record, by path.
+    pub damaged: Vec<Damaged>,
+    /// Files the server holds no record of, by path inside the snapshot.
+    pub unverifiable: Vec<String>,
+    /// Files (or directories) that could not be verified, with why.
+    pub errors: Vec<(String, ClientError)>,
+}
+
+impl VerifyOutcome {
+    /// The exit code: [`exit::DAMAGE_FOUND`] if any file is damaged; else the errors'
+    /// code if they share one (1 if not); else 0. Unverifiable files do not fail it.
+    pub fn exit_code(&self) -> u8 {
+        if !self.damaged.is_empty() {
+            return exit::DAMAGE_FOUND;
+        }
+        let mut codes = self.errors.iter().map(|(_, e)| e.exit_code());
+        match codes.next() {
+            None => exit::OK,
+            Some(first) if codes.all(|c| c == first) => first,
+            Some(_) => exit::OTHER,
+        }
+    }
+}
+
+/// Finds the snapshot `path` names in `share`: `path` itself if its last component is
+/// a snapshot name, else the newest snapshot directly under `path` (a prefix).
+pub async fn resolve_snapshot(
+    client: &Client,
+    share: &str,
+    path: &str,
+) -> Result<String, ClientError> {
+    let last = path.rsplit('/').next().unwrap_or("");
+    if is_snapshot_name(last) {
+        return Ok(path.to_owned());
+    }
+    let newest = client
+        .list_dir(share, path)
+        .await?
+        .into_iter()
+        .filter(|e| e.attr.kind == FileKind::Dir && is_snapshot_name(&e.name))
+        .map(|e| e.name)
+        .max();
+    match newest {
+        Some(name) if path.is_empty() => Ok(name),
+        Some(name) => Ok(format!("{path}/{name}")),
+        None => Err(ClientError::Remote(RemoteError {
+            kind: ErrorKind::NotFound,
+            message: format!("{share}/{path}: no snapshot to verify"),
+        })),
+    }
+}
+
+/// Verifies every regular file under `snapshot` (share-relative), at most
+/// [`VERIFY_IN_FLIGHT`] at once. Symlinks are not followed and not verified. A
+/// directory that cannot be listed is an error of the outcome, not of the call.
+pub async fn verify_snapshot(client: &Client, share: &str, snapshot: &str) -> VerifyOutcome {
+    let mut out = VerifyOutcome {
+        snapshot: snapshot.to_owned(),
+        ..VerifyOutcome::default()
+    };
+    // (path inside the snapshot, size) of every regular file, in name order.
+    let mut files: Vec<(String, u64)> = Vec::new();
+    let mut dirs = vec![String::new()];
+    while let Some(dir) = dirs.pop() {
+        let full = join(snapshot, &dir);
+        let entries = match client.list_dir(share, &full).await {
+            Ok(e) => e,
+            Err(e) => {
+                out.errors.push((dir, e));
+                continue;
+            }
+        };
+        for e in entries {
+            let rel = join(&dir, &e.name);
+            match e.attr.kind {
+                FileKind::Dir => dirs.push(rel),
+                FileKind::File => files.push((rel, e.attr.size)),
+                FileKind::Symlink | FileKind::Other => {}
+            }
+        }
+    }
+    files.sort();
+    out.files = files.len() as u64;
+    out.bytes = files.iter().map(|(_, size)| size).sum();
+    let mut results = BTreeMap::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut pending = files.into_iter();
+    loop {
+        while tasks.len() < VERIFY_IN_FLIGHT {
+            let Some((rel, _)) = pending.next() else {
+                break;
+            };
+            let (client, share, full) = (client.clone(), share.to_owned(), join(snapshot, &rel));
+            tasks.spawn(async move { (rel, client.verify(&share, &full).await) });
+        }
+        let Some(joined) = tasks.join_next().await else {
+            break;
+        };
+        match joined {
+            Ok((rel, r)) => {
+                results.insert(rel, r);
+            }
+            Err(e) => out.errors.push((
+                String::new(),
+                ClientError::Disconnected(format!("verify task failed: {e}")),
+            )),
+        }
+    }
+    for (path, result) in results {
+        match result {
+            Ok(r) if r.record == VerifyRecord::Missing => out.unverifiable.push(path),
+            Ok(r) if r.bad_count > 0 => out.damaged.push(Damaged { path, report: r }),
+            Ok(_) => out.verified += 1,
+            Err(e) => out.errors.push((path, e)),
+        }
+    }
+    out
+}
+
+fn join(dir: &str, name: &str) -> String {
+    match (dir.is_empty(), name.is_empty()) {
+        (true, _) => name.to_owned(),
+        (_, true) => dir.to_owned(),
+        _ => format!("{dir}/{name}"),
+    }
+}
+
+/// Runs `rcp backup --verify TARGET`: connects, verifies the snapshot, prints one line
+/// per damaged, unverifiable or failed file and a summary on stderr (or, with `json`,
+/// one object on stdout), and returns the exit code.
+pub async fn run(
+    target: &str,
+    json: bool,
+    transport: TransportChoice,
+    secret_file: Option<&Path>,
+) -> u8 {
+    let started = Instant::now();
+    let outcome = connect_and_verify(target, transport, secret_file).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let code = match &outcome {
+        Ok(o) => o.exit_code(),
+        Err(e) => e.exit_code(),
+    };
+    if json {
+        println!("{}", to_json(target, &outcome, code, seconds));
+        return code;
+    }
+    match &outcome {
+        Ok(o) => {
+            for d in &o.damaged {
+                eprintln!(
+                    "rcp: damaged: {}/{}: chunks {}{} of {} bytes: {}",
+                    o.snapshot,
+                    d.path,
+                    list(&d.report.bad_chunks),
+                    if d.report.bad_count > d.report.bad_chunks.len() as u64 {
+                        format!(
+                            " (and {} more)",
+                            d.report.bad_count - d.report.bad_chunks.len() as u64
+                        )
+                    } else {
+                        String::new()
+                    },
+                    d.report.chunk_bytes,
+                    d.reason()
+                );
+            }
+            for path in &o.unverifiable {
+                eprintln!(
+                    "rcp: unverifiable (no record on the server): {}/{path}",
+                    o.snapshot
+                );
+            }
+            for (path, e) in &o.errors {
+                eprintln!("rcp: {}/{path}: {e}", o.snapshot);
+            }
+            eprintln!(
+                "rcp: {target}: snapshot {}: {} files ({} bytes): {} verified, {} damaged, {} without a record, {} errors",
+                o.snapshot,
+                o.files,
+                o.bytes,
+                o.verified,
+                o.damaged.len(),
+                o.unverifiable.len(),
+                o.errors.len()
+            );
+        }
+        Err(e) => eprintln!("rcp: {target}: {e}"),
+    }
+    code
+}
+
+fn list(chunks: &[u64]) -> String {
+    let words: Vec<String> = chunks.iter().map(u64::to_string).collect();
+    words.join(", ")
+}
+
+async fn connect_and_verify(
+    target: &str,
+    transport: TransportChoice,
+    secret_file: Option<&Path>,
+) -> Result<VerifyOutcome, ClientError> {
+    let remote = match location::parse(target, ferry_common::DEFAULT_PORT)? {
+        Location::Remote(r) if !r.path.is_empty() => r,
+        _ => {
+            return Err(ClientError::Usage(format!(
+                "{target}: --verify takes HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]"
+            )))
+        }
+    };
+    let credentials = Credentials::from_file_or_env(secret_file)?;
+    let client = Client::connect_with(&remote.host, remote.port, transport, credentials).await?;
+    client.authenticate(&remote.share).await?;
+    let snapshot = resolve_snapshot(&client, &remote.share, &remote.path).await?;
+    Ok(verify_snapshot(&client, &remote.share, &snapshot).await)
+}
+
+/// The `--json` object of a verify.
+fn to_json(
+    target: &str,
+    outcome: &Result<VerifyOutcome, ClientError>,
+    code: u8,
+    seconds: f64,
+) -> serde_json::Value {
+    let error = |path: &str, e: &ClientError| serde_json::json!({ "path": path, "kind": e.kind(), "message": e.to_string() });
+    match outcome {
+        Ok(o) => serde_json::json!({
+            "ok": code == exit::OK,
+            "exit_code": code,
+            "target": target,
+            "snapshot": o.snapshot,
+            "files": o.files,
+            "bytes": o.bytes,
+            "verified": o.verified,
+            "damaged": o.damaged.iter().map(|d| serde_json::json!({
+                "path": d.path,
+                "reason": d.reason(),
+                "record": record_name(d.report.record),
+                "chunk_bytes": d.report.chunk_bytes,
+                "bad_count": d.report.bad_count,
+                "bad_chunks": d.report.bad_chunks,
+            })).collect::<Vec<_>>(),
+            "unverifiable": o.unverifiable,
+            "errors": o.errors.iter().map(|(p, e)| error(p, e)).collect::<Vec<_>>(),
+            "seconds": seconds,
+        }),
+        Err(e) => serde_json::json!({
+            "ok": false,
+            "exit_code": code,
+            "target": target,
+            "error": { "kind": e.kind(), "message": e.to_string() },
+            "seconds": seconds,
+        }),
+    }
+}
+
+fn record_name(r: VerifyRecord) -> &'static str {
+    match r {
+        VerifyRecord::Missing => "missing",
+        VerifyRecord::Current => "current",
+        VerifyRecord::Stale { .. } => "stale",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn damaged(record: VerifyRecord) -> Damaged {
+        Damaged {
+            path: "f".into(),
+            report: VerifyReport {
+                record,
+                size: 1,
+                chunk_bytes: 1,
+                chunks: 1,
+                bad_count: 1,
+                bad_chunks: vec![0],
+            },
+        }
+    }
+
+    #[test]
+    fn damage_wins_over_errors_and_missing_records_do_not_fail() {
+        let mut o = VerifyOutcome {
+            unverifiable: vec!["x".into()],
+            ..VerifyOutcome::default()
+        };
+        assert_eq!(o.exit_code(), exit::OK);
+        o.errors.push(("y".into(), ClientError::Usage("u".into())));
+        assert_eq!(o.exit_code(), exit::USAGE);
+        o.errors.push((
+            "z".into(),
+            ClientError::Remote(RemoteError {
+                kind: ErrorKind::NotFound,
+                message: "m".into(),
+            }),
+        ));
+        assert_eq!(o.exit_code(), exit::OTHER);
+        o.damaged.push(damaged(VerifyRecord::Current));
+        assert_eq!(o.exit_code(), exit::DAMAGE_FOUND);
+    }
+
+    #[test]
+    fn reasons_tell_damage_from_modification() {
+        assert!(damaged(VerifyRecord::Current).reason().contains("damaged"));
+        let kept = damaged(VerifyRecord::Stale {
+            size_changed: false,
+            mtime_changed: false,
+        });
+        assert!(kept.reason().contains("mtime kept"));
+        let grown = damaged(VerifyRecord::Stale {
+            size_changed: true,
+            mtime_changed: true,
+        });
+        assert!(grown.reason().contains("size changed"));
+    }
+}

@@ -1,0 +1,545 @@
+//! The persistent manifest store of a writable share: chunk manifests of the share's
+//! files, kept across restarts so that an unchanged file is not hashed again, and so
+//! that `Verify` has something to compare a file's bytes with.
+//!
+//! **Layout**: `<share>/.ferry-state/manifests/<ii>/<dev>-<ino>` (hex; `ii` is the
+//! inode number's low byte, fanning records out over 256 directories). One record per
+//! inode, in the server's chunk size ([`ManifestStore::chunk_bytes`]): hard links share
+//! one record, as they share one content. The state directory is reserved
+//! ([`ferry_common::STATE_DIR`]): no request can name or list it, and the startup
+//! cleaner does not enter it.
+//!
+//! **Record** (little-endian): magic `FRYMAN01`, then the [`ManifestKey`] it was taken
+//! of (`dev u64, ino u64, size u64, mtime_ns i128, ctime_ns i128, chunk_bytes u32`),
+//! the chunk count (`u64`, which must be the key's `chunk_count(size, chunk_bytes)`),
+//! the hashes (32 bytes each), and the SHA-256 of everything before it. A record is
+//! used only when its whole key equals the file's key now ([`ManifestStore::get`]);
+//! one that is short, long, corrupt or of another version is just a miss.
+//!
+//! **Why a changed file is never taken for unchanged**: see [`crate::manifests`] for
+//! the key. Writes of records follow the same "settled" rule as the cache, with one
+//! addition for ferryd's own changes (an upload's commit, a hard link): there the
+//! key's ctime is ferryd's own change, just now, and the record is saved only if the
+//! file's mtime lies at least [`crate::manifests::CACHE_SETTLE`] before that ctime
+//! ([`mtime_settled`]), so any later write, which sets mtime to the time of writing,
+//! changes the key even within the same clock tick.
+//!
+//! **Writes** go to a hidden temporary name in the record's directory and are renamed
+//! over the record (never fsynced: a record lost or torn in a crash fails its checksum
+//! and is a miss, costing one hashing).
+//!
+//! **Garbage**: records of inodes that no longer exist are removed by
+//! [`ManifestStore::prune`], which ferryd runs once at start (after the cleaner, in the
+//! background): one walk of the share reading directory entries only (no `stat` per
+//! file), then every record whose inode number was not met is removed. A record of a
+//! reused inode number survives until it is overwritten; its key never matches.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, DirEntryExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::SystemTime;
+
+use ferry_common::chunk::{chunk_count, hash_chunk};
+use ferry_common::msg::Sha256;
+use ferry_common::STATE_DIR;
+
+use crate::manifests::{ManifestKey, CACHE_SETTLE};
+
+/// Directory of the records inside the state directory.
+const MANIFESTS_DIR: &str = "manifests";
+
+/// First bytes of a record (format version 1).
+const MAGIC: [u8; 8] = *b"FRYMAN01";
+
+/// Bytes of a record before its hashes: magic, key, count.
+const HEADER_BYTES: usize = 8 + 8 + 8 + 8 + 16 + 16 + 4 + 8;
+
+/// Prefix of a record being written; [`ManifestStore::prune`] removes stale ones.
+const TEMP_RECORD_PREFIX: &str = ".tmp.";
+
+/// A manifest record as stored: the key it was taken of and its hashes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The file version the hashes describe.
+    pub key: ManifestKey,
+    /// SHA-256 of each chunk of `key.chunk_bytes`, in order.
+    pub hashes: Vec<Sha256>,
+}
+
+/// What a [`ManifestStore::prune`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    /// Records kept (their inode was met in the walk).
+    pub kept: u64,
+    /// Records (and stale temporary records) removed.
+    pub removed: u64,
+    /// Directories or records that could not be examined or removed.
+    pub failed: u64,
+}
+
+/// The manifest records of one share (see the module docs).
+#[derive(Debug)]
+pub struct ManifestStore {
+    /// The share's canonical root.
+    root: PathBuf,
+    /// `<root>/.ferry-state/manifests`.
+    dir: PathBuf,
+    chunk_bytes: u32,
+    /// Set once the state and manifests directories are known to be real directories
+    /// (created if missing); until then every save checks them.
+    ready: AtomicBool,
+}
+
+/// True if `key`'s mtime lies at least [`CACHE_SETTLE`] before its ctime: a write after
+/// the status change the ctime records would set mtime to the time of writing, which
+/// differs from the recorded one, so the key of a file written since cannot match.
+pub fn mtime_settled(key: &ManifestKey) -> bool {
+    key.mtime_ns + CACHE_SETTLE.as_nanos() as i128 <= key.ctime_ns
+}
+
+impl ManifestStore {
+    /// The store of the share rooted at `root` (canonical), for manifests in chunks of
+    /// `chunk_bytes`. Nothing is created until the first record is saved.
+    pub fn new(root: &Path, chunk_bytes: u32) -> ManifestStore {
+        ManifestStore {
+            root: root.to_owned(),
+            dir: root.join(STATE_DIR).join(MANIFESTS_DIR),
+            chunk_bytes,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// The chunk size of every record.
+    pub fn chunk_bytes(&self) -> u32 {
+        self.chunk_bytes
+    }
+
+    fn record_path(&self, dev: u64, ino: u64) -> PathBuf {
+        self.dir
+            .join(format!("{:02x}", ino & 0xff))
+            .join(format!("{dev:x}-{ino:x}"))
+    }
+
+    /// The record of inode `ino` on `dev`, whatever version it was taken of; `None` if
+    /// there is none or it is unreadable or corrupt. Blocking.
+    pub fn load(&self, dev: u64, ino: u64) -> Option<Record> {
+        let path = self.record_path(dev, ino);
+        let mut file = match fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                tracing::debug!(record = %path.display(), "cannot open a manifest record: {e}");
+                return None;
+            }
+        };
+        let len = file.metadata().ok()?.len();
+        // Bounded before reading: the header says how long the record must be.
+        let mut header = [0u8; HEADER_BYTES];
+        file.read_exact(&mut header).ok()?;
+        let (key, count) = decode_header(&header)?;
+        if key.dev != dev || key.ino != ino {
+            return None;
+        }
+        let want = (HEADER_BYTES as u64)
+            .checked_add(count.checked_mul(32)?)?
+            .checked_add(32)?;
+        if len != want {
+            tracing::debug!(record = %path.display(), "manifest record of the wrong length");
+            return None;
+        }
+        let mut all = vec![0u8; usize::try_from(want).ok()?];
+        all[..HEADER_BYTES].copy_from_slice(&header);
+        file.read_exact(&mut all[HEADER_BYTES..]).ok()?;
+        let (signed, check) = all.split_at(all.len() - 32);
+        if hash_chunk(signed)[..] != *check {
+            tracing::debug!(record = %path.display(), "manifest record fails its checksum");
+            return None;
+        }
+        let hashes = signed[HEADER_BYTES..]
+            .chunks_exact(32)
+            .map(|c| {
+                let mut h = [0u8; 32];
+                h.copy_from_slice(c);
+                h
+            })
+            .collect();
+        Some(Record { key, hashes })
+    }
+
+    /// The hashes recorded for exactly the version `key` names; `None` otherwise.
+    /// Blocking.
+    pub fn get(&self, key: &ManifestKey) -> Option<Vec<Sha256>> {
+        if key.chunk_bytes != self.chunk_bytes {
+            return None;
+        }
+        let record = self.load(key.dev, key.ino)?;
+        (record.key == *key).then_some(record.hashes)
+    }
+
+    /// Records `hashes` as the manifest of version `key`, replacing the inode's
+    /// previous record. The caller vouches that `hashes` are the content of that
+    /// version and that a later change of the file changes its key (a settled file, or
+    /// [`mtime_settled`]). A key in another chunk size is not stored. Blocking.
+    pub fn save(&self, key: &ManifestKey, hashes: &[Sha256]) -> io::Result<()> {
+        if key.chunk_bytes != self.chunk_bytes {
+            return Ok(());
+        }
+        if hashes.len() as u64 != chunk_count(key.size, key.chunk_bytes) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "manifest length does not match the file size",
+            ));
+        }
+        self.prepare()?;
+        let path = self.record_path(key.dev, key.ino);
+        let dir = path.parent().unwrap_or(&self.dir);
+        match fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let bytes = encode(key, hashes);
+        let tmp = dir.join(format!(
+            "{TEMP_RECORD_PREFIX}{:016x}",
+            rand::random::<u64>()
+        ));
+        let written = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&bytes))
+            .and_then(|()| fs::rename(&tmp, &path));
+        if written.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        written
+    }
+
+    /// Creates the state and manifests directories if missing (mode 0700) and checks
+    /// that both are real directories, not symlinks; once.
+    fn prepare(&self) -> io::Result<()> {
+        if self.ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        for dir in [self.root.join(STATE_DIR), self.dir.clone()] {
+            match fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+            if !fs::symlink_metadata(&dir)?.is_dir() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{} is not a directory", dir.display()),
+                ));
+            }
+        }
+        self.ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Removes the records whose inode no longer exists in the share, and temporary
+    /// records older than `started` (see the module docs). Records written after
+    /// `started` are kept whatever the walk saw: their file may have been created
+    /// behind it. Blocking; walks the whole share once.
+    pub fn prune(&self, started: SystemTime) -> PruneReport {
+        let mut report = PruneReport::default();
+        let Ok(fans) = fs::read_dir(&self.dir) else {
+            return report;
+        };
+        let live = self.live_inodes(&mut report);
+        for fan in fans.flatten() {
+            if !fan.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let Ok(records) = fs::read_dir(fan.path()) else {
+                report.failed += 1;
+                continue;
+            };
+            for record in records.flatten() {
+                let name = record.file_name();
+                let name = name.to_string_lossy();
+                let recent = record
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t >= started);
+                let keep = if name.starts_with(TEMP_RECORD_PREFIX) {
+                    recent
+                } else {
+                    recent || parse_name(&name).is_some_and(|(_, ino)| live.contains(&ino))
+                };
+                if keep {
+                    report.kept += u64::from(!name.starts_with(TEMP_RECORD_PREFIX));
+                    continue;
+                }
+                match fs::remove_file(record.path()) {
+                    Ok(()) => report.removed += 1,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        tracing::warn!(record = %record.path().display(), "cannot remove a manifest record: {e}");
+                        report.failed += 1;
+                    }
+                }
+            }
+        }
+        report
+    }
+
+    /// Inode numbers of the regular files under the root (from directory entries, no
+    /// `stat`; symlinks not followed; the state directory skipped).
+    fn live_inodes(&self, report: &mut PruneReport) -> HashSet<u64> {
+        let mut live = HashSet::new();
+        let mut dirs = vec![self.root.clone()];
+        while let Some(dir) = dirs.pop() {
+            let Ok(entries) = fs::read_dir(&dir) else {
+                report.failed += 1;
+                continue;
+            };
+            for entry in entries.flatten() {
+                let Ok(kind) = entry.file_type() else {
+                    continue;
+                };
+                if kind.is_dir() {
+                    if !(dir == self.root && entry.file_name() == STATE_DIR) {
+                        dirs.push(entry.path());
+                    }
+                } else if kind.is_file() {
+                    live.insert(entry.ino());
+                }
+            }
+        }
+        live
+    }
+}
+
+/// `(dev, ino)` of a record's file name.
+fn parse_name(name: &str) -> Option<(u64, u64)> {
+    let (dev, ino) = name.split_once('-')?;
+    Some((
+        u64::from_str_radix(dev, 16).ok()?,
+        u64::from_str_radix(ino, 16).ok()?,
+    ))
+}
+
+fn encode(key: &ManifestKey, hashes: &[Sha256]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_BYTES + 32 * hashes.len() + 32);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&key.dev.to_le_bytes());
+    out.extend_from_slice(&key.ino.to_le_bytes());
+    out.extend_from_slice(&key.size.to_le_bytes());
+    out.extend_from_slice(&key.mtime_ns.to_le_bytes());
+    out.extend_from_slice(&key.ctime_ns.to_le_bytes());
+    out.extend_from_slice(&key.chunk_bytes.to_le_bytes());
+    out.extend_from_slice(&(hashes.len() as u64).to_le_bytes());
+    for h in hashes {
+        out.extend_from_slice(h);
+    }
+    let check = hash_chunk(&out);
+    out.extend_from_slice(&check);
+    out
+}
+
+/// The key and chunk count of a record's header, if it is one of a valid record.
+fn decode_header(h: &[u8; HEADER_BYTES]) -> Option<(ManifestKey, u64)> {
+    if h[..8] != MAGIC {
+        return None;
+    }
+    let mut at = 8;
+    let mut take = |n: usize| {
+        let s = &h[at..at + n];
+        at += n;
+        s
+    };
+    let u64_of = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap_or([0; 8]));
+    let i128_of = |s: &[u8]| i128::from_le_bytes(s.try_into().unwrap_or([0; 16]));
+    let dev = u64_of(take(8));
+    let ino = u64_of(take(8));
+    let size = u64_of(take(8));
+    let mtime_ns = i128_of(take(16));
+    let ctime_ns = i128_of(take(16));
+    let chunk_bytes = u32::from_le_bytes(take(4).try_into().unwrap_or([0; 4]));
+    let count = u64_of(take(8));
+    if chunk_bytes == 0 || count != chunk_count(size, chunk_bytes) {
+        return None;
+    }
+    let key = ManifestKey {
+        dev,
+        ino,
+        size,
+        mtime_ns,
+        ctime_ns,
+        chunk_bytes,
+    };
+    Some((key, count))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    const C: u32 = 4096;
+
+    fn key(ino: u64, size: u64) -> ManifestKey {
+        ManifestKey {
+            dev: 7,
+            ino,
+            size,
+            mtime_ns: 1_000,
+            ctime_ns: 5_000_000_000,
+            chunk_bytes: C,
+        }
+    }
+
+    fn hashes(n: usize, fill: u8) -> Vec<Sha256> {
+        (0..n).map(|i| [fill.wrapping_add(i as u8); 32]).collect()
+    }
+
+    #[test]
+    fn records_round_trip_and_any_other_key_misses() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ManifestStore::new(dir.path(), C);
+        assert!(store.get(&key(0x1234, 9000)).is_none());
+        store.save(&key(0x1234, 9000), &hashes(3, 1)).unwrap();
+        assert_eq!(store.get(&key(0x1234, 9000)).unwrap(), hashes(3, 1));
+        let path = dir.path().join(".ferry-state/manifests/34/7-1234");
+        assert!(path.is_file(), "{path:?}");
+        for other in [
+            ManifestKey {
+                ctime_ns: 5_000_000_001,
+                ..key(0x1234, 9000)
+            },
+            ManifestKey {
+                mtime_ns: 1_001,
+                ..key(0x1234, 9000)
+            },
+            ManifestKey {
+                size: 8999,
+                ..key(0x1234, 9000)
+            },
+            ManifestKey {
+                dev: 8,
+                ..key(0x1234, 9000)
+            },
+            ManifestKey {
+                chunk_bytes: 2 * C,
+                ..key(0x1234, 9000)
+            },
+            key(0x1235, 9000),
+        ] {
+            assert!(store.get(&other).is_none(), "{other:?}");
+        }
+        // A newer version replaces the record of the inode.
+        let newer = ManifestKey {
+            ctime_ns: 6_000_000_000,
+            ..key(0x1234, 100)
+        };
+        store.save(&newer, &hashes(1, 9)).unwrap();
+        assert!(store.get(&key(0x1234, 9000)).is_none());
+        assert_eq!(store.load(7, 0x1234).unwrap().key, newer);
+        // Other chunk sizes are not stored; a wrong count is refused.
+        store
+            .save(
+                &ManifestKey {
+                    chunk_bytes: 2 * C,
+                    ..key(9, 9000)
+                },
+                &hashes(2, 0),
+            )
+            .unwrap();
+        assert!(store.load(7, 9).is_none());
+        assert!(store.save(&key(9, 9000), &hashes(2, 0)).is_err());
+        assert!(temp_records(&store).is_empty());
+    }
+
+    fn temp_records(store: &ManifestStore) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for fan in fs::read_dir(&store.dir).unwrap().flatten() {
+            for r in fs::read_dir(fan.path()).unwrap().flatten() {
+                if r.file_name()
+                    .to_string_lossy()
+                    .starts_with(TEMP_RECORD_PREFIX)
+                {
+                    out.push(r.path());
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_damaged_record_is_a_miss() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ManifestStore::new(dir.path(), C);
+        let k = key(0x42, 3 * 4096);
+        store.save(&k, &hashes(3, 1)).unwrap();
+        let path = store.record_path(7, 0x42);
+        let good = fs::read(&path).unwrap();
+        // Every single flipped byte, a truncation and an extension are misses.
+        for at in (0..good.len()).step_by(7) {
+            let mut bad = good.clone();
+            bad[at] ^= 0x40;
+            fs::write(&path, &bad).unwrap();
+            assert!(store.get(&k).is_none(), "flip at {at}");
+        }
+        fs::write(&path, &good[..good.len() - 1]).unwrap();
+        assert!(store.get(&k).is_none());
+        let mut long = good.clone();
+        long.push(0);
+        fs::write(&path, &long).unwrap();
+        assert!(store.get(&k).is_none());
+        // A record stored under another inode's name is not that inode's.
+        fs::write(&path, &good).unwrap();
+        fs::create_dir_all(store.record_path(7, 0x142).parent().unwrap()).unwrap();
+        fs::write(store.record_path(7, 0x142), &good).unwrap();
+        assert!(store.load(7, 0x142).is_none());
+        assert_eq!(store.get(&k).unwrap(), hashes(3, 1));
+    }
+
+    #[test]
+    fn settled_mtimes() {
+        assert!(mtime_settled(&key(1, 1)));
+        let recent = ManifestKey {
+            mtime_ns: 4_500_000_000,
+            ..key(1, 1)
+        };
+        assert!(!mtime_settled(&recent));
+    }
+
+    #[test]
+    fn prune_removes_records_of_gone_inodes_only() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("sub")).unwrap();
+        fs::write(dir.path().join("sub/kept"), b"x").unwrap();
+        let ino = fs::metadata(dir.path().join("sub/kept")).unwrap().ino();
+        let store = ManifestStore::new(dir.path(), C);
+        store.save(&key(ino, 1), &hashes(1, 1)).unwrap();
+        // An inode number no file has (the kept file's plus one is not a file here).
+        let gone = (ino + 1_000_003) | 1;
+        store.save(&key(gone, 1), &hashes(1, 2)).unwrap();
+        // A stale temporary record.
+        let fan = store.record_path(7, gone);
+        let tmp = fan.parent().unwrap().join(".tmp.0000000000000001");
+        fs::write(&tmp, b"half").unwrap();
+        // Written before "start": both removable.
+        let started = SystemTime::now() + std::time::Duration::from_secs(3600);
+        let r = store.prune(started);
+        assert_eq!((r.kept, r.removed, r.failed), (1, 2, 0), "{r:?}");
+        assert!(store.load(7, ino).is_some());
+        assert!(store.load(7, gone).is_none());
+        assert!(!tmp.exists());
+        // Records written after the start are kept, whatever the walk saw.
+        store.save(&key(gone, 1), &hashes(1, 2)).unwrap();
+        let r = store.prune(SystemTime::UNIX_EPOCH);
+        assert_eq!((r.kept, r.removed), (2, 0));
+    }
+}

@@ -6,13 +6,33 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use clap::Parser;
-use ferry_client::backup::{backup, BackupReport};
+use std::ffi::OsString;
+use std::io::IsTerminal;
+
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use ferry_client::backup::{backup_with, BackupOptions, BackupReport, DEFAULT_JOBS};
+use ferry_client::copy::Progress;
 use ferry_client::error::{exit, ClientError};
+use ferry_client::filter::{Filter, Rule, RuleKind};
 use ferry_client::location::{self, Location};
-use ferry_client::transfer::ProgressFn;
 use ferry_client::{Client, Credentials};
 use ferry_common::transport::TransportChoice;
+
+/// The end of `rcp backup --help`.
+const AFTER_HELP: &str = "\
+INCLUDE/EXCLUDE:
+  --include and --exclude rules are tried in the order given, both flags together;
+  the first rule whose GLOB matches an entry decides, and an entry no rule matches
+  is backed up. A GLOB without '/' matches the entry's name at any depth; one with
+  a '/' matches its path relative to SRC_DIR ('*' and '?' stop at '/', '**' does
+  not); a trailing '/' matches directories only. An excluded directory is not
+  descended into. Excluded files count neither as scanned nor as deleted.
+    --exclude '*.tmp' --exclude 'cache/'       no *.tmp files, no directory 'cache'
+    --include 'keep.log' --exclude '*.log'     of the *.log files, only keep.log
+
+EXIT CODES:
+  As for a copy (see rcp --help), and
+  8  several targets: some succeeded, some failed (see --json's targets)";
 
 /// Back up a directory tree as a snapshot `PREFIX/<UTC timestamp>/` on a Ferry server:
 /// files unchanged since the previous snapshot are hard-linked to it on the server,
@@ -22,7 +42,7 @@ use ferry_common::transport::TransportChoice;
 #[command(
     name = "rcp backup",
     override_usage = "rcp backup [OPTIONS] SRC_DIR HOST[:PORT]:SHARE/PREFIX [--to HOST[:PORT]:SHARE/PREFIX]...",
-    after_help = "EXIT CODES:\n  As for a copy (see rcp --help), and\n  8  several targets: some succeeded, some failed (see --json's targets)"
+    after_help = AFTER_HELP
 )]
 pub struct BackupArgs {
     /// The local directory to back up.
@@ -38,9 +58,33 @@ pub struct BackupArgs {
     #[arg(long = "to", value_name = "HOST[:PORT]:SHARE/PREFIX")]
     to: Vec<String>,
 
-    /// Print one JSON summary object on stdout at the end.
+    /// Print one JSON summary object on stdout at the end (no progress bar).
     #[arg(long)]
     json: bool,
+
+    /// No progress bar and no summary line (errors are still printed).
+    #[arg(short, long)]
+    quiet: bool,
+
+    /// Plan only: write nothing on any target, and report what would be unchanged,
+    /// changed, new and deleted, and the bytes that would be sent (changed files'
+    /// chunks compared with their previous copies' manifests).
+    #[arg(short = 'n', long)]
+    dry_run: bool,
+
+    /// Back up only entries no earlier --exclude matches (see INCLUDE/EXCLUDE below).
+    /// Repeatable.
+    #[arg(long, value_name = "GLOB", value_parser = valid_glob)]
+    include: Vec<String>,
+
+    /// Leave out entries that GLOB matches, unless an earlier --include matches them
+    /// (see INCLUDE/EXCLUDE below). Repeatable.
+    #[arg(long, value_name = "GLOB", value_parser = valid_glob)]
+    exclude: Vec<String>,
+
+    /// Small requests (links, small files, listings) in flight at once per target.
+    #[arg(short, long, default_value_t = DEFAULT_JOBS as u16, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    jobs: u16,
 
     /// Transport (as for a copy).
     #[arg(
@@ -54,6 +98,50 @@ pub struct BackupArgs {
     /// File holding the share's secret (mode 0600 or stricter).
     #[arg(long, value_name = "FILE", env = "FERRY_SECRET_FILE")]
     secret_file: Option<PathBuf>,
+
+    /// The --include and --exclude rules in command-line order (set by [`parse`]).
+    #[arg(skip)]
+    rules: Vec<Rule>,
+}
+
+/// Parses `rcp backup`'s arguments (`argv` starts with `backup`), keeping the
+/// command-line order of the `--include` and `--exclude` rules across both flags.
+pub fn parse<I, T>(argv: I) -> Result<BackupArgs, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let matches = BackupArgs::command().try_get_matches_from(argv)?;
+    let mut args = BackupArgs::from_arg_matches(&matches)?;
+    args.rules = ordered_rules(&matches)?;
+    Ok(args)
+}
+
+fn ordered_rules(matches: &ArgMatches) -> Result<Vec<Rule>, clap::Error> {
+    let mut given: Vec<(usize, RuleKind, &String)> = Vec::new();
+    for (id, kind) in [
+        ("include", RuleKind::Include),
+        ("exclude", RuleKind::Exclude),
+    ] {
+        if let (Some(at), Some(globs)) = (matches.indices_of(id), matches.get_many::<String>(id)) {
+            given.extend(at.zip(globs).map(|(i, g)| (i, kind, g)));
+        }
+    }
+    given.sort_by_key(|(i, _, _)| *i);
+    given
+        .into_iter()
+        .map(|(_, kind, glob)| {
+            Rule::new(kind, glob).map_err(|e| {
+                clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{e}\n"))
+            })
+        })
+        .collect()
+}
+
+fn valid_glob(glob: &str) -> Result<String, String> {
+    Rule::new(RuleKind::Exclude, glob)
+        .map(|_| glob.to_string())
+        .map_err(|e| e.to_string())
 }
 
 /// Runs `rcp backup` and returns the exit code: the copy's table, plus
@@ -65,12 +153,23 @@ pub async fn run(args: BackupArgs) -> u8 {
     let targets: Vec<String> = std::iter::once(args.dest.clone())
         .chain(args.to.iter().cloned())
         .collect();
+    let opts = BackupOptions {
+        filter: Filter::new(args.rules.clone()),
+        dry_run: args.dry_run,
+        jobs: args.jobs.into(),
+    };
+    // One bar for all targets: each adds its total to the bar's.
+    let show = !args.quiet && !args.json && std::io::stderr().is_terminal();
+    let bar = crate::progress_bar(show);
+    let progress: Arc<dyn Progress> = Arc::new(crate::Bar(bar.clone()));
     let mut tasks = tokio::task::JoinSet::new();
     for (i, dest) in targets.iter().enumerate() {
         let (dest, src) = (dest.clone(), args.src.clone());
         let (transport, secret_file) = (args.transport, args.secret_file.clone());
+        let (opts, progress) = (opts.clone(), progress.clone());
         tasks.spawn(async move {
-            let r = snapshot(&dest, &src, transport, secret_file.as_deref(), now).await;
+            let secret_file = secret_file.as_deref();
+            let r = snapshot(&dest, &src, transport, secret_file, now, &opts, progress).await;
             (i, r)
         });
     }
@@ -86,6 +185,7 @@ pub async fn run(args: BackupArgs) -> u8 {
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(ClientError::Usage("the backup task failed".into()))))
         .collect();
+    bar.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
     let codes: Vec<u8> = results
         .iter()
@@ -100,8 +200,9 @@ pub async fn run(args: BackupArgs) -> u8 {
     };
     for (dest, result) in targets.iter().zip(&results) {
         match result {
-            Ok(r) if !args.json => eprintln!(
-                "rcp: {dest}: snapshot {} ({} files: {} unchanged, {} changed, {} new, {} deleted; {} bytes sent, {} reused)",
+            Ok(r) if !args.json && !args.quiet => eprintln!(
+                "rcp: {dest}: {}snapshot {} ({} files: {} unchanged, {} changed, {} new, {} deleted; {} bytes {}sent, {} reused)",
+                if r.dry_run { "dry run, no " } else { "" },
                 r.snapshot,
                 r.files_scanned,
                 r.files_unchanged,
@@ -109,6 +210,7 @@ pub async fn run(args: BackupArgs) -> u8 {
                 r.files_new,
                 r.files_deleted,
                 r.bytes_sent,
+                if r.dry_run { "would be " } else { "" },
                 r.bytes_reused
             ),
             Ok(_) => {}
@@ -116,7 +218,7 @@ pub async fn run(args: BackupArgs) -> u8 {
         }
     }
     if args.json {
-        print_json(&targets, &results, seconds, code);
+        print_json(&targets, &results, seconds, code, args.dry_run);
     }
     code
 }
@@ -127,6 +229,8 @@ async fn snapshot(
     transport: TransportChoice,
     secret_file: Option<&std::path::Path>,
     now: SystemTime,
+    opts: &BackupOptions,
+    progress: Arc<dyn Progress>,
 ) -> Result<BackupReport, ClientError> {
     let remote = match location::parse(dest, ferry_common::DEFAULT_PORT)? {
         Location::Remote(r) if !r.path.is_empty() => r,
@@ -139,8 +243,18 @@ async fn snapshot(
     let credentials = Credentials::from_file_or_env(secret_file)?;
     let client = Client::connect_with(&remote.host, remote.port, transport, credentials).await?;
     client.authenticate(&remote.share).await?;
-    let progress: ProgressFn = Arc::new(|_| {});
-    backup(&client, src, &remote.share, &remote.path, now, progress).await
+    let report = backup_with(
+        &client,
+        src,
+        &remote.share,
+        &remote.path,
+        now,
+        opts,
+        progress,
+    )
+    .await;
+    client.close();
+    report
 }
 
 fn print_json(
@@ -148,6 +262,7 @@ fn print_json(
     results: &[Result<BackupReport, ClientError>],
     seconds: f64,
     code: u8,
+    dry_run: bool,
 ) {
     let per_target: Vec<_> = targets
         .iter()
@@ -156,8 +271,10 @@ fn print_json(
             Ok(r) => serde_json::json!({
                 "target": dest,
                 "ok": true,
+                "exit_code": exit::OK,
                 "snapshot": r.snapshot,
                 "previous": r.previous,
+                "files_scanned": r.files_scanned,
                 "files_unchanged": r.files_unchanged,
                 "files_changed": r.files_changed,
                 "files_new": r.files_new,
@@ -169,6 +286,7 @@ fn print_json(
             Err(e) => serde_json::json!({
                 "target": dest,
                 "ok": false,
+                "exit_code": e.exit_code(),
                 "error": { "kind": e.kind(), "message": e.to_string() },
             }),
         })
@@ -184,6 +302,7 @@ fn print_json(
     let summary = serde_json::json!({
         "ok": code == exit::OK,
         "exit_code": code,
+        "dry_run": dry_run,
         "files_scanned": first.files_scanned,
         "files_unchanged": first.files_unchanged,
         "files_changed": first.files_changed,

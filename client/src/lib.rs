@@ -10,7 +10,8 @@
 //!   ([`transfer::Copied`] says how many bytes were sent and reused).
 //! - [`copy`]: cp/scp semantics for files and trees, with files in flight concurrently.
 //! - [`backup`]: snapshot backups into `SHARE/PREFIX/<timestamp>/`, unchanged files
-//!   hard-linked to the previous snapshot, changed files sent as changed chunks.
+//!   hard-linked to the previous snapshot, changed files sent as changed chunks, the
+//!   whole tree with many requests in flight; [`filter`]: its include/exclude rules.
 //! - [`location`]: parsing `HOST[:PORT]:SHARE/PATH` operands.
 //!
 //! ```no_run
@@ -33,6 +34,7 @@ pub mod backup;
 pub mod client;
 pub mod copy;
 pub mod error;
+pub mod filter;
 pub mod location;
 pub mod transfer;
 

@@ -72,8 +72,8 @@ pub struct BackupArgs {
     #[arg(short = 'n', long)]
     dry_run: bool,
 
-    /// Back up only entries no earlier --exclude matches (see INCLUDE/EXCLUDE below).
-    /// Repeatable.
+    /// Back up entries GLOB matches, even if a later --exclude matches them too (see
+    /// INCLUDE/EXCLUDE below). Repeatable.
     #[arg(long, value_name = "GLOB", value_parser = valid_glob)]
     include: Vec<String>,
 
@@ -202,7 +202,7 @@ pub async fn run(args: BackupArgs) -> u8 {
         match result {
             Ok(r) if !args.json && !args.quiet => eprintln!(
                 "rcp: {dest}: {}snapshot {} ({} files: {} unchanged, {} changed, {} new, {} deleted; {} bytes {}sent, {} reused)",
-                if r.dry_run { "dry run, no " } else { "" },
+                if r.dry_run { "dry run, nothing written: would make " } else { "" },
                 r.snapshot,
                 r.files_scanned,
                 r.files_unchanged,

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Backup benchmark: `rcp backup` against `rsync --link-dest`, both on one machine
-# (ferryd on 127.0.0.1; rsync local to local, which is its best case: no ssh).
+# Backup benchmark: `rcp backup` against `rsync -a --link-dest` to an rsync daemon,
+# both over loopback on one machine (ferryd on 127.0.0.1; rsyncd on 127.0.0.1, no ssh).
 #
-# A tree of FILES small files (1..8 KiB) and BIG_MIB MiB of large files (8 MiB each)
-# is backed up once (full), then 1 % of the small files and one 4 KiB range of every
-# tenth big file are changed and it is backed up again (incremental). Reported: wall
-# time of each run, and for rcp the bytes sent (--json).
+# A tree of FILES small files (1..8 KiB) in 350 directories and BIG_MIB MiB of large
+# files (8 MiB each) is backed up once (full), then 1 % of the small files and one
+# 4 KiB range of every tenth big file are changed and it is backed up again
+# (incremental). Reported: wall time of each run for both, their ratio, rcp's bytes
+# sent (--json), and how many files of rsync's second copy are hard links (a check
+# that --link-dest worked). rsync's times include a `sync` (ferryd fsyncs every file
+# it commits; rsync does not).
 #
 #   bench/backup.sh                    # 20,000 files + 512 MiB, release build
 #   bench/backup.sh --quick            # 2,000 files + 64 MiB
-#   bench/backup.sh --bin-dir target/debug
+#   bench/backup.sh --bin-dir DIR      # use built binaries (e.g. $CARGO_TARGET_DIR/debug)
+#   bench/backup.sh --jobs N           # rcp backup -j N
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,13 +22,15 @@ cd "$ROOT"
 FILES=20000
 BIG_MIB=512
 BIN_DIR=""
+JOBS=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) FILES=2000; BIG_MIB=64 ;;
         --files) FILES="${2:?}"; shift ;;
         --big-mib) BIG_MIB="${2:?}"; shift ;;
         --bin-dir) BIN_DIR="${2:?}"; shift ;;
-        -h | --help) sed -n 2,13p "$0"; exit 0 ;;
+        --jobs) JOBS="${2:?}"; shift ;;
+        -h | --help) sed -n 2,18p "$0"; exit 0 ;;
         *) echo "bench: unknown argument '$1'" >&2; exit 2 ;;
     esac
     shift
@@ -38,12 +44,18 @@ if [ -z "$BIN_DIR" ]; then
 fi
 FERRYD="$BIN_DIR/ferryd"
 RCP="$BIN_DIR/rcp"
-command -v rsync >/dev/null || { echo "bench: rsync is not installed" >&2; exit 2; }
+if ! command -v rsync >/dev/null; then
+    log "installing rsync"
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get install -y -qq rsync >/dev/null || { echo "bench: cannot install rsync" >&2; exit 2; }
+fi
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/ferry-backup-bench.XXXXXX")"
 FERRYD_PID=""
+RSYNCD_PID=""
 cleanup() {
     [ -n "$FERRYD_PID" ] && kill "$FERRYD_PID" 2>/dev/null && wait "$FERRYD_PID" 2>/dev/null
+    [ -n "$RSYNCD_PID" ] && kill "$RSYNCD_PID" 2>/dev/null && wait "$RSYNCD_PID" 2>/dev/null
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -97,20 +109,44 @@ elapsed() { python3 -c "print(f'{$2 - $1:.2f}')"; }
 
 RSYNC_DST="$WORK/rsync"
 mkdir -p "$RSYNC_DST"
+RSYNC_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+cat >"$WORK/rsyncd.conf" <<EOF
+pid file = $WORK/rsyncd.pid
+use chroot = no
+[bench]
+    path = $RSYNC_DST
+    read only = no
+    uid = $(id -un)
+    gid = $(id -gn)
+EOF
+rsync --daemon --no-detach --config="$WORK/rsyncd.conf" --address=127.0.0.1 --port="$RSYNC_PORT" \
+    --log-file="$WORK/rsyncd.log" &
+RSYNCD_PID=$!
+RSYNC_URL="rsync://127.0.0.1:$RSYNC_PORT/bench"
+for _ in $(seq 100); do rsync "$RSYNC_URL/" >/dev/null 2>&1 && break; sleep 0.1; done
+
+now() { date +%s.%N; }
+elapsed() { python3 -c "print(f'{$2 - $1:.2f}')"; }
+ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
+RCP_ARGS=(backup --json)
+[ -n "$JOBS" ] && RCP_ARGS+=(-j "$JOBS")
+
 sync
-t0=$(now); rsync -a "$SRC/" "$RSYNC_DST/1/"; sync; t1=$(now); RSYNC_FULL=$(elapsed "$t0" "$t1")
-t0=$(now); "$RCP" backup --json "$SRC" "$ADDR:bench/host" >"$WORK/full.json"; t1=$(now); RCP_FULL=$(elapsed "$t0" "$t1")
+t0=$(now); rsync -a "$SRC/" "$RSYNC_URL/1/"; sync; t1=$(now); RSYNC_FULL=$(elapsed "$t0" "$t1")
+t0=$(now); "$RCP" "${RCP_ARGS[@]}" "$SRC" "$ADDR:bench/host" >"$WORK/full.json"; t1=$(now); RCP_FULL=$(elapsed "$t0" "$t1")
 sleep 1.1 # snapshot names have second resolution
 change
 sync
-t0=$(now); rsync -a --link-dest="$RSYNC_DST/1" "$SRC/" "$RSYNC_DST/2/"; sync; t1=$(now); RSYNC_INC=$(elapsed "$t0" "$t1")
-t0=$(now); "$RCP" backup --json "$SRC" "$ADDR:bench/host" >"$WORK/inc.json"; t1=$(now); RCP_INC=$(elapsed "$t0" "$t1")
+t0=$(now); rsync -a --link-dest=../1 "$SRC/" "$RSYNC_URL/2/"; sync; t1=$(now); RSYNC_INC=$(elapsed "$t0" "$t1")
+t0=$(now); "$RCP" "${RCP_ARGS[@]}" "$SRC" "$ADDR:bench/host" >"$WORK/inc.json"; t1=$(now); RCP_INC=$(elapsed "$t0" "$t1")
+LINKED=$(find "$RSYNC_DST/2" -type f -links +1 | wc -l)
 
 field() { sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p" "$1"; }
 echo
-echo "| run | rsync --link-dest (s) | rcp backup (s) | rcp bytes sent | rcp bytes reused |"
-echo "|---|---|---|---|---|"
-echo "| full | $RSYNC_FULL | $RCP_FULL | $(field "$WORK/full.json" bytes_sent) | $(field "$WORK/full.json" bytes_reused) |"
-echo "| 1 % changed | $RSYNC_INC | $RCP_INC | $(field "$WORK/inc.json" bytes_sent) | $(field "$WORK/inc.json" bytes_reused) |"
+echo "| run | rsync --link-dest to rsyncd (s) | rcp backup (s) | rcp / rsync | rcp bytes sent | rcp bytes reused |"
+echo "|---|---|---|---|---|---|"
+echo "| full | $RSYNC_FULL | $RCP_FULL | $(ratio "$RCP_FULL" "$RSYNC_FULL") | $(field "$WORK/full.json" bytes_sent) | $(field "$WORK/full.json" bytes_reused) |"
+echo "| 1 % changed | $RSYNC_INC | $RCP_INC | $(ratio "$RCP_INC" "$RSYNC_INC") | $(field "$WORK/inc.json" bytes_sent) | $(field "$WORK/inc.json" bytes_reused) |"
 echo
-echo "($FILES small files + $BIG_MIB MiB; rcp over the tcp transport on loopback; rsync local.)"
+echo "($FILES small files + $BIG_MIB MiB; rcp over the tcp transport on loopback; rsync to an"
+echo "rsync daemon on 127.0.0.1; $LINKED files of rsync's second copy are hard links.)"

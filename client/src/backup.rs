@@ -9,11 +9,24 @@
 //!
 //! Per regular file, against the newest earlier snapshot (the *previous* one):
 //! - same size and mtime (ns) as the previous copy: **unchanged**, hard-linked to it
-//!   ([`Client::link`]), nothing sent;
+//!   ([`Client::link`]), nothing sent; should the server's filesystem refuse one more
+//!   link to that inode ([`ErrorKind::TooManyLinks`](ferry_common::msg::ErrorKind)), it
+//!   is uploaded with the previous copy as base instead: the server copies every chunk
+//!   locally, nothing is sent;
 //! - a previous copy that differs: **changed**, uploaded with the previous copy as base
-//!   ([`upload_file_with_base`]), so the server copies the chunks it already holds and
-//!   pulls only the others;
+//!   ([`upload_file_with_base`](crate::transfer::upload_file_with_base)), so the server
+//!   copies the chunks it already holds and pulls only the others;
 //! - no previous copy: **new**, uploaded in full.
+//!
+//! The run goes in phases over the whole tree, each with many requests in flight: the
+//! source is walked (include/exclude rules applied, see [`crate::filter`]); the
+//! server's directories (previous snapshot, partial snapshots) are listed concurrently;
+//! the partial snapshot's directories are created, parents before children; every
+//! file and symlink is linked, uploaded or created (see `jobs` for the lanes); the
+//! directories' modes and mtimes are set, children before parents, after all contents
+//! are in; one `Rename` publishes the snapshot. A dry run does the walk, the listings
+//! and the planning only, writes nothing anywhere, and estimates what changed files
+//! would send from the previous copies' manifests.
 //!
 //! Interrupted runs: a run finding the partial directory of its own timestamp
 //! continues it (a file already there with the source's size and mtime is kept; an
@@ -21,40 +34,76 @@
 //! the newest partial snapshot of another timestamp builds a fresh partial but links
 //! each file that one holds with the source's size and mtime instead of sending it, so
 //! the new snapshot holds exactly the source (nothing the source has since lost), and
-//! what the interrupted run sent is not sent again. (The old partial is removed once
-//! the new snapshot is published: [`crate::backup_admin::after_publish`].) A partial of
-//! its own timestamp loses the entries the source no longer has before it is filled.
+//! what the interrupted run sent is not sent again. (The old partial stays until
+//! retention removes it.)
 //!
 //! "Unchanged" uses rsync's quick check (size and mtime); a file rewritten in place
 //! with its mtime put back is not detected.
 
-use std::collections::HashMap;
-use std::fs;
-use std::os::unix::fs::MetadataExt;
+mod jobs;
+mod listing;
+mod walk;
+
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ferry_common::attr::attr_of;
-use ferry_common::msg::{Attr, ErrorKind, FileKind, Timestamp};
+use ferry_common::msg::{FileKind, Timestamp};
 
 use crate::backup_admin::drop_stale_entries;
 use crate::client::Client;
+use crate::copy::Progress;
 use crate::error::ClientError;
-use crate::transfer::{upload_file, upload_file_with_base, ProgressFn};
+use crate::filter::Filter;
+use crate::transfer::ProgressFn;
+
+use jobs::{file_job, run_jobs, run_lanes, symlink_job, Class};
+use listing::{list_all, listing, DirPaths};
+
+pub use jobs::BIG_UPLOADS_IN_FLIGHT;
 
 /// Prefix of the hidden name a snapshot is built under (not `.ferry-tmp.`, which
 /// ferryd's startup cleaner removes: an interrupted snapshot must survive a restart).
 pub const PARTIAL_PREFIX: &str = ".partial-";
 
-/// What a backup did.
+/// Small requests (links, symlinks, uploads of one chunk or less, listings, mkdirs)
+/// in flight at once by default. The session queues what exceeds the server's
+/// `max_inflight_requests`.
+pub const DEFAULT_JOBS: usize = 64;
+
+/// How a backup runs.
+#[derive(Debug, Clone)]
+pub struct BackupOptions {
+    /// Which entries of the source are backed up.
+    pub filter: Filter,
+    /// Plan only: write nothing on the server, estimate what would be sent.
+    pub dry_run: bool,
+    /// Small requests in flight at once (see [`DEFAULT_JOBS`]).
+    pub jobs: usize,
+}
+
+impl Default for BackupOptions {
+    fn default() -> Self {
+        BackupOptions {
+            filter: Filter::default(),
+            dry_run: false,
+            jobs: DEFAULT_JOBS,
+        }
+    }
+}
+
+/// What a backup did (or, in a dry run, would do).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BackupReport {
-    /// Share-relative path of the finished snapshot.
+    /// Share-relative path of the finished snapshot (in a dry run: the one that would
+    /// be made).
     pub snapshot: String,
     /// Share-relative path of the snapshot it was compared with, if any.
     pub previous: Option<String>,
-    /// Regular files in the source.
+    /// True if this was a dry run: nothing was written.
+    pub dry_run: bool,
+    /// Regular files in the source (excluded ones not counted).
     pub files_scanned: u64,
     /// Files hard-linked to the previous snapshot (or found complete in a resumed
     /// partial snapshot).
@@ -64,9 +113,9 @@ pub struct BackupReport {
     /// Files with no previous copy.
     pub files_new: u64,
     /// Regular files of the previous snapshot's visited directories that the source no
-    /// longer has.
+    /// longer has (excluded ones not counted).
     pub files_deleted: u64,
-    /// File bytes that crossed the connection.
+    /// File bytes that crossed the connection (in a dry run: the estimate).
     pub bytes_sent: u64,
     /// File bytes not sent: linked files' sizes plus chunks the server took from a base
     /// or a resumed partial.
@@ -119,6 +168,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (y, m, d)
 }
 
+/// `dir/name`, or `name` when `dir` is empty (a trailing `/` of `dir` is dropped).
 fn join(dir: &str, name: &str) -> String {
     if dir.is_empty() {
         name.to_string()
@@ -127,31 +177,8 @@ fn join(dir: &str, name: &str) -> String {
     }
 }
 
-/// Entries of the server directory `path` by name; empty if it does not exist.
-async fn listing(
-    client: &Client,
-    share: &str,
-    path: &str,
-) -> Result<HashMap<String, Attr>, ClientError> {
-    match client.list_dir(share, path).await {
-        Ok(entries) => Ok(entries.into_iter().map(|e| (e.name, e.attr)).collect()),
-        Err(e) if e.remote_kind() == Some(ErrorKind::NotFound) => Ok(HashMap::new()),
-        Err(e) => Err(e),
-    }
-}
-
-fn same_version(a: &Attr, size: u64, mtime: Timestamp) -> bool {
-    a.kind == FileKind::File && a.size == size && a.mtime == mtime
-}
-
-/// Backs up the local directory `src` into `share`/`prefix`/[`snapshot_name`]`(now)`.
-///
-/// Call order on the server: the prefix's directories are created if missing; the
-/// partial snapshot is filled depth first (directories before their contents, each
-/// directory's mode and mtime set after its contents); then one `Rename` publishes it.
-/// On error the partial snapshot stays for the next run with the same `now` to continue
-/// (a later run with another `now` starts a new partial and leaves this one for
-/// [`crate::backup_admin::after_publish`] to remove).
+/// Backs up the local directory `src` into `share`/`prefix`/[`snapshot_name`]`(now)`
+/// with the default [`BackupOptions`]; `progress` is called with the bytes done.
 pub async fn backup(
     client: &Client,
     src: &Path,
@@ -160,368 +187,224 @@ pub async fn backup(
     now: SystemTime,
     progress: ProgressFn,
 ) -> Result<BackupReport, ClientError> {
-    let started = Instant::now();
-    let meta = fs::metadata(src).map_err(|e| ClientError::local(src, "cannot stat", e))?;
-    if !meta.is_dir() {
-        return Err(ClientError::local(
-            src,
-            "cannot back up",
-            std::io::Error::other("not a directory"),
-        ));
+    let progress = Arc::new(FnProgress(progress));
+    backup_with(
+        client,
+        src,
+        share,
+        prefix,
+        now,
+        &BackupOptions::default(),
+        progress,
+    )
+    .await
+}
+
+/// A [`Progress`] that only counts bytes done.
+struct FnProgress(ProgressFn);
+
+impl Progress for FnProgress {
+    fn set_total(&self, _bytes: u64) {}
+    fn advance(&self, bytes: u64) {
+        (self.0)(bytes)
     }
+}
+
+/// Backs up the local directory `src` into `share`/`prefix`/[`snapshot_name`]`(now)`.
+///
+/// Call order on the server (see the module docs): the prefix's directories are
+/// created if missing; listings; the partial snapshot is filled; then one `Rename`
+/// publishes it. `progress` gets the total of the files' sizes once the source is
+/// walked, then the bytes done. On error the partial snapshot stays for the next run
+/// to continue. A dry run (`opts.dry_run`) only lists and reads on the server.
+pub async fn backup_with(
+    client: &Client,
+    src: &Path,
+    share: &str,
+    prefix: &str,
+    now: SystemTime,
+    opts: &BackupOptions,
+    progress: Arc<dyn Progress>,
+) -> Result<BackupReport, ClientError> {
+    let started = Instant::now();
+    let tree = {
+        let (src, filter) = (src.to_path_buf(), opts.filter.clone());
+        tokio::task::spawn_blocking(move || walk::walk(&src, &filter))
+            .await
+            .map_err(|e| ClientError::Disconnected(format!("walking task failed: {e}")))??
+    };
     let prefix = prefix.trim_matches('/');
-    let mut made = String::new();
-    for part in prefix.split('/').filter(|p| !p.is_empty()) {
-        made = join(&made, part);
-        client.mkdir(share, &made, 0o755, true).await?;
+    if !opts.dry_run {
+        let mut made = String::new();
+        for part in prefix.split('/').filter(|p| !p.is_empty()) {
+            made = join(&made, part);
+            client.mkdir(share, &made, 0o755, true).await?;
+        }
     }
     let name = snapshot_name(now);
     let entries = listing(client, share, prefix).await?;
+    let is_dir = |n: &str| entries.get(n).is_some_and(|a| a.kind == FileKind::Dir);
     let previous = entries
-        .iter()
-        .filter(|(n, a)| a.kind == FileKind::Dir && is_snapshot_name(n) && **n < name)
-        .map(|(n, _)| n.clone())
+        .keys()
+        .filter(|n| is_dir(n) && is_snapshot_name(n) && **n < name)
         .max()
-        .map(|n| join(prefix, &n));
+        .map(|n| join(prefix, n));
     let partial_name = format!("{PARTIAL_PREFIX}{name}");
     // The newest partial snapshot an earlier interrupted run left (another timestamp):
     // its complete files are linked into this one instead of being sent again.
     let resume = entries
-        .iter()
-        .filter(|(n, a)| {
-            a.kind == FileKind::Dir
+        .keys()
+        .filter(|n| {
+            is_dir(n)
                 && **n != partial_name
                 && n.strip_prefix(PARTIAL_PREFIX).is_some_and(is_snapshot_name)
         })
-        .map(|(n, _)| n.clone())
         .max()
-        .map(|n| join(prefix, &n));
+        .map(|n| join(prefix, n));
     let partial = join(prefix, &partial_name);
-    client.mkdir(share, &partial, 0o700, true).await?;
-    let mut report = BackupReport {
-        snapshot: join(prefix, &name),
-        previous: previous.clone(),
-        ..BackupReport::default()
-    };
-    let ctx = Ctx {
-        client,
-        share,
-        progress,
-    };
-    let root = Dir {
-        src: src.to_path_buf(),
+    let root = DirPaths {
         dst: partial.clone(),
-        prev: previous,
+        dst_exists: is_dir(&partial_name),
+        prev: previous.clone(),
         resume,
     };
-    ctx.tree(root, &mut report).await?;
-    client.rename(share, &partial, &report.snapshot).await?;
+    if !opts.dry_run {
+        client.mkdir(share, &partial, 0o700, true).await?;
+    }
+    let mut report = BackupReport {
+        snapshot: join(prefix, &name),
+        previous,
+        dry_run: opts.dry_run,
+        ..BackupReport::default()
+    };
+    progress.set_total(tree.iter().flat_map(|d| &d.files).map(|f| f.size).sum());
+    let mut listed = list_all(client, share, &tree, root, opts.jobs).await?;
+    if !opts.dry_run {
+        // A partial snapshot of this very timestamp is continued: first remove what
+        // the source no longer has there, so the snapshot ends up equal to the source.
+        for (dir, (paths, lists)) in tree.iter().zip(listed.iter_mut()) {
+            if paths.dst_exists {
+                let wanted = dir.kinds(&tree);
+                let fits = |name: &str, kind: FileKind| wanted.get(name) == Some(&kind);
+                drop_stale_entries(client, share, &paths.dst, &mut lists.already, fits).await?;
+            }
+        }
+    }
+
+    let mut work = Vec::new();
+    for (dir, (paths, lists)) in tree.iter().zip(&listed) {
+        report.files_scanned += dir.files.len() as u64;
+        work.extend(dir.files.iter().map(|f| file_job(f, paths, lists)));
+        if !opts.dry_run {
+            work.extend(dir.symlinks.iter().map(|(n, t)| symlink_job(paths, n, t)));
+        }
+        // Files the previous snapshot had here (and the rules still cover) that the
+        // source no longer has.
+        let here: HashSet<&str> = dir.files.iter().map(|f| f.name.as_str()).collect();
+        let gone = lists.before.iter().filter(|(n, a)| {
+            a.kind == FileKind::File
+                && !here.contains(n.as_str())
+                && !opts.filter.excludes(&join(&dir.rel, n), false)
+        });
+        report.files_deleted += gone.count() as u64;
+    }
+    if !opts.dry_run {
+        make_dirs(client, share, by_depth(&tree, &listed), opts.jobs).await?;
+    }
+    for o in run_jobs(client, share, work, opts.jobs, opts.dry_run, progress).await? {
+        match o.class {
+            Class::Unchanged => report.files_unchanged += 1,
+            Class::Changed => report.files_changed += 1,
+            Class::New => report.files_new += 1,
+            Class::Other => {}
+        }
+        report.bytes_sent += o.bytes_sent;
+        report.bytes_reused += o.bytes_reused;
+    }
+    if !opts.dry_run {
+        set_dir_attrs(client, share, by_depth(&tree, &listed), opts.jobs).await?;
+        client.rename(share, &partial, &report.snapshot).await?;
+    }
     report.duration = started.elapsed();
     Ok(report)
 }
 
-struct Ctx<'a> {
-    client: &'a Client,
-    share: &'a str,
-    progress: ProgressFn,
+/// A directory of the partial snapshot and the attributes it gets at the end.
+struct DirAttr {
+    path: String,
+    mode: u32,
+    mtime: Timestamp,
 }
 
-/// One directory to back up: the local `src`, the server directory `dst` (existing)
-/// it is copied to, and the same directory in the previous snapshot and in the partial
-/// snapshot being resumed, where they exist.
-struct Dir {
-    src: std::path::PathBuf,
-    dst: String,
-    prev: Option<String>,
-    resume: Option<String>,
-}
-
-/// The server's listings for one [`Dir`], by name.
-struct Listings {
-    /// `prev`'s entries.
-    before: HashMap<String, Attr>,
-    /// `dst`'s entries (left by an interrupted run of this very snapshot).
-    already: HashMap<String, Attr>,
-    /// `resume`'s entries.
-    resumed: HashMap<String, Attr>,
-}
-
-/// `parent/name` if `parent` exists and `entries` lists `name` as a directory.
-fn sub_dir(parent: &Option<String>, entries: &HashMap<String, Attr>, name: &str) -> Option<String> {
-    match (parent, entries.get(name)) {
-        (Some(p), Some(a)) if a.kind == FileKind::Dir => Some(join(p, name)),
-        _ => None,
+/// The directories of the partial snapshot by depth, shallowest (the root) first.
+fn by_depth(
+    tree: &[walk::LocalDir],
+    listed: &[(DirPaths, listing::Listings)],
+) -> Vec<Vec<DirAttr>> {
+    let mut levels: Vec<Vec<DirAttr>> = Vec::new();
+    for (dir, (paths, _)) in tree.iter().zip(listed) {
+        if levels.len() <= dir.depth {
+            levels.resize_with(dir.depth + 1, Vec::new);
+        }
+        levels[dir.depth].push(DirAttr {
+            path: paths.dst.clone(),
+            mode: dir.mode,
+            mtime: dir.mtime,
+        });
     }
+    levels
 }
 
-impl Ctx<'_> {
-    async fn listing_of(&self, dir: &Option<String>) -> Result<HashMap<String, Attr>, ClientError> {
-        match dir {
-            Some(d) => listing(self.client, self.share, d).await,
-            None => Ok(HashMap::new()),
-        }
+/// Runs `op` on every directory of `levels`, a level at a time in the order given,
+/// at most `jobs` at once within a level.
+async fn per_level<F, Fut>(
+    levels: impl Iterator<Item = Vec<DirAttr>>,
+    jobs: usize,
+    op: F,
+) -> Result<(), ClientError>
+where
+    F: Fn(DirAttr) -> Fut,
+    Fut: std::future::Future<Output = Result<(), ClientError>> + Send + 'static,
+{
+    for level in levels {
+        run_lanes(vec![(level, jobs)], &op).await?;
     }
-
-    /// Fills `root.dst` from `root.src` and everything below it.
-    async fn tree(&self, root: Dir, report: &mut BackupReport) -> Result<(), ClientError> {
-        // Depth first with an explicit stack of directories still to visit, so deep
-        // trees cannot overflow the stack. Directory attributes are set once a
-        // directory's contents are in, in reverse visiting order.
-        let meta =
-            fs::metadata(&root.src).map_err(|e| ClientError::local(&root.src, "cannot stat", e))?;
-        let mut finish = vec![(
-            root.dst.clone(),
-            meta.mode() & 0o7777,
-            attr_of(&meta, None).mtime,
-        )];
-        let mut todo = vec![root];
-        while let Some(dir) = todo.pop() {
-            let mut names: Vec<_> = fs::read_dir(&dir.src)
-                .map_err(|e| ClientError::local(&dir.src, "cannot list", e))?
-                .map(|e| e.map(|e| e.file_name()))
-                .collect::<Result<_, _>>()
-                .map_err(|e| ClientError::local(&dir.src, "cannot list", e))?;
-            names.sort();
-            let mut lists = Listings {
-                before: self.listing_of(&dir.prev).await?,
-                already: listing(self.client, self.share, &dir.dst).await?,
-                resumed: self.listing_of(&dir.resume).await?,
-            };
-            drop_stale_entries(
-                self.client,
-                self.share,
-                &dir.dst,
-                &dir.src,
-                &mut lists.already,
-            )
-            .await?;
-            let mut seen = 0u64;
-            let mut jobs = Vec::new();
-            for name in names {
-                let path = dir.src.join(&name);
-                let Some(name) = name.to_str() else {
-                    tracing::warn!(path = %path.display(), "skipping a name that is not UTF-8");
-                    continue;
-                };
-                let meta = fs::symlink_metadata(&path)
-                    .map_err(|e| ClientError::local(&path, "cannot stat", e))?;
-                let to = join(&dir.dst, name);
-                if meta.is_dir() {
-                    self.client.mkdir(self.share, &to, 0o700, true).await?;
-                    let attr = attr_of(&meta, None);
-                    finish.push((to.clone(), meta.mode() & 0o7777, attr.mtime));
-                    todo.push(Dir {
-                        src: path,
-                        dst: to,
-                        prev: sub_dir(&dir.prev, &lists.before, name),
-                        resume: sub_dir(&dir.resume, &lists.resumed, name),
-                    });
-                } else if meta.file_type().is_symlink() {
-                    let target = fs::read_link(&path)
-                        .map_err(|e| ClientError::local(&path, "cannot read the link", e))?;
-                    self.client
-                        .symlink(self.share, &to, &target.to_string_lossy())
-                        .await?;
-                } else if meta.is_file() {
-                    report.files_scanned += 1;
-                    if lists
-                        .before
-                        .get(name)
-                        .is_some_and(|a| a.kind == FileKind::File)
-                    {
-                        seen += 1;
-                    }
-                    jobs.push(self.plan_file(&path, &meta, &dir, &lists, name));
-                }
-            }
-            self.run_jobs(jobs, report).await?;
-            let old_files = lists
-                .before
-                .values()
-                .filter(|a| a.kind == FileKind::File)
-                .count();
-            report.files_deleted += (old_files as u64).saturating_sub(seen);
-        }
-        for (dir, mode, mtime) in finish.into_iter().rev() {
-            self.client
-                .set_attr(self.share, &dir, Some(mode), Some(mtime))
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// What to do with one regular file: keep, link, upload with a base, or upload
-    /// (see the module docs).
-    fn plan_file(
-        &self,
-        path: &Path,
-        meta: &fs::Metadata,
-        dir: &Dir,
-        lists: &Listings,
-        name: &str,
-    ) -> FileJob {
-        let size = meta.len();
-        let mtime = attr_of(meta, None).mtime;
-        let to = join(&dir.dst, name);
-        let old = lists.before.get(name);
-        let unchanged = old.is_some_and(|a| same_version(a, size, mtime));
-        let class = match unchanged {
-            true => Class::Unchanged,
-            false if old.is_some() => Class::Changed,
-            false => Class::New,
-        };
-        let job = |action| FileJob {
-            class,
-            size,
-            action,
-        };
-        // Left complete by an interrupted run of this snapshot: kept.
-        if lists
-            .already
-            .get(name)
-            .is_some_and(|a| same_version(a, size, mtime))
-        {
-            return job(Action::Keep);
-        }
-        // A stale entry of an interrupted run is in the way of a link (Link never
-        // replaces): an upload replaces it atomically instead.
-        let free = !lists.already.contains_key(name);
-        // Linked from the previous snapshot, or from the partial snapshot of an
-        // interrupted run that holds this version of the file.
-        let link_from = match (&dir.prev, &dir.resume) {
-            (Some(p), _) if unchanged => Some(join(p, name)),
-            (_, Some(r))
-                if lists
-                    .resumed
-                    .get(name)
-                    .is_some_and(|a| same_version(a, size, mtime)) =>
-            {
-                Some(join(r, name))
-            }
-            _ => None,
-        };
-        if let (Some(from), true) = (link_from, free) {
-            return job(Action::Link { from, to });
-        }
-        let base = match (old, &dir.prev) {
-            (Some(a), Some(p)) if a.kind == FileKind::File => Some(join(p, name)),
-            _ => None,
-        };
-        job(Action::Upload {
-            path: path.to_path_buf(),
-            to,
-            base,
-        })
-    }
-
-    /// Runs `jobs`, at most [`FILES_IN_FLIGHT`] at once, and adds their outcome to
-    /// `report`. On the first failure no further job starts; the running ones are
-    /// waited for, then the failure is returned.
-    async fn run_jobs(
-        &self,
-        jobs: Vec<FileJob>,
-        report: &mut BackupReport,
-    ) -> Result<(), ClientError> {
-        let mut tasks = tokio::task::JoinSet::new();
-        let mut first_err = None;
-        let mut jobs = jobs.into_iter();
-        loop {
-            while first_err.is_none() && tasks.len() < FILES_IN_FLIGHT {
-                let Some(job) = jobs.next() else { break };
-                let (client, share) = (self.client.clone(), self.share.to_string());
-                let progress = self.progress.clone();
-                tasks.spawn(async move { job.run(&client, &share, progress).await });
-            }
-            let Some(joined) = tasks.join_next().await else {
-                break;
-            };
-            match joined {
-                Ok(Ok((job, sent, reused))) => {
-                    match job {
-                        Class::Unchanged => report.files_unchanged += 1,
-                        Class::Changed => report.files_changed += 1,
-                        Class::New => report.files_new += 1,
-                    }
-                    report.bytes_sent += sent;
-                    report.bytes_reused += reused;
-                }
-                Ok(Err(e)) => {
-                    first_err.get_or_insert(e);
-                }
-                Err(e) => {
-                    first_err.get_or_insert(ClientError::Disconnected(format!(
-                        "backup task failed: {e}"
-                    )));
-                }
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
+    Ok(())
 }
 
-/// Files of one directory in flight at once.
-pub const FILES_IN_FLIGHT: usize = 8;
-
-/// How a file compares with the previous snapshot.
-#[derive(Debug, Clone, Copy)]
-enum Class {
-    Unchanged,
-    Changed,
-    New,
+/// Creates the partial snapshot's directories (owner-only until their attributes are
+/// set; the root exists), parents before children.
+async fn make_dirs(
+    client: &Client,
+    share: &str,
+    levels: Vec<Vec<DirAttr>>,
+    jobs: usize,
+) -> Result<(), ClientError> {
+    per_level(levels.into_iter().skip(1), jobs, |d| {
+        let (client, share) = (client.clone(), share.to_string());
+        async move { client.mkdir(&share, &d.path, 0o700, true).await }
+    })
+    .await
 }
 
-/// What one file needs.
-enum Action {
-    /// Already complete in the partial snapshot.
-    Keep,
-    /// Hard-link `from` (previous snapshot or an interrupted partial) to `to`.
-    Link { from: String, to: String },
-    /// Upload the local `path` to `to`, against `base` if any.
-    Upload {
-        path: std::path::PathBuf,
-        to: String,
-        base: Option<String>,
-    },
-}
-
-struct FileJob {
-    class: Class,
-    size: u64,
-    action: Action,
-}
-
-impl FileJob {
-    /// Does the job; returns its class, bytes sent and bytes reused.
-    async fn run(
-        self,
-        client: &Client,
-        share: &str,
-        progress: ProgressFn,
-    ) -> Result<(Class, u64, u64), ClientError> {
-        match self.action {
-            Action::Keep => {
-                progress(self.size);
-                Ok((self.class, 0, self.size))
-            }
-            Action::Link { from, to } => {
-                client.link(share, &from, &to).await?;
-                progress(self.size);
-                Ok((self.class, 0, self.size))
-            }
-            Action::Upload { path, to, base } => {
-                let copied = match base {
-                    Some(base) => {
-                        upload_file_with_base(client, &path, share, &to, &base, progress).await?
-                    }
-                    None => upload_file(client, &path, share, &to, progress).await?,
-                };
-                Ok((self.class, copied.bytes_sent, copied.bytes_reused))
-            }
+/// Gives the partial snapshot's directories the source's modes and mtimes, deepest
+/// level first: a directory's contents are all in (its mtime stays), and a parent made
+/// unsearchable does not stop its children's attributes from being set.
+async fn set_dir_attrs(
+    client: &Client,
+    share: &str,
+    levels: Vec<Vec<DirAttr>>,
+    jobs: usize,
+) -> Result<(), ClientError> {
+    per_level(levels.into_iter().rev(), jobs, |d| {
+        let (client, share) = (client.clone(), share.to_string());
+        async move {
+            client
+                .set_attr(&share, &d.path, Some(d.mode), Some(d.mtime))
+                .await
         }
-    }
+    })
+    .await
 }
 
 /// Shares a progress function that ignores its input (for callers without a bar).

@@ -13,7 +13,6 @@
 //! server's `Remove` unlinks names, so each other snapshot keeps its own link.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_common::msg::{Attr, DiskUsage, ErrorKind, FileKind};
@@ -273,26 +272,21 @@ pub async fn after_publish(
     report
 }
 
-/// Makes the server directory `dst` of a resumed partial snapshot fit the local
-/// directory `src`: removes each entry of `already` (`dst`'s listing) that `src` no
-/// longer has, or has as a directory where `dst` has none (or the reverse), and drops
-/// it from `already`. Called before `dst` is filled, so the finished snapshot holds
-/// exactly the source.
+/// Makes the server directory `dst` of a resumed partial snapshot fit its source
+/// directory: removes each entry of `already` (`dst`'s listing) that the source does not
+/// have as the same kind (`fits(name, kind)` is false: gone, excluded, or a directory
+/// where the partial has a file or the reverse), and drops it from `already`. Called
+/// before `dst` is filled, so the finished snapshot holds exactly the source.
 pub(crate) async fn drop_stale_entries(
     client: &Client,
     share: &str,
     dst: &str,
-    src: &Path,
     already: &mut HashMap<String, Attr>,
+    fits: impl Fn(&str, FileKind) -> bool,
 ) -> Result<(), ClientError> {
     let mut stale: Vec<String> = already
         .iter()
-        .filter(
-            |(name, attr)| match std::fs::symlink_metadata(src.join(name)) {
-                Ok(meta) => meta.is_dir() != (attr.kind == FileKind::Dir),
-                Err(_) => true,
-            },
-        )
+        .filter(|(name, attr)| !fits(name, attr.kind))
         .map(|(name, _)| name.clone())
         .collect();
     stale.sort();

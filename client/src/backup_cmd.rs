@@ -1,22 +1,49 @@
 //! `rcp backup SRC_DIR HOST[:PORT]:SHARE/PREFIX [--to HOST2:SHARE/PREFIX ...]`: one
-//! snapshot on each target, the targets in parallel and independent of each other,
-//! each pruned after its snapshot is published; `rcp backup --list TARGET` (issue 5;
-//! `docs/backup-plan.md` says what remains; listing and pruning are in
-//! [`ferry_client::backup_admin`]).
+//! snapshot on each target, the targets in parallel and independent of each other
+//! (issue 5; `docs/backup-plan.md` says what remains).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use clap::Parser;
-use ferry_client::backup::{backup, BackupReport};
+use std::ffi::OsString;
+use std::io::IsTerminal;
+
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use ferry_client::backup::{backup_with, BackupOptions, BackupReport, DEFAULT_JOBS};
 use ferry_client::backup_admin::{self, PruneReport, Retention};
 use ferry_client::backup_verify;
+use ferry_client::copy::Progress;
 use ferry_client::error::{exit, ClientError};
+use ferry_client::filter::{Filter, Rule, RuleKind};
 use ferry_client::location::{self, Location};
-use ferry_client::transfer::ProgressFn;
 use ferry_client::{Client, Credentials};
 use ferry_common::transport::TransportChoice;
+
+/// The end of `rcp backup --help`.
+const AFTER_HELP: &str = "\
+INCLUDE/EXCLUDE:
+  --include and --exclude rules are tried in the order given, both flags together;
+  the first rule whose GLOB matches an entry decides, and an entry no rule matches
+  is backed up. A GLOB without '/' matches the entry's name at any depth; one with
+  a '/' matches its path relative to SRC_DIR ('*' and '?' stop at '/', '**' does
+  not); a trailing '/' matches directories only. An excluded directory is not
+  descended into. Excluded files count neither as scanned nor as deleted.
+    --exclude '*.tmp' --exclude 'cache/'       no *.tmp files, no directory 'cache'
+    --include 'keep.log' --exclude '*.log'     of the *.log files, only keep.log
+
+RETENTION:
+  With --keep and/or --keep-days, a snapshot is removed only if it is outside every
+  rule given (--keep 3 --keep-days 7: the 3 newest and all of the last 7 days stay).
+  Pruning runs per target only after that target's new snapshot is published, never
+  removes the new snapshot, and also removes the target's partial snapshots older
+  than the new one (interrupted runs). A pruning failure is reported (--json:
+  pruned, prune_errors) but does not change the exit code. A dry run prunes nothing.
+
+EXIT CODES:
+  As for a copy (see rcp --help), and
+  8  several targets: some succeeded, some failed (see --json's targets)
+  9  --verify found damaged files";
 
 /// Back up a directory tree as a snapshot `PREFIX/<UTC timestamp>/` on a Ferry server:
 /// files unchanged since the previous snapshot are hard-linked to it on the server,
@@ -26,7 +53,7 @@ use ferry_common::transport::TransportChoice;
 #[command(
     name = "rcp backup",
     override_usage = "rcp backup [OPTIONS] SRC_DIR HOST[:PORT]:SHARE/PREFIX [--to HOST[:PORT]:SHARE/PREFIX]...\n       rcp backup --list HOST[:PORT]:SHARE/PREFIX [--json]\n       rcp backup [--json] --verify HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]",
-    after_help = "RETENTION:\n  With --keep and/or --keep-days, a snapshot is removed only if it is outside every\n  rule given (--keep 3 --keep-days 7: the 3 newest and all of the last 7 days stay).\n  Pruning runs per target only after that target's new snapshot is published, never\n  removes the new snapshot, and also removes the target's partial snapshots older\n  than the new one (interrupted runs). A pruning failure is reported (--json:\n  pruned, prune_errors) but does not change the exit code.\n\nEXIT CODES:\n  As for a copy (see rcp --help), and\n  8  several targets: some succeeded, some failed (see --json's targets)\n  9  --verify found damaged files"
+    after_help = AFTER_HELP
 )]
 pub struct BackupArgs {
     /// The local directory to back up.
@@ -43,9 +70,19 @@ pub struct BackupArgs {
     #[arg(
         long,
         value_name = "HOST[:PORT]:SHARE/PREFIX",
-        conflicts_with_all = ["src", "dest", "to", "keep", "keep_days", "verify"]
+        conflicts_with_all = ["src", "dest", "to", "keep", "keep_days", "verify", "dry_run"]
     )]
     list: Option<String>,
+
+    /// Have the server re-read a snapshot (the newest under PREFIX unless one is named)
+    /// and compare every file with the manifests it recorded; damaged files are listed
+    /// with their chunks, and the exit code is 9 if there are any.
+    #[arg(
+        long,
+        value_name = "HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]",
+        conflicts_with_all = ["src", "dest", "to", "keep", "keep_days", "dry_run"]
+    )]
+    verify: Option<String>,
 
     /// Keep the N newest snapshots of each target (the new one included) and remove
     /// the older ones, unless --keep-days keeps them. At least 1.
@@ -57,24 +94,38 @@ pub struct BackupArgs {
     #[arg(long, value_name = "D", value_parser = at_least_one)]
     keep_days: Option<u64>,
 
-    /// Have the server re-read a snapshot (the newest under PREFIX unless one is named)
-    /// and compare every file with the manifests it recorded; damaged files are listed
-    /// with their chunks, and the exit code is 9 if there are any.
-    #[arg(
-        long,
-        value_name = "HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]",
-        conflicts_with_all = ["src", "dest", "to", "keep", "keep_days"]
-    )]
-    verify: Option<String>,
-
     /// Another target, backed up in parallel (repeatable). A target that fails does
     /// not stop the others; exit code 8 says some failed and some succeeded.
     #[arg(long = "to", value_name = "HOST[:PORT]:SHARE/PREFIX")]
     to: Vec<String>,
 
-    /// Print one JSON summary object on stdout at the end.
+    /// Print one JSON summary object on stdout at the end (no progress bar).
     #[arg(long)]
     json: bool,
+
+    /// No progress bar and no summary line (errors are still printed).
+    #[arg(short, long)]
+    quiet: bool,
+
+    /// Plan only: write nothing on any target, and report what would be unchanged,
+    /// changed, new and deleted, and the bytes that would be sent (changed files'
+    /// chunks compared with their previous copies' manifests).
+    #[arg(short = 'n', long)]
+    dry_run: bool,
+
+    /// Back up entries GLOB matches, even if a later --exclude matches them too (see
+    /// INCLUDE/EXCLUDE below). Repeatable.
+    #[arg(long, value_name = "GLOB", value_parser = valid_glob)]
+    include: Vec<String>,
+
+    /// Leave out entries that GLOB matches, unless an earlier --include matches them
+    /// (see INCLUDE/EXCLUDE below). Repeatable.
+    #[arg(long, value_name = "GLOB", value_parser = valid_glob)]
+    exclude: Vec<String>,
+
+    /// Small requests (links, small files, listings) in flight at once per target.
+    #[arg(short, long, default_value_t = DEFAULT_JOBS as u16, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    jobs: u16,
 
     /// Transport (as for a copy).
     #[arg(
@@ -88,6 +139,50 @@ pub struct BackupArgs {
     /// File holding the share's secret (mode 0600 or stricter).
     #[arg(long, value_name = "FILE", env = "FERRY_SECRET_FILE")]
     secret_file: Option<PathBuf>,
+
+    /// The --include and --exclude rules in command-line order (set by [`parse`]).
+    #[arg(skip)]
+    rules: Vec<Rule>,
+}
+
+/// Parses `rcp backup`'s arguments (`argv` starts with `backup`), keeping the
+/// command-line order of the `--include` and `--exclude` rules across both flags.
+pub fn parse<I, T>(argv: I) -> Result<BackupArgs, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let matches = BackupArgs::command().try_get_matches_from(argv)?;
+    let mut args = BackupArgs::from_arg_matches(&matches)?;
+    args.rules = ordered_rules(&matches)?;
+    Ok(args)
+}
+
+fn ordered_rules(matches: &ArgMatches) -> Result<Vec<Rule>, clap::Error> {
+    let mut given: Vec<(usize, RuleKind, &String)> = Vec::new();
+    for (id, kind) in [
+        ("include", RuleKind::Include),
+        ("exclude", RuleKind::Exclude),
+    ] {
+        if let (Some(at), Some(globs)) = (matches.indices_of(id), matches.get_many::<String>(id)) {
+            given.extend(at.zip(globs).map(|(i, g)| (i, kind, g)));
+        }
+    }
+    given.sort_by_key(|(i, _, _)| *i);
+    given
+        .into_iter()
+        .map(|(_, kind, glob)| {
+            Rule::new(kind, glob).map_err(|e| {
+                clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{e}\n"))
+            })
+        })
+        .collect()
+}
+
+fn valid_glob(glob: &str) -> Result<String, String> {
+    Rule::new(RuleKind::Exclude, glob)
+        .map(|_| glob.to_string())
+        .map_err(|e| e.to_string())
 }
 
 /// Runs `rcp backup` and returns the exit code: the copy's table, plus
@@ -114,19 +209,23 @@ pub async fn run(args: BackupArgs) -> u8 {
     let targets: Vec<String> = std::iter::once(dest)
         .chain(args.to.iter().cloned())
         .collect();
+    let opts = BackupOptions {
+        filter: Filter::new(args.rules.clone()),
+        dry_run: args.dry_run,
+        jobs: args.jobs.into(),
+    };
+    // One bar for all targets: each adds its total to the bar's.
+    let show = !args.quiet && !args.json && std::io::stderr().is_terminal();
+    let bar = crate::progress_bar(show);
+    let progress: Arc<dyn Progress> = Arc::new(crate::Bar(bar.clone()));
     let mut tasks = tokio::task::JoinSet::new();
     for (i, dest) in targets.iter().enumerate() {
         let (dest, src) = (dest.clone(), src.clone());
         let (transport, secret_file) = (args.transport, args.secret_file.clone());
+        let (opts, progress) = ((opts.clone(), retention), progress.clone());
         tasks.spawn(async move {
-            let r = snapshot(
-                &dest,
-                &src,
-                transport,
-                secret_file.as_deref(),
-                now,
-                retention,
-            );
+            let secret_file = secret_file.as_deref();
+            let r = snapshot(&dest, &src, transport, secret_file, now, &opts, progress);
             (i, r.await)
         });
     }
@@ -142,6 +241,7 @@ pub async fn run(args: BackupArgs) -> u8 {
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(ClientError::Usage("the backup task failed".into()))))
         .collect();
+    bar.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
     let codes: Vec<u8> = results
         .iter()
@@ -156,9 +256,10 @@ pub async fn run(args: BackupArgs) -> u8 {
     };
     for (dest, result) in targets.iter().zip(&results) {
         match result {
-            Ok((r, prune)) if !args.json => {
+            Ok((r, prune)) if !args.json && !args.quiet => {
                 eprintln!(
-                "rcp: {dest}: snapshot {} ({} files: {} unchanged, {} changed, {} new, {} deleted; {} bytes sent, {} reused)",
+                "rcp: {dest}: {}snapshot {} ({} files: {} unchanged, {} changed, {} new, {} deleted; {} bytes {}sent, {} reused)",
+                if r.dry_run { "dry run, nothing written: would make " } else { "" },
                 r.snapshot,
                 r.files_scanned,
                 r.files_unchanged,
@@ -166,6 +267,7 @@ pub async fn run(args: BackupArgs) -> u8 {
                 r.files_new,
                 r.files_deleted,
                 r.bytes_sent,
+                if r.dry_run { "would be " } else { "" },
                 r.bytes_reused
                 );
                 prune
@@ -176,31 +278,48 @@ pub async fn run(args: BackupArgs) -> u8 {
                     eprintln!("rcp: {dest}: cannot prune {p}: {e}");
                 }
             }
-            Ok(_) => {}
+            Ok((_, prune)) => {
+                // Pruning failures are printed even with --json or --quiet: they
+                // need someone's attention although the backup succeeded.
+                for (p, e) in &prune.errors {
+                    eprintln!("rcp: {dest}: cannot prune {p}: {e}");
+                }
+            }
             Err(e) => eprintln!("rcp: {dest}: {e}"),
         }
     }
     if args.json {
-        print_json(&targets, &results, seconds, code);
+        print_json(&targets, &results, seconds, code, args.dry_run);
     }
     code
 }
 
-/// Backs up `src` to `dest`, then prunes `dest` (see [`backup_admin::after_publish`]).
+/// Backs up `src` to `dest`, then, unless it was a dry run, prunes `dest` (see
+/// [`backup_admin::after_publish`]).
 async fn snapshot(
     dest: &str,
     src: &std::path::Path,
     transport: TransportChoice,
     secret_file: Option<&std::path::Path>,
     now: SystemTime,
-    retention: Retention,
+    (opts, retention): &(BackupOptions, Retention),
+    progress: Arc<dyn Progress>,
 ) -> Result<(BackupReport, PruneReport), ClientError> {
     let (client, share, prefix) = open(dest, transport, secret_file).await?;
-    let progress: ProgressFn = Arc::new(|_| {});
-    let report = backup(&client, src, &share, &prefix, now, progress).await?;
-    let name = report.snapshot.rsplit('/').next().unwrap_or_default();
-    let prune = backup_admin::after_publish(&client, &share, &prefix, name, &retention, now).await;
-    Ok((report, prune))
+    let result = async {
+        let report = backup_with(&client, src, &share, &prefix, now, opts, progress).await?;
+        let prune = match opts.dry_run {
+            true => PruneReport::default(),
+            false => {
+                let name = report.snapshot.rsplit('/').next().unwrap_or_default();
+                backup_admin::after_publish(&client, &share, &prefix, name, retention, now).await
+            }
+        };
+        Ok((report, prune))
+    }
+    .await;
+    client.close();
+    result
 }
 
 /// `rcp backup --list TARGET`.
@@ -262,6 +381,7 @@ fn print_json(
     results: &[Result<(BackupReport, PruneReport), ClientError>],
     seconds: f64,
     code: u8,
+    dry_run: bool,
 ) {
     let per_target: Vec<_> = targets
         .iter()
@@ -270,8 +390,10 @@ fn print_json(
             Ok((r, prune)) => serde_json::json!({
                 "target": dest,
                 "ok": true,
+                "exit_code": exit::OK,
                 "snapshot": r.snapshot,
                 "previous": r.previous,
+                "files_scanned": r.files_scanned,
                 "files_unchanged": r.files_unchanged,
                 "files_changed": r.files_changed,
                 "files_new": r.files_new,
@@ -285,6 +407,7 @@ fn print_json(
             Err(e) => serde_json::json!({
                 "target": dest,
                 "ok": false,
+                "exit_code": e.exit_code(),
                 "error": { "kind": e.kind(), "message": e.to_string() },
             }),
         })
@@ -309,6 +432,7 @@ fn print_json(
     let summary = serde_json::json!({
         "ok": code == exit::OK,
         "exit_code": code,
+        "dry_run": dry_run,
         "files_scanned": first.files_scanned,
         "files_unchanged": first.files_unchanged,
         "files_changed": first.files_changed,

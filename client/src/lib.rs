@@ -10,7 +10,8 @@
 //!   ([`transfer::Copied`] says how many bytes were sent and reused).
 //! - [`copy`]: cp/scp semantics for files and trees, with files in flight concurrently.
 //! - [`backup`]: snapshot backups into `SHARE/PREFIX/<timestamp>/`, unchanged files
-//!   hard-linked to the previous snapshot, changed files sent as changed chunks.
+//!   hard-linked to the previous snapshot, changed files sent as changed chunks, the
+//!   whole tree with many requests in flight; [`filter`]: its include/exclude rules.
 //! - [`backup_admin`]: listing a prefix's snapshots with their sizes, retention, and
 //!   removal of stale partial snapshots.
 //! - [`backup_verify`]: `rcp backup --verify`, the server re-reading a snapshot's files
@@ -39,6 +40,7 @@ pub mod backup_verify;
 pub mod client;
 pub mod copy;
 pub mod error;
+pub mod filter;
 pub mod location;
 pub mod transfer;
 

@@ -159,8 +159,10 @@ fn plan(args: &Args) -> Result<Direction, ClientError> {
 struct Bar(ProgressBar);
 
 impl Progress for Bar {
+    /// Adds `bytes` to the bar's total: a copy plans once, each target of a backup
+    /// adds its own to the one bar they share.
     fn set_total(&self, bytes: u64) {
-        self.0.set_length(bytes);
+        self.0.inc_length(bytes);
     }
     fn advance(&self, bytes: u64) {
         self.0.inc(bytes);
@@ -185,7 +187,7 @@ fn main() -> ExitCode {
     // `rcp backup ...` is a command of its own (a source that is literally named
     // `backup` is given as `./backup`).
     if std::env::args_os().nth(1).is_some_and(|a| a == "backup") {
-        let args = match backup_cmd::BackupArgs::try_parse_from(std::env::args_os().skip(1)) {
+        let args = match backup_cmd::parse(std::env::args_os().skip(1)) {
             Ok(a) => a,
             Err(e) if e.use_stderr() => {
                 let _ = e.print();

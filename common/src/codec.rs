@@ -448,6 +448,19 @@ mod tests {
     }
 
     #[test]
+    fn too_many_links_is_error_kind_17() {
+        // An error response's body: Response::Error's index, then the kind's.
+        let e = Response::Error(RemoteError {
+            kind: ErrorKind::TooManyLinks,
+            message: "m".into(),
+        });
+        let bytes = postcard::to_stdvec(&e).unwrap();
+        assert_eq!(bytes[1], 17, "{bytes:?}");
+        assert_eq!(&bytes[2..], [1, b'm']);
+        assert_eq!(ErrorKind::TooManyLinks.as_str(), "too_many_links");
+    }
+
+    #[test]
     fn too_long_link_target_hits_the_limit() {
         let m = Message::Request {
             id: 1,

@@ -702,6 +702,9 @@ pub enum ErrorKind {
     AuthRequired,
     /// The proof of a share's secret was wrong (the server closes the connection).
     AuthFailed,
+    /// The file has as many hard links as the server's filesystem allows (`EMLINK`;
+    /// 65,000 on ext4): a `Link` to it cannot be made.
+    TooManyLinks,
 }
 
 impl ErrorKind {
@@ -725,6 +728,7 @@ impl ErrorKind {
             ErrorKind::Busy => "busy",
             ErrorKind::AuthRequired => "auth_required",
             ErrorKind::AuthFailed => "auth_failed",
+            ErrorKind::TooManyLinks => "too_many_links",
         }
     }
 }

@@ -97,7 +97,7 @@ fn attr() -> impl Strategy<Value = Attr> {
         )
 }
 
-const ERROR_KINDS: [ErrorKind; 17] = [
+const ERROR_KINDS: [ErrorKind; 18] = [
     ErrorKind::NotFound,
     ErrorKind::NoSuchShare,
     ErrorKind::PermissionDenied,
@@ -115,6 +115,7 @@ const ERROR_KINDS: [ErrorKind; 17] = [
     ErrorKind::Busy,
     ErrorKind::AuthRequired,
     ErrorKind::AuthFailed,
+    ErrorKind::TooManyLinks,
 ];
 
 fn remote_error() -> impl Strategy<Value = RemoteError> {

@@ -57,6 +57,7 @@ pub fn errno_of(e: &ClientError) -> Errno {
             ErrorKind::InvalidPath => Errno::EINVAL,
             ErrorKind::Exists => Errno::EEXIST,
             ErrorKind::Busy => Errno::EBUSY,
+            ErrorKind::TooManyLinks => Errno::EMLINK,
             ErrorKind::AuthRequired | ErrorKind::AuthFailed => Errno::EACCES,
             _ => Errno::EIO,
         },

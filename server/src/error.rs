@@ -10,6 +10,9 @@ use ferry_common::msg::{ErrorKind, RemoteError};
 /// `EDQUOT`: the disk quota is exhausted (reported as "no space").
 const EDQUOT: i32 = 122;
 
+/// `EMLINK`: a file already has as many hard links as its filesystem allows.
+const EMLINK: i32 = 31;
+
 /// A [`RemoteError`] with a message cut to the protocol's limit.
 pub fn remote(kind: ErrorKind, message: impl Into<String>) -> RemoteError {
     RemoteError::new(kind, message)
@@ -17,8 +20,10 @@ pub fn remote(kind: ErrorKind, message: impl Into<String>) -> RemoteError {
 
 /// The error kind for an OS error.
 pub fn kind_of(e: &io::Error) -> ErrorKind {
-    if e.raw_os_error() == Some(EDQUOT) {
-        return ErrorKind::NoSpace;
+    match e.raw_os_error() {
+        Some(EDQUOT) => return ErrorKind::NoSpace,
+        Some(EMLINK) => return ErrorKind::TooManyLinks,
+        _ => {}
     }
     match e.kind() {
         io::ErrorKind::NotFound => ErrorKind::NotFound,
@@ -44,6 +49,7 @@ pub fn io_error(op: &str, what: &str, e: &io::Error) -> RemoteError {
         ErrorKind::Exists => "already exists".to_string(),
         ErrorKind::NotADirectory => "not a directory".to_string(),
         ErrorKind::IsADirectory => "is a directory".to_string(),
+        ErrorKind::TooManyLinks => format!("cannot {op}: too many links to the file"),
         _ => format!("cannot {op}: {e}"),
     };
     remote(kind_of(e), format!("{what}: {cause}"))
@@ -65,6 +71,9 @@ mod tests {
             kind_of(&io::Error::from_raw_os_error(2)),
             ErrorKind::NotFound
         );
+        let r = io_error("link", "data/y", &io::Error::from_raw_os_error(EMLINK));
+        assert_eq!(r.kind, ErrorKind::TooManyLinks);
+        assert_eq!(r.message, "data/y: cannot link: too many links to the file");
         let r = io_error("write", "data/x", &e);
         assert_eq!(
             r.message,

@@ -511,6 +511,73 @@ mod snapshots {
         assert!(snap(&env, T0 + 60).exists());
     }
 
+    /// The share's filesystem type (`statfs` magic).
+    fn is_ext234(path: &Path) -> bool {
+        use nix::sys::statfs::{statfs, EXT4_SUPER_MAGIC};
+        statfs(path).is_ok_and(|s| s.filesystem_type() == EXT4_SUPER_MAGIC)
+    }
+
+    #[test]
+    fn a_file_at_the_link_limit_is_copied_on_the_server_instead() {
+        // ext2/3/4 allow 65,000 links per inode (EMLINK beyond); other filesystems
+        // have other limits or none, and the real limit is what this test is about.
+        let env = Env::new();
+        if !is_ext234(&env.share_dir(SHARE)) {
+            eprintln!("skipped: the share is not on ext2/3/4, whose link limit this test uses");
+            return;
+        }
+        let src = env.local("src");
+        fs::create_dir_all(src.join("d")).unwrap();
+        write_random_file(&src.join("d/full"), 3 * MIB + 7, 1);
+        write_random_file(&src.join("d/other"), 5000, 2);
+        let first = run(&env, &src, T0, no_progress()).unwrap();
+        // Fill the previous copy's inode up to the limit with links elsewhere in the share.
+        let prev = snap(&env, T0).join("d/full");
+        let links = env.share("links");
+        fs::create_dir(&links).unwrap();
+        let mut made = 0u32;
+        let hit = loop {
+            match fs::hard_link(&prev, links.join(made.to_string())) {
+                Ok(()) => made += 1,
+                Err(e) if e.raw_os_error() == Some(nix::libc::EMLINK) => break true,
+                Err(e) => panic!("link {made}: {e}"),
+            }
+            if made > 70_000 {
+                break false;
+            }
+        };
+        assert!(hit, "ext4 took more than 70,000 links to one inode");
+        // ferryd says so with its own error kind.
+        let mut raw = super::session(&env);
+        assert_eq!(
+            super::error_kind(super::link(
+                &mut raw,
+                &format!("{}/d/full", first.snapshot),
+                "links/x"
+            )),
+            ferry_common::msg::ErrorKind::TooManyLinks
+        );
+
+        let second = run(&env, &src, T0 + 60, no_progress()).unwrap();
+        assert_eq!(second.files_unchanged, 2, "{second:?}");
+        assert_eq!(second.bytes_sent, 0, "{second:?}");
+        assert!(second.bytes_reused >= 3 * MIB + 7, "{second:?}");
+        assert_trees_equal(&src, &snap(&env, T0 + 60));
+        let (a, b) = (
+            fs::metadata(&prev).unwrap(),
+            fs::metadata(snap(&env, T0 + 60).join("d/full")).unwrap(),
+        );
+        assert_ne!(a.ino(), b.ino(), "a new inode, not one more link");
+        // The other file is linked as usual.
+        assert_eq!(
+            fs::metadata(snap(&env, T0).join("d/other")).unwrap().ino(),
+            fs::metadata(snap(&env, T0 + 60).join("d/other"))
+                .unwrap()
+                .ino()
+        );
+        ferry_tests::assert_no_temp_files(&env.share_dir(SHARE));
+    }
+
     fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
         let mut out = Vec::new();
         for e in fs::read_dir(dir).unwrap() {
@@ -528,9 +595,12 @@ mod snapshots {
 
 mod cli {
     use std::fs;
+    use std::path::{Path, PathBuf};
+    use std::time::{Duration, Instant};
 
     use ferry_tests::{
-        assert_trees_equal, ferrytest, make_small_tree, rcp_args, unused_local_port,
+        assert_trees_equal, ferrytest, make_small_tree, make_tree, rcp_args, spawn_rcp,
+        unused_local_port, write_random_file, MIB,
     };
 
     ferrytest!(rcp_backup_makes_snapshots_and_reports_json, |env| {
@@ -614,6 +684,271 @@ mod cli {
         let out = env.rcp(rcp_args!["backup", env.local("none"), env.remote("b")]);
         out.assert_code(5);
     });
+    /// Every path below `root` (relative), for "nothing changed here" checks.
+    /// Everything under the share `root` that clients can see: ferryd's own state
+    /// (its manifest store, which reads such as a dry run's may fill) left out.
+    fn paths_below(root: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        let mut todo = vec![root.to_path_buf()];
+        while let Some(dir) = todo.pop() {
+            for e in fs::read_dir(&dir).unwrap() {
+                let p = e.unwrap().path();
+                if p == root.join(ferry_common::STATE_DIR) {
+                    continue;
+                }
+                if fs::symlink_metadata(&p).unwrap().is_dir() {
+                    todo.push(p.clone());
+                }
+                out.push(p.strip_prefix(root).unwrap().to_path_buf());
+            }
+        }
+        out.sort();
+        out
+    }
+
+    ferrytest!(include_and_exclude_rules_pick_what_is_backed_up, |env| {
+        let src = env.local("src");
+        fs::create_dir_all(src.join("cache/inner")).unwrap();
+        fs::create_dir_all(src.join("sub/deep")).unwrap();
+        for (rel, len) in [
+            ("a.log", 10),
+            ("keep.log", 20),
+            ("x.tmp", 30),
+            ("b.txt", 40),
+            ("cache/c.txt", 50),
+            ("cache/inner/d.txt", 60),
+            ("sub/cache", 70),
+            ("sub/deep/e.log", 80),
+            ("sub/deep/f.tmp", 90),
+            ("sub/deep/g.txt", 100),
+        ] {
+            write_random_file(&src.join(rel), len, len);
+        }
+        let dest = env.remote("backups/host");
+        let rules = [
+            "--include",
+            "keep.log",
+            "--exclude",
+            "*.log",
+            "--exclude",
+            "cache/",
+            "--exclude",
+            "/sub/deep/*.tmp",
+            "--exclude",
+            "/x.tmp",
+        ];
+        let mut args = vec!["backup", "--json"];
+        args.extend(rules);
+        let (s, d) = (src.to_str().unwrap(), dest.as_str());
+        args.extend([s, d]);
+        let out = env.rcp(&args);
+        out.assert_success();
+        let json = out.json();
+        let snapshot = json["targets"][0]["snapshot"].as_str().unwrap().to_string();
+        let kept: Vec<_> = paths_below(&env.share(&snapshot));
+        let want: Vec<PathBuf> = [
+            "b.txt",
+            "keep.log",
+            "sub",
+            "sub/cache",
+            "sub/deep",
+            "sub/deep/g.txt",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        assert_eq!(kept, want);
+        assert_eq!(json["files_scanned"], 4, "{json}");
+        assert_eq!(json["files_new"], 4, "{json}");
+
+        // Excluding a file backed up before: neither scanned nor deleted.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let mut args = vec!["backup", "--json", "--exclude", "keep.log"];
+        args.extend(rules);
+        args.extend([s, d]);
+        let out = env.rcp(&args);
+        out.assert_success();
+        let json = out.json();
+        assert_eq!(json["files_scanned"], 3, "{json}");
+        assert_eq!(json["files_unchanged"], 3, "{json}");
+        assert_eq!(json["files_deleted"], 0, "{json}");
+        // A bad pattern is a usage error.
+        env.rcp(rcp_args!["backup", "--exclude", "a[", &src, &dest])
+            .assert_code(2);
+    });
+
+    ferrytest!(
+        a_dry_run_writes_nothing_and_estimates_what_would_be_sent,
+        |env| {
+            let src = env.local("src");
+            fs::create_dir_all(src.join("d")).unwrap();
+            write_random_file(&src.join("d/small"), 3000, 1);
+            write_random_file(&src.join("d/big"), 3 * MIB, 2);
+            write_random_file(&src.join("d/same"), 4000, 3);
+            write_random_file(&src.join("gone"), 500, 4);
+            // A dry run into an empty prefix creates nothing, not even the prefix.
+            let out = env.rcp(rcp_args![
+                "backup",
+                "--json",
+                "--dry-run",
+                &src,
+                env.remote("b/h")
+            ]);
+            out.assert_success();
+            let json = out.json();
+            assert_eq!(json["dry_run"], true);
+            assert_eq!(json["files_new"], 4, "{json}");
+            assert_eq!(json["bytes_sent"], 3 * MIB + 7500, "{json}");
+            assert!(!env.share("b").exists());
+
+            let first = env.rcp(rcp_args!["backup", "--json", &src, env.remote("b/h")]);
+            first.assert_success();
+            std::thread::sleep(std::time::Duration::from_millis(1100));
+            let mut data = fs::read(src.join("d/small")).unwrap();
+            data[10] ^= 1;
+            fs::write(src.join("d/small"), data).unwrap();
+            let mut data = fs::read(src.join("d/big")).unwrap();
+            data[MIB as usize + 3] ^= 1;
+            fs::write(src.join("d/big"), data).unwrap();
+            fs::remove_file(src.join("gone")).unwrap();
+            write_random_file(&src.join("d/new"), 1000, 5);
+
+            let before = paths_below(&env.share_dir(ferry_tests::DEFAULT_SHARE));
+            let out = env.rcp(rcp_args!["backup", "--json", "-n", &src, env.remote("b/h")]);
+            out.assert_success();
+            let dry = out.json();
+            assert_eq!(dry["dry_run"], true);
+            assert_eq!(dry["files_scanned"], 4, "{dry}");
+            assert_eq!(dry["files_unchanged"], 1, "{dry}");
+            assert_eq!(dry["files_changed"], 2, "{dry}");
+            assert_eq!(dry["files_new"], 1, "{dry}");
+            assert_eq!(dry["files_deleted"], 1, "{dry}");
+            // The small file whole, one chunk of the big one, the new file.
+            assert_eq!(dry["bytes_sent"], 3000 + MIB + 1000, "{dry}");
+            assert_eq!(
+                before,
+                paths_below(&env.share_dir(ferry_tests::DEFAULT_SHARE))
+            );
+
+            // The real run sends what the dry run said.
+            let out = env.rcp(rcp_args!["backup", "--json", &src, env.remote("b/h")]);
+            out.assert_success();
+            let real = out.json();
+            assert_eq!(real["dry_run"], false);
+            assert_eq!(real["bytes_sent"], dry["bytes_sent"], "{real}");
+            for k in [
+                "files_unchanged",
+                "files_changed",
+                "files_new",
+                "files_deleted",
+            ] {
+                assert_eq!(real[k], dry[k], "{k}: {real}");
+            }
+        }
+    );
+
+    ferrytest!(a_snapshot_restores_byte_identical_with_rcp_r, |env| {
+        let src = env.local("src");
+        make_tree(&src, 11);
+        let out = env.rcp(rcp_args!["backup", "--json", &src, env.remote("b/h")]);
+        out.assert_success();
+        let snapshot = out.json()["targets"][0]["snapshot"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let restored = env.local("restored");
+        env.rcp(rcp_args!["-r", env.remote(&snapshot), &restored])
+            .assert_success();
+        // Contents, modes, mtimes, symlinks.
+        assert_trees_equal(&src, &restored);
+    });
+
+    ferrytest!(
+        rcp_backup_killed_mid_run_publishes_nothing_and_the_rerun_completes,
+        |env| {
+            let src = env.local("src");
+            make_small_tree(&src, 5);
+            let dest = env.remote("backups/host");
+            let out = env.rcp(rcp_args!["backup", "--json", &src, &dest]);
+            out.assert_success();
+            let first = out.json()["targets"][0]["snapshot"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            // What the first snapshot holds, to check nothing touches it.
+            let kept = env.local("first-copy");
+            let cp = std::process::Command::new("cp")
+                .arg("-a")
+                .arg(env.share(&first))
+                .arg(&kept)
+                .status()
+                .unwrap();
+            assert!(cp.success());
+
+            // 96 new files of one chunk each, sent one at a time (-j 1): the run is killed
+            // once two of them are committed in the partial snapshot.
+            const NEW: u64 = 96;
+            fs::create_dir(src.join("new")).unwrap();
+            for i in 0..NEW {
+                write_random_file(&src.join(format!("new/{i:03}")), MIB, 100 + i);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1100));
+            let mut child = spawn_rcp(rcp_args!["backup", "--json", "-j", "1", &src, &dest]);
+            let prefix = env.share("backups/host");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let committed = fs::read_dir(&prefix)
+                    .unwrap()
+                    .map(|e| e.unwrap().path())
+                    .filter(|p| {
+                        p.file_name()
+                            .unwrap()
+                            .to_string_lossy()
+                            .starts_with(".partial-")
+                    })
+                    .filter_map(|p| fs::read_dir(p.join("new")).ok())
+                    .flatten()
+                    .filter(|e| {
+                        let e = e.as_ref().unwrap();
+                        !e.file_name().to_string_lossy().starts_with('.')
+                            && e.metadata().unwrap().len() == MIB
+                    })
+                    .count();
+                if committed >= 2 {
+                    break;
+                }
+                assert!(
+                    child.is_running(),
+                    "the backup finished before it could be killed: {}",
+                    child.wait()
+                );
+                assert!(Instant::now() < deadline, "no file of the backup landed");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let killed = child.kill();
+            assert_eq!(killed.code, None, "killed by a signal: {killed}");
+
+            // Nothing new under a snapshot name; the first snapshot is as it was.
+            let names: Vec<String> = fs::read_dir(&prefix)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| !n.starts_with('.'))
+                .collect();
+            assert_eq!(names, vec![first.rsplit('/').next().unwrap().to_string()]);
+            assert_trees_equal(&kept, &env.share(&first));
+
+            let out = env.rcp(rcp_args!["backup", "--json", &src, &dest]);
+            out.assert_success();
+            let json = out.json();
+            let second = json["targets"][0]["snapshot"].as_str().unwrap();
+            assert_trees_equal(&src, &env.share(second));
+            assert_trees_equal(&kept, &env.share(&first));
+            // What the killed run committed was not sent again.
+            let sent = json["bytes_sent"].as_u64().unwrap();
+            assert!(sent <= (NEW - 2) * MIB, "{json}");
+            assert_eq!(json["files_new"], NEW, "{json}");
+        }
+    );
 }
 
 ferrytest!(backup_requests_never_reach_outside_the_share, |env| {

@@ -279,17 +279,17 @@ fn bad_frames() -> Vec<BadFrame> {
             false,
             "malformed control message",
         ),
-        // Request has variants 0..=15: a Request { id: 1, <variant 16> }.
+        // Request has variants 0..=22: a Request { id: 1, <variant 127> }.
         bad(
             "unknown Request tag",
-            ctrl_frame(&[0x03, 0x01, 0x10]),
+            ctrl_frame(&[0x03, 0x01, 0x7f]),
             false,
             "malformed control message",
         ),
-        // ErrorKind has variants 0..=16: a Refused { kind: 17, message: "" }.
+        // ErrorKind has variants 0..=17: a Refused { kind: 127, message: "" }.
         bad(
             "unknown ErrorKind tag",
-            ctrl_frame(&[0x02, 0x11, 0x00]),
+            ctrl_frame(&[0x02, 0x7f, 0x00]),
             false,
             "malformed control message",
         ),

@@ -410,6 +410,16 @@ fn messages() -> Vec<(&'static str, Message)> {
             ),
         ),
         (
+            "resp-error-too-many-links",
+            resp(
+                9,
+                Response::Error(RemoteError {
+                    kind: ErrorKind::TooManyLinks,
+                    message: s("data/snap/f: cannot link: too many links to the file"),
+                }),
+            ),
+        ),
+        (
             "resp-mapped",
             resp(
                 10,

@@ -1,0 +1,339 @@
+//! What a backup does per entry, and running it with many requests in flight.
+//!
+//! Every regular file and symlink of the source becomes one [`Job`]. Jobs run in two
+//! lanes at once: *small* jobs (links, symlinks, uploads of files of at most one chunk)
+//! up to `jobs` at a time, since they are bound by round trips, and uploads of larger
+//! files up to [`BIG_UPLOADS_IN_FLIGHT`] at a time, since each keeps whole windows of
+//! its file mapped (and, over RDMA, registered). The first failure stops new jobs from
+//! starting; the running ones are waited for.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ferry_common::chunk::hash_chunk;
+use ferry_common::msg::{Attr, ErrorKind, FileKind, Timestamp};
+use tokio::task::JoinSet;
+
+use crate::client::Client;
+use crate::copy::Progress;
+use crate::error::ClientError;
+use crate::transfer::{upload_file, upload_file_with_base, ProgressFn};
+
+use super::join;
+use super::listing::{DirPaths, Listings};
+use super::walk::LocalFile;
+
+/// Uploads of files larger than one chunk in flight at once.
+pub const BIG_UPLOADS_IN_FLIGHT: usize = 4;
+
+/// How a file compares with the previous snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Class {
+    Unchanged,
+    Changed,
+    New,
+    /// Not a regular file (a symlink): not counted.
+    Other,
+}
+
+/// What one entry needs.
+enum Action {
+    /// Already complete in the partial snapshot.
+    Keep,
+    /// Hard-link `from` (previous snapshot or an interrupted partial) to `to`; should
+    /// the server's filesystem refuse another link to `from`, upload the local `path`
+    /// with `from` as base instead (the server copies every chunk, nothing is sent).
+    Link {
+        from: String,
+        to: String,
+        path: PathBuf,
+    },
+    /// Upload the local `path` to `to`, against `base` if any.
+    Upload {
+        path: PathBuf,
+        to: String,
+        base: Option<String>,
+    },
+    /// Create the symlink `to` -> `target`.
+    Symlink { to: String, target: String },
+}
+
+/// One entry's work.
+pub(super) struct Job {
+    class: Class,
+    size: u64,
+    action: Action,
+}
+
+/// What a job did (or, in a dry run, would do).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Outcome {
+    pub class: Class,
+    pub bytes_sent: u64,
+    pub bytes_reused: u64,
+}
+
+fn same_version(a: &Attr, size: u64, mtime: Timestamp) -> bool {
+    a.kind == FileKind::File && a.size == size && a.mtime == mtime
+}
+
+/// The job for the symlink `name` -> `target` of the directory at `paths`.
+pub(super) fn symlink_job(paths: &DirPaths, name: &str, target: &str) -> Job {
+    Job {
+        class: Class::Other,
+        size: 0,
+        action: Action::Symlink {
+            to: join(&paths.dst, name),
+            target: target.to_string(),
+        },
+    }
+}
+
+/// The job for one regular file: keep, link, upload with a base, or upload (see the
+/// module docs of `backup`).
+pub(super) fn file_job(file: &LocalFile, paths: &DirPaths, lists: &Listings) -> Job {
+    let (name, size, mtime) = (file.name.as_str(), file.size, file.mtime);
+    let to = join(&paths.dst, name);
+    let old = lists.before.get(name).filter(|a| a.kind == FileKind::File);
+    let unchanged = old.is_some_and(|a| same_version(a, size, mtime));
+    let class = match (unchanged, old) {
+        (true, _) => Class::Unchanged,
+        (false, Some(_)) => Class::Changed,
+        (false, None) => Class::New,
+    };
+    let job = |action| Job {
+        class,
+        size,
+        action,
+    };
+    // Left complete by an interrupted run of this snapshot: kept.
+    if lists
+        .already
+        .get(name)
+        .is_some_and(|a| same_version(a, size, mtime))
+    {
+        return job(Action::Keep);
+    }
+    // A stale entry of an interrupted run is in the way of a link (Link never
+    // replaces): an upload replaces it atomically instead.
+    let free = !lists.already.contains_key(name);
+    // Linked from the previous snapshot, or from the partial snapshot of an
+    // interrupted run that holds this version of the file.
+    let link_from = match (&paths.prev, &paths.resume) {
+        (Some(p), _) if unchanged => Some(join(p, name)),
+        (_, Some(r))
+            if lists
+                .resumed
+                .get(name)
+                .is_some_and(|a| same_version(a, size, mtime)) =>
+        {
+            Some(join(r, name))
+        }
+        _ => None,
+    };
+    let path = file.path.clone();
+    if let (Some(from), true) = (link_from, free) {
+        return job(Action::Link { from, to, path });
+    }
+    let base = match (old, &paths.prev) {
+        (Some(_), Some(p)) => Some(join(p, name)),
+        _ => None,
+    };
+    job(Action::Upload { path, to, base })
+}
+
+impl Job {
+    /// True for an upload (or, in a dry run, an estimate) of more than one chunk.
+    fn is_big(&self, chunk_bytes: u32) -> bool {
+        matches!(self.action, Action::Upload { .. }) && self.size > u64::from(chunk_bytes)
+    }
+
+    /// Does the job; in a dry run, writes nothing and says what it would send.
+    async fn run(
+        self,
+        client: Client,
+        share: String,
+        dry_run: bool,
+        progress: Arc<dyn Progress>,
+    ) -> Result<Outcome, ClientError> {
+        let outcome = |bytes_sent, bytes_reused| Outcome {
+            class: self.class,
+            bytes_sent,
+            bytes_reused,
+        };
+        let advance: ProgressFn = {
+            let progress = progress.clone();
+            Arc::new(move |n| progress.advance(n))
+        };
+        match self.action {
+            Action::Symlink { to, target } => {
+                if !dry_run {
+                    client.symlink(&share, &to, &target).await?;
+                }
+                Ok(outcome(0, 0))
+            }
+            Action::Keep => {
+                progress.advance(self.size);
+                Ok(outcome(0, self.size))
+            }
+            Action::Link { from, to, path } => {
+                let linked = match dry_run {
+                    true => Ok(()),
+                    false => client.link(&share, &from, &to).await,
+                };
+                match linked {
+                    Ok(()) => {
+                        progress.advance(self.size);
+                        Ok(outcome(0, self.size))
+                    }
+                    Err(e) if e.remote_kind() == Some(ErrorKind::TooManyLinks) => {
+                        tracing::info!(file = %from, "at the link limit: copying it on the server instead");
+                        let c = upload_file_with_base(&client, &path, &share, &to, &from, advance)
+                            .await?;
+                        Ok(outcome(c.bytes_sent, c.bytes_reused))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Action::Upload { path, base, .. } if dry_run => {
+                let sent = match base {
+                    Some(base) => estimate_sent(&client, &share, &path, &base).await?,
+                    None => self.size,
+                };
+                progress.advance(self.size);
+                Ok(outcome(sent, self.size.saturating_sub(sent)))
+            }
+            Action::Upload { path, to, base } => {
+                let c = match base {
+                    Some(base) => {
+                        upload_file_with_base(&client, &path, &share, &to, &base, advance).await?
+                    }
+                    None => upload_file(&client, &path, &share, &to, advance).await?,
+                };
+                Ok(outcome(c.bytes_sent, c.bytes_reused))
+            }
+        }
+    }
+}
+
+/// The bytes an upload of `local` against the server's `base` would send: the chunks
+/// whose hash the base's manifest does not list (the server matches by hash, at any
+/// offset).
+async fn estimate_sent(
+    client: &Client,
+    share: &str,
+    local: &Path,
+    base: &str,
+) -> Result<u64, ClientError> {
+    let chunk_bytes = client.welcome().chunk_bytes;
+    let (_, hashes) = client.manifest(share, base, chunk_bytes).await?;
+    let held: HashSet<_> = hashes.into_iter().collect();
+    let local = local.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut file =
+            File::open(&local).map_err(|e| ClientError::local(&local, "cannot open", e))?;
+        let mut buf = vec![0u8; chunk_bytes.max(1) as usize];
+        let mut missing = 0u64;
+        loop {
+            let n = read_full(&mut file, &mut buf)
+                .map_err(|e| ClientError::local(&local, "cannot read", e))?;
+            if n == 0 {
+                return Ok(missing);
+            }
+            if !held.contains(&hash_chunk(&buf[..n])) {
+                missing += n as u64;
+            }
+        }
+    })
+    .await
+    .map_err(|e| ClientError::Disconnected(format!("hashing task failed: {e}")))?
+}
+
+/// Reads until `buf` is full or the file ends; returns the bytes read.
+fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Runs `jobs` in the two lanes of the module docs, `small_limit` small ones at once,
+/// and returns their outcomes (in completion order).
+pub(super) async fn run_jobs(
+    client: &Client,
+    share: &str,
+    jobs: Vec<Job>,
+    small_limit: usize,
+    dry_run: bool,
+    progress: Arc<dyn Progress>,
+) -> Result<Vec<Outcome>, ClientError> {
+    let chunk_bytes = client.welcome().chunk_bytes;
+    let (big, small): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.is_big(chunk_bytes));
+    let lanes = vec![(small, small_limit), (big, BIG_UPLOADS_IN_FLIGHT)];
+    run_lanes(lanes, |job: Job| {
+        job.run(client.clone(), share.to_string(), dry_run, progress.clone())
+    })
+    .await
+}
+
+/// Runs `op` on every item of every lane, each lane with at most its limit of items
+/// at once and all lanes at the same time, and returns the results (in completion
+/// order). The first failure stops new items from starting; the running ones are
+/// waited for, then it is returned.
+pub(super) async fn run_lanes<T, R, F, Fut>(
+    lanes: Vec<(Vec<T>, usize)>,
+    op: F,
+) -> Result<Vec<R>, ClientError>
+where
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = Result<R, ClientError>> + Send + 'static,
+    R: Send + 'static,
+{
+    let mut lanes: Vec<_> = lanes
+        .into_iter()
+        .map(|(items, limit)| (items.into_iter(), limit.max(1), 0usize))
+        .collect();
+    let mut tasks = JoinSet::new();
+    let mut results = Vec::new();
+    let mut first_err = None;
+    loop {
+        for (lane, (queue, limit, running)) in lanes.iter_mut().enumerate() {
+            while first_err.is_none() && *running < *limit {
+                let Some(item) = queue.next() else { break };
+                *running += 1;
+                let fut = op(item);
+                tasks.spawn(async move { (lane, fut.await) });
+            }
+        }
+        let Some(joined) = tasks.join_next().await else {
+            break;
+        };
+        match joined {
+            Ok((lane, result)) => {
+                lanes[lane].2 -= 1;
+                match result {
+                    Ok(r) => results.push(r),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            // A task that panicked: nothing more starts (its lane's count stays up).
+            Err(e) => {
+                first_err.get_or_insert(ClientError::Disconnected(format!(
+                    "backup task failed: {e}"
+                )));
+            }
+        }
+    }
+    first_err.map_or(Ok(results), Err)
+}

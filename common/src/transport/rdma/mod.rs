@@ -299,10 +299,33 @@ impl Rdma {
     }
 }
 
+/// How long a connection dropped right after [`Transport::close`] waits for its last
+/// messages and CLOSE frame to be delivered before it hangs up regardless.
+const CLOSE_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Drop for Rdma {
     fn drop(&mut self) {
         // The driver task finishes the teardown once everything posted has flushed.
-        self.shared.disconnect();
+        // After `close`, it hangs up by itself once the CLOSE frame was delivered
+        // (`driver::on_send`); disconnecting here at once would flush the last messages
+        // (an error answer before the server closes, say) before the device sent them,
+        // and the peer would see a bare disconnect instead. So a closed connection
+        // lingers, bounded by CLOSE_LINGER.
+        let closing = self.shared.closed.load(Ordering::SeqCst)
+            && !self.shared.disconnected.load(Ordering::SeqCst);
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) if closing => {
+                // Weak: a connection whose driver hung up already is freed at once.
+                let shared = Arc::downgrade(&self.shared);
+                rt.spawn(async move {
+                    tokio::time::sleep(CLOSE_LINGER).await;
+                    if let Some(shared) = shared.upgrade() {
+                        shared.disconnect();
+                    }
+                });
+            }
+            _ => self.shared.disconnect(),
+        }
     }
 }
 

@@ -193,3 +193,26 @@ fn no_device_is_reported_not_crashed() {
         Err(e) => assert!(e.to_string().contains("RDMA is not available"), "{e}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: scripts/test-rdma.sh"]
+async fn messages_sent_just_before_close_and_drop_arrive_then_the_end() {
+    // A server answering a wrong secret sends its error, closes and drops the
+    // connection at once: the peer must get the answer and an orderly end, never a
+    // bare disconnect (the send queue flushed before the device sent it).
+    for round in 0..20u8 {
+        let (c, s, _l) = pair().await;
+        let last = pattern(300, round);
+        s.send(last.clone()).await.unwrap();
+        s.close();
+        drop(s);
+        let got = bounded(c.recv()).await;
+        assert_eq!(
+            got.as_ref().ok(),
+            Some(&Some(last)),
+            "round {round}: {got:?}"
+        );
+        let end = bounded(c.recv()).await;
+        assert!(matches!(end, Ok(None)), "round {round}: {end:?}");
+    }
+}

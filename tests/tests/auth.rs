@@ -33,6 +33,8 @@ fn entries(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        // ferryd's own state (its manifest store) is not a client's file.
+        .filter(|n| n != ferry_common::STATE_DIR)
         .collect();
     v.sort();
     v

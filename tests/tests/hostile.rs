@@ -748,6 +748,8 @@ fn entries(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        // ferryd's own state (its manifest store) is not a client's file.
+        .filter(|n| n != ferry_common::STATE_DIR)
         .collect();
     names.sort();
     names

@@ -125,7 +125,10 @@ fn landed_bytes(dir: &Path) -> u64 {
         };
         entries
             .flatten()
-            .filter(|e| !e.file_name().to_string_lossy().starts_with(TEMP_PREFIX))
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                !name.starts_with(TEMP_PREFIX) && name != ferry_common::STATE_DIR
+            })
             .map(|e| match e.file_type() {
                 Ok(t) if t.is_dir() => finals(&e.path()),
                 Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
@@ -155,7 +158,7 @@ fn assert_finals_whole(src: &Path, dst: &Path, what: &str) {
     for entry in entries {
         let entry = entry.unwrap();
         let name = entry.file_name();
-        if name.to_string_lossy().starts_with(TEMP_PREFIX) {
+        if name.to_string_lossy().starts_with(TEMP_PREFIX) || name == ferry_common::STATE_DIR {
             continue;
         }
         let (s, d) = (src.join(&name), entry.path());

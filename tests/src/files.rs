@@ -204,6 +204,10 @@ fn find_temp_files(dir: &Path, found: &mut Vec<PathBuf>) {
     for entry in entries {
         let entry = entry.expect("read_dir entry");
         let path = entry.path();
+        // ferryd's state (the manifest store) writes its own short-lived files.
+        if entry.file_name() == ferry_common::STATE_DIR {
+            continue;
+        }
         if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
             found.push(path.clone());
         }

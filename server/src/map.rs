@@ -283,21 +283,7 @@ pub fn open(
     slot: MapSlot,
 ) -> Result<(MappedEntry, MappedFile), RemoteError> {
     let what = share.display(rel);
-    let path = share.resolve(rel, true)?;
-    // Checked before opening too: opening a socket fails with an obscure error.
-    check_regular(
-        &std::fs::metadata(&path).map_err(|e| io_error("stat", &what, &e))?,
-        &what,
-    )?;
-    // O_NONBLOCK: a FIFO put there since the check must not block the open; the
-    // check on the open file below refuses it.
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK)
-        .open(&path)
-        .map_err(|e| io_error("open", &what, &e))?;
-    let first = file.metadata().map_err(|e| io_error("stat", &what, &e))?;
-    check_regular(&first, &what)?;
+    let (file, first) = open_regular(share, rel, &what)?;
     check_region_count(first.size(), &what)?;
     let mut lease = reserve(ctx.budget, first.size(), &what)?;
     let chunk_bytes = chunk_bytes_for(requested_chunk_bytes, first.size());
@@ -367,19 +353,7 @@ pub fn manifest_page(
     cache: &ManifestCache,
 ) -> Result<Response, RemoteError> {
     let what = share.display(rel);
-    let path = share.resolve(rel, true)?;
-    check_regular(
-        &std::fs::metadata(&path).map_err(|e| io_error("stat", &what, &e))?,
-        &what,
-    )?;
-    // O_NONBLOCK: see `open`.
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK)
-        .open(&path)
-        .map_err(|e| io_error("open", &what, &e))?;
-    let first = file.metadata().map_err(|e| io_error("stat", &what, &e))?;
-    check_regular(&first, &what)?;
+    let (file, first) = open_regular(share, rel, &what)?;
     let chunk_bytes = chunk_bytes_for(requested_chunk_bytes, first.size());
     let (hashes, meta) = manifest_of(
         &file,
@@ -409,6 +383,32 @@ pub fn manifest_page(
         first_chunk,
         hashes: hashes[start..end].to_vec(),
     })
+}
+
+/// Opens the share file `rel` (`what` names it in errors) read-only, symlinks followed
+/// inside the share; refuses anything but a regular file. Returns the file and its
+/// metadata as opened.
+fn open_regular(
+    share: &Share,
+    rel: &str,
+    what: &str,
+) -> Result<(std::fs::File, std::fs::Metadata), RemoteError> {
+    let path = share.resolve(rel, true)?;
+    // Checked before opening too: opening a socket fails with an obscure error.
+    check_regular(
+        &std::fs::metadata(&path).map_err(|e| io_error("stat", what, &e))?,
+        what,
+    )?;
+    // O_NONBLOCK: a FIFO put there since the check must not block the open; the
+    // check on the open file refuses it.
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(&path)
+        .map_err(|e| io_error("open", what, &e))?;
+    let meta = file.metadata().map_err(|e| io_error("stat", what, &e))?;
+    check_regular(&meta, what)?;
+    Ok((file, meta))
 }
 
 fn check_regular(meta: &std::fs::Metadata, what: &str) -> Result<(), RemoteError> {

@@ -196,27 +196,10 @@ fn main() -> ExitCode {
             Err(e) => e.exit(),
         };
         init_logging(0);
-        let runtime = match tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-        {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("rcp: cannot start the runtime: {e}");
-                return ExitCode::from(exit::OTHER);
-            }
-        };
-        let code = runtime.block_on(async {
-            tokio::select! {
-                code = backup_cmd::run(args) => code,
-                code = interrupted() => {
-                    eprintln!("rcp: interrupted; no snapshot was published (run the backup again to continue)");
-                    code
-                }
-            }
-        });
-        drop(runtime);
-        return ExitCode::from(code);
+        return run_until_interrupted(
+            backup_cmd::run(args),
+            "rcp: interrupted; no snapshot was published (run the backup again to continue)",
+        );
     }
     let args = match Args::try_parse() {
         Ok(a) => a,
@@ -245,6 +228,21 @@ fn main() -> ExitCode {
         b"rcp: a source file shrank while it was being read (SIGBUS); the copy was abandoned and nothing was written under its final name\n",
         exit::LOCAL.into(),
     );
+    run_until_interrupted(
+        run(args),
+        "rcp: interrupted; unfinished files were not written (run the same copy again to resume them)",
+    )
+}
+
+/// Runs `work` on a multi-threaded runtime until it ends or SIGINT/SIGTERM arrives
+/// (then prints `on_interrupt` and exits 128 + signal). Dropping the runtime drops
+/// every unfinished transfer: a download's scratch file is removed, its resumable
+/// partial kept for the next run (the server keeps an upload's partial, and a backup's
+/// partial snapshot, when the connection closes).
+fn run_until_interrupted(
+    work: impl std::future::Future<Output = u8>,
+    on_interrupt: &str,
+) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -257,16 +255,13 @@ fn main() -> ExitCode {
     };
     let code = runtime.block_on(async {
         tokio::select! {
-            code = run(args) => code,
+            code = work => code,
             code = interrupted() => {
-                eprintln!("rcp: interrupted; unfinished files were not written (run the same copy again to resume them)");
+                eprintln!("{on_interrupt}");
                 code
             }
         }
     });
-    // Dropping the runtime drops every unfinished transfer: a download's scratch file is
-    // removed, its resumable partial kept for the next run (the server keeps an
-    // upload's partial when the connection closes).
     drop(runtime);
     ExitCode::from(code)
 }

@@ -14,6 +14,10 @@
 #   bench/backup.sh --quick            # 2,000 files + 64 MiB
 #   bench/backup.sh --bin-dir DIR      # use built binaries (e.g. $CARGO_TARGET_DIR/debug)
 #   bench/backup.sh --jobs N           # rcp backup -j N
+#   bench/backup.sh --reps N           # N full + incremental pairs (fresh prefixes), one row each
+#   bench/backup.sh --ferryd-log LEVEL # run ferryd with RUST_LOG=LEVEL (default: its own)
+#   bench/backup.sh --profile DIR      # perf record -g ferryd and rcp during rep 1's incremental
+#   bench/backup.sh --strace DIR       # strace -c -f ferryd and rcp during rep 1's incremental
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,6 +27,10 @@ FILES=20000
 BIG_MIB=512
 BIN_DIR=""
 JOBS=""
+REPS=1
+FERRYD_LOG=""
+PROFILE=""
+STRACE=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) FILES=2000; BIG_MIB=64 ;;
@@ -30,7 +38,11 @@ while [ $# -gt 0 ]; do
         --big-mib) BIG_MIB="${2:?}"; shift ;;
         --bin-dir) BIN_DIR="${2:?}"; shift ;;
         --jobs) JOBS="${2:?}"; shift ;;
-        -h | --help) sed -n 2,18p "$0"; exit 0 ;;
+        --reps) REPS="${2:?}"; shift ;;
+        --ferryd-log) FERRYD_LOG="${2:?}"; shift ;;
+        --profile) PROFILE="${2:?}"; shift ;;
+        --strace) STRACE="${2:?}"; shift ;;
+        -h | --help) sed -n 2,22p "$0"; exit 0 ;;
         *) echo "bench: unknown argument '$1'" >&2; exit 2 ;;
     esac
     shift
@@ -99,7 +111,7 @@ SHARE="$WORK/share"
 mkdir -p "$SHARE"
 "$FERRYD" --generate-secret "$WORK/bench.secret" 2>/dev/null
 export FERRY_SECRET_FILE="$WORK/bench.secret"
-"$FERRYD" --share "bench=$SHARE" --secret-file "$WORK/bench.secret" --listen 127.0.0.1:0 --port-file "$WORK/port" 2>"$WORK/ferryd.log" &
+${FERRYD_LOG:+env RUST_LOG=$FERRYD_LOG} "$FERRYD" --share "bench=$SHARE" --secret-file "$WORK/bench.secret" --listen 127.0.0.1:0 --port-file "$WORK/port" 2>"$WORK/ferryd.log" &
 FERRYD_PID=$!
 for _ in $(seq 100); do [ -s "$WORK/port" ] && break; sleep 0.1; done
 ADDR="$(head -n 1 "$WORK/port")"
@@ -131,22 +143,40 @@ ratio() { python3 -c "print(f'{$1 / $2:.2f}')"; }
 RCP_ARGS=(backup --json)
 [ -n "$JOBS" ] && RCP_ARGS+=(-j "$JOBS")
 
-sync
-t0=$(now); rsync -a "$SRC/" "$RSYNC_URL/1/"; sync; t1=$(now); RSYNC_FULL=$(elapsed "$t0" "$t1")
-t0=$(now); "$RCP" "${RCP_ARGS[@]}" "$SRC" "$ADDR:bench/host" >"$WORK/full.json"; t1=$(now); RCP_FULL=$(elapsed "$t0" "$t1")
-sleep 1.1 # snapshot names have second resolution
-change
-sync
-t0=$(now); rsync -a --link-dest=../1 "$SRC/" "$RSYNC_URL/2/"; sync; t1=$(now); RSYNC_INC=$(elapsed "$t0" "$t1")
-t0=$(now); "$RCP" "${RCP_ARGS[@]}" "$SRC" "$ADDR:bench/host" >"$WORK/inc.json"; t1=$(now); RCP_INC=$(elapsed "$t0" "$t1")
-LINKED=$(find "$RSYNC_DST/2" -type f -links +1 | wc -l)
-
 field() { sed -n "s/.*\"$2\":\([0-9]*\).*/\1/p" "$1"; }
 echo
 echo "| run | rsync --link-dest to rsyncd (s) | rcp backup (s) | rcp / rsync | rcp bytes sent | rcp bytes reused |"
 echo "|---|---|---|---|---|---|"
-echo "| full | $RSYNC_FULL | $RCP_FULL | $(ratio "$RCP_FULL" "$RSYNC_FULL") | $(field "$WORK/full.json" bytes_sent) | $(field "$WORK/full.json" bytes_reused) |"
-echo "| 1 % changed | $RSYNC_INC | $RCP_INC | $(ratio "$RCP_INC" "$RSYNC_INC") | $(field "$WORK/inc.json" bytes_sent) | $(field "$WORK/inc.json" bytes_reused) |"
+LINKED=""
+for rep in $(seq "$REPS"); do
+    # Each repetition backs up into fresh destinations: rsync's R1/R2, rcp's hostR.
+    sync
+    t0=$(now); rsync -a "$SRC/" "$RSYNC_URL/${rep}a/"; sync; t1=$(now); RSYNC_FULL=$(elapsed "$t0" "$t1")
+    t0=$(now); "$RCP" "${RCP_ARGS[@]}" "$SRC" "$ADDR:bench/host$rep" >"$WORK/full.json"; t1=$(now); RCP_FULL=$(elapsed "$t0" "$t1")
+    sleep 1.1 # snapshot names have second resolution
+    change
+    sync
+    t0=$(now); rsync -a --link-dest="../${rep}a" "$SRC/" "$RSYNC_URL/${rep}b/"; sync; t1=$(now); RSYNC_INC=$(elapsed "$t0" "$t1")
+    WRAP=()
+    OBSERVER=""
+    if [ "$rep" = 1 ] && [ -n "$PROFILE" ]; then
+        mkdir -p "$PROFILE"
+        perf record -q -g -p "$FERRYD_PID" -o "$PROFILE/ferryd.data" 2>/dev/null &
+        OBSERVER=$!
+        WRAP=(perf record -q -g -o "$PROFILE/rcp.data" --)
+    elif [ "$rep" = 1 ] && [ -n "$STRACE" ]; then
+        mkdir -p "$STRACE"
+        strace -c -f -p "$FERRYD_PID" -o "$STRACE/ferryd.txt" &
+        OBSERVER=$!
+        WRAP=(strace -c -f -o "$STRACE/rcp.txt")
+    fi
+    [ -n "$OBSERVER" ] && sleep 1
+    t0=$(now); "${WRAP[@]}" "$RCP" "${RCP_ARGS[@]}" "$SRC" "$ADDR:bench/host$rep" >"$WORK/inc.json"; t1=$(now); RCP_INC=$(elapsed "$t0" "$t1")
+    if [ -n "$OBSERVER" ]; then kill -INT "$OBSERVER"; wait "$OBSERVER" || true; fi
+    LINKED="$LINKED $(find "$RSYNC_DST/${rep}b" -type f -links +1 | wc -l)"
+    echo "| full | $RSYNC_FULL | $RCP_FULL | $(ratio "$RCP_FULL" "$RSYNC_FULL") | $(field "$WORK/full.json" bytes_sent) | $(field "$WORK/full.json" bytes_reused) |"
+    echo "| 1 % changed | $RSYNC_INC | $RCP_INC | $(ratio "$RCP_INC" "$RSYNC_INC") | $(field "$WORK/inc.json" bytes_sent) | $(field "$WORK/inc.json" bytes_reused) |"
+done
 echo
 echo "($FILES small files + $BIG_MIB MiB; rcp over the tcp transport on loopback; rsync to an"
-echo "rsync daemon on 127.0.0.1; $LINKED files of rsync's second copy are hard links.)"
+echo "rsync daemon on 127.0.0.1; files of rsync's second copies that are hard links:$LINKED.)"

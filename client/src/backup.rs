@@ -40,6 +40,7 @@
 //! "Unchanged" uses rsync's quick check (size and mtime); a file rewritten in place
 //! with its mtime put back is not detected.
 
+mod batch;
 mod jobs;
 mod listing;
 mod walk;
@@ -61,6 +62,7 @@ use crate::transfer::ProgressFn;
 use jobs::{file_job, run_jobs, run_lanes, symlink_job, Class};
 use listing::{list_all, listing, DirPaths};
 
+pub use batch::LINK_BATCHES_IN_FLIGHT;
 pub use jobs::BIG_UPLOADS_IN_FLIGHT;
 
 /// Prefix of the hidden name a snapshot is built under (not `.ferry-tmp.`, which

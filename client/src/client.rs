@@ -13,7 +13,7 @@ use ferry_common::chunk::{chunk_count, manifest_id};
 use ferry_common::codec;
 use ferry_common::msg::{
     Attr, DirEntry, DiskUsage, ErrorKind, FileVersion, FsStat, MappedFile, RemoteError, Request,
-    Response, ServerStats, Sha256, Timestamp, VerifyReport, Welcome,
+    Response, ServerStats, Sha256, Timestamp, VerifyReport, Welcome, LINK_BATCH_MAX,
 };
 use ferry_common::proto::client::{ClientEvent, ClientSession};
 use ferry_common::transport::tcp::Tcp;
@@ -514,6 +514,41 @@ impl Client {
             to: to.into(),
         };
         self.call(req).await.and_then(expect_ok)
+    }
+
+    /// Hard-links each `(from, to)` pair in `share` in one request (see
+    /// [`Request::LinkBatch`]): one result per pair, in order, each link failing alone
+    /// (an existing `to` with [`ErrorKind::Exists`], a file at its link limit with
+    /// [`ErrorKind::TooManyLinks`]...). The batch must hold at most
+    /// [`LINK_BATCH_MAX`] pairs and fit a request frame (see
+    /// [`codec::link_batch_base_bytes`]); a larger one is refused here, unsent.
+    pub async fn link_batch(
+        &self,
+        share: &str,
+        links: Vec<(String, String)>,
+    ) -> Result<Vec<Result<(), RemoteError>>, ClientError> {
+        let bytes = codec::link_batch_base_bytes(share)
+            + links
+                .iter()
+                .map(|(f, t)| codec::link_pair_bytes(f, t))
+                .sum::<usize>();
+        if links.len() > LINK_BATCH_MAX || bytes > codec::MAX_REQUEST_FRAME_BYTES {
+            return Err(ClientError::Usage(format!(
+                "a link batch of {} links and {bytes} bytes exceeds the request limits",
+                links.len()
+            )));
+        }
+        let n = links.len();
+        let req = Request::LinkBatch {
+            share: share.into(),
+            links,
+        };
+        match self.call(req).await? {
+            Response::LinkedBatch { results } if results.len() == n => {
+                Ok(results.into_iter().map(|r| r.map_or(Ok(()), Err)).collect())
+            }
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Renames `from` to `to` in `share`, never replacing an existing `to` (see

@@ -12,7 +12,7 @@
 //!   by [`validate`] and fail with [`CodecError::Limit`].
 
 use crate::msg::{
-    Attr, DirEntry, Message, RemoteError, Request, Response, MAX_DIR_PAGE_ENTRIES,
+    Attr, DirEntry, Message, RemoteError, Request, Response, LINK_BATCH_MAX, MAX_DIR_PAGE_ENTRIES,
     MAX_ERROR_MESSAGE_BYTES, MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MAX_NAME_BYTES,
     MAX_PATH_BYTES, MAX_VERIFY_BAD_CHUNKS, MAX_WINDOW_CHUNKS,
 };
@@ -26,6 +26,27 @@ pub const MAX_CTRL_FRAME_BYTES: usize = 1 << 20;
 /// under 9 KiB); a server refuses a longer frame before reading it, so the requests
 /// waiting for it on one connection hold at most 256 times this.
 pub const MAX_REQUEST_FRAME_BYTES: usize = 64 << 10;
+
+/// Bytes of the varint postcard writes for the length `n`.
+fn varint_bytes(n: usize) -> usize {
+    let bits = usize::BITS - n.leading_zeros();
+    (bits.max(1) as usize).div_ceil(7)
+}
+
+/// Encoded bytes of a client's [`Message::Request`] carrying a
+/// [`Request::LinkBatch`] of `share` with no links yet (for any request id and up to
+/// [`LINK_BATCH_MAX`] links): add [`link_pair_bytes`] of each pair for the whole
+/// message, which must stay within [`MAX_REQUEST_FRAME_BYTES`].
+pub fn link_batch_base_bytes(share: &str) -> usize {
+    // Message tag, request id (a u64 varint, at most 10 bytes), Request tag (< 128),
+    // the share, the pair count (a varint; LINK_BATCH_MAX needs 2 bytes).
+    1 + 10 + 1 + varint_bytes(share.len()) + share.len() + varint_bytes(LINK_BATCH_MAX)
+}
+
+/// Encoded bytes one `(from, to)` pair adds to a [`Request::LinkBatch`].
+pub fn link_pair_bytes(from: &str, to: &str) -> usize {
+    varint_bytes(from.len()) + from.len() + varint_bytes(to.len()) + to.len()
+}
 
 /// Why a control message could not be encoded or decoded.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -127,6 +148,14 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
             share_and_path(share, from)?;
             limit("to", to.len(), MAX_PATH_BYTES)
         }
+        Request::LinkBatch { share, links } => {
+            limit("share", share.len(), MAX_NAME_BYTES)?;
+            limit("links", links.len(), LINK_BATCH_MAX)?;
+            links.iter().try_for_each(|(from, to)| {
+                limit("from", from.len(), MAX_PATH_BYTES)?;
+                limit("to", to.len(), MAX_PATH_BYTES)
+            })
+        }
         Request::StatFs { share } | Request::Auth { share, .. } => {
             limit("share", share.len(), MAX_NAME_BYTES)
         }
@@ -175,6 +204,10 @@ fn validate_response(resp: &Response) -> Result<(), CodecError> {
         }
         Response::Verified(r) => limit("bad_chunks", r.bad_chunks.len(), MAX_VERIFY_BAD_CHUNKS),
         Response::Error(e) => validate_error(e),
+        Response::LinkedBatch { results } => {
+            limit("results", results.len(), LINK_BATCH_MAX)?;
+            results.iter().flatten().try_for_each(validate_error)
+        }
         Response::Mapped(m) => {
             validate_attr(&m.attr)?;
             limit("regions", m.regions.len(), MAX_MAP_REGIONS)
@@ -404,6 +437,112 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// Index of `Request::LinkBatch` (appended after Verify 22) and of
+    /// `Response::LinkedBatch` (after Verified 15).
+    const LINK_BATCH_REQUEST_INDEX: u8 = 23;
+    const LINKED_BATCH_RESPONSE_INDEX: u8 = 16;
+
+    #[test]
+    fn link_batch_has_an_appended_index_and_bounds() {
+        let batch = Request::LinkBatch {
+            share: "s".into(),
+            links: vec![("a".into(), "b".into()), ("c".into(), "de".into())],
+        };
+        assert_eq!(
+            postcard::to_stdvec(&batch).unwrap(),
+            [
+                LINK_BATCH_REQUEST_INDEX,
+                1,
+                b's',
+                2,
+                1,
+                b'a',
+                1,
+                b'b',
+                1,
+                b'c',
+                2,
+                b'd',
+                b'e'
+            ]
+        );
+        // Result 0 made, result 1 refused with NotFound (ErrorKind 0) and message "m".
+        let linked = Response::LinkedBatch {
+            results: vec![None, Some(RemoteError::new(ErrorKind::NotFound, "m"))],
+        };
+        assert_eq!(
+            postcard::to_stdvec(&linked).unwrap(),
+            [LINKED_BATCH_RESPONSE_INDEX, 2, 0, 1, 0, 1, b'm']
+        );
+        for msg in [
+            Message::Request { id: 1, body: batch },
+            Message::Response {
+                id: 1,
+                body: linked,
+            },
+        ] {
+            assert_eq!(decode(&encode(&msg).unwrap()).unwrap(), msg);
+        }
+        let over = Message::Request {
+            id: 1,
+            body: Request::LinkBatch {
+                share: "s".into(),
+                links: vec![("a".into(), "b".into()); LINK_BATCH_MAX + 1],
+            },
+        };
+        assert!(matches!(
+            decode(&postcard::to_stdvec(&over).unwrap()),
+            Err(CodecError::Limit { field: "links", .. })
+        ));
+        let long = Message::Request {
+            id: 1,
+            body: Request::LinkBatch {
+                share: "s".into(),
+                links: vec![("a".repeat(MAX_PATH_BYTES + 1), "b".into())],
+            },
+        };
+        assert!(matches!(
+            decode(&postcard::to_stdvec(&long).unwrap()),
+            Err(CodecError::Limit { field: "from", .. })
+        ));
+        let answers = Message::Response {
+            id: 1,
+            body: Response::LinkedBatch {
+                results: vec![None; LINK_BATCH_MAX + 1],
+            },
+        };
+        assert!(matches!(
+            decode(&postcard::to_stdvec(&answers).unwrap()),
+            Err(CodecError::Limit {
+                field: "results",
+                ..
+            })
+        ));
+        // The size estimate the client packs batches with is exact but for the count
+        // (two varint bytes reserved, one used here) and the id (ten reserved).
+        let Message::Request { body, .. } = over else {
+            unreachable!()
+        };
+        let Request::LinkBatch { links, .. } = body else {
+            unreachable!()
+        };
+        let msg = Message::Request {
+            id: u64::MAX,
+            body: Request::LinkBatch {
+                share: "s".into(),
+                links: links[..100].to_vec(),
+            },
+        };
+        let pairs: usize = links[..100]
+            .iter()
+            .map(|(f, t)| link_pair_bytes(f, t))
+            .sum();
+        assert_eq!(
+            encode(&msg).unwrap().len() + 1,
+            link_batch_base_bytes("s") + pairs
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::auth::{Nonce, Proof};
 
 /// Protocol version spoken by this build. Bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Magic bytes opening a [`Hello`]: rejects peers that speak something else.
 pub const HELLO_MAGIC: [u8; 4] = *b"FRY\x01";
@@ -43,6 +43,10 @@ pub const MAX_MANIFEST_PAGE_CHUNKS: usize = 1024;
 /// Most chunk indices one [`VerifyReport::bad_chunks`] lists (about 10 KiB); the
 /// report's `bad_count` counts them all.
 pub const MAX_VERIFY_BAD_CHUNKS: usize = 1024;
+/// Most links one [`Request::LinkBatch`] carries (and results its
+/// [`Response::LinkedBatch`] answers). A batch must also fit the server's request
+/// frame (`codec::MAX_REQUEST_FRAME_BYTES`), so long paths make batches shorter.
+pub const LINK_BATCH_MAX: usize = 256;
 
 /// A SHA-256 digest.
 pub type Sha256 = [u8; 32];
@@ -466,6 +470,17 @@ pub enum Request {
         /// Share-relative path.
         path: String,
     },
+    /// Many [`Request::Link`]s in one request, done in order; answered by
+    /// [`Response::LinkedBatch`] with one result per link. A link that fails (missing
+    /// source, existing target, a refused path, the link limit) fails alone: the
+    /// others are still made. At most [`LINK_BATCH_MAX`] links. Backups send their
+    /// unchanged files this way.
+    LinkBatch {
+        /// Share name.
+        share: String,
+        /// `(from, to)` pairs, each as in [`Request::Link`].
+        links: Vec<(String, String)>,
+    },
 }
 
 impl Request {
@@ -490,7 +505,8 @@ impl Request {
             | Request::UploadOpenBase { share, .. }
             | Request::Remove { share, .. }
             | Request::DiskUsage { share, .. }
-            | Request::Verify { share, .. } => Some(share),
+            | Request::Verify { share, .. }
+            | Request::LinkBatch { share, .. } => Some(share),
             Request::UploadWindow { .. }
             | Request::UploadCommit { .. }
             | Request::DownloadWindow { .. }
@@ -575,6 +591,12 @@ pub enum Response {
     DiskUsage(DiskUsage),
     /// The outcome of a [`Request::Verify`].
     Verified(VerifyReport),
+    /// The outcome of a [`Request::LinkBatch`]: `results[i]` is `None` if its link
+    /// `i` was made, else why not. Exactly one result per link, in order.
+    LinkedBatch {
+        /// One entry per link of the request.
+        results: Vec<Option<RemoteError>>,
+    },
 }
 
 /// What a tree holds, as [`Request::DiskUsage`] reports it. Symlinks are counted, never

@@ -250,6 +250,11 @@ fn request() -> impl Strategy<Value = Request> {
         }),
         share_path().prop_map(|(share, path)| Request::DiskUsage { share, path }),
         share_path().prop_map(|(share, path)| Request::Verify { share, path }),
+        (
+            text(MAX_NAME_BYTES),
+            vec((text(MAX_PATH_BYTES), text(MAX_PATH_BYTES)), 0..8)
+        )
+            .prop_map(|(share, links)| Request::LinkBatch { share, links }),
     ]
 }
 
@@ -367,6 +372,8 @@ fn response() -> impl Strategy<Value = Response> {
             })
         }),
         verify_report().prop_map(Response::Verified),
+        vec(proptest::option::of(remote_error()), 0..8)
+            .prop_map(|results| Response::LinkedBatch { results }),
     ]
 }
 
@@ -468,6 +475,7 @@ fn request_variant(r: &Request) -> usize {
         Request::Remove { .. } => 20,
         Request::DiskUsage { .. } => 21,
         Request::Verify { .. } => 22,
+        Request::LinkBatch { .. } => 23,
     }
 }
 
@@ -490,6 +498,7 @@ fn response_variant(r: &Response) -> usize {
         Response::Manifest { .. } => 13,
         Response::DiskUsage(_) => 14,
         Response::Verified(_) => 15,
+        Response::LinkedBatch { .. } => 16,
     }
 }
 
@@ -672,6 +681,30 @@ fn over_limit() -> impl Strategy<Value = (Message, &'static str)> {
             })),
             "bad_chunks"
         )),
+        (1..=4usize).prop_map(move |extra| (
+            req(Request::LinkBatch {
+                share: "s".into(),
+                links: vec![("a".into(), "b".into()); LINK_BATCH_MAX + extra],
+            }),
+            "links"
+        )),
+        (long(MAX_PATH_BYTES), 0..LINK_BATCH_MAX).prop_map(move |(path, at)| {
+            let mut links = vec![("a".to_string(), "b".to_string()); LINK_BATCH_MAX];
+            links[at].1 = path;
+            (
+                req(Request::LinkBatch {
+                    share: "s".into(),
+                    links,
+                }),
+                "to",
+            )
+        }),
+        (1..=4usize).prop_map(move |extra| (
+            resp(Response::LinkedBatch {
+                results: vec![None; LINK_BATCH_MAX + extra],
+            }),
+            "results"
+        )),
     ]
 }
 
@@ -802,12 +835,39 @@ fn lists_exactly_at_their_limits_round_trip() {
             regions: vec![region; MAX_MAP_REGIONS],
             manifest: Some(region),
         })),
+        // Every link of a full batch refused with the longest message.
+        Response::LinkedBatch {
+            results: vec![
+                Some(RemoteError {
+                    kind: ErrorKind::TooManyLinks,
+                    message: "m".repeat(MAX_ERROR_MESSAGE_BYTES),
+                });
+                LINK_BATCH_MAX
+            ],
+        },
     ];
     for body in at_limit {
         let m = Message::Response { id: u64::MAX, body };
         let bytes = codec::encode(&m).unwrap();
         assert_eq!(codec::decode(&bytes).unwrap(), m);
     }
+    // A full batch of short links fits the server's request frame.
+    let batch = Message::Request {
+        id: u64::MAX,
+        body: Request::LinkBatch {
+            share: "s".repeat(MAX_NAME_BYTES),
+            links: (0..LINK_BATCH_MAX)
+                .map(|i| (format!("prev/d{i:03}/file"), format!("next/d{i:03}/file")))
+                .collect(),
+        },
+    };
+    let bytes = codec::encode(&batch).unwrap();
+    assert!(
+        bytes.len() <= codec::MAX_REQUEST_FRAME_BYTES,
+        "{}",
+        bytes.len()
+    );
+    assert_eq!(codec::decode(&bytes).unwrap(), batch);
 }
 
 #[test]
@@ -815,7 +875,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 23], [false; 16]);
+    let (mut requests, mut responses) = ([false; 24], [false; 17]);
     for _ in 0..2000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

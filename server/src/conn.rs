@@ -476,6 +476,13 @@ impl Conn {
                 let share = self.share(&share)?;
                 blocking(move || fsops::link(&share, &from, &to)).await
             }
+            Request::LinkBatch { share, links } => {
+                let share = self.share(&share)?;
+                let n = links.len();
+                let response = blocking(move || Ok(fsops::link_batch(&share, &links))).await;
+                tracing::debug!(peer = %self.peer, links = n, "link batch");
+                response
+            }
             Request::Rename { share, from, to } => {
                 let share = self.share(&share)?;
                 blocking(move || fsops::rename(&share, &from, &to)).await

@@ -165,14 +165,31 @@ pub fn set_attr(
 }
 
 /// `Link`: hard-links the regular file `from` (its final component not followed) to the
-/// new name `to`. Never replaces: an existing `to` fails with [`ErrorKind::Exists`].
+/// new name `to` (see [`link_one`]).
+pub fn link(share: &Share, from: &str, to: &str) -> Result<Response, RemoteError> {
+    link_one(share, from, to).map(|()| Response::Ok)
+}
+
+/// `LinkBatch`: [`link_one`] of every pair, in order, each failing alone; one result per
+/// pair. The whole batch runs in one blocking task (the caller's), so a backup's
+/// unchanged files cost one request and one task per batch, not per file.
+pub fn link_batch(share: &Share, links: &[(String, String)]) -> Response {
+    let results = links
+        .iter()
+        .map(|(from, to)| link_one(share, from, to).err())
+        .collect();
+    Response::LinkedBatch { results }
+}
+
+/// Hard-links the regular file `from` (its final component not followed) to the new
+/// name `to`. Never replaces: an existing `to` fails with [`ErrorKind::Exists`].
 /// Temporary transfer files cannot be linked, so a partial upload never gains a
 /// visible name this way.
 ///
 /// `link(2)` changes the inode's ctime, hence its manifest key: if the share's store
-/// holds a record of the file as it was just before, the record is saved again under
-/// the new key when nothing but this link happened (see [`rekey_after_link`]).
-pub fn link(share: &Share, from: &str, to: &str) -> Result<Response, RemoteError> {
+/// holds a record of the file as it was just before, the record is re-keyed to the
+/// new key when nothing but this link happened (see [`rekey_after_link`]).
+pub fn link_one(share: &Share, from: &str, to: &str) -> Result<(), RemoteError> {
     let from_what = share.display(from);
     let src = share.resolve(from, false)?;
     if src
@@ -208,11 +225,11 @@ pub fn link(share: &Share, from: &str, to: &str) -> Result<Response, RemoteError
     if let Some(store) = share.store() {
         rekey_after_link(store, &handle, &before, &dst, &from_what);
     }
-    Ok(Response::Ok)
+    Ok(())
 }
 
-/// After ferryd linked the file `handle` (whose metadata was `before`) to `dst`: saves
-/// the store's record of the `before` version again under the file's key now, if
+/// After ferryd linked the file `handle` (whose metadata was `before`) to `dst`:
+/// re-keys the store's record of the `before` version to the file's key now, if
 /// nothing but that link happened: same inode (also under `dst`), size and mtime, one
 /// link more, and an mtime that any later write would change ([`mtime_settled`]).
 /// Anything else leaves the record as it is (a miss for the new key: the file is
@@ -239,11 +256,9 @@ pub fn rekey_after_link(
     if !only_the_link || !mtime_settled(&new) {
         return;
     }
-    let Some(hashes) = store.get(&old) else {
-        return;
-    };
-    match store.save(&new, &hashes) {
-        Ok(()) => tracing::debug!(file = %what, "manifest record re-keyed after a link"),
+    match store.rekey(&old, &new) {
+        Ok(true) => tracing::debug!(file = %what, "manifest record re-keyed after a link"),
+        Ok(false) => {}
         Err(e) => tracing::debug!(file = %what, "cannot re-key the manifest record: {e}"),
     }
 }

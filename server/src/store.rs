@@ -26,7 +26,9 @@
 //!
 //! **Writes** go to a hidden temporary name in the record's directory and are renamed
 //! over the record (never fsynced: a record lost or torn in a crash fails its checksum
-//! and is a miss, costing one hashing).
+//! and is a miss, costing one hashing). A re-key after ferryd's own link
+//! ([`ManifestStore::rekey`]) rewrites the record in place instead (same length, only
+//! the key's ctime and the checksum change): a reader meeting it half-written misses.
 //!
 //! **Garbage**: records of inodes that no longer exist are removed by
 //! [`ManifestStore::prune`], which ferryd runs once at start (after the cleaner, in the
@@ -37,7 +39,7 @@
 use std::collections::HashSet;
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, DirEntryExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, DirEntryExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
@@ -127,50 +129,48 @@ impl ManifestStore {
     /// there is none or it is unreadable or corrupt. Blocking.
     pub fn load(&self, dev: u64, ino: u64) -> Option<Record> {
         let path = self.record_path(dev, ino);
-        let mut file = match fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&path)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
-            Err(e) => {
-                tracing::debug!(record = %path.display(), "cannot open a manifest record: {e}");
-                return None;
-            }
+        let mut file = open_record(&path, false)?;
+        read_record(&mut file, &path, dev, ino)
+    }
+
+    /// Saves the record of version `old` again under `new`, if the inode's record is
+    /// of exactly `old`: for a change of the file that leaves its content as it was
+    /// and moves only its ctime (ferryd's own `link`; the caller vouches for that, as
+    /// for [`ManifestStore::save`]). Returns whether the record was re-keyed.
+    ///
+    /// The record is rewritten in place (same length: same size, same hashes), not
+    /// through a temporary file and a rename, which on ext4 costs an inode allocation,
+    /// a forced writeback and the old record's blocks freed, per linked file. Safe
+    /// without that because nothing trusts a record that fails its checksum: a reader
+    /// meeting a half-written record (or one torn by a crash) misses; a `save` racing
+    /// the rewrite renames a new record over the path, and the rewrite then lands in
+    /// the unlinked old one. Blocking.
+    pub fn rekey(&self, old: &ManifestKey, new: &ManifestKey) -> io::Result<bool> {
+        let same_content = old.dev == new.dev
+            && old.ino == new.ino
+            && old.size == new.size
+            && old.mtime_ns == new.mtime_ns
+            && old.chunk_bytes == new.chunk_bytes;
+        if !same_content {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a re-key keeps the inode, size, mtime and chunk size",
+            ));
+        }
+        if old.chunk_bytes != self.chunk_bytes {
+            return Ok(false);
+        }
+        let path = self.record_path(old.dev, old.ino);
+        let Some(mut file) = open_record(&path, true) else {
+            return Ok(false);
         };
-        let len = file.metadata().ok()?.len();
-        // Bounded before reading: the header says how long the record must be.
-        let mut header = [0u8; HEADER_BYTES];
-        file.read_exact(&mut header).ok()?;
-        let (key, count) = decode_header(&header)?;
-        if key.dev != dev || key.ino != ino {
-            return None;
+        match read_record(&mut file, &path, old.dev, old.ino) {
+            Some(record) if record.key == *old => {
+                file.write_all_at(&encode(new, &record.hashes), 0)?;
+                Ok(true)
+            }
+            _ => Ok(false),
         }
-        let want = (HEADER_BYTES as u64)
-            .checked_add(count.checked_mul(32)?)?
-            .checked_add(32)?;
-        if len != want {
-            tracing::debug!(record = %path.display(), "manifest record of the wrong length");
-            return None;
-        }
-        let mut all = vec![0u8; usize::try_from(want).ok()?];
-        all[..HEADER_BYTES].copy_from_slice(&header);
-        file.read_exact(&mut all[HEADER_BYTES..]).ok()?;
-        let (signed, check) = all.split_at(all.len() - 32);
-        if hash_chunk(signed)[..] != *check {
-            tracing::debug!(record = %path.display(), "manifest record fails its checksum");
-            return None;
-        }
-        let hashes = signed[HEADER_BYTES..]
-            .chunks_exact(32)
-            .map(|c| {
-                let mut h = [0u8; 32];
-                h.copy_from_slice(c);
-                h
-            })
-            .collect();
-        Some(Record { key, hashes })
     }
 
     /// The hashes recorded for exactly the version `key` names; `None` otherwise.
@@ -319,6 +319,60 @@ impl ManifestStore {
         }
         live
     }
+}
+
+/// Opens the record at `path` for reading (and writing, if `write`), never through a
+/// symlink; `None` if it is missing or cannot be opened.
+fn open_record(path: &Path, write: bool) -> Option<fs::File> {
+    match fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(f) => Some(f),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => {
+            tracing::debug!(record = %path.display(), "cannot open a manifest record: {e}");
+            None
+        }
+    }
+}
+
+/// The record in `file` (at `path`) if it is a valid one of inode `ino` on `dev`.
+fn read_record(file: &mut fs::File, path: &Path, dev: u64, ino: u64) -> Option<Record> {
+    let len = file.metadata().ok()?.len();
+    // Bounded before reading: the header says how long the record must be.
+    let mut header = [0u8; HEADER_BYTES];
+    file.read_exact(&mut header).ok()?;
+    let (key, count) = decode_header(&header)?;
+    if key.dev != dev || key.ino != ino {
+        return None;
+    }
+    let want = (HEADER_BYTES as u64)
+        .checked_add(count.checked_mul(32)?)?
+        .checked_add(32)?;
+    if len != want {
+        tracing::debug!(record = %path.display(), "manifest record of the wrong length");
+        return None;
+    }
+    let mut all = vec![0u8; usize::try_from(want).ok()?];
+    all[..HEADER_BYTES].copy_from_slice(&header);
+    file.read_exact(&mut all[HEADER_BYTES..]).ok()?;
+    let (signed, check) = all.split_at(all.len() - 32);
+    if hash_chunk(signed)[..] != *check {
+        tracing::debug!(record = %path.display(), "manifest record fails its checksum");
+        return None;
+    }
+    let hashes = signed[HEADER_BYTES..]
+        .chunks_exact(32)
+        .map(|c| {
+            let mut h = [0u8; 32];
+            h.copy_from_slice(c);
+            h
+        })
+        .collect();
+    Some(Record { key, hashes })
 }
 
 /// `(dev, ino)` of a record's file name.
@@ -503,6 +557,42 @@ mod tests {
         fs::write(store.record_path(7, 0x142), &good).unwrap();
         assert!(store.load(7, 0x142).is_none());
         assert_eq!(store.get(&k).unwrap(), hashes(3, 1));
+    }
+
+    #[test]
+    fn rekey_moves_exactly_the_record_of_the_old_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ManifestStore::new(dir.path(), C);
+        let old = key(0x77, 3 * 4096);
+        let new = ManifestKey {
+            ctime_ns: old.ctime_ns + 1,
+            ..old
+        };
+        // No record: nothing to move.
+        assert!(!store.rekey(&old, &new).unwrap());
+        store.save(&old, &hashes(3, 4)).unwrap();
+        let path = store.record_path(7, 0x77);
+        let ino_before = fs::metadata(&path).unwrap().ino();
+        assert!(store.rekey(&old, &new).unwrap());
+        assert!(store.get(&old).is_none());
+        assert_eq!(store.get(&new).unwrap(), hashes(3, 4));
+        // Rewritten in place: the same record file, no temporary left.
+        assert_eq!(fs::metadata(&path).unwrap().ino(), ino_before);
+        assert!(temp_records(&store).is_empty());
+        // A record of another version is left alone.
+        let other = ManifestKey {
+            ctime_ns: new.ctime_ns + 5,
+            ..new
+        };
+        assert!(!store.rekey(&old, &other).unwrap());
+        assert_eq!(store.get(&new).unwrap(), hashes(3, 4));
+        // A re-key never changes what the hashes describe.
+        let grown = ManifestKey {
+            size: new.size + 1,
+            ..new
+        };
+        assert!(store.rekey(&new, &grown).is_err());
+        assert_eq!(store.get(&new).unwrap(), hashes(3, 4));
     }
 
     #[test]

@@ -151,9 +151,15 @@ fn stat(path: &str) -> Request {
 
 /// The kind of an error response; panics on anything else.
 #[track_caller]
+/// The error a request was refused with; for a `LinkBatch` of one link, the error of
+/// that link.
 fn error_kind(r: Response) -> ErrorKind {
     match r {
         Response::Error(e) => e.kind,
+        Response::LinkedBatch { results } if results.len() == 1 => match &results[0] {
+            Some(e) => e.kind,
+            None => panic!("expected the link to fail, it was made"),
+        },
         other => panic!("expected an error, got {other:?}"),
     }
 }
@@ -789,6 +795,9 @@ enum PathRequest {
     /// The path as `Link`'s existing file, then as its new name.
     Link,
     LinkTo,
+    /// The same, as the one link of a `LinkBatch`.
+    LinkBatch,
+    LinkBatchTo,
     /// The path as `Rename`'s source, then as its destination.
     Rename,
     RenameTo,
@@ -801,7 +810,7 @@ enum PathRequest {
     Verify,
 }
 
-const EVERY_KIND: [PathRequest; 19] = [
+const EVERY_KIND: [PathRequest; 21] = [
     PathRequest::Stat { follow: true },
     PathRequest::Stat { follow: false },
     PathRequest::ListDir,
@@ -813,6 +822,8 @@ const EVERY_KIND: [PathRequest; 19] = [
     PathRequest::MapOpen,
     PathRequest::Link,
     PathRequest::LinkTo,
+    PathRequest::LinkBatch,
+    PathRequest::LinkBatchTo,
     PathRequest::Rename,
     PathRequest::RenameTo,
     PathRequest::Manifest,
@@ -885,6 +896,14 @@ impl PathRequest {
                 share,
                 from: "sub/f".into(),
                 to: path,
+            },
+            PathRequest::LinkBatch => Request::LinkBatch {
+                share,
+                links: vec![(path, "new-link".into())],
+            },
+            PathRequest::LinkBatchTo => Request::LinkBatch {
+                share,
+                links: vec![("sub/f".into(), path)],
             },
             PathRequest::Rename => Request::Rename {
                 share,
@@ -1068,6 +1087,8 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
         (PathRequest::DiskUsage, ".ferry-state"),
         (PathRequest::Rename, ""),
         (PathRequest::LinkTo, ".ferry-tmp.0123456789abcdef"),
+        (PathRequest::LinkBatchTo, ".ferry-tmp.0123456789abcdef"),
+        (PathRequest::LinkBatchTo, ""),
     ] {
         let got = error_kind(raw.call(kind.on(SHARE, path)));
         assert_eq!(got, InvalidPath, "{kind:?} {path:?}");

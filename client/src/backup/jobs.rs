@@ -1,10 +1,12 @@
 //! What a backup does per entry, and running it with many requests in flight.
 //!
-//! Every regular file and symlink of the source becomes one [`Job`]. Jobs run in two
-//! lanes at once: *small* jobs (links, symlinks, uploads of files of at most one chunk)
-//! up to `jobs` at a time, since they are bound by round trips, and uploads of larger
-//! files up to [`BIG_UPLOADS_IN_FLIGHT`] at a time, since each keeps whole windows of
-//! its file mapped (and, over RDMA, registered). The first failure stops new jobs from
+//! Every regular file and symlink of the source becomes one [`Work`]: a hard link
+//! ([`LinkJob`]) or a [`Job`] (keep, upload, symlink). They run in three lanes at once:
+//! links in batches (see `batch`), [`LINK_BATCHES_IN_FLIGHT`] batches at a time;
+//! *small* jobs (symlinks, uploads of files of at most one chunk) up to `jobs` at a
+//! time, since they are bound by round trips; and uploads of larger files up to
+//! [`BIG_UPLOADS_IN_FLIGHT`] at a time, since each keeps whole windows of its file
+//! mapped (and, over RDMA, registered). The first failure stops new work from
 //! starting; the running ones are waited for.
 
 use std::collections::HashSet;
@@ -14,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferry_common::chunk::hash_chunk;
-use ferry_common::msg::{Attr, ErrorKind, FileKind, Timestamp};
+use ferry_common::msg::{Attr, FileKind, Timestamp};
 use tokio::task::JoinSet;
 
 use crate::client::Client;
@@ -22,6 +24,7 @@ use crate::copy::Progress;
 use crate::error::ClientError;
 use crate::transfer::{upload_file, upload_file_with_base, ProgressFn};
 
+use super::batch::{batch_size, pack, run_batch, LinkJob, LINK_BATCHES_IN_FLIGHT};
 use super::join;
 use super::listing::{DirPaths, Listings};
 use super::walk::LocalFile;
@@ -39,18 +42,11 @@ pub(super) enum Class {
     Other,
 }
 
-/// What one entry needs.
+/// What one entry needs, but a link (a [`LinkJob`]: hard-link the previous snapshot's
+/// or an interrupted partial's copy).
 enum Action {
     /// Already complete in the partial snapshot.
     Keep,
-    /// Hard-link `from` (previous snapshot or an interrupted partial) to `to`; should
-    /// the server's filesystem refuse another link to `from`, upload the local `path`
-    /// with `from` as base instead (the server copies every chunk, nothing is sent).
-    Link {
-        from: String,
-        to: String,
-        path: PathBuf,
-    },
     /// Upload the local `path` to `to`, against `base` if any.
     Upload {
         path: PathBuf,
@@ -68,6 +64,12 @@ pub(super) struct Job {
     action: Action,
 }
 
+/// One entry's work: a link, batched with others, or a job of its own.
+pub(super) enum Work {
+    Link(LinkJob),
+    Job(Job),
+}
+
 /// What a job did (or, in a dry run, would do).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Outcome {
@@ -81,20 +83,20 @@ fn same_version(a: &Attr, size: u64, mtime: Timestamp) -> bool {
 }
 
 /// The job for the symlink `name` -> `target` of the directory at `paths`.
-pub(super) fn symlink_job(paths: &DirPaths, name: &str, target: &str) -> Job {
-    Job {
+pub(super) fn symlink_job(paths: &DirPaths, name: &str, target: &str) -> Work {
+    Work::Job(Job {
         class: Class::Other,
         size: 0,
         action: Action::Symlink {
             to: join(&paths.dst, name),
             target: target.to_string(),
         },
-    }
+    })
 }
 
-/// The job for one regular file: keep, link, upload with a base, or upload (see the
+/// The work for one regular file: keep, link, upload with a base, or upload (see the
 /// module docs of `backup`).
-pub(super) fn file_job(file: &LocalFile, paths: &DirPaths, lists: &Listings) -> Job {
+pub(super) fn file_job(file: &LocalFile, paths: &DirPaths, lists: &Listings) -> Work {
     let (name, size, mtime) = (file.name.as_str(), file.size, file.mtime);
     let to = join(&paths.dst, name);
     let old = lists.before.get(name).filter(|a| a.kind == FileKind::File);
@@ -104,10 +106,12 @@ pub(super) fn file_job(file: &LocalFile, paths: &DirPaths, lists: &Listings) -> 
         (false, Some(_)) => Class::Changed,
         (false, None) => Class::New,
     };
-    let job = |action| Job {
-        class,
-        size,
-        action,
+    let job = |action| {
+        Work::Job(Job {
+            class,
+            size,
+            action,
+        })
     };
     // Left complete by an interrupted run of this snapshot: kept.
     if lists
@@ -136,7 +140,13 @@ pub(super) fn file_job(file: &LocalFile, paths: &DirPaths, lists: &Listings) -> 
     };
     let path = file.path.clone();
     if let (Some(from), true) = (link_from, free) {
-        return job(Action::Link { from, to, path });
+        return Work::Link(LinkJob {
+            class,
+            size,
+            from,
+            to,
+            path,
+        });
     }
     let base = match (old, &paths.prev) {
         (Some(_), Some(p)) => Some(join(p, name)),
@@ -178,25 +188,6 @@ impl Job {
             Action::Keep => {
                 progress.advance(self.size);
                 Ok(outcome(0, self.size))
-            }
-            Action::Link { from, to, path } => {
-                let linked = match dry_run {
-                    true => Ok(()),
-                    false => client.link(&share, &from, &to).await,
-                };
-                match linked {
-                    Ok(()) => {
-                        progress.advance(self.size);
-                        Ok(outcome(0, self.size))
-                    }
-                    Err(e) if e.remote_kind() == Some(ErrorKind::TooManyLinks) => {
-                        tracing::info!(file = %from, "at the link limit: copying it on the server instead");
-                        let c = upload_file_with_base(&client, &path, &share, &to, &from, advance)
-                            .await?;
-                        Ok(outcome(c.bytes_sent, c.bytes_reused))
-                    }
-                    Err(e) => Err(e),
-                }
             }
             Action::Upload { path, base, .. } if dry_run => {
                 let sent = match base {
@@ -266,23 +257,69 @@ fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// Runs `jobs` in the two lanes of the module docs, `small_limit` small ones at once,
-/// and returns their outcomes (in completion order).
+/// What one lane task runs.
+enum Task {
+    One(Job),
+    Links(Vec<LinkJob>),
+}
+
+/// Runs `work` in the three lanes of the module docs, `small_limit` small jobs at
+/// once, and returns their outcomes (in completion order). In a dry run, links are
+/// only counted: nothing is sent.
 pub(super) async fn run_jobs(
     client: &Client,
     share: &str,
-    jobs: Vec<Job>,
+    work: Vec<Work>,
     small_limit: usize,
     dry_run: bool,
     progress: Arc<dyn Progress>,
 ) -> Result<Vec<Outcome>, ClientError> {
     let chunk_bytes = client.welcome().chunk_bytes;
+    let mut links = Vec::new();
+    let mut jobs = Vec::new();
+    for w in work {
+        match w {
+            Work::Link(l) => links.push(l),
+            Work::Job(j) => jobs.push(j),
+        }
+    }
+    let mut outcomes = Vec::new();
+    let batches = if dry_run {
+        for l in links {
+            progress.advance(l.size);
+            outcomes.push(Outcome {
+                class: l.class,
+                bytes_sent: 0,
+                bytes_reused: l.size,
+            });
+        }
+        Vec::new()
+    } else {
+        let per_batch = batch_size(links.len());
+        pack(share, links, per_batch)
+    };
     let (big, small): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.is_big(chunk_bytes));
-    let lanes = vec![(small, small_limit), (big, BIG_UPLOADS_IN_FLIGHT)];
-    run_lanes(lanes, |job: Job| {
-        job.run(client.clone(), share.to_string(), dry_run, progress.clone())
+    let tasks = |jobs: Vec<Job>| jobs.into_iter().map(Task::One).collect::<Vec<_>>();
+    let lanes = vec![
+        (
+            batches.into_iter().map(Task::Links).collect(),
+            LINK_BATCHES_IN_FLIGHT,
+        ),
+        (tasks(small), small_limit),
+        (tasks(big), BIG_UPLOADS_IN_FLIGHT),
+    ];
+    let done = run_lanes(lanes, |task: Task| {
+        let (client, share, progress) = (client.clone(), share.to_string(), progress.clone());
+        async move {
+            match task {
+                Task::One(job) => Ok(vec![job.run(client, share, dry_run, progress).await?]),
+                Task::Links(batch) => run_batch(client, share, batch, progress).await,
+            }
+        }
     })
-    .await
+    .await?;
+    outcomes.extend(done.into_iter().flatten());
+    Ok(outcomes)
 }
 
 /// Runs `op` on every item of every lane, each lane with at most its limit of items

@@ -338,6 +338,20 @@ fn messages() -> Vec<(&'static str, Message)> {
                 },
             ),
         ),
+        (
+            "req-link-batch",
+            req(
+                23,
+                Request::LinkBatch {
+                    share: data(),
+                    links: vec![
+                        (s("file"), s("dir/a")),
+                        (s("dir/missing"), s("dir/b")),
+                        (s("file"), s(".ferry-state/x")),
+                    ],
+                },
+            ),
+        ),
         ("resp-ok", resp(1, Response::Ok)),
         (
             "resp-attr",
@@ -520,6 +534,21 @@ fn messages() -> Vec<(&'static str, Message)> {
                     bad_count: 1,
                     bad_chunks: vec![1],
                 }),
+            ),
+        ),
+        (
+            "resp-linked-batch",
+            resp(
+                17,
+                Response::LinkedBatch {
+                    results: vec![
+                        None,
+                        Some(RemoteError {
+                            kind: ErrorKind::NotFound,
+                            message: s("data/dir/missing: no such file or directory"),
+                        }),
+                    ],
+                },
             ),
         ),
     ]
@@ -829,6 +858,21 @@ fn request_sequences() -> Vec<Seed> {
                         share: d.clone(),
                         from: s("dir/new"),
                         to: s("linked"),
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::LinkBatch {
+                        share: d.clone(),
+                        links: vec![
+                            (s("dir/new"), s("batch1")),
+                            (s("dir/none"), s("batch2")),
+                            (s("file"), s("linked")),
+                            (s("file"), s(".ferry-state/x")),
+                            (s("escape"), s("batch3")),
+                            (s("file"), s("escape")),
+                            (s("file"), s("batch4")),
+                        ],
                     },
                 ),
                 r(

@@ -325,6 +325,18 @@ impl World {
                 !e.message.contains(&*base),
                 "{req:?}: an error names the server's paths: {e:?}"
             ),
+            Response::LinkedBatch { results } => {
+                let Request::LinkBatch { links, .. } = req else {
+                    panic!("{req:?} answered with {resp:?}");
+                };
+                assert_eq!(results.len(), links.len(), "{req:?}: {resp:?}");
+                for e in results.iter().flatten() {
+                    assert!(
+                        !e.message.contains(&*base),
+                        "{req:?}: an error names the server's paths: {e:?}"
+                    );
+                }
+            }
             _ => {}
         }
     }
@@ -465,6 +477,7 @@ impl Client<'_> {
             | Request::Remove { share, .. }
             | Request::DiskUsage { share, .. }
             | Request::Verify { share, .. }
+            | Request::LinkBatch { share, .. }
             | Request::StatFs { share } => match flags & (F_DATA | F_RO) {
                 F_DATA => *share = "data".into(),
                 F_RO => *share = "ro".into(),

@@ -9,7 +9,8 @@
 //!
 //! Per regular file, against the newest earlier snapshot (the *previous* one):
 //! - same size and mtime (ns) as the previous copy: **unchanged**, hard-linked to it
-//!   ([`Client::link`]), nothing sent; should the server's filesystem refuse one more
+//!   (in batches of many links, [`Client::link_batch`]), nothing sent; should the
+//!   server's filesystem refuse one more
 //!   link to that inode ([`ErrorKind::TooManyLinks`](ferry_common::msg::ErrorKind)), it
 //!   is uploaded with the previous copy as base instead: the server copies every chunk
 //!   locally, nothing is sent;

@@ -7,7 +7,7 @@
 use std::fs;
 
 use ferry_client::Client;
-use ferry_common::msg::ServerStats;
+use ferry_common::msg::{ServerStats, VerifyRecord};
 use ferry_tests::{
     assert_entries, assert_files_equal, assert_no_temp_files, assert_trees_equal, connect,
     ferrytest, make_many_small_files, rcp_args, runtime, test_choice, write_random_file, Env,
@@ -96,6 +96,32 @@ ferrytest!(
         );
     }
 );
+
+ferrytest!(batched_uploads_are_recorded_for_verify, |env| {
+    let src = env.local("src");
+    let stats = make_many_small_files(&src, 11, 2, 5);
+    env.rcp(rcp_args!["-r", &src, env.remote("dst")])
+        .assert_success();
+    assert_trees_equal(&src, &env.share("dst"));
+    // The generator's mtimes are years old (settled), so each commit was recorded: the
+    // server's re-read of the files matches the records it took, empty files included.
+    let counters = Counters::open(&env);
+    for name in [
+        "d00/f000.txt",
+        "d00/f001.txt",
+        "d01/f004.txt",
+        "edge-64k.bin",
+    ] {
+        let path = format!("dst/{name}");
+        let report = counters
+            .rt
+            .block_on(counters.client.verify("data", &path))
+            .unwrap_or_else(|e| panic!("Verify {path}: {e}"));
+        assert_eq!(report.record, VerifyRecord::Current, "{path}: {report:?}");
+        assert_eq!(report.bad_count, 0, "{path}: {report:?}");
+    }
+    assert!(stats.files > 10);
+});
 
 ferrytest!(single_small_files_replace_existing_ones, |env| {
     for (name, len, seed) in [("a.txt", 10, 1), ("b.txt", 0, 2), ("c.txt", 5000, 3)] {

@@ -39,21 +39,35 @@ fail() {
 }
 
 # timed ROW TOOL LIMIT_S CMD...: settle the cache, run CMD; sets T (seconds) and TS
-# (seconds until a sync after it returned). stdout is in $WORK/out.
+# (seconds until a sync after it returned). stdout is in $WORK/out. A command cut
+# short because the time budget ran out is nobody's failure: it sets OUT_OF_BUDGET,
+# after which timed runs nothing more (run_job stops the job, and skips the rest).
+OUT_OF_BUDGET=0
 timed() {
-    local row="$1" tool="$2" lim res
-    lim="$(limit "$3")"
+    local row="$1" tool="$2" own="$3" lim res
+    [ "$OUT_OF_BUDGET" = 0 ] || return 1
+    lim="$(limit "$own")"
     shift 3
     settle "${SOURCE[@]}"
     if res="$(python3 "$BENCH_PY" run "$lim" "$WORK/out" "$WORK/err" -- "$@")"; then
         read -r T TS <<<"$res"
         return 0
     fi
+    if [ "$lim" -lt "$own" ] && [ "$(budget_left)" -le 0 ]; then
+        OUT_OF_BUDGET=1
+        warn "$row: $tool was stopped when the time budget ran out; not counted"
+        return 1
+    fi
     fail "$row" "$tool" "$res"
 }
 
-# same_tree A B: the trees have the same names and contents.
-same_tree() { [ "$(python3 "$BENCH_PY" treesum "$1")" = "$(python3 "$BENCH_PY" treesum "$2")" ]; }
+# same_tree ORIGINAL COPY: the trees have the same names and contents. ORIGINAL's
+# checksum is computed once (unset TREESUM[ORIGINAL] after changing it).
+declare -A TREESUM=()
+same_tree() {
+    [ -n "${TREESUM[$1]:-}" ] || TREESUM[$1]="$(python3 "$BENCH_PY" treesum "$1")"
+    [ "${TREESUM[$1]}" = "$(python3 "$BENCH_PY" treesum "$2")" ]
+}
 count_files() { find "$1" -type f | wc -l; }
 
 # check ROW ORIGINAL COPY REP: COPY is a good copy of ORIGINAL (a file or a tree).
@@ -244,6 +258,7 @@ job_backup() {
     if peer_ok backup_full rsync; then backup_run backup_full rsync "$r" rsync -a "$BSRC/" "$RSYNC_URL/bk-rsync/1/"; fi
     sleep 1.1 # rcp backup's snapshot names have a resolution of one second
     python3 "$BENCH_PY" change "$BSRC"
+    unset 'TREESUM[$BSRC]'
     backup_run backup_inc ferry "$r" "$RCP" backup --json --transport tcp "$BSRC" "$FERRY_ADDR:bench/bk"
     RSYNC_SNAP="$SRV/bk-rsync/2"
     if peer_ok backup_inc rsync && [ -z "${DEAD[backup_full.rsync]:-}" ]; then

@@ -400,7 +400,7 @@ set origin 0.7,0
 set title "FUSE 4 KiB random read QD1 latency, µs; lower is better"
 set yrange [1:*]
 set arrow 1 from graph 0, first 60 to graph 1, first 60 nohead dt 2 lc rgb "#2ca02c" lw 2
-set label 1 "p50 target 60 µs" at graph 0.02, first 70 tc rgb "#2ca02c"
+set label 1 "p50 target 60 µs" at graph 0.02, first 48 tc rgb "#2ca02c" front
 plot "{lat}" using 2:xtic(1) title "ferry-mount" lc rgb "#1f77b4", \\
      "" using 3 title "sshfs" lc rgb "#9467bd"
 unset multiplot

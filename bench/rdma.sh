@@ -48,7 +48,7 @@ if [ -z "${IN_VM:-}" ]; then
     if [ "$SAVE" = 1 ]; then
         mkdir -p bench/results
         f="bench/results/rdma-$(date +%Y-%m-%d-%H%M%S).md"
-        { echo "# bench/rdma.sh — $(date -u +%FT%TZ), $(nproc) host cores, kernel arg $KERNEL"; echo; sed -n '/^| /p;/^rcp /p;/^kernel/p' "$out"; } >"$f"
+        { echo "# bench/rdma.sh — $(date -u +%FT%TZ), $(nproc) host cores, kernel arg $KERNEL"; echo; sed -n '/^| /p;/^rcp /p;/^kernel/p;/^sha256/p' "$out"; } >"$f"
         echo "saved $f" >&2
     fi
     exit 0
@@ -64,6 +64,8 @@ export FERRY_SECRET_FILE="$W/b.secret"
 "$BIN_DIR/ferryd" --transport rdma --listen "$IP:0" --port-file "$W/port" \
     --share "b=$W/share" --secret-file "$W/b.secret" 2>"$W/ferryd.log" &
 FERRYD=$!
+# On a failure, show why ferryd ended or refused.
+trap 'rc=$?; if [ "$rc" -ne 0 ]; then echo "[bench] ferryd log:" >&2; tail -n 20 "$W/ferryd.log" >&2; fi' EXIT
 for _ in $(seq 100); do [ -s "$W/port" ] && break; sleep 0.1; done
 PORT=$(sed 's/.*://' "$W/port")
 
@@ -94,6 +96,10 @@ perf() {
 }
 read_bw=$(perf ib_read_bw)
 write_bw=$(perf ib_write_bw)
+# What one vCPU hashes: rcp SHA-256-hashes every byte twice (client and server), on
+# the same vCPUs that run rxe's software packet path, so this bounds it too.
+sha_bw=$(openssl speed -evp sha256 -bytes 1048576 -seconds 3 2>/dev/null |
+    awk '$1 == "sha256" {printf "%.1f", $2 * 1000 / 1048576}')
 
 up_s=$(printf '%s\n' "${up[@]}" | median)
 down_s=$(printf '%s\n' "${down[@]}" | median)
@@ -105,4 +111,5 @@ echo "| job | MiB/s | verbs ceiling (perftest, 1 MiB messages) | rcp / ceiling |
 echo "|---|---:|---:|---:|"
 echo "| rcp upload (server RDMA READ) | $up_bw | ib_read_bw $read_bw | $(ratio "$up_bw" "$read_bw") |"
 echo "| rcp download (server RDMA WRITE) | $down_bw | ib_write_bw $write_bw | $(ratio "$down_bw" "$write_bw") |"
+echo "sha256 (openssl, 1 MiB blocks, one vCPU): ${sha_bw:-n/a} MiB/s; $(nproc) vCPUs"
 rm -rf "$W"

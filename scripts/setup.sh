@@ -31,13 +31,18 @@ PACKAGES=(
     ibverbs-utils
     rdmacm-utils
     perftest
-    # bench/mount.sh: FUSE (fusermount3), the sshfs reference with a private
-    # sshd on 127.0.0.1, and fio for the random-read latency jobs
+    # bench/run: FUSE (fusermount3) and the peers Ferry is measured against,
+    # each started on 127.0.0.1 by the benchmark itself (an rsync daemon, a
+    # private sshd for scp and sshfs, iperf3 -s), fio for the random reads,
+    # gnuplot for the chart
     fuse3
+    rsync
     sshfs
     openssh-server
     openssh-client
+    iperf3
     fio
+    gnuplot-nox
 )
 
 # Commands needed by the scripts, as COMMAND:PACKAGE. The package is installed
@@ -55,39 +60,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 log() { echo "[setup] $*" >&2; }
 die() { echo "[setup] ERROR: $*" >&2; exit 1; }
 
-# Run a command as root: directly when we are root, through sudo when it exists.
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then
-        "$@"
-    elif command -v sudo >/dev/null 2>&1; then
-        sudo "$@"
-    else
-        die "need root to run '$*' (not root, and sudo is not installed)"
-    fi
-}
-
-APT_UPDATED=0
-apt_install() {
-    command -v apt-get >/dev/null 2>&1 || die "apt-get not found; install manually: $*"
-    if [ "$APT_UPDATED" -eq 0 ]; then
-        log "apt-get update"
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-        APT_UPDATED=1
-    fi
-    log "apt-get install $*"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
-}
-
-is_installed() {
-    [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" = "install ok installed" ]
-}
+# as_root, apt_install, is_installed, pkg_missing (shared with bench/run).
+# shellcheck source=scripts/lib/pkg.sh
+. "$ROOT/scripts/lib/pkg.sh"
 
 # --- 1. system packages -------------------------------------------------------
 if command -v dpkg-query >/dev/null 2>&1; then
-    missing=()
-    for pkg in "${PACKAGES[@]}"; do
-        is_installed "$pkg" || missing+=("$pkg")
-    done
+    mapfile -t missing < <(pkg_missing "${PACKAGES[@]}")
     for entry in "${COMMANDS[@]}"; do
         command -v "${entry%%:*}" >/dev/null 2>&1 || missing+=("${entry#*:}")
     done

@@ -2,8 +2,9 @@
 //!
 //! A copy is planned first (every source resolved, trees walked), then executed:
 //! directories are created (owner-writable) in pre-order, files and symlinks are copied
-//! with at most `jobs` files in flight, and finally directory modes and mtimes are set
-//! deepest first, so that creating children does not disturb a parent's mtime.
+//! with at most `jobs` files (or batches of small files, see [`crate::batch`]) in
+//! flight, and finally directory modes and mtimes are set deepest first, so that
+//! creating children does not disturb a parent's mtime.
 //! A failing item is recorded and the rest of the copy goes on.
 
 use std::fs;
@@ -17,6 +18,7 @@ use ferry_common::staging::link_path;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use crate::batch::{self, Outcome, SmallDownload, SmallUpload};
 use crate::client::Client;
 use crate::error::ClientError;
 use crate::location::Remote;
@@ -126,6 +128,25 @@ impl Shared {
         r.bytes += c.bytes;
         r.bytes_sent += c.bytes_sent;
         r.bytes_reused += c.bytes_reused;
+    }
+
+    /// Records a failed upload: server errors are about the target, local ones about
+    /// the source.
+    fn upload_failed(&self, dest: &Remote, src: &Path, target: &str, e: ClientError) {
+        if e.remote_kind().is_some() {
+            self.fail(dest.with_path(target.to_string()).display(), e);
+        } else {
+            self.fail(src.display().to_string(), e);
+        }
+    }
+
+    /// Records a failed download: local errors are about the target (a full disk, a
+    /// directory we may not write), the others about the source.
+    fn download_failed(&self, src: &Remote, target: &Path, e: ClientError) {
+        match e {
+            ClientError::Local { .. } => self.fail(target.display().to_string(), e),
+            e => self.fail(src.display(), e),
+        }
     }
 
     fn progress_fn(self: &Arc<Self>) -> ProgressFn {
@@ -254,19 +275,40 @@ pub async fn upload(
     let skipped = |t: &str| under_any(&failed, t);
     let sem = Arc::new(Semaphore::new(opts.jobs.max(1)));
     let mut tasks = JoinSet::new();
-    for (src, target, _) in plan.files {
-        if skipped(&target) {
-            continue;
-        }
-        let (client, shared, share) = (client.clone(), shared.clone(), dest.share.clone());
-        let shown = dest.with_path(target.clone()).display();
+    let (small, large): (Vec<_>, Vec<_>) = plan
+        .files
+        .into_iter()
+        .filter(|(_, target, _)| !skipped(target))
+        .partition(|(_, _, size)| batch::is_small(client, *size));
+    let small = small
+        .into_iter()
+        .map(|(src, target, size)| SmallUpload { src, target, size })
+        .collect();
+    for items in batch::pack(
+        small,
+        batch::capacity(client),
+        |i| i.size,
+        |i| i.target.len(),
+    ) {
+        let (client, shared, dest) = (client.clone(), shared.clone(), dest.clone());
         spawn_limited(&mut tasks, &sem, async move {
-            match upload_file(&client, &src, &share, &target, shared.progress_fn()).await {
-                Ok(c) => shared.copied(c),
-                // Server errors are about the target, local ones about the source.
-                Err(e) if e.remote_kind().is_some() => shared.fail(shown, e),
-                Err(e) => shared.fail(src.display().to_string(), e),
+            let progress = shared.progress_fn();
+            for (item, outcome) in batch::upload_batch(&client, &dest.share, items, &progress).await
+            {
+                match outcome {
+                    Outcome::Copied(c) => shared.copied(c),
+                    Outcome::Failed(e) => shared.upload_failed(&dest, &item.src, &item.target, e),
+                    Outcome::PerFile => {
+                        upload_one(&client, &shared, &dest, item.src, item.target).await
+                    }
+                }
             }
+        });
+    }
+    for (src, target, _) in large {
+        let (client, shared, dest) = (client.clone(), shared.clone(), dest.clone());
+        spawn_limited(&mut tasks, &sem, async move {
+            upload_one(&client, &shared, &dest, src, target).await
         });
     }
     for (link_target, target) in plan.symlinks {
@@ -295,6 +337,29 @@ pub async fn upload(
         }
     }
     finish_report(shared)
+}
+
+/// Uploads one file on the per-file path and records the outcome.
+async fn upload_one(
+    client: &Client,
+    shared: &Arc<Shared>,
+    dest: &Remote,
+    src: PathBuf,
+    target: String,
+) {
+    match upload_file(client, &src, &dest.share, &target, shared.progress_fn()).await {
+        Ok(c) => shared.copied(c),
+        Err(e) => shared.upload_failed(dest, &src, &target, e),
+    }
+}
+
+/// Downloads one file on the per-file path and records the outcome.
+async fn download_one(client: &Client, shared: &Arc<Shared>, src: Remote, target: PathBuf) {
+    let progress = shared.progress_fn();
+    match download_file(client, &src.share, &src.path, &target, progress).await {
+        Ok(c) => shared.copied(c),
+        Err(e) => shared.download_failed(&src, &target, e),
+    }
 }
 
 /// Creates the planned directories, parents first, owner-writable until the end.
@@ -506,20 +571,47 @@ pub async fn download(
     let skipped = |t: &Path| failed.iter().any(|f| t.starts_with(f));
     let sem = Arc::new(Semaphore::new(opts.jobs.max(1)));
     let mut tasks = JoinSet::new();
-    for (src, target, _) in plan.files {
-        if skipped(&target) {
-            continue;
+    let (small, large): (Vec<_>, Vec<_>) = plan
+        .files
+        .into_iter()
+        .filter(|(_, target, _)| !skipped(target))
+        .partition(|(_, _, size)| batch::is_small(client, *size));
+    // A batch names paths of one share: the sources' shares, in order of appearance.
+    let mut by_share: Vec<(Remote, Vec<SmallDownload>)> = Vec::new();
+    for (src, target, size) in small {
+        let item = SmallDownload {
+            src: src.path.clone(),
+            target,
+            size,
+        };
+        match by_share.iter_mut().find(|(r, _)| r.share == src.share) {
+            Some((_, items)) => items.push(item),
+            None => by_share.push((src, vec![item])),
         }
+    }
+    for (root, items) in by_share {
+        for items in batch::pack(items, batch::capacity(client), |i| i.size, |i| i.src.len()) {
+            let (client, shared, root) = (client.clone(), shared.clone(), root.clone());
+            spawn_limited(&mut tasks, &sem, async move {
+                let progress = shared.progress_fn();
+                let share = root.share.clone();
+                for (item, outcome) in
+                    batch::download_batch(&client, &share, items, &progress).await
+                {
+                    let src = root.with_path(item.src);
+                    match outcome {
+                        Outcome::Copied(c) => shared.copied(c),
+                        Outcome::Failed(e) => shared.download_failed(&src, &item.target, e),
+                        Outcome::PerFile => download_one(&client, &shared, src, item.target).await,
+                    }
+                }
+            });
+        }
+    }
+    for (src, target, _) in large {
         let (client, shared) = (client.clone(), shared.clone());
         spawn_limited(&mut tasks, &sem, async move {
-            let progress = shared.progress_fn();
-            match download_file(&client, &src.share, &src.path, &target, progress).await {
-                Ok(c) => shared.copied(c),
-                // Local errors are about the target (a full disk, a directory we may
-                // not write), the others about the source.
-                Err(e @ ClientError::Local { .. }) => shared.fail(target.display().to_string(), e),
-                Err(e) => shared.fail(src.display(), e),
-            }
+            download_one(&client, &shared, src, target).await
         });
     }
     while tasks.join_next().await.is_some() {}

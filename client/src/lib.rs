@@ -8,6 +8,8 @@
 //!   name only after every chunk verified. A copy cut short resumes when run again:
 //!   chunks the destination's partial file holds are verified there and not sent
 //!   ([`transfer::Copied`] says how many bytes were sent and reused).
+//! - [`batch`]: small files many per request, their bytes in one registered buffer
+//!   that the server READs or WRITEs with one operation.
 //! - [`copy`]: cp/scp semantics for files and trees, with files in flight concurrently.
 //! - [`backup`]: snapshot backups into `SHARE/PREFIX/<timestamp>/`, unchanged files
 //!   hard-linked to the previous snapshot, changed files sent as changed chunks, the
@@ -37,6 +39,7 @@
 pub mod backup;
 pub mod backup_admin;
 pub mod backup_verify;
+pub mod batch;
 pub mod client;
 pub mod copy;
 pub mod error;

@@ -196,6 +196,11 @@ fn main() -> ExitCode {
             Err(e) => e.exit(),
         };
         init_logging(0);
+        // Backups map their sources too (see below).
+        let _ = ferry_common::transport::mem::exit_on_sigbus(
+            b"rcp: a source file shrank while it was being read (SIGBUS); the backup was abandoned and no snapshot was published (run it again)\n",
+            exit::LOCAL.into(),
+        );
         return run_until_interrupted(
             backup_cmd::run(args),
             "rcp: interrupted; no snapshot was published (run the backup again to continue)",

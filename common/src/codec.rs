@@ -12,9 +12,10 @@
 //!   by [`validate`] and fail with [`CodecError::Limit`].
 
 use crate::msg::{
-    Attr, DirEntry, Message, RemoteError, Request, Response, LINK_BATCH_MAX, MAX_DIR_PAGE_ENTRIES,
-    MAX_ERROR_MESSAGE_BYTES, MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MAX_NAME_BYTES,
-    MAX_PATH_BYTES, MAX_VERIFY_BAD_CHUNKS, MAX_WINDOW_CHUNKS,
+    Attr, BatchedFile, DirEntry, Message, RemoteError, Request, Response, BATCH_MAX_FILES,
+    BATCH_MAX_PATH_BYTES, LINK_BATCH_MAX, MAX_DIR_PAGE_ENTRIES, MAX_ERROR_MESSAGE_BYTES,
+    MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MAX_NAME_BYTES, MAX_PATH_BYTES,
+    MAX_VERIFY_BAD_CHUNKS, MAX_WINDOW_CHUNKS,
 };
 
 /// Largest control frame either side sends or accepts, in bytes.
@@ -168,12 +169,32 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
             limit("target", target.len(), MAX_PATH_BYTES)
         }
         Request::UploadWindow { hashes, .. } => limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS),
+        Request::UploadBatch { share, files, .. } => {
+            limit("share", share.len(), MAX_NAME_BYTES)?;
+            batch_paths(files.iter().map(|f| f.path.as_str()), files.len())
+        }
+        Request::DownloadBatch { share, paths, .. } => {
+            limit("share", share.len(), MAX_NAME_BYTES)?;
+            batch_paths(paths.iter().map(String::as_str), paths.len())
+        }
         Request::UploadCommit { .. }
         | Request::DownloadWindow { .. }
         | Request::Close { .. }
         | Request::MapRelease { .. }
         | Request::Stats => Ok(()),
     }
+}
+
+/// A batch names at most [`BATCH_MAX_FILES`] paths of at most [`MAX_PATH_BYTES`] each,
+/// and at most [`BATCH_MAX_PATH_BYTES`] of them in all.
+fn batch_paths<'a>(paths: impl Iterator<Item = &'a str>, count: usize) -> Result<(), CodecError> {
+    limit("files", count, BATCH_MAX_FILES)?;
+    let mut total = 0usize;
+    for p in paths {
+        limit("path", p.len(), MAX_PATH_BYTES)?;
+        total += p.len();
+    }
+    limit("batch paths", total, BATCH_MAX_PATH_BYTES)
 }
 
 fn validate_attr(attr: &Attr) -> Result<(), CodecError> {
@@ -211,6 +232,18 @@ fn validate_response(resp: &Response) -> Result<(), CodecError> {
         Response::Mapped(m) => {
             validate_attr(&m.attr)?;
             limit("regions", m.regions.len(), MAX_MAP_REGIONS)
+        }
+        Response::UploadedBatch { results } => {
+            limit("results", results.len(), BATCH_MAX_FILES)?;
+            results.iter().flatten().try_for_each(validate_error)
+        }
+        Response::DownloadedBatch { files } => {
+            limit("files", files.len(), BATCH_MAX_FILES)?;
+            files.iter().try_for_each(|f| match f {
+                BatchedFile::Ok { attr, .. } => validate_attr(attr),
+                BatchedFile::Err(e) => validate_error(e),
+                BatchedFile::NotIncluded => Ok(()),
+            })
         }
         Response::Ok
         | Response::FsStat(_)
@@ -439,10 +472,10 @@ mod tests {
         ));
     }
 
-    /// Index of `Request::LinkBatch` (appended after Verify 22) and of
-    /// `Response::LinkedBatch` (after Verified 15).
-    const LINK_BATCH_REQUEST_INDEX: u8 = 23;
-    const LINKED_BATCH_RESPONSE_INDEX: u8 = 16;
+    /// Index of `Request::LinkBatch` (appended after DownloadBatch 24) and of
+    /// `Response::LinkedBatch` (after DownloadedBatch 17).
+    const LINK_BATCH_REQUEST_INDEX: u8 = 25;
+    const LINKED_BATCH_RESPONSE_INDEX: u8 = 18;
 
     #[test]
     fn link_batch_has_an_appended_index_and_bounds() {
@@ -698,6 +731,195 @@ mod tests {
             nonce: [0xff; 32],
         });
         assert!(encode(&hello).unwrap().len() < MAX_REQUEST_FRAME_BYTES);
+    }
+
+    /// Indices of the batch messages: requests 23 and 24 (after Verify 22), responses
+    /// 16 and 17 (after Verified 15).
+    const UPLOAD_BATCH_INDEX: u8 = 23;
+    const DOWNLOAD_BATCH_INDEX: u8 = 24;
+    const UPLOADED_BATCH_INDEX: u8 = 16;
+    const DOWNLOADED_BATCH_INDEX: u8 = 17;
+
+    fn region() -> RegionDesc {
+        RegionDesc {
+            addr: 1,
+            len: 2,
+            rkey: 3,
+        }
+    }
+
+    fn batch_file(path: String) -> BatchFile {
+        BatchFile {
+            path,
+            size: u64::MAX,
+            mode: u32::MAX,
+            mtime: Timestamp {
+                secs: i64::MIN,
+                nanos: u32::MAX,
+            },
+            hash: [0xff; 32],
+        }
+    }
+
+    #[test]
+    fn batch_messages_have_their_agreed_indices() {
+        let up = Request::UploadBatch {
+            share: "s".into(),
+            region: region(),
+            files: vec![BatchFile {
+                path: "p".into(),
+                size: 4,
+                mode: 5,
+                mtime: Timestamp { secs: 6, nanos: 7 },
+                hash: [9; 32],
+            }],
+        };
+        let mut want = vec![
+            UPLOAD_BATCH_INDEX,
+            1,
+            b's',
+            1,
+            2,
+            3,
+            1,
+            1,
+            b'p',
+            4,
+            5,
+            12,
+            7,
+        ];
+        want.extend([9; 32]);
+        assert_eq!(postcard::to_stdvec(&up).unwrap(), want);
+        let down = Request::DownloadBatch {
+            share: "s".into(),
+            paths: vec!["a".into(), "b".into()],
+            region: region(),
+        };
+        assert_eq!(
+            postcard::to_stdvec(&down).unwrap(),
+            [DOWNLOAD_BATCH_INDEX, 1, b's', 2, 1, b'a', 1, b'b', 1, 2, 3]
+        );
+        let uploaded = Response::UploadedBatch {
+            results: vec![
+                None,
+                Some(RemoteError {
+                    kind: ErrorKind::Exists,
+                    message: "m".into(),
+                }),
+            ],
+        };
+        assert_eq!(
+            postcard::to_stdvec(&uploaded).unwrap(),
+            [UPLOADED_BATCH_INDEX, 2, 0, 1, 9, 1, b'm']
+        );
+        let downloaded = Response::DownloadedBatch {
+            files: vec![
+                BatchedFile::NotIncluded,
+                BatchedFile::Err(RemoteError {
+                    kind: ErrorKind::NotFound,
+                    message: String::new(),
+                }),
+            ],
+        };
+        // BatchedFile: Ok 0, Err 1, NotIncluded 2.
+        assert_eq!(
+            postcard::to_stdvec(&downloaded).unwrap(),
+            [DOWNLOADED_BATCH_INDEX, 2, 2, 1, 0, 0]
+        );
+    }
+
+    #[test]
+    fn the_longest_batches_fit_their_frames_and_longer_ones_are_refused() {
+        // As many files as allowed, their paths using up the path budget.
+        let each = BATCH_MAX_PATH_BYTES / BATCH_MAX_FILES;
+        let paths = || (0..BATCH_MAX_FILES).map(|_| "p".repeat(each));
+        let up = |files: Vec<BatchFile>| Message::Request {
+            id: u64::MAX,
+            body: Request::UploadBatch {
+                share: "s".repeat(MAX_NAME_BYTES),
+                region: region(),
+                files,
+            },
+        };
+        let full = encode(&up(paths().map(batch_file).collect())).unwrap();
+        // Under 50 KiB: well inside the server's request frame.
+        assert!(full.len() < 50 << 10, "{}", full.len());
+        let down = |paths: Vec<String>| Message::Request {
+            id: u64::MAX,
+            body: Request::DownloadBatch {
+                share: "s".repeat(MAX_NAME_BYTES),
+                paths,
+                region: region(),
+            },
+        };
+        let full = encode(&down(paths().collect())).unwrap();
+        // Under 50 KiB: well inside the server's request frame.
+        assert!(full.len() < 50 << 10, "{}", full.len());
+
+        let too_many: Vec<String> = (0..=BATCH_MAX_FILES).map(|_| "p".into()).collect();
+        let bytes = postcard::to_stdvec(&down(too_many.clone())).unwrap();
+        assert!(matches!(
+            decode(&bytes),
+            Err(CodecError::Limit { field: "files", .. })
+        ));
+        let bytes =
+            postcard::to_stdvec(&up(too_many.into_iter().map(batch_file).collect())).unwrap();
+        assert!(matches!(
+            decode(&bytes),
+            Err(CodecError::Limit { field: "files", .. })
+        ));
+        let too_long: Vec<String> = (0..9).map(|_| "p".repeat(MAX_PATH_BYTES)).collect();
+        let bytes = postcard::to_stdvec(&down(too_long)).unwrap();
+        assert!(matches!(
+            decode(&bytes),
+            Err(CodecError::Limit {
+                field: "batch paths",
+                ..
+            })
+        ));
+        let one_too_long = vec!["p".repeat(MAX_PATH_BYTES + 1)];
+        let bytes = postcard::to_stdvec(&down(one_too_long)).unwrap();
+        assert!(matches!(
+            decode(&bytes),
+            Err(CodecError::Limit { field: "path", .. })
+        ));
+    }
+
+    #[test]
+    fn batch_answers_are_bounded() {
+        let error = || RemoteError::new(ErrorKind::Io, "e".repeat(MAX_ERROR_MESSAGE_BYTES));
+        let uploaded = |n| Message::Response {
+            id: 1,
+            body: Response::UploadedBatch {
+                results: vec![Some(error()); n],
+            },
+        };
+        let full = encode(&uploaded(BATCH_MAX_FILES)).unwrap();
+        assert!(full.len() < MAX_CTRL_FRAME_BYTES / 2, "{}", full.len());
+        assert_eq!(decode(&full).unwrap(), uploaded(BATCH_MAX_FILES));
+        let over = postcard::to_stdvec(&uploaded(BATCH_MAX_FILES + 1)).unwrap();
+        assert!(matches!(
+            decode(&over),
+            Err(CodecError::Limit {
+                field: "results",
+                ..
+            })
+        ));
+        let downloaded = |n, file: BatchedFile| Message::Response {
+            id: 1,
+            body: Response::DownloadedBatch {
+                files: vec![file; n],
+            },
+        };
+        let full = encode(&downloaded(BATCH_MAX_FILES, BatchedFile::Err(error()))).unwrap();
+        assert!(full.len() < MAX_CTRL_FRAME_BYTES / 2, "{}", full.len());
+        let over = postcard::to_stdvec(&downloaded(BATCH_MAX_FILES + 1, BatchedFile::NotIncluded))
+            .unwrap();
+        assert!(matches!(
+            decode(&over),
+            Err(CodecError::Limit { field: "files", .. })
+        ));
     }
 
     #[test]

@@ -48,8 +48,58 @@ pub const MAX_VERIFY_BAD_CHUNKS: usize = 1024;
 /// frame (`codec::MAX_REQUEST_FRAME_BYTES`), so long paths make batches shorter.
 pub const LINK_BATCH_MAX: usize = 256;
 
+/// Largest file sent in a batch ([`Request::UploadBatch`], [`Request::DownloadBatch`]):
+/// regular files of at most this many bytes travel many per round trip; larger ones
+/// take the windowed per-file path.
+pub const SMALL_FILE_MAX_BYTES: u64 = 64 << 10;
+/// Most file bytes one batch carries: its region, which the server moves with one
+/// one-sided operation into or out of one of its chunk buffers (so a server whose chunk
+/// size is smaller takes batches of its chunk size at most).
+pub const BATCH_MAX_BYTES: u64 = 1 << 20;
+/// Most files one batch names.
+pub const BATCH_MAX_FILES: usize = 256;
+/// Most path bytes (the sum of the paths' lengths) one batch names: with
+/// [`BATCH_MAX_FILES`] this keeps the longest batch request under 50 KiB, inside the
+/// server's 64 KiB request frame.
+pub const BATCH_MAX_PATH_BYTES: usize = 32 << 10;
+
 /// A SHA-256 digest.
 pub type Sha256 = [u8; 32];
+
+/// One file of a [`Request::UploadBatch`]: its bytes are the next `size` bytes of the
+/// batch's region.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchFile {
+    /// Share-relative destination path.
+    pub path: String,
+    /// Size in bytes (at most [`SMALL_FILE_MAX_BYTES`]).
+    pub size: u64,
+    /// Permission bits of the final file.
+    pub mode: u32,
+    /// Modification time of the final file.
+    pub mtime: Timestamp,
+    /// SHA-256 of the file's bytes.
+    pub hash: Sha256,
+}
+
+/// What a [`Response::DownloadedBatch`] says about one path of the request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BatchedFile {
+    /// The file's `attr.size` bytes are in the client's region at `offset`.
+    Ok {
+        /// Attributes of the file as it was read.
+        attr: Attr,
+        /// Offset of the file's first byte in the region.
+        offset: u64,
+        /// SHA-256 of the file's bytes.
+        hash: Sha256,
+    },
+    /// This file failed; the others are unaffected.
+    Err(RemoteError),
+    /// Not in this batch: larger than [`SMALL_FILE_MAX_BYTES`] or did not fit in the
+    /// region. The client fetches it on the per-file path.
+    NotIncluded,
+}
 
 /// Names a registered memory region of the sender: `{addr, len, rkey}` as in RDMA.
 ///
@@ -470,6 +520,29 @@ pub enum Request {
         /// Share-relative path.
         path: String,
     },
+    /// Upload many small files at once: the server RDMA-READs `region` (the files'
+    /// bytes back to back, in the order of `files`, whose sizes add up to
+    /// `region.len`), checks each file's SHA-256 and commits each under its path.
+    /// Answered by [`Response::UploadedBatch`], one result per file.
+    UploadBatch {
+        /// Share name.
+        share: String,
+        /// The client's registered, read-only region holding every file's bytes.
+        region: RegionDesc,
+        /// The files, in region order.
+        files: Vec<BatchFile>,
+    },
+    /// Download many small files at once: the server reads what fits into one buffer
+    /// and RDMA-WRITEs it into `region` with one operation. Answered by
+    /// [`Response::DownloadedBatch`], one entry per path.
+    DownloadBatch {
+        /// Share name.
+        share: String,
+        /// Share-relative paths of the files (symlinks followed within the share).
+        paths: Vec<String>,
+        /// The client's registered, writable destination buffer.
+        region: RegionDesc,
+    },
     /// Many [`Request::Link`]s in one request, done in order; answered by
     /// [`Response::LinkedBatch`] with one result per link. A link that fails (missing
     /// source, existing target, a refused path, the link limit) fails alone: the
@@ -506,6 +579,8 @@ impl Request {
             | Request::Remove { share, .. }
             | Request::DiskUsage { share, .. }
             | Request::Verify { share, .. }
+            | Request::UploadBatch { share, .. }
+            | Request::DownloadBatch { share, .. }
             | Request::LinkBatch { share, .. } => Some(share),
             Request::UploadWindow { .. }
             | Request::UploadCommit { .. }
@@ -591,6 +666,18 @@ pub enum Response {
     DiskUsage(DiskUsage),
     /// The outcome of a [`Request::Verify`].
     Verified(VerifyReport),
+    /// The outcome of a [`Request::UploadBatch`]: for each file, in request order,
+    /// `None` if it was committed under its path, or why not.
+    UploadedBatch {
+        /// One entry per file of the request.
+        results: Vec<Option<RemoteError>>,
+    },
+    /// The outcome of a [`Request::DownloadBatch`]: one entry per path, in request
+    /// order. Every file marked [`BatchedFile::Ok`] is in the region.
+    DownloadedBatch {
+        /// One entry per path of the request.
+        files: Vec<BatchedFile>,
+    },
     /// The outcome of a [`Request::LinkBatch`]: `results[i]` is `None` if its link
     /// `i` was made, else why not. Exactly one result per link, in order.
     LinkedBatch {

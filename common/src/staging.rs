@@ -38,8 +38,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,7 +52,7 @@ use sha2::{Digest, Sha256 as Hasher};
 
 use crate::chunk::{chunk_len, hash_chunk};
 use crate::journal::{read_from, JournalHeader, JournalWriter};
-use crate::msg::Sha256;
+use crate::msg::{Sha256, Timestamp};
 use crate::{space, TEMP_PREFIX};
 
 /// Suffix of a resumable partial file.
@@ -61,6 +62,9 @@ pub const JOURNAL_SUFFIX: &str = ".journal";
 /// Suffix of the hidden name a symlink is created under before it is renamed over its
 /// final name (see [`link_path`]).
 pub const LINK_SUFFIX: &str = ".link";
+/// Suffix of the hidden name a small file received whole in one batch is written
+/// under before its rename (see [`small_path`]).
+pub const SMALL_SUFFIX: &str = ".small";
 /// Hex digits of the stem naming a resumable partial and its journal.
 pub const STEM_HEX_DIGITS: usize = 32;
 /// How long opening a resumable partial waits for another transfer to let go of it
@@ -95,6 +99,22 @@ pub fn partial_paths(final_path: &Path) -> Option<(PathBuf, PathBuf)> {
 pub fn link_path(final_path: &Path) -> Option<PathBuf> {
     let stem = stem(final_path.file_name()?);
     Some(parent_dir(final_path).join(format!("{TEMP_PREFIX}{stem}{LINK_SUFFIX}")))
+}
+
+/// The hidden name, `.ferry-tmp.<stem>.small`, under which a small file received whole
+/// in one batch (rcp's batched downloads) is written before its rename; `None` if
+/// `final_path` has no file name. Being deterministic, what a killed copy left there is
+/// taken over by the next copy of the same name (rcp has no cleaner); ferryd's cleaner
+/// treats it as a scratch file.
+pub fn small_path(final_path: &Path) -> Option<PathBuf> {
+    let stem = stem(final_path.file_name()?);
+    Some(parent_dir(final_path).join(format!("{TEMP_PREFIX}{stem}{SMALL_SUFFIX}")))
+}
+
+/// A fresh scratch name, `.ferry-tmp.<16 random hex>`, beside `final_path` (to be
+/// created with `O_EXCL`: it names nothing yet, almost surely).
+pub fn scratch_path(final_path: &Path) -> PathBuf {
+    parent_dir(final_path).join(format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>()))
 }
 
 fn parent_dir(path: &Path) -> PathBuf {
@@ -237,8 +257,7 @@ impl Staged {
     }
 
     fn open_scratch(final_path: &Path, header: &JournalHeader) -> Result<Staged, StageError> {
-        let path =
-            parent_dir(final_path).join(format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>()));
+        let path = scratch_path(final_path);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -431,7 +450,57 @@ fn release_unheld(file: &File, header: &JournalHeader, held: &BTreeSet<u64>) -> 
     Ok(())
 }
 
-fn remove_quietly(path: &Path) {
+/// A step of [`write_whole`] that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WholeStep {
+    /// Writing the bytes.
+    Write,
+    /// Setting the permission bits.
+    Chmod,
+    /// Setting the modification time.
+    SetMtime,
+}
+
+impl WholeStep {
+    /// The step as a verb, for messages ("cannot {verb}").
+    pub fn verb(self) -> &'static str {
+        match self {
+            WholeStep::Write => "write",
+            WholeStep::Chmod => "chmod",
+            WholeStep::SetMtime => "set mtime",
+        }
+    }
+
+    /// "cannot {verb}", as a local error's operation.
+    pub fn cannot(self) -> &'static str {
+        match self {
+            WholeStep::Write => "cannot write",
+            WholeStep::Chmod => "cannot chmod",
+            WholeStep::SetMtime => "cannot set mtime",
+        }
+    }
+}
+
+/// Writes `bytes` to the empty `file` (a hidden file a small file is received into
+/// whole), then sets its permission bits to `mode & 0o7777` and its mtime, all through
+/// the descriptor; on failure, returns the step that failed. Blocking.
+pub fn write_whole(
+    file: &mut File,
+    bytes: &[u8],
+    mode: u32,
+    mtime: Timestamp,
+) -> Result<(), (WholeStep, io::Error)> {
+    file.write_all(bytes).map_err(|e| (WholeStep::Write, e))?;
+    file.set_permissions(fs::Permissions::from_mode(mode & 0o7777))
+        .map_err(|e| (WholeStep::Chmod, e))?;
+    file.set_modified(mtime.to_system())
+        .map_err(|e| (WholeStep::SetMtime, e))
+}
+
+/// Removes the temporary file `path`; one that is already gone is fine, any other
+/// failure is logged. Blocking.
+pub fn remove_quietly(path: &Path) {
     match fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -557,6 +626,12 @@ mod tests {
             Some(TempName::Scratch)
         );
         assert_eq!(classify(OsStr::new("x.part")), None);
+        let small = small_path(Path::new("d/s")).unwrap();
+        assert_eq!(small.parent(), Some(Path::new("d")));
+        assert_eq!(
+            classify(small.file_name().unwrap()),
+            Some(TempName::Scratch)
+        );
         let link = link_path(Path::new("d/l")).unwrap();
         assert_eq!(link.parent(), Some(Path::new("d")));
         assert_eq!(classify(link.file_name().unwrap()), Some(TempName::Scratch));

@@ -250,11 +250,55 @@ fn request() -> impl Strategy<Value = Request> {
         }),
         share_path().prop_map(|(share, path)| Request::DiskUsage { share, path }),
         share_path().prop_map(|(share, path)| Request::Verify { share, path }),
+        (text(MAX_NAME_BYTES), region(), vec(batch_file(), 0..=8)).prop_map(
+            |(share, region, files)| Request::UploadBatch {
+                share,
+                region,
+                files
+            }
+        ),
+        (
+            text(MAX_NAME_BYTES),
+            vec(text(MAX_PATH_BYTES), 0..=8),
+            region()
+        )
+            .prop_map(|(share, paths, region)| Request::DownloadBatch {
+                share,
+                paths,
+                region
+            }),
         (
             text(MAX_NAME_BYTES),
             vec((text(MAX_PATH_BYTES), text(MAX_PATH_BYTES)), 0..8)
         )
             .prop_map(|(share, links)| Request::LinkBatch { share, links }),
+    ]
+}
+
+/// Eight of these stay within the batch's path budget (8 x 4096 bytes).
+fn batch_file() -> impl Strategy<Value = BatchFile> {
+    (
+        text(MAX_PATH_BYTES),
+        any::<u64>(),
+        any::<u32>(),
+        timestamp(),
+        any::<[u8; 32]>(),
+    )
+        .prop_map(|(path, size, mode, mtime, hash)| BatchFile {
+            path,
+            size,
+            mode,
+            mtime,
+            hash,
+        })
+}
+
+fn batched_file() -> impl Strategy<Value = BatchedFile> {
+    prop_oneof![
+        (attr(), any::<u64>(), any::<[u8; 32]>())
+            .prop_map(|(attr, offset, hash)| BatchedFile::Ok { attr, offset, hash }),
+        remote_error().prop_map(BatchedFile::Err),
+        Just(BatchedFile::NotIncluded),
     ]
 }
 
@@ -372,6 +416,9 @@ fn response() -> impl Strategy<Value = Response> {
             })
         }),
         verify_report().prop_map(Response::Verified),
+        vec(proptest::option::of(remote_error()), 0..=8)
+            .prop_map(|results| Response::UploadedBatch { results }),
+        vec(batched_file(), 0..=8).prop_map(|files| Response::DownloadedBatch { files }),
         vec(proptest::option::of(remote_error()), 0..8)
             .prop_map(|results| Response::LinkedBatch { results }),
     ]
@@ -475,7 +522,9 @@ fn request_variant(r: &Request) -> usize {
         Request::Remove { .. } => 20,
         Request::DiskUsage { .. } => 21,
         Request::Verify { .. } => 22,
-        Request::LinkBatch { .. } => 23,
+        Request::UploadBatch { .. } => 23,
+        Request::DownloadBatch { .. } => 24,
+        Request::LinkBatch { .. } => 25,
     }
 }
 
@@ -498,7 +547,9 @@ fn response_variant(r: &Response) -> usize {
         Response::Manifest { .. } => 13,
         Response::DiskUsage(_) => 14,
         Response::Verified(_) => 15,
-        Response::LinkedBatch { .. } => 16,
+        Response::UploadedBatch { .. } => 16,
+        Response::DownloadedBatch { .. } => 17,
+        Response::LinkedBatch { .. } => 18,
     }
 }
 
@@ -669,6 +720,52 @@ fn over_limit() -> impl Strategy<Value = (Message, &'static str)> {
                 path,
             }),
             "path"
+        )),
+        (1..=4usize).prop_map(move |extra| (
+            req(Request::DownloadBatch {
+                share: "s".into(),
+                paths: vec!["p".into(); BATCH_MAX_FILES + extra],
+                region: RegionDesc {
+                    addr: 0,
+                    len: 0,
+                    rkey: 0,
+                },
+            }),
+            "files"
+        )),
+        (1..=64usize).prop_map(move |extra| (
+            req(Request::UploadBatch {
+                share: "s".into(),
+                region: RegionDesc {
+                    addr: 0,
+                    len: 0,
+                    rkey: 0,
+                },
+                files: (0..BATCH_MAX_PATH_BYTES / MAX_PATH_BYTES)
+                    .map(|_| "p".repeat(MAX_PATH_BYTES))
+                    .chain(["q".repeat(extra)])
+                    .map(|path| BatchFile {
+                        path,
+                        size: 0,
+                        mode: 0,
+                        mtime: Timestamp::default(),
+                        hash: [0; 32],
+                    })
+                    .collect(),
+            }),
+            "batch paths"
+        )),
+        (1..=4usize).prop_map(move |extra| (
+            resp(Response::UploadedBatch {
+                results: vec![None; BATCH_MAX_FILES + extra],
+            }),
+            "results"
+        )),
+        (1..=4usize).prop_map(move |extra| (
+            resp(Response::DownloadedBatch {
+                files: vec![BatchedFile::NotIncluded; BATCH_MAX_FILES + extra],
+            }),
+            "files"
         )),
         (1..=4usize).prop_map(move |extra| (
             resp(Response::Verified(VerifyReport {
@@ -875,7 +972,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 24], [false; 17]);
+    let (mut requests, mut responses) = ([false; 26], [false; 19]);
     for _ in 0..2000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

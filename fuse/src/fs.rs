@@ -326,7 +326,10 @@ impl fuser::Filesystem for FerryFs {
         };
         self.spawn(|fs| async move {
             match file.read(&fs.reader, offset, size).await {
-                Ok(data) => reply.data(&data),
+                Ok(data) => {
+                    reply.data(&data);
+                    fs.reader.recycle(data);
+                }
                 Err(e) => reply.error(fail("read", e)),
             }
         });

@@ -7,6 +7,7 @@
 //! - [`reader`]: open files — manifest, one-sided chunk fetches, verification,
 //!   readahead.
 //! - [`cache`]: the bounded cache of verified chunks.
+//! - [`bufs`]: reply buffers reused across reads.
 //! - [`remote`]: the connection, reconnection, timeouts and registered fetch buffers.
 //! - [`options`]: `-o` parsing.
 //! - [`mount`]: mount(2) as `fuse.ferry`, and unmounting.
@@ -16,6 +17,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod bufs;
 pub mod cache;
 pub mod fs;
 pub mod mount;

@@ -26,12 +26,16 @@ use ferry_common::transport::TransportError;
 use fuser::Errno;
 use tokio::sync::watch;
 
+use crate::bufs::BufPool;
 use crate::cache::{ChunkCache, ChunkKey};
 use crate::remote::{lock, Conn, OpError, Remote};
 
 /// Most bytes one RDMA READ fetches: a run of consecutive chunks, or one chunk. Also
 /// the size of each registered fetch buffer, and so the largest chunk size a mount uses.
 pub const FETCH_BYTES: usize = 1 << 20;
+
+/// Idle reply buffers kept for reuse: about as many as reads run at once.
+const REPLY_BUFFERS_KEPT: usize = 16;
 
 /// The outcome of one chunk fetch, as waiters see it.
 #[derive(Debug, Clone)]
@@ -53,6 +57,9 @@ pub struct Reader {
     remote: Arc<Remote>,
     store: Mutex<Store>,
     readahead: u64,
+    /// Buffers of the bytes returned to readers; the caller hands each back with
+    /// [`Reader::recycle`] once it has replied.
+    replies: BufPool,
 }
 
 /// The state of an open file on one connection.
@@ -90,7 +97,13 @@ impl Reader {
                 inflight: HashMap::new(),
             }),
             readahead: u64::from(readahead),
+            replies: BufPool::new(REPLY_BUFFERS_KEPT),
         })
+    }
+
+    /// Takes back a buffer [`OpenFile::read`] returned, for the next read.
+    pub fn recycle(&self, buf: Vec<u8>) {
+        self.replies.give(buf);
     }
 
     /// Opens `share_path` for reading: maps it on the server, fetches and checks its
@@ -388,7 +401,8 @@ impl OpenFile {
         lock(&self.state).map.attr.clone()
     }
 
-    /// Reads `size` bytes at `offset` (fewer at the end of the file).
+    /// Reads `size` bytes at `offset` (fewer at the end of the file). The buffer may be
+    /// handed back with [`Reader::recycle`] after use.
     pub async fn read(
         &self,
         reader: &Arc<Reader>,
@@ -464,7 +478,7 @@ impl OpenFile {
             claims
         };
         reader.start_fetches(&self.path, &m, mine);
-        let mut out = Vec::with_capacity((end - offset) as usize);
+        let mut out = reader.replies.take((end - offset) as usize);
         for (i, claim) in (c0..=c1).zip(claims) {
             let data = match claim {
                 Claim::Ready(d) => d,

@@ -32,6 +32,7 @@ use ferry_common::transport::SharedTransport;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
+use crate::batch::{self, BatchIo};
 use crate::error::remote;
 use crate::gauge::Held;
 use crate::map::{self, MapContext, MapTable};
@@ -291,6 +292,14 @@ impl Conn {
         Ok(id)
     }
 
+    fn batch_io(&self) -> BatchIo<'_> {
+        BatchIo {
+            transport: &self.transport,
+            pool: &self.pool,
+            chunk_bytes: self.server.chunk_bytes,
+        }
+    }
+
     fn transfer(&self, id: u64) -> Result<Arc<OpenTransfer>, RemoteError> {
         self.transfers()
             .get(&id)
@@ -516,6 +525,22 @@ impl Conn {
                 let share = self.share(&share)?;
                 blocking(move || verify::verify(&share, &path)).await
             }
+            Request::UploadBatch {
+                share,
+                region,
+                files,
+            } => {
+                let share = self.share(&share)?;
+                batch::upload(self.batch_io(), share, region, files).await
+            }
+            Request::DownloadBatch {
+                share,
+                paths,
+                region,
+            } => {
+                let share = self.share(&share)?;
+                batch::download(self.batch_io(), share, paths, region).await
+            }
             // The session answers these itself; one reaching here is a bug there.
             Request::Auth { .. } => Err(remote(
                 ErrorKind::Protocol,
@@ -545,7 +570,7 @@ fn not_a(id: u64, what: &str) -> RemoteError {
 }
 
 /// Runs a blocking filesystem call off the async worker threads.
-async fn blocking<T, F>(f: F) -> Result<T, RemoteError>
+pub(crate) async fn blocking<T, F>(f: F) -> Result<T, RemoteError>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T, RemoteError> + Send + 'static,

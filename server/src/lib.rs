@@ -7,7 +7,8 @@
 //! with one-sided READs of the client's registered source window and downloads are
 //! PUSHED with one-sided WRITEs into the client's registered buffers ([`transfer`]),
 //! every chunk hashed with SHA-256, through a bounded per-connection pool of
-//! registered chunk buffers ([`pool`]). Mapped files ([`map`]) register a whole file
+//! registered chunk buffers ([`pool`]). Small files travel many per request, each batch
+//! with one one-sided operation and one flush ([`batch`]). Mapped files ([`map`]) register a whole file
 //! read-only, with its chunk manifest ([`manifests`], cached server-wide), so a client
 //! reads any part of it with one-sided READs and no request per read. Writable shares
 //! keep manifests across restarts in a persistent store ([`store`]), which `Verify`
@@ -33,6 +34,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod batch;
 pub mod cleanup;
 pub mod config;
 pub mod conn;

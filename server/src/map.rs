@@ -388,7 +388,7 @@ pub fn manifest_page(
 /// Opens the share file `rel` (`what` names it in errors) read-only, symlinks followed
 /// inside the share; refuses anything but a regular file. Returns the file and its
 /// metadata as opened.
-fn open_regular(
+pub(crate) fn open_regular(
     share: &Share,
     rel: &str,
     what: &str,

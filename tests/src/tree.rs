@@ -175,6 +175,30 @@ pub fn make_small_tree(root: &Path, seed: u64) -> TreeStats {
     b.finish()
 }
 
+/// Generates a tree of many small files under `root` (created if missing): `dirs`
+/// directories `dNN` of `per_dir` files each, of 0 B to 8 KiB (seeded), plus, at the
+/// top, files of exactly 64 KiB and 64 KiB + 1 (either side of the batching
+/// threshold) and three of a few MiB; modes and mtimes set as in [`make_tree`].
+pub fn make_many_small_files(root: &Path, seed: u64, dirs: usize, per_dir: usize) -> TreeStats {
+    let mut b = Builder::new(root, seed);
+    for d in 0..dirs {
+        b.dir(&format!("d{d:02}"));
+        for f in 0..per_dir {
+            let len = match f % 50 {
+                0 => 0,
+                _ => b.rng.gen_range(1..=8192),
+            };
+            b.file(&format!("d{d:02}/f{f:03}.txt"), len);
+        }
+    }
+    b.file("edge-64k.bin", 64 << 10);
+    b.file("edge-64k-plus-1.bin", (64 << 10) + 1);
+    for (i, len) in [2 * MIB + 3, MIB, 3 * MIB + 1].into_iter().enumerate() {
+        b.file(&format!("big{i}.bin"), len);
+    }
+    b.finish()
+}
+
 /// One entry of a walked tree.
 #[derive(Debug, PartialEq, Eq)]
 enum Node {

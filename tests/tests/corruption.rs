@@ -1,11 +1,14 @@
 //! A transport wrapper flips bits of file data in flight (in the server's one-sided
 //! READs of uploads and WRITEs of downloads). Every flip must be detected by the
-//! SHA-256 check; a single flip is repaired by the window retry; a persistent one fails
-//! the file, and no corrupt or partial file ever appears under its final name.
+//! SHA-256 check; a single flip is repaired by the window retry (for a batch of small
+//! files, by sending the damaged file again); a persistent one fails the file (in a
+//! batch, that file only), and no corrupt or partial file ever appears under its final
+//! name.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use ferry_client::batch::{download_batch, upload_batch, Outcome, SmallDownload, SmallUpload};
 use ferry_client::transfer::{download_file, upload_file, ProgressFn};
 use ferry_common::msg::ErrorKind;
 use ferry_common::transport::faulty::{FaultPlan, Faulty, Flip};
@@ -209,4 +212,131 @@ async fn a_failing_transport_mid_upload_leaves_no_file_under_its_name() {
     // on whether the client's close still reached the server).
     assert!(!share.join("dst.bin").exists());
     assert_only_resumable_temp_files(&share);
+}
+
+/// Ten files `f0`..`f9` of 1000 bytes under `dir`: the middle byte of a batch of all
+/// ten, which the faulty transport flips, is in `f5`.
+fn ten_small_files(dir: &Path, seed: u64) -> Vec<String> {
+    std::fs::create_dir_all(dir).unwrap();
+    (0..10)
+        .map(|i| {
+            let name = format!("f{i}");
+            write_random(&dir.join(&name), 1000, seed + i);
+            name
+        })
+        .collect()
+}
+
+/// Names with what became of them: "ok" or the error's `--json` kind.
+fn outcomes(done: impl IntoIterator<Item = (String, Outcome)>) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = done
+        .into_iter()
+        .map(|(name, o)| {
+            let what = match o {
+                Outcome::Copied(_) => "ok".to_string(),
+                Outcome::Failed(e) => e.kind().to_string(),
+                Outcome::PerFile => "per-file".to_string(),
+            };
+            (name, what)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// `got` says every one of the ten files was copied but `bad` (failed verification),
+/// the copied ones are byte-identical in `to`, and `to` holds nothing else.
+#[track_caller]
+fn assert_batch(got: &[(String, String)], from: &Path, to: &Path, bad: Option<&str>) {
+    let names: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();
+    let is_bad = |n: &str| Some(n) == bad;
+    let want: Vec<(String, String)> = names
+        .iter()
+        .map(|n| (n.clone(), if is_bad(n) { "integrity" } else { "ok" }.into()))
+        .collect();
+    assert_eq!(got, want);
+    let landed: Vec<String> = names.into_iter().filter(|n| !is_bad(n)).collect();
+    for n in &landed {
+        assert_eq!(
+            std::fs::read(to.join(n)).unwrap(),
+            std::fs::read(from.join(n)).unwrap(),
+            "{n}"
+        );
+    }
+    assert_eq!(entries(to), landed);
+}
+
+/// A client of a faulty server of `share`.
+async fn faulty_client(share: &Path, plan: FaultPlan) -> ferry_client::Client {
+    let port = faulty_server(share, plan).await;
+    ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
+        .await
+        .unwrap()
+}
+
+async fn upload_ten(flip_read: Flip, seed: u64) -> (tempfile::TempDir, Vec<(String, String)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let (share, src) = (dir.path().join("share"), dir.path().join("src"));
+    std::fs::create_dir(&share).unwrap();
+    let names = ten_small_files(&src, seed);
+    let plan = FaultPlan {
+        flip_read,
+        ..FaultPlan::default()
+    };
+    let client = faulty_client(&share, plan).await;
+    let items = names
+        .iter()
+        .map(|n| SmallUpload {
+            src: src.join(n),
+            target: n.clone(),
+            size: 1000,
+        })
+        .collect();
+    let done = upload_batch(&client, "data", items, &no_progress()).await;
+    let got = outcomes(done.into_iter().map(|(i, o)| (i.target, o)));
+    (dir, got)
+}
+
+async fn download_ten(flip_write: Flip, seed: u64) -> (tempfile::TempDir, Vec<(String, String)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let (share, out) = (dir.path().join("share"), dir.path().join("out"));
+    std::fs::create_dir(&out).unwrap();
+    let names = ten_small_files(&share, seed);
+    let plan = FaultPlan {
+        flip_write,
+        ..FaultPlan::default()
+    };
+    let client = faulty_client(&share, plan).await;
+    let items = names
+        .iter()
+        .map(|n| SmallDownload {
+            src: n.clone(),
+            target: out.join(n),
+            size: 1000,
+        })
+        .collect();
+    let done = download_batch(&client, "data", items, &no_progress()).await;
+    let got = outcomes(done.into_iter().map(|(i, o)| (i.src, o)));
+    (dir, got)
+}
+
+/// One flipped bit in a batch's READ (upload) or WRITE (download) damages `f5` only:
+/// it is sent again and every file arrives; flipped every time, `f5` alone fails.
+async fn flip_batches(flip: Flip, bad: Option<&str>, seed: u64) {
+    let (dir, got) = upload_ten(flip, seed).await;
+    let (src, share) = (dir.path().join("src"), dir.path().join("share"));
+    assert_batch(&got, &src, &share, bad);
+    let (dir, got) = download_ten(flip, seed + 1).await;
+    let (share, out) = (dir.path().join("share"), dir.path().join("out"));
+    assert_batch(&got, &share, &out, bad);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_batch_sends_the_damaged_file_again() {
+    flip_batches(Flip::Nth(0), None, 20).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistent_batch_corruption_fails_only_the_damaged_file() {
+    flip_batches(Flip::Every, Some("f5"), 30).await;
 }

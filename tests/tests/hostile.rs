@@ -24,8 +24,9 @@ use ferry_client::Client;
 use ferry_common::chunk::{hash_chunk, manifest_id};
 use ferry_common::codec::{MAX_CTRL_FRAME_BYTES, MAX_REQUEST_FRAME_BYTES};
 use ferry_common::msg::{
-    ErrorKind, FileKind, Hello, MappedFile, Message, RegionDesc, RemoteError, Request, Response,
-    ServerStats, Welcome, DEFAULT_CHUNK_BYTES, MAX_NAME_BYTES, MAX_PATH_BYTES,
+    BatchFile, BatchedFile, ErrorKind, FileKind, Hello, MappedFile, Message, RegionDesc,
+    RemoteError, Request, Response, ServerStats, Timestamp, Welcome, BATCH_MAX_FILES,
+    DEFAULT_CHUNK_BYTES, MAX_NAME_BYTES, MAX_PATH_BYTES, SMALL_FILE_MAX_BYTES,
 };
 use ferry_common::proto::MAX_INFLIGHT_REQUESTS;
 use ferry_common::transport::tcp::wire::{Header, READ_REQ};
@@ -149,13 +150,20 @@ fn stat(path: &str) -> Request {
     }
 }
 
-/// The kind of an error response; panics on anything else.
+/// The kind of an error response, or of the error of a batch's only file or link;
+/// panics on anything else.
 #[track_caller]
-/// The error a request was refused with; for a `LinkBatch` of one link, the error of
-/// that link.
 fn error_kind(r: Response) -> ErrorKind {
     match r {
         Response::Error(e) => e.kind,
+        Response::UploadedBatch { results } if results.len() == 1 => match &results[0] {
+            Some(e) => e.kind,
+            None => panic!("expected the batch's file to fail, it was committed"),
+        },
+        Response::DownloadedBatch { files } if files.len() == 1 => match &files[0] {
+            BatchedFile::Err(e) => e.kind,
+            other => panic!("expected the batch's file to fail, got {other:?}"),
+        },
         Response::LinkedBatch { results } if results.len() == 1 => match &results[0] {
             Some(e) => e.kind,
             None => panic!("expected the link to fail, it was made"),
@@ -808,9 +816,13 @@ enum PathRequest {
     Remove,
     DiskUsage,
     Verify,
+    /// The path as the one file of an `UploadBatch` (empty, so no READ is needed) or
+    /// the one path of a `DownloadBatch`: its entry must carry the error.
+    UploadBatch,
+    DownloadBatch,
 }
 
-const EVERY_KIND: [PathRequest; 21] = [
+const EVERY_KIND: [PathRequest; 23] = [
     PathRequest::Stat { follow: true },
     PathRequest::Stat { follow: false },
     PathRequest::ListDir,
@@ -832,16 +844,40 @@ const EVERY_KIND: [PathRequest; 21] = [
     PathRequest::Remove,
     PathRequest::DiskUsage,
     PathRequest::Verify,
+    PathRequest::UploadBatch,
+    PathRequest::DownloadBatch,
 ];
 
 /// The kinds that follow a final symlink.
-const FOLLOWING: [PathRequest; 5] = [
+const FOLLOWING: [PathRequest; 6] = [
     PathRequest::Stat { follow: true },
     PathRequest::ListDir,
     PathRequest::DownloadOpen,
     PathRequest::MapOpen,
     PathRequest::Manifest,
+    PathRequest::DownloadBatch,
 ];
+
+/// A region of no bytes: an upload batch of empty files needs no READ.
+const NO_REGION: RegionDesc = RegionDesc {
+    addr: 0,
+    len: 0,
+    rkey: 0,
+};
+
+/// A file of an upload batch holding `data`.
+fn batch_file(path: &str, data: &[u8]) -> BatchFile {
+    BatchFile {
+        path: path.into(),
+        size: data.len() as u64,
+        mode: 0o640,
+        mtime: Timestamp {
+            secs: 1_500_000_000,
+            nanos: 0,
+        },
+        hash: hash_chunk(data),
+    }
+}
 
 impl PathRequest {
     fn on(self, share: &str, path: &str) -> Request {
@@ -944,6 +980,16 @@ impl PathRequest {
             },
             PathRequest::DiskUsage => Request::DiskUsage { share, path },
             PathRequest::Verify => Request::Verify { share, path },
+            PathRequest::UploadBatch => Request::UploadBatch {
+                share,
+                region: NO_REGION,
+                files: vec![batch_file(&path, b"")],
+            },
+            PathRequest::DownloadBatch => Request::DownloadBatch {
+                share,
+                paths: vec![path],
+                region: NO_REGION,
+            },
         }
     }
 }
@@ -1152,6 +1198,235 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
     log_line(&env, &[&peer, "path exceeds its limit"]);
 
     healthy.check(&env, "hostile paths");
+    assert_eq!(outside(&env), before, "something outside the share changed");
+    ferry_tests::assert_no_temp_files(&env.share(""));
+}
+
+/// The results of an `UploadedBatch` answer, as error kinds (`None`: committed).
+#[track_caller]
+fn batch_results(r: Response) -> Vec<Option<ErrorKind>> {
+    match r {
+        Response::UploadedBatch { results } => {
+            results.into_iter().map(|e| e.map(|e| e.kind)).collect()
+        }
+        other => panic!("expected an upload batch's results, got {other:?}"),
+    }
+}
+
+#[test]
+fn hostile_batches_fail_per_file_or_as_a_whole_and_never_escape() {
+    let env = Env::with_shares(&[(SHARE, false), ("ro", true)]);
+    plant_escapes(&env);
+    fs::create_dir(env.share("taken")).unwrap();
+    let before = outside(&env);
+    let healthy = Healthy::open(&env);
+    let mut raw = open_raw(&env, Stage::InSession);
+
+    // Good files next to hostile ones: each hostile one fails alone, the others land.
+    let (good, other, bad) = (b"good bytes".to_vec(), b"more".to_vec(), b"lies".to_vec());
+    let mut bytes = good.clone();
+    bytes.extend_from_slice(&other);
+    bytes.extend_from_slice(&bad);
+    bytes.extend_from_slice(&good);
+    let region = raw.offer(bytes.clone());
+    let mut damaged = batch_file("damaged", &bad);
+    damaged.hash = hash_chunk(b"something else");
+    let files = vec![
+        batch_file("sub/good", &good),
+        batch_file("../outside/canary", b""),
+        batch_file("abs-dir/new", b""),
+        batch_file("to-state/x", b""),
+        batch_file(".ferry-state/manifests/x", b""),
+        batch_file(".ferry-tmp.0123456789abcdef", b""),
+        batch_file("taken", &other),
+        damaged,
+        batch_file("sub/good", &good),
+    ];
+    let got = batch_results(raw.call(Request::UploadBatch {
+        share: SHARE.into(),
+        region,
+        files,
+    }));
+    use ErrorKind::{Integrity, InvalidPath, IsADirectory, OutsideShare};
+    assert_eq!(
+        got,
+        [
+            None,
+            Some(OutsideShare),
+            Some(OutsideShare),
+            Some(InvalidPath),
+            Some(InvalidPath),
+            Some(InvalidPath),
+            Some(IsADirectory),
+            Some(Integrity),
+            // The same name twice in one batch: the second is refused.
+            Some(InvalidPath),
+        ]
+    );
+    assert_eq!(fs::read(env.share("sub/good")).unwrap(), good);
+    assert_eq!(ferry_tests::mode_of(&env.share("sub/good")), 0o640);
+    assert_eq!(ferry_tests::mtime_of(&env.share("sub/good")), 1_500_000_000);
+    assert!(!env.share("damaged").exists());
+    assert!(env.share("taken").is_dir());
+
+    // Whole-batch refusals: typed errors, nothing written, the session goes on.
+    let call = |raw: &mut RawClient, share: &str, region, files| {
+        raw.call(Request::UploadBatch {
+            share: share.into(),
+            region,
+            files,
+        })
+    };
+    let region = raw.offer(good.clone());
+    let short = RegionDesc {
+        len: region.len - 1,
+        ..region
+    };
+    let cases: Vec<(&str, &str, RegionDesc, Vec<BatchFile>, ErrorKind)> = vec![
+        // Sizes that do not add up to the region's length, either way.
+        (
+            "sizes",
+            SHARE,
+            short,
+            vec![batch_file("x", &good)],
+            ErrorKind::Protocol,
+        ),
+        (
+            "sizes",
+            SHARE,
+            region,
+            vec![batch_file("x", b"go")],
+            ErrorKind::Protocol,
+        ),
+        ("no file", SHARE, NO_REGION, vec![], ErrorKind::Protocol),
+        // A region claiming more than the client registered, and a revoked rkey.
+        (
+            "out of bounds",
+            SHARE,
+            RegionDesc { len: 40, ..region },
+            vec![batch_file("x", &[7; 40])],
+            ErrorKind::Io,
+        ),
+        (
+            "revoked",
+            SHARE,
+            RegionDesc {
+                rkey: 0xdead_beef,
+                ..region
+            },
+            vec![batch_file("x", &good)],
+            ErrorKind::Io,
+        ),
+        (
+            "too large a file",
+            SHARE,
+            RegionDesc {
+                len: SMALL_FILE_MAX_BYTES + 1,
+                ..region
+            },
+            vec![batch_file("x", &vec![0; SMALL_FILE_MAX_BYTES as usize + 1])],
+            ErrorKind::Protocol,
+        ),
+        (
+            "too large a region",
+            SHARE,
+            RegionDesc {
+                len: 32 * SMALL_FILE_MAX_BYTES,
+                ..region
+            },
+            (0..32)
+                .map(|i| batch_file(&format!("x{i}"), &vec![0; SMALL_FILE_MAX_BYTES as usize]))
+                .collect(),
+            ErrorKind::Protocol,
+        ),
+        (
+            "read-only share",
+            "ro",
+            region,
+            vec![batch_file("x", &good)],
+            ErrorKind::ReadOnly,
+        ),
+    ];
+    for (what, share, region, files, expected) in cases {
+        assert_eq!(
+            error_kind(call(&mut raw, share, region, files)),
+            expected,
+            "{what}"
+        );
+    }
+    assert_eq!(entries(&env.share_dir("ro")), Vec::<String>::new());
+    assert!(!env.share("x").exists());
+
+    // Downloads: hostile paths fail alone; what cannot be written back fails the batch.
+    fs::write(env.share("empty"), b"").unwrap();
+    let down = |raw: &mut RawClient, paths: &[&str], region| {
+        raw.call(Request::DownloadBatch {
+            share: SHARE.into(),
+            paths: paths.iter().map(|p| p.to_string()).collect(),
+            region,
+        })
+    };
+    let paths = [
+        "empty",
+        "abs-file",
+        "rel-dir/canary",
+        "to-state/x",
+        "sub",
+        "missing",
+        "sub/good",
+    ];
+    // A region of no bytes: the empty file is included, the non-empty one is not.
+    match down(&mut raw, &paths, NO_REGION) {
+        Response::DownloadedBatch { files } => {
+            let kinds: Vec<String> = files
+                .iter()
+                .map(|f| match f {
+                    BatchedFile::Ok { attr, offset, .. } => format!("ok {} at {offset}", attr.size),
+                    BatchedFile::Err(e) => format!("{:?}", e.kind),
+                    BatchedFile::NotIncluded => "not included".into(),
+                })
+                .collect();
+            assert_eq!(
+                kinds,
+                [
+                    "ok 0 at 0",
+                    "OutsideShare",
+                    "OutsideShare",
+                    "InvalidPath",
+                    "IsADirectory",
+                    "NotFound",
+                    "not included"
+                ]
+            );
+        }
+        other => panic!("expected a download batch, got {other:?}"),
+    }
+    // The raw client refuses every WRITE, as a revoked region would.
+    let region = RegionDesc {
+        addr: 1 << 40,
+        len: 1 << 20,
+        rkey: 0xdead_beef,
+    };
+    assert_eq!(
+        error_kind(down(&mut raw, &["sub/good"], region)),
+        ErrorKind::Io
+    );
+
+    // More files than a batch may name does not even decode: that connection ends.
+    let peer = raw.local_addr();
+    raw.send(&Message::Request {
+        id: 1000,
+        body: Request::DownloadBatch {
+            share: SHARE.into(),
+            paths: vec!["p".into(); BATCH_MAX_FILES + 1],
+            region: NO_REGION,
+        },
+    });
+    assert!(raw.expect_closed().frames.is_empty());
+    log_line(&env, &[&peer, "files exceeds its limit"]);
+
+    healthy.check(&env, "hostile batches");
+    healthy.wait_settled(1);
     assert_eq!(outside(&env), before, "something outside the share changed");
     ferry_tests::assert_no_temp_files(&env.share(""));
 }

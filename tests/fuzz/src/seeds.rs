@@ -339,9 +339,31 @@ fn messages() -> Vec<(&'static str, Message)> {
             ),
         ),
         (
-            "req-link-batch",
+            "req-upload-batch",
             req(
                 23,
+                Request::UploadBatch {
+                    share: data(),
+                    region: region(7),
+                    files: vec![batch_file("a", 3), batch_file("dir/b", 4)],
+                },
+            ),
+        ),
+        (
+            "req-download-batch",
+            req(
+                24,
+                Request::DownloadBatch {
+                    share: data(),
+                    paths: vec![s("file"), s("dir/inner")],
+                    region: region(1 << 20),
+                },
+            ),
+        ),
+        (
+            "req-link-batch",
+            req(
+                25,
                 Request::LinkBatch {
                     share: data(),
                     links: vec![
@@ -537,9 +559,38 @@ fn messages() -> Vec<(&'static str, Message)> {
             ),
         ),
         (
-            "resp-linked-batch",
+            "resp-uploaded-batch",
             resp(
                 17,
+                Response::UploadedBatch {
+                    results: vec![
+                        None,
+                        Some(RemoteError::new(ErrorKind::Integrity, "data/b: damaged")),
+                    ],
+                },
+            ),
+        ),
+        (
+            "resp-downloaded-batch",
+            resp(
+                18,
+                Response::DownloadedBatch {
+                    files: vec![
+                        BatchedFile::Ok {
+                            attr: attr(FileKind::File, None),
+                            offset: 0,
+                            hash: [8; 32],
+                        },
+                        BatchedFile::Err(RemoteError::new(ErrorKind::NotFound, "data/x")),
+                        BatchedFile::NotIncluded,
+                    ],
+                },
+            ),
+        ),
+        (
+            "resp-linked-batch",
+            resp(
+                19,
                 Response::LinkedBatch {
                     results: vec![
                         None,
@@ -552,6 +603,16 @@ fn messages() -> Vec<(&'static str, Message)> {
             ),
         ),
     ]
+}
+
+fn batch_file(path: &str, size: u64) -> BatchFile {
+    BatchFile {
+        path: s(path),
+        size,
+        mode: 0o640,
+        mtime: ts(1_600_000_000),
+        hash: [3; 32],
+    }
 }
 
 fn frame(header: Header, payload: &[u8], out: &mut Vec<u8>) {
@@ -977,6 +1038,57 @@ fn request_sequences() -> Vec<Seed> {
                     },
                 ),
                 r(F_DATA, stat("file", true)),
+            ],
+        ),
+        sequence(
+            "batches",
+            &[
+                r(
+                    F_DATA | F_REGION | F_HASHES,
+                    Request::UploadBatch {
+                        share: d.clone(),
+                        region: region(0),
+                        files: vec![
+                            batch_file("small", 3000),
+                            batch_file("dir/small", 10),
+                            batch_file("escape", 5),
+                            batch_file("dir", 1),
+                            batch_file(".ferry-state/x", 1),
+                            batch_file("small", 2),
+                        ],
+                    },
+                ),
+                r(
+                    F_DATA | F_REGION,
+                    Request::DownloadBatch {
+                        share: d.clone(),
+                        paths: vec![
+                            s("small"),
+                            s("dir/small"),
+                            s("link"),
+                            s("dir"),
+                            s("escape"),
+                            s("missing"),
+                        ],
+                        region: region(0),
+                    },
+                ),
+                r(
+                    F_RO | F_REGION | F_HASHES,
+                    Request::UploadBatch {
+                        share: s("ro"),
+                        region: region(0),
+                        files: vec![batch_file("new", 1)],
+                    },
+                ),
+                r(
+                    F_DATA,
+                    Request::UploadBatch {
+                        share: d.clone(),
+                        region: region(5),
+                        files: vec![batch_file("sum-mismatch", 4)],
+                    },
+                ),
             ],
         ),
         sequence(

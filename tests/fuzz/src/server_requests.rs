@@ -38,12 +38,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use ferry_common::auth::{Nonce, Secret};
-use ferry_common::chunk::{hash_chunks, manifest_id};
+use ferry_common::chunk::{hash_chunk, hash_chunks, manifest_id};
 use ferry_common::codec;
 use ferry_common::journal::read_journal;
 use ferry_common::msg::{
-    Attr, Hello, Message, Request, Response, Sha256, DEFAULT_CHUNK_BYTES, HELLO_MAGIC,
-    PROTOCOL_VERSION,
+    Attr, BatchedFile, Hello, Message, Request, Response, Sha256, DEFAULT_CHUNK_BYTES,
+    HELLO_MAGIC, PROTOCOL_VERSION, SMALL_FILE_MAX_BYTES,
 };
 use ferry_common::path::components;
 use ferry_common::staging::{JOURNAL_SUFFIX, PART_SUFFIX};
@@ -313,6 +313,26 @@ impl World {
         match resp {
             Response::Attr(a) | Response::DownloadOpened { attr: a, .. } => attr_ok(a),
             Response::Mapped(m) => attr_ok(&m.attr),
+            Response::DownloadedBatch { files } => {
+                for f in files {
+                    match f {
+                        BatchedFile::Ok { attr, .. } => attr_ok(attr),
+                        BatchedFile::Err(e) => assert!(
+                            !e.message.contains(&*base),
+                            "{req:?}: an error names the server's paths: {e:?}"
+                        ),
+                        BatchedFile::NotIncluded => {}
+                    }
+                }
+            }
+            Response::UploadedBatch { results } => {
+                for e in results.iter().flatten() {
+                    assert!(
+                        !e.message.contains(&*base),
+                        "{req:?}: an error names the server's paths: {e:?}"
+                    );
+                }
+            }
             Response::Dir { entries, .. } => {
                 let at_root = matches!(req, Request::ListDir { path, .. } if path.trim_matches('/').is_empty());
                 for e in entries {
@@ -477,6 +497,7 @@ impl Client<'_> {
             | Request::Remove { share, .. }
             | Request::DiskUsage { share, .. }
             | Request::Verify { share, .. }
+            | Request::DownloadBatch { share, .. }
             | Request::LinkBatch { share, .. }
             | Request::StatFs { share } => match flags & (F_DATA | F_RO) {
                 F_DATA => *share = "data".into(),
@@ -513,6 +534,36 @@ impl Client<'_> {
                 transfer, region, ..
             } => {
                 latest(transfer, self.last_download);
+                if flags & F_REGION != 0 {
+                    *region = self.dst.desc();
+                }
+            }
+            Request::UploadBatch {
+                share,
+                region,
+                files,
+            } => {
+                match flags & (F_DATA | F_RO) {
+                    F_DATA => *share = "data".into(),
+                    F_RO => *share = "ro".into(),
+                    _ => {}
+                }
+                if flags & F_REGION != 0 {
+                    // Small files back to back in the source buffer, as many as fit.
+                    let mut offset = 0u64;
+                    for f in files.iter_mut() {
+                        f.size %= (SMALL_FILE_MAX_BYTES + 1).min(BUFFER_BYTES as u64 - offset + 1);
+                        if flags & F_HASHES != 0 {
+                            let (start, end) = (offset as usize, (offset + f.size) as usize);
+                            f.hash = hash_chunk(&self.world.src_bytes[start..end]);
+                        }
+                        offset += f.size;
+                    }
+                    *region = self.src.desc();
+                    region.len = offset;
+                }
+            }
+            Request::DownloadBatch { region, .. } => {
                 if flags & F_REGION != 0 {
                     *region = self.dst.desc();
                 }

@@ -35,12 +35,14 @@ use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::msg::RegionDesc;
+use crate::transport::sys::mem::FileWindow;
 use crate::transport::sys::verbs::{self, CmId, Cq, EventChannel, Mr, Pd, Qp, RdmaOp, Ring};
 use crate::transport::Access;
 use crate::transport::{
     AccessFault, Memory, Op, Registration, RemoteSlice, Transport, TransportError, TransportKind,
 };
 
+mod copies;
 mod driver;
 pub mod flow;
 mod setup;
@@ -133,6 +135,11 @@ struct Shared {
     ctrl: Mutex<CtrlState>,
     /// Live registrations (for leak checks).
     registrations: AtomicUsize,
+    /// File windows are registered as copies (set after the kernel refused to pin a
+    /// file mapping: Linux < 6.2).
+    copy_file_windows: AtomicBool,
+    /// Buffers for those copies.
+    copies: copies::WindowCopies,
     pending: Mutex<HashMap<u64, Pending>>,
     cq: Arc<Cq>,
     pd: Arc<Pd>,
@@ -329,6 +336,24 @@ impl Drop for Rdma {
     }
 }
 
+impl Rdma {
+    /// Registers a copy of `window` (a pooled anonymous buffer) in its place.
+    fn register_copy(
+        &self,
+        window: &FileWindow,
+        access: Access,
+    ) -> Result<(Memory, Arc<Mr>), TransportError> {
+        let copy = Memory::Buffer(self.shared.copies.copy_of(window).map_err(|source| {
+            TransportError::Io {
+                op: "copy a file window for registration",
+                source,
+            }
+        })?);
+        let mr = Mr::register(&self.shared.pd, copy.clone(), access).map_err(memlock_hint)?;
+        Ok((copy, mr))
+    }
+}
+
 #[async_trait]
 impl Transport for Rdma {
     fn kind(&self) -> TransportKind {
@@ -344,30 +369,31 @@ impl Transport for Rdma {
     }
 
     fn register(&self, memory: Memory, access: Access) -> Result<Registration, TransportError> {
-        let (memory, mr) = match Mr::register(&self.shared.pd, memory.clone(), access) {
-            Ok(mr) => (memory, mr),
-            Err(TransportError::Io { source, .. })
-                if source.raw_os_error() == Some(nix::libc::EFAULT) =>
-            {
-                // Linux < 6.2 pins every registration for writing, which a shared
-                // read-only file mapping refuses; a private mapping of the same window
-                // is pinned by copying instead (see `FileWindow::map_private`).
-                let Memory::File(window) = &memory else {
-                    return Err(TransportError::Io {
-                        op: "ibv_reg_mr",
-                        source,
-                    });
-                };
-                let private =
-                    Memory::File(window.map_private().map_err(|source| TransportError::Io {
-                        op: "map a private copy of a file window",
-                        source,
-                    })?);
-                let mr =
-                    Mr::register(&self.shared.pd, private.clone(), access).map_err(memlock_hint)?;
-                (private, mr)
-            }
-            Err(e) => return Err(memlock_hint(e)),
+        let copy_files = self.shared.copy_file_windows.load(Ordering::Relaxed);
+        let (memory, mr) = match &memory {
+            Memory::File(window) if copy_files => self.register_copy(window, access)?,
+            _ => match Mr::register(&self.shared.pd, memory.clone(), access) {
+                Ok(mr) => (memory, mr),
+                Err(TransportError::Io { source, .. })
+                    if source.raw_os_error() == Some(nix::libc::EFAULT) =>
+                {
+                    // Linux < 6.2 pins every registration for writing, which a shared
+                    // read-only file mapping refuses: from now on this connection
+                    // registers copies of file windows (see `copies`).
+                    let Memory::File(window) = &memory else {
+                        return Err(TransportError::Io {
+                            op: "ibv_reg_mr",
+                            source,
+                        });
+                    };
+                    self.shared.copy_file_windows.store(true, Ordering::Relaxed);
+                    tracing::debug!(
+                        "file mappings cannot be pinned here (Linux < 6.2); registering copies"
+                    );
+                    self.register_copy(window, access)?
+                }
+                Err(e) => return Err(memlock_hint(e)),
+            },
         };
         let rkey = mr.rkey();
         let desc = RegionDesc {

@@ -201,6 +201,8 @@ impl Resources {
                 peer_closed: false,
             }),
             registrations: AtomicUsize::new(0),
+            copy_file_windows: AtomicBool::new(false),
+            copies: Default::default(),
             pending: Mutex::new(Default::default()),
             cq: self.cq,
             pd: self.pd,

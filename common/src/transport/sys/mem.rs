@@ -31,8 +31,7 @@ use tokio::sync::{
 pub struct FileWindow {
     map: Mmap,
     offset: u64,
-    /// A duplicate of the mapped file's descriptor, for [`FileWindow::map_private`] and
-    /// [`FileWindow::read_at`].
+    /// A duplicate of the mapped file's descriptor, for [`FileWindow::read_at`].
     file: File,
 }
 
@@ -74,29 +73,6 @@ impl FileWindow {
             map,
             offset,
             file: file.try_clone()?,
-        }))
-    }
-
-    /// The same window mapped private (copy-on-write) and read-only.
-    ///
-    /// For verbs on Linux < 6.2, whose pinning of any registration asks for write
-    /// access (`FOLL_WRITE | FOLL_FORCE`): a shared read-only mapping refuses that with
-    /// EFAULT, while a private one is pinned by copying its pages — a snapshot of the
-    /// window taken at registration, which the chunk hashes still verify.
-    pub fn map_private(&self) -> std::io::Result<Arc<FileWindow>> {
-        // SAFETY: as in `map`; the mapping is private and read-only, so no Rust
-        // reference aliases a writable view, and its pages are never written through.
-        let map = unsafe {
-            MmapOptions::new()
-                .offset(self.offset)
-                .len(self.map.len())
-                .populate()
-                .map_copy_read_only(&self.file)?
-        };
-        Ok(Arc::new(FileWindow {
-            map,
-            offset: self.offset,
-            file: self.file.try_clone()?,
         }))
     }
 
@@ -268,6 +244,25 @@ impl Buffer {
             guard: self.data.blocking_write(),
             len: self.len,
         }
+    }
+
+    /// Copies all of `window` into the buffer's first bytes with `pread(2)` (so a file
+    /// that shrank fails here rather than raising SIGBUS). For a buffer nobody else
+    /// uses: fails with [`std::io::ErrorKind::WouldBlock`] if its lock is held, and with
+    /// [`std::io::ErrorKind::InvalidInput`] if the window is longer than the buffer.
+    pub fn fill_from(&self, window: &FileWindow) -> std::io::Result<()> {
+        use std::io::{Error, ErrorKind};
+        if window.len() > self.len {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "file window longer than the buffer",
+            ));
+        }
+        let mut guard = self
+            .data
+            .try_write()
+            .map_err(|_| Error::new(ErrorKind::WouldBlock, "buffer in use"))?;
+        window.read_at(0, &mut guard[..window.len()])
     }
 
     /// Address of the first byte in this process; stable for the buffer's lifetime.

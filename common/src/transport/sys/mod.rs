@@ -2,6 +2,8 @@
 //! foreign interfaces Ferry needs.
 //!
 //! - [`mem`]: file mappings and anonymous buffers (memmap2), and the SIGBUS reporter.
+//! - [`flush`]: starting a file's writeback (`sync_file_range`), for batched small
+//!   files.
 //! - `verbs` (feature `rdma`): RAII wrappers over libibverbs and librdmacm (rdma-sys).
 //!
 //! Every `unsafe` block carries a `// SAFETY:` comment stating why the call is sound.
@@ -9,6 +11,7 @@
 //! denied workspace-wide and only allowed here).
 #![allow(unsafe_code)]
 
+pub mod flush;
 pub mod mem;
 
 #[cfg(feature = "rdma")]

@@ -1,0 +1,467 @@
+"""Helpers of bench/run: timing, test data, parsers, and the report.
+
+Subcommands (python3 bench/lib/bench.py CMD ARGS...):
+
+  run LIMIT_S OUT_FILE ERR_FILE -- CMD...
+      run CMD (stdout to OUT_FILE, stderr to ERR_FILE) within LIMIT_S seconds; print
+      "SECONDS SECONDS_WITH_SYNC" (monotonic clock; the second also covers a sync(2)
+      right after CMD). On failure print a one-line reason and exit 3.
+  port                      a TCP port on 127.0.0.1 that is free now
+  mktree DIR DIRS FILES SIZE  DIRS directories of FILES random files of SIZE bytes
+  change DIR                change one byte of every 100th file (1 %), keeping sizes
+  treesum DIR               SHA-256 over the relative names and contents of the tree
+  fio JSON                  "p50_us p99_us iops" of fio's single job
+  iperf JSON                bytes/s the iperf3 receiver got
+  field JSON KEY...         a value of rcp's --json output (KEY path into the object)
+  report WORK OUT_BASE README  the markdown table, JSON and PNG chart of a run
+
+bench/run records every measurement as one line of WORK/results.tsv:
+ROW<TAB>TOOL<TAB>KIND<TAB>VALUE, KIND one of v (a value, in the row's unit), fail
+(VALUE is the reason), skip (VALUE is why it was not run); and the run's facts as
+KEY<TAB>VALUE lines of WORK/meta.tsv. report reads both.
+"""
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+
+def run_timed(argv):
+    limit, out, err, sep, cmd = float(argv[0]), argv[1], argv[2], argv[3], argv[4:]
+    assert sep == "--" and cmd
+    with open(out, "wb") as fo, open(err, "wb") as fe:
+        t0 = time.monotonic()
+        p = subprocess.Popen(cmd, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+        try:
+            rc = p.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            print(f"timed out after {limit:.0f} s")
+            sys.exit(3)
+        t1 = time.monotonic()
+        os.sync()
+        t2 = time.monotonic()
+    if rc != 0:
+        with open(err, "rb") as f:
+            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines()]
+        last = next((ln for ln in reversed(lines) if ln), "")
+        why = f"exit {rc}" + (f": {last}" if last else "")
+        print(why.replace("\t", " ")[:160])
+        sys.exit(3)
+    print(f"{t1 - t0:.6f} {t2 - t0:.6f}")
+
+
+def free_port(_argv):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    print(s.getsockname()[1])
+    s.close()
+
+
+def mktree(argv):
+    root, dirs, files, size = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
+    rng = random.Random(7)
+    for d in range(dirs):
+        p = os.path.join(root, f"d{d:03}")
+        os.makedirs(p, exist_ok=True)
+        for i in range(files):
+            with open(os.path.join(p, f"f{i:04}"), "wb") as f:
+                f.write(rng.randbytes(size))
+
+
+def all_files(root):
+    return sorted(os.path.join(r, n) for r, _, ns in os.walk(root) for n in ns)
+
+
+def change(argv):
+    for p in all_files(argv[0])[::100]:
+        with open(p, "r+b") as f:
+            b = f.read(1)
+            f.seek(0)
+            f.write(bytes([b[0] ^ 0xFF]) if b else b"x")
+
+
+def treesum(argv):
+    root = argv[0]
+    h = hashlib.sha256()
+    for r, ds, ns in os.walk(root):
+        ds.sort()
+        for n in sorted(ds + ns):
+            p = os.path.join(r, n)
+            h.update(os.path.relpath(p, root).encode() + b"\0")
+            if os.path.islink(p):
+                h.update(b"L" + os.readlink(p).encode() + b"\0")
+            elif os.path.isfile(p):
+                with open(p, "rb") as f:
+                    h.update(hashlib.sha256(f.read()).digest())
+    print(h.hexdigest())
+
+
+def load_json(path):
+    with open(path) as f:
+        text = f.read()
+    return json.loads(text[text.index("{"):])  # tools may print warnings first
+
+
+def fio(argv):
+    job = load_json(argv[0])["jobs"][0]
+    if job.get("error", 0):
+        sys.exit(f"fio job error {job['error']}")
+    rd = job["read"]
+    if rd["total_ios"] <= 0:
+        sys.exit("fio completed no reads")
+    # lat = submission + completion; for psync, the whole pread().
+    lat = rd.get("lat_ns", {}).get("percentile") or rd["clat_ns"]["percentile"]
+    p = {float(k): v for k, v in lat.items()}
+    print(f"{p[50.0] / 1e3:.3f} {p[99.0] / 1e3:.3f} {rd['iops']:.3f}")
+
+
+def iperf(argv):
+    doc = load_json(argv[0])
+    if "error" in doc:
+        sys.exit(f"iperf3: {doc['error']}")
+    s = doc["end"]["sum_received"]
+    print(f"{s['bytes'] / s['seconds']:.1f}")
+
+
+def field(argv):
+    v = load_json(argv[0])
+    for k in argv[1:]:
+        v = v[int(k)] if isinstance(v, list) else v[k]
+    print(v)
+
+
+# --- the report ---------------------------------------------------------------
+
+PEERS = [("rsync", "rsync daemon"), ("scp", "scp"), ("sshfs", "sshfs"),
+         ("ceiling", "ceiling (iperf3 / perftest)")]
+TOOL_NAMES = dict(PEERS, ferry="Ferry")
+HIGHER, LOWER = "higher", "lower"
+
+
+def small_label(meta):
+    return f"{int(meta['small_n']):,} files of 4 KiB"
+
+
+def rows(meta):
+    size, small = meta["size_label"], small_label(meta)
+    g = "≥ {:g}× {}".format
+    return [
+        # id, job, unit, better, target: (peer, factor; None: no target, ratio shown)
+        # or ("abs", "le", limit): an absolute limit, ratio against sshfs
+        ("upload", f"upload one {size} file", "GB/s", HIGHER, ("rsync", 2.0), g(2, "rsync daemon")),
+        ("download", f"download one {size} file", "GB/s", HIGHER, ("rsync", 2.0), g(2, "rsync daemon")),
+        ("small_up", f"upload {small}", "files/s", HIGHER, ("rsync", 3.0), g(3, "rsync daemon")),
+        ("small_down", f"download {small}", "files/s", HIGHER, ("rsync", 3.0), g(3, "rsync daemon")),
+        ("fuse_seq", f"FUSE sequential read, {size}", "MB/s", HIGHER, ("sshfs", 5.0), g(5, "sshfs")),
+        ("fuse_iops", "FUSE 4 KiB random read QD1", "IOPS", HIGHER, ("sshfs", 3.0), g(3, "sshfs")),
+        ("fuse_p50", "FUSE 4 KiB random read QD1, p50", "µs", LOWER, ("abs", "le", 60.0), "≤ 60 µs"),
+        ("fuse_p99", "FUSE 4 KiB random read QD1, p99", "µs", LOWER, ("sshfs", None), "—"),
+        ("backup_inc", f"incremental backup, {small}, 1 % changed", "s", LOWER,
+         ("rsync", 1.0), "faster than rsync"),
+        ("backup_full", f"full backup, {small}", "s", LOWER, ("rsync", None), "—"),
+        ("rdma_up", "rcp upload over Soft-RoCE (server RDMA READ)", "MiB/s", HIGHER,
+         ("ceiling", 0.8), "≥ 80% of ib_read_bw"),
+        ("rdma_down", "rcp download over Soft-RoCE (server RDMA WRITE)", "MiB/s", HIGHER,
+         ("ceiling", 0.8), "≥ 80% of ib_write_bw"),
+    ]
+
+
+SYNC_ROWS = ["upload", "download", "small_up", "small_down", "backup_inc", "backup_full"]
+
+
+def fmt(v, unit):
+    if v is None:
+        return "—"
+    if unit in ("files/s", "IOPS"):
+        return f"{v:,.0f}"
+    if unit == "GB/s":
+        return f"{v:.3f}"
+    if unit == "s":
+        return f"{v:.2f}"
+    return f"{v:,.1f}"
+
+
+def load(work):
+    meta, res = {}, {}
+    with open(os.path.join(work, "meta.tsv")) as f:
+        for line in f:
+            k, _, v = line.rstrip("\n").partition("\t")
+            meta[k] = v
+    path = os.path.join(work, "results.tsv")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                row, tool, kind, value = line.rstrip("\n").split("\t", 3)
+                cell = res.setdefault(row, {}).setdefault(tool, {"values": []})
+                if kind == "v":
+                    cell["values"].append(float(value))
+                else:
+                    cell[kind] = value
+    for tools in res.values():
+        for cell in tools.values():
+            vals = cell["values"]
+            cell["median"] = statistics.median(vals) if vals else None
+    return meta, res
+
+
+def better(a, b, direction):
+    """a / b as a speed-up of a over b (> 1: a is better)."""
+    if a is None or b is None or a <= 0 or b <= 0:
+        return None
+    return a / b if direction == HIGHER else b / a
+
+
+def evaluate(meta, res):
+    """One dict per table row: the cells and the verdict."""
+    out = []
+    reps = int(meta["reps"])
+    for rid, job, unit, direction, target, target_text in rows(meta):
+        tools = res.get(rid, {})
+        if not tools:
+            continue
+
+        def cell(tool):
+            c = tools.get(tool)
+            if c is None:
+                return "—", None
+            if c["median"] is not None:
+                n = len(c["values"])
+                return fmt(c["median"], unit) + (f" (n={n})" if n < reps else ""), c["median"]
+            if "fail" in c:
+                return "failed: " + c["fail"].replace("|", "/"), None
+            return c.get("skip", "—"), None
+
+        ferry_text, ferry = cell("ferry")
+        cells = {t: cell(t) for t, _ in PEERS}
+        best = None
+        for t in ("rsync", "scp", "sshfs"):
+            v = cells[t][1]
+            if v is not None and (best is None or (better(v, best[1], direction) or 0) > 1):
+                best = (t, v)
+        ratio, met, ratio_text = None, None, "—"
+        if target and target[0] == "abs":
+            met = None if ferry is None else ferry <= target[2]
+            ratio = better(ferry, cells["sshfs"][1], direction)
+            if ratio is not None:
+                ratio_text = f"{ratio:.2f}× sshfs"
+        elif target:
+            peer, factor = target
+            ratio = better(ferry, cells[peer][1], direction)
+            if ratio is not None:
+                if factor is not None:
+                    met = ratio > factor if factor == 1.0 else ratio >= factor
+                ratio_text = f"{ratio:.0%}" if peer == "ceiling" else f"{ratio:.2f}×"
+        out.append({
+            "id": rid, "job": job, "unit": unit, "better": direction, "target": target_text,
+            "ferry": ferry, "ferry_text": ferry_text,
+            "peers": {t: {"text": cells[t][0], "median": cells[t][1]} for t, _ in PEERS},
+            "best_peer": None if best is None else TOOL_NAMES[best[0]],
+            "best_text": "—" if best is None else f"{TOOL_NAMES[best[0]]} {fmt(best[1], unit)}",
+            "ratio": ratio, "ratio_text": ratio_text,
+            "met": met, "met_text": {True: "yes", False: "**no**", None: "—"}[met],
+        })
+    return out
+
+
+def markdown_table(table):
+    head = ["job", "unit", "Ferry"] + [name for _, name in PEERS] + \
+        ["best peer", "Ferry vs target", "target", "met?"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (1 + len(PEERS)) + "---|---:|---|---|"]
+    for r in table:
+        cells = [r["job"], r["unit"], r["ferry_text"]] + [r["peers"][t]["text"] for t, _ in PEERS] + \
+            [r["best_text"], r["ratio_text"], r["target"], r["met_text"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def sync_table(meta, res):
+    units = {rid: unit for rid, _, unit, *_ in rows(meta)}
+    jobs = {rid: job for rid, job, *_ in rows(meta)}
+    lines = []
+    for rid in SYNC_ROWS:
+        tools = res.get(rid + ".sync")
+        if not tools:
+            continue
+        cells = []
+        for t in ("ferry", "rsync", "scp"):
+            c = tools.get(t)
+            cells.append("—" if c is None or c["median"] is None else fmt(c["median"], units[rid]))
+        lines.append(f"| {jobs[rid]} + sync | {units[rid]} | " + " | ".join(cells) + " |")
+    if not lines:
+        return ""
+    return "\n".join(["| job | unit | Ferry | rsync daemon | scp |", "|---|---|---:|---:|---:|"] + lines)
+
+
+def header(meta):
+    m = meta
+    return "\n".join([
+        f"# Ferry benchmark, {m['date']}",
+        "",
+        f"- command: `{m['command']}` ({m['mode']}); median of {m['reps']} run(s) per job;"
+        f" took {m['elapsed_s']} s of its {m['budget_s']} s budget",
+        f"- host: {m['cpu']}, {m['cores']} cores, {m['ram']} RAM; kernel {m['kernel']};"
+        f" temp dir on {m['fs']}",
+        f"- ferry {m['ferry_version']} ({m['bin_dir']}), transport tcp on 127.0.0.1;"
+        f" {m['rsync_version']}; {m['ssh_version']}; sshfs {m['sshfs_version']};"
+        f" iperf3 {m['iperf3_version']}; fio {m['fio_version']}",
+        f"- data: one {m['size_label']} file of random bytes, the same file for every tool"
+        f" (all servers export one directory); {small_label(m)} in {m['small_dirs']} directories;"
+        f" fio {m['fio_s']} s per run",
+        f"- page cache: {m['cache']}",
+        "- every destination is removed (and synced) before each run; every copy is compared"
+        " with its source (cmp, or SHA-256 of the tree) in the first run, sizes in the others",
+        "- times are the tool's command alone: ferryd fsyncs each file before renaming it into"
+        " place, rsync and scp do not; the same runs timed with a `sync` after the tool are in"
+        " the second table",
+        "- peers: rsync daemon (`rsync -W` for one file, `-a` for trees, `--link-dest` for"
+        " backups) on 127.0.0.1, scp and sshfs to a private sshd on 127.0.0.1 (cipher "
+        f"{m['cipher']}), iperf3 `-l 1M` (`-R` for download) as the raw TCP ceiling;"
+        " best peer leaves out the ceiling",
+        "- Ferry vs target: Ferry's speed-up over the issue's target peer (> 1× is faster;"
+        " for times and latencies the peer's value / Ferry's)",
+    ] + [f"- {n}" for n in m.get("notes", "").split("\x1f") if n])
+
+
+def chart(work, out_png, meta, table):
+    gnuplot = shutil.which("gnuplot")
+    if gnuplot is None:
+        return "gnuplot not installed: no chart"
+    short = {"upload": "upload", "download": "download", "small_up": "small files\\nupload",
+             "small_down": "small files\\ndownload", "fuse_seq": "FUSE\\nsequential read",
+             "fuse_iops": "FUSE 4 KiB\\nrandom read", "backup_inc": "incremental\\nbackup",
+             "backup_full": "full\\nbackup", "rdma_up": "Soft-RoCE\\nupload",
+             "rdma_down": "Soft-RoCE\\ndownload"}
+    thr = [r for r in table if r["id"] in short and r["ferry"] is not None]
+    series = ["ferry", "rsync", "scp", "sshfs", "ceiling"]
+    dat = os.path.join(work, "throughput.dat")
+    with open(dat, "w") as f:
+        f.write("# job " + " ".join(series) + " target\n")
+        for r in thr:
+            ref_tool = {"fuse_seq": "sshfs", "fuse_iops": "sshfs",
+                        "rdma_up": "ceiling", "rdma_down": "ceiling"}.get(r["id"], "rsync")
+            ref = r["peers"][ref_tool]["median"]
+            vals = [r["ferry"]] + [r["peers"][t]["median"] for t in series[1:]]
+            norm = [better(v, ref, r["better"]) if v is not None else None for v in vals]
+            if ref_tool == "ceiling":
+                norm = [None if v is None or not ref else v / ref for v in vals]
+            factor = {"upload": 2, "download": 2, "small_up": 3, "small_down": 3, "fuse_seq": 5,
+                      "fuse_iops": 3, "backup_inc": 1, "rdma_up": 0.8, "rdma_down": 0.8}.get(r["id"])
+            label = f"{short[r['id']]}\\nFerry {fmt(r['ferry'], r['unit'])} {r['unit']}"
+            cells = ["NaN" if v is None else f"{v:.4f}" for v in norm]
+            f.write(f'"{label}" ' + " ".join(cells) + f" {factor if factor else 'NaN'}\n")
+    lat = os.path.join(work, "latency.dat")
+    with open(lat, "w") as f:
+        f.write("# percentile ferry sshfs\n")
+        for rid, name in (("fuse_p50", "p50"), ("fuse_p99", "p99")):
+            r = next((x for x in table if x["id"] == rid), None)
+            if r is None:
+                continue
+            v = [r["ferry"], r["peers"]["sshfs"]["median"]]
+            f.write(f"{name} " + " ".join("NaN" if x is None else f"{x:.2f}" for x in v) + "\n")
+    gp = os.path.join(work, "chart.gp")
+    with open(gp, "w") as f:
+        f.write(f"""
+set terminal pngcairo size 1800,760 font "sans,10"
+set output "{out_png}"
+set datafile missing "NaN"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set key top left
+set grid ytics
+set tmargin 4
+set multiplot layout 1,2 title "Ferry vs its peers on loopback, {meta['date']} ({meta['cores']} cores, {meta['mode']})"
+set size 0.7,1
+set origin 0,0
+set title "speed relative to the issue's target peer (= 1; rsync daemon, sshfs, or the verbs ceiling for RDMA); higher is better"
+set logscale y
+set yrange [0.05:50]
+set bmargin 5
+set xtics font "sans,9"
+plot "{dat}" using 2:xtic(1) title "Ferry" lc rgb "#1f77b4", \\
+     "" using 7 title "target" fs pattern 4 lc rgb "#2ca02c", \\
+     "" using 3 title "rsync daemon" lc rgb "#ff7f0e", \\
+     "" using 4 title "scp" lc rgb "#d62728", \\
+     "" using 5 title "sshfs" lc rgb "#9467bd", \\
+     "" using 6 title "ceiling (iperf3 / perftest)" lc rgb "#7f7f7f"
+set size 0.3,1
+set origin 0.7,0
+set title "FUSE 4 KiB random read QD1 latency, µs; lower is better"
+set yrange [1:*]
+set arrow 1 from graph 0, first 60 to graph 1, first 60 nohead dt 2 lc rgb "#2ca02c" lw 2
+set label 1 "p50 target 60 µs" at graph 0.02, first 48 tc rgb "#2ca02c" front
+plot "{lat}" using 2:xtic(1) title "ferry-mount" lc rgb "#1f77b4", \\
+     "" using 3 title "sshfs" lc rgb "#9467bd"
+unset multiplot
+""")
+    p = subprocess.run([gnuplot, gp], capture_output=True, text=True)
+    if p.returncode != 0:
+        return "gnuplot failed: " + p.stderr.strip()[-300:]
+    return None
+
+
+def replace_block(readme, block):
+    begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"
+    with open(readme) as f:
+        text = f.read()
+    i, j = text.find(begin), text.find(end)
+    if i < 0 or j < i:
+        return f"{readme} has no {begin} ... {end} markers"
+    with open(readme, "w") as f:
+        f.write(text[:i + len(begin)] + "\n" + block + "\n" + text[j:])
+    return None
+
+
+def report(argv):
+    work, out_base, readme = argv[0], argv[1], argv[2]
+    meta, res = load(work)
+    table = evaluate(meta, res)
+    md = [header(meta), "", markdown_table(table)]
+    st = sync_table(meta, res)
+    if st:
+        md += ["", "The copy jobs again, each run timed until a `sync` after the tool returned"
+               " (what ferryd's fsyncs cost the others):", "", st]
+    md_text = "\n".join(md) + "\n"
+    print(md_text)
+    if out_base == "-":
+        return
+    with open(out_base + ".md", "w") as f:
+        f.write(md_text)
+    with open(out_base + ".json", "w") as f:
+        json.dump({"meta": meta, "rows": table, "raw": res}, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    problem = chart(work, out_base + ".png", meta, table)
+    if problem:
+        print(f"[bench] warning: {problem}", file=sys.stderr)
+    if readme != "-":
+        name = os.path.basename(out_base)
+        block = "\n".join([
+            f"Measured by `bench/run` on {meta['date']}: {meta['cpu']}, {meta['cores']} cores,"
+            f" kernel {meta['kernel']}; median of {meta['reps']} runs, everything on 127.0.0.1,"
+            f" page cache {meta['cache'].split(':')[0]}. Full report with versions and notes:"
+            f" [bench/results/{name}.md](bench/results/{name}.md).",
+            "",
+            markdown_table(table),
+            "",
+            "![Ferry vs its peers](bench/results/latest.png)" if not problem else "",
+        ])
+        why = replace_block(readme, block)
+        if why:
+            sys.exit(f"[bench] ERROR: {why}")
+
+
+if __name__ == "__main__":
+    {"run": run_timed, "port": free_port, "mktree": mktree, "change": change,
+     "treesum": treesum, "fio": fio, "iperf": iperf, "field": field,
+     "report": report}[sys.argv[1]](sys.argv[2:])

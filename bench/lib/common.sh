@@ -1,0 +1,129 @@
+# shellcheck shell=bash
+# Shared by bench/run and bench/lib/*.sh (sourced): logging, processes started in
+# the background and stopped by PID, mounts, the time budget, result records.
+#
+# The caller sets WORK (the scratch directory; logs in $WORK/logs) and BENCH_PY.
+
+log() { echo "[bench] $*" >&2; }
+warn() { echo "[bench] warning: $*" >&2; }
+# die MESSAGE: show the tail of every service log, then exit 1 (the EXIT trap cleans up).
+die() {
+    local f
+    for f in "${WORK:-/nonexistent}"/logs/*.log; do
+        [ -s "$f" ] || continue
+        echo "[bench] last lines of $(basename "$f"):" >&2
+        tail -n 15 "$f" >&2
+    done
+    echo "[bench] ERROR: $*" >&2
+    exit 1
+}
+# positive_int NAME VALUE: VALUE is a whole number > 0, or exit 2.
+positive_int() {
+    case "$2" in '' | *[!0-9]* | 0) echo "bench: $1 takes a positive whole number (got '$2')" >&2; exit 2 ;; esac
+}
+
+# --- processes ---------------------------------------------------------------
+# Every background process started by the benchmark is tracked by PID and stopped
+# (SIGTERM, then SIGKILL) in reverse start order at exit: clients before servers.
+TRACKED=()
+track() { TRACKED+=("$1"); }
+untrack() {
+    local i
+    for i in "${!TRACKED[@]}"; do [ "${TRACKED[$i]}" != "$1" ] || unset 'TRACKED[i]'; done
+}
+# alive PID: PID is running (a zombie does not count).
+alive() {
+    local st
+    st="$(awk '{ print $3 }' "/proc/$1/stat" 2>/dev/null || true)"
+    [ -n "$st" ] && [ "$st" != Z ]
+}
+# wait_exit PID SECONDS: wait up to SECONDS for PID to exit; fails if it has not.
+wait_exit() {
+    local _
+    for _ in $(seq 1 $(($2 * 10))); do
+        alive "$1" || return 0
+        sleep 0.1
+    done
+    ! alive "$1"
+}
+# stop_pid PID: SIGTERM, up to 10 s, then SIGKILL; reap it; untrack it.
+stop_pid() {
+    kill -TERM "$1" 2>/dev/null || true
+    wait_exit "$1" 10 || kill -KILL "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+    untrack "$1"
+}
+
+# --- mounts ------------------------------------------------------------------
+MOUNTS=()
+# fstype_at DIR: the file system type of the topmost mount exactly at DIR (e.g.
+# fuse.ferry), or nothing. mountinfo writes space, tab, newline and backslash in
+# octal; DIR is escaped the same way to compare.
+fstype_at() {
+    local m="${1//\\/\\134}"
+    m="${m// /\\040}"
+    m="${m//$'\t'/\\011}"
+    m="${m//$'\n'/\\012}"
+    M="$m" awk '$5 == ENVIRON["M"] { for (i = 7; i <= NF; i++) if ($i == "-") { t = $(i + 1); break } } END { print t }' /proc/self/mountinfo
+}
+# wait_mounted DIR FSTYPE PID: until DIR is mounted with FSTYPE (10 s), while PID lives.
+wait_mounted() {
+    local _
+    for _ in $(seq 1 100); do
+        [ "$(fstype_at "$1")" = "$2" ] && return 0
+        alive "$3" || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
+cleanup() {
+    local i m
+    for ((i = ${#TRACKED[@]} - 1; i >= 0; i--)); do
+        [ -z "${TRACKED[$i]:-}" ] || stop_pid "${TRACKED[$i]}"
+    done
+    # Whatever is still mounted (a client that crashed or hung) goes lazily.
+    for m in "${MOUNTS[@]}"; do
+        if [ -n "$(fstype_at "$m")" ]; then
+            warn "$m is still mounted; lazy unmount"
+            fusermount3 -u -z "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+        fi
+    done
+    # --one-file-system: never descend into a mount that could not be removed.
+    if [ -n "${WORK:-}" ]; then rm -rf --one-file-system "$WORK"; fi
+}
+
+# --- the time budget ---------------------------------------------------------
+# SECONDS counts from the start of the measured part (after install and build).
+budget_left() { echo $((BUDGET_S - SECONDS)); }
+# limit N: print N, cut to what is left of the budget (at least 1).
+limit() {
+    local left=$((BUDGET_S - SECONDS))
+    [ "$left" -ge 1 ] || left=1
+    echo $((left < $1 ? left : $1))
+}
+
+# --- caches ------------------------------------------------------------------
+# CACHE=cold: write back and drop the page cache before each run (needs a writable
+# /proc/sys/vm/drop_caches); CACHE=warm: read the run's source into it instead.
+# settle SOURCE...: bring the page cache into the run's starting state.
+settle() {
+    sync
+    if [ "$CACHE" = cold ]; then
+        echo 3 >/proc/sys/vm/drop_caches
+    elif [ $# -gt 0 ]; then
+        find "$@" -type f -exec cat {} + >/dev/null
+    fi
+}
+
+# --- results -----------------------------------------------------------------
+# record ROW TOOL VALUE / record_fail ROW TOOL REASON / record_skip ROW TOOL WHY
+record() { printf '%s\t%s\tv\t%s\n' "$1" "$2" "$3" >>"$WORK/results.tsv"; }
+record_fail() {
+    printf '%s\t%s\tfail\t%s\n' "$1" "$2" "$(printf '%s' "$3" | tr '\t\n' '  ' | cut -c1-160)" >>"$WORK/results.tsv"
+}
+record_skip() { printf '%s\t%s\tskip\t%s\n' "$1" "$2" "$3" >>"$WORK/results.tsv"; }
+# meta KEY VALUE: a fact about the run for the report header.
+meta() { printf '%s\t%s\n' "$1" "$(printf '%s' "$2" | tr '\t\n' '  ')" >>"$WORK/meta.tsv"; }
+# rate AMOUNT SECONDS [SCALE]: AMOUNT / SECONDS / SCALE, printed with 3 decimals.
+rate() { awk -v a="$1" -v s="$2" -v k="${3:-1}" 'BEGIN { printf "%.3f", a / s / k }'; }

@@ -1,0 +1,285 @@
+# shellcheck shell=bash disable=SC2034 # its globals are read by bench/run and the other libs
+# The jobs of bench/run (sourced). Each job_X REP runs one repetition: Ferry first,
+# then each peer, every run from the same cache state (settle) with its destination
+# removed, and checked against its source (cmp or tree SHA-256 in the first
+# repetition, size or file count in the others). Ferry failing ends the run; a
+# peer failing gets a "failed: ..." cell and is not run again in that job.
+
+declare -A UNAVAIL=() # TOOL -> "skip:WHY" or "fail:WHY" for a peer that cannot run at all
+declare -A DEAD=()    # ROW.TOOL -> 1 once that peer failed in that row
+declare -A NOTED=()
+NOTES=()
+SOURCE=() # what settle warms up (CACHE=warm) for the next run
+
+# peer_ok ROW TOOL: TOOL can run in ROW; otherwise record why (once per row) and fail.
+peer_ok() {
+    local why="${UNAVAIL[$2]:-}"
+    [ -z "${DEAD[$1.$2]:-}" ] || return 1
+    [ -n "$why" ] || return 0
+    if [ -z "${NOTED[$1.$2]:-}" ]; then
+        NOTED[$1.$2]=1
+        case "$why" in
+            skip:*) record_skip "$1" "$2" "${why#skip:}" ;;
+            *) record_fail "$1" "$2" "${why#fail:}" ;;
+        esac
+    fi
+    return 1
+}
+
+# fail ROW TOOL REASON: Ferry's failure ends the run (exit 1); a peer's is recorded.
+fail() {
+    if [ "$2" = ferry ]; then
+        [ ! -s "$WORK/err" ] || { echo "[bench] its stderr:" >&2; tail -n 20 "$WORK/err" >&2; }
+        die "$1: Ferry failed: $3"
+    fi
+    warn "$1: $2 failed: $3 (its cell says so; the run goes on)"
+    record_fail "$1" "$2" "$3"
+    DEAD[$1.$2]=1
+    return 1
+}
+
+# timed ROW TOOL LIMIT_S CMD...: settle the cache, run CMD; sets T (seconds) and TS
+# (seconds until a sync after it returned). stdout is in $WORK/out. A command cut
+# short because the time budget ran out is nobody's failure: it sets OUT_OF_BUDGET,
+# after which timed runs nothing more (run_job stops the job, and skips the rest).
+OUT_OF_BUDGET=0
+timed() {
+    local row="$1" tool="$2" own="$3" lim res
+    [ "$OUT_OF_BUDGET" = 0 ] || return 1
+    lim="$(limit "$own")"
+    shift 3
+    settle "${SOURCE[@]}"
+    if res="$(python3 "$BENCH_PY" run "$lim" "$WORK/out" "$WORK/err" -- "$@")"; then
+        read -r T TS <<<"$res"
+        return 0
+    fi
+    if [ "$lim" -lt "$own" ] && [ "$(budget_left)" -le 0 ]; then
+        OUT_OF_BUDGET=1
+        warn "$row: $tool was stopped when the time budget ran out; not counted"
+        return 1
+    fi
+    fail "$row" "$tool" "$res"
+}
+
+# same_tree ORIGINAL COPY: the trees have the same names and contents. ORIGINAL's
+# checksum is computed once (unset TREESUM[ORIGINAL] after changing it).
+declare -A TREESUM=()
+same_tree() {
+    [ -n "${TREESUM[$1]:-}" ] || TREESUM[$1]="$(python3 "$BENCH_PY" treesum "$1")"
+    [ "${TREESUM[$1]}" = "$(python3 "$BENCH_PY" treesum "$2")" ]
+}
+count_files() { find "$1" -type f | wc -l; }
+
+# check ROW ORIGINAL COPY REP: COPY is a good copy of ORIGINAL (a file or a tree).
+check() {
+    if [ -f "$2" ]; then
+        if [ "$4" -eq 1 ]; then cmp -s "$2" "$3"; else [ "$(stat -c %s "$3" 2>/dev/null)" = "$(stat -c %s "$2")" ]; fi
+    elif [ "$4" -eq 1 ]; then
+        same_tree "$2" "$3"
+    else
+        [ -d "$3" ] && [ "$(count_files "$3")" -eq "$(count_files "$2")" ]
+    fi
+}
+
+# copy_run ROW TOOL ORIGINAL DEST REP CMD...: one timed copy of ORIGINAL to DEST by
+# CMD; records GB/s (a file) or files/s (a tree), without and with the sync.
+copy_run() {
+    local row="$1" tool="$2" orig="$3" dest="$4" rep="$5" amount scale=1
+    shift 5
+    rm -rf "$dest"
+    SOURCE=("$orig")
+    timed "$row" "$tool" "$COPY_LIMIT_S" "$@" || return 0
+    if ! check "$row" "$orig" "$dest" "$rep"; then
+        rm -rf "$dest"
+        fail "$row" "$tool" "the copy differs from the original" || return 0
+    fi
+    rm -rf "$dest"
+    if [ -f "$orig" ]; then amount="$SIZE_BYTES" scale=1e9; else amount="$SMALL_N"; fi
+    record "$row" "$tool" "$(rate "$amount" "$T" "$scale")"
+    record "$row.sync" "$tool" "$(rate "$amount" "$TS" "$scale")"
+}
+
+# ceiling_run ROW [-R]: iperf3 -l 1M of SIZE bytes, the raw TCP ceiling, GB/s.
+ceiling_run() {
+    local row="$1" bps
+    shift
+    peer_ok "$row" ceiling || return 0
+    SOURCE=()
+    timed "$row" ceiling "$COPY_LIMIT_S" iperf3 -c 127.0.0.1 -p "$IPERF_PORT" -l 1M -n "$SIZE_BYTES" -J "$@" || return 0
+    bps="$(python3 "$BENCH_PY" iperf "$WORK/out" 2>&1)" || { fail "$row" ceiling "$bps" || return 0; }
+    record "$row" ceiling "$(rate "$bps" 1 1e9)"
+}
+
+# --- (a, b, c) copies: one big file, many small files; each both ways ----------------------
+# command_for ROW TOOL: CMD = the command line of TOOL for ROW, DEST its destination.
+command_for() {
+    local up="$SRV/up.bin" down="$DL/big.bin" tree_up="$SRV/small-up" tree_down="$DL/small"
+    local rcp=("$RCP" --json --transport tcp) scp=(scp "${SSH_OPTS[@]}" -P "${SSH_PORT:-22}")
+    case "$1.$2" in
+        upload.ferry) CMD=("${rcp[@]}" "$BIG" "$FERRY_ADDR:bench/up.bin") DEST="$up" ;;
+        upload.rsync) CMD=(rsync -W "$BIG" "$RSYNC_URL/up.bin") DEST="$up" ;;
+        upload.scp) CMD=("${scp[@]}" "$BIG" "$SSH_USER_HOST:$up") DEST="$up" ;;
+        download.ferry) CMD=("${rcp[@]}" "$FERRY_ADDR:bench/big.bin" "$down") DEST="$down" ;;
+        download.rsync) CMD=(rsync -W "$RSYNC_URL/big.bin" "$down") DEST="$down" ;;
+        download.scp) CMD=("${scp[@]}" "$SSH_USER_HOST:$BIG" "$down") DEST="$down" ;;
+        small_up.ferry) CMD=("${rcp[@]}" -r "$SMALL" "$FERRY_ADDR:bench/small-up") DEST="$tree_up" ;;
+        small_up.rsync) CMD=(rsync -a "$SMALL/" "$RSYNC_URL/small-up/") DEST="$tree_up" ;;
+        small_up.scp) CMD=("${scp[@]}" -r "$SMALL" "$SSH_USER_HOST:$tree_up") DEST="$tree_up" ;;
+        small_down.ferry) CMD=("${rcp[@]}" -r "$FERRY_ADDR:bench/small" "$tree_down") DEST="$tree_down" ;;
+        small_down.rsync) CMD=(rsync -a "$RSYNC_URL/small/" "$tree_down/") DEST="$tree_down" ;;
+        small_down.scp) CMD=("${scp[@]}" -r "$SSH_USER_HOST:$SMALL" "$tree_down") DEST="$tree_down" ;;
+    esac
+}
+# copy_job ROW ORIGINAL REP: Ferry, then rsync and scp, copy ORIGINAL once each.
+copy_job() {
+    local tool
+    for tool in ferry rsync scp; do
+        [ "$tool" = ferry ] || peer_ok "$1" "$tool" || continue
+        command_for "$1" "$tool"
+        copy_run "$1" "$tool" "$2" "$DEST" "$3" "${CMD[@]}"
+    done
+}
+job_upload() {
+    copy_job upload "$BIG" "$1"
+    ceiling_run upload
+}
+job_download() {
+    copy_job download "$BIG" "$1"
+    ceiling_run download -R
+}
+job_small() {
+    copy_job small_up "$SMALL" "$1"
+    copy_job small_down "$SMALL" "$1"
+}
+
+# --- (d) FUSE: ferry-mount and sshfs ----------------------------------------------------
+FUSE_ROWS=(fuse_seq fuse_iops fuse_p50 fuse_p99)
+# setup_mount: mount both, check the file reads back identical through each.
+setup_mount() {
+    local t row
+    MNT_FERRY="$WORK/mnt-ferry"
+    MNT_SSHFS="$WORK/mnt-sshfs"
+    mkdir -p "$MNT_FERRY" "$MNT_SSHFS"
+    MOUNTS+=("$MNT_FERRY" "$MNT_SSHFS")
+    mount_ferry
+    log "ferry-mount: $FERRY_ADDR:bench on $MNT_FERRY"
+    if peer_ok fuse_seq sshfs; then
+        if mount_sshfs; then
+            log "sshfs: $SSH_USER_HOST:$SRV on $MNT_SSHFS"
+        else
+            warn "sshfs: $REASON (its cells say so; the run goes on)"
+            UNAVAIL[sshfs]="fail:$REASON"
+        fi
+    fi
+    for t in ferry sshfs; do
+        [ "$t" = ferry ] || [ -z "${UNAVAIL[sshfs]:-}" ] || continue
+        local mnt="$MNT_FERRY"
+        [ "$t" = ferry ] || mnt="$MNT_SSHFS"
+        if ! timeout -s KILL "$(limit "$COPY_LIMIT_S")" cmp -s "$BIG" "$mnt/big.bin"; then
+            [ "$t" = ferry ] && die "big.bin read through ferry-mount differs from the original (or cmp timed out)"
+            UNAVAIL[sshfs]="fail:big.bin read through sshfs differs (or cmp timed out)"
+        fi
+    done
+    for row in "${FUSE_ROWS[@]}"; do peer_ok "$row" sshfs || true; done
+    log "big.bin reads back identical through the mounts"
+    if [ "$FIO_OK" = 0 ]; then
+        for row in fuse_iops fuse_p50 fuse_p99; do record_skip "$row" ferry "fio not installed"; done
+    fi
+}
+teardown_mount() {
+    unmount_ferry
+    if [ -z "${UNAVAIL[sshfs]:-}" ]; then unmount_sshfs || warn "$REASON"; fi
+}
+# fresh TOOL: a new client for TOOL (its own cache empty); fails for a broken sshfs.
+fresh() {
+    if [ "$1" = ferry ]; then
+        unmount_ferry
+        mount_ferry
+    else
+        unmount_sshfs && mount_sshfs && return 0
+        warn "sshfs: $REASON (its cells say so; the run goes on)"
+        UNAVAIL[sshfs]="fail:$REASON"
+        local row
+        for row in "${FUSE_ROWS[@]}"; do peer_ok "$row" sshfs || true; done
+        return 1
+    fi
+}
+job_mount() {
+    local t mnt out p50 p99 iops
+    SOURCE=("$BIG")
+    for t in ferry sshfs; do
+        if [ "$t" = ferry ]; then mnt="$MNT_FERRY"; else mnt="$MNT_SSHFS"; fi
+        if [ "$t" = sshfs ] && ! peer_ok fuse_seq sshfs; then continue; fi
+        fresh "$t" || continue
+        if timed fuse_seq "$t" "$COPY_LIMIT_S" dd if="$mnt/big.bin" of=/dev/null bs=1M status=none; then
+            record fuse_seq "$t" "$(rate "$SIZE_BYTES" "$T" 1e6)"
+        fi
+        [ "$FIO_OK" = 1 ] || continue
+        fresh "$t" || continue
+        # fio splits --filename at ':'; escape it. psync at QD1: p50/p99 are of the whole pread().
+        timed fuse_iops "$t" $((FIO_S + 30)) fio --name=randread --filename="${mnt//:/\\:}/big.bin" --readonly \
+            --rw=randread --bs=4k --ioengine=psync --iodepth=1 --numjobs=1 \
+            --time_based --runtime="$FIO_S" --randrepeat=0 \
+            --lat_percentiles=1 --percentile_list=50:99 \
+            --output-format=json --output="$WORK/fio.json" || continue
+        out="$(python3 "$BENCH_PY" fio "$WORK/fio.json" 2>&1)" || { fail fuse_iops "$t" "$out" || continue; }
+        read -r p50 p99 iops <<<"$out"
+        record fuse_iops "$t" "$iops"
+        record fuse_p50 "$t" "$p50"
+        record fuse_p99 "$t" "$p99"
+    done
+}
+
+# --- (e) incremental backup -------------------------------------------------------------
+# backup_run ROW TOOL REP CMD...: one timed backup of $BSRC; the snapshot it made must
+# equal $BSRC (rcp backup's is named in its --json; rsync's is $RSYNC_SNAP).
+backup_run() {
+    local row="$1" tool="$2" rep="$3" snap
+    shift 3
+    SOURCE=("$BSRC")
+    timed "$row" "$tool" "$COPY_LIMIT_S" "$@" || return 0
+    if [ "$tool" = ferry ]; then
+        snap="$SRV/$(python3 "$BENCH_PY" field "$WORK/out" targets 0 snapshot)" || die "$row: no snapshot in rcp backup's --json"
+    else
+        snap="$RSYNC_SNAP"
+    fi
+    if ! check "$row" "$BSRC" "$snap" "$rep"; then
+        fail "$row" "$tool" "the snapshot differs from the source" || return 0
+    fi
+    record "$row" "$tool" "$T"
+    record "$row.sync" "$tool" "$TS"
+}
+job_backup() {
+    local r="$1"
+    rm -rf "$SRV/bk" "$SRV/bk-rsync"
+    mkdir -p "$SRV/bk-rsync"
+    backup_run backup_full ferry "$r" "$RCP" backup --json --transport tcp "$BSRC" "$FERRY_ADDR:bench/bk"
+    RSYNC_SNAP="$SRV/bk-rsync/1"
+    if peer_ok backup_full rsync; then backup_run backup_full rsync "$r" rsync -a "$BSRC/" "$RSYNC_URL/bk-rsync/1/"; fi
+    sleep 1.1 # rcp backup's snapshot names have a resolution of one second
+    python3 "$BENCH_PY" change "$BSRC"
+    unset 'TREESUM[$BSRC]'
+    backup_run backup_inc ferry "$r" "$RCP" backup --json --transport tcp "$BSRC" "$FERRY_ADDR:bench/bk"
+    RSYNC_SNAP="$SRV/bk-rsync/2"
+    if peer_ok backup_inc rsync && [ -z "${DEAD[backup_full.rsync]:-}" ]; then
+        backup_run backup_inc rsync "$r" rsync -a --link-dest=../1 "$BSRC/" "$RSYNC_URL/bk-rsync/2/"
+    fi
+}
+
+# --- (f) RDMA in the Soft-RoCE VM ---------------------------------------------------------
+# bench/rdma.sh prints "| rcp upload ... | MiB/s | ib_read_bw MiB/s | ratio |" rows.
+job_rdma() {
+    local args=(--no-save --bin-dir "$BIN_DIR" --reps "$REPS") line row rcp verbs
+    [ "$QUICK" = 0 ] || args+=(--quick)
+    log "rdma: bench/rdma.sh ${args[*]} (boots the Soft-RoCE VM; takes minutes)"
+    timeout -s KILL "$(limit 1500)" bench/rdma.sh "${args[@]}" >"$WORK/rdma.out" 2>"$WORK/logs/rdma.log" ||
+        die "rdma: bench/rdma.sh failed (its output: $WORK/logs/rdma.log)"
+    for line in upload download; do
+        read -r rcp verbs < <(awk -F'|' -v j="rcp $line" 'index($2, j) { gsub(/[^0-9.]/, "", $3); gsub(/[^0-9.]/, "", $4); print $3, $4 }' "$WORK/rdma.out")
+        if [ -z "${rcp:-}" ] || [ -z "${verbs:-}" ]; then die "rdma: no 'rcp $line' row with numbers in bench/rdma.sh's output"; fi
+        row=rdma_up
+        [ "$line" = upload ] || row=rdma_down
+        record "$row" ferry "$rcp"
+        record "$row" ceiling "$verbs"
+    done
+}

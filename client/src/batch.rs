@@ -1,0 +1,710 @@
+//! Small files in batches: many files per request, their bytes in one registered
+//! buffer that the server moves with one one-sided operation.
+//!
+//! Upload ([`upload_batch`]): the files are read back to back into a pooled buffer
+//! (each between two `fstat`s: a source that moves while it is read fails as changed),
+//! hashed, and the buffer is registered for remote READ and advertised in one
+//! `UploadBatch`; the server answers per file. Download ([`download_batch`]): a pooled
+//! buffer is registered for remote WRITE and the server fills it from many files; each
+//! file is verified against its SHA-256, written whole to a hidden file next to its
+//! final name ([`small_path`]) with its mode and mtime, and once every file of the
+//! batch is fsynced (one flush: every writeback started, then each fsynced) each is
+//! renamed into place. Either way a registration is revoked as soon as the server
+//! answered, and buffers are reused across batches.
+//!
+//! A file that fails fails alone. One the server found damaged in flight (an upload's
+//! hash mismatch) or that fails verification here (a download) is sent once more in a
+//! later batch: an upload's source is read and hashed again first, and fails as changed
+//! if its hash moved. A file the batch cannot carry (its size is not the one listed, or
+//! the server did not include it) is reported as [`Outcome::PerFile`]: the caller copies
+//! it on the per-file path. Nothing is resumable here: an interrupted batch is simply
+//! sent again.
+
+use std::collections::BTreeSet;
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ferry_common::attr::attr_of;
+use ferry_common::chunk::hash_chunk;
+use ferry_common::msg::{
+    BatchFile, BatchedFile, ErrorKind, RemoteError, Request, Response, Sha256, Timestamp,
+    BATCH_MAX_BYTES, BATCH_MAX_FILES, BATCH_MAX_PATH_BYTES, SMALL_FILE_MAX_BYTES,
+};
+use ferry_common::proto::ProtoError;
+use ferry_common::staging::{remove_quietly, scratch_path, small_path, write_whole, WholeStep};
+use ferry_common::transport::sys::flush::start_writeback;
+use ferry_common::transport::{Access, Buffer, Memory};
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::client::{unexpected, Client};
+use crate::error::ClientError;
+use crate::transfer::{Copied, ProgressFn};
+
+/// Times a file is sent before a hash mismatch fails it.
+const ATTEMPTS: usize = 2;
+
+/// Most bytes of one batch with `client`'s server: the server moves a batch through one
+/// of its chunk buffers.
+pub fn capacity(client: &Client) -> u64 {
+    BATCH_MAX_BYTES.min(u64::from(client.welcome().chunk_bytes))
+}
+
+/// True if a regular file of `size` bytes goes in a batch with `client`'s server.
+pub fn is_small(client: &Client, size: u64) -> bool {
+    size <= SMALL_FILE_MAX_BYTES.min(capacity(client))
+}
+
+/// Splits `items` into batches, in order: each of at most [`BATCH_MAX_FILES`] items,
+/// `capacity` bytes (by `size`) and [`BATCH_MAX_PATH_BYTES`] path bytes (by
+/// `path_len`). An item larger than `capacity` on its own gets a batch of its own.
+pub fn pack<T>(
+    items: Vec<T>,
+    capacity: u64,
+    size: impl Fn(&T) -> u64,
+    path_len: impl Fn(&T) -> usize,
+) -> Vec<Vec<T>> {
+    let mut batches: Vec<Vec<T>> = Vec::new();
+    let (mut bytes, mut paths) = (0u64, 0usize);
+    for item in items {
+        let (n, p) = (size(&item), path_len(&item));
+        let fits = batches.last().is_some_and(|b| {
+            b.len() < BATCH_MAX_FILES
+                && bytes.saturating_add(n) <= capacity
+                && paths + p <= BATCH_MAX_PATH_BYTES
+        });
+        if !fits {
+            batches.push(Vec::new());
+            (bytes, paths) = (0, 0);
+        }
+        bytes = bytes.saturating_add(n);
+        paths += p;
+        batches.last_mut().expect("pushed above").push(item);
+    }
+    batches
+}
+
+/// A local file to upload in a batch.
+#[derive(Debug, Clone)]
+pub struct SmallUpload {
+    /// The local source.
+    pub src: PathBuf,
+    /// The share-relative target.
+    pub target: String,
+    /// Its size when it was listed.
+    pub size: u64,
+}
+
+/// A server file to download in a batch.
+#[derive(Debug, Clone)]
+pub struct SmallDownload {
+    /// The share-relative source.
+    pub src: String,
+    /// The local target.
+    pub target: PathBuf,
+    /// Its size when it was listed.
+    pub size: u64,
+}
+
+/// What became of one file of a batch.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Copied.
+    Copied(Copied),
+    /// Failed: server errors are about the target of an upload or the source of a
+    /// download, local ones about the local file.
+    Failed(ClientError),
+    /// Not carried by a batch: copy it on the per-file path.
+    PerFile,
+}
+
+/// The same error again, for each file of a batch that failed as a whole.
+fn again(e: &ClientError) -> ClientError {
+    match e {
+        ClientError::Remote(r) => ClientError::Remote(r.clone()),
+        ClientError::Protocol(p) => ClientError::Protocol(p.clone()),
+        other => ClientError::Disconnected(other.to_string()),
+    }
+}
+
+fn bad_answer(why: &str) -> ClientError {
+    ClientError::Protocol(ProtoError::Transfer(format!(
+        "bad batch answer from the server: {why}"
+    )))
+}
+
+fn is_integrity(e: &RemoteError) -> bool {
+    e.kind == ErrorKind::Integrity
+}
+
+/// A pooled buffer for one batch, returned to the client's pool on drop.
+struct Pooled {
+    client: Client,
+    buf: Option<Arc<Buffer>>,
+}
+
+impl Pooled {
+    fn take(client: &Client, len: usize) -> Result<Pooled, std::io::Error> {
+        Ok(Pooled {
+            client: client.clone(),
+            buf: Some(client.take_buffer(len)?),
+        })
+    }
+
+    fn buffer(&self) -> &Arc<Buffer> {
+        self.buf.as_ref().expect("held until drop")
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            self.client.give_buffer(b);
+        }
+    }
+}
+
+async fn run_blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ClientError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ClientError::Disconnected(format!("batch task failed: {e}")))
+}
+
+// ---------------------------------------------------------------- upload
+
+/// A source read into the batch buffer.
+struct Read {
+    size: u64,
+    mode: u32,
+    mtime: Timestamp,
+    hash: Sha256,
+}
+
+/// Why a source is not in the batch.
+enum Unread {
+    Failed(ClientError),
+    PerFile,
+}
+
+/// Reads `item` whole into the start of `room`. Blocking.
+fn read_source(item: &SmallUpload, room: &mut [u8]) -> Result<Read, Unread> {
+    let local = |op, e| Unread::Failed(ClientError::local(&item.src, op, e));
+    let file = File::open(&item.src).map_err(|e| local("cannot open", e))?;
+    let before = file.metadata().map_err(|e| local("cannot stat", e))?;
+    if !before.is_file() {
+        return Err(local(
+            "cannot upload",
+            std::io::Error::other("not a regular file"),
+        ));
+    }
+    if before.len() != item.size || before.len() > room.len() as u64 {
+        // Changed since it was listed: the per-file path copies it as it is now.
+        return Err(Unread::PerFile);
+    }
+    let len = before.len() as usize;
+    let changed = || {
+        Unread::Failed(ClientError::SourceChanged {
+            path: item.src.clone(),
+        })
+    };
+    match file.read_exact_at(&mut room[..len], 0) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(changed()),
+        Err(e) => return Err(local("cannot read", e)),
+    }
+    let after = file.metadata().map_err(|e| local("cannot stat", e))?;
+    let attr = attr_of(&before, None);
+    if after.len() != before.len() || attr_of(&after, None).mtime != attr.mtime {
+        return Err(changed());
+    }
+    Ok(Read {
+        size: before.len(),
+        mode: before.mode() & 0o7777,
+        mtime: attr.mtime,
+        hash: hash_chunk(&room[..len]),
+    })
+}
+
+/// Uploads `items` (a batch from [`pack`]) to `share`; returns each with its outcome.
+/// `progress` is told each file's size as it is committed.
+pub async fn upload_batch(
+    client: &Client,
+    share: &str,
+    items: Vec<SmallUpload>,
+    progress: &ProgressFn,
+) -> Vec<(SmallUpload, Outcome)> {
+    let mut done = Vec::with_capacity(items.len());
+    let mut todo: Vec<(SmallUpload, Option<Sha256>)> =
+        items.into_iter().map(|i| (i, None)).collect();
+    for attempt in 1..=ATTEMPTS {
+        if todo.is_empty() {
+            break;
+        }
+        let last = attempt == ATTEMPTS;
+        todo = send_uploads(client, share, todo, last, progress, &mut done).await;
+    }
+    done
+}
+
+/// Sends one batch of `todo` (each with the hash it was sent with before, if it was);
+/// puts finished files in `done` and returns those to send again (damaged in flight,
+/// unless this is the `last` attempt).
+async fn send_uploads(
+    client: &Client,
+    share: &str,
+    todo: Vec<(SmallUpload, Option<Sha256>)>,
+    last: bool,
+    progress: &ProgressFn,
+    done: &mut Vec<(SmallUpload, Outcome)>,
+) -> Vec<(SmallUpload, Option<Sha256>)> {
+    let pooled = match Pooled::take(client, capacity(client) as usize) {
+        Ok(p) => p,
+        Err(e) => {
+            for (item, _) in todo {
+                let error = ClientError::local(&item.src, "cannot allocate a buffer", again_io(&e));
+                done.push((item, Outcome::Failed(error)));
+            }
+            return Vec::new();
+        }
+    };
+    let buf = pooled.buffer().clone();
+    let cap = capacity(client) as usize;
+    let read = run_blocking(move || {
+        let mut data = buf.blocking_write();
+        let mut used = 0usize;
+        let mut sent = Vec::new();
+        let mut unsent = Vec::new();
+        for (item, before) in todo {
+            match read_source(&item, &mut data[used..cap]) {
+                Ok(r) if before.is_some_and(|h| h != r.hash) => {
+                    let error = ClientError::SourceChanged {
+                        path: item.src.clone(),
+                    };
+                    unsent.push((item, Outcome::Failed(error)));
+                }
+                Ok(r) => {
+                    used += r.size as usize;
+                    sent.push((item, r));
+                }
+                Err(Unread::Failed(e)) => unsent.push((item, Outcome::Failed(e))),
+                Err(Unread::PerFile) => unsent.push((item, Outcome::PerFile)),
+            }
+        }
+        (sent, unsent, used as u64)
+    })
+    .await;
+    let (sent, unsent, used) = match read {
+        Ok(r) => r,
+        // The task holding the items is gone with them: nothing to report them by.
+        Err(e) => {
+            tracing::error!("{e}");
+            return Vec::new();
+        }
+    };
+    done.extend(unsent);
+    if sent.is_empty() {
+        return Vec::new();
+    }
+    let files: Vec<BatchFile> = sent
+        .iter()
+        .map(|(item, r)| BatchFile {
+            path: item.target.clone(),
+            size: r.size,
+            mode: r.mode,
+            mtime: r.mtime,
+            hash: r.hash,
+        })
+        .collect();
+    let answer = async {
+        let reg = client
+            .transport()
+            .register(Memory::Buffer(pooled.buffer().clone()), Access::RemoteRead)?;
+        let mut region = reg.desc();
+        region.len = used;
+        let req = Request::UploadBatch {
+            share: share.into(),
+            region,
+            files,
+        };
+        let response = client.call(req).await;
+        // Revoked as soon as the server answered.
+        drop(reg);
+        match response? {
+            Response::UploadedBatch { results } if results.len() == sent.len() => Ok(results),
+            Response::UploadedBatch { .. } => Err(bad_answer("not one result per file")),
+            other => Err(unexpected(other)),
+        }
+    }
+    .await;
+    drop(pooled);
+    let results = match answer {
+        Ok(r) => r,
+        Err(e) => {
+            for (item, _) in sent {
+                done.push((item, Outcome::Failed(again(&e))));
+            }
+            return Vec::new();
+        }
+    };
+    let mut retry = Vec::new();
+    for ((item, r), result) in sent.into_iter().zip(results) {
+        match result {
+            None => {
+                progress(r.size);
+                let copied = Copied {
+                    bytes: r.size,
+                    bytes_sent: r.size,
+                    bytes_reused: 0,
+                };
+                done.push((item, Outcome::Copied(copied)));
+            }
+            Some(e) if is_integrity(&e) && !last => {
+                tracing::warn!(file = %item.src.display(), "damaged in flight; sending it again: {}", e.message);
+                retry.push((item, Some(r.hash)));
+            }
+            Some(e) => done.push((item, Outcome::Failed(ClientError::Remote(e)))),
+        }
+    }
+    retry
+}
+
+/// An I/O error like `e` (which is not `Clone`).
+fn again_io(e: &std::io::Error) -> std::io::Error {
+    match e.raw_os_error() {
+        Some(errno) => std::io::Error::from_raw_os_error(errno),
+        None => std::io::Error::new(e.kind(), e.to_string()),
+    }
+}
+
+// ---------------------------------------------------------------- download
+
+/// A verified file of a download batch, to be written.
+struct Fetched {
+    index: usize,
+    offset: usize,
+    size: usize,
+    mode: u32,
+    mtime: Timestamp,
+}
+
+/// Downloads `items` (a batch from [`pack`]) from `share`; returns each with its
+/// outcome. `progress` is told each file's size as it lands under its final name.
+pub async fn download_batch(
+    client: &Client,
+    share: &str,
+    items: Vec<SmallDownload>,
+    progress: &ProgressFn,
+) -> Vec<(SmallDownload, Outcome)> {
+    let mut done = Vec::with_capacity(items.len());
+    let mut todo = items;
+    for attempt in 1..=ATTEMPTS {
+        if todo.is_empty() {
+            break;
+        }
+        let last = attempt == ATTEMPTS;
+        todo = fetch(client, share, todo, last, progress, &mut done).await;
+    }
+    done
+}
+
+/// Fetches one batch of `todo`; puts finished files in `done` and returns those that
+/// failed verification (unless this is the `last` attempt).
+async fn fetch(
+    client: &Client,
+    share: &str,
+    todo: Vec<SmallDownload>,
+    last: bool,
+    progress: &ProgressFn,
+    done: &mut Vec<(SmallDownload, Outcome)>,
+) -> Vec<SmallDownload> {
+    let cap = capacity(client) as usize;
+    let pooled = match Pooled::take(client, cap) {
+        Ok(p) => p,
+        Err(e) => {
+            for item in todo {
+                let error =
+                    ClientError::local(&item.target, "cannot allocate a buffer", again_io(&e));
+                done.push((item, Outcome::Failed(error)));
+            }
+            return Vec::new();
+        }
+    };
+    let answer = async {
+        let reg = client
+            .transport()
+            .register(Memory::Buffer(pooled.buffer().clone()), Access::RemoteWrite)?;
+        let mut region = reg.desc();
+        region.len = region.len.min(cap as u64);
+        let req = Request::DownloadBatch {
+            share: share.into(),
+            paths: todo.iter().map(|i| i.src.clone()).collect(),
+            region,
+        };
+        let response = client.call(req).await;
+        // Revoked before the data is looked at: the server has no business with it now.
+        drop(reg);
+        match response? {
+            Response::DownloadedBatch { files } if files.len() == todo.len() => Ok(files),
+            Response::DownloadedBatch { .. } => Err(bad_answer("not one entry per path")),
+            other => Err(unexpected(other)),
+        }
+    }
+    .await;
+    let files = match answer {
+        Ok(f) => f,
+        Err(e) => {
+            for item in todo {
+                done.push((item, Outcome::Failed(again(&e))));
+            }
+            return Vec::new();
+        }
+    };
+    let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(todo.len());
+    let mut fetched = Vec::new();
+    for (index, file) in files.into_iter().enumerate() {
+        outcomes.push(match file {
+            BatchedFile::Ok { attr, offset, hash } => {
+                let end = offset.checked_add(attr.size);
+                if end.is_none_or(|end| end > cap as u64) {
+                    Some(Outcome::Failed(bad_answer("a file outside the region")))
+                } else {
+                    fetched.push((
+                        Fetched {
+                            index,
+                            offset: offset as usize,
+                            size: attr.size as usize,
+                            mode: attr.mode,
+                            mtime: attr.mtime,
+                        },
+                        hash,
+                    ));
+                    None
+                }
+            }
+            BatchedFile::Err(e) => Some(Outcome::Failed(ClientError::Remote(e))),
+            BatchedFile::NotIncluded => Some(Outcome::PerFile),
+        });
+    }
+    let buf = pooled.buffer().clone();
+    let targets: Vec<PathBuf> = todo.iter().map(|i| i.target.clone()).collect();
+    let written = run_blocking(move || {
+        let data = buf.blocking_read();
+        // Verified first: only files whose bytes match their hash are written.
+        let (good, bad): (Vec<_>, Vec<_>) = fetched
+            .into_iter()
+            .partition(|(f, hash)| hash_chunk(&data[f.offset..f.offset + f.size]) == *hash);
+        let good: Vec<Fetched> = good.into_iter().map(|(f, _)| f).collect();
+        let bad: Vec<usize> = bad.into_iter().map(|(f, _)| f.index).collect();
+        (land_all(&targets, &good, &data[..]), bad)
+    })
+    .await;
+    drop(pooled);
+    let (results, bad) = match written {
+        Ok(w) => w,
+        Err(e) => {
+            for (item, outcome) in todo.into_iter().zip(outcomes) {
+                done.push((item, outcome.unwrap_or_else(|| Outcome::Failed(again(&e)))));
+            }
+            return Vec::new();
+        }
+    };
+    for (index, result) in results {
+        outcomes[index] = Some(match result {
+            Ok(size) => {
+                progress(size);
+                Outcome::Copied(Copied {
+                    bytes: size,
+                    bytes_sent: size,
+                    bytes_reused: 0,
+                })
+            }
+            Err(e) => Outcome::Failed(e),
+        });
+    }
+    let bad: BTreeSet<usize> = bad.into_iter().collect();
+    let mut retry = Vec::new();
+    for (index, (item, outcome)) in todo.into_iter().zip(outcomes).enumerate() {
+        match outcome {
+            Some(o) => done.push((item, o)),
+            None if bad.contains(&index) && !last => {
+                tracing::warn!(file = %item.src, "batched file failed verification; fetching it again");
+                retry.push(item);
+            }
+            None => {
+                let error = ClientError::Integrity {
+                    what: format!("{}:{share}/{}", client.addr(), item.src),
+                    chunk: 0,
+                };
+                done.push((item, Outcome::Failed(error)));
+            }
+        }
+    }
+    retry
+}
+
+/// A file of a download batch written to its hidden name, not yet renamed.
+struct Landing {
+    index: usize,
+    size: u64,
+    hidden: PathBuf,
+    file: Flock<File>,
+}
+
+/// Writes each of `files` (bytes in `data`) to its hidden name, makes them all durable
+/// with one flush, and renames each into place; returns `(index, size or error)` per
+/// file. Blocking.
+fn land_all(
+    targets: &[PathBuf],
+    files: &[Fetched],
+    data: &[u8],
+) -> Vec<(usize, Result<u64, ClientError>)> {
+    let mut results = Vec::with_capacity(files.len());
+    let mut landed = Vec::with_capacity(files.len());
+    for f in files {
+        let dest = &targets[f.index];
+        match land(dest, f, &data[f.offset..f.offset + f.size]) {
+            Ok(l) => landed.push(l),
+            Err(e) => results.push((f.index, Err(e))),
+        }
+    }
+    for l in &landed {
+        let _ = start_writeback(&l.file);
+    }
+    for l in landed {
+        let dest = &targets[l.index];
+        let fail = |op: &'static str, e: std::io::Error| -> Result<u64, ClientError> {
+            remove_quietly(&l.hidden);
+            Err(ClientError::local(dest, op, e))
+        };
+        let result = if let Err(e) = l.file.sync_all() {
+            fail("cannot fsync", e)
+        } else if fs::symlink_metadata(dest).is_ok_and(|m| m.is_dir()) {
+            fail(
+                "cannot replace",
+                std::io::Error::from(std::io::ErrorKind::IsADirectory),
+            )
+        } else if let Err(e) = fs::rename(&l.hidden, dest) {
+            fail("cannot rename into place", e)
+        } else {
+            Ok(l.size)
+        };
+        results.push((l.index, result));
+    }
+    results
+}
+
+/// Writes `bytes` to `dest`'s hidden name with mode and mtime. Blocking.
+fn land(dest: &Path, f: &Fetched, bytes: &[u8]) -> Result<Landing, ClientError> {
+    let (hidden, mut file) = open_hidden(dest)?;
+    let written = file
+        .set_len(0)
+        .map_err(|e| (WholeStep::Write, e))
+        .and_then(|()| write_whole(&mut file, bytes, f.mode, f.mtime));
+    if let Err((step, e)) = written {
+        remove_quietly(&hidden);
+        return Err(ClientError::local(dest, step.cannot(), e));
+    }
+    Ok(Landing {
+        index: f.index,
+        size: bytes.len() as u64,
+        hidden,
+        file,
+    })
+}
+
+/// Opens and locks the hidden file `dest` is written to: [`small_path`], taken over if
+/// a killed copy left it (regular files only, never through a symlink); or, when
+/// another live copy holds it or something else is there, a fresh scratch name.
+/// Blocking.
+fn open_hidden(dest: &Path) -> Result<(PathBuf, Flock<File>), ClientError> {
+    let create = |op: &'static str| move |e: std::io::Error| ClientError::local(dest, op, e);
+    let hidden = small_path(dest).ok_or_else(|| {
+        ClientError::local(dest, "cannot create", std::io::Error::other("no file name"))
+    })?;
+    let opened = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(&hidden);
+    if let Ok(file) = opened {
+        if file.metadata().is_ok_and(|m| m.is_file()) {
+            if let Ok(locked) = Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                return Ok((hidden, locked));
+            }
+        }
+    }
+    let scratch = scratch_path(dest);
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&scratch)
+        .map_err(create("cannot create"))?;
+    // A new file: its lock is free.
+    let locked = Flock::lock(file, FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, errno)| ClientError::local(dest, "cannot lock", errno.into()))?;
+    Ok((scratch, locked))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_common::TEMP_PREFIX;
+
+    #[test]
+    fn batches_respect_count_bytes_and_path_budget() {
+        let sizes: Vec<u64> = vec![4096; 600];
+        let batches = pack(sizes, BATCH_MAX_BYTES, |s| *s, |_| 10);
+        assert_eq!(
+            batches.iter().map(Vec::len).collect::<Vec<_>>(),
+            [BATCH_MAX_FILES, BATCH_MAX_FILES, 600 - 2 * BATCH_MAX_FILES]
+        );
+        // Bytes: 64 KiB files, 16 to a MiB; an empty file still counts one.
+        let sizes: Vec<u64> = [vec![64 << 10; 17], vec![0]].concat();
+        let batches = pack(sizes, BATCH_MAX_BYTES, |s| *s, |_| 1);
+        assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), [16, 2]);
+        // Paths: long names fill the path budget before the count.
+        let batches = pack(vec![1u64; 40], BATCH_MAX_BYTES, |s| *s, |_| 4096);
+        assert!(batches
+            .iter()
+            .all(|b| b.len() * 4096 <= BATCH_MAX_PATH_BYTES));
+        assert_eq!(batches.iter().map(Vec::len).sum::<usize>(), 40);
+        assert_eq!(batches.len(), 5);
+        // An item larger than the capacity rides alone; nothing is lost or reordered.
+        let batches = pack(vec![5u64, 20, 5], 10, |s| *s, |_| 1);
+        assert_eq!(batches, [vec![5], vec![20], vec![5]]);
+        assert!(pack(Vec::<u64>::new(), 10, |s| *s, |_| 1).is_empty());
+    }
+
+    #[test]
+    fn a_download_takes_over_what_a_killed_copy_left_and_skips_a_held_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("f");
+        let left = small_path(&dest).unwrap();
+        fs::write(&left, b"old bytes of a killed copy").unwrap();
+        let (hidden, held) = open_hidden(&dest).unwrap();
+        assert_eq!(hidden, left);
+        // While held (another copy of the same name), a scratch name is used.
+        let (other, _scratch) = open_hidden(&dest).unwrap();
+        assert_ne!(other, left);
+        assert!(other
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with(TEMP_PREFIX));
+        drop(held);
+        // A symlink there is not followed: a scratch name again.
+        fs::remove_file(&left).unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, &left).unwrap();
+        let (third, _f) = open_hidden(&dest).unwrap();
+        assert_ne!(third, left);
+        assert_eq!(fs::read(&victim).unwrap(), b"keep");
+    }
+}

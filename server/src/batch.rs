@@ -1,0 +1,397 @@
+//! Batched small files ([`Request::UploadBatch`](ferry_common::msg::Request) and
+//! `DownloadBatch`): many files per request, their bytes moved by one one-sided
+//! operation into or out of one pooled chunk buffer, the filesystem work of the whole
+//! batch done in one blocking task.
+//!
+//! Upload invariants:
+//! - Each file is written whole to a fresh scratch file `.ferry-tmp.<16 random hex>`
+//!   next to its final name (removed again if anything fails before its rename; what a
+//!   killed server leaves, its startup cleanup removes), only after its bytes matched
+//!   the client's SHA-256, and gets its mode and mtime through its descriptor.
+//! - Durability, one flush per batch: the writeback of every scratch file is started
+//!   first, then each is fsynced; only once every fsync of the batch returned is any
+//!   file renamed over its final name, and each distinct parent directory is fsynced
+//!   once after the renames, before the answer. So after a power cut a final name
+//!   holds its old content or the whole new file, never a part of it, and an answered
+//!   file survives.
+//! - A file that fails (bad path, hash mismatch, a directory in the way, an I/O error)
+//!   fails alone: its entry in the answer says why, the others go on.
+//! - Every committed file is recorded in the share's manifest store, as an upload's
+//!   commit records it.
+//!
+//! Download: each path is opened as `DownloadOpen` opens it (regular files only,
+//! symlinks followed inside the share); a file is read whole between two `fstat`s (a
+//! size or mtime that moved fails it as changed) and hashed; files go back to back into
+//! the buffer, which is written to the client's region with one WRITE after every read
+//! finished.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ferry_common::attr::attr_of;
+use ferry_common::chunk::hash_chunk;
+use ferry_common::msg::{
+    Attr, BatchFile, BatchedFile, ErrorKind, RegionDesc, RemoteError, Response, Sha256,
+    BATCH_MAX_BYTES, SMALL_FILE_MAX_BYTES,
+};
+use ferry_common::staging::{remove_quietly, scratch_path, write_whole};
+use ferry_common::transport::sys::flush::start_writeback;
+use ferry_common::transport::{RemoteSlice, SharedTransport};
+
+use crate::conn::blocking;
+use crate::error::{io_error, remote};
+use crate::manifests::ManifestKey;
+use crate::map::open_regular;
+use crate::pool::Pool;
+use crate::share::Share;
+use crate::store::{mtime_settled, ManifestStore};
+
+/// Most bytes one batch's region may hold on a server with chunk buffers of
+/// `chunk_bytes`: the batch must fit one pooled buffer.
+pub fn capacity(chunk_bytes: u32) -> u64 {
+    BATCH_MAX_BYTES.min(u64::from(chunk_bytes))
+}
+
+/// What one batch works with: the connection's transport and buffer pool.
+pub struct BatchIo<'a> {
+    /// The connection's transport.
+    pub transport: &'a SharedTransport,
+    /// The connection's buffer pool (buffers of `chunk_bytes`).
+    pub pool: &'a Arc<Pool>,
+    /// The server's chunk size.
+    pub chunk_bytes: u32,
+}
+
+fn protocol(message: String) -> RemoteError {
+    remote(ErrorKind::Protocol, message)
+}
+
+/// Checks an upload batch as a whole: at least one file, none over
+/// [`SMALL_FILE_MAX_BYTES`], sizes adding up to the region's length, which fits a
+/// buffer.
+fn check_upload(
+    files: &[BatchFile],
+    region: &RegionDesc,
+    capacity: u64,
+) -> Result<(), RemoteError> {
+    if files.is_empty() {
+        return Err(protocol("an upload batch with no file".into()));
+    }
+    if let Some(f) = files.iter().find(|f| f.size > SMALL_FILE_MAX_BYTES) {
+        return Err(protocol(format!(
+            "a batched file of {} bytes (at most {SMALL_FILE_MAX_BYTES})",
+            f.size
+        )));
+    }
+    // Each size is bounded, and so is their number: no overflow.
+    let total: u64 = files.iter().map(|f| f.size).sum();
+    if total != region.len {
+        return Err(protocol(format!(
+            "the batch's files hold {total} bytes but its region {}",
+            region.len
+        )));
+    }
+    if region.len > capacity {
+        return Err(protocol(format!(
+            "a batch region of {} bytes (at most {capacity})",
+            region.len
+        )));
+    }
+    Ok(())
+}
+
+/// `UploadBatch`: pulls `region` with one READ into a pool buffer, then commits each
+/// file of `files` (see the module's invariants).
+pub async fn upload(
+    io: BatchIo<'_>,
+    share: Arc<Share>,
+    region: RegionDesc,
+    files: Vec<BatchFile>,
+) -> Result<Response, RemoteError> {
+    share.check_writable()?;
+    check_upload(&files, &region, capacity(io.chunk_bytes))?;
+    let lease = io.pool.lease().await?;
+    if region.len > 0 {
+        // Bounded by `capacity` above, so the length fits a u32.
+        let slice = RemoteSlice::of(&region, 0, region.len as u32)
+            .ok_or_else(|| protocol("a batch region that wraps around".into()))?;
+        io.transport
+            .read(slice, lease.reg(), 0)
+            .await
+            .map_err(|e| {
+                remote(
+                    ErrorKind::Io,
+                    format!("{}: batch transfer failed: {e}", share.display("")),
+                )
+            })?;
+    }
+    let buf = lease.buffer().clone();
+    let (count, bytes) = (files.len(), region.len);
+    let results = blocking(move || {
+        let data = buf.blocking_read();
+        Ok(commit_all(&share, &files, &data[..]))
+    })
+    .await?;
+    drop(lease);
+    let failed = results.iter().filter(|r| r.is_some()).count();
+    tracing::debug!(files = count, bytes, failed, "upload batch");
+    Ok(Response::UploadedBatch { results })
+}
+
+/// A file of an upload batch written to its scratch file, not yet renamed.
+struct Staged {
+    index: usize,
+    what: String,
+    final_path: PathBuf,
+    scratch: PathBuf,
+    file: File,
+    size: u64,
+    mtime_ns: i128,
+    hash: Sha256,
+}
+
+impl Staged {
+    fn abandon(self, results: &mut [Option<RemoteError>], error: RemoteError) {
+        remove_quietly(&self.scratch);
+        results[self.index] = Some(error);
+    }
+}
+
+/// Writes, flushes and renames every file of a batch whose bytes are `data`; returns
+/// one result per file. Blocking.
+fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<RemoteError>> {
+    let mut results: Vec<Option<RemoteError>> = vec![None; files.len()];
+    let mut staged = Vec::with_capacity(files.len());
+    let mut seen = HashSet::with_capacity(files.len());
+    let mut offset = 0usize;
+    for (index, f) in files.iter().enumerate() {
+        // check_upload: the sizes add up to data's length.
+        let bytes = &data[offset..offset + f.size as usize];
+        offset += f.size as usize;
+        match stage(share, index, f, bytes, &mut seen) {
+            Ok(s) => staged.push(s),
+            Err(e) => results[index] = Some(e),
+        }
+    }
+    // One flush for the batch: every writeback started, then every file fsynced (the
+    // first fsync's journal commit covers most of the others).
+    for s in &staged {
+        let _ = start_writeback(&s.file);
+    }
+    let mut synced = Vec::with_capacity(staged.len());
+    for s in staged {
+        match s.file.sync_all() {
+            Ok(()) => synced.push(s),
+            Err(e) => {
+                let error = io_error("fsync", &s.what, &e);
+                s.abandon(&mut results, error);
+            }
+        }
+    }
+    // Only now, with every file of the batch durable, do final names change.
+    let mut dirs: BTreeMap<PathBuf, Vec<usize>> = BTreeMap::new();
+    let mut renamed = Vec::with_capacity(synced.len());
+    for s in synced {
+        if fs::symlink_metadata(&s.final_path).is_ok_and(|m| m.is_dir()) {
+            let error = remote(
+                ErrorKind::IsADirectory,
+                format!("{}: a directory is in the way", s.what),
+            );
+            s.abandon(&mut results, error);
+            continue;
+        }
+        if let Err(e) = fs::rename(&s.scratch, &s.final_path) {
+            let error = io_error("rename into place", &s.what, &e);
+            s.abandon(&mut results, error);
+            continue;
+        }
+        if let Some(dir) = s.final_path.parent() {
+            dirs.entry(dir.to_owned()).or_default().push(s.index);
+        }
+        renamed.push(s);
+    }
+    for (dir, indices) in &dirs {
+        if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+            for &i in indices {
+                results[i] = Some(io_error(
+                    "fsync the directory",
+                    &share.display(&files[i].path),
+                    &e,
+                ));
+            }
+        }
+    }
+    if let Some(store) = share.store() {
+        for s in renamed.iter().filter(|s| results[s.index].is_none()) {
+            record(store, s);
+        }
+    }
+    results
+}
+
+/// Checks one file's bytes and path and writes it to a fresh scratch file next to its
+/// final name, with its mode and mtime. Blocking.
+fn stage(
+    share: &Share,
+    index: usize,
+    f: &BatchFile,
+    bytes: &[u8],
+    seen: &mut HashSet<PathBuf>,
+) -> Result<Staged, RemoteError> {
+    let what = share.display(&f.path);
+    let final_path = share.resolve_for_write(&f.path)?;
+    // Compared as resolved, so two spellings of one name are caught too.
+    if !seen.insert(final_path.clone()) {
+        return Err(remote(
+            ErrorKind::InvalidPath,
+            format!("{what}: named more than once in one batch"),
+        ));
+    }
+    if hash_chunk(bytes) != f.hash {
+        tracing::warn!(file = %what, "batched upload failed SHA-256 verification");
+        return Err(remote(
+            ErrorKind::Integrity,
+            format!("{what}: failed SHA-256 verification"),
+        ));
+    }
+    if fs::symlink_metadata(&final_path).is_ok_and(|m| m.is_dir()) {
+        return Err(remote(
+            ErrorKind::IsADirectory,
+            format!("{what}: a directory is in the way"),
+        ));
+    }
+    let scratch = scratch_path(&final_path);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(&scratch)
+        .map_err(|e| io_error("create", &what, &e))?;
+    if let Err((step, e)) = write_whole(&mut file, bytes, f.mode, f.mtime) {
+        remove_quietly(&scratch);
+        return Err(io_error(step.verb(), &what, &e));
+    }
+    Ok(Staged {
+        index,
+        what,
+        final_path,
+        scratch,
+        file,
+        size: f.size,
+        mtime_ns: i128::from(f.mtime.secs) * 1_000_000_000 + i128::from(f.mtime.nanos),
+        hash: f.hash,
+    })
+}
+
+/// Saves the manifest of the committed file `s` (one chunk, or none for an empty file)
+/// if the file is still what the batch made it and its mtime is settled, as an
+/// upload's commit does. Failures are logged only.
+fn record(store: &ManifestStore, s: &Staged) {
+    let Ok(meta) = s.file.metadata() else {
+        return;
+    };
+    let key = ManifestKey::of(&meta, store.chunk_bytes());
+    if meta.size() != s.size
+        || key.mtime_ns != s.mtime_ns
+        || s.size > u64::from(store.chunk_bytes())
+        || !mtime_settled(&key)
+    {
+        return;
+    }
+    let hashes: &[Sha256] = if s.size == 0 {
+        &[]
+    } else {
+        std::slice::from_ref(&s.hash)
+    };
+    if let Err(e) = store.save(&key, hashes) {
+        tracing::debug!(file = %s.what, "cannot record the manifest: {e}");
+    }
+}
+
+/// `DownloadBatch`: reads every file of `paths` that fits into a pool buffer, back to
+/// back, and writes them into `region` with one WRITE.
+pub async fn download(
+    io: BatchIo<'_>,
+    share: Arc<Share>,
+    paths: Vec<String>,
+    region: RegionDesc,
+) -> Result<Response, RemoteError> {
+    let room = region.len.min(capacity(io.chunk_bytes)) as usize;
+    let lease = io.pool.lease().await?;
+    let buf = lease.buffer().clone();
+    let what = share.display("");
+    let (files, used) = blocking(move || {
+        let mut data = buf.blocking_write();
+        Ok(read_all(&share, &paths, &mut data[..room]))
+    })
+    .await?;
+    if used > 0 {
+        // `used <= room <= capacity`, which fits a u32, and lies inside the region.
+        let slice = RemoteSlice::of(&region, 0, used as u32)
+            .ok_or_else(|| protocol("a batch region that wraps around".into()))?;
+        io.transport
+            .write(lease.reg(), 0, slice)
+            .await
+            .map_err(|e| remote(ErrorKind::Io, format!("{what}: batch transfer failed: {e}")))?;
+    }
+    drop(lease);
+    tracing::debug!(files = files.len(), bytes = used, "download batch");
+    Ok(Response::DownloadedBatch { files })
+}
+
+/// Reads each path's file into `room`, back to back; returns an entry per path and the
+/// bytes used. Blocking.
+fn read_all(share: &Share, paths: &[String], room: &mut [u8]) -> (Vec<BatchedFile>, usize) {
+    let mut used = 0usize;
+    let files = paths
+        .iter()
+        .map(|rel| match read_one(share, rel, &mut room[used..]) {
+            Ok(Some((attr, hash))) => {
+                let offset = used as u64;
+                used += attr.size as usize;
+                BatchedFile::Ok { attr, offset, hash }
+            }
+            Ok(None) => BatchedFile::NotIncluded,
+            Err(e) => BatchedFile::Err(e),
+        })
+        .collect();
+    (files, used)
+}
+
+/// Reads the file `rel` whole to the start of `room` and returns its attributes (its
+/// `size` is the length read) and hash; `None` if it is larger than
+/// [`SMALL_FILE_MAX_BYTES`] or than `room`. Blocking.
+fn read_one(
+    share: &Share,
+    rel: &str,
+    room: &mut [u8],
+) -> Result<Option<(Attr, Sha256)>, RemoteError> {
+    let what = share.display(rel);
+    let (file, meta) = open_regular(share, rel, &what)?;
+    let size = meta.len();
+    if size > SMALL_FILE_MAX_BYTES || size > room.len() as u64 {
+        return Ok(None);
+    }
+    let len = size as usize;
+    let changed = || {
+        remote(
+            ErrorKind::Changed,
+            format!("{what}: file changed while it was read"),
+        )
+    };
+    match file.read_exact_at(&mut room[..len], 0) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(changed()),
+        Err(e) => return Err(io_error("read", &what, &e)),
+    }
+    let after = file.metadata().map_err(|e| io_error("stat", &what, &e))?;
+    let attr = attr_of(&meta, None);
+    if after.len() != size || attr_of(&after, None).mtime != attr.mtime {
+        return Err(changed());
+    }
+    Ok(Some((attr, hash_chunk(&room[..len]))))
+}

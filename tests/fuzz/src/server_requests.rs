@@ -497,7 +497,6 @@ impl Client<'_> {
             | Request::Remove { share, .. }
             | Request::DiskUsage { share, .. }
             | Request::Verify { share, .. }
-            | Request::DownloadBatch { share, .. }
             | Request::LinkBatch { share, .. }
             | Request::StatFs { share } => match flags & (F_DATA | F_RO) {
                 F_DATA => *share = "data".into(),
@@ -563,7 +562,12 @@ impl Client<'_> {
                     region.len = offset;
                 }
             }
-            Request::DownloadBatch { region, .. } => {
+            Request::DownloadBatch { share, region, .. } => {
+                match flags & (F_DATA | F_RO) {
+                    F_DATA => *share = "data".into(),
+                    F_RO => *share = "ro".into(),
+                    _ => {}
+                }
                 if flags & F_REGION != 0 {
                     *region = self.dst.desc();
                 }

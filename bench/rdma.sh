@@ -75,6 +75,8 @@ mibps() { awk -v b="$((SIZE_MIB << 20))" -v s="$1" 'BEGIN {printf "%.1f", b / s 
 
 up=() down=()
 for _ in $(seq "$REPS"); do
+    # The VM's /tmp is small: never hold the last copy while the next reserves its size.
+    rm -f "$W/share/up.bin"
     t0=$(now); "$BIN_DIR/rcp" -q --transport rdma "$W/local/src.bin" "$IP:$PORT:b/up.bin"; t1=$(now)
     up+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')")
     rm -f "$W/local/back.bin"

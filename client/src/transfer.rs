@@ -24,11 +24,12 @@
 
 use std::collections::BTreeSet;
 use std::fs::{self, File, Permissions};
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferry_common::chunk::{chunk_len, hash_chunks, manifest_id};
+use ferry_common::direct::{DirectFile, DIRECT_MIN_FILE_BYTES};
 use ferry_common::journal::{source_tag, JournalHeader, JournalWriter};
 use ferry_common::msg::{ErrorKind, Request, Response, Sha256, Timestamp};
 use ferry_common::proto::transfer::{Window, WindowPlan};
@@ -55,7 +56,7 @@ pub struct Copied {
 }
 
 /// Windows outstanding per file.
-pub const WINDOWS_IN_FLIGHT: usize = 2;
+pub const WINDOWS_IN_FLIGHT: usize = 4;
 
 /// Chunks per window (capped by what the server accepts).
 pub const WINDOW_CHUNKS: usize = 16;
@@ -198,7 +199,8 @@ async fn upload(
         Response::UploadOpened { transfer } => transfer,
         other => return Err(unexpected(other)),
     };
-    let result = upload_windows(client, Arc::new(file), local, transfer, size, progress).await;
+    let source = Source::new(file, size);
+    let result = upload_windows(client, source, local, transfer, size, progress).await;
     if result.is_err() {
         // Best effort: abandons the upload, removing what the server holds of it. (A
         // connection that ends instead leaves a resumable partial on the server.)
@@ -209,7 +211,7 @@ async fn upload(
 
 async fn upload_windows(
     client: &Client,
-    file: Arc<File>,
+    source: Source,
     local: &Path,
     transfer: u64,
     size: u64,
@@ -219,9 +221,9 @@ async fn upload_windows(
     let mut plan = WindowPlan::new(size, chunk, window_chunks(client), WINDOWS_IN_FLIGHT);
     let windows = run_windows(&mut plan, &progress, |w| {
         let client = client.clone();
-        let file = file.clone();
+        let source = source.clone();
         let local = local.to_owned();
-        async move { upload_window(&client, &file, &local, transfer, chunk, w).await }
+        async move { upload_window(&client, &source, &local, transfer, chunk, w).await }
     })
     .await?;
     let mut copied = Copied::default();
@@ -253,68 +255,143 @@ struct SentWindow {
     reused: u64,
 }
 
-/// Maps window `w` of the source and hashes its chunks.
-async fn map_window(
-    file: &Arc<File>,
+/// Where an upload's windows come from.
+#[derive(Clone)]
+enum Source {
+    /// Each window mapped and registered as it is (files under
+    /// [`DIRECT_MIN_FILE_BYTES`]: no copy at all).
+    Mapped(Arc<File>),
+    /// Each window read into a pooled buffer, which is registered: what the page cache
+    /// holds copied from it, the rest read direct (big files; see
+    /// [`ferry_common::direct`] for why).
+    Read(Arc<DirectFile>),
+}
+
+impl Source {
+    fn new(file: File, size: u64) -> Source {
+        if size >= DIRECT_MIN_FILE_BYTES {
+            Source::Read(Arc::new(DirectFile::for_reading(Arc::new(file), size)))
+        } else {
+            Source::Mapped(Arc::new(file))
+        }
+    }
+
+    fn file(&self) -> &File {
+        match self {
+            Source::Mapped(f) => f,
+            Source::Read(d) => d.file(),
+        }
+    }
+}
+
+/// Returns a window's buffer (if it had one) to the client's pool. Only once the
+/// window's registration is gone.
+fn release(client: &Client, memory: Memory) {
+    if let Memory::Buffer(b) = memory {
+        client.give_buffer(b);
+    }
+}
+
+/// Maps or reads window `w` of the source and hashes its chunks.
+async fn prepare_window(
+    client: &Client,
+    source: &Source,
     local: &Path,
     chunk: u32,
     w: Window,
-) -> Result<(Arc<FileWindow>, Vec<Sha256>), ClientError> {
-    let (file, local) = (file.clone(), local.to_owned());
-    tokio::task::spawn_blocking(move || {
-        let window = FileWindow::map(&file, w.offset, w.len as usize)
-            .map_err(|e| ClientError::local(&local, "cannot map", e))?;
-        let hashes = hash_chunks(window.bytes(), chunk as usize);
-        Ok((window, hashes))
-    })
-    .await
-    .map_err(|e| ClientError::Disconnected(format!("hashing task failed: {e}")))?
+) -> Result<(Memory, Vec<Sha256>), ClientError> {
+    let local = local.to_owned();
+    match source.clone() {
+        Source::Mapped(file) => tokio::task::spawn_blocking(move || {
+            let window = FileWindow::map(&file, w.offset, w.len as usize)
+                .map_err(|e| ClientError::local(&local, "cannot map", e))?;
+            let hashes = hash_chunks(window.bytes(), chunk as usize);
+            Ok((Memory::File(window), hashes))
+        })
+        .await
+        .map_err(|e| ClientError::Disconnected(format!("hashing task failed: {e}")))?,
+        Source::Read(file) => {
+            let buf = client
+                .take_buffer(plan_buffer_len(client, chunk))
+                .map_err(|e| ClientError::local(&local, "cannot allocate a buffer", e))?;
+            let buf2 = buf.clone();
+            let read = tokio::task::spawn_blocking(move || {
+                let mut bytes = buf2.blocking_write();
+                let data = &mut bytes[..w.len as usize];
+                match file.read_exact_at(data, w.offset) {
+                    Ok(()) => Ok(hash_chunks(data, chunk as usize)),
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        Err(ClientError::SourceChanged { path: local })
+                    }
+                    Err(e) => Err(ClientError::local(&local, "cannot read", e)),
+                }
+            })
+            .await
+            .map_err(|e| ClientError::Disconnected(format!("hashing task failed: {e}")));
+            match read {
+                Ok(Ok(hashes)) => Ok((Memory::Buffer(buf), hashes)),
+                Ok(Err(e)) | Err(e) => {
+                    client.give_buffer(buf);
+                    Err(e)
+                }
+            }
+        }
+    }
 }
 
 /// Uploads window `w`. When the server finds a chunk that does not match its hash, the
-/// window is hashed again: if the source changed meanwhile, that is the error; if not,
-/// the bytes were damaged in flight and the window is sent again, once.
+/// window is read and hashed again: if the source changed meanwhile, that is the error;
+/// if not, the bytes were damaged in flight and the window is sent again, once.
 async fn upload_window(
     client: &Client,
-    file: &Arc<File>,
+    source: &Source,
     local: &Path,
     transfer: u64,
     chunk: u32,
     w: Window,
 ) -> Result<SentWindow, ClientError> {
-    let (mut window, mut hashes) = map_window(file, local, chunk, w).await?;
+    let (mut memory, mut hashes) = prepare_window(client, source, local, chunk, w).await?;
     let mut attempt = 1;
     loop {
-        match send_window(client, transfer, w, window, hashes.clone()).await {
+        let sent = send_window(client, transfer, w, memory.clone(), hashes.clone()).await;
+        match sent {
             Ok((pulled, reused)) => {
+                release(client, memory);
                 return Ok(SentWindow {
                     hashes,
                     pulled,
                     reused,
-                })
+                });
             }
             Err(e) if is_integrity(&e) => {
-                let (again_window, again) = map_window(file, local, chunk, w).await?;
+                release(client, memory);
+                let (again_memory, again) = prepare_window(client, source, local, chunk, w).await?;
                 if again != hashes {
+                    release(client, again_memory);
                     return Err(ClientError::SourceChanged {
                         path: local.to_owned(),
                     });
                 }
                 if attempt >= WINDOW_ATTEMPTS {
+                    release(client, again_memory);
                     return Err(e);
                 }
                 tracing::warn!(file = %local.display(), offset = w.offset, "window damaged in flight; sending it again: {e}");
                 attempt += 1;
-                (window, hashes) = (again_window, again);
+                (memory, hashes) = (again_memory, again);
             }
-            // The transport serves a window with pread, so a source truncated under it
-            // fails the server's READ instead of raising SIGBUS here: report the cause.
-            Err(_) if source_shrank(file, w) => {
-                return Err(ClientError::SourceChanged {
-                    path: local.to_owned(),
-                })
+            Err(e) => {
+                release(client, memory);
+                // The transport serves a mapped window with pread, so a source
+                // truncated under it fails the server's READ instead of raising SIGBUS
+                // here: report the cause.
+                if source_shrank(source.file(), w) {
+                    return Err(ClientError::SourceChanged {
+                        path: local.to_owned(),
+                    });
+                }
+                return Err(e);
             }
-            Err(e) => return Err(e),
         }
     }
 }
@@ -325,22 +402,22 @@ fn source_shrank(file: &File, w: Window) -> bool {
         .is_ok_and(|m| m.len() < w.offset.saturating_add(w.len))
 }
 
-/// Registers `window` for remote READ, asks the server to pull it, and revokes it.
-/// Returns the bytes pulled and the bytes the server reused.
+/// Registers `memory` (window `w`) for remote READ, asks the server to pull it, and
+/// revokes it. Returns the bytes pulled and the bytes the server reused.
 async fn send_window(
     client: &Client,
     transfer: u64,
     w: Window,
-    window: Arc<FileWindow>,
+    memory: Memory,
     hashes: Vec<Sha256>,
 ) -> Result<(u64, u64), ClientError> {
-    let reg = client
-        .transport()
-        .register(Memory::File(window), Access::RemoteRead)?;
+    let reg = client.transport().register(memory, Access::RemoteRead)?;
+    let mut region = reg.desc();
+    region.len = region.len.min(w.len);
     let req = Request::UploadWindow {
         transfer,
         offset: w.offset,
-        region: reg.desc(),
+        region,
         hashes,
     };
     let response = client.call(req).await;
@@ -430,7 +507,7 @@ pub async fn download_file(
         let reused: u64 = held.iter().map(|&i| chunk_len(attr.size, chunk, i)).sum();
         progress(reused);
         let sink = Sink {
-            file: staged.file().clone(),
+            out: Arc::new(DirectFile::for_writing(staged.file().clone(), attr.size)),
             journal: staged.journal(),
             writeback: Arc::new(Writeback::new(staged.file().clone())),
             dest: dest.to_owned(),
@@ -471,7 +548,8 @@ pub async fn download_file(
 /// Where a download's verified windows go.
 #[derive(Clone)]
 struct Sink {
-    file: Arc<File>,
+    /// The hidden file, its aligned blocks written direct where allowed.
+    out: Arc<DirectFile>,
     /// The partial's journal; `None` for a scratch file.
     journal: Option<Arc<JournalWriter>>,
     writeback: Arc<Writeback>,
@@ -573,9 +651,9 @@ async fn download_window(
             return Err(e);
         }
     };
-    let (buf2, file, journal, what2, dest2) = (
+    let (buf2, out, journal, what2, dest2) = (
         buf.clone(),
-        sink.file.clone(),
+        sink.out.clone(),
         sink.journal.clone(),
         what.to_owned(),
         sink.dest.clone(),
@@ -596,7 +674,7 @@ async fn download_window(
                 chunk: w.offset / u64::from(chunk) + got.len() as u64,
             });
         }
-        file.write_all_at(data, w.offset)
+        out.write_all_at(data, w.offset)
             .map_err(|e| ClientError::local(&dest2, "cannot write", e))?;
         // Journaled only once the bytes are in the file. The journal is a hint, so
         // failing to extend it costs a later resume, not this download.

@@ -17,6 +17,8 @@
 //! - [`path`] validates share-relative paths before the server touches the disk.
 //! - [`space`] reserves a received file's size before its bytes arrive, so a full disk
 //!   fails a file at its start.
+//! - [`direct`] writes the aligned blocks of big received files with `O_DIRECT`,
+//!   bypassing the page cache.
 //! - [`staging`] holds a received file under a hidden name until it is complete; a
 //!   file of several chunks is a resumable partial whose [`journal`] records the chunks
 //!   written, so an interrupted transfer of it can resume.
@@ -26,6 +28,7 @@ pub mod attr;
 pub mod auth;
 pub mod chunk;
 pub mod codec;
+pub mod direct;
 pub mod journal;
 pub mod msg;
 pub mod path;

@@ -27,6 +27,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use ferry_common::chunk::{chunk_len, hash_chunk};
+use ferry_common::direct::DirectFile;
 use ferry_common::journal::{JournalHeader, JournalWriter};
 use ferry_common::msg::{
     Attr, ErrorKind, RegionDesc, RemoteError, Response, Sha256, Timestamp, MAX_WINDOW_CHUNKS,
@@ -49,6 +50,8 @@ pub struct Upload {
     final_path: PathBuf,
     staged: Mutex<Staged>,
     file: Arc<File>,
+    /// `file` for chunk data: its aligned blocks written direct where allowed.
+    out: Arc<DirectFile>,
     /// The partial's journal; `None` for a scratch file.
     journal: Option<Arc<JournalWriter>>,
     header: JournalHeader,
@@ -192,6 +195,7 @@ impl Upload {
             hints,
             base: base.map(Arc::new),
             writeback: Writeback::new(file.clone()),
+            out: Arc::new(DirectFile::for_writing(file.clone(), size)),
             file,
             state: Mutex::new(UploadState::new(size, chunk_bytes, MAX_WINDOW_CHUNKS)),
             mode,
@@ -232,6 +236,7 @@ impl Upload {
                 transport: transport.clone(),
                 pool: pool.clone(),
                 file: self.file.clone(),
+                out: self.out.clone(),
                 journal: self.journal.clone(),
                 header: self.header,
                 what: self.what.clone(),
@@ -383,6 +388,7 @@ struct PullChunk {
     transport: SharedTransport,
     pool: Arc<Pool>,
     file: Arc<File>,
+    out: Arc<DirectFile>,
     journal: Option<Arc<JournalWriter>>,
     header: JournalHeader,
     what: String,
@@ -413,6 +419,7 @@ impl PullChunk {
             transport,
             pool,
             file,
+            out,
             journal,
             header,
             what,
@@ -444,7 +451,7 @@ impl PullChunk {
             }
         }
         if let Some(base) = base {
-            let (buf, file, journal) = (lease.buffer().clone(), file.clone(), journal.clone());
+            let (buf, out, journal) = (lease.buffer().clone(), out.clone(), journal.clone());
             let file_offset = window.offset + chunk.window_offset;
             let what2 = what.clone();
             let copied = tokio::task::spawn_blocking(move || {
@@ -453,7 +460,7 @@ impl PullChunk {
                 if !base.find(&expected, len, &mut bytes[..]) {
                     return Ok(false);
                 }
-                file.write_all_at(&bytes[..len], file_offset)?;
+                out.write_all_at(&bytes[..len], file_offset)?;
                 if let Some(j) = journal {
                     if let Err(e) = j.append(chunk.index, &expected) {
                         tracing::warn!(file = %what2, "cannot extend the upload's journal: {e}");
@@ -488,7 +495,7 @@ impl PullChunk {
             if got != expected {
                 return Ok(false);
             }
-            file.write_all_at(&bytes[..len], file_offset)?;
+            out.write_all_at(&bytes[..len], file_offset)?;
             // Journaled only once the bytes are in the file. The journal is a hint, so
             // failing to extend it costs a later resume, not this upload.
             if let Some(j) = journal {
@@ -521,7 +528,8 @@ impl PullChunk {
 /// An open download.
 pub struct Download {
     what: String,
-    file: Arc<File>,
+    /// The file; read direct where the page cache does not hold a chunk.
+    file: Arc<DirectFile>,
     attr: Attr,
     ino: u64,
     chunk_bytes: u32,
@@ -550,7 +558,7 @@ impl Download {
             what,
             attr: ferry_common::attr::attr_of(&meta, None),
             ino: meta.ino(),
-            file: Arc::new(file),
+            file: Arc::new(DirectFile::for_reading(Arc::new(file), meta.len())),
             chunk_bytes,
         })
     }
@@ -560,7 +568,8 @@ impl Download {
         &self.attr
     }
 
-    /// Pushes one window: reads each chunk into a pool buffer, hashes it and RDMA-WRITEs
+    /// Pushes one window: reads each chunk into a pool buffer (from the page cache if it
+    /// holds the chunk, else direct), hashes it and RDMA-WRITEs
     /// it into the client's `region`; answers with the hashes.
     pub async fn push_window(
         &self,
@@ -624,6 +633,7 @@ impl Download {
     pub fn close(&self) -> Result<Response, RemoteError> {
         let meta = self
             .file
+            .file()
             .metadata()
             .map_err(|e| io_error("stat", &self.what, &e))?;
         let now = ferry_common::attr::attr_of(&meta, None);

@@ -2,6 +2,8 @@
 //! foreign interfaces Ferry needs.
 //!
 //! - [`mem`]: file mappings and anonymous buffers (memmap2), and the SIGBUS reporter.
+//! - [`cached`]: whether a file range is in the page cache (`mincore`), for readers
+//!   that take cold data with direct I/O.
 //! - [`flush`]: starting a file's writeback (`sync_file_range`), for batched small
 //!   files.
 //! - `verbs` (feature `rdma`): RAII wrappers over libibverbs and librdmacm (rdma-sys).
@@ -11,6 +13,7 @@
 //! denied workspace-wide and only allowed here).
 #![allow(unsafe_code)]
 
+pub mod cached;
 pub mod flush;
 pub mod mem;
 

@@ -9,7 +9,7 @@ use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use ferry_common::msg::{Attr, DirEntry, FileKind, FileVersion, Timestamp};
 use fuser::{
@@ -21,7 +21,7 @@ use tokio::runtime::Handle;
 
 use crate::nodes::{join, Nodes, ROOT};
 use crate::options::MountOptions;
-use crate::reader::{OpenFile, Reader};
+use crate::reader::{auto_chunk, OpenFile, Reader};
 use crate::remote::{lock, OpError, Remote};
 
 /// The mounted share.
@@ -187,10 +187,15 @@ impl Inner {
     async fn open(&self, ino: INodeNo) -> Result<(u64, bool), OpError> {
         let path = self.path_of(ino)?;
         let sp = self.share_path(&path);
-        let file = self
-            .reader
-            .open(&self.share, &sp, self.opts.chunk_bytes)
-            .await?;
+        // The size from the lookup that preceded the open, however old: it only picks
+        // the chunk size, which the server's reply then fixes for this open.
+        let chunk_bytes = self.opts.chunk_bytes.unwrap_or_else(|| {
+            let size = lock(&self.nodes)
+                .attr(&path, Instant::now(), Duration::MAX)
+                .map_or(0, |a| a.size);
+            auto_chunk(size)
+        });
+        let file = self.reader.open(&self.share, &sp, chunk_bytes).await?;
         let version = file.version();
         lock(&self.nodes).store_attr(&path, file.attr(), Instant::now());
         let keep = lock(&self.versions).insert(ino.0, version) == Some(version);

@@ -54,8 +54,9 @@ Mount options (-o, comma-separated):
   entry_timeout=SECS     trust name lookups this long (default 1)
   negative_timeout=SECS  remember missing names this long (default 1)
   cache_size=MIB         memory for verified chunks (default 256)
-  chunk_size=BYTES       verification unit, a power of two 4K..1M (default 64K)
-  readahead=CHUNKS       chunks fetched ahead of a sequential reader (default 32)
+  chunk_size=BYTES       verification unit, a power of two 4K..1M (default: per file,
+                         16K, larger for files over 2 GiB so the manifest stays <= 4 MiB)
+  readahead=CHUNKS       chunks fetched ahead of a sequential reader (default: 2 MiB worth)
   max_readahead=KIB      the kernel's readahead for the mount (default 1024; as root)
   timeout=SECS           bound on each server round trip and read (default 20)
   threads=N              threads taking requests from the kernel (default 4)

@@ -19,8 +19,8 @@ pub enum Access {
     All,
 }
 
-/// Everything `-o` can set. Invariant after [`MountOptions::parse_into`]: `chunk_bytes`
-/// is a power of two within the protocol's bounds, `cache_bytes >= 2 * fetch bytes`,
+/// Everything `-o` can set. Invariant after [`MountOptions::parse_into`]: `chunk_bytes`,
+/// if set, is a power of two within the protocol's bounds, `cache_bytes >= 2 * fetch bytes`,
 /// `threads >= 1`, `timeout > 0`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MountOptions {
@@ -37,9 +37,11 @@ pub struct MountOptions {
     /// Bytes of verified chunks kept in memory.
     pub cache_bytes: u64,
     /// Chunk size asked of the server: the unit of verification and of one-sided reads.
-    pub chunk_bytes: u32,
-    /// Chunks read ahead of a sequential reader.
-    pub readahead_chunks: u32,
+    /// `None`: chosen per file by its size ([`crate::reader::auto_chunk`]).
+    pub chunk_bytes: Option<u32>,
+    /// Chunks read ahead of a sequential reader. `None`: as many as make
+    /// [`crate::reader::READAHEAD_BYTES`].
+    pub readahead_chunks: Option<u32>,
     /// The kernel's readahead for the mount, in KiB (applied when running as root).
     pub max_readahead_kib: u32,
     /// Bound on every server round trip and one-sided read.
@@ -61,8 +63,8 @@ impl Default for MountOptions {
             entry_ttl: Duration::from_secs(1),
             negative_ttl: Duration::from_secs(1),
             cache_bytes: 256 << 20,
-            chunk_bytes: 64 << 10,
-            readahead_chunks: 32,
+            chunk_bytes: None,
+            readahead_chunks: None,
             max_readahead_kib: 1024,
             timeout: Duration::from_secs(20),
             threads: 4,
@@ -140,9 +142,9 @@ impl MountOptions {
                             MAX_MOUNT_CHUNK >> 20
                         ));
                     }
-                    self.chunk_bytes = bytes as u32;
+                    self.chunk_bytes = Some(bytes as u32);
                 }
-                "readahead" => self.readahead_chunks = number(key, need(value)?)?,
+                "readahead" => self.readahead_chunks = Some(number(key, need(value)?)?),
                 "max_readahead" => {
                     self.max_readahead_kib = number(key, need(value)?)?;
                     if !(4..=65_536).contains(&self.max_readahead_kib) {
@@ -214,9 +216,10 @@ mod tests {
         assert_eq!(o.access, Access::All);
         assert_eq!(o.attr_ttl, Duration::from_millis(2500));
         assert_eq!(o.entry_ttl, Duration::ZERO);
-        assert_eq!(o.chunk_bytes, 128 << 10);
+        assert_eq!(o.chunk_bytes, Some(128 << 10));
         assert_eq!(o.threads, 2);
-        assert_eq!(parse("chunk_size=1M").unwrap().chunk_bytes, 1 << 20);
+        assert_eq!(parse("chunk_size=1M").unwrap().chunk_bytes, Some(1 << 20));
+        assert_eq!(parse("ro").unwrap().chunk_bytes, None);
         assert_eq!(parse("cache_size=64").unwrap().cache_bytes, 64 << 20);
         assert_eq!(parse("").unwrap(), MountOptions::default());
     }

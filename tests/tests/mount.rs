@@ -46,8 +46,8 @@ const EIO: i32 = 5;
 const EROFS: i32 = 30;
 const ENOTCONN: i32 = 107;
 
-/// ferry-mount's default chunk size.
-const CHUNK: u64 = 64 << 10;
+/// ferry-mount's default chunk size for files of up to 2 GiB.
+const CHUNK: u64 = 16 << 10;
 
 /// `tcp` on the host, `rdma` in the VM, where everything runs 10-15x slower.
 fn on_rdma() -> bool {
@@ -302,7 +302,7 @@ ferrytest!(reads_across_chunk_boundaries, |env| {
         let chunk = if chunk_opt.ends_with("16K") {
             16 << 10
         } else {
-            CHUNK
+            64 << 10
         };
         let mount = Mount::builder(env.remote("")).opt(chunk_opt).start();
         let file = File::open(mount.join("b.bin")).unwrap();
@@ -763,7 +763,7 @@ ferrytest!(a_corrupted_chunk_fails_with_eio_and_is_logged, |env| {
     if skip_without_tcp("a_corrupted_chunk_fails_with_eio_and_is_logged") {
         return;
     }
-    // 17 chunks of 64 KiB (the manifest region, 17 * 32 bytes, is left alone).
+    // 65 chunks of 16 KiB (the manifest region, 65 * 32 bytes, is left alone).
     let size = MIB + 12_345;
     let bad_chunk = 5u64;
     let bad_offset = bad_chunk * CHUNK + 777;

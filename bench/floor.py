@@ -7,6 +7,8 @@ hashing: how many files per second a process can create, write and name,
            (sync_file_range), fsync each, rename each, fsync each directory
            (what ferryd does for a batch of small files, so that no crash can leave
            a file under its final name with less than its bytes)
+  syncfs:  per batch of 256: create .tmp and write each, syncfs, rename each, syncfs
+           (the same guarantee with two flushes of the whole filesystem per batch)
 
 Usage: bench/floor.py [--files N] [--size BYTES] [--dir DIR] [--reps N]
 DIR defaults to $TMPDIR or /tmp (the filesystem bench/run writes to). Prints one line
@@ -28,6 +30,16 @@ SYNC_FILE_RANGE_WRITE = 2
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+_libc.syncfs.argtypes = [ctypes.c_int]
+
+
+def syncfs(path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _libc.syncfs(fd) != 0:
+            raise OSError(ctypes.get_errno(), "syncfs")
+    finally:
+        os.close(fd)
 
 
 def start_writeback(fd):
@@ -76,6 +88,20 @@ def durable(root, n, data):
             os.close(fd)
 
 
+def by_syncfs(root, n, data):
+    _, files = names(root, n)
+    for start in range(0, n, BATCH):
+        batch = files[start:start + BATCH]
+        for p in batch:
+            fd = os.open(p + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, data)
+            os.close(fd)
+        syncfs(root)
+        for p in batch:
+            os.rename(p + ".tmp", p)
+        syncfs(root)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", type=int, default=10000)
@@ -86,7 +112,7 @@ def main():
     a = ap.parse_args()
     data = os.urandom(a.size)
     out = {}
-    for mode, fn in (("plain", plain), ("durable", durable)):
+    for mode, fn in (("plain", plain), ("durable", durable), ("syncfs", by_syncfs)):
         rates = []
         for _ in range(a.reps):
             root = tempfile.mkdtemp(prefix="ferry-floor.", dir=a.dir)

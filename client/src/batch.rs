@@ -8,8 +8,8 @@
 //! buffer is registered for remote WRITE and the server fills it from many files; each
 //! file is verified against its SHA-256, written whole to a hidden file next to its
 //! final name ([`small_path`]) with its mode and mtime, and once every file of the
-//! batch is fsynced (one flush: every writeback started, then each fsynced) each is
-//! renamed into place. Either way a registration is revoked as soon as the server
+//! batch is durable (one `syncfs` per filesystem: a group commit) each is renamed
+//! into place. Either way a registration is revoked as soon as the server
 //! answered, and buffers are reused across batches.
 //!
 //! A file that fails fails alone. One the server found damaged in flight (an upload's
@@ -34,8 +34,8 @@ use ferry_common::msg::{
 };
 use ferry_common::proto::ProtoError;
 use ferry_common::staging::{remove_quietly, scratch_path, small_path, write_whole, WholeStep};
-use ferry_common::transport::sys::flush::start_writeback;
 use ferry_common::transport::{Access, Buffer, Memory};
+use ferry_common::writeback::sync_filesystems;
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::client::{unexpected, Client};
@@ -570,17 +570,17 @@ fn land_all(
             Err(e) => results.push((f.index, Err(e))),
         }
     }
-    for l in &landed {
-        let _ = start_writeback(&l.file);
-    }
-    for l in landed {
+    // One flush for the batch: a group commit, one `syncfs` per filesystem (see
+    // `sync_filesystems`), before any final name changes.
+    let flushed = sync_filesystems(&landed.iter().map(|l| &*l.file).collect::<Vec<_>>());
+    for (l, flush) in landed.into_iter().zip(flushed) {
         let dest = &targets[l.index];
         let fail = |op: &'static str, e: std::io::Error| -> Result<u64, ClientError> {
             remove_quietly(&l.hidden);
             Err(ClientError::local(dest, op, e))
         };
-        let result = if let Err(e) = l.file.sync_all() {
-            fail("cannot fsync", e)
+        let result = if let Err(e) = flush {
+            fail("cannot flush", e)
         } else if fs::symlink_metadata(dest).is_ok_and(|m| m.is_dir()) {
             fail(
                 "cannot replace",

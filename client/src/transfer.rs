@@ -693,7 +693,11 @@ async fn download_window(
     .map_err(|e| ClientError::Disconnected(format!("verify task failed: {e}")));
     client.give_buffer(buf);
     verdict??;
-    sink.writeback.wrote(w.len);
+    // Direct writes leave no dirty pages to push early; the final fsync flushes the
+    // device's cache once.
+    if !sink.out.is_direct() {
+        sink.writeback.wrote(w.len);
+    }
     Ok(())
 }
 

@@ -1,13 +1,34 @@
-//! Early writeback: flush a file being written in the background, so that the final
+//! Early writeback and group commits.
+//!
+//! [`Writeback`]: flush a file being written in the background, so that the final
 //! fsync before the rename has little left to do and the disk works while the network
 //! does.
+//!
+//! [`sync_filesystems`]: making many files durable at once, one `syncfs(2)` per
+//! filesystem that a group of files lives on, the group commit a receiver of a batch
+//! of small files uses.
+//!
+//! Why not the writeback of each file started (`sync_file_range`) and then an fsync
+//! of each, as before: on ext4 every `fsync` of a file issues its own flush of
+//! the device's cache (on these VMs a flush of the host's image file), even when the
+//! first fsync's journal commit already carried the others' metadata; 256 fsyncs are
+//! 256 flushes. `bench/floor.py` (10,000 files of 4 KiB in batches of 256, Python,
+//! no network) measured 283 files/s with writeback started then fsync per file, and
+//! 2,278 files/s with a `syncfs` before the renames and one after, the same crash
+//! guarantee. The cost is that a `syncfs` also writes back whatever else is dirty on
+//! that filesystem; ferryd's own big files bypass the page cache
+//! ([`crate::direct`]), so on a file server that is mostly the batch itself.
 //!
 //! Invariant: an error from a background flush is kept and returned by
 //! [`Writeback::finish`]. (Linux reports a writeback error to one fsync per open file
 //! only, so a background flush that swallowed it would let the final fsync succeed on
 //! lost data.)
 
+use std::collections::HashMap;
 use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -64,6 +85,32 @@ impl Writeback {
     }
 }
 
+/// Makes everything written to the filesystems that `files` live on durable: one
+/// `syncfs` per distinct filesystem (by `st_dev`). Returns one result per file, in
+/// order: the error of its filesystem's flush, or of its `fstat`. Since Linux 5.8
+/// `syncfs` reports writeback errors of the filesystem; a failed flush fails every file
+/// on that filesystem, since which one lost data cannot be told. Blocking.
+pub fn sync_filesystems(files: &[&File]) -> Vec<io::Result<()>> {
+    let devs: Vec<io::Result<u64>> = files
+        .iter()
+        .map(|f| f.metadata().map(|m| m.dev()))
+        .collect();
+    let mut flushed: HashMap<u64, Result<(), i32>> = HashMap::new();
+    for (file, dev) in files.iter().zip(&devs) {
+        if let Ok(dev) = dev {
+            flushed
+                .entry(*dev)
+                .or_insert_with(|| nix::unistd::syncfs(file.as_raw_fd()).map_err(|e| e as i32));
+        }
+    }
+    devs.into_iter()
+        .map(|dev| match flushed.get(&dev?) {
+            Some(Err(errno)) => Err(io::Error::from_raw_os_error(*errno)),
+            _ => Ok(()),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +136,18 @@ mod tests {
         }
         assert!(wb.error.lock().unwrap().is_some());
         assert!(wb.finish().is_err());
+    }
+
+    #[test]
+    fn syncs_each_filesystem_once_and_answers_per_file() {
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let mut a = File::create(dir.path().join("a")).unwrap();
+        let mut b = File::create(dir.path().join("b")).unwrap();
+        a.write_all(b"one").unwrap();
+        b.write_all(b"two").unwrap();
+        let results = sync_filesystems(&[&a, &b, &a]);
+        assert_eq!(results.len(), 3);
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+        assert!(sync_filesystems(&[]).is_empty());
     }
 }

@@ -8,12 +8,13 @@
 //!   next to its final name (removed again if anything fails before its rename; what a
 //!   killed server leaves, its startup cleanup removes), only after its bytes matched
 //!   the client's SHA-256, and gets its mode and mtime through its descriptor.
-//! - Durability, one flush per batch: the writeback of every scratch file is started
-//!   first, then each is fsynced; only once every fsync of the batch returned is any
-//!   file renamed over its final name, and each distinct parent directory is fsynced
-//!   once after the renames, before the answer. So after a power cut a final name
-//!   holds its old content or the whole new file, never a part of it, and an answered
-//!   file survives.
+//! - Durability, a group commit per batch: every scratch file is written, then each
+//!   filesystem they are on is flushed once (`syncfs`,
+//!   [`sync_filesystems`]); only once that succeeded is any file renamed over its
+//!   final name, and the filesystems are flushed once more after the renames, before
+//!   the answer. So after a power cut a final name holds its old content or the whole
+//!   new file, never a part of it, and an answered file survives. A failed flush fails
+//!   every file of the batch on that filesystem.
 //! - A file that fails (bad path, hash mismatch, a directory in the way, an I/O error)
 //!   fails alone: its entry in the answer says why, the others go on.
 //! - Every committed file is recorded in the share's manifest store, as an upload's
@@ -25,7 +26,7 @@
 //! the buffer, which is written to the client's region with one WRITE after every read
 //! finished.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
@@ -38,8 +39,8 @@ use ferry_common::msg::{
     BATCH_MAX_BYTES, SMALL_FILE_MAX_BYTES,
 };
 use ferry_common::staging::{remove_quietly, scratch_path, write_whole};
-use ferry_common::transport::sys::flush::start_writeback;
 use ferry_common::transport::{RemoteSlice, SharedTransport};
+use ferry_common::writeback::sync_filesystems;
 
 use crate::conn::blocking;
 use crate::error::{io_error, remote};
@@ -176,23 +177,20 @@ fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<Rem
             Err(e) => results[index] = Some(e),
         }
     }
-    // One flush for the batch: every writeback started, then every file fsynced (the
-    // first fsync's journal commit covers most of the others).
-    for s in &staged {
-        let _ = start_writeback(&s.file);
-    }
+    // One flush for the batch (a group commit: one `syncfs` per filesystem, see
+    // `sync_filesystems` for why not one fsync per file).
+    let flushed = sync_filesystems(&staged.iter().map(|s| &s.file).collect::<Vec<_>>());
     let mut synced = Vec::with_capacity(staged.len());
-    for s in staged {
-        match s.file.sync_all() {
+    for (s, flush) in staged.into_iter().zip(flushed) {
+        match flush {
             Ok(()) => synced.push(s),
             Err(e) => {
-                let error = io_error("fsync", &s.what, &e);
+                let error = io_error("flush", &s.what, &e);
                 s.abandon(&mut results, error);
             }
         }
     }
     // Only now, with every file of the batch durable, do final names change.
-    let mut dirs: BTreeMap<PathBuf, Vec<usize>> = BTreeMap::new();
     let mut renamed = Vec::with_capacity(synced.len());
     for s in synced {
         if fs::symlink_metadata(&s.final_path).is_ok_and(|m| m.is_dir()) {
@@ -208,20 +206,14 @@ fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<Rem
             s.abandon(&mut results, error);
             continue;
         }
-        if let Some(dir) = s.final_path.parent() {
-            dirs.entry(dir.to_owned()).or_default().push(s.index);
-        }
         renamed.push(s);
     }
-    for (dir, indices) in &dirs {
-        if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
-            for &i in indices {
-                results[i] = Some(io_error(
-                    "fsync the directory",
-                    &share.display(&files[i].path),
-                    &e,
-                ));
-            }
+    // The renames made durable the same way (a file and its directory share a
+    // filesystem): a file answered as stored survives a power cut.
+    let flushed = sync_filesystems(&renamed.iter().map(|s| &s.file).collect::<Vec<_>>());
+    for (s, flush) in renamed.iter().zip(flushed) {
+        if let Err(e) = flush {
+            results[s.index] = Some(io_error("flush the directory of", &s.what, &e));
         }
     }
     if let Some(store) = share.store() {

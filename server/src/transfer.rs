@@ -268,7 +268,11 @@ impl Upload {
                         written += u64::from(c.len);
                     }
                 }
-                self.writeback.wrote(written);
+                // Direct writes leave no dirty pages to push early; the commit's fsync
+                // flushes the device's cache once.
+                if !self.out.is_direct() {
+                    self.writeback.wrote(written);
+                }
                 Ok(Response::WindowPulled {
                     bytes: pulled,
                     reused,

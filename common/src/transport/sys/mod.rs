@@ -4,8 +4,6 @@
 //! - [`mem`]: file mappings and anonymous buffers (memmap2), and the SIGBUS reporter.
 //! - [`cached`]: whether a file range is in the page cache (`mincore`), for readers
 //!   that take cold data with direct I/O.
-//! - [`flush`]: starting a file's writeback (`sync_file_range`), for batched small
-//!   files.
 //! - `verbs` (feature `rdma`): RAII wrappers over libibverbs and librdmacm (rdma-sys).
 //!
 //! Every `unsafe` block carries a `// SAFETY:` comment stating why the call is sound.
@@ -14,7 +12,6 @@
 #![allow(unsafe_code)]
 
 pub mod cached;
-pub mod flush;
 pub mod mem;
 
 #[cfg(feature = "rdma")]

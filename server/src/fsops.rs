@@ -120,12 +120,7 @@ pub fn make_symlink(share: &Share, rel: &str, target: &str) -> Result<Response, 
             format!("{what}: invalid symlink target"),
         ));
     }
-    if fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
-        return Err(remote(
-            ErrorKind::IsADirectory,
-            format!("{what}: a directory is in the way"),
-        ));
-    }
+    no_dir_in_the_way(&path, &what)?;
     let parent = path.parent().unwrap_or(share.root());
     let tmp = parent.join(format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>()));
     symlink(target, &tmp).map_err(|e| io_error("symlink", &what, &e))?;
@@ -134,6 +129,19 @@ pub fn make_symlink(share: &Share, rel: &str, target: &str) -> Result<Response, 
         return Err(io_error("symlink", &what, &e));
     }
     Ok(Response::Ok)
+}
+
+/// Fails with [`ErrorKind::IsADirectory`] if a directory (not a symlink to one) is at
+/// `path`, which a file or symlink `what` is about to replace by rename: a rename over
+/// an empty directory would succeed, over another fail obscurely. Blocking.
+pub fn no_dir_in_the_way(path: &Path, what: &str) -> Result<(), RemoteError> {
+    if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(remote(
+            ErrorKind::IsADirectory,
+            format!("{what}: a directory is in the way"),
+        ));
+    }
+    Ok(())
 }
 
 /// `SetAttr` on a file or directory (never through a symlink).

@@ -1,4 +1,4 @@
-//! The only module of the workspace with `unsafe` code: safe wrappers over the two
+//! The only module of the workspace with `unsafe` code: safe wrappers over the
 //! foreign interfaces Ferry needs.
 //!
 //! - [`mem`]: file mappings and anonymous buffers (memmap2), and the SIGBUS reporter.
@@ -6,6 +6,8 @@
 //!   that take cold data with direct I/O.
 //! - [`flush`]: starting a file's writeback (`sync_file_range`), for batched small
 //!   files.
+//! - [`at`]: opening a name relative to a directory descriptor (`openat`) as an owned
+//!   file, for ferryd's descriptor-relative path work.
 //! - `verbs` (feature `rdma`): RAII wrappers over libibverbs and librdmacm (rdma-sys).
 //!
 //! Every `unsafe` block carries a `// SAFETY:` comment stating why the call is sound.
@@ -13,6 +15,7 @@
 //! denied workspace-wide and only allowed here).
 #![allow(unsafe_code)]
 
+pub mod at;
 pub mod cached;
 pub mod flush;
 pub mod mem;

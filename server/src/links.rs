@@ -112,10 +112,7 @@ fn c_name(name: &[u8], what: &str) -> Result<CString, RemoteError> {
 /// Opens the directories `comps` one below the other from `root`, each with
 /// [`dir_flags`] (a symlink fails with `ELOOP` or `ENOTDIR`); `None` for no component
 /// (the root itself). Blocking.
-fn descend<'c>(
-    root: &File,
-    comps: impl IntoIterator<Item = &'c [u8]>,
-) -> io::Result<Option<File>> {
+fn descend<'c>(root: &File, comps: impl IntoIterator<Item = &'c [u8]>) -> io::Result<Option<File>> {
     let mut dir: Option<File> = None;
     for comp in comps {
         let name = CString::new(comp).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
@@ -192,8 +189,8 @@ impl<'a> Parents<'a> {
                 format!("{what}: path resolves outside the share"),
             )
         })?;
-        let dir = descend(&root, inside.iter().map(|c| c.as_bytes()))
-            .map_err(|e| moved(&what, &e))?;
+        let dir =
+            descend(&root, inside.iter().map(|c| c.as_bytes())).map_err(|e| moved(&what, &e))?;
         Ok(Parent {
             is_root: dir.is_none(),
             dir: dir.map_or(root, Rc::new),

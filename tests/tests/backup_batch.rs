@@ -309,7 +309,11 @@ fn a_backup_sends_new_and_changed_small_files_in_batches() {
     );
     // Small files go whole, the unchanged ones not at all.
     assert_eq!(second.bytes_sent, changed_bytes + new_bytes, "{second:?}");
-    assert_eq!(second.bytes_reused, stats.bytes - changed_bytes, "{second:?}");
+    assert_eq!(
+        second.bytes_reused,
+        stats.bytes - changed_bytes,
+        "{second:?}"
+    );
     assert_trees_equal(&src, &snapshot(&env, t0 + 60));
     assert_no_temp_files(&env.share(""));
     // Per directory: listings, a mkdir, attributes; a few batches of links and a few
@@ -327,7 +331,10 @@ fn a_backup_sends_new_and_changed_small_files_in_batches() {
         &new.join(rel(unchanged))
     ));
     let touched = changed[0];
-    assert!(!same_inode(&old.join(rel(touched)), &new.join(rel(touched))));
+    assert!(!same_inode(
+        &old.join(rel(touched)),
+        &new.join(rel(touched))
+    ));
     assert_ne!(
         fs::read(old.join(rel(touched))).unwrap(),
         fs::read(new.join(rel(touched))).unwrap()
@@ -392,7 +399,10 @@ fn a_small_file_that_vanishes_mid_backup_fails_alone() {
         let rel = p.strip_prefix(&src).unwrap();
         assert_eq!(fs::read(partial.join(rel)).unwrap(), fs::read(p).unwrap());
     }
-    assert!(!partial.join("many").join(gone.file_name().unwrap()).exists());
+    assert!(!partial
+        .join("many")
+        .join(gone.file_name().unwrap())
+        .exists());
     assert_no_temp_files(&env.share(""));
 
     // The next run completes without it, sending nothing again.

@@ -11,8 +11,8 @@ use ferry_common::chunk::hash_chunk;
 use ferry_common::msg::{ErrorKind, Request, Response, Sha256, VerifyRecord, DEFAULT_CHUNK_BYTES};
 use ferry_common::STATE_DIR;
 use ferry_tests::{
-    ferrytest, make_many_small_files, make_small_tree, mtime_of, raw_handshake, raw_socket, rcp_args, set_mtime,
-    write_random_file, Env, RawClient, MIB,
+    ferrytest, make_many_small_files, make_small_tree, mtime_of, raw_handshake, raw_socket,
+    rcp_args, set_mtime, write_random_file, Env, RawClient, MIB,
 };
 
 const SHARE: &str = ferry_tests::DEFAULT_SHARE;

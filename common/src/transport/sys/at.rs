@@ -62,7 +62,10 @@ mod tests {
         symlink("d", tmp.path().join("dl")).unwrap();
         let e = open_at(&root, c"dl", path_flags() | OFlag::O_DIRECTORY).unwrap_err();
         assert!(
-            matches!(e.raw_os_error(), Some(nix::libc::ELOOP | nix::libc::ENOTDIR)),
+            matches!(
+                e.raw_os_error(),
+                Some(nix::libc::ELOOP | nix::libc::ENOTDIR)
+            ),
             "{e}"
         );
         let e = open_at(&d, c"missing", path_flags()).unwrap_err();

@@ -19,6 +19,10 @@
 //!   copies the chunks it already holds and pulls only the others;
 //! - no previous copy: **new**, uploaded in full.
 //!
+//! New and changed files small enough for an `UploadBatch` ([`crate::batch::is_small`],
+//! at most 64 KiB) are uploaded whole, many to a request ([`crate::batch::upload_batch`]):
+//! such a file is one chunk, which a base spares only when it did not change at all.
+//!
 //! The run goes in phases over the whole tree, each with many requests in flight: the
 //! source is walked (include/exclude rules applied, see [`crate::filter`]); the
 //! server's directories (previous snapshot, partial snapshots) are listed concurrently;
@@ -44,6 +48,7 @@
 mod batch;
 mod jobs;
 mod listing;
+mod uploads;
 mod walk;
 
 use std::collections::HashSet;
@@ -65,13 +70,15 @@ use listing::{list_all, listing, DirPaths};
 
 pub use batch::LINK_BATCHES_IN_FLIGHT;
 pub use jobs::BIG_UPLOADS_IN_FLIGHT;
+pub use uploads::UPLOAD_BATCHES_IN_FLIGHT;
 
 /// Prefix of the hidden name a snapshot is built under (not `.ferry-tmp.`, which
 /// ferryd's startup cleaner removes: an interrupted snapshot must survive a restart).
 pub const PARTIAL_PREFIX: &str = ".partial-";
 
-/// Small requests (links, symlinks, uploads of one chunk or less, listings, mkdirs)
-/// in flight at once by default. The session queues what exceeds the server's
+/// Small requests (symlinks, uploads of one chunk or less that go in no batch,
+/// listings, mkdirs) in flight at once by default; batches of links and of small
+/// uploads have lanes of their own. The session queues what exceeds the server's
 /// `max_inflight_requests`.
 pub const DEFAULT_JOBS: usize = 64;
 

@@ -44,6 +44,7 @@ use ferry_common::writeback::sync_filesystems;
 
 use crate::conn::blocking;
 use crate::error::{io_error, remote};
+use crate::fsops::no_dir_in_the_way;
 use crate::manifests::ManifestKey;
 use crate::map::open_regular;
 use crate::pool::Pool;
@@ -193,11 +194,7 @@ fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<Rem
     // Only now, with every file of the batch durable, do final names change.
     let mut renamed = Vec::with_capacity(synced.len());
     for s in synced {
-        if fs::symlink_metadata(&s.final_path).is_ok_and(|m| m.is_dir()) {
-            let error = remote(
-                ErrorKind::IsADirectory,
-                format!("{}: a directory is in the way", s.what),
-            );
+        if let Err(error) = no_dir_in_the_way(&s.final_path, &s.what) {
             s.abandon(&mut results, error);
             continue;
         }
@@ -249,12 +246,7 @@ fn stage(
             format!("{what}: failed SHA-256 verification"),
         ));
     }
-    if fs::symlink_metadata(&final_path).is_ok_and(|m| m.is_dir()) {
-        return Err(remote(
-            ErrorKind::IsADirectory,
-            format!("{what}: a directory is in the way"),
-        ));
-    }
+    no_dir_in_the_way(&final_path, &what)?;
     let scratch = scratch_path(&final_path);
     let mut file = OpenOptions::new()
         .write(true)

@@ -39,7 +39,7 @@ use crate::map::{self, MapContext, MapTable};
 use crate::pool::Pool;
 use crate::share::Share;
 use crate::transfer::{BaseFile, Download, Transfer, Upload};
-use crate::{du, fsops, remove, verify};
+use crate::{du, fsops, links, remove, verify};
 use crate::{Server, SOFTWARE};
 
 /// Most transfers one connection may have open at once.
@@ -483,12 +483,12 @@ impl Conn {
             Request::Stats => Ok(Response::Stats(self.server.stats())),
             Request::Link { share, from, to } => {
                 let share = self.share(&share)?;
-                blocking(move || fsops::link(&share, &from, &to)).await
+                blocking(move || links::link(&share, &from, &to)).await
             }
             Request::LinkBatch { share, links } => {
                 let share = self.share(&share)?;
                 let n = links.len();
-                let response = blocking(move || Ok(fsops::link_batch(&share, &links))).await;
+                let response = blocking(move || Ok(links::link_batch(&share, &links))).await;
                 tracing::debug!(peer = %self.peer, links = n, "link batch");
                 response
             }

@@ -1,7 +1,7 @@
 //! Metadata requests, as blocking filesystem calls (run them off the async threads).
 
 use std::fs::{self, File, Permissions};
-use std::os::unix::fs::{symlink, DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
 use ferry_common::attr::attr_of;
@@ -12,9 +12,7 @@ use ferry_common::msg::{
 use ferry_common::{STATE_DIR, TEMP_PREFIX};
 
 use crate::error::{io_error, remote};
-use crate::manifests::ManifestKey;
 use crate::share::Share;
-use crate::store::{mtime_settled, ManifestStore};
 
 /// Bytes of names and symlink targets per listing page, so that a page of long names
 /// stays well under the control frame limit.
@@ -120,12 +118,7 @@ pub fn make_symlink(share: &Share, rel: &str, target: &str) -> Result<Response, 
             format!("{what}: invalid symlink target"),
         ));
     }
-    if fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
-        return Err(remote(
-            ErrorKind::IsADirectory,
-            format!("{what}: a directory is in the way"),
-        ));
-    }
+    no_dir_in_the_way(&path, &what)?;
     let parent = path.parent().unwrap_or(share.root());
     let tmp = parent.join(format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>()));
     symlink(target, &tmp).map_err(|e| io_error("symlink", &what, &e))?;
@@ -134,6 +127,19 @@ pub fn make_symlink(share: &Share, rel: &str, target: &str) -> Result<Response, 
         return Err(io_error("symlink", &what, &e));
     }
     Ok(Response::Ok)
+}
+
+/// Fails with [`ErrorKind::IsADirectory`] if a directory (not a symlink to one) is at
+/// `path`, which a file or symlink `what` is about to replace by rename: a rename over
+/// an empty directory would succeed, over another fail obscurely. Blocking.
+pub fn no_dir_in_the_way(path: &Path, what: &str) -> Result<(), RemoteError> {
+    if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(remote(
+            ErrorKind::IsADirectory,
+            format!("{what}: a directory is in the way"),
+        ));
+    }
+    Ok(())
 }
 
 /// `SetAttr` on a file or directory (never through a symlink).
@@ -162,105 +168,6 @@ pub fn set_attr(
             .map_err(|e| io_error("set mtime", &what, &e))?;
     }
     Ok(Response::Ok)
-}
-
-/// `Link`: hard-links the regular file `from` (its final component not followed) to the
-/// new name `to` (see [`link_one`]).
-pub fn link(share: &Share, from: &str, to: &str) -> Result<Response, RemoteError> {
-    link_one(share, from, to).map(|()| Response::Ok)
-}
-
-/// `LinkBatch`: [`link_one`] of every pair, in order, each failing alone; one result per
-/// pair. The whole batch runs in one blocking task (the caller's), so a backup's
-/// unchanged files cost one request and one task per batch, not per file.
-pub fn link_batch(share: &Share, links: &[(String, String)]) -> Response {
-    let results = links
-        .iter()
-        .map(|(from, to)| link_one(share, from, to).err())
-        .collect();
-    Response::LinkedBatch { results }
-}
-
-/// Hard-links the regular file `from` (its final component not followed) to the new
-/// name `to`. Never replaces: an existing `to` fails with [`ErrorKind::Exists`].
-/// Temporary transfer files cannot be linked, so a partial upload never gains a
-/// visible name this way.
-///
-/// `link(2)` changes the inode's ctime, hence its manifest key: if the share's store
-/// holds a record of the file as it was just before, the record is re-keyed to the
-/// new key when nothing but this link happened (see [`rekey_after_link`]).
-pub fn link_one(share: &Share, from: &str, to: &str) -> Result<(), RemoteError> {
-    let from_what = share.display(from);
-    let src = share.resolve(from, false)?;
-    if src
-        .file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with(TEMP_PREFIX))
-    {
-        return Err(remote(
-            ErrorKind::InvalidPath,
-            format!("{from_what}: names starting with '{TEMP_PREFIX}' are reserved"),
-        ));
-    }
-    let dst = share.resolve_for_write(to)?;
-    // O_PATH | O_NOFOLLOW: a handle on the inode `from` names (a symlink itself, not
-    // its target), without opening its contents; fstat'ed before and after the link.
-    let handle = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_PATH | nix::libc::O_NOFOLLOW)
-        .open(&src)
-        .map_err(|e| io_error("open", &from_what, &e))?;
-    let before = handle
-        .metadata()
-        .map_err(|e| io_error("stat", &from_what, &e))?;
-    if !before.is_file() {
-        return Err(remote(
-            ErrorKind::InvalidPath,
-            format!("{from_what}: only regular files can be hard-linked"),
-        ));
-    }
-    // linkat(2) without AT_SYMLINK_FOLLOW: had `from` been swapped for a symlink since
-    // the check, the link would name that symlink itself, never its target.
-    fs::hard_link(&src, &dst).map_err(|e| io_error("link", &share.display(to), &e))?;
-    if let Some(store) = share.store() {
-        rekey_after_link(store, &handle, &before, &dst, &from_what);
-    }
-    Ok(())
-}
-
-/// After ferryd linked the file `handle` (whose metadata was `before`) to `dst`:
-/// re-keys the store's record of the `before` version to the file's key now, if
-/// nothing but that link happened: same inode (also under `dst`), size and mtime, one
-/// link more, and an mtime that any later write would change ([`mtime_settled`]).
-/// Anything else leaves the record as it is (a miss for the new key: the file is
-/// hashed again when next needed). Blocking; failures are logged, never returned.
-pub fn rekey_after_link(
-    store: &ManifestStore,
-    handle: &File,
-    before: &fs::Metadata,
-    dst: &Path,
-    what: &str,
-) {
-    let (Ok(after), Ok(linked)) = (handle.metadata(), fs::symlink_metadata(dst)) else {
-        return;
-    };
-    let old = ManifestKey::of(before, store.chunk_bytes());
-    let new = ManifestKey::of(&after, store.chunk_bytes());
-    let only_the_link = after.dev() == before.dev()
-        && after.ino() == before.ino()
-        && linked.dev() == after.dev()
-        && linked.ino() == after.ino()
-        && after.size() == before.size()
-        && new.mtime_ns == old.mtime_ns
-        && after.nlink() == before.nlink() + 1;
-    if !only_the_link || !mtime_settled(&new) {
-        return;
-    }
-    match store.rekey(&old, &new) {
-        Ok(true) => tracing::debug!(file = %what, "manifest record re-keyed after a link"),
-        Ok(false) => {}
-        Err(e) => tracing::debug!(file = %what, "cannot re-key the manifest record: {e}"),
-    }
 }
 
 /// `Rename`: renames `from` to `to` with `RENAME_NOREPLACE` (an existing `to` fails with

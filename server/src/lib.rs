@@ -2,8 +2,10 @@
 //!
 //! [`Server`] exports named shares ([`share::Share`]) and serves each connection with a
 //! thin driver ([`conn`]) around the sans-IO [`ferry_common::proto::server`] session:
-//! metadata requests run as plain filesystem calls ([`fsops`]; tree removal and disk
-//! usage walk directory descriptors: [`remove`], [`du`], [`fdtree`]); uploads are PULLED
+//! metadata requests run as plain filesystem calls ([`fsops`]; hard links are made
+//! relative to directory descriptors, each parent opened once per request: [`links`];
+//! tree removal and disk usage walk directory descriptors: [`remove`], [`du`],
+//! [`fdtree`]); uploads are PULLED
 //! with one-sided READs of the client's registered source window and downloads are
 //! PUSHED with one-sided WRITEs into the client's registered buffers ([`transfer`]),
 //! every chunk hashed with SHA-256, through a bounded per-connection pool of
@@ -43,6 +45,7 @@ pub mod error;
 pub mod fdtree;
 pub mod fsops;
 pub mod gauge;
+pub mod links;
 pub mod manifests;
 pub mod map;
 pub mod pool;

@@ -118,10 +118,31 @@ impl Share {
     /// Resolves `rel` inside the share. Without `follow`, a final symlink is not
     /// followed (the returned path names the link itself).
     pub fn resolve(&self, rel: &str, follow: bool) -> Result<PathBuf, RemoteError> {
-        let comps = components(rel).map_err(|e| path_error(&self.display(rel), e))?;
+        let comps = self.components(rel)?;
         let Some((last, parents)) = comps.split_last() else {
             return Ok(self.root.clone());
         };
+        let parent = self.resolve_dir(parents, rel)?;
+        if !follow {
+            if parent == self.root && *last == STATE_DIR {
+                return Err(self.reserved(rel));
+            }
+            return Ok(parent.join(last));
+        }
+        self.walk(parent, &[last], "open", rel)
+    }
+
+    /// The components of `rel` (see [`ferry_common::path::components`]), or the
+    /// refusal of a path that is not valid.
+    pub fn components<'r>(&self, rel: &'r str) -> Result<Vec<&'r str>, RemoteError> {
+        components(rel).map_err(|e| path_error(&self.display(rel), e))
+    }
+
+    /// Resolves the directory `parents` (the components of `rel` before its last),
+    /// following every symlink inside the share, and returns its canonical path; fails
+    /// as [`Share::resolve`] fails for `rel`'s parent (errors name `rel`), and with
+    /// [`ErrorKind::NotADirectory`] if it is not a directory.
+    pub fn resolve_dir(&self, parents: &[&str], rel: &str) -> Result<PathBuf, RemoteError> {
         let parent = self.walk(self.root.clone(), parents, "resolve", rel)?;
         if !parent.is_dir() {
             return Err(io_error(
@@ -130,13 +151,7 @@ impl Share {
                 &io::Error::from(io::ErrorKind::NotADirectory),
             ));
         }
-        if !follow {
-            if parent == self.root && *last == STATE_DIR {
-                return Err(self.reserved(rel));
-            }
-            return Ok(parent.join(last));
-        }
-        self.walk(parent, &[last], "open", rel)
+        Ok(parent)
     }
 
     /// Resolves `comps` from `dir` (a canonical directory inside the root), following
@@ -234,7 +249,7 @@ impl Share {
     }
 
     /// The refusal of `rel`, which leads to the server's state directory.
-    fn reserved(&self, rel: &str) -> RemoteError {
+    pub fn reserved(&self, rel: &str) -> RemoteError {
         remote(
             ErrorKind::InvalidPath,
             format!(

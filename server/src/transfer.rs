@@ -21,7 +21,7 @@
 //!   may still fill or drain it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, File, OpenOptions, Permissions};
+use std::fs::{File, OpenOptions, Permissions};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -39,6 +39,7 @@ use ferry_common::writeback::Writeback;
 use tokio::task::JoinSet;
 
 use crate::error::{io_error, remote};
+use crate::fsops::no_dir_in_the_way;
 use crate::manifests::{manifest_of, ManifestCache, ManifestKey, CACHE_SETTLE};
 use crate::pool::Pool;
 use crate::share::Share;
@@ -167,12 +168,7 @@ impl Upload {
     ) -> Result<Upload, RemoteError> {
         let what = share.display(rel);
         let final_path = share.resolve_for_write(rel)?;
-        if fs::symlink_metadata(&final_path).is_ok_and(|m| m.is_dir()) {
-            return Err(remote(
-                ErrorKind::IsADirectory,
-                format!("{what}: a directory is in the way"),
-            ));
-        }
+        no_dir_in_the_way(&final_path, &what)?;
         // The upload's own chunk hashes decide what may be reused, so the journal does
         // not name a source.
         let header = JournalHeader {
@@ -319,12 +315,7 @@ impl Upload {
         self.writeback
             .finish()
             .map_err(|e| io_error("fsync", what, &e))?;
-        if fs::symlink_metadata(&self.final_path).is_ok_and(|m| m.is_dir()) {
-            return Err(remote(
-                ErrorKind::IsADirectory,
-                format!("{what}: a directory is in the way"),
-            ));
-        }
+        no_dir_in_the_way(&self.final_path, what)?;
         staged
             .commit(&self.final_path)
             .map_err(|e| stage_error(what, &e))?;

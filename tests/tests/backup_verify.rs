@@ -11,8 +11,8 @@ use ferry_common::chunk::hash_chunk;
 use ferry_common::msg::{ErrorKind, Request, Response, Sha256, VerifyRecord, DEFAULT_CHUNK_BYTES};
 use ferry_common::STATE_DIR;
 use ferry_tests::{
-    ferrytest, make_small_tree, mtime_of, raw_handshake, raw_socket, rcp_args, set_mtime,
-    write_random_file, Env, RawClient, MIB,
+    ferrytest, make_many_small_files, make_small_tree, mtime_of, raw_handshake, raw_socket,
+    rcp_args, set_mtime, write_random_file, Env, RawClient, MIB,
 };
 
 const SHARE: &str = ferry_tests::DEFAULT_SHARE;
@@ -152,6 +152,57 @@ fn a_restarted_ferryd_takes_unchanged_files_manifests_from_its_store() {
     assert_log_counts(&env, &linked, 1, 1);
     assert_ne!(after[0], before[0]);
     assert_eq!(after[1..], before[1..]);
+}
+
+/// A backup's small files go in upload batches: their manifests are recorded in the
+/// store as they are committed, as a lone upload's commit records them, and then used:
+/// after a restart, the manifest of a small file the backup changed comes from the
+/// store, not from hashing it, and so does that of one the next snapshot linked (its
+/// record re-keyed at the link); `--verify` finds every file recorded.
+#[test]
+fn a_backups_batched_small_files_are_recorded_and_their_records_used() {
+    let mut env = Env::builder().server_arg("-v").start();
+    let src = env.local("src");
+    let stats = make_many_small_files(&src, 4, 2, 20);
+    let dest = env.remote("backups/host");
+    let out = env.rcp(rcp_args!["backup", "--json", &src, &dest]);
+    out.assert_success();
+    assert_eq!(out.json()["files_new"], stats.files, "{}", out.json());
+
+    // One small file changes (same size), with an mtime that has settled.
+    let changed = src.join("d00/f001.txt");
+    let mut data = fs::read(&changed).unwrap();
+    assert!(!data.is_empty() && data.len() <= 8192);
+    data[0] ^= 0x5a;
+    fs::write(&changed, &data).unwrap();
+    set_mtime(&changed, 1_400_000_000);
+    std::thread::sleep(Duration::from_millis(1100));
+    let out = env.rcp(rcp_args!["backup", "--json", &src, &dest]);
+    out.assert_success();
+    let json = out.json();
+    assert_eq!(json["files_changed"], 1, "{json}");
+    assert_eq!(json["bytes_sent"], data.len(), "{json}");
+    let second = snapshot_of(&json);
+
+    env.server_mut().restart::<&str>(&[]);
+    let mut raw = session(&env);
+    let uploaded = format!("{second}/d00/f001.txt");
+    assert_eq!(manifest(&mut raw, &uploaded), local_hashes(&changed));
+    assert_log_counts(&env, &uploaded, 1, 0);
+    let linked = format!("{second}/d01/f005.txt");
+    assert_eq!(
+        manifest(&mut raw, &linked),
+        local_hashes(&src.join("d01/f005.txt"))
+    );
+    assert_log_counts(&env, &linked, 1, 0);
+
+    let dest = env.remote("backups/host");
+    let out = env.rcp(rcp_args!["backup", "--json", "--verify", &dest]);
+    out.assert_success();
+    let json = out.json();
+    assert_eq!(json["snapshot"], second.as_str(), "{json}");
+    assert_eq!(json["verified"], stats.files, "{json}");
+    assert_eq!(json["unverifiable"], serde_json::json!([]), "{json}");
 }
 
 ferrytest!(

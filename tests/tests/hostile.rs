@@ -1202,6 +1202,93 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
     ferry_tests::assert_no_temp_files(&env.share(""));
 }
 
+/// One `LinkBatch` mixing links that must be made with links whose source or new name
+/// is hostile, many sharing parent directories (which ferryd opens once per batch):
+/// each is judged as a lone `Link` of it is, whatever came before it in the batch, and
+/// nothing outside the share or in ferryd's state gains a name.
+#[test]
+fn a_link_batch_judges_each_link_alone_whatever_its_neighbours() {
+    use ErrorKind::{Exists, InvalidPath, NotADirectory, OutsideShare};
+    let env = Env::new();
+    plant_escapes(&env);
+    let before = outside(&env);
+    let state_before = entries(&env.share(".ferry-state/manifests"));
+    let healthy = Healthy::open(&env);
+    let mut raw = open_raw(&env, Stage::InSession);
+    // (path, the answer as a link's source, the answer as its new name).
+    let cases: [(&str, ErrorKind, ErrorKind); 14] = [
+        ("abs-dir/canary", OutsideShare, OutsideShare),
+        ("rel-dir/canary", OutsideShare, OutsideShare),
+        ("sub-up/canary", OutsideShare, OutsideShare),
+        ("abs-dir/new", OutsideShare, OutsideShare),
+        ("dangling-out/x", OutsideShare, OutsideShare),
+        ("sub/../x", OutsideShare, OutsideShare),
+        ("to-state/x", InvalidPath, InvalidPath),
+        (".ferry-state/manifests", InvalidPath, InvalidPath),
+        ("sub/.ferry-tmp.0123456789abcdef", InvalidPath, InvalidPath),
+        ("", InvalidPath, InvalidPath),
+        ("sub/f/x", NotADirectory, NotADirectory),
+        // Symlinks are not followed (as a source, not a regular file; as a new name,
+        // taken), nor are directories linked.
+        ("abs-file", InvalidPath, Exists),
+        ("to-state", InvalidPath, Exists),
+        ("sub", InvalidPath, Exists),
+    ];
+    let mut links = Vec::new();
+    let mut expected = Vec::new();
+    for (i, (path, as_from, as_to)) in cases.iter().enumerate() {
+        links.push(("sub/f".to_string(), format!("sub/ok-{i}")));
+        expected.push(None);
+        links.push((path.to_string(), format!("sub/from-{i}")));
+        expected.push(Some(*as_from));
+        links.push(("sub/f".to_string(), path.to_string()));
+        expected.push(Some(*as_to));
+        links.push(("sub/f".to_string(), format!("ok-{i}")));
+        expected.push(None);
+    }
+    let results = match raw.call(Request::LinkBatch {
+        share: SHARE.into(),
+        links: links.clone(),
+    }) {
+        Response::LinkedBatch { results } => results,
+        other => panic!("expected a LinkedBatch, got {other:?}"),
+    };
+    let got: Vec<_> = results.iter().map(|r| r.as_ref().map(|e| e.kind)).collect();
+    for ((link, got), want) in links.iter().zip(&got).zip(&expected) {
+        assert_eq!(got, want, "{link:?}");
+    }
+    // Each refusal names its own link's path, as a lone Link's does.
+    for ((from, to), result) in links.iter().zip(&results) {
+        let Some(e) = result else { continue };
+        let lone = error_kind(raw.call(Request::Link {
+            share: SHARE.into(),
+            from: from.clone(),
+            to: to.clone(),
+        }));
+        assert_eq!(lone, e.kind, "{from:?} -> {to:?}");
+        let named = [from, to].map(|p| format!("{SHARE}/{}", p.trim_matches('/')));
+        assert!(
+            named.iter().any(|n| e.message.starts_with(n.as_str()))
+                || e.message.starts_with(&format!("{SHARE}:")),
+            "{from:?} -> {to:?}: {}",
+            e.message
+        );
+    }
+    let inode = |p: &str| {
+        use std::os::unix::fs::MetadataExt;
+        fs::symlink_metadata(env.share(p)).unwrap().ino()
+    };
+    for i in 0..cases.len() {
+        assert_eq!(inode(&format!("sub/ok-{i}")), inode("sub/f"));
+        assert_eq!(inode(&format!("ok-{i}")), inode("sub/f"));
+        assert!(fs::symlink_metadata(env.share(&format!("sub/from-{i}"))).is_err());
+    }
+    assert_eq!(entries(&env.share(".ferry-state/manifests")), state_before);
+    healthy.check(&env, "a hostile link batch");
+    assert_eq!(outside(&env), before, "something outside the share changed");
+    ferry_tests::assert_no_temp_files(&env.share(""));
+}
+
 /// The results of an `UploadedBatch` answer, as error kinds (`None`: committed).
 #[track_caller]
 fn batch_results(r: Response) -> Vec<Option<ErrorKind>> {

@@ -1,13 +1,16 @@
 //! What a backup does per entry, and running it with many requests in flight.
 //!
 //! Every regular file and symlink of the source becomes one [`Work`]: a hard link
-//! ([`LinkJob`]) or a [`Job`] (keep, upload, symlink). They run in three lanes at once:
+//! ([`LinkJob`]) or a [`Job`] (keep, upload, symlink). They run in four lanes at once:
 //! links in batches (see `batch`), [`LINK_BATCHES_IN_FLIGHT`] batches at a time;
-//! *small* jobs (symlinks, uploads of files of at most one chunk) up to `jobs` at a
-//! time, since they are bound by round trips; and uploads of larger files up to
-//! [`BIG_UPLOADS_IN_FLIGHT`] at a time, since each keeps whole windows of its file
-//! mapped (and, over RDMA, registered). The first failure stops new work from
-//! starting; the running ones are waited for.
+//! uploads of small files ([`crate::batch::is_small`]) in batches (see `uploads`),
+//! [`UPLOAD_BATCHES_IN_FLIGHT`] batches at a time; the other *small* jobs (symlinks,
+//! uploads of files of at most one chunk) up to `jobs` at a time, since they are bound
+//! by round trips; and uploads of larger files up to [`BIG_UPLOADS_IN_FLIGHT`] at a
+//! time, since each keeps whole windows of its file mapped (and, over RDMA,
+//! registered). A dry run batches nothing: it sends nothing, and estimates each upload
+//! as a job of its own. The first failure stops new work from starting; the running
+//! ones are waited for.
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -19,6 +22,7 @@ use ferry_common::chunk::hash_chunk;
 use ferry_common::msg::{Attr, FileKind, Timestamp};
 use tokio::task::JoinSet;
 
+use crate::batch::{is_small, SmallUpload};
 use crate::client::Client;
 use crate::copy::Progress;
 use crate::error::ClientError;
@@ -27,6 +31,7 @@ use crate::transfer::{upload_file, upload_file_with_base, ProgressFn};
 use super::batch::{batch_size, pack, run_batch, LinkJob, LINK_BATCHES_IN_FLIGHT};
 use super::join;
 use super::listing::{DirPaths, Listings};
+use super::uploads::{self, run_upload_batch, SmallJob, UPLOAD_BATCHES_IN_FLIGHT};
 use super::walk::LocalFile;
 
 /// Uploads of files larger than one chunk in flight at once.
@@ -161,6 +166,23 @@ impl Job {
         matches!(self.action, Action::Upload { .. }) && self.size > u64::from(chunk_bytes)
     }
 
+    /// The job as a file of an upload batch, if it is the upload of a small file; else
+    /// the job itself.
+    fn into_small(self, client: &Client) -> Result<SmallJob, Job> {
+        match self.action {
+            Action::Upload { path, to, base } if is_small(client, self.size) => Ok(SmallJob {
+                class: self.class,
+                item: SmallUpload {
+                    src: path,
+                    target: to,
+                    size: self.size,
+                },
+                base,
+            }),
+            action => Err(Job { action, ..self }),
+        }
+    }
+
     /// Does the job; in a dry run, writes nothing and says what it would send.
     async fn run(
         self,
@@ -190,9 +212,12 @@ impl Job {
                 Ok(outcome(0, self.size))
             }
             Action::Upload { path, base, .. } if dry_run => {
+                // A small file goes whole in a batch (see `uploads`).
                 let sent = match base {
-                    Some(base) => estimate_sent(&client, &share, &path, &base).await?,
-                    None => self.size,
+                    Some(base) if !is_small(&client, self.size) => {
+                        estimate_sent(&client, &share, &path, &base).await?
+                    }
+                    _ => self.size,
                 };
                 progress.advance(self.size);
                 Ok(outcome(sent, self.size.saturating_sub(sent)))
@@ -261,9 +286,10 @@ fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
 enum Task {
     One(Job),
     Links(Vec<LinkJob>),
+    Uploads(Vec<SmallJob>),
 }
 
-/// Runs `work` in the three lanes of the module docs, `small_limit` small jobs at
+/// Runs `work` in the four lanes of the module docs, `small_limit` small jobs at
 /// once, and returns their outcomes (in completion order). In a dry run, links are
 /// only counted: nothing is sent.
 pub(super) async fn run_jobs(
@@ -298,12 +324,32 @@ pub(super) async fn run_jobs(
         let per_batch = batch_size(links.len());
         pack(share, links, per_batch)
     };
-    let (big, small): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.is_big(chunk_bytes));
+    let mut batched = Vec::new();
+    let mut singles = Vec::new();
+    for job in jobs {
+        if dry_run {
+            singles.push(job);
+            continue;
+        }
+        match job.into_small(client) {
+            Ok(s) => batched.push(s),
+            Err(job) => singles.push(job),
+        }
+    }
+    let (big, small): (Vec<Job>, Vec<Job>) =
+        singles.into_iter().partition(|j| j.is_big(chunk_bytes));
     let tasks = |jobs: Vec<Job>| jobs.into_iter().map(Task::One).collect::<Vec<_>>();
     let lanes = vec![
         (
             batches.into_iter().map(Task::Links).collect(),
             LINK_BATCHES_IN_FLIGHT,
+        ),
+        (
+            uploads::pack(client, batched)
+                .into_iter()
+                .map(Task::Uploads)
+                .collect(),
+            UPLOAD_BATCHES_IN_FLIGHT,
         ),
         (tasks(small), small_limit),
         (tasks(big), BIG_UPLOADS_IN_FLIGHT),
@@ -314,6 +360,7 @@ pub(super) async fn run_jobs(
             match task {
                 Task::One(job) => Ok(vec![job.run(client, share, dry_run, progress).await?]),
                 Task::Links(batch) => run_batch(client, share, batch, progress).await,
+                Task::Uploads(batch) => run_upload_batch(client, share, batch, progress).await,
             }
         }
     })

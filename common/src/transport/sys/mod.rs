@@ -1,9 +1,11 @@
-//! The only module of the workspace with `unsafe` code: safe wrappers over the two
+//! The only module of the workspace with `unsafe` code: safe wrappers over the
 //! foreign interfaces Ferry needs.
 //!
 //! - [`mem`]: file mappings and anonymous buffers (memmap2), and the SIGBUS reporter.
 //! - [`cached`]: whether a file range is in the page cache (`mincore`), for readers
 //!   that take cold data with direct I/O.
+//! - [`at`]: opening a name relative to a directory descriptor (`openat`) as an owned
+//!   file, for ferryd's descriptor-relative path work.
 //! - `verbs` (feature `rdma`): RAII wrappers over libibverbs and librdmacm (rdma-sys).
 //!
 //! Every `unsafe` block carries a `// SAFETY:` comment stating why the call is sound.
@@ -11,6 +13,7 @@
 //! denied workspace-wide and only allowed here).
 #![allow(unsafe_code)]
 
+pub mod at;
 pub mod cached;
 pub mod mem;
 

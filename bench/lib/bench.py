@@ -321,9 +321,9 @@ def header(meta):
         f"- page cache: {m['cache']}",
         "- every destination is removed (and synced) before each run; every copy is compared"
         " with its source (cmp, or SHA-256 of the tree) in the first run, sizes in the others",
-        "- times are the tool's command alone: ferryd fsyncs each file before renaming it into"
-        " place, rsync and scp do not; the same runs timed with a `sync` after the tool are in"
-        " the second table",
+        "- times are the tool's command alone: Ferry makes each file durable before renaming it"
+        " into place (an fsync per big file, one syncfs per batch of small files), rsync and scp"
+        " do not; the same runs timed with a `sync` after the tool are in the second table",
         "- peers: rsync daemon (`rsync -W` for one file, `-a` for trees, `--link-dest` for"
         " backups) on 127.0.0.1, scp and sshfs to a private sshd on 127.0.0.1 (cipher "
         f"{m['cipher']}), iperf3 `-l 1M` (`-R` for download) as the raw TCP ceiling;"

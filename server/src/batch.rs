@@ -194,12 +194,15 @@ fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<Rem
     // Only now, with every file of the batch durable, do final names change.
     let mut renamed = Vec::with_capacity(synced.len());
     for s in synced {
-        if let Err(error) = no_dir_in_the_way(&s.final_path, &s.what) {
-            s.abandon(&mut results, error);
-            continue;
-        }
+        // rename(2) of a file over a directory fails with EISDIR: no separate check.
         if let Err(e) = fs::rename(&s.scratch, &s.final_path) {
-            let error = io_error("rename into place", &s.what, &e);
+            let error = match e.raw_os_error() {
+                Some(nix::libc::EISDIR) => remote(
+                    ErrorKind::IsADirectory,
+                    format!("{}: a directory is in the way", s.what),
+                ),
+                _ => io_error("rename into place", &s.what, &e),
+            };
             s.abandon(&mut results, error);
             continue;
         }

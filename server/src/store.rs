@@ -24,8 +24,8 @@
 //! ([`mtime_settled`]), so any later write, which sets mtime to the time of writing,
 //! changes the key even within the same clock tick.
 //!
-//! **Writes** rewrite the record file in place: the new bytes from offset 0, then the
-//! file cut to their length (never fsynced). Nothing trusts a record that fails its
+//! **Writes** rewrite the record file in place: truncated, then the new bytes written
+//! (never fsynced). Nothing trusts a record that fails its
 //! checksum, so a reader meeting one half-written, one torn by a crash, or two saves
 //! interleaved, misses, costing one hashing. (Records were written to a temporary
 //! name and renamed over before: on ext4 that doubled the directory work of every
@@ -200,23 +200,31 @@ impl ManifestStore {
         }
         self.prepare()?;
         let path = self.record_path(key.dev, key.ino);
-        let dir = path.parent().unwrap_or(&self.dir);
-        match fs::DirBuilder::new().mode(0o700).create(dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
         let bytes = encode(key, hashes);
         // In place, not through a temporary name and a rename: see the module docs.
-        let file = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&path)?;
-        file.write_all_at(&bytes, 0)?;
-        file.set_len(bytes.len() as u64)
+        let open = || {
+            fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .custom_flags(nix::libc::O_NOFOLLOW)
+                .open(&path)
+        };
+        let file = match open() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // The record's fan-out directory does not exist yet.
+                let dir = path.parent().unwrap_or(&self.dir);
+                match fs::DirBuilder::new().mode(0o700).create(dir) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(e),
+                }
+                open()?
+            }
+            opened => opened?,
+        };
+        file.write_all_at(&bytes, 0)
     }
 
     /// Creates the state and manifests directories if missing (mode 0700) and checks

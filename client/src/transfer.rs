@@ -56,7 +56,7 @@ pub struct Copied {
 }
 
 /// Windows outstanding per file.
-pub const WINDOWS_IN_FLIGHT: usize = 4;
+pub const WINDOWS_IN_FLIGHT: usize = 2;
 
 /// Chunks per window (capped by what the server accepts).
 pub const WINDOW_CHUNKS: usize = 16;

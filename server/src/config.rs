@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 /// Default number of chunks in flight per connection.
-pub const DEFAULT_QUEUE_DEPTH: usize = 8;
+pub const DEFAULT_QUEUE_DEPTH: usize = 16;
 
 /// Largest accepted queue depth (bounds per-connection buffer memory).
 pub const MAX_QUEUE_DEPTH: usize = 256;

@@ -29,7 +29,7 @@ SECRETS:
 
 CONFIG FILE (TOML):
   listen = \"127.0.0.1:7447\"
-  queue_depth = 8
+  queue_depth = 16
   max_mapped_bytes = 68719476736
   partial_ttl = \"24h\"
   max_connections = 1024
@@ -90,7 +90,7 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     port_file: Option<PathBuf>,
 
-    /// Chunks in flight per connection (bounds per-connection memory) [default: 8].
+    /// Chunks in flight per connection (bounds per-connection memory) [default: 16].
     #[arg(long, value_name = "N")]
     queue_depth: Option<usize>,
 

@@ -431,7 +431,7 @@ def report(argv):
     st = sync_table(meta, res)
     if st:
         md += ["", "The copy jobs again, each run timed until a `sync` after the tool returned"
-               " (what ferryd's fsyncs cost the others):", "", st]
+               " (what Ferry's flushes cost the others):", "", st]
     md_text = "\n".join(md) + "\n"
     print(md_text)
     if out_base == "-":

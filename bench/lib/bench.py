@@ -144,7 +144,17 @@ def field(argv):
 # --- the report ---------------------------------------------------------------
 
 PEERS = [("rsync", "rsync daemon"), ("scp", "scp"), ("sshfs", "sshfs"),
-         ("ceiling", "ceiling (iperf3 / perftest)")]
+         ("ceiling", "ceiling (iperf3 / perftest / local disk)")]
+# What the ceiling column holds in each row (the JSON's "ceiling_source"): the raw
+# transport where the network binds, the local disk where it does not.
+LOCAL_FIO = "local disk: the mounts' fio job on the file itself"
+CEILING_SOURCE = {
+    "upload": "iperf3 -l 1M (raw TCP)", "download": "iperf3 -l 1M -R (raw TCP)",
+    "small_up": "local disk: tar | tar of the same tree", "small_down": "local disk: tar | tar of the same tree",
+    "fuse_seq": "local disk: dd bs=1M of the file itself",
+    "fuse_iops": LOCAL_FIO, "fuse_p50": LOCAL_FIO, "fuse_p99": LOCAL_FIO,
+    "rdma_up": "ib_read_bw (perftest)", "rdma_down": "ib_write_bw (perftest)",
+}
 TOOL_NAMES = dict(PEERS, ferry="Ferry")
 HIGHER, LOWER = "higher", "lower"
 
@@ -266,6 +276,7 @@ def evaluate(meta, res):
             "id": rid, "job": job, "unit": unit, "better": direction, "target": target_text,
             "ferry": ferry, "ferry_text": ferry_text,
             "peers": {t: {"text": cells[t][0], "median": cells[t][1]} for t, _ in PEERS},
+            "ceiling_source": CEILING_SOURCE.get(rid),
             "best_peer": None if best is None else TOOL_NAMES[best[0]],
             "best_text": "—" if best is None else f"{TOOL_NAMES[best[0]]} {fmt(best[1], unit)}",
             "ratio": ratio, "ratio_text": ratio_text,
@@ -328,6 +339,16 @@ def header(meta):
         " backups) on 127.0.0.1, scp and sshfs to a private sshd on 127.0.0.1 (cipher "
         f"{m['cipher']}), iperf3 `-l 1M` (`-R` for download) as the raw TCP ceiling;"
         " best peer leaves out the ceiling",
+        "- local-disk ceiling (the ceiling column of the small-file and FUSE rows): what the"
+        " local disk does with the same data and cache state; no network tool can beat it."
+        " Each row's job measures it in every run, after the tools, with the same settle and"
+        " median: `tar -C SRC -cf - . | tar -C DST -xf -` of the same tree into that row's"
+        " destination, removed before and created fresh, on the same file system (files/s;"
+        " the command alone, like the others, and checked like them; its time with a `sync`"
+        " after it is in the JSON), a `dd bs=1M` of the big file itself (MB/s), and the"
+        " mounts' fio job (4 KiB psync reads at QD1) on the file itself (the disk's own 4 KiB"
+        " reads: a FUSE client that fetches bigger chunks into its cache can undercut its"
+        " latency on a small file)",
         "- Ferry vs target: Ferry's speed-up over the issue's target peer (> 1× is faster;"
         " for times and latencies the peer's value / Ferry's)",
     ] + [f"- {n}" for n in m.get("notes", "").split("\x1f") if n])
@@ -362,12 +383,12 @@ def chart(work, out_png, meta, table):
             f.write(f'"{label}" ' + " ".join(cells) + f" {factor if factor else 'NaN'}\n")
     lat = os.path.join(work, "latency.dat")
     with open(lat, "w") as f:
-        f.write("# percentile ferry sshfs\n")
+        f.write("# percentile ferry sshfs local-disk\n")
         for rid, name in (("fuse_p50", "p50"), ("fuse_p99", "p99")):
             r = next((x for x in table if x["id"] == rid), None)
             if r is None:
                 continue
-            v = [r["ferry"], r["peers"]["sshfs"]["median"]]
+            v = [r["ferry"], r["peers"]["sshfs"]["median"], r["peers"]["ceiling"]["median"]]
             f.write(f"{name} " + " ".join("NaN" if x is None else f"{x:.2f}" for x in v) + "\n")
     gp = os.path.join(work, "chart.gp")
     with open(gp, "w") as f:
@@ -394,7 +415,7 @@ plot "{dat}" using 2:xtic(1) title "Ferry" lc rgb "#1f77b4", \\
      "" using 3 title "rsync daemon" lc rgb "#ff7f0e", \\
      "" using 4 title "scp" lc rgb "#d62728", \\
      "" using 5 title "sshfs" lc rgb "#9467bd", \\
-     "" using 6 title "ceiling (iperf3 / perftest)" lc rgb "#7f7f7f"
+     "" using 6 title "ceiling (iperf3 / perftest / local disk)" lc rgb "#7f7f7f"
 set size 0.3,1
 set origin 0.7,0
 set title "FUSE 4 KiB random read QD1 latency, µs; lower is better"
@@ -402,7 +423,8 @@ set yrange [1:*]
 set arrow 1 from graph 0, first 60 to graph 1, first 60 nohead dt 2 lc rgb "#2ca02c" lw 2
 set label 1 "p50 target 60 µs" at graph 0.02, first 48 tc rgb "#2ca02c" front
 plot "{lat}" using 2:xtic(1) title "ferry-mount" lc rgb "#1f77b4", \\
-     "" using 3 title "sshfs" lc rgb "#9467bd"
+     "" using 3 title "sshfs" lc rgb "#9467bd", \\
+     "" using 4 title "local disk" lc rgb "#7f7f7f"
 unset multiplot
 """)
     p = subprocess.run([gnuplot, gp], capture_output=True, text=True)

@@ -3,7 +3,9 @@
 # then each peer, every run from the same cache state (settle) with its destination
 # removed, and checked against its source (cmp or tree SHA-256 in the first
 # repetition, size or file count in the others). Ferry failing ends the run; a
-# peer failing gets a "failed: ..." cell and is not run again in that job.
+# peer failing gets a "failed: ..." cell and is not run again in that job. The
+# "ceiling" tool is iperf3 for one big file, the local disk (tar | tar, dd, fio on the
+# file itself, under the same protocol) for trees and the FUSE reads.
 
 declare -A UNAVAIL=() # TOOL -> "skip:WHY" or "fail:WHY" for a peer that cannot run at all
 declare -A DEAD=()    # ROW.TOOL -> 1 once that peer failed in that row
@@ -128,9 +130,17 @@ command_for() {
         small_down.ferry) CMD=("${rcp[@]}" -r "$FERRY_ADDR:bench/small" "$tree_down") DEST="$tree_down" ;;
         small_down.rsync) CMD=(rsync -a "$RSYNC_URL/small/" "$tree_down/") DEST="$tree_down" ;;
         small_down.scp) CMD=("${scp[@]}" -r "$SSH_USER_HOST:$SMALL" "$tree_down") DEST="$tree_down" ;;
+        small_up.local) CMD=(bash -c "$LOCAL_TREE_COPY" local-copy "$SMALL" "$tree_up") DEST="$tree_up" ;;
+        small_down.local) CMD=(bash -c "$LOCAL_TREE_COPY" local-copy "$SMALL" "$tree_down") DEST="$tree_down" ;;
     esac
 }
-# copy_job ROW ORIGINAL REP: Ferry, then rsync and scp, copy ORIGINAL once each.
+# The local-disk ceiling of a tree copy: the same tree copied on the same file system,
+# no network, into a fresh directory (bash -c SCRIPT NAME SOURCE DEST).
+# shellcheck disable=SC2016 # expanded by that bash, not this one
+LOCAL_TREE_COPY='set -o pipefail; mkdir -- "$2" && tar -C "$1" -cf - . | tar -C "$2" -xf -'
+# copy_job ROW ORIGINAL REP: Ferry, then rsync and scp, copy ORIGINAL once each; for a
+# tree, then the local-disk ceiling (tar | tar into the row's own destination: the
+# same removal, settle and check as the others), recorded as ROW's ceiling.
 copy_job() {
     local tool
     for tool in ferry rsync scp; do
@@ -138,6 +148,10 @@ copy_job() {
         command_for "$1" "$tool"
         copy_run "$1" "$tool" "$2" "$DEST" "$3" "${CMD[@]}"
     done
+    if [ -d "$2" ] && [ -z "${DEAD[$1.ceiling]:-}" ]; then
+        command_for "$1" local
+        copy_run "$1" ceiling "$2" "$DEST" "$3" "${CMD[@]}"
+    fi
 }
 job_upload() {
     copy_job upload "$BIG" "$1"
@@ -183,7 +197,10 @@ setup_mount() {
     for row in "${FUSE_ROWS[@]}"; do peer_ok "$row" sshfs || true; done
     log "big.bin reads back identical through the mounts"
     if [ "$FIO_OK" = 0 ]; then
-        for row in fuse_iops fuse_p50 fuse_p99; do record_skip "$row" ferry "fio not installed"; done
+        for row in fuse_iops fuse_p50 fuse_p99; do
+            record_skip "$row" ferry "fio not installed"
+            record_skip "$row" ceiling "fio not installed"
+        done
     fi
 }
 teardown_mount() {
@@ -204,8 +221,25 @@ fresh() {
         return 1
     fi
 }
+# randread TOOL FILE: 4 KiB random reads of FILE at queue depth 1 for FIO_S seconds
+# (fio), recorded as TOOL's fuse_iops, fuse_p50 and fuse_p99: the one fio job of the
+# mounts and of the local-disk ceiling. Fails (1) when it did not measure.
+randread() {
+    local tool="$1" file="$2" out p50 p99 iops
+    # fio splits --filename at ':'; escape it. psync at QD1: p50/p99 are of the whole pread().
+    timed fuse_iops "$tool" $((FIO_S + 30)) fio --name=randread --filename="${file//:/\\:}" --readonly \
+        --rw=randread --bs=4k --ioengine=psync --iodepth=1 --numjobs=1 \
+        --time_based --runtime="$FIO_S" --randrepeat=0 \
+        --lat_percentiles=1 --percentile_list=50:99 \
+        --output-format=json --output="$WORK/fio.json" || return 1
+    out="$(python3 "$BENCH_PY" fio "$WORK/fio.json" 2>&1)" || { fail fuse_iops "$tool" "$out" || return 1; }
+    read -r p50 p99 iops <<<"$out"
+    record fuse_iops "$tool" "$iops"
+    record fuse_p50 "$tool" "$p50"
+    record fuse_p99 "$tool" "$p99"
+}
 job_mount() {
-    local t mnt out p50 p99 iops
+    local t mnt
     SOURCE=("$BIG")
     for t in ferry sshfs; do
         if [ "$t" = ferry ]; then mnt="$MNT_FERRY"; else mnt="$MNT_SSHFS"; fi
@@ -216,18 +250,15 @@ job_mount() {
         fi
         [ "$FIO_OK" = 1 ] || continue
         fresh "$t" || continue
-        # fio splits --filename at ':'; escape it. psync at QD1: p50/p99 are of the whole pread().
-        timed fuse_iops "$t" $((FIO_S + 30)) fio --name=randread --filename="${mnt//:/\\:}/big.bin" --readonly \
-            --rw=randread --bs=4k --ioengine=psync --iodepth=1 --numjobs=1 \
-            --time_based --runtime="$FIO_S" --randrepeat=0 \
-            --lat_percentiles=1 --percentile_list=50:99 \
-            --output-format=json --output="$WORK/fio.json" || continue
-        out="$(python3 "$BENCH_PY" fio "$WORK/fio.json" 2>&1)" || { fail fuse_iops "$t" "$out" || continue; }
-        read -r p50 p99 iops <<<"$out"
-        record fuse_iops "$t" "$iops"
-        record fuse_p50 "$t" "$p50"
-        record fuse_p99 "$t" "$p99"
+        randread "$t" "$mnt/big.bin" || continue
     done
+    # The local-disk ceiling: the same reads of the file itself, no FUSE, no network,
+    # from the same cache state (settled by timed), recorded as the rows' ceiling.
+    if [ -z "${DEAD[fuse_seq.ceiling]:-}" ] &&
+        timed fuse_seq ceiling "$COPY_LIMIT_S" dd if="$BIG" of=/dev/null bs=1M status=none; then
+        record fuse_seq ceiling "$(rate "$SIZE_BYTES" "$T" 1e6)"
+    fi
+    if [ "$FIO_OK" = 1 ] && [ -z "${DEAD[fuse_iops.ceiling]:-}" ]; then randread ceiling "$BIG" || true; fi
 }
 
 # --- (e) incremental backup -------------------------------------------------------------

@@ -21,8 +21,10 @@ for line in sys.stdin:
     name = m["target"]["name"]
     exe = os.path.relpath(m["executable"])
     if m["package_id"].find("ferry-common") >= 0 or name == "ferry_common":
-        # Only the verbs transport unit tests need the device; the rest ran on the host.
-        print("ferry_common_rdma", exe, "transport::rdma")
+        # Only the verbs transport unit tests (in the library) need the device; the
+        # rest, and the test files of ferry-common, ran on the host.
+        if "lib" in m["target"]["kind"]:
+            print("ferry_common_rdma", exe, "transport::rdma")
     elif m["target"]["kind"] == ["test"] and name not in TCP_ONLY:
         print(name, exe)
 ' > target/rdma-suite/tests.txt

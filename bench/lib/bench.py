@@ -330,7 +330,10 @@ def header(meta):
         f" (all servers export one directory); {small_label(m)} in {m['small_dirs']} directories;"
         f" fio {m['fio_s']} s per run",
         f"- page cache: {m['cache']}",
-        "- every destination is removed (and synced) before each run; every copy is compared"
+        "- before each run the previous destination goes away (a file is deleted; a tree is"
+        " moved into a trash directory, deleted at the end: this ext4 has no journal, and its"
+        " inode allocator skips each inode deleted in the last minutes one by one, a cost that"
+        " would fall on whichever tool runs after a deletion); every copy is compared"
         " with its source (cmp, or SHA-256 of the tree) in the first run, sizes in the others",
         "- times are the tool's command alone: Ferry makes each file durable before renaming it"
         " into place (an fsync per big file, one syncfs per batch of small files), rsync and scp"

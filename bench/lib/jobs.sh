@@ -88,14 +88,14 @@ check() {
 copy_run() {
     local row="$1" tool="$2" orig="$3" dest="$4" rep="$5" amount scale=1
     shift 5
-    rm -rf "$dest"
+    discard "$dest"
     SOURCE=("$orig")
     timed "$row" "$tool" "$COPY_LIMIT_S" "$@" || return 0
     if ! check "$row" "$orig" "$dest" "$rep"; then
-        rm -rf "$dest"
+        discard "$dest"
         fail "$row" "$tool" "the copy differs from the original" || return 0
     fi
-    rm -rf "$dest"
+    discard "$dest"
     if [ -f "$orig" ]; then amount="$SIZE_BYTES" scale=1e9; else amount="$SMALL_N"; fi
     record "$row" "$tool" "$(rate "$amount" "$T" "$scale")"
     record "$row.sync" "$tool" "$(rate "$amount" "$TS" "$scale")"
@@ -282,7 +282,7 @@ backup_run() {
 }
 job_backup() {
     local r="$1"
-    rm -rf "$SRV/bk" "$SRV/bk-rsync"
+    discard "$SRV/bk" "$SRV/bk-rsync"
     mkdir -p "$SRV/bk-rsync"
     backup_run backup_full ferry "$r" "$RCP" backup --json --transport tcp "$BSRC" "$FERRY_ADDR:bench/bk"
     RSYNC_SNAP="$SRV/bk-rsync/1"

@@ -75,6 +75,12 @@ pub trait Progress: Send + Sync {
     fn advance(&self, bytes: u64);
 }
 
+/// A transfer's progress function that advances `progress`.
+pub(crate) fn advance_fn(progress: &Arc<dyn Progress>) -> ProgressFn {
+    let progress = progress.clone();
+    Arc::new(move |n| progress.advance(n))
+}
+
 /// A directory to create, with the attributes to give it at the end.
 struct DirItem<T> {
     target: T,

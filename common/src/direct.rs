@@ -104,30 +104,14 @@ impl DirectFile {
     pub fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let mut done = 0usize;
         if let Some(direct) = self.direct.as_ref().filter(|_| self.is_direct()) {
-            let aligned =
-                (buf.as_ptr() as usize) % DIRECT_ALIGN == 0 && offset % DIRECT_ALIGN as u64 == 0;
-            let whole = buf.len() / DIRECT_ALIGN * DIRECT_ALIGN;
-            // Invariant of the loop: `done` is a multiple of DIRECT_ALIGN, so each
-            // write starts aligned in the file and in memory.
-            while aligned && done < whole {
-                match direct.write_at(&buf[done..whole], offset + done as u64) {
-                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                    Ok(n) if n % DIRECT_ALIGN == 0 => done += n,
-                    // A short write that ends mid-block: finish buffered from its
-                    // start (the partial block is rewritten whole below).
-                    Ok(n) => {
-                        done += n / DIRECT_ALIGN * DIRECT_ALIGN;
-                        break;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => {
-                        tracing::debug!("direct writes refused ({e}); writing buffered");
-                        self.enabled.store(false, Ordering::Relaxed);
-                        break;
-                    }
-                    Err(e) => return Err(e),
+            // A short write that ends mid-block: finished buffered from its last whole
+            // block (the partial block is rewritten whole).
+            done = self.direct_blocks(buf.as_ptr(), buf.len(), offset, "writes", |from, to| {
+                match direct.write_at(&buf[from..to], offset + from as u64)? {
+                    0 => Err(io::ErrorKind::WriteZero.into()),
+                    n => Ok(n),
                 }
-            }
+            })?;
         }
         self.file.write_all_at(&buf[done..], offset + done as u64)
     }
@@ -141,31 +125,52 @@ impl DirectFile {
             self.is_direct() && !all_cached(&self.file, offset, buf.len()).unwrap_or(true)
         });
         if let Some(direct) = direct {
-            let aligned =
-                (buf.as_ptr() as usize) % DIRECT_ALIGN == 0 && offset % DIRECT_ALIGN as u64 == 0;
-            let whole = buf.len() / DIRECT_ALIGN * DIRECT_ALIGN;
-            // Invariant of the loop: `done` is a multiple of DIRECT_ALIGN.
-            while aligned && done < whole {
-                match direct.read_at(&mut buf[done..whole], offset + done as u64) {
-                    Ok(n) if n > 0 && n % DIRECT_ALIGN == 0 => done += n,
-                    // The end of the file (or a short read mid-block): the buffered
-                    // read below takes over from the last whole block.
-                    Ok(n) => {
-                        done += n / DIRECT_ALIGN * DIRECT_ALIGN;
-                        break;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => {
-                        tracing::debug!("direct reads refused ({e}); reading buffered");
-                        self.enabled.store(false, Ordering::Relaxed);
-                        break;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+            // The end of the file (or a short read mid-block): the buffered read takes
+            // over from the last whole block.
+            let (ptr, len) = (buf.as_ptr(), buf.len());
+            done = self.direct_blocks(ptr, len, offset, "reads", |from, to| {
+                direct.read_at(&mut buf[from..to], offset + from as u64)
+            })?;
         }
         self.file
             .read_exact_at(&mut buf[done..], offset + done as u64)
+    }
+
+    /// Runs `op(from, to)` over the whole blocks of a buffer of `len` bytes at `ptr`,
+    /// meant for `offset` in the file, until they are done or an operation comes back
+    /// short; returns how many bytes are done, a multiple of [`DIRECT_ALIGN`] (0 if the
+    /// buffer or the offset is not aligned). An `EINVAL` turns direct I/O off for this
+    /// file (`what` names the operations in the log); other errors are returned.
+    fn direct_blocks(
+        &self,
+        ptr: *const u8,
+        len: usize,
+        offset: u64,
+        what: &str,
+        mut op: impl FnMut(usize, usize) -> io::Result<usize>,
+    ) -> io::Result<usize> {
+        let aligned = (ptr as usize) % DIRECT_ALIGN == 0 && offset % DIRECT_ALIGN as u64 == 0;
+        let whole = len / DIRECT_ALIGN * DIRECT_ALIGN;
+        let mut done = 0usize;
+        // Invariant of the loop: `done` is a multiple of DIRECT_ALIGN, so each
+        // operation starts aligned in the file and in memory.
+        while aligned && done < whole {
+            match op(done, whole) {
+                Ok(n) if n > 0 && n % DIRECT_ALIGN == 0 => done += n,
+                Ok(n) => {
+                    done += n / DIRECT_ALIGN * DIRECT_ALIGN;
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => {
+                    tracing::debug!("direct {what} refused ({e}); going buffered");
+                    self.enabled.store(false, Ordering::Relaxed);
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
     }
 }
 

@@ -403,19 +403,12 @@ impl Rekey {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ShareConfig;
+    use crate::share::test_share;
     use std::fs;
     use std::os::unix::fs::symlink;
 
     fn share(dir: &std::path::Path) -> Share {
-        Share::open(&ShareConfig {
-            name: "s".into(),
-            path: dir.to_owned(),
-            read_only: false,
-            secret_file: None,
-            secret_env: None,
-        })
-        .unwrap()
+        test_share("s", dir, false)
     }
 
     fn kinds(r: Response) -> Vec<Option<ErrorKind>> {

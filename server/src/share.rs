@@ -277,6 +277,19 @@ fn path_error(what: &str, e: PathError) -> RemoteError {
     remote(kind, format!("{what}: {e}"))
 }
 
+/// A share named `name` at `path` with no secret of its own, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_share(name: &str, path: &Path, read_only: bool) -> Share {
+    Share::open(&crate::config::ShareConfig {
+        name: name.into(),
+        path: path.to_owned(),
+        read_only,
+        secret_file: None,
+        secret_env: None,
+    })
+    .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,14 +306,7 @@ mod tests {
         symlink("../nowhere", dir.path().join("root/gone")).unwrap();
         symlink("loop", dir.path().join("root/loop")).unwrap();
         symlink("sub/../inside", dir.path().join("root/chain")).unwrap();
-        let s = Share::open(&ShareConfig {
-            name: "s".into(),
-            path: dir.path().join("root"),
-            read_only,
-            secret_file: None,
-            secret_env: None,
-        })
-        .unwrap();
+        let s = test_share("s", &dir.path().join("root"), read_only);
         (dir, s)
     }
 

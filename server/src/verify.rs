@@ -193,7 +193,7 @@ fn remember(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ShareConfig;
+    use crate::share::test_share;
     use ferry_common::chunk::hash_chunk;
     use std::io::Write;
 
@@ -203,14 +203,7 @@ mod tests {
     }
 
     fn share(dir: &std::path::Path) -> Share {
-        Share::open(&ShareConfig {
-            name: "s".into(),
-            path: dir.to_owned(),
-            read_only: false,
-            secret_file: None,
-            secret_env: None,
-        })
-        .unwrap()
+        test_share("s", dir, false)
     }
 
     fn report(r: Response) -> VerifyReport {

@@ -14,9 +14,9 @@ use ferry_common::codec::{link_batch_base_bytes, link_pair_bytes, MAX_REQUEST_FR
 use ferry_common::msg::{ErrorKind, LINK_BATCH_MAX};
 
 use crate::client::Client;
-use crate::copy::Progress;
+use crate::copy::{advance_fn, Progress};
 use crate::error::ClientError;
-use crate::transfer::{upload_file_with_base, ProgressFn};
+use crate::transfer::upload_file_with_base;
 
 use super::jobs::{Class, Outcome};
 
@@ -97,10 +97,7 @@ pub(super) async fn run_batch(
             }
             Err(e) if e.kind == ErrorKind::TooManyLinks => {
                 tracing::info!(file = %link.from, "at the link limit: copying it on the server instead");
-                let advance: ProgressFn = {
-                    let progress = progress.clone();
-                    Arc::new(move |n| progress.advance(n))
-                };
+                let advance = advance_fn(&progress);
                 let c = upload_file_with_base(
                     &client, &link.path, &share, &link.to, &link.from, advance,
                 )

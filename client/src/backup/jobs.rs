@@ -24,9 +24,9 @@ use tokio::task::JoinSet;
 
 use crate::batch::{is_small, SmallUpload};
 use crate::client::Client;
-use crate::copy::Progress;
+use crate::copy::{advance_fn, Progress};
 use crate::error::ClientError;
-use crate::transfer::{upload_file, upload_file_with_base, ProgressFn};
+use crate::transfer::{upload_file, upload_file_with_base};
 
 use super::batch::{batch_size, pack, run_batch, LinkJob, LINK_BATCHES_IN_FLIGHT};
 use super::join;
@@ -196,10 +196,7 @@ impl Job {
             bytes_sent,
             bytes_reused,
         };
-        let advance: ProgressFn = {
-            let progress = progress.clone();
-            Arc::new(move |n| progress.advance(n))
-        };
+        let advance = advance_fn(&progress);
         match self.action {
             Action::Symlink { to, target } => {
                 if !dry_run {

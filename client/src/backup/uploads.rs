@@ -18,9 +18,9 @@ use ferry_common::msg::BATCH_MAX_FILES;
 
 use crate::batch::{self, Outcome as FileOutcome, SmallUpload};
 use crate::client::Client;
-use crate::copy::Progress;
+use crate::copy::{advance_fn, Progress};
 use crate::error::ClientError;
-use crate::transfer::{upload_file, upload_file_with_base, ProgressFn};
+use crate::transfer::{upload_file, upload_file_with_base};
 
 use super::jobs::{Class, Outcome};
 
@@ -69,10 +69,7 @@ pub(super) async fn run_upload_batch(
     jobs: Vec<SmallJob>,
     progress: Arc<dyn Progress>,
 ) -> Result<Vec<Outcome>, ClientError> {
-    let advance: ProgressFn = {
-        let progress = progress.clone();
-        Arc::new(move |n| progress.advance(n))
-    };
+    let advance = advance_fn(&progress);
     // Targets are distinct within a backup: each names one entry of the snapshot.
     let mut meta: HashMap<String, (Class, Option<String>)> = HashMap::with_capacity(jobs.len());
     let items = jobs

@@ -2,7 +2,9 @@
 //! buffer that the server moves with one one-sided operation.
 //!
 //! Upload ([`upload_batch`]): the files are read back to back into a pooled buffer
-//! (each between two `fstat`s: a source that moves while it is read fails as changed),
+//! (each between two `fstat`s: a source that moves while it is read fails as changed;
+//! a window of files is opened and their reads started first, see
+//! [`ferry_common::readahead`]),
 //! hashed, and the buffer is registered for remote READ and advertised in one
 //! `UploadBatch`; the server answers per file. Download ([`download_batch`]): a pooled
 //! buffer is registered for remote WRITE and the server fills it from many files; each
@@ -33,6 +35,7 @@ use ferry_common::msg::{
     BATCH_MAX_BYTES, BATCH_MAX_FILES, BATCH_MAX_PATH_BYTES, SMALL_FILE_MAX_BYTES,
 };
 use ferry_common::proto::ProtoError;
+use ferry_common::readahead::{will_need, READ_AHEAD_FILES};
 use ferry_common::staging::{remove_quietly, scratch_path, small_path, write_whole, WholeStep};
 use ferry_common::transport::{Access, Buffer, Memory};
 use ferry_common::writeback::sync_filesystems;
@@ -189,8 +192,10 @@ enum Unread {
     PerFile,
 }
 
-/// Reads `item` whole into the start of `room`. Blocking.
-fn read_source(item: &SmallUpload, room: &mut [u8]) -> Result<Read, Unread> {
+/// Opens `item` and, if it is still a small regular file of its listed size, starts
+/// reading it into the page cache ([`will_need`]); returns it with its metadata.
+/// Blocking.
+fn open_source(item: &SmallUpload) -> Result<(File, fs::Metadata), Unread> {
     let local = |op, e| Unread::Failed(ClientError::local(&item.src, op, e));
     let file = File::open(&item.src).map_err(|e| local("cannot open", e))?;
     let before = file.metadata().map_err(|e| local("cannot stat", e))?;
@@ -200,6 +205,20 @@ fn read_source(item: &SmallUpload, room: &mut [u8]) -> Result<Read, Unread> {
             std::io::Error::other("not a regular file"),
         ));
     }
+    if before.len() == item.size && before.len() <= SMALL_FILE_MAX_BYTES {
+        will_need(&file, before.len());
+    }
+    Ok((file, before))
+}
+
+/// Reads `item`, opened by [`open_source`] (`before` is its metadata then), whole into
+/// the start of `room`. Blocking.
+fn read_source(
+    item: &SmallUpload,
+    (file, before): (File, fs::Metadata),
+    room: &mut [u8],
+) -> Result<Read, Unread> {
+    let local = |op, e| Unread::Failed(ClientError::local(&item.src, op, e));
     if before.len() != item.size || before.len() > room.len() as u64 {
         // Changed since it was listed: the per-file path copies it as it is now.
         return Err(Unread::PerFile);
@@ -277,8 +296,21 @@ async fn send_uploads(
         let mut used = 0usize;
         let mut sent = Vec::new();
         let mut unsent = Vec::new();
-        for (item, before) in todo {
-            match read_source(&item, &mut data[used..cap]) {
+        let mut todo = todo.into_iter();
+        // A window of files opened and their reads started, then read in order.
+        let windows = std::iter::from_fn(|| {
+            let window: Vec<_> = todo
+                .by_ref()
+                .take(READ_AHEAD_FILES)
+                .map(|(item, before)| {
+                    let opened = open_source(&item);
+                    (item, before, opened)
+                })
+                .collect();
+            (!window.is_empty()).then_some(window)
+        });
+        for (item, before, opened) in windows.flatten() {
+            match opened.and_then(|o| read_source(&item, o, &mut data[used..cap])) {
                 Ok(r) if before.is_some_and(|h| h != r.hash) => {
                     let error = ClientError::SourceChanged {
                         path: item.src.clone(),

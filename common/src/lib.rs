@@ -19,6 +19,8 @@
 //!   fails a file at its start.
 //! - [`direct`] writes the aligned blocks of big received files with `O_DIRECT`,
 //!   bypassing the page cache.
+//! - [`readahead`] starts the reads of a window of small files at once, so cold
+//!   files of a batch are not read one disk read at a time.
 //! - [`staging`] holds a received file under a hidden name until it is complete; a
 //!   file of several chunks is a resumable partial whose [`journal`] records the chunks
 //!   written, so an interrupted transfer of it can resume.
@@ -33,6 +35,7 @@ pub mod journal;
 pub mod msg;
 pub mod path;
 pub mod proto;
+pub mod readahead;
 pub mod space;
 pub mod staging;
 pub mod transport;

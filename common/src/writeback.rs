@@ -95,6 +95,16 @@ pub fn sync_filesystems(files: &[&File]) -> Vec<io::Result<()>> {
         .iter()
         .map(|f| f.metadata().map(|m| m.dev()))
         .collect();
+    sync_devs(files, devs)
+}
+
+/// [`sync_filesystems`] for files whose filesystems the caller knows already: `devs`
+/// holds the `st_dev` of each of `files`, in order (no `fstat` per file). Blocking.
+pub fn sync_filesystems_on(files: &[&File], devs: &[u64]) -> Vec<io::Result<()>> {
+    sync_devs(files, devs.iter().map(|d| Ok(*d)).collect())
+}
+
+fn sync_devs(files: &[&File], devs: Vec<io::Result<u64>>) -> Vec<io::Result<()>> {
     let mut flushed: HashMap<u64, Result<(), i32>> = HashMap::new();
     for (file, dev) in files.iter().zip(&devs) {
         if let Ok(dev) = dev {

@@ -1,13 +1,17 @@
 //! The FUSE filesystem: kernel requests in, control messages and one-sided reads out.
 //!
-//! fuser calls these methods on its threads; each one hands the work to the tokio
-//! runtime and returns at once, and the reply is sent from the task when the answer is
-//! there, so slow server round trips never hold up other requests.
+//! fuser calls these methods on its threads. Most hand the work to the tokio runtime
+//! and return at once, and the reply is sent from the task when the answer is there,
+//! so slow server round trips never hold up other requests. Reads, the hot path, are
+//! answered on the fuser thread itself when their chunks are cached, and a miss
+//! blocks that thread on the runtime while another fuser thread stays free
+//! ([`ThreadClaim`]): each hand-off between threads costs a wake-up, which is most of
+//! a 4 KiB read's latency on a small machine.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -46,6 +50,31 @@ struct Inner {
     /// only when the next open finds the same version.
     versions: Mutex<HashMap<u64, FileVersion>>,
     next_fh: AtomicU64,
+    /// fuser threads now blocked in a read (see [`ThreadClaim`]).
+    blocked_reads: AtomicUsize,
+}
+
+/// One of the fuser threads blocked in a read until this drops.
+///
+/// Invariant: at most `threads - 1` are held at once, so one thread is always free to
+/// take the kernel's next request (a lookup behind a slow read is not held up).
+struct ThreadClaim<'a>(&'a AtomicUsize);
+
+impl<'a> ThreadClaim<'a> {
+    fn take(blocked: &'a AtomicUsize, threads: usize) -> Option<ThreadClaim<'a>> {
+        blocked
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n + 1 < threads).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| ThreadClaim(blocked))
+    }
+}
+
+impl Drop for ThreadClaim<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl FerryFs {
@@ -72,6 +101,7 @@ impl FerryFs {
                 dirs: Mutex::new(HashMap::new()),
                 versions: Mutex::new(HashMap::new()),
                 next_fh: AtomicU64::new(1),
+                blocked_reads: AtomicUsize::new(0),
             }),
             rt,
         }
@@ -227,6 +257,17 @@ impl Inner {
     }
 }
 
+/// Replies to a read with its bytes (handing the buffer back to `reader`) or its error.
+fn answer_read(reader: &Reader, reply: ReplyData, got: Result<Vec<u8>, OpError>) {
+    match got {
+        Ok(data) => {
+            reply.data(&data);
+            reader.recycle(data);
+        }
+        Err(e) => reply.error(fail("read", e)),
+    }
+}
+
 /// Logs a failed operation at a level that fits its errno, and returns the errno.
 fn fail(op: &str, e: OpError) -> Errno {
     if e.errno == Errno::ENOENT {
@@ -329,14 +370,24 @@ impl fuser::Filesystem for FerryFs {
             reply.error(Errno::EBADF);
             return;
         };
+        let reader = &self.inner.reader;
+        // Cached chunks are answered on this thread: no hand-off, no wake-up.
+        let cached = {
+            let _runtime = self.rt.enter();
+            file.read_cached(reader, offset, size)
+        };
+        if let Some(data) = cached {
+            return answer_read(reader, reply, Ok(data));
+        }
+        // A miss is read on this thread too while another stays free for the kernel's
+        // other requests; past that, on the runtime.
+        if let Some(_held) = ThreadClaim::take(&self.inner.blocked_reads, self.inner.opts.threads) {
+            let got = self.rt.block_on(file.read(reader, offset, size));
+            return answer_read(reader, reply, got);
+        }
         self.spawn(|fs| async move {
-            match file.read(&fs.reader, offset, size).await {
-                Ok(data) => {
-                    reply.data(&data);
-                    fs.reader.recycle(data);
-                }
-                Err(e) => reply.error(fail("read", e)),
-            }
+            let got = file.read(&fs.reader, offset, size).await;
+            answer_read(&fs.reader, reply, got);
         });
     }
 

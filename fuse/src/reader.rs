@@ -111,6 +111,43 @@ enum Claim {
     Wait(Slot),
 }
 
+/// Consecutive chunks this reader claimed and fetches with one READ, each with the
+/// sender its waiters watch.
+///
+/// Invariant: every chunk of a run has an `inflight` entry until the run completes;
+/// a run dropped before it completes (its future cancelled) removes the entries of the
+/// chunks it still holds, so a later read fetches them afresh instead of waiting on a
+/// fetch nobody makes.
+struct Run {
+    reader: Arc<Reader>,
+    mapped: Mapped,
+    chunks: Vec<(u64, watch::Sender<Option<Fetched>>)>,
+}
+
+impl Run {
+    /// Whether the run holds any of chunks `c0..=c1` (its chunks are consecutive).
+    fn overlaps(&self, c0: u64, c1: u64) -> bool {
+        match (self.chunks.first(), self.chunks.last()) {
+            (Some((first, _)), Some((last, _))) => *first <= c1 && *last >= c0,
+            _ => false,
+        }
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if self.chunks.is_empty() {
+            return;
+        }
+        let manifest = self.mapped.map.version.manifest;
+        let mut store = lock(&self.reader.store);
+        for (index, _) in &self.chunks {
+            store.inflight.remove(&(manifest, *index));
+        }
+        // The senders drop here: their waiters see the fetch abandoned.
+    }
+}
+
 impl Reader {
     /// A reader with a cache of `cache_bytes` and `readahead` chunks of readahead
     /// (`None`: [`READAHEAD_BYTES`] worth, in each file's chunk size).
@@ -262,53 +299,81 @@ impl Reader {
         Claim::Wait(rx)
     }
 
-    /// Starts fetches for `mine` (sorted by index), grouped into runs of consecutive
-    /// chunks in one region of at most [`FETCH_BYTES`].
-    fn start_fetches(
+    /// Claims the chunks a sequential reader of `span` will want next.
+    fn claim_ahead(
+        &self,
+        store: &mut Store,
+        m: &Mapped,
+        span: &Span,
+        mine: &mut Vec<(u64, watch::Sender<Option<Fetched>>)>,
+    ) {
+        let ahead = self.readahead.unwrap_or(READAHEAD_BYTES / span.chunk_bytes);
+        for i in span.c1 + 1..=span.last_chunk.min(span.c1 + ahead) {
+            let _ = Reader::claim(store, m, i, mine);
+        }
+    }
+
+    /// Groups `mine` (sorted by index) into runs of consecutive chunks in one region
+    /// of at most [`FETCH_BYTES`], each fetched with one READ.
+    fn runs(
         self: &Arc<Self>,
-        path: &str,
         m: &Mapped,
         mine: Vec<(u64, watch::Sender<Option<Fetched>>)>,
-    ) {
+    ) -> Vec<Run> {
         let cb = u64::from(m.map.version.chunk_bytes);
         let per_run = (FETCH_BYTES as u64 / cb).max(1);
         let region_of = |i: u64| i * cb / m.map.window_bytes;
+        let mut runs = Vec::new();
         let mut run: Vec<(u64, watch::Sender<Option<Fetched>>)> = Vec::new();
         for (index, tx) in mine {
             let joins = run.last().is_some_and(|(last, _)| {
                 *last + 1 == index && region_of(*last) == region_of(index)
             }) && (run.len() as u64) < per_run;
             if !joins && !run.is_empty() {
-                self.spawn_run(path, m, std::mem::take(&mut run));
+                runs.push(self.run(m, std::mem::take(&mut run)));
             }
             run.push((index, tx));
         }
         if !run.is_empty() {
-            self.spawn_run(path, m, run);
+            runs.push(self.run(m, run));
+        }
+        runs
+    }
+
+    fn run(
+        self: &Arc<Self>,
+        m: &Mapped,
+        chunks: Vec<(u64, watch::Sender<Option<Fetched>>)>,
+    ) -> Run {
+        Run {
+            reader: self.clone(),
+            mapped: m.clone(),
+            chunks,
         }
     }
 
-    fn spawn_run(
-        self: &Arc<Self>,
-        path: &str,
-        m: &Mapped,
-        run: Vec<(u64, watch::Sender<Option<Fetched>>)>,
-    ) {
+    /// Fetches `run` in a task of its own (readahead: nobody waits for it yet).
+    fn spawn_run(self: &Arc<Self>, path: &str, run: Run) {
         let me = self.clone();
-        let m = m.clone();
         let path = path.to_string();
-        tokio::spawn(async move {
-            let results = me.fetch_run(&path, &m, run.iter().map(|(i, _)| *i)).await;
-            let mut store = lock(&me.store);
-            for ((index, tx), result) in run.into_iter().zip(results) {
-                let key = (m.map.version.manifest, index);
-                if let Fetched::Ok(data) = &result {
-                    store.cache.insert(key, data.clone());
-                }
-                store.inflight.remove(&key);
-                let _ = tx.send(Some(result));
+        tokio::spawn(async move { me.complete_run(&path, run).await });
+    }
+
+    /// Fetches `run`, caches what verified, and hands every waiter its chunk's outcome.
+    async fn complete_run(&self, path: &str, mut run: Run) {
+        let results = self
+            .fetch_run(path, &run.mapped, run.chunks.iter().map(|(i, _)| *i))
+            .await;
+        let manifest = run.mapped.map.version.manifest;
+        let mut store = lock(&self.store);
+        for ((index, tx), result) in run.chunks.drain(..).zip(results) {
+            let key = (manifest, index);
+            if let Fetched::Ok(data) = &result {
+                store.cache.insert(key, data.clone());
             }
-        });
+            store.inflight.remove(&key);
+            let _ = tx.send(Some(result));
+        }
     }
 
     /// Fetches and verifies the consecutive chunks `indices` with one READ; a chunk
@@ -415,6 +480,43 @@ fn chunk_range(v: &FileVersion, index: u64) -> (u64, u64) {
     (a, (a + cb).min(v.size))
 }
 
+/// The chunks a read touches, the read clipped to the end of the file.
+struct Span {
+    /// End offset of the read, at most the file size.
+    end: u64,
+    chunk_bytes: u64,
+    /// First and last chunk touched.
+    c0: u64,
+    c1: u64,
+    last_chunk: u64,
+}
+
+impl Span {
+    /// `None` for a read that returns nothing (at or past the end, or of size 0).
+    fn of(v: &FileVersion, offset: u64, size: u32) -> Option<Span> {
+        if offset >= v.size || size == 0 {
+            return None;
+        }
+        let end = v.size.min(offset + u64::from(size));
+        let cb = u64::from(v.chunk_bytes);
+        Some(Span {
+            end,
+            chunk_bytes: cb,
+            c0: offset / cb,
+            c1: (end - 1) / cb,
+            last_chunk: (v.size - 1) / cb,
+        })
+    }
+
+    /// Appends the bytes of the read starting at `offset` that chunk `index` holds.
+    fn copy_out(&self, out: &mut Vec<u8>, offset: u64, index: u64, data: &[u8]) {
+        let base = index * self.chunk_bytes;
+        let a = offset.max(base) - base;
+        let b = self.end.min(base + self.chunk_bytes) - base;
+        out.extend_from_slice(&data[a as usize..b as usize]);
+    }
+}
+
 impl OpenFile {
     /// The version this handle reads.
     pub fn version(&self) -> FileVersion {
@@ -473,6 +575,37 @@ impl OpenFile {
         Ok(())
     }
 
+    /// Answers the read at once, with no I/O, when every chunk it touches is cached
+    /// (starting readahead as [`OpenFile::read`] would); `None` when some chunk is not,
+    /// having changed nothing. Needs a tokio runtime context (readahead is spawned).
+    pub fn read_cached(&self, reader: &Arc<Reader>, offset: u64, size: u32) -> Option<Vec<u8>> {
+        let m = lock(&self.state).clone();
+        let Some(span) = Span::of(&m.map.version, offset, size) else {
+            return Some(Vec::new());
+        };
+        let manifest = m.map.version.manifest;
+        let mut mine = Vec::new();
+        let chunks = {
+            let mut store = lock(&reader.store);
+            let mut chunks = Vec::with_capacity((span.c1 - span.c0 + 1) as usize);
+            for i in span.c0..=span.c1 {
+                chunks.push(store.cache.get(&(manifest, i))?);
+            }
+            if self.seq_end.swap(span.end, Ordering::Relaxed) == offset {
+                reader.claim_ahead(&mut store, &m, &span, &mut mine);
+            }
+            chunks
+        };
+        for run in reader.runs(&m, mine) {
+            reader.spawn_run(&self.path, run);
+        }
+        let mut out = reader.replies.take((span.end - offset) as usize);
+        for (i, data) in (span.c0..=span.c1).zip(chunks) {
+            span.copy_out(&mut out, offset, i, &data);
+        }
+        Some(out)
+    }
+
     async fn read_once(
         &self,
         reader: &Arc<Reader>,
@@ -480,31 +613,36 @@ impl OpenFile {
         size: u32,
     ) -> Result<Vec<u8>, (OpError, bool)> {
         let m = lock(&self.state).clone();
-        let v = m.map.version;
-        if offset >= v.size || size == 0 {
+        let Some(span) = Span::of(&m.map.version, offset, size) else {
             return Ok(Vec::new());
-        }
-        let end = v.size.min(offset + u64::from(size));
-        let cb = u64::from(v.chunk_bytes);
-        let (c0, c1) = (offset / cb, (end - 1) / cb);
-        let sequential = self.seq_end.swap(end, Ordering::Relaxed) == offset;
-        let last_chunk = (v.size - 1) / cb;
+        };
+        let (c0, c1) = (span.c0, span.c1);
+        let sequential = self.seq_end.swap(span.end, Ordering::Relaxed) == offset;
         let mut mine = Vec::new();
         let claims: Vec<Claim> = {
             let mut store = lock(&reader.store);
             let claims = (c0..=c1)
                 .map(|i| Reader::claim(&mut store, &m, i, &mut mine))
                 .collect();
-            let ahead = reader.readahead.unwrap_or(READAHEAD_BYTES / cb);
-            if sequential && ahead > 0 {
-                for i in c1 + 1..=last_chunk.min(c1 + ahead) {
-                    let _ = Reader::claim(&mut store, &m, i, &mut mine);
-                }
+            if sequential {
+                reader.claim_ahead(&mut store, &m, &span, &mut mine);
             }
             claims
         };
-        reader.start_fetches(&self.path, &m, mine);
-        let mut out = reader.replies.take((end - offset) as usize);
+        // Runs holding chunks of this read are fetched here, on this task: the reply
+        // waits for them anyway, and a hand-off to another task would cost a wake-up.
+        // The rest (readahead) go on in tasks of their own.
+        let (now, later): (Vec<Run>, Vec<Run>) = reader
+            .runs(&m, mine)
+            .into_iter()
+            .partition(|run| run.overlaps(c0, c1));
+        for run in later {
+            reader.spawn_run(&self.path, run);
+        }
+        for run in now {
+            reader.complete_run(&self.path, run).await;
+        }
+        let mut out = reader.replies.take((span.end - offset) as usize);
         for (i, claim) in (c0..=c1).zip(claims) {
             let data = match claim {
                 Claim::Ready(d) => d,
@@ -530,10 +668,7 @@ impl OpenFile {
                     }
                 }
             };
-            let base = i * cb;
-            let a = offset.max(base) - base;
-            let b = end.min(base + cb) - base;
-            out.extend_from_slice(&data[a as usize..b as usize]);
+            span.copy_out(&mut out, offset, i, &data);
         }
         Ok(out)
     }

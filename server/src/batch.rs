@@ -38,17 +38,17 @@ use ferry_common::msg::{
     Attr, BatchFile, BatchedFile, ErrorKind, RegionDesc, RemoteError, Response, Sha256,
     BATCH_MAX_BYTES, SMALL_FILE_MAX_BYTES,
 };
+use ferry_common::readahead::{will_need, READ_AHEAD_FILES};
 use ferry_common::staging::{remove_quietly, scratch_path, write_whole};
 use ferry_common::transport::{RemoteSlice, SharedTransport};
-use ferry_common::writeback::sync_filesystems;
+use ferry_common::writeback::sync_filesystems_on;
 
 use crate::conn::blocking;
 use crate::error::{io_error, remote};
-use crate::fsops::no_dir_in_the_way;
 use crate::manifests::ManifestKey;
-use crate::map::open_regular;
+use crate::map::open_regular_at;
 use crate::pool::Pool;
-use crate::share::Share;
+use crate::share::{ResolvedDirs, Share};
 use crate::store::{mtime_settled, ManifestStore};
 
 /// Most bytes one batch's region may hold on a server with chunk buffers of
@@ -150,6 +150,8 @@ struct Staged {
     final_path: PathBuf,
     scratch: PathBuf,
     file: File,
+    /// The filesystem the file is on.
+    dev: u64,
     size: u64,
     mtime_ns: i128,
     hash: Sha256,
@@ -168,19 +170,20 @@ fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<Rem
     let mut results: Vec<Option<RemoteError>> = vec![None; files.len()];
     let mut staged = Vec::with_capacity(files.len());
     let mut seen = HashSet::with_capacity(files.len());
+    let mut dirs = ResolvedDirs::default();
     let mut offset = 0usize;
     for (index, f) in files.iter().enumerate() {
         // check_upload: the sizes add up to data's length.
         let bytes = &data[offset..offset + f.size as usize];
         offset += f.size as usize;
-        match stage(share, index, f, bytes, &mut seen) {
+        match stage(share, index, f, bytes, &mut seen, &mut dirs) {
             Ok(s) => staged.push(s),
             Err(e) => results[index] = Some(e),
         }
     }
     // One flush for the batch (a group commit: one `syncfs` per filesystem, see
     // `sync_filesystems` for why not one fsync per file).
-    let flushed = sync_filesystems(&staged.iter().map(|s| &s.file).collect::<Vec<_>>());
+    let flushed = sync_all(&staged);
     let mut synced = Vec::with_capacity(staged.len());
     for (s, flush) in staged.into_iter().zip(flushed) {
         match flush {
@@ -210,7 +213,7 @@ fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<Rem
     }
     // The renames made durable the same way (a file and its directory share a
     // filesystem): a file answered as stored survives a power cut.
-    let flushed = sync_filesystems(&renamed.iter().map(|s| &s.file).collect::<Vec<_>>());
+    let flushed = sync_all(&renamed);
     for (s, flush) in renamed.iter().zip(flushed) {
         if let Err(e) = flush {
             results[s.index] = Some(io_error("flush the directory of", &s.what, &e));
@@ -224,6 +227,14 @@ fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<Rem
     results
 }
 
+/// One flush of each filesystem that `staged` is on (`sync_filesystems_on`); one result
+/// per file. Blocking.
+fn sync_all(staged: &[Staged]) -> Vec<std::io::Result<()>> {
+    let files: Vec<&File> = staged.iter().map(|s| &s.file).collect();
+    let devs: Vec<u64> = staged.iter().map(|s| s.dev).collect();
+    sync_filesystems_on(&files, &devs)
+}
+
 /// Checks one file's bytes and path and writes it to a fresh scratch file next to its
 /// final name, with its mode and mtime. Blocking.
 fn stage(
@@ -232,9 +243,10 @@ fn stage(
     f: &BatchFile,
     bytes: &[u8],
     seen: &mut HashSet<PathBuf>,
+    dirs: &mut ResolvedDirs,
 ) -> Result<Staged, RemoteError> {
     let what = share.display(&f.path);
-    let final_path = share.resolve_for_write(&f.path)?;
+    let (final_path, dev) = share.resolve_for_write_in(&f.path, dirs)?;
     // Compared as resolved, so two spellings of one name are caught too.
     if !seen.insert(final_path.clone()) {
         return Err(remote(
@@ -249,7 +261,7 @@ fn stage(
             format!("{what}: failed SHA-256 verification"),
         ));
     }
-    no_dir_in_the_way(&final_path, &what)?;
+    // A directory in the way is found by the rename (EISDIR), see `commit_all`.
     let scratch = scratch_path(&final_path);
     let mut file = OpenOptions::new()
         .write(true)
@@ -268,6 +280,7 @@ fn stage(
         final_path,
         scratch,
         file,
+        dev,
         size: f.size,
         mtime_ns: i128::from(f.mtime.secs) * 1_000_000_000 + i128::from(f.mtime.nanos),
         hash: f.hash,
@@ -331,34 +344,57 @@ pub async fn download(
 }
 
 /// Reads each path's file into `room`, back to back; returns an entry per path and the
-/// bytes used. Blocking.
+/// bytes used. A window of files is opened and their reads started before they are
+/// read ([`ferry_common::readahead`]). Blocking.
 fn read_all(share: &Share, paths: &[String], room: &mut [u8]) -> (Vec<BatchedFile>, usize) {
     let mut used = 0usize;
-    let files = paths
-        .iter()
-        .map(|rel| match read_one(share, rel, &mut room[used..]) {
-            Ok(Some((attr, hash))) => {
-                let offset = used as u64;
-                used += attr.size as usize;
-                BatchedFile::Ok { attr, offset, hash }
-            }
-            Ok(None) => BatchedFile::NotIncluded,
-            Err(e) => BatchedFile::Err(e),
-        })
-        .collect();
+    let mut files = Vec::with_capacity(paths.len());
+    let mut dirs = ResolvedDirs::default();
+    for window in paths.chunks(READ_AHEAD_FILES) {
+        let opened: Vec<_> = window
+            .iter()
+            .map(|rel| open_small(share, rel, &mut dirs))
+            .collect();
+        for opened in opened {
+            files.push(match opened.and_then(|o| read_one(o, &mut room[used..])) {
+                Ok(Some((attr, hash))) => {
+                    let offset = used as u64;
+                    used += attr.size as usize;
+                    BatchedFile::Ok { attr, offset, hash }
+                }
+                Ok(None) => BatchedFile::NotIncluded,
+                Err(e) => BatchedFile::Err(e),
+            });
+        }
+    }
     (files, used)
 }
 
-/// Reads the file `rel` whole to the start of `room` and returns its attributes (its
+/// A file of a download batch, opened.
+struct Opened {
+    what: String,
+    file: File,
+    meta: fs::Metadata,
+}
+
+/// Opens the file `rel` as `DownloadOpen` does (its parent resolved through `dirs`,
+/// once per batch) and, if it is small, starts reading it into the page cache.
+/// Blocking.
+fn open_small(share: &Share, rel: &str, dirs: &mut ResolvedDirs) -> Result<Opened, RemoteError> {
+    let what = share.display(rel);
+    let path = share.resolve_in(rel, true, dirs)?;
+    let (file, meta) = open_regular_at(&path, &what)?;
+    if meta.len() <= SMALL_FILE_MAX_BYTES {
+        will_need(&file, meta.len());
+    }
+    Ok(Opened { what, file, meta })
+}
+
+/// Reads the file `opened` whole to the start of `room` and returns its attributes (its
 /// `size` is the length read) and hash; `None` if it is larger than
 /// [`SMALL_FILE_MAX_BYTES`] or than `room`. Blocking.
-fn read_one(
-    share: &Share,
-    rel: &str,
-    room: &mut [u8],
-) -> Result<Option<(Attr, Sha256)>, RemoteError> {
-    let what = share.display(rel);
-    let (file, meta) = open_regular(share, rel, &what)?;
+fn read_one(opened: Opened, room: &mut [u8]) -> Result<Option<(Attr, Sha256)>, RemoteError> {
+    let Opened { what, file, meta } = opened;
     let size = meta.len();
     if size > SMALL_FILE_MAX_BYTES || size > room.len() as u64 {
         return Ok(None);

@@ -394,9 +394,17 @@ pub(crate) fn open_regular(
     what: &str,
 ) -> Result<(std::fs::File, std::fs::Metadata), RemoteError> {
     let path = share.resolve(rel, true)?;
+    open_regular_at(&path, what)
+}
+
+/// [`open_regular`] of `path`, which [`Share::resolve`] with follow gave. Blocking.
+pub(crate) fn open_regular_at(
+    path: &std::path::Path,
+    what: &str,
+) -> Result<(std::fs::File, std::fs::Metadata), RemoteError> {
     // Checked before opening too: opening a socket fails with an obscure error.
     check_regular(
-        &std::fs::metadata(&path).map_err(|e| io_error("stat", what, &e))?,
+        &std::fs::metadata(path).map_err(|e| io_error("stat", what, &e))?,
         what,
     )?;
     // O_NONBLOCK: a FIFO put there since the check must not block the open; the
@@ -404,7 +412,7 @@ pub(crate) fn open_regular(
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NONBLOCK)
-        .open(&path)
+        .open(path)
         .map_err(|e| io_error("open", what, &e))?;
     let meta = file.metadata().map_err(|e| io_error("stat", what, &e))?;
     check_regular(&meta, what)?;

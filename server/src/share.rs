@@ -23,8 +23,10 @@
 //! ferryd alone cannot, since they cannot create a symlink that points outside and then
 //! follow it (every follow is re-checked).
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -38,6 +40,27 @@ use crate::store::ManifestStore;
 
 /// Most symlinks followed while resolving one path (the kernel's `MAXSYMLINKS`).
 const MAX_SYMLINKS: usize = 40;
+
+/// Most directories a [`ResolvedDirs`] remembers; past that it starts over.
+const MAX_RESOLVED_DIRS: usize = 1024;
+
+/// A directory resolved by [`Share::resolve_dir`]: its canonical path and the
+/// filesystem it is on (`st_dev`).
+#[derive(Debug, Clone)]
+pub struct ResolvedDir {
+    /// Its canonical path.
+    pub path: PathBuf,
+    /// Its filesystem, which files created in it are on too.
+    pub dev: u64,
+}
+
+/// Parent directories already resolved during one request (a batch of files in a few
+/// directories resolves each directory once), by their components as named, joined by
+/// `/`. Only directories that resolved are kept: a path whose parent fails resolves it
+/// again and gets its own error. Lives for one request only, like the resolution
+/// itself (see the module's known limit).
+#[derive(Debug, Default)]
+pub struct ResolvedDirs(HashMap<String, ResolvedDir>);
 
 /// An exported directory.
 #[derive(Debug)]
@@ -118,18 +141,7 @@ impl Share {
     /// Resolves `rel` inside the share. Without `follow`, a final symlink is not
     /// followed (the returned path names the link itself).
     pub fn resolve(&self, rel: &str, follow: bool) -> Result<PathBuf, RemoteError> {
-        let comps = self.components(rel)?;
-        let Some((last, parents)) = comps.split_last() else {
-            return Ok(self.root.clone());
-        };
-        let parent = self.resolve_dir(parents, rel)?;
-        if !follow {
-            if parent == self.root && *last == STATE_DIR {
-                return Err(self.reserved(rel));
-            }
-            return Ok(parent.join(last));
-        }
-        self.walk(parent, &[last], "open", rel)
+        self.resolve_in(rel, follow, &mut ResolvedDirs::default())
     }
 
     /// The components of `rel` (see [`ferry_common::path::components`]), or the
@@ -143,15 +155,65 @@ impl Share {
     /// as [`Share::resolve`] fails for `rel`'s parent (errors name `rel`), and with
     /// [`ErrorKind::NotADirectory`] if it is not a directory.
     pub fn resolve_dir(&self, parents: &[&str], rel: &str) -> Result<PathBuf, RemoteError> {
+        self.resolve_dir_stat(parents, rel).map(|d| d.path)
+    }
+
+    /// [`Share::resolve_dir`], with the directory's filesystem.
+    fn resolve_dir_stat(&self, parents: &[&str], rel: &str) -> Result<ResolvedDir, RemoteError> {
         let parent = self.walk(self.root.clone(), parents, "resolve", rel)?;
-        if !parent.is_dir() {
-            return Err(io_error(
+        match std::fs::metadata(&parent) {
+            Ok(meta) if meta.is_dir() => Ok(ResolvedDir {
+                path: parent,
+                dev: meta.dev(),
+            }),
+            _ => Err(io_error(
                 "resolve",
                 &self.display(rel),
                 &io::Error::from(io::ErrorKind::NotADirectory),
-            ));
+            )),
         }
-        Ok(parent)
+    }
+
+    /// [`Share::resolve_dir`] through `dirs`: a directory resolved before in the same
+    /// request is not resolved again.
+    fn resolve_dir_in(
+        &self,
+        parents: &[&str],
+        rel: &str,
+        dirs: &mut ResolvedDirs,
+    ) -> Result<ResolvedDir, RemoteError> {
+        let key = parents.join("/");
+        if let Some(d) = dirs.0.get(&key) {
+            return Ok(d.clone());
+        }
+        let d = self.resolve_dir_stat(parents, rel)?;
+        if dirs.0.len() >= MAX_RESOLVED_DIRS {
+            dirs.0.clear();
+        }
+        dirs.0.insert(key, d.clone());
+        Ok(d)
+    }
+
+    /// [`Share::resolve`] with its parent directory resolved through `dirs` (see
+    /// [`ResolvedDirs`]); the same answers and errors.
+    pub fn resolve_in(
+        &self,
+        rel: &str,
+        follow: bool,
+        dirs: &mut ResolvedDirs,
+    ) -> Result<PathBuf, RemoteError> {
+        let comps = self.components(rel)?;
+        let Some((last, parents)) = comps.split_last() else {
+            return Ok(self.root.clone());
+        };
+        let parent = self.resolve_dir_in(parents, rel, dirs)?.path;
+        if !follow {
+            if parent == self.root && *last == STATE_DIR {
+                return Err(self.reserved(rel));
+            }
+            return Ok(parent.join(last));
+        }
+        self.walk(parent, &[last], "open", rel)
     }
 
     /// Resolves `comps` from `dir` (a canonical directory inside the root), following
@@ -221,8 +283,37 @@ impl Share {
     /// Resolves `rel` as the target of a write: not the root, not a temporary name, on
     /// a writable share; the final component is not followed.
     pub fn resolve_for_write(&self, rel: &str) -> Result<PathBuf, RemoteError> {
+        self.resolve_for_write_in(rel, &mut ResolvedDirs::default())
+            .map(|(path, _)| path)
+    }
+
+    /// [`Share::resolve_for_write`] with the parent directory resolved through `dirs`
+    /// (see [`ResolvedDirs`]); the same answers and errors. Returns the path and the
+    /// filesystem (`st_dev`) of its directory, which a file created there is on.
+    pub fn resolve_for_write_in(
+        &self,
+        rel: &str,
+        dirs: &mut ResolvedDirs,
+    ) -> Result<(PathBuf, u64), RemoteError> {
         self.check_writable()?;
-        let path = self.resolve(rel, false)?;
+        let comps = self.components(rel)?;
+        let Some((last, parents)) = comps.split_last() else {
+            // The share root: refused below.
+            return self
+                .check_write_target(rel, self.root.clone())
+                .map(|p| (p, 0));
+        };
+        let parent = self.resolve_dir_in(parents, rel, dirs)?;
+        if parent.path == self.root && *last == STATE_DIR {
+            return Err(self.reserved(rel));
+        }
+        let path = self.check_write_target(rel, parent.path.join(last))?;
+        Ok((path, parent.dev))
+    }
+
+    /// Refuses `path` (the resolution of `rel`) as the target of a write if it is the
+    /// root or a temporary name.
+    fn check_write_target(&self, rel: &str, path: PathBuf) -> Result<PathBuf, RemoteError> {
         if path == self.root {
             return Err(remote(
                 ErrorKind::InvalidPath,
@@ -396,6 +487,54 @@ mod tests {
             ErrorKind::InvalidPath
         );
         assert!(s.resolve_for_write("sub/new").is_ok());
+    }
+
+    #[test]
+    fn resolving_through_a_cache_answers_the_same() {
+        for read_only in [false, true] {
+            let (_d, s) = share(read_only);
+            let mut dirs = ResolvedDirs::default();
+            let paths = [
+                "",
+                "new",
+                "sub/new",
+                "sub/f",
+                "inside/f",
+                "inside/new",
+                "chain/f",
+                "escape",
+                "escape/x",
+                "slash/etc",
+                "gone/x",
+                "loop/x",
+                "sub/f/x",
+                ".ferry-state",
+                ".ferry-state/x",
+                "inside/.ferry-tmp.abc",
+                "nothere/x",
+            ];
+            // Twice: the second round answers from the cache where it can.
+            for _ in 0..2 {
+                for rel in paths {
+                    let plain = s.resolve_for_write(rel);
+                    let cached = s.resolve_for_write_in(rel, &mut dirs).map(|(p, _)| p);
+                    match (&plain, &cached) {
+                        (Ok(a), Ok(b)) => assert_eq!(a, b, "{rel}"),
+                        (Err(a), Err(b)) => assert_eq!(a.kind, b.kind, "{rel}"),
+                        _ => panic!("{rel}: {plain:?} against {cached:?}"),
+                    }
+                    for follow in [false, true] {
+                        let plain = s.resolve(rel, follow);
+                        let cached = s.resolve_in(rel, follow, &mut dirs);
+                        match (&plain, &cached) {
+                            (Ok(a), Ok(b)) => assert_eq!(a, b, "{rel}"),
+                            (Err(a), Err(b)) => assert_eq!(a.kind, b.kind, "{rel}"),
+                            _ => panic!("{rel}: {plain:?} against {cached:?}"),
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -122,6 +122,49 @@ impl FileWindow {
         })
     }
 
+    /// [`FileWindow::read_at`], but only from the page cache: `preadv2(2)` with
+    /// `RWF_NOWAIT`, which never waits for the disk. `true` if all of `buf` was read;
+    /// `false` if any of it was not cached, the kernel or filesystem does not support
+    /// the flag, the file now ends inside the range, or the read failed: the caller
+    /// then takes the blocking path ([`FileWindow::read_at`]), which reports what went
+    /// wrong. The contents of `buf` are unspecified after `false`.
+    pub fn read_cached_at(&self, offset: usize, buf: &mut [u8]) -> bool {
+        self.read_cached_prefix(offset, buf) == buf.len()
+    }
+
+    /// How many leading bytes of `buf` [`FileWindow::read_cached_at`]'s one
+    /// `RWF_NOWAIT` read filled (the range's first bytes, from the page cache): all of
+    /// them, some, or 0 (nothing cached, no support, out of the window, or an error).
+    /// The rest is for the blocking path to read.
+    pub fn read_cached_prefix(&self, offset: usize, buf: &mut [u8]) -> usize {
+        if offset
+            .checked_add(buf.len())
+            .is_none_or(|end| end > self.map.len())
+        {
+            return 0;
+        }
+        let Ok(at) = nix::libc::off_t::try_from(self.offset + offset as u64) else {
+            return 0;
+        };
+        let iov = nix::libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: `iov` describes `buf`, which is valid for writes of `buf.len()` bytes
+        // and exclusively borrowed for the whole call; the descriptor is owned by
+        // `self.file` and open. preadv2 writes at most `iov_len` bytes into it.
+        let n = unsafe {
+            nix::libc::preadv2(
+                std::os::fd::AsRawFd::as_raw_fd(&self.file),
+                &iov,
+                1,
+                at,
+                nix::libc::RWF_NOWAIT,
+            )
+        };
+        usize::try_from(n).unwrap_or(0)
+    }
+
     /// File offset of the first mapped byte.
     pub fn offset(&self) -> u64 {
         self.offset
@@ -207,6 +250,14 @@ impl Buffer {
             guard: self.data.read().await,
             len: self.len,
         }
+    }
+
+    /// Shared access if no one holds exclusive access now; `None` otherwise.
+    pub fn try_read(&self) -> Option<BufferRead<'_>> {
+        Some(BufferRead {
+            guard: self.data.try_read().ok()?,
+            len: self.len,
+        })
     }
 
     /// Exclusive access to the bytes (`..len`).
@@ -365,12 +416,19 @@ mod tests {
         assert_eq!(w.offset(), 4096);
     }
 
-    #[test]
-    fn read_at_copies_without_touching_the_mapping() {
+    /// A three-page file of a known pattern, its bytes, and a window of its last two
+    /// pages.
+    fn patterned_window() -> (File, Vec<u8>, Arc<FileWindow>) {
         let mut f = tempfile::tempfile().unwrap();
         let data: Vec<u8> = (0..3 * 4096).map(|i| (i % 251) as u8).collect();
         f.write_all(&data).unwrap();
         let w = FileWindow::map(&f, 4096, 8192).unwrap();
+        (f, data, w)
+    }
+
+    #[test]
+    fn read_at_copies_without_touching_the_mapping() {
+        let (f, data, w) = patterned_window();
         let mut got = vec![0u8; 100];
         w.read_at(10, &mut got).unwrap();
         assert_eq!(got, &data[4106..4206]);
@@ -387,6 +445,35 @@ mod tests {
         );
         w.read_at(0, &mut got[..50]).unwrap();
         assert_eq!(&got[..50], &data[4096..4146]);
+    }
+
+    #[test]
+    fn read_cached_at_reads_only_what_the_window_holds() {
+        let (f, data, w) = patterned_window();
+        let mut got = vec![0u8; 100];
+        // Just written, so cached; a filesystem without RWF_NOWAIT says false.
+        if w.read_cached_at(10, &mut got) {
+            assert_eq!(got, &data[4106..4206]);
+        }
+        assert!(!w.read_cached_at(8191, &mut got[..2]), "past the window");
+        assert!(
+            !w.read_cached_at(usize::MAX, &mut got[..2]),
+            "overflowing offset"
+        );
+        // Truncated below the window: false (the blocking path reports why).
+        f.set_len(4096 + 50).unwrap();
+        assert!(!w.read_cached_at(10, &mut got));
+    }
+
+    #[tokio::test]
+    async fn try_read_fails_only_while_a_writer_holds_the_buffer() {
+        let b = Buffer::new(4096).unwrap();
+        assert_eq!(b.try_read().unwrap().len(), 4096);
+        let w = b.write().await;
+        assert!(b.try_read().is_none());
+        drop(w);
+        let _r1 = b.read().await;
+        assert!(b.try_read().is_some(), "readers share");
     }
 
     #[tokio::test]

@@ -1,18 +1,29 @@
-//! The per-connection engine: a reader task and a writer task.
+//! The per-connection engine: a reader task, a writer task, and the direct path.
 //!
 //! The reader decodes frames. Control messages go to the application's queue; the
 //! peer's READ/WRITE requests are served on the spot against the registration table
-//! (a WRITE's payload is read straight into the granted buffer, a READ's answer is
-//! queued for the writer with a reference to the granted memory); answers to our own
-//! operations complete them. The writer serialises every outgoing frame and flushes
-//! whenever its queue runs dry.
+//! (a WRITE's payload is read straight into the granted buffer); answers to our own
+//! operations complete them.
+//!
+//! Outgoing frames go through [`dispatch`]. A small frame (a control message, a READ
+//! request, a WRITE of at most [`DIRECT_BYTES`] from a buffer, an answer to the peer)
+//! is written to the socket by the thread that dispatches it, when nothing is queued
+//! before it: a hand-off to the writer task costs a thread wake-up, tens of µs on a
+//! small VM, which is more than the write. Everything else is queued for the writer
+//! task, which writes large payloads straight from their memory and flushes whenever
+//! its queue runs dry; a direct write the socket does not take whole is finished by
+//! the writer, before anything queued after it ([`Gate`](super::Gate) keeps the order).
+//! A peer's READ of at most [`DIRECT_BYTES`] of a file window is copied right away
+//! when the page cache holds it (`RWF_NOWAIT`), or else on the blocking pool (at most
+//! [`BLOCKING_READS`] at once), whose thread then sends the answer itself.
 //!
 //! Invariant: memory is only ever touched inside a range the table granted (peer
 //! operations) or that the local caller registered and bounds-checked (own operations).
 //!
 //! File windows are never read through their mapping here: their bytes are copied with
-//! `pread(2)` ([`FileWindow::read_at`]) into a staging buffer, at most
-//! [`STAGE_PIECE_BYTES`] at a time; the first piece and the last byte of the range are
+//! `pread(2)` ([`FileWindow::read_at`], [`FileWindow::read_cached_prefix`]) into a staging
+//! buffer (the frame itself on the direct path), at most [`STAGE_PIECE_BYTES`] at a
+//! time; the first piece and the last byte of the range are
 //! read before the frame that carries them is started. A file truncated under a
 //! registered window therefore fails that one operation (a peer's READ is answered
 //! with [`wire::STATUS_UNREADABLE`]; our own WRITE completes with an I/O error) instead
@@ -33,12 +44,13 @@
 //! never reads its answers nor one that sends refused accesses at wire speed makes
 //! this side's memory or log grow without bound.
 
+use std::io::IoSlice;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncReadExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
 use super::wire::{self, Header, Parsed, MAX_PEER_INFLIGHT_OPS, STATUS_OK, STATUS_UNREADABLE};
 use super::{Outgoing, Pending, Shared, CTRL_QUEUE};
@@ -84,7 +96,7 @@ pub(super) async fn reader(shared: Arc<Shared>, r: OwnedReadHalf, ctrl: CtrlTx) 
         }
     }
     // Make the writer stop too: nothing more can be answered.
-    let _ = shared.out.send(Outgoing::Shutdown);
+    shared.queue(Outgoing::Shutdown);
 }
 
 /// Reads the next frame header, exactly its bytes; `None` if the stream ended cleanly
@@ -154,7 +166,7 @@ fn count_served(shared: &Shared) -> Result<(), TransportError> {
 }
 
 async fn read_loop(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     r: &mut BufReader<OwnedReadHalf>,
     ctrl: &CtrlTx,
 ) -> Result<(), TransportError> {
@@ -196,7 +208,7 @@ async fn read_loop(
                         Err(wire::status_of(fault))
                     }
                 };
-                let _ = shared.out.send(Outgoing::ReadResp { id, result });
+                serve_read(shared, id, result);
             }
             Header::WriteReq { id, slice } => {
                 count_served(shared)?;
@@ -221,7 +233,7 @@ async fn read_loop(
                         wire::status_of(fault)
                     }
                 };
-                let _ = shared.out.send(Outgoing::WriteResp { id, status });
+                dispatch(shared, Outgoing::WriteResp { id, status });
             }
             Header::ReadData { id, len } => {
                 let (dst, offset, slice, done) = pending_read(shared, id)?;
@@ -304,33 +316,235 @@ async fn discard(r: &mut BufReader<OwnedReadHalf>, len: u64) -> Result<(), Trans
     Ok(())
 }
 
-/// Writes queued frames until told to shut down or the socket fails.
-pub(super) async fn writer(
-    shared: Arc<Shared>,
-    w: OwnedWriteHalf,
-    mut queue: mpsc::UnboundedReceiver<Outgoing>,
+/// Frames carrying at most this many payload bytes may be written by the thread that
+/// dispatches them; larger ones always go through the writer task, which sends them
+/// straight from their memory.
+pub(super) const DIRECT_BYTES: usize = 64 << 10;
+
+/// Most peer READs of uncached file windows read on the blocking pool at once, per
+/// connection; more wait for the writer task, which reads them one at a time.
+pub(super) const BLOCKING_READS: usize = 4;
+
+/// Sends `frame`. A small frame is written to the socket by the calling thread itself
+/// when nothing is queued before it (see [`Gate`](super::Gate)): no hand-off to the
+/// writer task, whose wake-up would cost more than the write. Everything else, and
+/// what the socket does not take at once, is queued for the writer task.
+pub(super) fn dispatch(shared: &Shared, frame: Outgoing) {
+    match frame {
+        Outgoing::Ctrl(msg, queued) if msg.len() <= DIRECT_BYTES => {
+            let len = msg.len() as u32;
+            emit(shared, Header::Ctrl { len }, &msg, false, Some(queued));
+        }
+        Outgoing::ReadReq { id, slice } => {
+            emit(shared, Header::ReadReq { id, slice }, &[], false, None)
+        }
+        Outgoing::WriteResp { id, status } => {
+            emit(shared, Header::WriteResp { id, status }, &[], true, None)
+        }
+        Outgoing::ReadResp {
+            id,
+            result: Err(status),
+        } => emit(shared, Header::ReadRefused { id, status }, &[], true, None),
+        Outgoing::ReadResp {
+            id,
+            result: Ok((Memory::Buffer(b), offset, len)),
+        } if len as usize <= DIRECT_BYTES => {
+            let header = Header::ReadData { id, len };
+            if !emit_buffer(shared, header, &b, offset, true) {
+                let result = Ok((Memory::Buffer(b), offset, len));
+                shared.queue(Outgoing::ReadResp { id, result });
+            }
+        }
+        Outgoing::WriteReq {
+            id,
+            slice,
+            src: Memory::Buffer(b),
+            offset,
+        } if slice.len as usize <= DIRECT_BYTES => {
+            let header = Header::WriteReq { id, slice };
+            if !emit_buffer(shared, header, &b, offset, false) {
+                let src = Memory::Buffer(b);
+                shared.queue(Outgoing::WriteReq {
+                    id,
+                    slice,
+                    src,
+                    offset,
+                });
+            }
+        }
+        frame => shared.queue(frame),
+    }
+}
+
+/// [`emit`] of `header` with its payload taken from `b` at `offset` (a range checked
+/// against the buffer by the caller), if no one is writing the buffer now; `false`
+/// (nothing done) if someone is.
+fn emit_buffer(shared: &Shared, header: Header, b: &Buffer, offset: usize, served: bool) -> bool {
+    let len = header.payload_len() as usize;
+    match b.try_read() {
+        Some(bytes) => {
+            emit(shared, header, &bytes[offset..offset + len], served, None);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Answers the peer's READ `id`. A small range of a file window is read here when the
+/// page cache holds it (no disk wait), or else on the blocking pool, which then sends
+/// the answer itself: either way no hand-off to the writer task. Large ranges, and
+/// small ones while [`BLOCKING_READS`] are already being read, are the writer's.
+fn serve_read(shared: &Arc<Shared>, id: u64, result: Result<(Memory, usize, u32), u8>) {
+    let (window, offset, len) = match result {
+        Ok((Memory::File(f), offset, len)) if len as usize <= DIRECT_BYTES => (f, offset, len),
+        result => return dispatch(shared, Outgoing::ReadResp { id, result }),
+    };
+    let mut frame = Vec::with_capacity(wire::MAX_HEADER_BYTES + len as usize);
+    Header::ReadData { id, len }.encode(&mut frame);
+    let head = frame.len();
+    frame.resize(head + len as usize, 0);
+    // The cached start is kept: only the rest is read on the blocking pool.
+    let cached = window.read_cached_prefix(offset, &mut frame[head..]);
+    if cached == len as usize {
+        return emit_bytes(shared, &frame, true);
+    }
+    let busy = shared.blocking_reads.fetch_add(1, Ordering::SeqCst) >= BLOCKING_READS;
+    if busy {
+        shared.blocking_reads.fetch_sub(1, Ordering::SeqCst);
+        let result = Ok((Memory::File(window), offset, len));
+        return shared.queue(Outgoing::ReadResp { id, result });
+    }
+    let shared = shared.clone();
+    tokio::task::spawn_blocking(move || {
+        match window.read_at(offset + cached, &mut frame[head + cached..]) {
+            Ok(()) => emit_bytes(&shared, &frame, true),
+            Err(e) => {
+                tracing::warn!(peer = %shared.peer, len, "cannot serve peer READ of a file window: {e}");
+                let status = STATUS_UNREADABLE;
+                emit(&shared, Header::ReadRefused { id, status }, &[], true, None);
+            }
+        }
+        shared.blocking_reads.fetch_sub(1, Ordering::SeqCst);
+    });
+}
+
+/// [`emit_bytes`] of `header` followed by `payload`.
+fn emit(
+    shared: &Shared,
+    header: Header,
+    payload: &[u8],
+    served: bool,
+    queued: Option<OwnedSemaphorePermit>,
 ) {
-    let mut w = BufWriter::with_capacity(IO_BUF_BYTES, w);
+    let mut head = Vec::with_capacity(wire::MAX_HEADER_BYTES);
+    header.encode(&mut head);
+    emit_parts(shared, &head, payload, served, queued);
+}
+
+/// Puts one whole encoded frame on the socket now if nothing is queued before it, or
+/// queues what the socket did not take. `served`: it answers a peer's READ or WRITE,
+/// counted in `served_inflight` until written.
+fn emit_bytes(shared: &Shared, frame: &[u8], served: bool) {
+    emit_parts(shared, frame, &[], served, None);
+}
+
+fn emit_parts(
+    shared: &Shared,
+    head: &[u8],
+    payload: &[u8],
+    served: bool,
+    queued: Option<OwnedSemaphorePermit>,
+) {
+    let total = head.len() + payload.len();
+    let mut gate = shared.gate();
+    let mut sent = 0;
+    if gate.queued == 0 {
+        if let Some(sock) = &gate.sock {
+            sent = try_put(sock, head, payload);
+        }
+    }
+    if sent == total {
+        if served {
+            shared.served_inflight.fetch_sub(1, Ordering::SeqCst);
+        }
+        return;
+    }
+    let mut bytes = Vec::with_capacity(total - sent);
+    if sent < head.len() {
+        bytes.extend_from_slice(&head[sent..]);
+        bytes.extend_from_slice(payload);
+    } else {
+        bytes.extend_from_slice(&payload[sent - head.len()..]);
+    }
+    let frame = Outgoing::Raw {
+        bytes,
+        served,
+        _queued: queued,
+    };
+    Shared::queue_locked(&mut gate, &shared.out, frame);
+}
+
+/// Writes as much of `head` then `payload` as the socket takes without waiting; how
+/// many bytes. A failed write stops here too: the writer task meets the error when it
+/// writes the rest, and fails the connection.
+fn try_put(sock: &OwnedWriteHalf, head: &[u8], payload: &[u8]) -> usize {
+    let total = head.len() + payload.len();
+    let mut sent = 0;
+    while sent < total {
+        let parts = if sent < head.len() {
+            [IoSlice::new(&head[sent..]), IoSlice::new(payload)]
+        } else {
+            [
+                IoSlice::new(&payload[sent - head.len()..]),
+                IoSlice::new(&[]),
+            ]
+        };
+        match sock.try_write_vectored(&parts) {
+            Ok(n) if n > 0 => sent += n,
+            _ => break,
+        }
+    }
+    sent
+}
+
+/// Writes queued frames until told to shut down or the socket fails.
+pub(super) async fn writer(shared: Arc<Shared>, mut queue: mpsc::UnboundedReceiver<Outgoing>) {
+    let Some(sock) = shared.gate().sock.clone() else {
+        return;
+    };
+    let mut w = SockWriter::new(sock);
     let mut staging = Vec::new();
     let result = write_loop(&shared, &mut w, &mut queue, &mut staging).await;
     if let Err(e) = &result {
         tracing::debug!(peer = %shared.peer, "transport writer stopped: {e}");
     }
     shared.fail_all();
-    let _ = w.shutdown().await;
+    // The write side shuts down once the last reference to it drops: ours, now, and
+    // the gate's (no frame is written directly once it is gone).
+    shared.gate().sock = None;
 }
 
 async fn write_loop(
     shared: &Shared,
-    w: &mut BufWriter<OwnedWriteHalf>,
+    w: &mut SockWriter,
     queue: &mut mpsc::UnboundedReceiver<Outgoing>,
     staging: &mut Vec<u8>,
 ) -> Result<(), TransportError> {
+    // Frames taken from the queue whose bytes may still sit in `w`'s buffer.
+    let mut unflushed = 0;
     while let Some(frame) = queue.recv().await {
+        unflushed += 1;
         match frame {
             Outgoing::Shutdown => {
                 w.flush().await.map_err(io("flush"))?;
                 return Ok(());
+            }
+            Outgoing::Raw { bytes, served, .. } => {
+                let sent = w.write_all(&bytes).await.map_err(io("send"));
+                if served {
+                    shared.served_inflight.fetch_sub(1, Ordering::SeqCst);
+                }
+                sent?;
             }
             Outgoing::Ctrl(msg, _queued) => {
                 // `Tcp::send` refused anything over MAX_CTRL_FRAME_BYTES. The message's
@@ -361,15 +575,66 @@ async fn write_loop(
         }
         if queue.is_empty() {
             w.flush().await.map_err(io("flush"))?;
+            // Everything taken so far is on the socket: frames dispatched from now on
+            // may be written directly (unless more were queued meanwhile).
+            shared.gate().queued -= unflushed;
+            unflushed = 0;
         }
     }
     Ok(())
 }
 
-async fn write_header(
-    w: &mut BufWriter<OwnedWriteHalf>,
-    header: Header,
-) -> Result<(), TransportError> {
+/// A buffered writer over the shared write half: small writes are gathered and go out
+/// on [`SockWriter::flush`] or when the buffer fills; large ones go straight from the
+/// caller's memory.
+struct SockWriter {
+    sock: Arc<OwnedWriteHalf>,
+    buf: Vec<u8>,
+}
+
+impl SockWriter {
+    fn new(sock: Arc<OwnedWriteHalf>) -> SockWriter {
+        SockWriter {
+            sock,
+            buf: Vec::with_capacity(IO_BUF_BYTES),
+        }
+    }
+
+    async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if self.buf.len() + bytes.len() > IO_BUF_BYTES {
+            self.flush().await?;
+        }
+        if bytes.len() >= IO_BUF_BYTES {
+            put(&self.sock, bytes).await
+        } else {
+            self.buf.extend_from_slice(bytes);
+            Ok(())
+        }
+    }
+
+    async fn flush(&mut self) -> std::io::Result<()> {
+        if !self.buf.is_empty() {
+            put(&self.sock, &self.buf).await?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+}
+
+/// Writes all of `bytes`, waiting for the socket whenever it is full.
+async fn put(sock: &OwnedWriteHalf, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        match sock.try_write(bytes) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => sock.writable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+async fn write_header(w: &mut SockWriter, header: Header) -> Result<(), TransportError> {
     let mut bytes = Vec::with_capacity(wire::MAX_HEADER_BYTES);
     header.encode(&mut bytes);
     w.write_all(&bytes).await.map_err(io("send"))
@@ -379,7 +644,7 @@ async fn write_header(
 /// shrank) is answered [`STATUS_UNREADABLE`] instead of data.
 async fn send_read_resp(
     shared: &Shared,
-    w: &mut BufWriter<OwnedWriteHalf>,
+    w: &mut SockWriter,
     id: u64,
     result: Result<(Memory, usize, u32), u8>,
     staging: &mut Vec<u8>,
@@ -408,7 +673,7 @@ async fn send_read_resp(
 /// the operation completes with the I/O error.
 async fn send_write_req(
     shared: &Shared,
-    w: &mut BufWriter<OwnedWriteHalf>,
+    w: &mut SockWriter,
     id: u64,
     slice: RemoteSlice,
     src: Memory,
@@ -445,7 +710,7 @@ async fn send_write_req(
 /// that fails once the header is out (the file shrank meanwhile) cannot be reported in
 /// the frame: it fails the connection.
 async fn send_file_frame(
-    w: &mut BufWriter<OwnedWriteHalf>,
+    w: &mut SockWriter,
     header: Header,
     window: &Arc<FileWindow>,
     offset: usize,
@@ -479,8 +744,9 @@ async fn send_file_frame(
 }
 
 /// Copies `len` bytes of `window` from `offset` into `staging` (resized to exactly
-/// `len`, at most [`STAGE_PIECE_BYTES`]) with `pread`, on the blocking pool: the file
-/// may be slow to read, and the writer must not stall a runtime thread.
+/// `len`, at most [`STAGE_PIECE_BYTES`]): what the page cache holds of its start right
+/// here, the rest with `pread` on the blocking pool: the file may be slow to read, and
+/// the writer must not stall a runtime thread.
 async fn stage(
     window: Arc<FileWindow>,
     offset: usize,
@@ -488,10 +754,16 @@ async fn stage(
     staging: &mut Vec<u8>,
 ) -> std::io::Result<()> {
     debug_assert!(len <= STAGE_PIECE_BYTES);
+    staging.resize(len, 0);
+    // What the page cache holds of the piece's start is copied here; only the rest
+    // is read on the blocking pool.
+    let cached = window.read_cached_prefix(offset, staging);
+    if cached == len {
+        return Ok(());
+    }
     let mut buf = std::mem::take(staging);
-    buf.resize(len, 0);
     let (buf, result) = tokio::task::spawn_blocking(move || {
-        let r = window.read_at(offset, &mut buf);
+        let r = window.read_at(offset + cached, &mut buf[cached..]);
         (buf, r)
     })
     .await
@@ -501,9 +773,9 @@ async fn stage(
 }
 
 /// Writes `len` bytes of a registered buffer from `offset`, straight from the memory
-/// (no staging copy; large writes bypass the BufWriter's buffer).
+/// (no staging copy; large writes bypass the writer's buffer).
 async fn write_buffer(
-    w: &mut BufWriter<OwnedWriteHalf>,
+    w: &mut SockWriter,
     buffer: &Buffer,
     offset: usize,
     len: u32,

@@ -1,7 +1,8 @@
 //! `tcp`: software RDMA over one TCP connection.
 //!
-//! Each side keeps a registration [`table::Table`]. A per-connection engine (two tokio
-//! tasks, see [`engine`]) reads frames from the socket and serves the peer's READ and
+//! Each side keeps a registration [`table::Table`]. A per-connection engine (a reader
+//! and a writer task, and small frames written by whichever thread sends them; see
+//! [`engine`]) reads frames from the socket and serves the peer's READ and
 //! WRITE requests straight against that table — bounds, rkey and access checked —
 //! without calling into application code, exactly as a NIC would. The application
 //! only ever sees its own operations complete.
@@ -26,6 +27,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::AbortHandle;
@@ -69,6 +71,15 @@ enum Pending {
 
 /// A frame the writer task will put on the socket.
 enum Outgoing {
+    /// The rest of a frame [`engine::dispatch`] began on the socket itself (or all of
+    /// one it encoded): bytes to write before anything else. `served`: it answers a
+    /// peer's READ or WRITE (counted in [`Shared::served_inflight`] until written);
+    /// a control message keeps its share of [`MAX_QUEUED_CTRL_BYTES`].
+    Raw {
+        bytes: Vec<u8>,
+        served: bool,
+        _queued: Option<OwnedSemaphorePermit>,
+    },
     /// A control message, holding its bytes' share of [`MAX_QUEUED_CTRL_BYTES`] until
     /// it is written.
     Ctrl(Vec<u8>, OwnedSemaphorePermit),
@@ -95,13 +106,33 @@ enum Outgoing {
     Shutdown,
 }
 
+/// Who may put bytes on the socket.
+///
+/// Invariant: frames reach the socket in the order they were dispatched. The writer
+/// task counts a frame in `queued` from the moment it is queued until its bytes were
+/// flushed to the socket; a frame is written by the dispatching thread itself only
+/// under this lock and only while `queued` is 0, so nothing queued can be overtaken,
+/// and whatever part the socket does not take at once is queued under the same lock,
+/// first in line.
+struct Gate {
+    queued: usize,
+    /// The socket's write half; `None` once the writer task has finished with it (the
+    /// write side is shut down when the last reference drops).
+    sock: Option<Arc<OwnedWriteHalf>>,
+}
+
 /// State shared by the handle and the engine tasks.
 struct Shared {
     peer: String,
     table: Arc<Table>,
     pending: Mutex<HashMap<u64, Pending>>,
     next_id: AtomicU64,
+    /// Frames for the writer task; only [`Shared::queue`] sends here.
     out: mpsc::UnboundedSender<Outgoing>,
+    gate: Mutex<Gate>,
+    /// Peer READs of file windows being read on the blocking pool right now (at most
+    /// [`engine::BLOCKING_READS`]).
+    blocking_reads: AtomicUsize,
     closed: AtomicBool,
     /// Peer-initiated READs and WRITEs accepted but not yet answered on the socket.
     served_inflight: AtomicUsize,
@@ -118,6 +149,24 @@ impl Shared {
     fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Pending>> {
         // Every critical section is a single map operation: poisoning is harmless.
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn gate(&self) -> std::sync::MutexGuard<'_, Gate> {
+        // Critical sections leave `Gate` consistent at every step: poisoning is harmless.
+        self.gate.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `frame` for the writer task (behind everything queued before it).
+    fn queue(&self, frame: Outgoing) {
+        Self::queue_locked(&mut self.gate(), &self.out, frame);
+    }
+
+    fn queue_locked(gate: &mut Gate, out: &mpsc::UnboundedSender<Outgoing>, frame: Outgoing) {
+        // If the writer is gone the frame is dropped: nothing can be written anymore,
+        // and the connection has failed every pending operation.
+        if out.send(frame).is_ok() {
+            gate.queued += 1;
+        }
     }
 
     /// Marks the connection dead and fails every outstanding operation.
@@ -138,7 +187,8 @@ impl Shared {
             return Err(TransportError::Closed);
         }
         self.pending().insert(id, pending);
-        if self.out.send(frame).is_err() || self.closed.load(Ordering::SeqCst) {
+        engine::dispatch(self, frame);
+        if self.out.is_closed() || self.closed.load(Ordering::SeqCst) {
             // The engine is gone; if it did not fail our entry, do it here.
             if let Some(Pending::Read { done, .. } | Pending::Write { done, .. }) =
                 self.pending().remove(&id)
@@ -221,6 +271,10 @@ impl Tcp {
         }
         let (r, w) = stream.into_split();
         let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let gate = Gate {
+            queued: 0,
+            sock: Some(Arc::new(w)),
+        };
         let (ctrl_tx, ctrl_rx) = mpsc::channel(CTRL_QUEUE);
         let shared = Arc::new(Shared {
             peer,
@@ -228,6 +282,8 @@ impl Tcp {
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             out: out_tx,
+            gate: Mutex::new(gate),
+            blocking_reads: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             served_inflight: AtomicUsize::new(0),
             max_recv_ctrl,
@@ -235,7 +291,7 @@ impl Tcp {
             closing: AtomicBool::new(false),
         });
         let reader = tokio::spawn(engine::reader(shared.clone(), r, ctrl_tx)).abort_handle();
-        let writer = tokio::spawn(engine::writer(shared.clone(), w, out_rx)).abort_handle();
+        let writer = tokio::spawn(engine::writer(shared.clone(), out_rx)).abort_handle();
         Ok(Tcp {
             shared,
             ctrl: tokio::sync::Mutex::new(ctrl_rx),
@@ -274,6 +330,8 @@ impl Tcp {
             writer.abort();
             reader.abort();
             if let Some(shared) = shared.upgrade() {
+                // Close the socket now, not when the last handle goes.
+                shared.gate().sock = None;
                 tracing::debug!(peer = %shared.peer, "peer took nothing for {CLOSE_GRACE:?} after close; connection torn down");
                 shared.fail_all();
             }
@@ -283,7 +341,7 @@ impl Tcp {
 
 impl Drop for Tcp {
     fn drop(&mut self) {
-        let _ = self.shared.out.send(Outgoing::Shutdown);
+        self.shared.queue(Outgoing::Shutdown);
         self.reader.abort();
         self.shared.fail_all();
         self.start_close_grace();
@@ -372,13 +430,11 @@ impl Transport for Tcp {
             .acquire_many_owned(msg.len() as u32)
             .await
             .map_err(|_| TransportError::Closed)?;
-        if self.shared.closed.load(Ordering::SeqCst) {
+        if self.shared.closed.load(Ordering::SeqCst) || self.shared.out.is_closed() {
             return Err(TransportError::Closed);
         }
-        self.shared
-            .out
-            .send(Outgoing::Ctrl(msg, queued))
-            .map_err(|_| TransportError::Closed)
+        engine::dispatch(&self.shared, Outgoing::Ctrl(msg, queued));
+        Ok(())
     }
 
     async fn recv(&self) -> Result<Option<Vec<u8>>, TransportError> {
@@ -392,7 +448,7 @@ impl Transport for Tcp {
     fn close(&self) {
         // Senders still waiting for queue space fail; what is queued is written.
         self.shared.ctrl_budget.close();
-        let _ = self.shared.out.send(Outgoing::Shutdown);
+        self.shared.queue(Outgoing::Shutdown);
         self.start_close_grace();
     }
 }

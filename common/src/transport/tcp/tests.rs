@@ -484,3 +484,90 @@ async fn a_side_refuses_control_frames_over_its_own_limit() {
     assert!(matches!(t.recv().await, Err(TransportError::Protocol(_))));
     peer.await.unwrap();
 }
+
+/// A message of `len` bytes that names its place `i` in the sequence.
+fn numbered(i: u32, len: usize) -> Vec<u8> {
+    let mut m = vec![(i % 251) as u8; len.max(4)];
+    m[..4].copy_from_slice(&i.to_le_bytes());
+    m
+}
+
+#[tokio::test]
+async fn direct_and_queued_frames_keep_their_order_through_a_full_socket() {
+    // Small messages are written by the sender itself, large ones by the writer task;
+    // while the peer reads nothing the socket fills, direct writes stop part-way and
+    // their rest is queued. Every message must still arrive whole and in order.
+    let (a, b) = pair().await;
+    let a = Arc::new(a);
+    let big = engine::DIRECT_BYTES * 3;
+    let count = 120u32;
+    let sender = tokio::spawn({
+        let a = a.clone();
+        async move {
+            for i in 0..count {
+                let len = if i % 3 == 1 { big } else { 10 + i as usize };
+                a.send(numbered(i, len)).await.unwrap();
+            }
+        }
+    });
+    // Let the socket buffers fill before anything is read.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for i in 0..count {
+        let len = if i % 3 == 1 { big } else { 10 + i as usize };
+        let got = b.recv().await.unwrap().unwrap();
+        assert!(
+            got == numbered(i, len),
+            "message {i} arrived out of order or torn"
+        );
+    }
+    sender.await.unwrap();
+    assert_eq!(
+        a.shared.gate().queued,
+        0,
+        "the writer counted every frame out"
+    );
+}
+
+#[tokio::test]
+async fn small_reads_of_an_uncached_file_window_are_served_from_the_blocking_pool() {
+    use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let (a, b) = pair().await;
+    // Not tmpfs: its pages cannot be dropped from the cache.
+    let mut f = tempfile::tempfile_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 241) as u8).collect();
+    f.write_all(&data).unwrap();
+    f.sync_all().unwrap();
+    posix_fadvise(f.as_raw_fd(), 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED).unwrap();
+    let window = FileWindow::map(&f, 0, 1 << 20).unwrap();
+    let reg = b
+        .register(Memory::File(window), Access::RemoteRead)
+        .unwrap();
+    // More READs at once than BLOCKING_READS: the rest take the writer's path.
+    let reads = 64usize;
+    let piece = 16 << 10;
+    let dst = Arc::new(
+        a.register(
+            Memory::Buffer(Buffer::new(reads * piece).unwrap()),
+            Access::Local,
+        )
+        .unwrap(),
+    );
+    let a = Arc::new(a);
+    let mut all = tokio::task::JoinSet::new();
+    for i in 0..reads {
+        let src = RemoteSlice::of(&reg.desc(), (i * piece) as u64, piece as u32).unwrap();
+        let (a, dst) = (a.clone(), dst.clone());
+        all.spawn(async move { a.read(src, &dst, i * piece).await });
+    }
+    while let Some(r) = all.join_next().await {
+        r.unwrap().unwrap();
+    }
+    assert_eq!(
+        &dst.buffer().unwrap().read().await[..],
+        &data[..reads * piece]
+    );
+    assert_eq!(b.shared.blocking_reads.load(Ordering::SeqCst), 0);
+    assert_eq!(b.shared.served_inflight.load(Ordering::SeqCst), 0);
+}

@@ -416,7 +416,10 @@ fn serve_read(shared: &Arc<Shared>, id: u64, result: Result<(Memory, usize, u32)
     }
     let shared = shared.clone();
     tokio::task::spawn_blocking(move || {
-        match window.read_at(offset + cached, &mut frame[head + cached..]) {
+        let read = window.read_at(offset + cached, &mut frame[head + cached..]);
+        // Counted down before the answer goes out: once the peer has it, the slot is free.
+        shared.blocking_reads.fetch_sub(1, Ordering::SeqCst);
+        match read {
             Ok(()) => emit_bytes(&shared, &frame, true),
             Err(e) => {
                 tracing::warn!(peer = %shared.peer, len, "cannot serve peer READ of a file window: {e}");
@@ -424,7 +427,6 @@ fn serve_read(shared: &Arc<Shared>, id: u64, result: Result<(Memory, usize, u32)
                 emit(&shared, Header::ReadRefused { id, status }, &[], true, None);
             }
         }
-        shared.blocking_reads.fetch_sub(1, Ordering::SeqCst);
     });
 }
 

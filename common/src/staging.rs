@@ -27,6 +27,11 @@
 //!   file, and a cleaner can tell a live file from a stale one by trying the lock.
 //! - Whoever takes the lock then checks that the path still names the file it locked (a
 //!   commit may have renamed it away in between), and otherwise tries again.
+//! - A [`Staged`] file keeps its directory open and names its hidden file and journal
+//!   relative to it from then on (lock check, rename, removal): renaming the directory,
+//!   or one above it, while the transfer runs neither strands the hidden files nor
+//!   makes a later step act on whatever has since appeared at the old path. The commit
+//!   gives the file its final name in that same directory, wherever it now is.
 //! - Dropping an uncommitted resumable [`Staged`] keeps its partial and journal (that
 //!   is what makes a transfer resumable) if they name any chunk, and then gives back
 //!   the reserved space of every chunk they do not name, so what is kept costs the
@@ -35,10 +40,11 @@
 //!   keeps its whole reservation until the next transfer of the name or a cleaner.)
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::OsStr;
+use std::ffi::{CString, OsStr};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -46,13 +52,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::{renameat, Flock, FlockArg, OFlag};
+use nix::sys::stat::{fstatat, Mode};
+use nix::unistd::{unlinkat, UnlinkatFlags};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256 as Hasher};
 
 use crate::chunk::{chunk_len, hash_chunk};
 use crate::journal::{read_from, JournalHeader, JournalWriter};
 use crate::msg::{Sha256, Timestamp};
+use crate::transport::sys::at::open_at_mode;
 use crate::{space, TEMP_PREFIX};
 
 /// Suffix of a resumable partial file.
@@ -85,11 +94,18 @@ pub fn stem(final_name: &OsStr) -> String {
 /// no file name.
 pub fn partial_paths(final_path: &Path) -> Option<(PathBuf, PathBuf)> {
     let dir = parent_dir(final_path);
-    let stem = stem(final_path.file_name()?);
-    Some((
-        dir.join(format!("{TEMP_PREFIX}{stem}{PART_SUFFIX}")),
-        dir.join(format!("{TEMP_PREFIX}{stem}{JOURNAL_SUFFIX}")),
-    ))
+    let (part, journal) = partial_names(final_path.file_name()?);
+    Some((dir.join(part), dir.join(journal)))
+}
+
+/// The names (in the same directory) of the resumable partial and journal for a file
+/// named `final_name`.
+fn partial_names(final_name: &OsStr) -> (String, String) {
+    let stem = stem(final_name);
+    (
+        format!("{TEMP_PREFIX}{stem}{PART_SUFFIX}"),
+        format!("{TEMP_PREFIX}{stem}{JOURNAL_SUFFIX}"),
+    )
 }
 
 /// The hidden name, `.ferry-tmp.<stem>.link`, under which a symlink to be named
@@ -114,7 +130,11 @@ pub fn small_path(final_path: &Path) -> Option<PathBuf> {
 /// A fresh scratch name, `.ferry-tmp.<16 random hex>`, beside `final_path` (to be
 /// created with `O_EXCL`: it names nothing yet, almost surely).
 pub fn scratch_path(final_path: &Path) -> PathBuf {
-    parent_dir(final_path).join(format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>()))
+    parent_dir(final_path).join(scratch_name())
+}
+
+fn scratch_name() -> String {
+    format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>())
 }
 
 fn parent_dir(path: &Path) -> PathBuf {
@@ -203,13 +223,20 @@ fn failed(op: StageOp) -> impl FnOnce(io::Error) -> StageError {
 /// The resumable side of a [`Staged`] file.
 #[derive(Debug)]
 struct Resumable {
-    journal_path: PathBuf,
+    /// The journal's name in [`Staged::dir`].
+    journal: CString,
     writer: Arc<JournalWriter>,
 }
 
 /// A file being received, not yet under its final name.
 #[derive(Debug)]
 pub struct Staged {
+    /// The directory the file was created in, open; `name` and the journal's name are
+    /// relative to it (see the module docs).
+    dir: File,
+    /// The hidden file's name in `dir`.
+    name: CString,
+    /// Where the file was created, for messages only (the directory may have moved).
     path: PathBuf,
     file: Arc<File>,
     /// Held until the file is dropped: another transfer or a cleaner trying the lock
@@ -230,9 +257,14 @@ impl Staged {
     /// fit fails with [`StageOp::Reserve`] and leaves nothing behind. Blocking; may wait
     /// up to [`LOCK_WAIT`] for another transfer of the same name.
     pub fn open(final_path: &Path, header: &JournalHeader) -> Result<Staged, StageError> {
-        let staged = match Staged::open_resumable(final_path, header)? {
+        let dir = OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_DIRECTORY)
+            .open(parent_dir(final_path))
+            .map_err(failed(StageOp::Create))?;
+        let staged = match Staged::open_resumable(&dir, final_path, header)? {
             Some(s) => s,
-            None => Staged::open_scratch(final_path, header)?,
+            None => Staged::open_scratch(dir, final_path, header)?,
         };
         staged.reserve(header.size)
     }
@@ -256,20 +288,24 @@ impl Staged {
         }
     }
 
-    fn open_scratch(final_path: &Path, header: &JournalHeader) -> Result<Staged, StageError> {
-        let path = scratch_path(final_path);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(failed(StageOp::Create))?;
+    fn open_scratch(
+        dir: File,
+        final_path: &Path,
+        header: &JournalHeader,
+    ) -> Result<Staged, StageError> {
+        let scratch = scratch_name();
+        let path = parent_dir(final_path).join(&scratch);
+        let name = c_name(&scratch);
+        let file = open_rw_at(&dir, &name, true).map_err(failed(StageOp::Create))?;
         // The file is new, so the lock is free; failing to take it is an error.
         let lock = match lock(&file, Duration::ZERO) {
             Ok(Some(l)) => l,
             other => {
-                let _ = fs::remove_file(&path);
+                let _ = unlinkat(
+                    Some(dir.as_raw_fd()),
+                    name.as_c_str(),
+                    UnlinkatFlags::NoRemoveDir,
+                );
                 let e = other
                     .err()
                     .unwrap_or_else(|| io::Error::from(Errno::EWOULDBLOCK));
@@ -277,6 +313,8 @@ impl Staged {
             }
         };
         Ok(Staged {
+            dir,
+            name,
             path,
             file: Arc::new(file),
             _lock: lock,
@@ -290,20 +328,25 @@ impl Staged {
     /// The resumable partial of `final_path`, or `None` where it cannot be had (held
     /// by another live transfer, or something other than a regular file is there).
     fn open_resumable(
+        dir: &File,
         final_path: &Path,
         header: &JournalHeader,
     ) -> Result<Option<Staged>, StageError> {
-        let Some((part, journal)) = partial_paths(final_path) else {
+        let Some(final_name) = final_path.file_name() else {
             return Ok(None);
         };
+        let (part_name, journal_name) = partial_names(final_name);
+        let (part, journal) = (c_name(&part_name), c_name(&journal_name));
         for _ in 0..OPEN_ATTEMPTS {
-            let (file, fresh) = match open_rw(&part, false) {
+            let (file, fresh) = match open_rw_at(dir, &part, false) {
                 Ok(f) => (f, false),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => match open_rw(&part, true) {
-                    Ok(f) => (f, true),
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                    Err(e) => return Err(failed(StageOp::Create)(e)),
-                },
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    match open_rw_at(dir, &part, true) {
+                        Ok(f) => (f, true),
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                        Err(e) => return Err(failed(StageOp::Create)(e)),
+                    }
+                }
                 // A symlink planted under the partial's name (O_NOFOLLOW): not ours.
                 Err(e) if e.raw_os_error() == Some(Errno::ELOOP as i32) => return Ok(None),
                 Err(e) => return Err(failed(StageOp::Create)(e)),
@@ -315,12 +358,12 @@ impl Staged {
             let Some(lock) = lock(&file, LOCK_WAIT).map_err(failed(StageOp::Lock))? else {
                 return Ok(None);
             };
-            if !names(&part, &meta) {
+            if !names_at(dir, &part, &meta) {
                 continue;
             }
-            let jfile = open_rw(&journal, false)
+            let jfile = open_rw_at(dir, &journal, false)
                 .or_else(|e| match e.kind() {
-                    io::ErrorKind::NotFound => open_rw(&journal, true),
+                    io::ErrorKind::NotFound => open_rw_at(dir, &journal, true),
                     _ => Err(e),
                 })
                 .map_err(failed(StageOp::Journal))?;
@@ -339,11 +382,13 @@ impl Staged {
             };
             let writer = writer.map_err(failed(StageOp::Journal))?;
             return Ok(Some(Staged {
-                path: part,
+                dir: dir.try_clone().map_err(failed(StageOp::Create))?,
+                name: part,
+                path: parent_dir(final_path).join(part_name),
                 file: Arc::new(file),
                 _lock: lock,
                 resumable: Some(Resumable {
-                    journal_path: journal,
+                    journal,
                     writer: Arc::new(writer),
                 }),
                 header: *header,
@@ -359,7 +404,8 @@ impl Staged {
         &self.file
     }
 
-    /// Where the bytes are now (a hidden name in the final name's directory).
+    /// Where the bytes were put (a hidden name in the final name's directory): for
+    /// messages, as the directory may have been renamed since.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -381,15 +427,28 @@ impl Staged {
         self.resumable.as_ref().map(|r| r.writer.clone())
     }
 
-    /// Renames the file to `final_path` and removes its journal. The caller has set
-    /// its attributes and synced it. Blocking.
+    /// Renames the file to the file name of `final_path`, in the directory it was
+    /// opened in (wherever that directory is now), and removes its journal. The caller
+    /// has set its attributes and synced it. A directory under the final name fails
+    /// with `EISDIR`. Blocking.
     pub fn commit(&mut self, final_path: &Path) -> Result<(), StageError> {
-        fs::rename(&self.path, final_path).map_err(failed(StageOp::Rename))?;
+        let Some(final_name) = final_path.file_name() else {
+            return Err(failed(StageOp::Rename)(io::ErrorKind::InvalidInput.into()));
+        };
+        let dir = Some(self.dir.as_raw_fd());
+        renameat(dir, self.name.as_c_str(), dir, final_name)
+            .map_err(|e| failed(StageOp::Rename)(e.into()))?;
         self.done = true;
         if let Some(r) = &self.resumable {
-            remove_quietly(&r.journal_path);
+            self.remove_quietly(&r.journal);
         }
         Ok(())
+    }
+
+    /// Flushes the directory the file is in (after [`Staged::commit`], so that its new
+    /// name survives a crash). Blocking.
+    pub fn sync_dir(&self) -> io::Result<()> {
+        self.dir.sync_all()
     }
 
     /// Removes the file and its journal: the transfer failed for good. Blocking.
@@ -398,9 +457,24 @@ impl Staged {
             return;
         }
         self.done = true;
-        remove_quietly(&self.path);
+        self.remove_quietly(&self.name);
         if let Some(r) = &self.resumable {
-            remove_quietly(&r.journal_path);
+            self.remove_quietly(&r.journal);
+        }
+    }
+
+    /// Removes `name` from the file's directory; one that is already gone is fine, any
+    /// other failure is logged.
+    fn remove_quietly(&self, name: &CString) {
+        match unlinkat(
+            Some(self.dir.as_raw_fd()),
+            name.as_c_str(),
+            UnlinkatFlags::NoRemoveDir,
+        ) {
+            Ok(()) | Err(Errno::ENOENT) => {}
+            Err(e) => {
+                tracing::warn!(dir = %parent_dir(&self.path).display(), name = ?name, "cannot remove temporary file: {e}")
+            }
         }
     }
 }
@@ -412,7 +486,7 @@ impl Drop for Staged {
         }
         let Some(r) = &self.resumable else {
             // A scratch file does not outlive its transfer.
-            remove_quietly(&self.path);
+            self.remove_quietly(&self.name);
             return;
         };
         // A resumable partial does, if it holds anything to resume.
@@ -508,21 +582,34 @@ pub fn remove_quietly(path: &Path) {
     }
 }
 
-/// Opens `path` for reading and writing without following a final symlink; with
-/// `create`, creates it (mode 0600) and fails if it exists.
-fn open_rw(path: &Path, create: bool) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(create)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(path)
+/// Opens `name` in `dir` for reading and writing without following a final symlink;
+/// with `create`, creates it (mode 0600) and fails if it exists.
+fn open_rw_at(dir: &File, name: &CString, create: bool) -> io::Result<File> {
+    let mut flags = OFlag::O_RDWR | OFlag::O_NOFOLLOW;
+    if create {
+        flags |= OFlag::O_CREAT | OFlag::O_EXCL;
+    }
+    open_at_mode(dir, name, flags, Mode::from_bits_truncate(0o600))
+}
+
+/// A temporary name (no NUL: made of [`TEMP_PREFIX`], hex digits and a suffix).
+fn c_name(name: &str) -> CString {
+    CString::new(name).expect("a temporary name holds no NUL byte")
 }
 
 /// True if `path` still names the file `meta` was taken from.
 pub fn names(path: &Path, meta: &fs::Metadata) -> bool {
     fs::symlink_metadata(path).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino())
+}
+
+/// True if `name` in `dir` still names the file `meta` was taken from.
+fn names_at(dir: &File, name: &CString, meta: &fs::Metadata) -> bool {
+    fstatat(
+        Some(dir.as_raw_fd()),
+        name.as_c_str(),
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .is_ok_and(|st| st.st_dev == meta.dev() && st.st_ino == meta.ino())
 }
 
 /// Takes an exclusive `flock` on `file`'s open file description (through a duplicate
@@ -640,6 +727,63 @@ mod tests {
         let (part, _) = partial_paths(Path::new(&long)).unwrap();
         assert!(part.file_name().unwrap().len() < 64);
         assert_eq!(part.parent(), Some(Path::new(".")));
+    }
+
+    /// The directory a staged file was opened in is renamed, and a new directory with
+    /// a same-named hidden file appears at the old path: every later step acts on the
+    /// staged file where it now is, never on the impostor.
+    #[test]
+    fn a_staged_file_follows_its_directory_when_that_is_renamed() {
+        let root = tempfile::tempdir().unwrap();
+        let (old, new) = (root.path().join("d"), root.path().join("d2"));
+        let h = header(2 * u64::from(C));
+        let impostor = |dir: &Path| {
+            fs::create_dir(dir).unwrap();
+            let (part, journal) = partial_paths(&dir.join("f")).unwrap();
+            fs::write(&part, b"not ours").unwrap();
+            fs::write(&journal, b"not ours").unwrap();
+        };
+
+        // Dropped with nothing journaled: removed from where it is now.
+        fs::create_dir(&old).unwrap();
+        let s = Staged::open(&old.join("f"), &h).unwrap();
+        fs::rename(&old, &new).unwrap();
+        impostor(&old);
+        drop(s);
+        assert_eq!(temp_entries(&new), vec![]);
+        assert_eq!(temp_entries(&old).len(), 2, "the impostors are left alone");
+
+        // Discarded: the same.
+        fs::remove_dir_all(&old).unwrap();
+        fs::rename(&new, &old).unwrap();
+        let mut s = Staged::open(&old.join("f"), &h).unwrap();
+        fs::rename(&old, &new).unwrap();
+        impostor(&old);
+        s.discard();
+        assert_eq!(temp_entries(&new), vec![]);
+        assert_eq!(temp_entries(&old).len(), 2);
+
+        // Committed: the file takes its final name in the renamed directory.
+        fs::remove_dir_all(&old).unwrap();
+        fs::rename(&new, &old).unwrap();
+        let mut s = Staged::open(&old.join("f"), &h).unwrap();
+        s.file().write_all_at(b"mine", 0).unwrap();
+        fs::rename(&old, &new).unwrap();
+        impostor(&old);
+        s.commit(&old.join("f")).unwrap();
+        s.sync_dir().unwrap();
+        assert_eq!(&fs::read(new.join("f")).unwrap()[..4], b"mine");
+        assert_eq!(temp_entries(&new), vec![]);
+        assert!(!old.join("f").exists());
+        assert_eq!(temp_entries(&old).len(), 2);
+
+        // A directory under the final name: EISDIR, and the file is still there.
+        fs::create_dir(new.join("g")).unwrap();
+        let mut s = Staged::open(&new.join("g"), &h).unwrap();
+        let e = s.commit(&new.join("g")).unwrap_err();
+        assert_eq!(e.source.raw_os_error(), Some(nix::libc::EISDIR));
+        drop(s);
+        assert_eq!(temp_entries(&new), vec![]);
     }
 
     #[test]

@@ -45,6 +45,7 @@ use ferry_common::writeback::sync_filesystems_on;
 
 use crate::conn::blocking;
 use crate::error::{io_error, remote};
+use crate::fsops::dir_in_the_way;
 use crate::manifests::ManifestKey;
 use crate::map::open_regular_at;
 use crate::pool::Pool;
@@ -200,10 +201,7 @@ fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<Rem
         // rename(2) of a file over a directory fails with EISDIR: no separate check.
         if let Err(e) = fs::rename(&s.scratch, &s.final_path) {
             let error = match e.raw_os_error() {
-                Some(nix::libc::EISDIR) => remote(
-                    ErrorKind::IsADirectory,
-                    format!("{}: a directory is in the way", s.what),
-                ),
+                Some(nix::libc::EISDIR) => dir_in_the_way(&s.what),
                 _ => io_error("rename into place", &s.what, &e),
             };
             s.abandon(&mut results, error);

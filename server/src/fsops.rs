@@ -134,12 +134,17 @@ pub fn make_symlink(share: &Share, rel: &str, target: &str) -> Result<Response, 
 /// an empty directory would succeed, over another fail obscurely. Blocking.
 pub fn no_dir_in_the_way(path: &Path, what: &str) -> Result<(), RemoteError> {
     if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
-        return Err(remote(
-            ErrorKind::IsADirectory,
-            format!("{what}: a directory is in the way"),
-        ));
+        return Err(dir_in_the_way(what));
     }
     Ok(())
+}
+
+/// The error for a file that cannot take its name because a directory has it.
+pub fn dir_in_the_way(what: &str) -> RemoteError {
+    remote(
+        ErrorKind::IsADirectory,
+        format!("{what}: a directory is in the way"),
+    )
 }
 
 /// `SetAttr` on a file or directory (never through a symlink).

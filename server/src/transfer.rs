@@ -39,7 +39,7 @@ use ferry_common::writeback::Writeback;
 use tokio::task::JoinSet;
 
 use crate::error::{io_error, remote};
-use crate::fsops::no_dir_in_the_way;
+use crate::fsops::{dir_in_the_way, no_dir_in_the_way};
 use crate::manifests::{manifest_of, ManifestCache, ManifestKey, CACHE_SETTLE};
 use crate::pool::Pool;
 use crate::share::Share;
@@ -315,15 +315,19 @@ impl Upload {
         self.writeback
             .finish()
             .map_err(|e| io_error("fsync", what, &e))?;
-        no_dir_in_the_way(&self.final_path, what)?;
+        // The rename is relative to the directory the upload was opened in (see
+        // `Staged`), which the client may have renamed since; a file renamed over a
+        // directory fails with EISDIR, so no separate (path-based) check.
+        staged.commit(&self.final_path).map_err(|e| {
+            if e.source.raw_os_error() == Some(nix::libc::EISDIR) {
+                dir_in_the_way(what)
+            } else {
+                stage_error(what, &e)
+            }
+        })?;
         staged
-            .commit(&self.final_path)
-            .map_err(|e| stage_error(what, &e))?;
-        if let Some(dir) = self.final_path.parent() {
-            File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| io_error("fsync the directory", what, &e))?;
-        }
+            .sync_dir()
+            .map_err(|e| io_error("fsync the directory", what, &e))?;
         if let Some(store) = &self.store {
             self.record(store, size, &hashes);
         }

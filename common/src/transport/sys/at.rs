@@ -18,12 +18,13 @@ use nix::sys::stat::Mode;
 /// entry itself (a symlink is not followed), usable with `fstat` and as the directory
 /// of further `*at` calls; it needs search permission on `dir` only. Blocking.
 pub fn open_at(dir: &File, name: &CStr, flags: OFlag) -> io::Result<File> {
-    let fd = nix::fcntl::openat(
-        Some(dir.as_raw_fd()),
-        name,
-        flags | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
+    open_at_mode(dir, name, flags, Mode::empty())
+}
+
+/// [`open_at`] with a creation `mode` (used with `O_CREAT`; the umask applies).
+/// Blocking.
+pub fn open_at_mode(dir: &File, name: &CStr, flags: OFlag, mode: Mode) -> io::Result<File> {
+    let fd = nix::fcntl::openat(Some(dir.as_raw_fd()), name, flags | OFlag::O_CLOEXEC, mode)?;
     // SAFETY: `fd` was just returned by a successful openat, so it is an open
     // descriptor that nothing else owns; the File takes sole ownership and closes it
     // on drop.

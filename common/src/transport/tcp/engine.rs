@@ -45,10 +45,12 @@
 //! this side's memory or log grow without bound.
 
 use std::io::IoSlice;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, BufReader};
+use nix::sys::socket::{sendmsg, MsgFlags};
+use tokio::io::{AsyncReadExt, BufReader, Interest};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
@@ -501,12 +503,24 @@ fn try_put(sock: &OwnedWriteHalf, head: &[u8], payload: &[u8]) -> usize {
                 IoSlice::new(&[]),
             ]
         };
-        match sock.try_write_vectored(&parts) {
+        match send_vectored(sock, &parts) {
             Ok(n) if n > 0 => sent += n,
             _ => break,
         }
     }
     sent
+}
+
+/// One non-blocking gathered send on `sock`. It is `sendmsg` with `MSG_NOSIGNAL`, not
+/// `writev` (what tokio's `try_write_vectored` calls): a peer that has gone away makes
+/// it fail with `EPIPE` rather than raise `SIGPIPE`, which would kill a host program
+/// that, unlike a Rust `main`, has not set `SIGPIPE` to be ignored.
+fn send_vectored(sock: &OwnedWriteHalf, parts: &[IoSlice<'_>]) -> std::io::Result<usize> {
+    let stream: &tokio::net::TcpStream = sock.as_ref();
+    stream.try_io(Interest::WRITABLE, || {
+        let flags = MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT;
+        sendmsg::<()>(stream.as_raw_fd(), parts, &[], flags, None).map_err(std::io::Error::from)
+    })
 }
 
 /// Writes queued frames until told to shut down or the socket fails.

@@ -448,11 +448,54 @@ def replace_block(readme, block):
     return None
 
 
+def floor_note(meta, res):
+    """The round-trip floor of a FUSE miss (bench/rtt.c), with what it bounds; None if
+    the run did not measure it."""
+    rtt = res.get("rtt", {})
+
+    def med(tool, row=None):
+        c = (res.get(row, {}) if row else rtt).get(tool)
+        return None if c is None else c["median"]
+
+    any50, one50 = med("any"), med("one")
+    if any50 is None or one50 is None:
+        why = rtt.get("any", {}).get("fail")
+        return f"Round-trip floor: not measured ({why})." if why else None
+    text = (
+        f"Round-trip floor (`bench/rtt.c`, median of {len(rtt['any']['values'])}): a 64-byte"
+        " request and a 16 KiB answer between two processes on 127.0.0.1 over one TCP"
+        " connection at queue depth 1, in plain blocking C, take"
+        f" {any50:.1f} µs at p50 with the processes wherever the scheduler puts them and"
+        f" {one50:.1f} µs with both pinned to one CPU (a wake-up of an idle vCPU costs the"
+        " difference)."
+    )
+    disk50 = med("ceiling", "fuse_p50")
+    sshfs = med("sshfs", "fuse_iops")
+    if disk50 is not None:
+        best, placed = one50 + disk50, any50 + disk50
+
+        def bound(us):
+            iops = 1e6 / us
+            return f"{iops:,.0f} IOPS" + (f" ({iops / sshfs:.2f}× sshfs)" if sshfs else "")
+
+        text += (
+            " A 4 KiB read that misses every cache of a network file system pays at least one"
+            f" such round trip and the disk's own read (the p50 row's ceiling, {disk50:.1f} µs),"
+            f" before FUSE's own round trip: {best:.0f} µs with no wake-up crossing CPUs,"
+            f" {placed:.0f} µs as placed here; at QD1 that is at most {bound(best)} and"
+            f" {bound(placed)}."
+        )
+    return text
+
+
 def report(argv):
     work, out_base, readme = argv[0], argv[1], argv[2]
     meta, res = load(work)
     table = evaluate(meta, res)
     md = [header(meta), "", markdown_table(table)]
+    floor = floor_note(meta, res)
+    if floor:
+        md += ["", floor]
     st = sync_table(meta, res)
     if st:
         md += ["", "The copy jobs again, each run timed until a `sync` after the tool returned"

@@ -259,6 +259,22 @@ job_mount() {
         record fuse_seq ceiling "$(rate "$SIZE_BYTES" "$T" 1e6)"
     fi
     if [ "$FIO_OK" = 1 ] && [ -z "${DEAD[fuse_iops.ceiling]:-}" ]; then randread ceiling "$BIG" || true; fi
+    [ -z "$RTT" ] || rtt_floor
+}
+# rtt_floor: bench/rtt.c's TCP round trip between two processes (64 B out, 16 KiB
+# back, QD1), on any CPU and pinned to one; recorded as row rtt, tools any and one (µs,
+# p50), shown in the report's notes as the floor under every FUSE miss.
+rtt_floor() {
+    local out any any99 one one99
+    if ! out="$(timeout -s KILL 120 "$RTT" "$RTT_COUNT" 16384 2>&1)"; then
+        record_fail rtt any "rtt: ${out:-killed after 120 s}"
+        return 0
+    fi
+    read -r any any99 one one99 <<<"$out"
+    record rtt any "$any"
+    record rtt one "$one"
+    record rtt any_p99 "$any99"
+    record rtt one_p99 "$one99"
 }
 
 # --- (e) incremental backup -------------------------------------------------------------

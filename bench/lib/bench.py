@@ -522,6 +522,7 @@ def report(argv):
             "",
             markdown_table(table),
             "",
+        ] + ([floor, ""] if floor else []) + [
             "![Ferry vs its peers](bench/results/latest.png)" if not problem else "",
         ])
         why = replace_block(readme, block)

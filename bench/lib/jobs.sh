@@ -262,8 +262,9 @@ job_mount() {
     [ -z "$RTT" ] || rtt_floor
 }
 # rtt_floor: bench/rtt.c's TCP round trip between two processes (64 B out, 16 KiB
-# back, QD1), on any CPU and pinned to one; recorded as row rtt, tools any and one (µs,
-# p50), shown in the report's notes as the floor under every FUSE miss.
+# back, QD1), on any CPU and pinned to one; recorded as row rtt (µs: tools any and one
+# for p50, any_p99 and one_p99), which the report prints under its table as the floor
+# under every FUSE miss.
 rtt_floor() {
     local out any any99 one one99
     if ! out="$(timeout -s KILL 120 "$RTT" "$RTT_COUNT" 16384 2>&1)"; then

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the test executables of the Soft-RoCE suite on the host and writes their list
-# (NAME PATH [FILTER] per line) to target/rdma-suite/tests.txt, for scripts/rdma-suite.sh.
+# (NAME PATH [FILTER] per line) to target/rdma-suite/tests.txt, for scripts/rdma-suite.sh,
+# and the part of it that scripts/test.sh runs on the second kernel to
+# target/rdma-suite/compat.txt (COMPAT below).
 # Also builds the binaries those tests start (ferryd, rcp, ferry-mount: target/debug).
 # Test files that speak the TCP transport's frames by hand (TCP_ONLY below) are left out:
 # they test ferryd's TCP listener, whatever transport the suite runs rcp on.
@@ -29,3 +31,16 @@ for line in sys.stdin:
         print(name, exe)
 ' > target/rdma-suite/tests.txt
 cat target/rdma-suite/tests.txt >&2
+
+# What can differ between kernels: the verbs transport's own device tests (MRs, bad
+# rkeys, rdma_cm events), the hardware-counter proof, copies both ways, FUSE reads,
+# mmapped-file registration, killed peers, corrupted chunks and error reporting.
+COMPAT="ferry_common_rdma rdma roundtrip mount mapped resilience corruption errors"
+pattern="^($(echo $COMPAT | tr ' ' '|')) "
+grep -E "$pattern" target/rdma-suite/tests.txt > target/rdma-suite/compat.txt
+want=$(echo $COMPAT | wc -w)
+got=$(wc -l < target/rdma-suite/compat.txt)
+if [ "$got" -ne "$want" ]; then
+    echo "rdma-tests-list: compat.txt has $got of the $want executables named in COMPAT ($COMPAT)" >&2
+    exit 1
+fi

@@ -10,14 +10,21 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 STEP=""
+STEP_START=$SECONDS
+# Ends the step running (printing how long it took) and starts the one named.
 step() {
+    if [ -n "$STEP" ]; then
+        printf '=== [test] done in %ds: %s\n' $((SECONDS - STEP_START)) "$STEP" >&2
+    fi
     STEP="$*"
-    printf '\n=== [test] %s\n' "$STEP" >&2
+    STEP_START=$SECONDS
+    [ -z "$STEP" ] || printf '\n=== [test] %s\n' "$STEP" >&2
 }
 on_exit() {
     local rc=$?
     if [ "$rc" -ne 0 ] && [ -n "$STEP" ]; then
-        printf '\n=== [test] FAILED (exit %d) in step: %s\n' "$rc" "$STEP" >&2
+        printf '\n=== [test] FAILED (exit %d) after %ds in step: %s\n' \
+            "$rc" $((SECONDS - STEP_START)) "$STEP" >&2
     fi
 }
 trap on_exit EXIT
@@ -48,17 +55,24 @@ scripts/fuzz.sh --seconds "${FERRY_FUZZ_SECONDS:-20}"
 # --- Soft-RoCE suite ----------------------------------------------------------
 # The same integration suite (plus the verbs transport's own device tests and the
 # hardware-counter proof) on the real kernel RDMA stack: scripts/softroce-vm.sh boots
-# Debian's kernel in qemu with rdma_rxe, once on Debian 12's 6.1 kernel and once on
-# the newest 6.12 package, and scripts/rdma-suite.sh runs the host-built test
-# executables inside. FERRY_SKIP_SOFTROCE=1 skips it (never in CI).
+# Debian's kernel in qemu with rdma_rxe and scripts/rdma-suite.sh runs the host-built
+# test executables inside. Debian 12's own 6.1 kernel runs all of them; the newest
+# 6.12 package runs the part where kernels can differ (compat.txt, named in
+# scripts/rdma-tests-list.sh), which keeps a CI run well under 40 minutes under TCG.
+# The whole suite on 6.12 as well:
+#   scripts/test-rdma.sh -- scripts/rdma-suite.sh target/rdma-suite/tests.txt
+# FERRY_SKIP_SOFTROCE=1 skips it (never in CI).
 if [ "${FERRY_SKIP_SOFTROCE:-0}" = 1 ] && [ -z "${CI:-}" ]; then
     printf '\n=== [test] Soft-RoCE suite SKIPPED (FERRY_SKIP_SOFTROCE=1)\n' >&2
 else
     step "Soft-RoCE suite: build the test executables (scripts/rdma-tests-list.sh)"
     scripts/rdma-tests-list.sh
-    step "Soft-RoCE suite on kernels 6.1 and newest 6.12 (scripts/test-rdma.sh -- scripts/rdma-suite.sh)"
-    SOFTROCE_TIMEOUT="${SOFTROCE_TIMEOUT:-1200}" \
-        scripts/test-rdma.sh -- scripts/rdma-suite.sh target/rdma-suite/tests.txt
+    step "Soft-RoCE suite, all of it, on Debian 12's kernel 6.1 (scripts/test-rdma.sh --kernels default)"
+    SOFTROCE_TIMEOUT="${SOFTROCE_TIMEOUT:-1200}" scripts/test-rdma.sh --kernels default -- \
+        scripts/rdma-suite.sh target/rdma-suite/tests.txt
+    step "Soft-RoCE suite, the kernel-dependent part, on the newest 6.12 (scripts/test-rdma.sh --kernels newest-6.12)"
+    SOFTROCE_TIMEOUT="${SOFTROCE_TIMEOUT:-1200}" scripts/test-rdma.sh --kernels newest-6.12 -- \
+        scripts/rdma-suite.sh target/rdma-suite/compat.txt
 fi
 # ------------------------------------------------------------------------------
 
@@ -68,5 +82,5 @@ fi
 step "bench smoke run (bench/run --quick --bin-dir ${CARGO_TARGET_DIR:-target}/debug --no-save)"
 bench/run --quick --bin-dir "${CARGO_TARGET_DIR:-target}/debug" --no-save
 
-STEP=""
-printf '\n=== [test] all steps passed\n' >&2
+step ""
+printf '\n=== [test] all steps passed in %ds\n' "$SECONDS" >&2

@@ -82,7 +82,7 @@ struct Args {
     generate_secret: Option<PathBuf>,
 
     /// Address (or host name) and port to listen on [default: 127.0.0.1:7447]. Port 0
-    /// picks a free one.
+    /// picks one free for TCP and, under `--transport auto`, for RDMA as well.
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_listen)]
     listen: Option<SocketAddr>,
 
@@ -195,7 +195,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // not delay serving, and nothing a live transfer uses is touched.
     let cleaner = server.clone();
     tokio::task::spawn_blocking(move || cleaner.clean_stale_files());
-    let listeners = listen(args.transport, config.listen).await?;
+    let listeners = listen(args.transport, config.listen)?;
     let local = listeners.local;
     for s in &config.shares {
         tracing::info!(
@@ -260,63 +260,141 @@ impl Listeners {
     }
 }
 
-async fn listen(choice: TransportChoice, addr: SocketAddr) -> anyhow::Result<Listeners> {
-    let mut tcp = None;
-    let mut local = addr;
-    if choice != TransportChoice::Rdma {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
-        local = l.local_addr().context("cannot read the bound address")?;
-        tcp = Some(l);
+/// How many ports ferryd tries when `--listen` gives port 0 and serves both transports.
+/// TCP and the RDMA connection manager keep separate port spaces: a port the kernel
+/// hands out as free for TCP may be held in the RDMA space (by a listener, or by an
+/// outgoing RDMA connection's ephemeral port), and then the next one is tried.
+#[cfg(feature = "rdma")]
+const EPHEMERAL_PORT_ATTEMPTS: usize = 32;
+
+fn listen(choice: TransportChoice, addr: SocketAddr) -> anyhow::Result<Listeners> {
+    match choice {
+        TransportChoice::Tcp => {
+            let (tcp, local) = bind_tcp(addr)?;
+            Ok(Listeners {
+                local,
+                tcp: Some(tcp),
+                #[cfg(feature = "rdma")]
+                rdma: None,
+                rdma_note: "rdma off".into(),
+            })
+        }
+        TransportChoice::Auto | TransportChoice::Rdma => listen_rdma(choice, addr),
     }
-    if choice == TransportChoice::Tcp {
+}
+
+/// A tokio TCP listener on `addr`, and the address it got.
+fn bind_tcp(addr: SocketAddr) -> anyhow::Result<(tokio::net::TcpListener, SocketAddr)> {
+    let bound = std::net::TcpListener::bind(addr)
+        .and_then(|l| {
+            l.set_nonblocking(true)?;
+            Ok(l)
+        })
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = bound
+        .local_addr()
+        .context("cannot read the bound address")?;
+    let tcp = tokio::net::TcpListener::from_std(bound).context("cannot register the listener")?;
+    Ok((tcp, local))
+}
+
+#[cfg(not(feature = "rdma"))]
+fn listen_rdma(choice: TransportChoice, addr: SocketAddr) -> anyhow::Result<Listeners> {
+    if choice == TransportChoice::Rdma {
+        anyhow::bail!("this ferryd was built without the rdma feature");
+    }
+    let (tcp, local) = bind_tcp(addr)?;
+    Ok(Listeners {
+        local,
+        tcp: Some(tcp),
+        rdma_note: "no rdma: built without the rdma feature".into(),
+    })
+}
+
+#[cfg(feature = "rdma")]
+fn listen_rdma(choice: TransportChoice, addr: SocketAddr) -> anyhow::Result<Listeners> {
+    use ferry_common::transport::{rdma, TransportError};
+    let devices = rdma::available();
+    if choice == TransportChoice::Rdma {
+        let serving = devices.and_then(|d| Ok((rdma::Listener::bind(addr)?, d)));
+        let (l, devices) =
+            serving.map_err(|e| anyhow::anyhow!("cannot serve RDMA on {addr}: {e}"))?;
+        let mut local = addr;
+        local.set_port(l.local_port());
         return Ok(Listeners {
             local,
-            tcp,
-            #[cfg(feature = "rdma")]
-            rdma: None,
-            rdma_note: "rdma off".into(),
+            tcp: None,
+            rdma_note: format!("rdma on {}", devices.join(",")),
+            rdma: Some(l),
         });
     }
-    #[cfg(feature = "rdma")]
-    {
-        use ferry_common::transport::rdma;
-        let bound = rdma::available().and_then(|devices| {
-            let l = rdma::Listener::bind(local)?;
-            Ok((l, devices))
-        });
-        match bound {
-            Ok((l, devices)) => {
-                local.set_port(l.local_port());
-                Ok(Listeners {
-                    local,
-                    tcp,
-                    rdma_note: format!("rdma on {}", devices.join(",")),
-                    rdma: Some(l),
-                })
-            }
-            Err(e) if choice == TransportChoice::Rdma => {
-                Err(anyhow::anyhow!("cannot serve RDMA on {local}: {e}"))
-            }
-            Err(e) => Ok(Listeners {
+    let devices = match devices {
+        Ok(d) => d,
+        Err(e) => {
+            let (tcp, local) = bind_tcp(addr)?;
+            return Ok(Listeners {
                 local,
-                tcp,
+                tcp: Some(tcp),
                 rdma: None,
                 rdma_note: format!("no rdma: {e}"),
-            }),
+            });
         }
-    }
-    #[cfg(not(feature = "rdma"))]
-    {
-        if choice == TransportChoice::Rdma {
-            anyhow::bail!("this ferryd was built without the rdma feature");
-        }
-        Ok(Listeners {
+    };
+    // Port 0 means any port: keep looking for one free in both spaces. A port given
+    // by the user is theirs to choose; if RDMA cannot have it, TCP alone serves.
+    let attempts = if addr.port() == 0 {
+        EPHEMERAL_PORT_ATTEMPTS
+    } else {
+        1
+    };
+    let taken = |e: &TransportError| {
+        matches!(e, TransportError::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::AddrInUse)
+    };
+    let (tcp, local, rdma) = bind_pair(attempts, || bind_tcp(addr), rdma::Listener::bind, taken)?;
+    Ok(match rdma {
+        Ok(l) => Listeners {
             local,
-            tcp,
-            rdma_note: "no rdma: built without the rdma feature".into(),
-        })
+            tcp: Some(tcp),
+            rdma: Some(l),
+            rdma_note: format!("rdma on {}", devices.join(",")),
+        },
+        Err(e) => {
+            tracing::warn!("serving TCP only on {local}: RDMA cannot listen there: {e}");
+            Listeners {
+                local,
+                tcp: Some(tcp),
+                rdma: None,
+                rdma_note: format!("no rdma: {e}"),
+            }
+        }
+    })
+}
+
+/// Binds `first` (on an address of its choosing), then `second` on the address `first`
+/// got, up to `attempts` times while `second` fails with an error `taken` says is the
+/// address being in use; returns the last attempt, `second`'s error included.
+///
+/// Invariant: every rejected `first` stays bound until this returns, so it cannot be
+/// handed out again within the search.
+#[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+fn bind_pair<A, B, E, X>(
+    attempts: usize,
+    mut first: impl FnMut() -> Result<(A, SocketAddr), X>,
+    mut second: impl FnMut(SocketAddr) -> Result<B, E>,
+    taken: impl Fn(&E) -> bool,
+) -> Result<(A, SocketAddr, Result<B, E>), X> {
+    let mut rejected = Vec::new();
+    loop {
+        let (a, at) = first()?;
+        let b = second(at);
+        match b {
+            Err(e) if taken(&e) && rejected.len() + 1 < attempts => {
+                tracing::debug!("{at} is taken for RDMA; trying another port");
+                rejected.push(a);
+            }
+            b => return Ok((a, at, b)),
+        }
     }
 }
 
@@ -399,4 +477,99 @@ async fn wait_for_signal() -> anyhow::Result<()> {
         _ = term.recv() => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::net::SocketAddr;
+    use std::rc::Rc;
+
+    use super::bind_pair;
+
+    /// Stands for a bound TCP listener: records its port when dropped (unbound).
+    struct Bound(u16, Rc<RefCell<Vec<u16>>>);
+
+    impl Drop for Bound {
+        fn drop(&mut self) {
+            self.1.borrow_mut().push(self.0);
+        }
+    }
+
+    #[derive(Debug, PartialEq)]
+    enum Fail {
+        Taken(u16),
+        Other(u16),
+    }
+
+    /// Runs `bind_pair` with `first` handing out ports 40000, 40001, ... and `second`
+    /// answering `verdict(port)`; returns the result's port and `second`'s answer, and
+    /// the ports unbound by the time it returned.
+    fn run(
+        attempts: usize,
+        verdict: impl Fn(u16) -> Result<(), Fail>,
+    ) -> (u16, Result<(), Fail>, Vec<u16>) {
+        let dropped = Rc::new(RefCell::new(Vec::new()));
+        let mut next = 40000u16;
+        let first = || -> Result<(Bound, SocketAddr), ()> {
+            let port = next;
+            next += 1;
+            Ok((
+                Bound(port, dropped.clone()),
+                SocketAddr::from(([127, 0, 0, 1], port)),
+            ))
+        };
+        let second = |at: SocketAddr| {
+            assert!(
+                dropped.borrow().is_empty(),
+                "a rejected port was unbound during the search"
+            );
+            verdict(at.port())
+        };
+        let taken = |e: &Fail| matches!(e, Fail::Taken(_));
+        let (bound, at, answer) = bind_pair(attempts, first, second, taken).unwrap();
+        assert_eq!(bound.0, at.port());
+        let unbound = dropped.borrow().clone();
+        (at.port(), answer, unbound)
+    }
+
+    #[test]
+    fn moves_past_ports_taken_for_the_second_listener() {
+        let (port, answer, unbound) = run(32, |p| {
+            if p < 40002 {
+                Err(Fail::Taken(p))
+            } else {
+                Ok(())
+            }
+        });
+        assert_eq!((port, answer), (40002, Ok(())));
+        assert_eq!(unbound, vec![40000, 40001]);
+    }
+
+    #[test]
+    fn gives_the_last_error_when_every_attempt_is_taken() {
+        let (port, answer, _) = run(3, |p| Err(Fail::Taken(p)));
+        assert_eq!((port, answer), (40002, Err(Fail::Taken(40002))));
+        let (port, answer, unbound) = run(1, |p| Err(Fail::Taken(p)));
+        assert_eq!(
+            (port, answer, unbound),
+            (40000, Err(Fail::Taken(40000)), vec![])
+        );
+    }
+
+    #[test]
+    fn stops_at_an_error_other_than_taken() {
+        let (port, answer, unbound) = run(32, |p| Err(Fail::Other(p)));
+        assert_eq!(
+            (port, answer, unbound),
+            (40000, Err(Fail::Other(40000)), vec![])
+        );
+    }
+
+    #[test]
+    fn a_failing_first_bind_is_returned() {
+        let first = || -> Result<((), SocketAddr), &str> { Err("no") };
+        let got = bind_pair(4, first, |_| Ok::<(), ()>(()), |_| true);
+        assert_eq!(got.err(), Some("no"));
+    }
 }

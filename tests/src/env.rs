@@ -139,6 +139,7 @@ impl EnvBuilder {
                 user: self.server_user,
                 args: self.server_args,
                 env: self.server_env,
+                listen: None,
             },
         );
         Env {

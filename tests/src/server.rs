@@ -95,6 +95,8 @@ pub struct ServerOptions {
     pub args: Vec<OsString>,
     /// Environment variables to set (`Some`) or remove (`None`).
     pub env: Vec<(String, Option<String>)>,
+    /// `--listen` this `ADDR:PORT` instead of the test host's port 0.
+    pub listen: Option<String>,
 }
 
 /// A running `ferryd` on [`crate::test_host`] (`127.0.0.1` by default) with an
@@ -158,8 +160,9 @@ impl Server {
             "rdma" => "auto",
             other => other,
         };
+        let listen = (opts.listen.clone()).unwrap_or_else(|| format!("{}:0", crate::test_host()));
         cmd.arg("--listen")
-            .arg(format!("{}:0", crate::test_host()))
+            .arg(listen)
             .arg("--port-file")
             .arg(&port_file)
             .env("FERRY_TRANSPORT", transport)

@@ -15,7 +15,9 @@
 use std::fs;
 use std::path::PathBuf;
 
-use ferry_tests::{assert_files_equal, rcp_args, write_random_file, Env, MIB};
+use ferry_tests::{
+    assert_files_equal, rcp_args, write_random_file, Env, Server, ServerOptions, Share, MIB,
+};
 
 fn counter_dir() -> PathBuf {
     let dev = std::env::var("FERRY_RDMA_DEV").unwrap_or_else(|_| "rxe0".into());
@@ -110,4 +112,52 @@ fn forcing_rdma_to_loopback_fails_clearly() {
     let out = env.rcp(rcp_args!["--transport", "rdma", &src, &loopback]);
     assert_eq!(out.code, Some(3), "{out}");
     out.assert_stderr_has("RDMA");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test-rdma.sh runs it in the Soft-RoCE VM"]
+fn a_named_port_rdma_cannot_have_is_served_over_tcp_alone() {
+    // TCP and the RDMA connection manager have separate port spaces. An RDMA-only
+    // ferryd holds port P in the RDMA space, so P is free for TCP but not for RDMA: a
+    // second ferryd told to listen on P (transport auto) warns and serves TCP alone,
+    // and both keep serving.
+    let env = Env::builder()
+        .share("data", false)
+        .server_arg("--transport")
+        .server_arg("rdma")
+        .start();
+    let tcp_only = Server::start_with(
+        &[Share::rw("data", env.share_dir("data"))],
+        ServerOptions {
+            listen: Some(env.server().addr().to_owned()),
+            ..ServerOptions::default()
+        },
+    );
+    assert_eq!(tcp_only.addr(), env.server().addr());
+    let log = tcp_only.stderr();
+    assert!(
+        log.contains("serving TCP only") && log.contains("Address already in use"),
+        "ferryd should warn that RDMA cannot have the port:\n{log}"
+    );
+
+    let src = env.local("f");
+    write_random_file(&src, 3 * MIB + 7, 9);
+    let out = env.rcp(rcp_args![
+        "--transport",
+        "tcp",
+        &src,
+        &tcp_only.remote("data", "by-tcp")
+    ]);
+    out.assert_success();
+    let out = env.rcp(rcp_args![
+        "--transport",
+        "rdma",
+        &src,
+        &env.remote("by-rdma")
+    ]);
+    out.assert_success();
+    assert_files_equal(&src, &env.share("by-tcp"));
+    assert_files_equal(&src, &env.share("by-rdma"));
+    tcp_only.assert_running();
+    env.server().assert_running();
 }

@@ -140,6 +140,12 @@ impl Server {
     /// [`Server::start`] with more options: a user, extra arguments, and changes to
     /// ferryd's environment (applied after the harness's own, so they win).
     pub fn start_with(shares: &[Share], opts: ServerOptions) -> Server {
+        Server::try_start_with(shares, opts).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Server::start_with`], returning why ferryd did not come up (it exited first,
+    /// with its stderr, or never wrote its port file) instead of panicking.
+    pub fn try_start_with(shares: &[Share], opts: ServerOptions) -> Result<Server, String> {
         let user = opts.user;
         let opts = opts.clone();
         let state = tempfile::Builder::new()
@@ -195,29 +201,32 @@ impl Server {
             opts,
             _state: state,
         };
-        server.addr = server.wait_for_port_file(&port_file);
-        server
+        server.addr = server.wait_for_port_file(&port_file)?;
+        Ok(server)
     }
 
     /// Polls for the port file; a file without its trailing newline is still being
     /// written (ferryd renames it into place, but be tolerant of a plain write).
-    fn wait_for_port_file(&self, port_file: &Path) -> String {
+    fn wait_for_port_file(&self, port_file: &Path) -> Result<String, String> {
         let start = Instant::now();
         loop {
             if let Ok(text) = fs::read_to_string(port_file) {
                 if text.ends_with('\n') && !text.trim().is_empty() {
-                    return text.trim().to_owned();
+                    return Ok(text.trim().to_owned());
                 }
             }
             if let Some(status) = self.child().try_wait().expect("cannot poll ferryd") {
-                panic!("ferryd exited with {status} before writing its port file");
+                return Err(format!(
+                    "ferryd exited with {status} before writing its port file; stderr:\n{}",
+                    self.stderr()
+                ));
             }
             if start.elapsed() > STARTUP_TIMEOUT {
-                panic!(
+                return Err(format!(
                     "ferryd did not write its port file {} within {:?}",
                     port_file.display(),
                     STARTUP_TIMEOUT
-                );
+                ));
             }
             thread::sleep(PORT_FILE_POLL);
         }

@@ -121,18 +121,32 @@ fn a_named_port_rdma_cannot_have_is_served_over_tcp_alone() {
     // ferryd holds port P in the RDMA space, so P is free for TCP but not for RDMA: a
     // second ferryd told to listen on P (transport auto) warns and serves TCP alone,
     // and both keep serving.
-    let env = Env::builder()
-        .share("data", false)
-        .server_arg("--transport")
-        .server_arg("rdma")
-        .start();
-    let tcp_only = Server::start_with(
-        &[Share::rw("data", env.share_dir("data"))],
-        ServerOptions {
-            listen: Some(env.server().addr().to_owned()),
-            ..ServerOptions::default()
-        },
-    );
+    //
+    // P comes from the same ephemeral range as outgoing TCP connections, so TCP may
+    // hold it too (the second ferryd then cannot listen at all): take another P.
+    let mut tries = 0;
+    let (env, tcp_only) = loop {
+        tries += 1;
+        let env = Env::builder()
+            .share("data", false)
+            .server_arg("--transport")
+            .server_arg("rdma")
+            .start();
+        let second = Server::try_start_with(
+            &[Share::rw("data", env.share_dir("data"))],
+            ServerOptions {
+                listen: Some(env.server().addr().to_owned()),
+                ..ServerOptions::default()
+            },
+        );
+        match second {
+            Ok(server) => break (env, server),
+            Err(e) if tries < 5 && e.contains("Address already in use") => {
+                eprintln!("port {} is taken for TCP too; again", env.server().port());
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
     assert_eq!(tcp_only.addr(), env.server().addr());
     let log = tcp_only.stderr();
     assert!(

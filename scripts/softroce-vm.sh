@@ -626,7 +626,8 @@ for ACCEL in "${ACCELS[@]}"; do
         { echo "[softroce] --- qemu output ---"; cat "$RUN/qemu.log"
           echo "[softroce] --- VM console (last 40 lines) ---"; tail -n 40 "$RUN/console.log"
         } >&2 2>/dev/null || true
-        # Boot again only if this boot never got ready and time is left.
+        # Boot again only if this boot never got ready, did not use up
+        # SOFTROCE_TIMEOUT (124) and a try is left.
         if [ "$READY" = 0 ] && [ "$BOOTS" -lt "${#ACCELS[@]}" ] && [ "$STATUS" = 125 ]; then
             next=${ACCELS[$BOOTS]}
             log "boot $BOOTS ($ACCEL) failed before the VM was ready; booting again with $next"

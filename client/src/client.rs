@@ -9,13 +9,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_common::auth::Secret;
-use ferry_common::chunk::{chunk_count, manifest_id};
 use ferry_common::codec;
 use ferry_common::msg::{
     Attr, DirEntry, DiskUsage, ErrorKind, FileVersion, FsStat, MappedFile, RemoteError, Request,
     Response, ServerStats, Sha256, Timestamp, VerifyReport, Welcome, LINK_BATCH_MAX,
 };
 use ferry_common::proto::client::{ClientEvent, ClientSession};
+use ferry_common::proto::manifest::{ManifestError, ManifestReader};
+use ferry_common::proto::ProtoError;
 use ferry_common::transport::tcp::Tcp;
 use ferry_common::transport::{Buffer, SharedTransport, TransportChoice, TransportError};
 use tokio::sync::{oneshot, OnceCell};
@@ -279,26 +280,20 @@ impl Client {
         }
     }
 
+    /// One proof of `share`'s secret; the session checks the server's own proof.
     async fn prove(&self, share: &str, secret: &Secret) -> Result<(), ClientError> {
-        let client_nonce = *lock(&self.inner.session).nonce();
-        let server_nonce = self.welcome().nonce;
-        let proof = secret.client_proof(share, &client_nonce, &server_nonce);
-        let req = Request::Auth {
-            share: share.to_string(),
-            proof,
-        };
-        match self.call_raw(req).await? {
-            Response::Authenticated { proof: Some(p) } => {
-                if secret.check_server_proof(share, &client_nonce, &server_nonce, &p) {
-                    Ok(())
-                } else {
-                    self.close();
-                    Err(ClientError::ServerNotAuthentic {
-                        addr: self.addr().to_string(),
-                        share: share.to_string(),
-                    })
-                }
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut session = lock(&self.inner.session);
+            let mut waiters = lock(&self.inner.waiters);
+            if let Some(reason) = &waiters.closed {
+                return Err(ClientError::Disconnected(reason.clone()));
             }
+            let id = session.authenticate(share, secret)?;
+            waiters.map.insert(id, tx);
+        }
+        match self.wait(rx).await? {
+            Response::Authenticated { proof: Some(_) } => Ok(()),
             Response::Authenticated { proof: None } => {
                 tracing::info!(
                     "{}: share '{share}' is served without a secret",
@@ -323,6 +318,14 @@ impl Client {
             // response before the waiter exists.
             waiters.map.insert(id, tx);
         }
+        self.wait(rx).await
+    }
+
+    /// Sends what the session queued and waits for the answer `rx` will carry.
+    async fn wait(
+        &self,
+        rx: oneshot::Receiver<Result<Response, ClientError>>,
+    ) -> Result<Response, ClientError> {
         flush(&self.inner).await;
         match rx.await {
             Ok(Ok(Response::Error(e))) => Err(ClientError::Remote(e)),
@@ -568,7 +571,8 @@ impl Client {
     /// Invariant of the result: `hashes.len()` is the chunk count of `version.size` in
     /// chunks of `version.chunk_bytes`, and `manifest_id` of them is
     /// `version.manifest`. Pages of different versions (the file changed on the server
-    /// while it was read) restart the listing, at most [`MANIFEST_ATTEMPTS`] times in
+    /// while it was read) restart the listing, at most
+    /// [`ferry_common::proto::manifest::MANIFEST_ATTEMPTS`] times in
     /// all; then it fails with [`ErrorKind::Changed`].
     pub async fn manifest(
         &self,
@@ -576,60 +580,20 @@ impl Client {
         path: &str,
         chunk_bytes: u32,
     ) -> Result<(FileVersion, Vec<Sha256>), ClientError> {
-        'attempt: for _ in 0..MANIFEST_ATTEMPTS {
-            let mut version: Option<FileVersion> = None;
-            let mut all: Vec<Sha256> = Vec::new();
-            loop {
-                let req = Request::Manifest {
-                    share: share.into(),
-                    path: path.into(),
-                    chunk_bytes,
-                    first_chunk: all.len() as u64,
-                };
-                let (page_version, first_chunk, hashes) = match self.call(req).await? {
-                    Response::Manifest {
-                        version,
-                        first_chunk,
-                        hashes,
-                    } => (version, first_chunk, hashes),
-                    other => return Err(unexpected(other)),
-                };
-                if first_chunk != all.len() as u64 {
-                    return Err(bad_manifest(path, "a page starts at the wrong chunk"));
-                }
-                match &version {
-                    Some(v) if *v != page_version => continue 'attempt,
-                    _ => {}
-                }
-                let chunks = chunk_count(page_version.size, page_version.chunk_bytes.max(1));
-                if (all.len() + hashes.len()) as u64 > chunks {
-                    return Err(bad_manifest(path, "more hashes than chunks"));
-                }
-                let done = hashes.is_empty();
-                all.extend(hashes);
-                version = Some(page_version);
-                if done {
-                    break;
-                }
+        let mut reader = ManifestReader::new(share, path, chunk_bytes);
+        while let Some(req) = reader.poll_request() {
+            let page = self.call(req).await?;
+            match reader.handle_page(page) {
+                Ok(Some(manifest)) => return Ok(manifest),
+                Ok(None) => {}
+                Err(ManifestError::Changed(e)) => return Err(ClientError::Remote(e)),
+                Err(ManifestError::Protocol(e)) => return Err(ClientError::Protocol(e)),
+                Err(e) => return Err(ClientError::Protocol(ProtoError::Transfer(e.to_string()))),
             }
-            // The loop only ends after a page was seen.
-            let Some(version) = version else {
-                return Err(bad_manifest(path, "no page"));
-            };
-            if all.len() as u64 != chunk_count(version.size, version.chunk_bytes.max(1))
-                || manifest_id(version.size, version.chunk_bytes, &all) != version.manifest
-            {
-                return Err(bad_manifest(
-                    path,
-                    "the hashes do not match the manifest hash",
-                ));
-            }
-            return Ok((version, all));
         }
-        Err(ClientError::Remote(RemoteError {
-            kind: ErrorKind::Changed,
-            message: format!("{path}: the file kept changing while its manifest was read"),
-        }))
+        Err(ClientError::Protocol(ProtoError::Transfer(format!(
+            "{path}: the manifest listing ended without a result"
+        ))))
     }
 
     /// Has the server re-read the regular file `path` (its final component not
@@ -684,17 +648,6 @@ fn describe_connect(e: &std::io::Error) -> String {
     }
 }
 
-/// How many times [`Client::manifest`] starts over when the file changes between
-/// pages.
-pub const MANIFEST_ATTEMPTS: usize = 3;
-
-/// The error for a manifest listing that contradicts itself.
-fn bad_manifest(path: &str, why: &str) -> ClientError {
-    ClientError::Protocol(ferry_common::proto::ProtoError::Transfer(format!(
-        "{path}: bad manifest from the server: {why}"
-    )))
-}
-
 /// The error for a response of the wrong type.
 pub(crate) fn unexpected(r: Response) -> ClientError {
     ClientError::Protocol(ferry_common::proto::ProtoError::Transfer(format!(
@@ -727,6 +680,8 @@ async fn flush(inner: &Inner) {
 
 /// Receives until the connection ends, completing waiters; then fails the rest.
 async fn drive(inner: Arc<Inner>) {
+    // The session's own reason, when it closed itself.
+    let mut closed_by = None;
     let reason = loop {
         let deadline = lock(&inner.session).poll_timeout();
         let sleep = async {
@@ -749,7 +704,9 @@ async fn drive(inner: Arc<Inner>) {
             () = sleep => lock(&inner.session).handle_timeout(Instant::now()),
         }
         if let Some(reason) = pump(&inner) {
-            break reason;
+            let text = reason.to_string();
+            closed_by = Some(reason);
+            break text;
         }
         flush(&inner).await;
     };
@@ -763,12 +720,19 @@ async fn drive(inner: Arc<Inner>) {
         w.map.drain().map(|(_, w)| w).collect()
     };
     for w in waiters {
-        let _ = w.send(Err(ClientError::Disconnected(reason.clone())));
+        let error = match &closed_by {
+            Some(ProtoError::ServerNotAuthentic(share)) => ClientError::ServerNotAuthentic {
+                addr: inner.addr.clone(),
+                share: share.clone(),
+            },
+            _ => ClientError::Disconnected(reason.clone()),
+        };
+        let _ = w.send(Err(error));
     }
 }
 
 /// Acts on session events; returns a reason once the session closed.
-fn pump(inner: &Inner) -> Option<String> {
+fn pump(inner: &Inner) -> Option<ProtoError> {
     loop {
         let event = lock(&inner.session).poll_event()?;
         match event {
@@ -782,7 +746,7 @@ fn pump(inner: &Inner) -> Option<String> {
                     let _ = w.send(Ok(body));
                 }
             }
-            ClientEvent::Closed(reason) => return Some(reason.to_string()),
+            ClientEvent::Closed(reason) => return Some(reason),
         }
     }
 }

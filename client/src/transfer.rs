@@ -32,6 +32,7 @@ use ferry_common::chunk::{chunk_len, hash_chunks, manifest_id};
 use ferry_common::direct::{DirectFile, DIRECT_MIN_FILE_BYTES};
 use ferry_common::journal::{source_tag, JournalHeader, JournalWriter};
 use ferry_common::msg::{ErrorKind, Request, Response, Sha256, Timestamp};
+use ferry_common::proto::retry::{Verdict, WindowFailure, WindowRetry};
 use ferry_common::proto::transfer::{Window, WindowPlan};
 use ferry_common::staging::{verify_hints, StageError, StageOp, Staged};
 use ferry_common::transport::{Access, FileWindow, Memory};
@@ -61,9 +62,6 @@ pub const WINDOWS_IN_FLIGHT: usize = 2;
 /// Chunks per window (capped by what the server accepts).
 pub const WINDOW_CHUNKS: usize = 16;
 
-/// Attempts per window before a verification failure fails the file.
-const WINDOW_ATTEMPTS: usize = 2;
-
 /// Called with the number of bytes that just completed.
 pub type ProgressFn = Arc<dyn Fn(u64) + Send + Sync>;
 
@@ -73,8 +71,14 @@ fn window_chunks(client: &Client) -> usize {
         .max(1)
 }
 
-fn is_integrity(e: &ClientError) -> bool {
-    matches!(e, ClientError::Integrity { .. }) || e.remote_kind() == Some(ErrorKind::Integrity)
+/// How a window attempt failed, for the retry policy.
+fn failure(e: &ClientError) -> WindowFailure {
+    match e {
+        ClientError::Integrity { .. } => WindowFailure::Integrity,
+        ClientError::SourceChanged { .. } => WindowFailure::SourceChanged,
+        _ if e.remote_kind() == Some(ErrorKind::Integrity) => WindowFailure::Integrity,
+        _ => WindowFailure::Other,
+    }
 }
 
 /// Runs every window of `plan` through `run` with [`WINDOWS_IN_FLIGHT`] outstanding,
@@ -351,7 +355,7 @@ async fn upload_window(
     w: Window,
 ) -> Result<SentWindow, ClientError> {
     let (mut memory, mut hashes) = prepare_window(client, source, local, chunk, w).await?;
-    let mut attempt = 1;
+    let mut retry = WindowRetry::default();
     loop {
         let sent = send_window(client, transfer, w, memory.clone(), hashes.clone()).await;
         match sent {
@@ -363,21 +367,26 @@ async fn upload_window(
                     reused,
                 });
             }
-            Err(e) if is_integrity(&e) => {
+            Err(e) if failure(&e) == WindowFailure::Integrity => {
                 release(client, memory);
                 let (again_memory, again) = prepare_window(client, source, local, chunk, w).await?;
-                if again != hashes {
+                let changed = again != hashes;
+                let verdict = retry.handle_failure(if changed {
+                    WindowFailure::SourceChanged
+                } else {
+                    WindowFailure::Integrity
+                });
+                if verdict == Verdict::Fail {
                     release(client, again_memory);
-                    return Err(ClientError::SourceChanged {
-                        path: local.to_owned(),
+                    return Err(if changed {
+                        ClientError::SourceChanged {
+                            path: local.to_owned(),
+                        }
+                    } else {
+                        e
                     });
                 }
-                if attempt >= WINDOW_ATTEMPTS {
-                    release(client, again_memory);
-                    return Err(e);
-                }
                 tracing::warn!(file = %local.display(), offset = w.offset, "window damaged in flight; sending it again: {e}");
-                attempt += 1;
                 (memory, hashes) = (again_memory, again);
             }
             Err(e) => {
@@ -600,11 +609,10 @@ async fn download_windows(
         let sink = sink.clone();
         let what = what.clone();
         async move {
-            let mut attempt = 0;
+            let mut retry = WindowRetry::default();
             loop {
-                attempt += 1;
                 match download_window(&client, &sink, &what, transfer, chunk, w).await {
-                    Err(e) if is_integrity(&e) && attempt < WINDOW_ATTEMPTS => {
+                    Err(e) if retry.handle_failure(failure(&e)) == Verdict::Retry => {
                         tracing::warn!(file = %what, offset = w.offset, "window failed verification; retrying: {e}");
                     }
                     other => return other,

@@ -12,10 +12,11 @@
 //!   by [`validate`] and fail with [`CodecError::Limit`].
 
 use crate::msg::{
-    Attr, BatchedFile, DirEntry, Message, RemoteError, Request, Response, BATCH_MAX_FILES,
-    BATCH_MAX_PATH_BYTES, LINK_BATCH_MAX, MAX_DIR_PAGE_ENTRIES, MAX_ERROR_MESSAGE_BYTES,
-    MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MAX_NAME_BYTES, MAX_PATH_BYTES,
-    MAX_VERIFY_BAD_CHUNKS, MAX_WINDOW_CHUNKS,
+    Attr, BatchedFile, Capability, DirEntry, Message, RemoteError, Request, Response,
+    BATCH_MAX_FILES, BATCH_MAX_PATH_BYTES, LINK_BATCH_MAX, MAX_CAPABILITIES,
+    MAX_CAPABILITY_NAME_BYTES, MAX_CAPABILITY_VALUE_BYTES, MAX_DIR_PAGE_ENTRIES,
+    MAX_ERROR_MESSAGE_BYTES, MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MAX_NAME_BYTES,
+    MAX_PATH_BYTES, MAX_VERIFY_BAD_CHUNKS, MAX_WINDOW_CHUNKS,
 };
 
 /// Largest control frame either side sends or accepts, in bytes.
@@ -113,11 +114,54 @@ fn limit(field: &'static str, len: usize, max: usize) -> Result<(), CodecError> 
 /// Checks the protocol's length limits on every variable-length field of `msg`.
 pub fn validate(msg: &Message) -> Result<(), CodecError> {
     match msg {
-        Message::Hello(h) => limit("software", h.software.len(), MAX_NAME_BYTES),
-        Message::Welcome(w) => limit("software", w.software.len(), MAX_NAME_BYTES),
+        Message::Hello(h) => {
+            limit("software", h.software.len(), MAX_NAME_BYTES)?;
+            validate_capabilities(&h.capabilities)
+        }
+        Message::Welcome(w) => {
+            limit("software", w.software.len(), MAX_NAME_BYTES)?;
+            validate_capabilities(&w.capabilities)
+        }
         Message::Refused(e) => validate_error(e),
         Message::Request { body, .. } => validate_request(body),
         Message::Response { body, .. } => validate_response(body),
+    }
+}
+
+fn validate_capabilities(caps: &[Capability]) -> Result<(), CodecError> {
+    limit("capabilities", caps.len(), MAX_CAPABILITIES)?;
+    caps.iter().try_for_each(|c| {
+        limit("capability name", c.name.len(), MAX_CAPABILITY_NAME_BYTES)?;
+        limit(
+            "capability value",
+            c.value.len(),
+            MAX_CAPABILITY_VALUE_BYTES,
+        )
+    })
+}
+
+/// The leading fields of a [`Hello`] of any version: its magic and version range come
+/// first in every version, so a server can name the versions of a client whose hello
+/// it cannot decode whole.
+#[derive(serde::Deserialize)]
+struct HelloHead {
+    magic: [u8; 4],
+    min_version: u16,
+    max_version: u16,
+}
+
+/// The only variant [`hello_head`] reads; postcard tags a [`Message::Hello`] with 0.
+#[derive(serde::Deserialize)]
+enum MessageHead {
+    Hello(HelloHead),
+}
+
+/// The magic and version range at the start of `bytes`, if they open a hello of any
+/// protocol version (trailing fields not read).
+pub fn hello_head(bytes: &[u8]) -> Option<([u8; 4], u16, u16)> {
+    match postcard::take_from_bytes::<MessageHead>(bytes) {
+        Ok((MessageHead::Hello(h), _)) => Some((h.magic, h.min_version, h.max_version)),
+        Err(_) => None,
     }
 }
 
@@ -729,8 +773,87 @@ mod tests {
             max_version: u16::MAX,
             software: "s".repeat(MAX_NAME_BYTES),
             nonce: [0xff; 32],
+            capabilities: vec![
+                Capability {
+                    name: "n".repeat(MAX_CAPABILITY_NAME_BYTES),
+                    value: "v".repeat(MAX_CAPABILITY_VALUE_BYTES),
+                };
+                MAX_CAPABILITIES
+            ],
         });
         assert!(encode(&hello).unwrap().len() < MAX_REQUEST_FRAME_BYTES);
+    }
+
+    fn hello(capabilities: Vec<Capability>) -> Message {
+        Message::Hello(Hello {
+            magic: HELLO_MAGIC,
+            min_version: 3,
+            max_version: 9,
+            software: "t".into(),
+            nonce: [1; 32],
+            capabilities,
+        })
+    }
+
+    #[test]
+    fn capabilities_are_bounded() {
+        let cap = |n: usize, v: usize| Capability {
+            name: "n".repeat(n),
+            value: "v".repeat(v),
+        };
+        let ok = hello(vec![cap(1, 0); MAX_CAPABILITIES]);
+        assert_eq!(decode(&encode(&ok).unwrap()).unwrap(), ok);
+        for (bad, field) in [
+            (vec![cap(1, 0); MAX_CAPABILITIES + 1], "capabilities"),
+            (
+                vec![cap(MAX_CAPABILITY_NAME_BYTES + 1, 0)],
+                "capability name",
+            ),
+            (
+                vec![cap(1, MAX_CAPABILITY_VALUE_BYTES + 1)],
+                "capability value",
+            ),
+        ] {
+            let bytes = postcard::to_stdvec(&hello(bad)).unwrap();
+            assert!(
+                matches!(decode(&bytes), Err(CodecError::Limit { field: f, .. }) if f == field),
+                "{field}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_versions_of_an_older_hello_can_be_read() {
+        // Version 5's hello: the same fields without the capabilities.
+        #[derive(serde::Serialize)]
+        enum OldMessage {
+            Hello {
+                magic: [u8; 4],
+                min_version: u16,
+                max_version: u16,
+                software: String,
+                nonce: [u8; 32],
+            },
+        }
+        let old = postcard::to_stdvec(&OldMessage::Hello {
+            magic: HELLO_MAGIC,
+            min_version: 5,
+            max_version: 5,
+            software: "rcp/0.1.0".into(),
+            nonce: [2; 32],
+        })
+        .unwrap();
+        assert!(decode(&old).is_err());
+        assert_eq!(hello_head(&old), Some((HELLO_MAGIC, 5, 5)));
+        let new = encode(&hello(vec![])).unwrap();
+        assert_eq!(hello_head(&new), Some((HELLO_MAGIC, 3, 9)));
+        let request = encode(&Message::Request {
+            id: 1,
+            body: Request::Stats,
+        })
+        .unwrap();
+        assert_eq!(hello_head(&request), None);
+        assert_eq!(hello_head(&[]), None);
     }
 
     /// Indices of the batch messages: requests 23 and 24 (after Verify 22), responses

@@ -9,8 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::{Nonce, Proof};
 
-/// Protocol version spoken by this build. Bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u16 = 5;
+/// Protocol version spoken by this build. Bumped only when the encoding of an existing
+/// message changes incompatibly; new features are negotiated as [`Capability`]s in the
+/// handshake instead (the version rule of `docs/protocol.md`).
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// Magic bytes opening a [`Hello`]: rejects peers that speak something else.
 pub const HELLO_MAGIC: [u8; 4] = *b"FRY\x01";
@@ -63,8 +65,36 @@ pub const BATCH_MAX_FILES: usize = 256;
 /// server's 64 KiB request frame.
 pub const BATCH_MAX_PATH_BYTES: usize = 32 << 10;
 
+/// Most capabilities one [`Hello`] or [`Welcome`] carries.
+pub const MAX_CAPABILITIES: usize = 32;
+/// Longest capability name, in bytes.
+pub const MAX_CAPABILITY_NAME_BYTES: usize = 64;
+/// Longest capability value, in bytes.
+pub const MAX_CAPABILITY_VALUE_BYTES: usize = 256;
+
 /// A SHA-256 digest.
 pub type Sha256 = [u8; 32];
+
+/// One named capability or parameter of a [`Hello`] or [`Welcome`]. A peer ignores the
+/// names it does not know (`proto::caps` holds the known ones and the negotiation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capability {
+    /// The capability's name (at most [`MAX_CAPABILITY_NAME_BYTES`]).
+    pub name: String,
+    /// Its value: a parameter, or a comma-separated list of choices in a client's
+    /// order of preference (at most [`MAX_CAPABILITY_VALUE_BYTES`]).
+    pub value: String,
+}
+
+impl Capability {
+    /// A capability `name = value`.
+    pub fn new(name: &str, value: &str) -> Capability {
+        Capability {
+            name: name.into(),
+            value: value.into(),
+        }
+    }
+}
 
 /// One file of a [`Request::UploadBatch`]: its bytes are the next `size` bytes of the
 /// batch's region.
@@ -267,6 +297,8 @@ pub struct Hello {
     pub software: String,
     /// The client's fresh random nonce for this session's [`Request::Auth`] proofs.
     pub nonce: Nonce,
+    /// What the client offers: features and the choices it accepts for each.
+    pub capabilities: Vec<Capability>,
 }
 
 /// The server's answer to a [`Hello`] it accepts.
@@ -284,6 +316,8 @@ pub struct Welcome {
     pub max_inflight_requests: u32,
     /// The server's fresh random nonce for this session's [`Request::Auth`] proofs.
     pub nonce: Nonce,
+    /// What the session will use: the server's choice for each capability it knows.
+    pub capabilities: Vec<Capability>,
 }
 
 /// A request from client to server.

@@ -21,6 +21,18 @@ use proptest::prelude::*;
 
 /// A string of at most `max_bytes` UTF-8 bytes: mostly short ASCII path-like text,
 /// sometimes any Unicode, sometimes exactly at the limit.
+fn capabilities() -> BoxedStrategy<Vec<Capability>> {
+    vec(
+        (
+            text(MAX_CAPABILITY_NAME_BYTES),
+            text(MAX_CAPABILITY_VALUE_BYTES),
+        )
+            .prop_map(|(name, value)| Capability { name, value }),
+        0..4,
+    )
+    .boxed()
+}
+
 fn text(max_bytes: usize) -> BoxedStrategy<String> {
     let ascii = vec(prop_oneof![Just(b'/'), Just(b'.'), b'a'..=b'z'], 0..=16)
         .prop_map(|c| c.into_iter().map(char::from).collect::<String>());
@@ -461,25 +473,34 @@ fn message() -> impl Strategy<Value = Message> {
             any::<u16>(),
             any::<u16>(),
             text(MAX_NAME_BYTES),
-            any::<[u8; 32]>()
+            any::<[u8; 32]>(),
+            capabilities()
         )
-            .prop_map(|(magic, min_version, max_version, software, nonce)| {
+            .prop_map(|(magic, min_version, max_version, software, nonce, capabilities)| {
                 Message::Hello(Hello {
                     magic,
                     min_version,
                     max_version,
                     software,
                     nonce,
+                    capabilities,
                 })
             }),
         1 => (
             any::<u16>(),
             text(MAX_NAME_BYTES),
             any::<[u32; 3]>(),
-            any::<[u8; 32]>()
+            any::<[u8; 32]>(),
+            capabilities()
         )
             .prop_map(
-                |(version, software, [chunk_bytes, max_window_chunks, max_inflight_requests], nonce)| {
+                |(
+                    version,
+                    software,
+                    [chunk_bytes, max_window_chunks, max_inflight_requests],
+                    nonce,
+                    capabilities,
+                )| {
                     Message::Welcome(Welcome {
                         version,
                         software,
@@ -487,6 +508,7 @@ fn message() -> impl Strategy<Value = Message> {
                         max_window_chunks,
                         max_inflight_requests,
                         nonce,
+                        capabilities,
                     })
                 }
             ),
@@ -587,6 +609,7 @@ fn over_limit() -> impl Strategy<Value = (Message, &'static str)> {
                 max_version: 2,
                 software,
                 nonce: [0; 32],
+                capabilities: vec![],
             }),
             "software"
         )),
@@ -598,6 +621,7 @@ fn over_limit() -> impl Strategy<Value = (Message, &'static str)> {
                 max_window_chunks: 1,
                 max_inflight_requests: 1,
                 nonce: [0; 32],
+                capabilities: vec![],
             }),
             "software"
         )),

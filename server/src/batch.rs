@@ -36,8 +36,9 @@ use ferry_common::attr::attr_of;
 use ferry_common::chunk::hash_chunk;
 use ferry_common::msg::{
     Attr, BatchFile, BatchedFile, ErrorKind, RegionDesc, RemoteError, Response, Sha256,
-    BATCH_MAX_BYTES, SMALL_FILE_MAX_BYTES,
+    SMALL_FILE_MAX_BYTES,
 };
+use ferry_common::proto::conn::batch_capacity;
 use ferry_common::readahead::{will_need, READ_AHEAD_FILES};
 use ferry_common::staging::{remove_quietly, scratch_path, write_whole};
 use ferry_common::transport::{RemoteSlice, SharedTransport};
@@ -51,12 +52,6 @@ use crate::map::open_regular_at;
 use crate::pool::Pool;
 use crate::share::{ResolvedDirs, Share};
 use crate::store::{mtime_settled, ManifestStore};
-
-/// Most bytes one batch's region may hold on a server with chunk buffers of
-/// `chunk_bytes`: the batch must fit one pooled buffer.
-pub fn capacity(chunk_bytes: u32) -> u64 {
-    BATCH_MAX_BYTES.min(u64::from(chunk_bytes))
-}
 
 /// What one batch works with: the connection's transport and buffer pool.
 pub struct BatchIo<'a> {
@@ -72,40 +67,6 @@ fn protocol(message: String) -> RemoteError {
     remote(ErrorKind::Protocol, message)
 }
 
-/// Checks an upload batch as a whole: at least one file, none over
-/// [`SMALL_FILE_MAX_BYTES`], sizes adding up to the region's length, which fits a
-/// buffer.
-fn check_upload(
-    files: &[BatchFile],
-    region: &RegionDesc,
-    capacity: u64,
-) -> Result<(), RemoteError> {
-    if files.is_empty() {
-        return Err(protocol("an upload batch with no file".into()));
-    }
-    if let Some(f) = files.iter().find(|f| f.size > SMALL_FILE_MAX_BYTES) {
-        return Err(protocol(format!(
-            "a batched file of {} bytes (at most {SMALL_FILE_MAX_BYTES})",
-            f.size
-        )));
-    }
-    // Each size is bounded, and so is their number: no overflow.
-    let total: u64 = files.iter().map(|f| f.size).sum();
-    if total != region.len {
-        return Err(protocol(format!(
-            "the batch's files hold {total} bytes but its region {}",
-            region.len
-        )));
-    }
-    if region.len > capacity {
-        return Err(protocol(format!(
-            "a batch region of {} bytes (at most {capacity})",
-            region.len
-        )));
-    }
-    Ok(())
-}
-
 /// `UploadBatch`: pulls `region` with one READ into a pool buffer, then commits each
 /// file of `files` (see the module's invariants).
 pub async fn upload(
@@ -114,8 +75,9 @@ pub async fn upload(
     region: RegionDesc,
     files: Vec<BatchFile>,
 ) -> Result<Response, RemoteError> {
+    // The session admitted the batch as a whole (`proto::conn::check_upload_batch`):
+    // its region holds exactly its files' bytes and fits one buffer.
     share.check_writable()?;
-    check_upload(&files, &region, capacity(io.chunk_bytes))?;
     let lease = io.pool.lease().await?;
     if region.len > 0 {
         // Bounded by `capacity` above, so the length fits a u32.
@@ -318,7 +280,7 @@ pub async fn download(
     paths: Vec<String>,
     region: RegionDesc,
 ) -> Result<Response, RemoteError> {
-    let room = region.len.min(capacity(io.chunk_bytes)) as usize;
+    let room = region.len.min(batch_capacity(io.chunk_bytes)) as usize;
     let lease = io.pool.lease().await?;
     let buf = lease.buffer().clone();
     let what = share.display("");

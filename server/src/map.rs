@@ -14,15 +14,16 @@
 //!   entry (on `MapRelease`, or when the connection ends and its [`MapTable`] goes)
 //!   revokes them all before the server's counters (mapped files and bytes, and
 //!   registrations) fall.
-//! - A connection holds at most [`MAX_OPEN_MAPS`] entries, and the file bytes
-//!   registered by all connections together stay within the server's
+//! - A connection holds at most `MAX_OPEN_MAPS` entries (its session's tables,
+//!   `ferry_common::proto::conn`, admit each `MapOpen` and grant its handle), and the
+//!   file bytes registered by all connections together stay within the server's
 //!   [`MapBudget`]; beyond either, `MapOpen` fails with [`ErrorKind::Busy`] before
 //!   any hashing or mapping.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferry_common::attr::attr_of;
@@ -39,9 +40,6 @@ use crate::error::{io_error, remote};
 use crate::gauge::{Gauge, Held};
 use crate::manifests::{manifest_of, ManifestCache, CACHE_SETTLE};
 use crate::share::Share;
-
-/// Most mapped files one connection may hold open at once.
-pub const MAX_OPEN_MAPS: usize = 1024;
 
 /// Most chunks a mapped file's manifest holds (32 MiB of hashes): for a file that
 /// would need more at the requested chunk size, the chunk size is doubled until it
@@ -135,18 +133,10 @@ impl Drop for BudgetLease {
     }
 }
 
-/// A connection's slot for one mapped file, carrying the handle it will have. Freed on
-/// drop, so a failed open gives its slot back.
+/// The handle a mapped file being opened will have, as the session granted it.
 #[derive(Debug)]
 pub struct MapSlot {
     handle: u64,
-    open: Arc<AtomicUsize>,
-}
-
-impl Drop for MapSlot {
-    fn drop(&mut self) {
-        self.open.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 /// One open mapped file of a connection.
@@ -169,28 +159,16 @@ impl MappedEntry {
     }
 }
 
-/// A connection's open mapped files, by handle.
+/// A connection's open mapped files, by the handles its session granted.
+#[derive(Default)]
 pub struct MapTable {
     entries: Mutex<HashMap<u64, MappedEntry>>,
-    next_handle: AtomicU64,
-    /// Reserved slots: open entries plus opens in progress.
-    open: Arc<AtomicUsize>,
-}
-
-impl Default for MapTable {
-    fn default() -> MapTable {
-        MapTable::new()
-    }
 }
 
 impl MapTable {
     /// An empty table.
     pub fn new() -> MapTable {
-        MapTable {
-            entries: Mutex::new(HashMap::new()),
-            next_handle: AtomicU64::new(1),
-            open: Arc::new(AtomicUsize::new(0)),
-        }
+        MapTable::default()
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<u64, MappedEntry>> {
@@ -198,26 +176,9 @@ impl MapTable {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Reserves a slot for one more mapped file, or fails with [`ErrorKind::Busy`] if
-    /// the connection already holds (or is opening) [`MAX_OPEN_MAPS`].
-    pub fn reserve_slot(&self) -> Result<MapSlot, RemoteError> {
-        self.open
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < MAX_OPEN_MAPS).then_some(n + 1)
-            })
-            .map_err(|_| {
-                remote(
-                    ErrorKind::Busy,
-                    format!(
-                        "more than {MAX_OPEN_MAPS} mapped files open on one connection: \
-                         release some first"
-                    ),
-                )
-            })?;
-        Ok(MapSlot {
-            handle: self.next_handle.fetch_add(1, Ordering::Relaxed),
-            open: self.open.clone(),
-        })
+    /// The slot of a file to open under `handle`, granted by the session's tables.
+    pub fn slot(&self, handle: u64) -> MapSlot {
+        MapSlot { handle }
     }
 
     /// Adds an opened file under its slot's handle.
@@ -560,16 +521,8 @@ mod tests {
     }
 
     #[test]
-    fn slots_are_bounded_per_connection() {
+    fn an_unknown_handle_is_refused() {
         let t = MapTable::new();
-        let slots: Vec<_> = (0..MAX_OPEN_MAPS)
-            .map(|_| t.reserve_slot().unwrap())
-            .collect();
-        assert_eq!(t.reserve_slot().unwrap_err().kind, ErrorKind::Busy);
-        let handles: std::collections::HashSet<_> = slots.iter().map(|s| s.handle).collect();
-        assert_eq!(handles.len(), MAX_OPEN_MAPS);
-        drop(slots);
-        assert!(t.reserve_slot().is_ok());
         assert_eq!(t.remove(12345).err().unwrap().kind, ErrorKind::Protocol);
     }
 }

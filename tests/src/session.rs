@@ -12,6 +12,7 @@ use std::net::TcpStream;
 use ferry_client::{Client, ClientError};
 
 use ferry_common::msg::{Hello, Message, Request, Response, HELLO_MAGIC, PROTOCOL_VERSION};
+use ferry_common::proto::caps::Offer;
 use ferry_common::transport::tcp::wire::GREETING;
 use ferry_common::transport::TransportChoice;
 
@@ -86,5 +87,6 @@ pub fn hello() -> Hello {
         max_version: PROTOCOL_VERSION,
         software: "ferry-tests/raw".into(),
         nonce: RAW_NONCE,
+        capabilities: Offer::default().to_capabilities(),
     }
 }

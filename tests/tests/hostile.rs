@@ -401,6 +401,7 @@ fn messages_out_of_order_end_the_session() {
         max_window_chunks: 64,
         max_inflight_requests: 256,
         nonce: [0; 32],
+        capabilities: vec![],
     });
     let refused = Message::Refused(RemoteError {
         kind: ErrorKind::Busy,
@@ -495,6 +496,21 @@ fn messages_out_of_order_end_the_session() {
         }
         healthy.check(&env, why);
     }
+
+    // A hello of protocol version 5 (before capabilities: the same fields, one fewer)
+    // does not decode, but its version range still reads: refused by name.
+    let mut v5 = postcard::to_stdvec(&(0u8, ferry_common::msg::HELLO_MAGIC, 5u16, 5u16)).unwrap();
+    v5.extend(postcard::to_stdvec(&("rcp/0.1.0", [0x7au8; 32])).unwrap());
+    let mut raw = open_raw(&env, Stage::Greeted);
+    raw.send_bytes(&ctrl_frame(&v5)).unwrap();
+    match &raw.expect_closed().frames[..] {
+        [Frame::Ctrl(Message::Refused(e))] => {
+            assert_eq!(e.kind, ErrorKind::Protocol);
+            assert!(e.message.contains("client speaks versions 5..=5"), "{e:?}");
+        }
+        other => panic!("expected one refusal of a version-5 hello, got {other:?}"),
+    }
+    healthy.check(&env, "version-5 hello");
 
     // A request id may be used again once it was answered...
     let mut raw = open_raw(&env, Stage::InSession);

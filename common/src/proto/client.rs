@@ -7,12 +7,13 @@
 //! [`ClientSession::request`] may be called at any time: requests made before the
 //! `Welcome`, or beyond the server's in-flight limit, wait in order inside the session.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
+use super::caps::{self, Negotiated, Offer};
 use super::timer::{Timer, TimerTable};
 use super::{ProtoError, HANDSHAKE_TIMEOUT};
-use crate::auth::Nonce;
+use crate::auth::{Nonce, Secret};
 use crate::msg::{Hello, Message, Request, Response, Welcome, HELLO_MAGIC, PROTOCOL_VERSION};
 
 /// What the driver must act on.
@@ -34,7 +35,7 @@ pub enum ClientEvent {
 #[derive(Debug)]
 enum State {
     AwaitWelcome,
-    Ready(Welcome),
+    Ready(Welcome, Negotiated),
     Closed,
 }
 
@@ -49,12 +50,21 @@ pub struct ClientSession {
     next_id: u64,
     timers: TimerTable,
     nonce: Nonce,
+    offer: Offer,
+    /// `Auth` requests outstanding: the share and the secret whose server proof the
+    /// answer must carry.
+    proving: HashMap<u64, (String, Secret)>,
 }
 
 impl ClientSession {
     /// Starts a session at `now`, queuing the `Hello`. `nonce` must be fresh random
     /// bytes (see [`crate::auth::fresh_nonce`]), never reused for another session.
     pub fn new(now: Instant, software: &str, nonce: Nonce) -> ClientSession {
+        Self::with_offer(now, software, nonce, Offer::default())
+    }
+
+    /// [`ClientSession::new`] offering the capabilities of `offer`.
+    pub fn with_offer(now: Instant, software: &str, nonce: Nonce, offer: Offer) -> ClientSession {
         let mut timers = TimerTable::default();
         timers.set(Timer::Handshake, now + HANDSHAKE_TIMEOUT);
         let hello = Hello {
@@ -63,6 +73,7 @@ impl ClientSession {
             max_version: PROTOCOL_VERSION,
             software: software.chars().take(64).collect(),
             nonce,
+            capabilities: offer.to_capabilities(),
         };
         ClientSession {
             state: State::AwaitWelcome,
@@ -73,6 +84,8 @@ impl ClientSession {
             next_id: 1,
             timers,
             nonce,
+            offer,
+            proving: HashMap::new(),
         }
     }
 
@@ -96,8 +109,46 @@ impl ClientSession {
         Ok(id)
     }
 
+    /// Queues the proof that this session knows `share`'s secret ([`Request::Auth`])
+    /// and returns the id its answer will carry. Only once connected (the proof binds
+    /// the server's nonce). A server answers with its own proof, which is checked here:
+    /// a wrong one closes the session with [`ProtoError::ServerNotAuthentic`], so no
+    /// request of the share ever reaches an impostor; an open share is answered
+    /// without one.
+    pub fn authenticate(&mut self, share: &str, secret: &Secret) -> Result<u64, ProtoError> {
+        let State::Ready(w, _) = &self.state else {
+            return Err(ProtoError::Unexpected {
+                got: "authentication",
+                state: "not connected",
+            });
+        };
+        let proof = secret.client_proof(share, &self.nonce, &w.nonce);
+        let id = self.request(Request::Auth {
+            share: share.to_string(),
+            proof,
+        })?;
+        self.proving.insert(id, (share.to_string(), secret.clone()));
+        Ok(id)
+    }
+
+    /// Checks the answer to an `Auth` request: a server proof must match the secret.
+    fn check_server_proof(&mut self, id: u64, body: &Response) -> Result<(), ProtoError> {
+        let (Some((share, secret)), State::Ready(w, _)) = (self.proving.remove(&id), &self.state)
+        else {
+            return Ok(());
+        };
+        match body {
+            Response::Authenticated { proof: Some(p) }
+                if !secret.check_server_proof(&share, &self.nonce, &w.nonce, p) =>
+            {
+                Err(ProtoError::ServerNotAuthentic(share))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn flush_queue(&mut self) {
-        let State::Ready(w) = &self.state else {
+        let State::Ready(w, _) = &self.state else {
             return;
         };
         let limit = w.max_inflight_requests.max(1) as usize;
@@ -129,17 +180,20 @@ impl ClientSession {
                         w.version
                     )));
                 }
+                let negotiated =
+                    caps::accept(&w.capabilities, &self.offer).map_err(ProtoError::Incompatible)?;
                 self.timers.stop(Timer::Handshake);
                 self.events.push_back(ClientEvent::Connected(w.clone()));
-                self.state = State::Ready(w);
+                self.state = State::Ready(w, negotiated);
                 self.flush_queue();
                 Ok(())
             }
             (State::AwaitWelcome, Message::Refused(e)) => Err(ProtoError::Refused(e.message)),
-            (State::Ready(_), Message::Response { id, body }) => {
+            (State::Ready(..), Message::Response { id, body }) => {
                 if !self.outstanding.remove(&id) {
                     return Err(ProtoError::UnknownRequest(id));
                 }
+                self.check_server_proof(id, &body)?;
                 self.events.push_back(ClientEvent::Response { id, body });
                 self.flush_queue();
                 Ok(())
@@ -170,6 +224,7 @@ impl ClientSession {
         self.timers = TimerTable::default();
         self.outstanding.clear();
         self.queued.clear();
+        self.proving.clear();
         self.events.push_back(ClientEvent::Closed(reason));
     }
 
@@ -191,7 +246,15 @@ impl ClientSession {
     /// The server's welcome, once connected.
     pub fn welcome(&self) -> Option<&Welcome> {
         match &self.state {
-            State::Ready(w) => Some(w),
+            State::Ready(w, _) => Some(w),
+            _ => None,
+        }
+    }
+
+    /// What the handshake agreed on, once connected.
+    pub fn negotiated(&self) -> Option<Negotiated> {
+        match &self.state {
+            State::Ready(_, n) => Some(*n),
             _ => None,
         }
     }

@@ -2,6 +2,11 @@
 //!
 //! - [`client::ClientSession`] and [`server::ServerSession`] run the handshake, match
 //!   responses to requests and police message order and request limits.
+//! - [`caps`] negotiates the session's capabilities in the handshake.
+//! - [`conn`] holds a server connection's open transfers and mapped files, admits each
+//!   request against them and settles it from its answer.
+//! - [`manifest`] reads a file's chunk manifest page by page and verifies it.
+//! - [`retry`] decides when a client sends a failed transfer window again.
 //! - [`transfer`] holds the window geometry and bookkeeping of uploads and downloads:
 //!   which windows a client asks for, which chunks a window holds, and when an upload
 //!   may commit.
@@ -13,7 +18,11 @@
 
 use std::time::Duration;
 
+pub mod caps;
 pub mod client;
+pub mod conn;
+pub mod manifest;
+pub mod retry;
 pub mod server;
 pub mod timer;
 pub mod transfer;
@@ -69,6 +78,9 @@ pub enum ProtoError {
     /// The client's proof of a share's secret was wrong.
     #[error("authentication failed for share '{0}'")]
     AuthFailed(String),
+    /// The server's proof of a share's secret was wrong: it does not know the secret.
+    #[error("the server could not prove it knows the secret of share '{0}'")]
+    ServerNotAuthentic(String),
 }
 
 impl ProtoError {

@@ -86,7 +86,7 @@ impl Pair {
                 progressed = true;
             }
             while let Some(e) = self.server.poll_event() {
-                if let ServerEvent::Request { id, body } = &e {
+                if let ServerEvent::Request { id, body, .. } = &e {
                     self.server_outstanding += 1;
                     self.max_server_outstanding =
                         self.max_server_outstanding.max(self.server_outstanding);
@@ -219,6 +219,7 @@ fn version_mismatch_is_refused() {
         max_version: PROTOCOL_VERSION + 3,
         software: "future".into(),
         nonce: [0; 32],
+        capabilities: vec![],
     };
     p.to_server
         .push_back(encode(&Message::Hello(hello)).unwrap());

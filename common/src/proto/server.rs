@@ -14,16 +14,21 @@
 //! share is usable. The session answers everything else itself: `AuthRequired` for a
 //! request before its share's proof, `AuthFailed` for a wrong proof (then it closes).
 //! Requests that name no share act on transfers and mapped files, which exist only
-//! once a request naming an accessible share opened them.
+//! once a request naming an accessible share opened them: the connection's tables
+//! ([`ConnState`]) admit each request before the driver sees it, and settle it from its
+//! answer.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::caps::{self, HashAlgorithm, Negotiated};
 use super::client::message_name;
+use super::conn::{ConnState, Grant};
 use super::timer::{Timer, TimerTable};
 use super::{ProtoError, HANDSHAKE_TIMEOUT, MAX_INFLIGHT_REQUESTS};
 use crate::auth::{Nonce, ShareAccess};
+use crate::codec::{self, CodecError};
 use crate::msg::{
     ErrorKind, Message, RemoteError, Request, Response, Welcome, HELLO_MAGIC, MAX_WINDOW_CHUNKS,
     PROTOCOL_VERSION,
@@ -52,12 +57,15 @@ pub enum ServerEvent {
         /// The client's software string.
         software: String,
     },
-    /// A request to perform and then answer with [`ServerSession::respond`].
+    /// A request admitted by the connection's tables ([`ConnState::admit`]), to
+    /// perform and then answer with [`ServerSession::respond`].
     Request {
         /// The request's id.
         id: u64,
         /// The request.
         body: Request,
+        /// What it may act on.
+        grant: Grant,
     },
     /// The session proved a share's secret.
     Authenticated {
@@ -79,7 +87,10 @@ pub enum ServerEvent {
 #[derive(Debug, PartialEq, Eq)]
 enum State {
     AwaitHello,
-    Ready { client_nonce: Nonce },
+    Ready {
+        client_nonce: Nonce,
+        negotiated: Negotiated,
+    },
     Closed,
 }
 
@@ -97,6 +108,8 @@ pub struct ServerSession {
     authenticated: HashSet<String>,
     /// Shares a request was refused for before their proof, so each is logged once.
     denied: HashSet<String>,
+    /// Open transfers and mapped files, and the admission of requests naming them.
+    conn: ConnState,
 }
 
 impl ServerSession {
@@ -106,6 +119,7 @@ impl ServerSession {
         let mut timers = TimerTable::default();
         timers.set(Timer::Handshake, now + HANDSHAKE_TIMEOUT);
         ServerSession {
+            conn: ConnState::new(params.chunk_bytes),
             params,
             state: State::AwaitHello,
             transmit: VecDeque::new(),
@@ -131,26 +145,16 @@ impl ServerSession {
     fn on_message(&mut self, msg: Message) -> Result<(), ProtoError> {
         match (&self.state, msg) {
             (State::AwaitHello, Message::Hello(h)) => {
-                let problem = if h.magic != HELLO_MAGIC {
-                    Some("not a Ferry client (bad magic)".to_string())
-                } else if !(h.min_version..=h.max_version).contains(&PROTOCOL_VERSION) {
-                    Some(format!(
-                        "client speaks versions {}..={}, server speaks {PROTOCOL_VERSION}",
-                        h.min_version, h.max_version
-                    ))
-                } else {
-                    None
-                };
-                if let Some(message) = problem {
-                    self.transmit.push_back(Message::Refused(RemoteError::new(
-                        ErrorKind::Protocol,
-                        message.clone(),
-                    )));
-                    return Err(ProtoError::Incompatible(message));
-                }
+                let negotiated = self
+                    .check_hello(h.magic, h.min_version, h.max_version)
+                    .and_then(|()| {
+                        caps::choose(&h.capabilities, HashAlgorithm::SUPPORTED)
+                            .map_err(|m| self.refuse(m))
+                    })?;
                 self.timers.stop(Timer::Handshake);
                 self.state = State::Ready {
                     client_nonce: h.nonce,
+                    negotiated,
                 };
                 self.transmit.push_back(Message::Welcome(Welcome {
                     version: PROTOCOL_VERSION,
@@ -159,13 +163,14 @@ impl ServerSession {
                     max_window_chunks: MAX_WINDOW_CHUNKS as u32,
                     max_inflight_requests: MAX_INFLIGHT_REQUESTS,
                     nonce: self.nonce,
+                    capabilities: negotiated.to_capabilities(),
                 }));
                 self.events.push_back(ServerEvent::Ready {
                     software: h.software,
                 });
                 Ok(())
             }
-            (&State::Ready { client_nonce }, Message::Request { id, body }) => {
+            (&State::Ready { client_nonce, .. }, Message::Request { id, body }) => {
                 if self.outstanding.contains(&id) {
                     return Err(ProtoError::DuplicateRequest(id));
                 }
@@ -182,8 +187,17 @@ impl ServerSession {
                     });
                     return Ok(());
                 }
-                self.outstanding.insert(id);
-                self.events.push_back(ServerEvent::Request { id, body });
+                match self.conn.admit(id, &body) {
+                    Ok(grant) => {
+                        self.outstanding.insert(id);
+                        self.events
+                            .push_back(ServerEvent::Request { id, body, grant });
+                    }
+                    Err(refusal) => self.transmit.push_back(Message::Response {
+                        id,
+                        body: Response::Error(refusal),
+                    }),
+                }
                 Ok(())
             }
             (State::Closed, _) => Ok(()),
@@ -195,6 +209,52 @@ impl ServerSession {
                     "in session"
                 },
             }),
+        }
+    }
+
+    /// Checks a hello's magic and version range; a hello this server cannot accept is
+    /// answered with a refusal.
+    fn check_hello(&mut self, magic: [u8; 4], min: u16, max: u16) -> Result<(), ProtoError> {
+        if magic != HELLO_MAGIC {
+            return Err(self.refuse("not a Ferry client (bad magic)".to_string()));
+        }
+        if !(min..=max).contains(&PROTOCOL_VERSION) {
+            return Err(self.refuse(format!(
+                "client speaks versions {min}..={max}, server speaks {PROTOCOL_VERSION}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Queues the refusal of the session for `message`; returns the error to close with.
+    fn refuse(&mut self, message: String) -> ProtoError {
+        self.transmit.push_back(Message::Refused(RemoteError::new(
+            ErrorKind::Protocol,
+            message.clone(),
+        )));
+        ProtoError::Incompatible(message)
+    }
+
+    /// Feeds in a received message that did not decode (`error`), which closes the
+    /// session. While awaiting the hello, one from a client of another protocol version
+    /// (whose leading magic and version range still read) is refused by name.
+    pub fn handle_undecodable(&mut self, _now: Instant, bytes: &[u8], error: CodecError) {
+        let mut reason = ProtoError::Codec(error);
+        if self.state == State::AwaitHello {
+            if let Some((magic, min, max)) = codec::hello_head(bytes) {
+                if let Err(refused) = self.check_hello(magic, min, max) {
+                    reason = refused;
+                }
+            }
+        }
+        self.close(reason);
+    }
+
+    /// What the handshake agreed on, once the session is ready.
+    pub fn negotiated(&self) -> Option<Negotiated> {
+        match self.state {
+            State::Ready { negotiated, .. } => Some(negotiated),
+            _ => None,
         }
     }
 
@@ -291,6 +351,7 @@ impl ServerSession {
     /// closed meanwhile) are dropped.
     pub fn respond(&mut self, id: u64, body: Response) {
         if matches!(self.state, State::Ready { .. }) && self.outstanding.remove(&id) {
+            self.conn.handle_response(id, &body);
             self.transmit.push_back(Message::Response { id, body });
         }
     }
@@ -309,6 +370,7 @@ impl ServerSession {
         self.state = State::Closed;
         self.timers = TimerTable::default();
         self.outstanding.clear();
+        self.conn.handle_closed();
         self.events.push_back(ServerEvent::Closed(reason));
     }
 
@@ -330,5 +392,10 @@ impl ServerSession {
     /// True once the session has ended.
     pub fn is_closed(&self) -> bool {
         self.state == State::Closed
+    }
+
+    /// The connection's tables of open transfers and mapped files.
+    pub fn conn(&self) -> &ConnState {
+        &self.conn
     }
 }

@@ -56,6 +56,7 @@ fn hello() -> Message {
         max_version: PROTOCOL_VERSION,
         software: "rcp/0.1.0".into(),
         nonce: [0x11; 32],
+        capabilities: vec![],
     })
 }
 
@@ -109,6 +110,7 @@ fn messages() -> Vec<(&'static str, Message)> {
                 max_window_chunks: MAX_WINDOW_CHUNKS as u32,
                 max_inflight_requests: 256,
                 nonce: [0x22; 32],
+                capabilities: vec![],
             }),
         ),
         (
@@ -681,6 +683,7 @@ fn sessions() -> Vec<Seed> {
         max_version: 1,
         software: s("rcp/0.0.1"),
         nonce: [0; 32],
+        capabilities: vec![],
     }));
     let session = |name, steps: &[(u8, Vec<u8>)]| seed("server_session", name, records(steps));
     let valid_auth = |id: u64, share: &str| [&id.to_le_bytes()[..], share.as_bytes()].concat();

@@ -425,6 +425,7 @@ impl Client<'_> {
             max_version: PROTOCOL_VERSION,
             software: "ferry-fuzz".into(),
             nonce: CLIENT_NONCE,
+            capabilities: vec![],
         });
         self.tcp
             .send(codec::encode(&hello).expect("encode"))

@@ -1,6 +1,14 @@
 //! The per-connection driver: feeds received messages into the sans-IO
-//! [`ServerSession`], runs each request on its own task, and sends what the session
-//! queues. It makes no protocol decisions of its own.
+//! [`ServerSession`], runs each request the session admits on its own task, and sends
+//! what the session queues. It makes no protocol decisions of its own: the session
+//! decides which requests may run (authentication, the connection's tables of
+//! transfers and mapped files, batch limits) and settles them from their answers.
+//!
+//! Each request family has its own module, which performs its requests:
+//! [`transfer`] (windowed uploads and downloads), [`batch`] (batches of small files),
+//! [`map`] (mapped files and manifests), [`namespace`] (attributes, listings,
+//! directories, links) and [`admin`] (counters, verification). Session requests
+//! (authentication) never leave the session.
 //!
 //! Teardown invariant: when the connection ends, the driver closes the transport (so
 //! every outstanding one-sided operation fails promptly), waits for every request task
@@ -20,38 +28,39 @@
 //! reports fall back once every connection is gone.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ferry_common::codec;
 use ferry_common::msg::{ErrorKind, Message, RemoteError, Request, Response};
+use ferry_common::proto::conn::{Family, Grant};
 use ferry_common::proto::server::{ServerEvent, ServerParams, ServerSession};
 use ferry_common::proto::MAX_INFLIGHT_REQUESTS;
 use ferry_common::transport::SharedTransport;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::batch::{self, BatchIo};
 use crate::error::remote;
 use crate::gauge::Held;
-use crate::map::{self, MapContext, MapTable};
+use crate::map::MapTable;
 use crate::pool::Pool;
 use crate::share::Share;
-use crate::transfer::{BaseFile, Download, Transfer, Upload};
-use crate::{du, fsops, links, remove, verify};
+use crate::transfer::Transfer;
 use crate::{Server, SOFTWARE};
 
-/// Most transfers one connection may have open at once.
-pub const MAX_OPEN_TRANSFERS: usize = 1024;
+mod admin;
+mod batch;
+mod map;
+mod namespace;
+mod transfer;
 
 struct Conn {
     server: Arc<Server>,
     transport: SharedTransport,
     peer: String,
     session: Mutex<ServerSession>,
+    /// The I/O state of each transfer the session's tables hold open, by id.
     transfers: Mutex<HashMap<u64, Arc<OpenTransfer>>>,
-    next_transfer: AtomicU64,
     pool: Arc<Pool>,
     maps: MapTable,
     /// One permit per live request task ([`MAX_INFLIGHT_REQUESTS`]), held until its
@@ -104,7 +113,6 @@ pub(crate) async fn run(
         transport,
         peer,
         transfers: Mutex::new(HashMap::new()),
-        next_transfer: AtomicU64::new(1),
         pool,
         maps: MapTable::new(),
         request_slots: Arc::new(Semaphore::new(MAX_INFLIGHT_REQUESTS as usize)),
@@ -164,6 +172,7 @@ impl Conn {
                     None => std::future::pending().await,
                 }
             };
+            let mut malformed = None;
             tokio::select! {
                 received = self.transport.recv() => match received {
                     Ok(Some(bytes)) => match codec::decode(&bytes) {
@@ -172,7 +181,9 @@ impl Conn {
                         }
                         Err(e) => {
                             tracing::warn!(peer = %self.peer, "malformed control message: {e}");
-                            return format!("malformed control message: {e}");
+                            // A refusal of a hello of another version goes out first.
+                            self.session().handle_undecodable(Instant::now(), &bytes, e.clone());
+                            malformed = Some(format!("malformed control message: {e}"));
                         }
                     },
                     Ok(None) => return "peer closed the connection".into(),
@@ -180,6 +191,10 @@ impl Conn {
                 },
                 () = sleep => self.session().handle_timeout(Instant::now()),
                 _ = stop.wait_for(|stopping| *stopping) => return "server shutting down".into(),
+            }
+            if let Some(reason) = malformed {
+                self.flush().await;
+                return reason;
             }
             // Sending waits while the transport's queue is full (a peer that does not
             // read): no more requests are taken from it meanwhile, but shutdown is.
@@ -220,14 +235,14 @@ impl Conn {
                         "refused peer: {reason}"
                     );
                 }
-                Some(ServerEvent::Request { id, body }) => {
+                Some(ServerEvent::Request { id, body, grant }) => {
                     let permit = match slot.take() {
                         Some(p) => Some(p),
                         None => self.request_slots.clone().acquire_owned().await.ok(),
                     };
                     let conn = self.clone();
                     tasks.spawn(async move {
-                        let response = match conn.dispatch(body).await {
+                        let response = match conn.dispatch(body, grant).await {
                             Ok(r) => r,
                             Err(e) => Response::Error(e),
                         };
@@ -275,279 +290,32 @@ impl Conn {
         })
     }
 
-    fn open_transfer(&self, t: Transfer) -> Result<u64, RemoteError> {
-        let mut map = self.transfers();
-        if map.len() >= MAX_OPEN_TRANSFERS {
-            return Err(remote(
-                ErrorKind::Protocol,
-                format!("more than {MAX_OPEN_TRANSFERS} transfers open on one connection"),
-            ));
-        }
-        let id = self.next_transfer.fetch_add(1, Ordering::Relaxed);
-        let open = OpenTransfer {
-            transfer: t,
-            _counted: self.server.transfers.hold(1),
-        };
-        map.insert(id, Arc::new(open));
-        Ok(id)
-    }
-
-    fn batch_io(&self) -> BatchIo<'_> {
-        BatchIo {
-            transport: &self.transport,
-            pool: &self.pool,
-            chunk_bytes: self.server.chunk_bytes,
-        }
-    }
-
-    fn transfer(&self, id: u64) -> Result<Arc<OpenTransfer>, RemoteError> {
-        self.transfers()
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| remote(ErrorKind::Protocol, format!("no open transfer {id}")))
-    }
-
-    async fn dispatch(self: &Arc<Self>, body: Request) -> Result<Response, RemoteError> {
+    /// Performs an admitted request in its family's module.
+    async fn dispatch(
+        self: &Arc<Self>,
+        body: Request,
+        grant: Grant,
+    ) -> Result<Response, RemoteError> {
         self.server.count_request();
-        let chunk_bytes = self.server.chunk_bytes;
-        match body {
-            Request::Stat {
-                share,
-                path,
-                follow,
-            } => {
-                let share = self.share(&share)?;
-                blocking(move || fsops::stat(&share, &path, follow)).await
-            }
-            Request::ListDir {
-                share,
-                path,
-                cursor,
-            } => {
-                let share = self.share(&share)?;
-                blocking(move || fsops::list_dir(&share, &path, cursor)).await
-            }
-            Request::Mkdir {
-                share,
-                path,
-                mode,
-                exist_ok,
-            } => {
-                let share = self.share(&share)?;
-                blocking(move || fsops::mkdir(&share, &path, mode, exist_ok)).await
-            }
-            Request::Symlink {
-                share,
-                path,
-                target,
-            } => {
-                let share = self.share(&share)?;
-                blocking(move || fsops::make_symlink(&share, &path, &target)).await
-            }
-            Request::SetAttr {
-                share,
-                path,
-                mode,
-                mtime,
-            } => {
-                let share = self.share(&share)?;
-                blocking(move || fsops::set_attr(&share, &path, mode, mtime)).await
-            }
-            Request::UploadOpen {
-                share,
-                path,
-                size,
-                mode,
-                mtime,
-            } => {
-                let share = self.share(&share)?;
-                let up = blocking(move || {
-                    Upload::open(&share, &path, size, mode, mtime, chunk_bytes, None)
-                })
-                .await?;
-                let transfer = self.open_transfer(Transfer::Upload(Box::new(up)))?;
-                Ok(Response::UploadOpened { transfer })
-            }
-            Request::UploadOpenBase {
-                share,
-                path,
-                size,
-                mode,
-                mtime,
-                base,
-            } => {
-                let share = self.share(&share)?;
-                let server = self.server.clone();
-                let up = blocking(move || {
-                    share.check_writable()?;
-                    let base = BaseFile::open(&share, &base, chunk_bytes, &server.manifests)?;
-                    Upload::open(&share, &path, size, mode, mtime, chunk_bytes, Some(base))
-                })
-                .await?;
-                let transfer = self.open_transfer(Transfer::Upload(Box::new(up)))?;
-                Ok(Response::UploadOpened { transfer })
-            }
-            Request::UploadWindow {
-                transfer,
-                offset,
-                region,
-                hashes,
-            } => match &self.transfer(transfer)?.transfer {
-                Transfer::Upload(up) => {
-                    up.pull_window(&self.transport, &self.pool, offset, region, hashes)
-                        .await
-                }
-                Transfer::Download(_) => Err(not_a(transfer, "an upload")),
-            },
-            Request::UploadCommit { transfer, manifest } => {
-                let t = self.transfer(transfer)?;
-                if !matches!(&t.transfer, Transfer::Upload(_)) {
-                    return Err(not_a(transfer, "an upload"));
-                }
-                let response = blocking(move || match &t.transfer {
-                    Transfer::Upload(up) => up.commit(&manifest),
-                    Transfer::Download(_) => Err(not_a(transfer, "an upload")),
-                })
-                .await?;
-                self.transfers().remove(&transfer);
-                Ok(response)
-            }
-            Request::DownloadOpen { share, path } => {
-                let share = self.share(&share)?;
-                let down = blocking(move || Download::open(&share, &path, chunk_bytes)).await?;
-                let attr = down.attr().clone();
-                let transfer = self.open_transfer(Transfer::Download(down))?;
-                Ok(Response::DownloadOpened { transfer, attr })
-            }
-            Request::DownloadWindow {
-                transfer,
-                offset,
-                region,
-            } => match &self.transfer(transfer)?.transfer {
-                Transfer::Download(down) => {
-                    down.push_window(&self.transport, &self.pool, offset, region)
-                        .await
-                }
-                Transfer::Upload(_) => Err(not_a(transfer, "a download")),
-            },
-            Request::Close { transfer } => {
-                let t = self.transfers().remove(&transfer).ok_or_else(|| {
-                    remote(ErrorKind::Protocol, format!("no open transfer {transfer}"))
-                })?;
-                blocking(move || match &t.transfer {
-                    Transfer::Download(down) => down.close(),
-                    // The client gave up on the upload: nothing of it is kept.
-                    Transfer::Upload(up) => {
-                        up.discard();
-                        Ok(Response::Ok)
-                    }
-                })
-                .await
-            }
-            Request::MapOpen {
-                share,
-                path,
-                chunk_bytes,
-            } => {
-                let share = self.share(&share)?;
-                // Limits first, so a refused open costs no hashing.
-                let slot = self.maps.reserve_slot()?;
-                let server = self.server.clone();
-                let transport = self.transport.clone();
-                let (entry, mapped) = blocking(move || {
-                    let ctx = MapContext {
-                        transport: &transport,
-                        cache: &server.manifests,
-                        budget: &server.map_budget,
-                        registrations: &server.registrations,
-                    };
-                    map::open(&share, &path, chunk_bytes, &ctx, slot)
-                })
-                .await?;
-                self.maps.insert(entry);
-                Ok(Response::Mapped(Box::new(mapped)))
-            }
-            Request::MapRelease { handle } => {
-                let entry = self.maps.remove(handle)?;
-                // Dropping the entry revokes every registration of the file.
-                blocking(move || {
-                    drop(entry);
-                    Ok(Response::Ok)
-                })
-                .await
-            }
-            Request::StatFs { share } => {
-                let share = self.share(&share)?;
-                blocking(move || fsops::statfs(&share)).await
-            }
-            Request::Stats => Ok(Response::Stats(self.server.stats())),
-            Request::Link { share, from, to } => {
-                let share = self.share(&share)?;
-                blocking(move || links::link(&share, &from, &to)).await
-            }
-            Request::LinkBatch { share, links } => {
-                let share = self.share(&share)?;
-                let n = links.len();
-                let response = blocking(move || Ok(links::link_batch(&share, &links))).await;
-                tracing::debug!(peer = %self.peer, links = n, "link batch");
-                response
-            }
-            Request::Rename { share, from, to } => {
-                let share = self.share(&share)?;
-                blocking(move || fsops::rename(&share, &from, &to)).await
-            }
-            Request::Manifest {
-                share,
-                path,
-                chunk_bytes,
-                first_chunk,
-            } => {
-                let share = self.share(&share)?;
-                let server = self.server.clone();
-                blocking(move || {
-                    map::manifest_page(&share, &path, chunk_bytes, first_chunk, &server.manifests)
-                })
-                .await
-            }
-            Request::Remove {
-                share,
-                path,
-                recursive,
-            } => {
-                let share = self.share(&share)?;
-                blocking(move || remove::remove(&share, &path, recursive)).await
-            }
-            Request::DiskUsage { share, path } => {
-                let share = self.share(&share)?;
-                blocking(move || du::disk_usage(&share, &path)).await
-            }
-            Request::Verify { share, path } => {
-                let share = self.share(&share)?;
-                blocking(move || verify::verify(&share, &path)).await
-            }
-            Request::UploadBatch {
-                share,
-                region,
-                files,
-            } => {
-                let share = self.share(&share)?;
-                batch::upload(self.batch_io(), share, region, files).await
-            }
-            Request::DownloadBatch {
-                share,
-                paths,
-                region,
-            } => {
-                let share = self.share(&share)?;
-                batch::download(self.batch_io(), share, paths, region).await
-            }
+        match Family::of(&body) {
+            Family::Transfer => transfer::perform(self, body, grant).await,
+            Family::Batch => batch::perform(self, body).await,
+            Family::Map => map::perform(self, body, grant).await,
+            Family::Namespace => namespace::perform(self, body).await,
+            Family::Admin => admin::perform(self, body).await,
             // The session answers these itself; one reaching here is a bug there.
-            Request::Auth { .. } => Err(remote(
-                ErrorKind::Protocol,
-                "authentication is handled by the session",
-            )),
+            Family::Session => Err(misrouted(&body)),
         }
     }
+}
+
+/// The error for a request that reached a module that does not perform it: a bug in
+/// the routing, answered rather than panicking.
+fn misrouted(body: &Request) -> RemoteError {
+    remote(
+        ErrorKind::Protocol,
+        format!("request {:?} reached the wrong handler", Family::of(body)),
+    )
 }
 
 /// Tells the peer why its session is refused with `Message::Refused(error)`, its only
@@ -563,10 +331,6 @@ pub(crate) async fn refuse(transport: SharedTransport, error: RemoteError) {
     }
     transport.close();
     while let Ok(Some(_)) = transport.recv().await {}
-}
-
-fn not_a(id: u64, what: &str) -> RemoteError {
-    remote(ErrorKind::Protocol, format!("transfer {id} is not {what}"))
 }
 
 /// Runs a blocking filesystem call off the async worker threads.

@@ -1,0 +1,329 @@
+//! The server's per-connection request state: which transfers and mapped files a
+//! connection has open, their limits, and whether each request may run now.
+//!
+//! [`ConnState::admit`] decides every request before the driver touches a file or a
+//! region: an open gets the id it will be known by (its slot is reserved, so a refused
+//! open costs no I/O), a request naming a transfer or a mapped file is checked against
+//! the table (it exists, is open, and is of the right kind), and a batch is checked as
+//! a whole. [`ConnState::handle_response`] then settles the request from the answer the
+//! driver gives: a successful open becomes an open entry, a failed one gives its slot
+//! back, a committed upload leaves the table.
+//!
+//! Invariant: the ids in the table are exactly those the driver holds I/O state for,
+//! once each request is answered; an id is never reused on a connection. `Close` and
+//! `MapRelease` take their entry out of the table when admitted, so no request admitted
+//! after them can name it.
+
+use std::collections::HashMap;
+
+use crate::msg::{
+    BatchFile, ErrorKind, RegionDesc, RemoteError, Request, Response, BATCH_MAX_BYTES,
+    SMALL_FILE_MAX_BYTES,
+};
+
+/// Most transfers one connection may have open (or opening) at once.
+pub const MAX_OPEN_TRANSFERS: usize = 1024;
+
+/// Most mapped files one connection may have open (or opening) at once.
+pub const MAX_OPEN_MAPS: usize = 1024;
+
+/// The kind of a transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferKind {
+    /// The client sends a file; the server pulls it.
+    Upload,
+    /// The server sends a file; it pushes it into the client's memory.
+    Download,
+}
+
+impl TransferKind {
+    fn article(self) -> &'static str {
+        match self {
+            TransferKind::Upload => "an upload",
+            TransferKind::Download => "a download",
+        }
+    }
+}
+
+/// The family of a request: which module of a server's connection driver performs it.
+/// Adding a request means adding it here (the match has no catch-all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// The session itself (authentication): answered by the session, never a driver.
+    Session,
+    /// Windowed uploads and downloads: open, window, commit, close.
+    Transfer,
+    /// Batches of small files.
+    Batch,
+    /// Mapped files and manifests, for one-sided reads of server memory.
+    Map,
+    /// The share's namespace: attributes, listings, directories, links, renames.
+    Namespace,
+    /// The server's counters and on-disk verification.
+    Admin,
+}
+
+impl Family {
+    /// The family of `req`.
+    pub fn of(req: &Request) -> Family {
+        match req {
+            Request::Auth { .. } => Family::Session,
+            Request::UploadOpen { .. }
+            | Request::UploadOpenBase { .. }
+            | Request::UploadWindow { .. }
+            | Request::UploadCommit { .. }
+            | Request::DownloadOpen { .. }
+            | Request::DownloadWindow { .. }
+            | Request::Close { .. } => Family::Transfer,
+            Request::UploadBatch { .. } | Request::DownloadBatch { .. } => Family::Batch,
+            Request::MapOpen { .. } | Request::MapRelease { .. } | Request::Manifest { .. } => {
+                Family::Map
+            }
+            Request::Stat { .. }
+            | Request::ListDir { .. }
+            | Request::Mkdir { .. }
+            | Request::Symlink { .. }
+            | Request::SetAttr { .. }
+            | Request::Link { .. }
+            | Request::LinkBatch { .. }
+            | Request::Rename { .. }
+            | Request::Remove { .. }
+            | Request::StatFs { .. }
+            | Request::DiskUsage { .. } => Family::Namespace,
+            Request::Stats | Request::Verify { .. } => Family::Admin,
+        }
+    }
+}
+
+/// What an admitted request may act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant {
+    /// Nothing of the connection's tables.
+    None,
+    /// The transfer with this id: a new one for an open, else an open one of the kind
+    /// the request needs (for `Close`, already out of the table).
+    Transfer(u64),
+    /// The mapped file with this handle: a new one for `MapOpen`, else the one being
+    /// released.
+    Map(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Opening(TransferKind),
+    Open(TransferKind),
+}
+
+/// How an admitted request changes the tables once it is answered.
+#[derive(Debug, Clone, Copy)]
+enum Pending {
+    OpenTransfer(u64),
+    Commit(u64),
+    OpenMap(u64),
+}
+
+/// A connection's tables; see the module docs.
+#[derive(Debug)]
+pub struct ConnState {
+    chunk_bytes: u32,
+    transfers: HashMap<u64, Slot>,
+    next_transfer: u64,
+    /// Mapped files: `false` while opening, `true` once open.
+    maps: HashMap<u64, bool>,
+    next_map: u64,
+    pending: HashMap<u64, Pending>,
+}
+
+fn protocol(message: String) -> RemoteError {
+    RemoteError::new(ErrorKind::Protocol, message)
+}
+
+impl ConnState {
+    /// Empty tables of a connection to a server whose chunk buffers hold `chunk_bytes`.
+    pub fn new(chunk_bytes: u32) -> ConnState {
+        ConnState {
+            chunk_bytes,
+            transfers: HashMap::new(),
+            next_transfer: 1,
+            maps: HashMap::new(),
+            next_map: 1,
+            pending: HashMap::new(),
+        }
+    }
+
+    /// Decides whether request `id` may run now, and on what. A refusal is the answer
+    /// to send; the request then changes nothing.
+    pub fn admit(&mut self, id: u64, body: &Request) -> Result<Grant, RemoteError> {
+        match body {
+            Request::UploadOpen { .. } | Request::UploadOpenBase { .. } => {
+                self.open_transfer(id, TransferKind::Upload)
+            }
+            Request::DownloadOpen { .. } => self.open_transfer(id, TransferKind::Download),
+            Request::UploadWindow { transfer, .. } => self.open_of(*transfer, TransferKind::Upload),
+            Request::UploadCommit { transfer, .. } => {
+                let grant = self.open_of(*transfer, TransferKind::Upload)?;
+                self.pending.insert(id, Pending::Commit(*transfer));
+                Ok(grant)
+            }
+            Request::DownloadWindow { transfer, .. } => {
+                self.open_of(*transfer, TransferKind::Download)
+            }
+            Request::Close { transfer } => match self.transfers.get(transfer) {
+                Some(Slot::Open(_)) => {
+                    self.transfers.remove(transfer);
+                    Ok(Grant::Transfer(*transfer))
+                }
+                _ => Err(no_transfer(*transfer)),
+            },
+            Request::MapOpen { .. } => {
+                if self.maps.len() >= MAX_OPEN_MAPS {
+                    return Err(RemoteError::new(
+                        ErrorKind::Busy,
+                        format!(
+                            "more than {MAX_OPEN_MAPS} mapped files open on one connection: \
+                             release some first"
+                        ),
+                    ));
+                }
+                let handle = self.next_map;
+                self.next_map += 1;
+                self.maps.insert(handle, false);
+                self.pending.insert(id, Pending::OpenMap(handle));
+                Ok(Grant::Map(handle))
+            }
+            Request::MapRelease { handle } => match self.maps.get(handle) {
+                Some(true) => {
+                    self.maps.remove(handle);
+                    Ok(Grant::Map(*handle))
+                }
+                _ => Err(protocol(format!("no mapped file {handle}"))),
+            },
+            Request::UploadBatch { region, files, .. } => {
+                check_upload_batch(files, region, batch_capacity(self.chunk_bytes))?;
+                Ok(Grant::None)
+            }
+            _ => Ok(Grant::None),
+        }
+    }
+
+    fn open_transfer(&mut self, id: u64, kind: TransferKind) -> Result<Grant, RemoteError> {
+        if self.transfers.len() >= MAX_OPEN_TRANSFERS {
+            return Err(protocol(format!(
+                "more than {MAX_OPEN_TRANSFERS} transfers open on one connection"
+            )));
+        }
+        let transfer = self.next_transfer;
+        self.next_transfer += 1;
+        self.transfers.insert(transfer, Slot::Opening(kind));
+        self.pending.insert(id, Pending::OpenTransfer(transfer));
+        Ok(Grant::Transfer(transfer))
+    }
+
+    fn open_of(&self, transfer: u64, kind: TransferKind) -> Result<Grant, RemoteError> {
+        match self.transfers.get(&transfer) {
+            Some(Slot::Open(k)) if *k == kind => Ok(Grant::Transfer(transfer)),
+            Some(Slot::Open(_)) => Err(protocol(format!(
+                "transfer {transfer} is not {}",
+                kind.article()
+            ))),
+            _ => Err(no_transfer(transfer)),
+        }
+    }
+
+    /// Settles request `id` from its answer `body`: a successful open becomes an open
+    /// entry, a failed one frees its slot, a successful commit closes its upload.
+    pub fn handle_response(&mut self, id: u64, body: &Response) {
+        let ok = !matches!(body, Response::Error(_));
+        match self.pending.remove(&id) {
+            Some(Pending::OpenTransfer(t)) => {
+                if let (true, Some(Slot::Opening(kind))) = (ok, self.transfers.get(&t)) {
+                    let kind = *kind;
+                    self.transfers.insert(t, Slot::Open(kind));
+                } else {
+                    self.transfers.remove(&t);
+                }
+            }
+            Some(Pending::Commit(t)) if ok => {
+                self.transfers.remove(&t);
+            }
+            Some(Pending::OpenMap(handle)) => {
+                if ok {
+                    self.maps.insert(handle, true);
+                } else {
+                    self.maps.remove(&handle);
+                }
+            }
+            Some(Pending::Commit(_)) | None => {}
+        }
+    }
+
+    /// Forgets every request not yet answered (the session closed): the tables keep
+    /// only what is open.
+    pub fn handle_closed(&mut self) {
+        for (_, p) in self.pending.drain() {
+            match p {
+                Pending::OpenTransfer(t) => {
+                    self.transfers.remove(&t);
+                }
+                Pending::OpenMap(h) => {
+                    self.maps.remove(&h);
+                }
+                Pending::Commit(_) => {}
+            }
+        }
+    }
+
+    /// Transfers open or opening.
+    pub fn transfers(&self) -> usize {
+        self.transfers.len()
+    }
+
+    /// Mapped files open or opening.
+    pub fn maps(&self) -> usize {
+        self.maps.len()
+    }
+}
+
+fn no_transfer(transfer: u64) -> RemoteError {
+    protocol(format!("no open transfer {transfer}"))
+}
+
+/// Most bytes one batch's region may hold on a server with chunk buffers of
+/// `chunk_bytes`: the batch must fit one pooled buffer.
+pub fn batch_capacity(chunk_bytes: u32) -> u64 {
+    BATCH_MAX_BYTES.min(u64::from(chunk_bytes))
+}
+
+/// Checks an upload batch as a whole: at least one file, none over
+/// [`SMALL_FILE_MAX_BYTES`], sizes adding up to the region's length, which fits
+/// `capacity`.
+pub fn check_upload_batch(
+    files: &[BatchFile],
+    region: &RegionDesc,
+    capacity: u64,
+) -> Result<(), RemoteError> {
+    if files.is_empty() {
+        return Err(protocol("an upload batch with no file".into()));
+    }
+    if let Some(f) = files.iter().find(|f| f.size > SMALL_FILE_MAX_BYTES) {
+        return Err(protocol(format!(
+            "a batched file of {} bytes (at most {SMALL_FILE_MAX_BYTES})",
+            f.size
+        )));
+    }
+    // Each size is bounded, and so is their number: no overflow.
+    let total: u64 = files.iter().map(|f| f.size).sum();
+    if total != region.len {
+        return Err(protocol(format!(
+            "the batch's files hold {total} bytes but its region {}",
+            region.len
+        )));
+    }
+    if region.len > capacity {
+        return Err(protocol(format!(
+            "a batch region of {} bytes (at most {capacity})",
+            region.len
+        )));
+    }
+    Ok(())
+}

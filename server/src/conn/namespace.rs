@@ -1,0 +1,41 @@
+//! Namespace requests: attributes, listings, directories, symlinks, links, renames,
+//! removals and space, each one blocking filesystem call in the share.
+
+use std::sync::Arc;
+
+use ferry_common::msg::{RemoteError, Request, Response};
+
+use super::{blocking, misrouted, Conn};
+use crate::{du, fsops, links, remove};
+
+/// Performs one namespace request.
+pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response, RemoteError> {
+    let share = match body.share() {
+        Some(name) => conn.share(name)?,
+        None => return Err(misrouted(&body)),
+    };
+    blocking(move || match body {
+        Request::Stat { path, follow, .. } => fsops::stat(&share, &path, follow),
+        Request::ListDir { path, cursor, .. } => fsops::list_dir(&share, &path, cursor),
+        Request::Mkdir {
+            path,
+            mode,
+            exist_ok,
+            ..
+        } => fsops::mkdir(&share, &path, mode, exist_ok),
+        Request::Symlink { path, target, .. } => fsops::make_symlink(&share, &path, &target),
+        Request::SetAttr {
+            path, mode, mtime, ..
+        } => fsops::set_attr(&share, &path, mode, mtime),
+        Request::Link { from, to, .. } => links::link(&share, &from, &to),
+        Request::LinkBatch { links, .. } => Ok(links::link_batch(&share, &links)),
+        Request::Rename { from, to, .. } => fsops::rename(&share, &from, &to),
+        Request::Remove {
+            path, recursive, ..
+        } => remove::remove(&share, &path, recursive),
+        Request::StatFs { .. } => fsops::statfs(&share),
+        Request::DiskUsage { path, .. } => du::disk_usage(&share, &path),
+        other => Err(misrouted(&other)),
+    })
+    .await
+}

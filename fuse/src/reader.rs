@@ -5,7 +5,9 @@
 //! checks it against the version's manifest hash. After that, `read()` needs no
 //! request to the server at all: missing chunks are fetched by RDMA READ straight from
 //! the server's registered file pages into this client's registered buffers, hashed,
-//! and only then copied out.
+//! and only then copied out. The geometry of a mapping (which region, offset and
+//! length a READ takes; which part of the file a read wants) is the sans-IO
+//! [`MappedLayout`]'s; this module does the I/O, the caching and the waiting.
 //!
 //! Invariants:
 //! - No byte reaches a reader before its whole chunk matched the manifest SHA-256; a

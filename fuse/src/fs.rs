@@ -5,7 +5,7 @@
 //! so slow server round trips never hold up other requests. Reads, the hot path, are
 //! answered on the fuser thread itself when their chunks are cached, and a miss
 //! blocks that thread on the runtime while another fuser thread stays free
-//! ([`ThreadClaim`]): each hand-off between threads costs a wake-up, which is most of
+//! (`ThreadClaim`): each hand-off between threads costs a wake-up, which is most of
 //! a 4 KiB read's latency on a small machine.
 
 use std::collections::HashMap;

@@ -5,7 +5,8 @@
 //! - [`fs`]: the FUSE filesystem (fuser), handing every request to tokio tasks.
 //! - [`nodes`]: node ids, the attribute cache and the negative cache.
 //! - [`reader`]: open files — manifest, one-sided chunk fetches, verification,
-//!   readahead.
+//!   readahead. Where each READ goes (and whether the server's mapping can be trusted)
+//!   is decided by the sans-IO [`ferry_common::proto::mapped::MappedLayout`].
 //! - [`cache`]: the bounded cache of verified chunks.
 //! - [`bufs`]: reply buffers reused across reads.
 //! - [`remote`]: the connection, reconnection, timeouts and registered fetch buffers.

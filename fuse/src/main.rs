@@ -3,21 +3,24 @@
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use ferry_client::location::{self, Location};
 use ferry_client::Credentials;
-use ferry_common::msg::ErrorKind;
-use ferry_common::transport::TransportChoice;
+use ferry_common::msg::{Attr, ErrorKind, FileKind};
+use ferry_common::transport::{TransportChoice, TransportKind};
 use ferry_common::DEFAULT_PORT;
 use ferry_fuse::fs::FerryFs;
+use ferry_fuse::mount::Unmounter;
 use ferry_fuse::options::{Access, MountOptions};
 use ferry_fuse::remote::Remote;
-use fuser::{Config, MountOption, SessionACL};
+use fuser::{Config, MountOption, Session, SessionACL};
 
 /// Exit codes, stable for scripts.
 mod exit {
@@ -128,50 +131,16 @@ fn fail(code: u8) -> impl FnOnce(anyhow::Error) -> Failure {
     move |e| (code, e)
 }
 
+/// The mount, from the command line to the end of the FUSE session.
 fn run(args: Args, notify: bool) -> Result<(), Failure> {
-    let mut opts = MountOptions::default();
-    for o in &args.options {
-        opts.parse_into(o)
-            .map_err(|e| (exit::USAGE, anyhow::anyhow!("{e}")))?;
-    }
-    let remote = match location::parse(&args.source, DEFAULT_PORT) {
-        Ok(Location::Remote(r)) => r,
-        Ok(Location::Local(_)) | Err(_) => {
-            return Err((
-                exit::USAGE,
-                anyhow::anyhow!(
-                    "'{}' is not a share: expected HOST[:PORT]:SHARE[/SUBDIR]",
-                    args.source
-                ),
-            ))
-        }
-    };
-    match std::fs::metadata(&args.mountpoint) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => {
-            return Err((
-                exit::MOUNT,
-                anyhow::anyhow!("{}: not a directory", args.mountpoint.display()),
-            ))
-        }
-        Err(e) => {
-            return Err((
-                exit::MOUNT,
-                anyhow::anyhow!("{}: {e}", args.mountpoint.display()),
-            ))
-        }
-    }
+    let opts = parse_options(&args.options)?;
+    let remote = parse_source(&args.source)?;
+    check_mountpoint(&args.mountpoint)?;
     if !args.foreground && !notify {
         return detach();
     }
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)))
-        .thread_name("ferry-mount")
-        .enable_all()
-        .build()
-        .context("cannot start the runtime")
-        .map_err(fail(exit::OTHER))?;
+    let rt = runtime()?;
     let secret_file = opts.secret_file.clone().or(args.secret_file.clone());
     let credentials = Credentials::from_file_or_env(secret_file.as_deref())
         .map_err(|e| (exit::AUTH, anyhow::anyhow!("{e}")))?;
@@ -182,81 +151,13 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
         credentials,
         opts.timeout,
     ));
-    let (transport, device, root_attr) = rt
-        .block_on(async {
-            let conn = link.conn().await.map_err(|e| (exit::CONNECT, e.message))?;
-            // Prove the secret and stat the root before mounting, so a wrong or missing
-            // secret, or a root that is not a directory, fails the mount itself.
-            let auth_failure = |e: ferry_client::ClientError| {
-                let code = match e.remote_kind() {
-                    Some(ErrorKind::AuthRequired) => {
-                        return (
-                            exit::AUTH,
-                            format!("{e}: give it with --secret-file FILE or $FERRY_SECRET_FILE"),
-                        )
-                    }
-                    Some(ErrorKind::AuthFailed) | None => exit::AUTH,
-                    Some(_) => exit::MOUNT,
-                };
-                (code, e.to_string())
-            };
-            conn.client
-                .authenticate(&remote.share)
-                .await
-                .map_err(auth_failure)?;
-            let root = tokio::time::timeout(
-                opts.timeout,
-                conn.client.stat(&remote.share, &remote.path, true),
-            )
-            .await
-            .map_err(|_| {
-                (
-                    exit::CONNECT,
-                    format!("no answer within {:?}", opts.timeout),
-                )
-            })?
-            .map_err(auth_failure)?;
-            let t = conn.client.transport();
-            Ok::<_, (u8, String)>((t.kind(), t.device(), root))
-        })
-        .map_err(|(code, message)| {
-            let whom = if code == exit::MOUNT {
-                remote.display()
-            } else {
-                remote.addr()
-            };
-            (code, anyhow::anyhow!("{whom}: {message}"))
-        })?;
-    if root_attr.kind != ferry_common::msg::FileKind::Dir {
-        return Err((
-            exit::MOUNT,
-            anyhow::anyhow!("{}: not a directory", remote.display()),
-        ));
-    }
+    let via = rt.block_on(check_share(&link, &remote, opts.timeout))?;
 
     let fsname = opts
         .fsname
         .clone()
         .unwrap_or_else(|| format!("ferry:{}", remote.display()));
-    let mut config = Config::default();
-    config.mount_options = vec![
-        MountOption::RO,
-        MountOption::NoDev,
-        MountOption::NoSuid,
-        MountOption::FSName(fsname.clone()),
-        MountOption::Subtype("ferry".into()),
-    ];
-    if opts.default_permissions {
-        config.mount_options.push(MountOption::DefaultPermissions);
-    }
-    config.acl = match opts.access {
-        Access::Owner => SessionACL::Owner,
-        Access::OwnerAndRoot => SessionACL::RootAndOwner,
-        Access::All => SessionACL::All,
-    };
-    config.n_threads = Some(opts.threads);
-    config.clone_fd = opts.threads > 1;
-
+    let config = fuse_config(&opts, &fsname);
     let readahead_kib = opts.max_readahead_kib;
     // Resolved before mounting: afterwards, resolving the path would call into the
     // mount, whose session is not running yet.
@@ -272,21 +173,175 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
         remote.path.clone(),
         opts,
     );
-    let (session, mut unmounter) = ferry_fuse::mount::mount(fs, &args.mountpoint, &fsname, &config)
+    let (session, unmounter) = ferry_fuse::mount::mount(fs, &args.mountpoint, &fsname, &config)
         .map_err(|e| {
             (
                 exit::MOUNT,
                 anyhow::anyhow!("cannot mount on {}: {e}", args.mountpoint.display()),
             )
         })?;
-
     if let Err(e) = ferry_fuse::mount::set_readahead(&absolute, readahead_kib) {
         tracing::debug!("kernel readahead left at its default: {e}");
     }
+    let unmounting = unmount_on_signal(&rt, args.mountpoint.clone(), unmounter);
 
-    // SIGINT/SIGTERM unmount; the session loop then ends by itself.
-    let mountpoint = args.mountpoint.clone();
-    let unmounting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tracing::info!(
+        "mounted {} on {} over {via}",
+        remote.display(),
+        args.mountpoint.display()
+    );
+    if notify {
+        println!("ready");
+        let _ = std::io::stdout().flush();
+        quiet_std_streams();
+    }
+    serve(session, rt, &unmounting, &args.mountpoint)
+}
+
+/// The `-o` options, each argument a comma-separated list.
+fn parse_options(options: &[String]) -> Result<MountOptions, Failure> {
+    let mut opts = MountOptions::default();
+    for o in options {
+        opts.parse_into(o)
+            .map_err(|e| (exit::USAGE, anyhow::anyhow!("{e}")))?;
+    }
+    Ok(opts)
+}
+
+/// The share named by `HOST[:PORT]:SHARE[/SUBDIR]`.
+fn parse_source(source: &str) -> Result<location::Remote, Failure> {
+    match location::parse(source, DEFAULT_PORT) {
+        Ok(Location::Remote(r)) => Ok(r),
+        Ok(Location::Local(_)) | Err(_) => Err((
+            exit::USAGE,
+            anyhow::anyhow!("'{source}' is not a share: expected HOST[:PORT]:SHARE[/SUBDIR]"),
+        )),
+    }
+}
+
+/// The mountpoint must be an existing directory.
+fn check_mountpoint(mountpoint: &Path) -> Result<(), Failure> {
+    match std::fs::metadata(mountpoint) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err((
+            exit::MOUNT,
+            anyhow::anyhow!("{}: not a directory", mountpoint.display()),
+        )),
+        Err(e) => Err((
+            exit::MOUNT,
+            anyhow::anyhow!("{}: {e}", mountpoint.display()),
+        )),
+    }
+}
+
+/// The runtime the filesystem's tasks run on.
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)))
+        .thread_name("ferry-mount")
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")
+        .map_err(fail(exit::OTHER))
+}
+
+/// Connects, proves the secret and stats the share's root before mounting, so a
+/// server that cannot be reached, a wrong or missing secret, or a root that is not a
+/// directory fails the mount itself. Returns the transport in use, for the log.
+async fn check_share(
+    link: &Remote,
+    remote: &location::Remote,
+    timeout: Duration,
+) -> Result<String, Failure> {
+    let (transport, device, root_attr) =
+        connect_and_stat(link, remote, timeout)
+            .await
+            .map_err(|(code, message)| {
+                let whom = if code == exit::MOUNT {
+                    remote.display()
+                } else {
+                    remote.addr()
+                };
+                (code, anyhow::anyhow!("{whom}: {message}"))
+            })?;
+    if root_attr.kind != FileKind::Dir {
+        return Err((
+            exit::MOUNT,
+            anyhow::anyhow!("{}: not a directory", remote.display()),
+        ));
+    }
+    Ok(match device {
+        Some(d) => format!("{} ({d})", transport.as_str()),
+        None => transport.as_str().to_string(),
+    })
+}
+
+/// The transport, its device and the root's attributes; on failure the exit code and
+/// what went wrong.
+async fn connect_and_stat(
+    link: &Remote,
+    remote: &location::Remote,
+    timeout: Duration,
+) -> Result<(TransportKind, Option<String>, Attr), (u8, String)> {
+    let conn = link.conn().await.map_err(|e| (exit::CONNECT, e.message))?;
+    conn.client
+        .authenticate(&remote.share)
+        .await
+        .map_err(auth_failure)?;
+    let root = tokio::time::timeout(timeout, conn.client.stat(&remote.share, &remote.path, true))
+        .await
+        .map_err(|_| (exit::CONNECT, format!("no answer within {timeout:?}")))?
+        .map_err(auth_failure)?;
+    let t = conn.client.transport();
+    Ok((t.kind(), t.device(), root))
+}
+
+/// The exit code and message for a refused authentication or stat of the root.
+fn auth_failure(e: ferry_client::ClientError) -> (u8, String) {
+    let code = match e.remote_kind() {
+        Some(ErrorKind::AuthRequired) => {
+            return (
+                exit::AUTH,
+                format!("{e}: give it with --secret-file FILE or $FERRY_SECRET_FILE"),
+            )
+        }
+        Some(ErrorKind::AuthFailed) | None => exit::AUTH,
+        Some(_) => exit::MOUNT,
+    };
+    (code, e.to_string())
+}
+
+/// The FUSE session's settings: read-only, no devices or setuid, who may use it.
+fn fuse_config(opts: &MountOptions, fsname: &str) -> Config {
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::FSName(fsname.to_string()),
+        MountOption::Subtype("ferry".into()),
+    ];
+    if opts.default_permissions {
+        config.mount_options.push(MountOption::DefaultPermissions);
+    }
+    config.acl = match opts.access {
+        Access::Owner => SessionACL::Owner,
+        Access::OwnerAndRoot => SessionACL::RootAndOwner,
+        Access::All => SessionACL::All,
+    };
+    config.n_threads = Some(opts.threads);
+    config.clone_fd = opts.threads > 1;
+    config
+}
+
+/// Unmounts on SIGINT/SIGTERM; the session loop then ends by itself. The flag returned
+/// is set once a signal asked for the unmount.
+fn unmount_on_signal(
+    rt: &tokio::runtime::Runtime,
+    mountpoint: PathBuf,
+    mut unmounter: Unmounter,
+) -> Arc<AtomicBool> {
+    let unmounting = Arc::new(AtomicBool::new(false));
     let unmount_asked = unmounting.clone();
     rt.spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
@@ -302,40 +357,35 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
             _ = int.recv() => {}
         }
         tracing::info!("signal received: unmounting {}", mountpoint.display());
-        unmount_asked.store(true, std::sync::atomic::Ordering::SeqCst);
+        unmount_asked.store(true, Ordering::SeqCst);
         if let Err(e) = unmounter.unmount() {
             tracing::error!("cannot unmount {}: {e}", mountpoint.display());
         }
     });
+    unmounting
+}
 
-    let via = match device {
-        Some(d) => format!("{} ({d})", transport.as_str()),
-        None => transport.as_str().to_string(),
-    };
-    tracing::info!(
-        "mounted {} on {} over {via}",
-        remote.display(),
-        args.mountpoint.display()
-    );
-    if notify {
-        println!("ready");
-        let _ = std::io::stdout().flush();
-        quiet_std_streams();
-    }
+/// Runs the FUSE session until the filesystem is unmounted, then stops the runtime.
+fn serve(
+    session: Session<FerryFs>,
+    rt: tokio::runtime::Runtime,
+    unmounting: &AtomicBool,
+    mountpoint: &Path,
+) -> Result<(), Failure> {
     let result = session.run();
-    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    rt.shutdown_timeout(Duration::from_secs(1));
     match result {
         Ok(()) => {
-            tracing::info!("unmounted {}", args.mountpoint.display());
+            tracing::info!("unmounted {}", mountpoint.display());
             Ok(())
         }
         // The kernel may end a connection we are unmounting with ECONNABORTED rather
         // than ENODEV (a busy mount falls back to a lazy unmount): still a clean end.
         Err(e)
-            if unmounting.load(std::sync::atomic::Ordering::SeqCst)
+            if unmounting.load(Ordering::SeqCst)
                 && e.raw_os_error() == Some(nix::libc::ECONNABORTED) =>
         {
-            tracing::info!("unmounted {}", args.mountpoint.display());
+            tracing::info!("unmounted {}", mountpoint.display());
             Ok(())
         }
         Err(e) => Err((exit::OTHER, anyhow::anyhow!("FUSE session ended: {e}"))),

@@ -5,7 +5,7 @@ use std::time::Duration;
 use ferry_common::msg::MIN_CHUNK_BYTES;
 
 /// Largest `chunk_size`: one chunk must fit one fetch buffer.
-const MAX_MOUNT_CHUNK: u64 = crate::reader::FETCH_BYTES as u64;
+const MAX_MOUNT_CHUNK: u64 = crate::remote::FETCH_BYTES as u64;
 
 /// Who besides the mounting user may use the mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -162,7 +162,7 @@ impl MountOptions {
                 other => return Err(format!("unknown mount option '{other}' (known: {KNOWN})")),
             }
         }
-        let min_cache = 2 * crate::reader::FETCH_BYTES as u64;
+        let min_cache = 2 * crate::remote::FETCH_BYTES as u64;
         if self.cache_bytes < min_cache {
             return Err(format!(
                 "cache_size must hold at least {} MiB with this chunk size",

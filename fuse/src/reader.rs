@@ -5,7 +5,9 @@
 //! checks it against the version's manifest hash. After that, `read()` needs no
 //! request to the server at all: missing chunks are fetched by RDMA READ straight from
 //! the server's registered file pages into this client's registered buffers, hashed,
-//! and only then copied out.
+//! and only then copied out. The geometry of a mapping (which region, offset and
+//! length a READ takes; which part of the file a read wants) is the sans-IO
+//! [`MappedLayout`]'s; this module does the I/O, the caching and the waiting.
 //!
 //! Invariants:
 //! - No byte reaches a reader before its whole chunk matched the manifest SHA-256; a
@@ -20,19 +22,16 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ferry_common::chunk::{hash_chunk, manifest_id};
-use ferry_common::msg::{FileVersion, MappedFile, Sha256, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
+use ferry_common::chunk::hash_chunk;
+use ferry_common::msg::{FileVersion, MappedFile, Sha256};
+use ferry_common::proto::mapped::{MappedError, MappedLayout, ReadSpan};
 use ferry_common::transport::TransportError;
 use fuser::Errno;
 use tokio::sync::watch;
 
 use crate::bufs::BufPool;
 use crate::cache::{ChunkCache, ChunkKey};
-use crate::remote::{lock, Conn, OpError, Remote};
-
-/// Most bytes one RDMA READ fetches: a run of consecutive chunks, or one chunk. Also
-/// the size of each registered fetch buffer, and so the largest chunk size a mount uses.
-pub const FETCH_BYTES: usize = 1 << 20;
+use crate::remote::{lock, Conn, Lease, OpError, Remote, FETCH_BYTES};
 
 /// Smallest chunk a mount picks by itself (no `chunk_size` option). A random 4 KiB read
 /// that misses fetches and hashes one whole chunk, so small chunks keep its latency
@@ -91,6 +90,8 @@ pub struct Reader {
 struct Mapped {
     conn: Arc<Conn>,
     map: Arc<MappedFile>,
+    /// `map`'s geometry, checked.
+    layout: MappedLayout,
     hashes: Arc<[Sha256]>,
 }
 
@@ -204,9 +205,10 @@ impl Reader {
             })
             .await?;
         match self.fetch_manifest(&conn, &map).await {
-            Ok(hashes) => Ok(Mapped {
+            Ok((layout, hashes)) => Ok(Mapped {
                 conn,
                 map: Arc::new(map),
+                layout,
                 hashes: hashes.into(),
             }),
             Err(e) => {
@@ -218,64 +220,28 @@ impl Reader {
         }
     }
 
-    /// Checks the server's geometry and reads the manifest region.
-    async fn fetch_manifest(&self, conn: &Conn, m: &MappedFile) -> Result<Vec<Sha256>, OpError> {
-        let bad = |why: &str| OpError::new(Errno::EIO, format!("server sent a bad mapping: {why}"));
-        let v = &m.version;
-        let cb = u64::from(v.chunk_bytes);
-        if !v.chunk_bytes.is_power_of_two()
-            || !(MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&v.chunk_bytes)
-            || cb > FETCH_BYTES as u64
-        {
-            return Err(bad("chunk size"));
+    /// Checks the server's geometry, then reads the manifest region and checks it
+    /// against the version's manifest hash.
+    async fn fetch_manifest(
+        &self,
+        conn: &Conn,
+        m: &MappedFile,
+    ) -> Result<(MappedLayout, Vec<Sha256>), OpError> {
+        let refused = |e: MappedError| OpError::new(Errno::EIO, e.to_string());
+        let layout = MappedLayout::new(m, FETCH_BYTES as u64).map_err(refused)?;
+        let mut fetch = layout.manifest_fetch();
+        while let Some(r) = fetch.poll_read() {
+            let lease = conn.lease().await;
+            let read = conn.read(&r.region, r.offset, r.len, &lease);
+            tokio::time::timeout(self.remote.timeout(), read)
+                .await
+                .map_err(|_| OpError::new(Errno::EIO, "manifest read timed out"))?
+                .map_err(|e| OpError::new(Errno::EIO, format!("manifest read failed: {e}")))?;
+            let buf = lease.buffer().read().await;
+            fetch.handle_read(&buf[..r.len as usize]);
         }
-        if m.window_bytes == 0 || m.window_bytes % cb != 0 {
-            return Err(bad("window size"));
-        }
-        if m.attr.size != v.size {
-            return Err(bad("size"));
-        }
-        let windows = v.size.div_ceil(m.window_bytes);
-        if m.regions.len() as u64 != windows {
-            return Err(bad("region count"));
-        }
-        for (i, r) in m.regions.iter().enumerate() {
-            let start = i as u64 * m.window_bytes;
-            if r.len != m.window_bytes.min(v.size - start) {
-                return Err(bad("region length"));
-            }
-        }
-        let chunks = v.size.div_ceil(cb);
-        let mut hashes = Vec::with_capacity(chunks as usize);
-        match (&m.manifest, chunks) {
-            (None, 0) => {}
-            (Some(r), n) if n > 0 && r.len == n * 32 => {
-                let mut off = 0u64;
-                while off < r.len {
-                    let len = (r.len - off).min(FETCH_BYTES as u64) as u32;
-                    let lease = conn.lease().await;
-                    tokio::time::timeout(self.remote.timeout(), conn.read(r, off, len, &lease))
-                        .await
-                        .map_err(|_| OpError::new(Errno::EIO, "manifest read timed out"))?
-                        .map_err(|e| {
-                            OpError::new(Errno::EIO, format!("manifest read failed: {e}"))
-                        })?;
-                    let buf = lease.buffer().read().await;
-                    for h in buf[..len as usize].chunks_exact(32) {
-                        hashes.push(h.try_into().expect("32-byte chunks"));
-                    }
-                    off += u64::from(len);
-                }
-            }
-            _ => return Err(bad("manifest region")),
-        }
-        if manifest_id(v.size, v.chunk_bytes, &hashes) != v.manifest {
-            return Err(OpError::new(
-                Errno::EIO,
-                "integrity: the manifest does not match its hash",
-            ));
-        }
-        Ok(hashes)
+        let hashes = fetch.finish().map_err(refused)?;
+        Ok((layout, hashes))
     }
 
     /// Claims chunk `index` of `m`: cached, being fetched, or now ours to fetch (then
@@ -304,11 +270,13 @@ impl Reader {
         &self,
         store: &mut Store,
         m: &Mapped,
-        span: &Span,
+        span: &ReadSpan,
         mine: &mut Vec<(u64, watch::Sender<Option<Fetched>>)>,
     ) {
-        let ahead = self.readahead.unwrap_or(READAHEAD_BYTES / span.chunk_bytes);
-        for i in span.c1 + 1..=span.last_chunk.min(span.c1 + ahead) {
+        let ahead = self
+            .readahead
+            .unwrap_or_else(|| span.chunks_in(READAHEAD_BYTES));
+        for i in span.ahead(ahead) {
             let _ = Reader::claim(store, m, i, mine);
         }
     }
@@ -320,15 +288,13 @@ impl Reader {
         m: &Mapped,
         mine: Vec<(u64, watch::Sender<Option<Fetched>>)>,
     ) -> Vec<Run> {
-        let cb = u64::from(m.map.version.chunk_bytes);
-        let per_run = (FETCH_BYTES as u64 / cb).max(1);
-        let region_of = |i: u64| i * cb / m.map.window_bytes;
         let mut runs = Vec::new();
         let mut run: Vec<(u64, watch::Sender<Option<Fetched>>)> = Vec::new();
         for (index, tx) in mine {
-            let joins = run.last().is_some_and(|(last, _)| {
-                *last + 1 == index && region_of(*last) == region_of(index)
-            }) && (run.len() as u64) < per_run;
+            let joins = match (run.first(), run.last()) {
+                (Some((first, _)), Some((last, _))) => m.layout.extends_run(*first, *last, index),
+                _ => false,
+            };
             if !joins && !run.is_empty() {
                 runs.push(self.run(m, std::mem::take(&mut run)));
             }
@@ -402,7 +368,8 @@ impl Reader {
             };
             if let Fetched::Failed { errno, .. } = slot {
                 if *errno == Errno::EIO {
-                    let (a, b) = chunk_range(&m.map.version, index);
+                    let bytes = m.layout.chunk_range(index);
+                    let (a, b) = (bytes.start, bytes.end);
                     tracing::error!(
                         "integrity error: {path} chunk {index} (bytes {a}..{b}) does not match \
                          its SHA-256 after a re-read; returning EIO"
@@ -420,15 +387,19 @@ impl Reader {
         m: &Mapped,
         first: u64,
         last: u64,
-        lease: &crate::remote::Lease<'_>,
+        lease: &Lease<'_>,
     ) -> Result<Vec<Fetched>, Fetched> {
-        let v = &m.map.version;
-        let (start, _) = chunk_range(v, first);
-        let (_, end) = chunk_range(v, last);
-        let region = (start / m.map.window_bytes) as usize;
-        let offset = start - region as u64 * m.map.window_bytes;
-        let len = (end - start) as u32;
-        let read = m.conn.read(&m.map.regions[region], offset, len, lease);
+        let run = m.layout.run_read(first, last).map_err(|e| {
+            tracing::error!("{e}");
+            Fetched::Failed {
+                errno: Errno::EIO,
+                conn_lost: false,
+            }
+        })?;
+        let (start, end) = (run.file.start, run.file.end);
+        let read = m
+            .conn
+            .read(&m.map.regions[run.region], run.offset, run.len, lease);
         match tokio::time::timeout(self.remote.timeout(), read).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -458,8 +429,7 @@ impl Reader {
         let buf = lease.buffer().read().await;
         Ok((first..=last)
             .map(|i| {
-                let (a, b) = chunk_range(v, i);
-                let bytes = &buf[(a - start) as usize..(b - start) as usize];
+                let bytes = &buf[run.chunk_in_buffer(i)];
                 if hash_chunk(bytes) == m.hashes[i as usize] {
                     Fetched::Ok(bytes.into())
                 } else {
@@ -470,50 +440,6 @@ impl Reader {
                 }
             })
             .collect())
-    }
-}
-
-/// File bytes `a..b` of chunk `index`.
-fn chunk_range(v: &FileVersion, index: u64) -> (u64, u64) {
-    let cb = u64::from(v.chunk_bytes);
-    let a = index * cb;
-    (a, (a + cb).min(v.size))
-}
-
-/// The chunks a read touches, the read clipped to the end of the file.
-struct Span {
-    /// End offset of the read, at most the file size.
-    end: u64,
-    chunk_bytes: u64,
-    /// First and last chunk touched.
-    c0: u64,
-    c1: u64,
-    last_chunk: u64,
-}
-
-impl Span {
-    /// `None` for a read that returns nothing (at or past the end, or of size 0).
-    fn of(v: &FileVersion, offset: u64, size: u32) -> Option<Span> {
-        if offset >= v.size || size == 0 {
-            return None;
-        }
-        let end = v.size.min(offset + u64::from(size));
-        let cb = u64::from(v.chunk_bytes);
-        Some(Span {
-            end,
-            chunk_bytes: cb,
-            c0: offset / cb,
-            c1: (end - 1) / cb,
-            last_chunk: (v.size - 1) / cb,
-        })
-    }
-
-    /// Appends the bytes of the read starting at `offset` that chunk `index` holds.
-    fn copy_out(&self, out: &mut Vec<u8>, offset: u64, index: u64, data: &[u8]) {
-        let base = index * self.chunk_bytes;
-        let a = offset.max(base) - base;
-        let b = self.end.min(base + self.chunk_bytes) - base;
-        out.extend_from_slice(&data[a as usize..b as usize]);
     }
 }
 
@@ -580,15 +506,15 @@ impl OpenFile {
     /// having changed nothing. Needs a tokio runtime context (readahead is spawned).
     pub fn read_cached(&self, reader: &Arc<Reader>, offset: u64, size: u32) -> Option<Vec<u8>> {
         let m = lock(&self.state).clone();
-        let Some(span) = Span::of(&m.map.version, offset, size) else {
+        let Some(span) = m.layout.span(offset, size) else {
             return Some(Vec::new());
         };
         let manifest = m.map.version.manifest;
         let mut mine = Vec::new();
         let chunks = {
             let mut store = lock(&reader.store);
-            let mut chunks = Vec::with_capacity((span.c1 - span.c0 + 1) as usize);
-            for i in span.c0..=span.c1 {
+            let mut chunks = Vec::with_capacity((span.last - span.first + 1) as usize);
+            for i in span.chunks() {
                 chunks.push(store.cache.get(&(manifest, i))?);
             }
             if self.seq_end.swap(span.end, Ordering::Relaxed) == offset {
@@ -599,9 +525,9 @@ impl OpenFile {
         for run in reader.runs(&m, mine) {
             reader.spawn_run(&self.path, run);
         }
-        let mut out = reader.replies.take((span.end - offset) as usize);
-        for (i, data) in (span.c0..=span.c1).zip(chunks) {
-            span.copy_out(&mut out, offset, i, &data);
+        let mut out = reader.replies.take(span.len() as usize);
+        for (i, data) in span.chunks().zip(chunks) {
+            out.extend_from_slice(&data[span.part_of_chunk(i)]);
         }
         Some(out)
     }
@@ -613,10 +539,10 @@ impl OpenFile {
         size: u32,
     ) -> Result<Vec<u8>, (OpError, bool)> {
         let m = lock(&self.state).clone();
-        let Some(span) = Span::of(&m.map.version, offset, size) else {
+        let Some(span) = m.layout.span(offset, size) else {
             return Ok(Vec::new());
         };
-        let (c0, c1) = (span.c0, span.c1);
+        let (c0, c1) = (span.first, span.last);
         let sequential = self.seq_end.swap(span.end, Ordering::Relaxed) == offset;
         let mut mine = Vec::new();
         let claims: Vec<Claim> = {
@@ -642,8 +568,8 @@ impl OpenFile {
         for run in now {
             reader.complete_run(&self.path, run).await;
         }
-        let mut out = reader.replies.take((span.end - offset) as usize);
-        for (i, claim) in (c0..=c1).zip(claims) {
+        let mut out = reader.replies.take(span.len() as usize);
+        for (i, claim) in span.chunks().zip(claims) {
             let data = match claim {
                 Claim::Ready(d) => d,
                 Claim::Wait(mut rx) => {
@@ -668,7 +594,7 @@ impl OpenFile {
                     }
                 }
             };
-            span.copy_out(&mut out, offset, i, &data);
+            out.extend_from_slice(&data[span.part_of_chunk(i)]);
         }
         Ok(out)
     }

@@ -19,7 +19,9 @@ use ferry_common::transport::{
 use fuser::Errno;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::reader::FETCH_BYTES;
+/// Most bytes one RDMA READ fetches: a run of consecutive chunks, or one chunk. Also
+/// the size of each registered fetch buffer, and so the largest chunk size a mount uses.
+pub const FETCH_BYTES: usize = 1 << 20;
 
 /// Registered buffers per connection: the most one-sided reads in flight at once.
 pub const FETCH_BUFFERS: usize = 16;

@@ -10,6 +10,8 @@
 //! - [`transfer`] holds the window geometry and bookkeeping of uploads and downloads:
 //!   which windows a client asks for, which chunks a window holds, and when an upload
 //!   may commit.
+//! - [`mapped::MappedLayout`] checks the geometry a server announces for a mapped file
+//!   once, then places every one-sided read of it (manifest, chunk runs, read spans).
 //!
 //! Inputs are `handle_*` methods taking the current time; outputs are drained with
 //! `poll_transmit`, `poll_event` and `poll_timeout`. Drivers (server, client, fuse
@@ -22,6 +24,7 @@ pub mod caps;
 pub mod client;
 pub mod conn;
 pub mod manifest;
+pub mod mapped;
 pub mod retry;
 pub mod server;
 pub mod timer;

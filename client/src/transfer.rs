@@ -33,7 +33,7 @@ use ferry_common::direct::{DirectFile, DIRECT_MIN_FILE_BYTES};
 use ferry_common::journal::{source_tag, JournalHeader, JournalWriter};
 use ferry_common::msg::{ErrorKind, Request, Response, Sha256, Timestamp};
 use ferry_common::proto::retry::{Verdict, WindowFailure, WindowRetry};
-use ferry_common::proto::transfer::{Window, WindowPlan};
+use ferry_common::proto::transfer::{check_window_hashes, Window, WindowPlan};
 use ferry_common::staging::{verify_hints, StageError, StageOp, Staged};
 use ferry_common::transport::{Access, FileWindow, Memory};
 use ferry_common::writeback::Writeback;
@@ -670,16 +670,10 @@ async fn download_window(
         let bytes = buf2.blocking_read();
         let data = &bytes[..w.len as usize];
         let got = hash_chunks(data, chunk as usize);
-        if let Some(bad) = (0..got.len()).find(|&i| hashes.get(i) != Some(&got[i])) {
+        if let Err(bad) = check_window_hashes(w, chunk, &hashes, &got) {
             return Err(ClientError::Integrity {
                 what: what2,
-                chunk: w.offset / u64::from(chunk) + bad as u64,
-            });
-        }
-        if got.len() != hashes.len() {
-            return Err(ClientError::Integrity {
-                what: what2,
-                chunk: w.offset / u64::from(chunk) + got.len() as u64,
+                chunk: bad,
             });
         }
         out.write_all_at(data, w.offset)

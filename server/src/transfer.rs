@@ -254,7 +254,7 @@ impl Upload {
                 let mut state = self.state();
                 for c in done {
                     state
-                        .handle_chunk_verified(c.index, c.hash)
+                        .handle_chunk_pulled(c.index, c.hash)
                         .map_err(|e| remote(ErrorKind::Protocol, e.to_string()))?;
                     match c.reused {
                         true => reused += u64::from(c.len),

@@ -81,6 +81,10 @@ pub enum ProtoError {
     /// The client's proof of a share's secret was wrong.
     #[error("authentication failed for share '{0}'")]
     AuthFailed(String),
+    /// A chunk's bytes do not hash to the hash announced for them: damaged in flight
+    /// (or changed at the source).
+    #[error("chunk {0} does not match its hash")]
+    ChunkMismatch(u64),
     /// The server's proof of a share's secret was wrong: it does not know the secret.
     #[error("the server could not prove it knows the secret of share '{0}'")]
     ServerNotAuthentic(String),

@@ -191,11 +191,27 @@ impl WindowPlan {
     }
 }
 
+/// Checks the hashes `got` that a receiver computed of a window's chunks against the
+/// hashes the sender `announced` for them. Returns the file index of the first chunk
+/// that does not match (a missing or extra hash counts as a mismatch there).
+pub fn check_window_hashes(
+    w: Window,
+    chunk_bytes: u32,
+    announced: &[Sha256],
+    got: &[Sha256],
+) -> Result<(), u64> {
+    let first = w.offset / u64::from(chunk_bytes.max(1));
+    match (0..announced.len().max(got.len())).find(|&i| announced.get(i) != got.get(i)) {
+        Some(bad) => Err(first + bad as u64),
+        None => Ok(()),
+    }
+}
+
 /// Progress of one chunk of an upload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ChunkState {
-    /// Part of a window being pulled now.
-    Busy,
+    /// Part of a window being pulled now; the client announced this hash for it.
+    Busy(Sha256),
     /// Pulled, verified against this hash, and written.
     Verified(Sha256),
 }
@@ -229,7 +245,7 @@ impl UploadState {
     }
 
     /// Validates a window request: geometry, one hash per chunk, and no chunk already
-    /// verified or being pulled. Marks the window's chunks busy.
+    /// verified or being pulled. Marks the window's chunks busy, expecting `hashes`.
     pub fn handle_window(
         &mut self,
         offset: u64,
@@ -257,19 +273,31 @@ impl UploadState {
                 "window at {offset} overlaps chunks already pulled or in progress"
             )));
         }
-        for c in w.chunks(self.chunk_bytes) {
-            self.chunks.insert(c.index, ChunkState::Busy);
+        for (c, h) in w.chunks(self.chunk_bytes).zip(hashes) {
+            self.chunks.insert(c.index, ChunkState::Busy(*h));
         }
         Ok(w)
     }
 
-    /// Records that chunk `index` of a busy window verified as `hash`.
-    pub fn handle_chunk_verified(&mut self, index: u64, hash: Sha256) -> Result<(), ProtoError> {
+    /// The hash the client announced for chunk `index` of a busy window.
+    pub fn expected(&self, index: u64) -> Option<Sha256> {
+        match self.chunks.get(&index) {
+            Some(ChunkState::Busy(h)) => Some(*h),
+            _ => None,
+        }
+    }
+
+    /// Records that chunk `index` of a busy window was pulled and hashed as `got`. It
+    /// is verified only if `got` is the hash the client announced; otherwise the chunk
+    /// stays busy and the error says it is damaged ([`ProtoError::ChunkMismatch`]): the
+    /// driver then fails the window ([`UploadState::handle_window_failed`]).
+    pub fn handle_chunk_pulled(&mut self, index: u64, got: Sha256) -> Result<(), ProtoError> {
         match self.chunks.get_mut(&index) {
-            Some(state @ ChunkState::Busy) => {
-                *state = ChunkState::Verified(hash);
+            Some(state @ ChunkState::Busy(_)) if *state == ChunkState::Busy(got) => {
+                *state = ChunkState::Verified(got);
                 Ok(())
             }
+            Some(ChunkState::Busy(_)) => Err(ProtoError::ChunkMismatch(index)),
             _ => Err(ProtoError::Transfer(format!(
                 "chunk {index} verified but was not being pulled"
             ))),
@@ -303,7 +331,7 @@ impl UploadState {
             .values()
             .filter_map(|s| match s {
                 ChunkState::Verified(h) => Some(*h),
-                ChunkState::Busy => None,
+                ChunkState::Busy(_) => None,
             })
             .collect();
         if hashes.len() as u64 != count || self.chunks.len() as u64 != count {
@@ -419,7 +447,13 @@ mod tests {
         assert!(s.handle_window(4096, 2 * 4096, &[[0; 32]; 2]).is_err()); // overlap
         s.handle_window_failed(w);
         assert!(s.handle_window(0, 2 * 4096, &[[0; 32]; 2]).is_ok());
-        assert!(s.handle_chunk_verified(2, [0; 32]).is_err()); // not busy
+        assert!(s.handle_chunk_pulled(2, [0; 32]).is_err()); // not busy
+        assert_eq!(s.expected(0), Some([0; 32]));
+        assert_eq!(
+            s.handle_chunk_pulled(1, [1; 32]),
+            Err(ProtoError::ChunkMismatch(1))
+        );
+        assert_eq!(s.expected(1), Some([0; 32])); // still busy, not verified
     }
 
     #[test]
@@ -433,13 +467,13 @@ mod tests {
         };
         let mut s = UploadState::new(m.size, C, 2);
         s.handle_window(0, 2 * 4096, &hashes[..2]).unwrap();
-        s.handle_chunk_verified(0, hashes[0]).unwrap();
-        s.handle_chunk_verified(1, hashes[1]).unwrap();
+        s.handle_chunk_pulled(0, hashes[0]).unwrap();
+        s.handle_chunk_pulled(1, hashes[1]).unwrap();
         assert!(s.commit(&m.id()).is_err());
         s.handle_window(2 * 4096, 4096 + 10, &hashes[2..]).unwrap();
-        s.handle_chunk_verified(2, hashes[2]).unwrap();
+        s.handle_chunk_pulled(2, hashes[2]).unwrap();
         assert!(s.commit(&m.id()).is_err()); // chunk 3 still busy
-        s.handle_chunk_verified(3, hashes[3]).unwrap();
+        s.handle_chunk_pulled(3, hashes[3]).unwrap();
         assert!(s.commit(&[0; 32]).is_err());
         assert_eq!(s.commit(&m.id()).unwrap(), m.hashes);
         assert_eq!(s.verified_bytes(), m.size);

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use ferry_client::batch::{download_batch, upload_batch, Outcome, SmallDownload, SmallUpload};
 use ferry_client::transfer::{download_file, upload_file, ProgressFn};
 use ferry_common::msg::ErrorKind;
+use ferry_common::proto::retry::WINDOW_ATTEMPTS;
 use ferry_common::transport::faulty::{FaultPlan, Faulty, Flip};
 use ferry_common::transport::tcp::Tcp;
 use ferry_common::transport::TransportChoice;
@@ -75,14 +76,11 @@ async fn one_flipped_upload_chunk_is_detected_and_resent() {
     let (share, src) = (dir.path().join("share"), dir.path().join("src.bin"));
     std::fs::create_dir(&share).unwrap();
     write_random(&src, SIZE, 1);
-    let port = faulty_server(
-        &share,
-        FaultPlan {
-            flip_read: Flip::Nth(2),
-            ..FaultPlan::default()
-        },
-    )
-    .await;
+    let plan = FaultPlan {
+        flip_read: Flip::Nth(2),
+        ..FaultPlan::default()
+    };
+    let port = faulty_server(&share, plan.clone()).await;
     let client = ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
@@ -94,6 +92,7 @@ async fn one_flipped_upload_chunk_is_detected_and_resent() {
         std::fs::read(&src).unwrap()
     );
     assert_eq!(entries(&share), vec!["dst.bin"]);
+    assert_eq!(plan.fired(), 1, "the flip happened");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,14 +101,11 @@ async fn persistent_upload_corruption_fails_and_leaves_nothing() {
     let (share, src) = (dir.path().join("share"), dir.path().join("src.bin"));
     std::fs::create_dir(&share).unwrap();
     write_random(&src, SIZE, 2);
-    let port = faulty_server(
-        &share,
-        FaultPlan {
-            flip_read: Flip::Every,
-            ..FaultPlan::default()
-        },
-    )
-    .await;
+    let plan = FaultPlan {
+        flip_read: Flip::Every,
+        ..FaultPlan::default()
+    };
+    let port = faulty_server(&share, plan.clone()).await;
     let client = ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
@@ -120,6 +116,11 @@ async fn persistent_upload_corruption_fails_and_leaves_nothing() {
     assert_eq!(err.exit_code(), 6);
     // Neither the final name nor a temporary file remains.
     assert_eq!(entries(&share), Vec::<String>::new());
+    assert!(
+        plan.fired() >= WINDOW_ATTEMPTS as u64,
+        "flips: {}",
+        plan.fired()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,14 +130,11 @@ async fn one_flipped_download_chunk_is_detected_and_refetched() {
     std::fs::create_dir_all(&out).unwrap();
     std::fs::create_dir(&share).unwrap();
     write_random(&share.join("f.bin"), SIZE, 3);
-    let port = faulty_server(
-        &share,
-        FaultPlan {
-            flip_write: Flip::Nth(4),
-            ..FaultPlan::default()
-        },
-    )
-    .await;
+    let plan = FaultPlan {
+        flip_write: Flip::Nth(4),
+        ..FaultPlan::default()
+    };
+    let port = faulty_server(&share, plan.clone()).await;
     let client = ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
@@ -148,6 +146,7 @@ async fn one_flipped_download_chunk_is_detected_and_refetched() {
         std::fs::read(share.join("f.bin")).unwrap()
     );
     assert_eq!(entries(&out), vec!["f.bin"]);
+    assert_eq!(plan.fired(), 1, "the flip happened");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,14 +156,11 @@ async fn persistent_download_corruption_fails_and_leaves_nothing() {
     std::fs::create_dir_all(&out).unwrap();
     std::fs::create_dir(&share).unwrap();
     write_random(&share.join("f.bin"), SIZE, 4);
-    let port = faulty_server(
-        &share,
-        FaultPlan {
-            flip_write: Flip::Every,
-            ..FaultPlan::default()
-        },
-    )
-    .await;
+    let plan = FaultPlan {
+        flip_write: Flip::Every,
+        ..FaultPlan::default()
+    };
+    let port = faulty_server(&share, plan.clone()).await;
     let client = ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
@@ -174,6 +170,11 @@ async fn persistent_download_corruption_fails_and_leaves_nothing() {
     assert_eq!(err.kind(), "integrity", "{err}");
     assert_eq!(err.exit_code(), 6);
     assert_eq!(entries(&out), Vec::<String>::new());
+    assert!(
+        plan.fired() >= WINDOW_ATTEMPTS as u64,
+        "flips: {}",
+        plan.fired()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -182,14 +183,11 @@ async fn a_failing_transport_mid_upload_leaves_no_file_under_its_name() {
     let (share, src) = (dir.path().join("share"), dir.path().join("src.bin"));
     std::fs::create_dir(&share).unwrap();
     write_random(&src, SIZE, 5);
-    let (port, server) = faulty_server_handle(
-        &share,
-        FaultPlan {
-            fail_after: Some(3),
-            ..FaultPlan::default()
-        },
-    )
-    .await;
+    let plan = FaultPlan {
+        fail_after: Some(3),
+        ..FaultPlan::default()
+    };
+    let (port, server) = faulty_server_handle(&share, plan.clone()).await;
     let client = ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
@@ -212,6 +210,7 @@ async fn a_failing_transport_mid_upload_leaves_no_file_under_its_name() {
     // on whether the client's close still reached the server).
     assert!(!share.join("dst.bin").exists());
     assert_only_resumable_temp_files(&share);
+    assert!(plan.fired() >= 1, "the transport never failed");
 }
 
 /// Ten files `f0`..`f9` of 1000 bytes under `dir`: the middle byte of a batch of all
@@ -274,7 +273,9 @@ async fn faulty_client(share: &Path, plan: FaultPlan) -> ferry_client::Client {
         .unwrap()
 }
 
-async fn upload_ten(flip_read: Flip, seed: u64) -> (tempfile::TempDir, Vec<(String, String)>) {
+/// Uploads the ten files through a server whose READs flip as `flip_read` says;
+/// returns their outcomes and how many flips happened.
+async fn upload_ten(flip_read: Flip, seed: u64) -> (tempfile::TempDir, Vec<(String, String)>, u64) {
     let dir = tempfile::tempdir().unwrap();
     let (share, src) = (dir.path().join("share"), dir.path().join("src"));
     std::fs::create_dir(&share).unwrap();
@@ -283,7 +284,7 @@ async fn upload_ten(flip_read: Flip, seed: u64) -> (tempfile::TempDir, Vec<(Stri
         flip_read,
         ..FaultPlan::default()
     };
-    let client = faulty_client(&share, plan).await;
+    let client = faulty_client(&share, plan.clone()).await;
     let items = names
         .iter()
         .map(|n| SmallUpload {
@@ -294,10 +295,15 @@ async fn upload_ten(flip_read: Flip, seed: u64) -> (tempfile::TempDir, Vec<(Stri
         .collect();
     let done = upload_batch(&client, "data", items, &no_progress()).await;
     let got = outcomes(done.into_iter().map(|(i, o)| (i.target, o)));
-    (dir, got)
+    (dir, got, plan.fired())
 }
 
-async fn download_ten(flip_write: Flip, seed: u64) -> (tempfile::TempDir, Vec<(String, String)>) {
+/// Downloads the ten files through a server whose WRITEs flip as `flip_write` says;
+/// returns their outcomes and how many flips happened.
+async fn download_ten(
+    flip_write: Flip,
+    seed: u64,
+) -> (tempfile::TempDir, Vec<(String, String)>, u64) {
     let dir = tempfile::tempdir().unwrap();
     let (share, out) = (dir.path().join("share"), dir.path().join("out"));
     std::fs::create_dir(&out).unwrap();
@@ -306,7 +312,7 @@ async fn download_ten(flip_write: Flip, seed: u64) -> (tempfile::TempDir, Vec<(S
         flip_write,
         ..FaultPlan::default()
     };
-    let client = faulty_client(&share, plan).await;
+    let client = faulty_client(&share, plan.clone()).await;
     let items = names
         .iter()
         .map(|n| SmallDownload {
@@ -317,18 +323,26 @@ async fn download_ten(flip_write: Flip, seed: u64) -> (tempfile::TempDir, Vec<(S
         .collect();
     let done = download_batch(&client, "data", items, &no_progress()).await;
     let got = outcomes(done.into_iter().map(|(i, o)| (i.src, o)));
-    (dir, got)
+    (dir, got, plan.fired())
 }
 
 /// One flipped bit in a batch's READ (upload) or WRITE (download) damages `f5` only:
 /// it is sent again and every file arrives; flipped every time, `f5` alone fails.
+/// Each direction checks its flips happened: exactly one for a single flip, at least
+/// one per attempt for a persistent one.
 async fn flip_batches(flip: Flip, bad: Option<&str>, seed: u64) {
-    let (dir, got) = upload_ten(flip, seed).await;
+    let fired_enough = |n: u64| match bad {
+        None => n == 1,
+        Some(_) => n >= WINDOW_ATTEMPTS as u64,
+    };
+    let (dir, got, fired) = upload_ten(flip, seed).await;
     let (src, share) = (dir.path().join("src"), dir.path().join("share"));
     assert_batch(&got, &src, &share, bad);
-    let (dir, got) = download_ten(flip, seed + 1).await;
+    assert!(fired_enough(fired), "upload flips: {fired}");
+    let (dir, got, fired) = download_ten(flip, seed + 1).await;
     let (share, out) = (dir.path().join("share"), dir.path().join("out"));
     assert_batch(&got, &share, &out, bad);
+    assert!(fired_enough(fired), "download flips: {fired}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -48,6 +48,21 @@ pub struct FaultPlan {
     /// Fail every one-sided operation from this one on (counting READs and WRITEs
     /// together), and close the connection.
     pub fail_after: Option<u64>,
+    /// Faults that actually happened (bits flipped, operations failed), over every
+    /// connection wrapped with this plan or a clone of it: a test reads it to prove
+    /// its fault fired.
+    pub fired: Arc<AtomicU64>,
+}
+
+impl FaultPlan {
+    /// Faults that happened so far.
+    pub fn fired(&self) -> u64 {
+        self.fired.load(Ordering::SeqCst)
+    }
+
+    fn fire(&self) {
+        self.fired.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// The fault-injecting wrapper.
@@ -74,6 +89,7 @@ impl Faulty {
     fn count_op(&self) -> Result<(), TransportError> {
         let n = self.ops.fetch_add(1, Ordering::SeqCst);
         if self.plan.fail_after.is_some_and(|limit| n >= limit) {
+            self.plan.fire();
             self.inner.close();
             return Err(TransportError::Closed);
         }
@@ -108,6 +124,7 @@ impl Transport for Faulty {
             if let Some(buf) = dst.buffer() {
                 let at = dst_offset + src.len as usize / 2;
                 buf.write().await[at] ^= 0x01;
+                self.plan.fire();
             }
         }
         Ok(())
@@ -148,6 +165,7 @@ impl Transport for Faulty {
                 len: 1,
             };
             self.inner.write(&reg, 0, target).await?;
+            self.plan.fire();
         }
         Ok(())
     }

@@ -36,24 +36,26 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod batch;
-pub mod cleanup;
+pub(crate) mod batch;
+pub(crate) mod blocking;
+pub(crate) mod cleanup;
 pub mod config;
-pub mod conn;
-pub mod du;
-pub mod error;
-pub mod fdtree;
-pub mod fsops;
-pub mod gauge;
-pub mod links;
-pub mod manifests;
-pub mod map;
-pub mod pool;
-pub mod remove;
-pub mod share;
-pub mod store;
-pub mod transfer;
-pub mod verify;
+pub(crate) mod conn;
+pub(crate) mod du;
+pub(crate) mod error;
+pub(crate) mod fdtree;
+pub(crate) mod filekey;
+pub(crate) mod fsops;
+pub(crate) mod gauge;
+pub(crate) mod links;
+pub(crate) mod manifests;
+pub(crate) mod map;
+pub(crate) mod pool;
+pub(crate) mod remove;
+pub(crate) mod share;
+pub(crate) mod store;
+pub(crate) mod transfer;
+pub(crate) mod verify;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -307,7 +309,7 @@ impl Server {
     }
 
     /// The share called `name`.
-    pub fn share(&self, name: &str) -> Option<&Arc<Share>> {
+    pub(crate) fn share(&self, name: &str) -> Option<&Arc<Share>> {
         self.shares.get(name)
     }
 

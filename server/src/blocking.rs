@@ -3,8 +3,6 @@
 
 use ferry_common::msg::{ErrorKind, RemoteError};
 
-use crate::error::remote;
-
 /// Runs `f` on tokio's blocking pool and returns its result, its error converted to
 /// the wire's [`RemoteError`]; a task that panicked fails as [`ErrorKind::Io`].
 pub(crate) async fn blocking<T, E, F>(f: F) -> Result<T, RemoteError>
@@ -15,6 +13,6 @@ where
 {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| remote(ErrorKind::Io, format!("server task failed: {e}")))?
+        .map_err(|e| RemoteError::new(ErrorKind::Io, format!("server task failed: {e}")))?
         .map_err(Into::into)
 }

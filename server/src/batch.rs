@@ -10,11 +10,11 @@
 //!   the client's SHA-256, and gets its mode and mtime through its descriptor.
 //! - Durability, a group commit per batch: every scratch file is written, then each
 //!   filesystem they are on is flushed once (`syncfs`,
-//!   [`sync_filesystems`]); only once that succeeded is any file renamed over its
-//!   final name, and the filesystems are flushed once more after the renames, before
-//!   the answer. So after a power cut a final name holds its old content or the whole
-//!   new file, never a part of it, and an answered file survives. A failed flush fails
-//!   every file of the batch on that filesystem.
+//!   [`ferry_common::writeback::sync_filesystems`]); only once that succeeded is any
+//!   file renamed over its final name, and the filesystems are flushed once more after
+//!   the renames, before the answer. So after a power cut a final name holds its old
+//!   content or the whole new file, never a part of it, and an answered file survives.
+//!   A failed flush fails every file of the batch on that filesystem.
 //! - A file that fails (bad path, hash mismatch, a directory in the way, an I/O error)
 //!   fails alone: its entry in the answer says why, the others go on.
 //! - Every committed file is recorded in the share's manifest store, as an upload's

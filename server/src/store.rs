@@ -257,7 +257,7 @@ impl ManifestStore {
     /// Records `hashes` as the manifest of version `key`, replacing the inode's
     /// previous record. The caller vouches that `hashes` are the content of that
     /// version and that a later change of the file changes its key (a settled file, or
-    /// [`mtime_settled`]). A key in another chunk size is not stored. Blocking.
+    /// [`crate::filekey::mtime_settled`]). A key in another chunk size is not stored. Blocking.
     pub fn save(&self, key: &ManifestKey, hashes: &[Sha256]) -> io::Result<()> {
         if key.chunk_bytes != self.chunk_bytes {
             return Ok(());

@@ -312,4 +312,65 @@ mod tests {
             "data/x: cannot write: no space left on the server's device"
         );
     }
+
+    #[test]
+    fn layer_errors_reach_the_wire_with_their_kind_and_message() {
+        let cases: Vec<(RemoteError, ErrorKind, &str)> = vec![
+            (
+                ShareError::InvalidPath {
+                    path: "s/../x".into(),
+                    source: PathError::DotDot,
+                }
+                .into(),
+                ErrorKind::OutsideShare,
+                "s/../x: '..' is not allowed in share paths (it could escape the share)",
+            ),
+            (
+                FsError::Share(ShareError::ReadOnly { share: "s".into() }).into(),
+                ErrorKind::ReadOnly,
+                "share 's' is read-only",
+            ),
+            (
+                FsError::Mkdir {
+                    path: "s/d".into(),
+                    source: io::Error::from_raw_os_error(13), // EACCES
+                }
+                .into(),
+                ErrorKind::PermissionDenied,
+                "s/d: cannot mkdir: permission denied",
+            ),
+            (
+                TreeError::Stat("s/t".into(), io::Error::from_raw_os_error(2)).into(),
+                ErrorKind::NotFound,
+                "s/t: no such file or directory",
+            ),
+            (
+                PoolError::Allocate(io::Error::other("boom")).into(),
+                ErrorKind::Io,
+                "cannot allocate a chunk buffer: boom",
+            ),
+            (
+                PoolError::Closed.into(),
+                ErrorKind::Io,
+                "buffer pool closed",
+            ),
+            (
+                BatchError::SizeMismatch {
+                    total: 3,
+                    region: 4,
+                }
+                .into(),
+                ErrorKind::Protocol,
+                "the batch's files hold 3 bytes but its region 4",
+            ),
+            (
+                TransferError::Fs(FsError::DirInTheWay { path: "s/f".into() }).into(),
+                ErrorKind::IsADirectory,
+                "s/f: a directory is in the way",
+            ),
+        ];
+        for (got, kind, message) in cases {
+            assert_eq!((got.kind, got.message.as_str()), (kind, message));
+        }
+    }
 }

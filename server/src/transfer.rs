@@ -1,5 +1,9 @@
 //! Uploads (pulled with one-sided READs) and downloads (pushed with one-sided WRITEs).
 //!
+//! Here: an upload ([`Upload`]) and the base file it may copy chunks from
+//! ([`BaseFile`]); each chunk of an upload's window in `pull`; a download ([`Download`])
+//! in `download`. Both fail with [`TransferError`].
+//!
 //! Invariants:
 //! - An upload writes only to a hidden file in the target directory
 //!   ([`ferry_common::staging`]), whose declared size is reserved when it is opened (a

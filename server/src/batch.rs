@@ -10,11 +10,11 @@
 //!   the client's SHA-256, and gets its mode and mtime through its descriptor.
 //! - Durability, a group commit per batch: every scratch file is written, then each
 //!   filesystem they are on is flushed once (`syncfs`,
-//!   [`sync_filesystems`]); only once that succeeded is any file renamed over its
-//!   final name, and the filesystems are flushed once more after the renames, before
-//!   the answer. So after a power cut a final name holds its old content or the whole
-//!   new file, never a part of it, and an answered file survives. A failed flush fails
-//!   every file of the batch on that filesystem.
+//!   [`ferry_common::writeback::sync_filesystems`]); only once that succeeded is any
+//!   file renamed over its final name, and the filesystems are flushed once more after
+//!   the renames, before the answer. So after a power cut a final name holds its old
+//!   content or the whole new file, never a part of it, and an answered file survives.
+//!   A failed flush fails every file of the batch on that filesystem.
 //! - A file that fails (bad path, hash mismatch, a directory in the way, an I/O error)
 //!   fails alone: its entry in the answer says why, the others go on.
 //! - Every committed file is recorded in the share's manifest store, as an upload's
@@ -35,23 +35,21 @@ use std::sync::Arc;
 use ferry_common::attr::attr_of;
 use ferry_common::chunk::hash_chunk;
 use ferry_common::msg::{
-    Attr, BatchFile, BatchedFile, ErrorKind, RegionDesc, RemoteError, Response, Sha256,
-    SMALL_FILE_MAX_BYTES,
+    Attr, BatchFile, BatchedFile, RegionDesc, RemoteError, Response, Sha256, SMALL_FILE_MAX_BYTES,
 };
 use ferry_common::proto::conn::batch_capacity;
 use ferry_common::readahead::{will_need, READ_AHEAD_FILES};
-use ferry_common::staging::{remove_quietly, scratch_path, write_whole};
-use ferry_common::transport::{RemoteSlice, SharedTransport};
+use ferry_common::staging::{remove_quietly, scratch_path, write_whole, WholeStep};
+use ferry_common::transport::{RemoteSlice, SharedTransport, TransportError};
 use ferry_common::writeback::sync_filesystems_on;
 
-use crate::conn::blocking;
-use crate::error::{io_error, remote};
-use crate::fsops::dir_in_the_way;
-use crate::manifests::ManifestKey;
-use crate::map::open_regular_at;
-use crate::pool::Pool;
-use crate::share::{ResolvedDirs, Share};
-use crate::store::{mtime_settled, ManifestStore};
+use crate::blocking::blocking;
+use crate::filekey::{mtime_settled, ManifestKey};
+use crate::fsops::FsError;
+use crate::map::{open_regular_at, MapError};
+use crate::pool::{Pool, PoolError};
+use crate::share::{ResolvedDirs, Share, ShareError};
+use crate::store::ManifestStore;
 
 /// What one batch works with: the connection's transport and buffer pool.
 pub struct BatchIo<'a> {
@@ -63,8 +61,81 @@ pub struct BatchIo<'a> {
     pub chunk_bytes: u32,
 }
 
-fn protocol(message: String) -> RemoteError {
-    remote(ErrorKind::Protocol, message)
+/// A batch refused as a whole, or one file of it failed: each variant names the
+/// operation and the share-relative path (`share/dir/file`) it failed on.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    /// A path cannot be used (see [`ShareError`]).
+    #[error(transparent)]
+    Share(#[from] ShareError),
+    /// A directory is in the way of a file (see [`FsError`]).
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    /// A file to download is not a regular file or cannot be opened (see [`MapError`]).
+    #[error(transparent)]
+    Open(#[from] MapError),
+    /// No chunk buffer could be lent.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// A region whose end lies past the address space.
+    #[error("a batch region that wraps around")]
+    RegionWraps,
+    /// The one-sided READ or WRITE of the batch failed.
+    #[error("{share}: batch transfer failed")]
+    Transport {
+        /// The share, as messages name it.
+        share: String,
+        /// Why.
+        #[source]
+        source: TransportError,
+    },
+    /// The same file named twice in one upload batch.
+    #[error("{path}: named more than once in one batch")]
+    Twice {
+        /// The path.
+        path: String,
+    },
+    /// A file whose bytes do not hash to the client's hash.
+    #[error("{path}: failed SHA-256 verification")]
+    Integrity {
+        /// The path.
+        path: String,
+    },
+    /// A file that changed while it was read for a download.
+    #[error("{path}: file changed while it was read")]
+    Changed {
+        /// The path.
+        path: String,
+    },
+    /// Creating a scratch file failed.
+    #[error("{0}: cannot create")]
+    Create(String, #[source] std::io::Error),
+    /// Writing a scratch file, or setting its mode or mtime, failed.
+    #[error("{path}: cannot {}", step.verb())]
+    Write {
+        /// The path.
+        path: String,
+        /// The step that failed.
+        step: WholeStep,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Flushing a file's filesystem before its rename failed.
+    #[error("{0}: cannot flush")]
+    Flush(String, #[source] std::io::Error),
+    /// Renaming a scratch file over its final name failed.
+    #[error("{0}: cannot rename into place")]
+    Rename(String, #[source] std::io::Error),
+    /// Flushing a file's filesystem after its rename failed.
+    #[error("{0}: cannot flush the directory of")]
+    FlushDir(String, #[source] std::io::Error),
+    /// Reading a file failed.
+    #[error("{0}: cannot read")]
+    Read(String, #[source] std::io::Error),
+    /// `fstat` of a file after reading it failed.
+    #[error("{0}: cannot stat")]
+    Stat(String, #[source] std::io::Error),
 }
 
 /// `UploadBatch`: pulls `region` with one READ into a pool buffer, then commits each
@@ -81,23 +152,21 @@ pub async fn upload(
     let lease = io.pool.lease().await?;
     if region.len > 0 {
         // Bounded by `capacity` above, so the length fits a u32.
-        let slice = RemoteSlice::of(&region, 0, region.len as u32)
-            .ok_or_else(|| protocol("a batch region that wraps around".into()))?;
+        let slice =
+            RemoteSlice::of(&region, 0, region.len as u32).ok_or(BatchError::RegionWraps)?;
         io.transport
             .read(slice, lease.reg(), 0)
             .await
-            .map_err(|e| {
-                remote(
-                    ErrorKind::Io,
-                    format!("{}: batch transfer failed: {e}", share.display("")),
-                )
+            .map_err(|source| BatchError::Transport {
+                share: share.display(""),
+                source,
             })?;
     }
     let buf = lease.buffer().clone();
     let (count, bytes) = (files.len(), region.len);
     let results = blocking(move || {
         let data = buf.blocking_read();
-        Ok(commit_all(&share, &files, &data[..]))
+        Ok::<_, RemoteError>(commit_all(&share, &files, &data[..]))
     })
     .await?;
     drop(lease);
@@ -121,9 +190,9 @@ struct Staged {
 }
 
 impl Staged {
-    fn abandon(self, results: &mut [Option<RemoteError>], error: RemoteError) {
+    fn abandon(self, results: &mut [Option<RemoteError>], error: BatchError) {
         remove_quietly(&self.scratch);
-        results[self.index] = Some(error);
+        results[self.index] = Some(error.into());
     }
 }
 
@@ -141,7 +210,7 @@ fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<Rem
         offset += f.size as usize;
         match stage(share, index, f, bytes, &mut seen, &mut dirs) {
             Ok(s) => staged.push(s),
-            Err(e) => results[index] = Some(e),
+            Err(e) => results[index] = Some(e.into()),
         }
     }
     // One flush for the batch (a group commit: one `syncfs` per filesystem, see
@@ -152,7 +221,7 @@ fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<Rem
         match flush {
             Ok(()) => synced.push(s),
             Err(e) => {
-                let error = io_error("flush", &s.what, &e);
+                let error = BatchError::Flush(s.what.clone(), e);
                 s.abandon(&mut results, error);
             }
         }
@@ -163,8 +232,11 @@ fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<Rem
         // rename(2) of a file over a directory fails with EISDIR: no separate check.
         if let Err(e) = fs::rename(&s.scratch, &s.final_path) {
             let error = match e.raw_os_error() {
-                Some(nix::libc::EISDIR) => dir_in_the_way(&s.what),
-                _ => io_error("rename into place", &s.what, &e),
+                Some(nix::libc::EISDIR) => FsError::DirInTheWay {
+                    path: s.what.clone(),
+                }
+                .into(),
+                _ => BatchError::Rename(s.what.clone(), e),
             };
             s.abandon(&mut results, error);
             continue;
@@ -176,7 +248,7 @@ fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<Rem
     let flushed = sync_all(&renamed);
     for (s, flush) in renamed.iter().zip(flushed) {
         if let Err(e) = flush {
-            results[s.index] = Some(io_error("flush the directory of", &s.what, &e));
+            results[s.index] = Some(BatchError::FlushDir(s.what.clone(), e).into());
         }
     }
     if let Some(store) = share.store() {
@@ -204,22 +276,16 @@ fn stage(
     bytes: &[u8],
     seen: &mut HashSet<PathBuf>,
     dirs: &mut ResolvedDirs,
-) -> Result<Staged, RemoteError> {
+) -> Result<Staged, BatchError> {
     let what = share.display(&f.path);
     let (final_path, dev) = share.resolve_for_write_in(&f.path, dirs)?;
     // Compared as resolved, so two spellings of one name are caught too.
     if !seen.insert(final_path.clone()) {
-        return Err(remote(
-            ErrorKind::InvalidPath,
-            format!("{what}: named more than once in one batch"),
-        ));
+        return Err(BatchError::Twice { path: what });
     }
     if hash_chunk(bytes) != f.hash {
         tracing::warn!(file = %what, "batched upload failed SHA-256 verification");
-        return Err(remote(
-            ErrorKind::Integrity,
-            format!("{what}: failed SHA-256 verification"),
-        ));
+        return Err(BatchError::Integrity { path: what });
     }
     // A directory in the way is found by the rename (EISDIR), see `commit_all`.
     let scratch = scratch_path(&final_path);
@@ -229,10 +295,14 @@ fn stage(
         .mode(0o600)
         .custom_flags(nix::libc::O_NOFOLLOW)
         .open(&scratch)
-        .map_err(|e| io_error("create", &what, &e))?;
-    if let Err((step, e)) = write_whole(&mut file, bytes, f.mode, f.mtime) {
+        .map_err(|e| BatchError::Create(what.clone(), e))?;
+    if let Err((step, source)) = write_whole(&mut file, bytes, f.mode, f.mtime) {
         remove_quietly(&scratch);
-        return Err(io_error(step.verb(), &what, &e));
+        return Err(BatchError::Write {
+            path: what,
+            step,
+            source,
+        });
     }
     Ok(Staged {
         index,
@@ -286,17 +356,19 @@ pub async fn download(
     let what = share.display("");
     let (files, used) = blocking(move || {
         let mut data = buf.blocking_write();
-        Ok(read_all(&share, &paths, &mut data[..room]))
+        Ok::<_, RemoteError>(read_all(&share, &paths, &mut data[..room]))
     })
     .await?;
     if used > 0 {
         // `used <= room <= capacity`, which fits a u32, and lies inside the region.
-        let slice = RemoteSlice::of(&region, 0, used as u32)
-            .ok_or_else(|| protocol("a batch region that wraps around".into()))?;
+        let slice = RemoteSlice::of(&region, 0, used as u32).ok_or(BatchError::RegionWraps)?;
         io.transport
             .write(lease.reg(), 0, slice)
             .await
-            .map_err(|e| remote(ErrorKind::Io, format!("{what}: batch transfer failed: {e}")))?;
+            .map_err(|source| BatchError::Transport {
+                share: what,
+                source,
+            })?;
     }
     drop(lease);
     tracing::debug!(files = files.len(), bytes = used, "download batch");
@@ -323,7 +395,7 @@ fn read_all(share: &Share, paths: &[String], room: &mut [u8]) -> (Vec<BatchedFil
                     BatchedFile::Ok { attr, offset, hash }
                 }
                 Ok(None) => BatchedFile::NotIncluded,
-                Err(e) => BatchedFile::Err(e),
+                Err(e) => BatchedFile::Err(e.into()),
             });
         }
     }
@@ -340,7 +412,7 @@ struct Opened {
 /// Opens the file `rel` as `DownloadOpen` does (its parent resolved through `dirs`,
 /// once per batch) and, if it is small, starts reading it into the page cache.
 /// Blocking.
-fn open_small(share: &Share, rel: &str, dirs: &mut ResolvedDirs) -> Result<Opened, RemoteError> {
+fn open_small(share: &Share, rel: &str, dirs: &mut ResolvedDirs) -> Result<Opened, BatchError> {
     let what = share.display(rel);
     let path = share.resolve_in(rel, true, dirs)?;
     let (file, meta) = open_regular_at(&path, &what)?;
@@ -353,25 +425,22 @@ fn open_small(share: &Share, rel: &str, dirs: &mut ResolvedDirs) -> Result<Opene
 /// Reads the file `opened` whole to the start of `room` and returns its attributes (its
 /// `size` is the length read) and hash; `None` if it is larger than
 /// [`SMALL_FILE_MAX_BYTES`] or than `room`. Blocking.
-fn read_one(opened: Opened, room: &mut [u8]) -> Result<Option<(Attr, Sha256)>, RemoteError> {
+fn read_one(opened: Opened, room: &mut [u8]) -> Result<Option<(Attr, Sha256)>, BatchError> {
     let Opened { what, file, meta } = opened;
     let size = meta.len();
     if size > SMALL_FILE_MAX_BYTES || size > room.len() as u64 {
         return Ok(None);
     }
     let len = size as usize;
-    let changed = || {
-        remote(
-            ErrorKind::Changed,
-            format!("{what}: file changed while it was read"),
-        )
-    };
+    let changed = || BatchError::Changed { path: what.clone() };
     match file.read_exact_at(&mut room[..len], 0) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(changed()),
-        Err(e) => return Err(io_error("read", &what, &e)),
+        Err(e) => return Err(BatchError::Read(what, e)),
     }
-    let after = file.metadata().map_err(|e| io_error("stat", &what, &e))?;
+    let after = file
+        .metadata()
+        .map_err(|e| BatchError::Stat(what.clone(), e))?;
     let attr = attr_of(&meta, None);
     if after.len() != size || attr_of(&after, None).mtime != attr.mtime {
         return Err(changed());

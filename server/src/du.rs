@@ -9,16 +9,15 @@
 
 use std::collections::HashMap;
 
-use ferry_common::msg::{DiskUsage, ErrorKind, RemoteError, Response};
+use ferry_common::msg::{DiskUsage, RemoteError, Response};
 use nix::errno::Errno;
 use nix::sys::stat::FileStat;
 
-use crate::error::remote;
-use crate::fdtree::{is_dir, lstat_at, DescendError, Stack, Top};
+use crate::fdtree::{is_dir, lstat_at, DescendError, Stack, Top, TreeError, TreeOp};
 use crate::share::Share;
 
 /// Most distinct multiply-linked inodes one walk remembers (about 64 MiB of table): a
-/// tree with more is refused with [`ErrorKind::Busy`] rather than growing the table
+/// tree with more is refused with [`TreeError::TooManyLinked`] rather than growing the table
 /// without bound.
 pub const MAX_LINKED_INODES: usize = 1 << 20;
 
@@ -45,7 +44,7 @@ struct Tally {
 impl Tally {
     // `stat` field types differ between platforms (`nlink_t` is 32 bits on some).
     #[allow(clippy::unnecessary_cast)]
-    fn add(&mut self, share: &Share, st: &FileStat) -> Result<(), RemoteError> {
+    fn add(&mut self, share: &Share, st: &FileStat) -> Result<(), TreeError> {
         let allocated = (st.st_blocks as u64).saturating_mul(BLOCK_BYTES);
         if is_dir(st) {
             self.usage.dirs += 1;
@@ -61,13 +60,10 @@ impl Tally {
         }
         let key = (st.st_dev as u64, st.st_ino as u64);
         if !self.linked.contains_key(&key) && self.linked.len() >= MAX_LINKED_INODES {
-            return Err(remote(
-                ErrorKind::Busy,
-                format!(
-                    "{}: more than {MAX_LINKED_INODES} hard-linked files to account for",
-                    share.name()
-                ),
-            ));
+            return Err(TreeError::TooManyLinked {
+                share: share.name().into(),
+                limit: MAX_LINKED_INODES,
+            });
         }
         let e = self.linked.entry(key).or_insert(Linked {
             seen: 0,
@@ -94,11 +90,16 @@ impl Tally {
 /// Allowed on read-only shares; reserved names are refused as for `Remove`. Entries
 /// that vanish during the walk are skipped.
 pub fn disk_usage(share: &Share, rel: &str) -> Result<Response, RemoteError> {
+    Ok(Response::DiskUsage(walk(share, rel)?))
+}
+
+/// The disk usage of the tree at `rel` (see [`disk_usage`]).
+fn walk(share: &Share, rel: &str) -> Result<DiskUsage, TreeError> {
     let mut tally = Tally::default();
     let mut stack = match Top::open(share, rel, false)? {
         Top::Root(root) => {
             let st = nix::sys::stat::fstat(std::os::fd::AsRawFd::as_raw_fd(&root))
-                .map_err(|e| io(share, rel, "stat", e))?;
+                .map_err(|e| io(share, rel, TreeError::Stat, e))?;
             tally.add(share, &st)?;
             let mut stack = Stack::new(None, rel);
             stack.push_root(root);
@@ -106,14 +107,14 @@ pub fn disk_usage(share: &Share, rel: &str) -> Result<Response, RemoteError> {
         }
         Top::Entry { parent, name } => {
             let st = lstat_at(std::os::fd::AsRawFd::as_raw_fd(&parent), &name)
-                .map_err(|e| io(share, rel, "stat", e))?;
+                .map_err(|e| io(share, rel, TreeError::Stat, e))?;
             tally.add(share, &st)?;
             let mut stack = Stack::new(Some(parent), rel);
             if is_dir(&st) {
                 match stack.descend(share, &name) {
                     Ok(()) => {}
                     Err(DescendError::Fatal(e)) => return Err(e),
-                    Err(DescendError::Open(e)) => return Err(io(share, rel, "open", e)),
+                    Err(DescendError::Open(e)) => return Err(io(share, rel, TreeError::Open, e)),
                 }
             }
             stack
@@ -126,7 +127,7 @@ pub fn disk_usage(share: &Share, rel: &str) -> Result<Response, RemoteError> {
                 let st = match lstat_at(fd, &child) {
                     Ok(st) => st,
                     Err(Errno::ENOENT) => continue,
-                    Err(e) => return Err(stack.error(share, "stat", Some(&child), e)),
+                    Err(e) => return Err(stack.error(share, TreeError::Stat, Some(&child), e)),
                 };
                 tally.add(share, &st)?;
                 if is_dir(&st) {
@@ -136,20 +137,20 @@ pub fn disk_usage(share: &Share, rel: &str) -> Result<Response, RemoteError> {
                         // Gone, or no longer a directory, since it was examined.
                         Err(DescendError::Open(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR)) => {}
                         Err(DescendError::Open(e)) => {
-                            return Err(stack.error(share, "open", Some(&child), e))
+                            return Err(stack.error(share, TreeError::Open, Some(&child), e))
                         }
                     }
                 }
             }
-            Some(Err(e)) => return Err(stack.error(share, "list", None, e)),
+            Some(Err(e)) => return Err(stack.error(share, TreeError::List, None, e)),
             None => {
                 stack.ascend();
             }
         }
     }
-    Ok(Response::DiskUsage(tally.finish()))
+    Ok(tally.finish())
 }
 
-fn io(share: &Share, rel: &str, op: &str, e: Errno) -> RemoteError {
-    crate::error::io_error(op, &share.display(rel), &std::io::Error::from(e))
+fn io(share: &Share, rel: &str, op: TreeOp, e: Errno) -> TreeError {
+    op(share.display(rel), e.into())
 }

@@ -6,6 +6,18 @@
 use std::io;
 
 use ferry_common::msg::{ErrorKind, RemoteError};
+use ferry_common::path::PathError;
+
+use crate::batch::BatchError;
+use crate::fdtree::TreeError;
+use crate::fsops::FsError;
+use crate::links::LinkError;
+use crate::manifests::ManifestError;
+use crate::map::MapError;
+use crate::pool::PoolError;
+use crate::share::ShareError;
+use crate::transfer::TransferError;
+use crate::verify::VerifyError;
 
 /// `EDQUOT`: the disk quota is exhausted (reported as "no space").
 const EDQUOT: i32 = 122;
@@ -38,6 +50,14 @@ pub fn kind_of(e: &io::Error) -> ErrorKind {
     }
 }
 
+/// `e` as the client sees it: its message followed by its cause's, as `e: cause`.
+fn with_cause(kind: ErrorKind, e: &dyn std::error::Error) -> RemoteError {
+    match e.source() {
+        Some(cause) => remote(kind, format!("{e}: {cause}")),
+        None => remote(kind, e.to_string()),
+    }
+}
+
 /// Describes a failed `op` (a verb: "open", "write"...) on `what` (a share-relative
 /// path) for the client, as `what: cause`: every path error message starts with the
 /// path it is about, so clients can avoid repeating it.
@@ -53,6 +73,212 @@ pub fn io_error(op: &str, what: &str, e: &io::Error) -> RemoteError {
         _ => format!("cannot {op}: {e}"),
     };
     remote(kind_of(e), format!("{what}: {cause}"))
+}
+
+impl From<ShareError> for RemoteError {
+    fn from(e: ShareError) -> RemoteError {
+        match e {
+            ShareError::InvalidPath { path, source } => {
+                let kind = match &source {
+                    PathError::DotDot | PathError::Absolute => ErrorKind::OutsideShare,
+                    _ => ErrorKind::InvalidPath,
+                };
+                remote(kind, format!("{path}: {source}"))
+            }
+            ShareError::ResolveDir { path, source } => io_error("resolve", &path, &source),
+            ShareError::Follow { path, source } => io_error("open", &path, &source),
+            e @ ShareError::ReadOnly { .. } => remote(ErrorKind::ReadOnly, e.to_string()),
+            e @ ShareError::Outside { .. } => remote(ErrorKind::OutsideShare, e.to_string()),
+            e @ (ShareError::Reserved { .. }
+            | ShareError::WriteRoot { .. }
+            | ShareError::NotAName { .. }
+            | ShareError::TempName { .. }) => remote(ErrorKind::InvalidPath, e.to_string()),
+        }
+    }
+}
+
+impl From<FsError> for RemoteError {
+    fn from(e: FsError) -> RemoteError {
+        match e {
+            FsError::Share(e) => e.into(),
+            e @ FsError::NotADirectory { .. } => remote(ErrorKind::Exists, e.to_string()),
+            e @ (FsError::SymlinkTarget { .. }
+            | FsError::AttrOfSymlink { .. }
+            | FsError::NotRegular { .. }) => remote(ErrorKind::InvalidPath, e.to_string()),
+            e @ (FsError::DirInTheWay { .. } | FsError::IsADirectory { .. }) => {
+                remote(ErrorKind::IsADirectory, e.to_string())
+            }
+            FsError::Stat { path, source } => io_error("stat", &path, &source),
+            FsError::ReadLink { path, source } => io_error("readlink", &path, &source),
+            FsError::List { path, source } => io_error("list", &path, &source),
+            FsError::Chmod { path, source } => io_error("chmod", &path, &source),
+            FsError::Mkdir { path, source } => io_error("mkdir", &path, &source),
+            FsError::Symlink { path, source } => io_error("symlink", &path, &source),
+            FsError::Open { path, source } => io_error("open", &path, &source),
+            FsError::SetMtime { path, source } => io_error("set mtime", &path, &source),
+            FsError::Rename { path, source } => io_error("rename", &path, &source),
+            FsError::Fsync { path, source } => io_error("fsync", &path, &source),
+            FsError::StatFs { path, source } => io_error("statfs", &path, &source),
+        }
+    }
+}
+
+impl From<TreeError> for RemoteError {
+    fn from(e: TreeError) -> RemoteError {
+        match e {
+            TreeError::Share(e) => e.into(),
+            e @ (TreeError::Reserved { .. }
+            | TreeError::NotAName { .. }
+            | TreeError::TooDeep { .. }
+            | TreeError::RemoveRoot { .. }) => remote(ErrorKind::InvalidPath, e.to_string()),
+            e @ TreeError::Outside { .. } => remote(ErrorKind::OutsideShare, e.to_string()),
+            e @ TreeError::Changed { .. } => remote(ErrorKind::Changed, e.to_string()),
+            e @ (TreeError::NotEmpty { .. } | TreeError::KeepsFilling { .. }) => {
+                remote(ErrorKind::Exists, e.to_string())
+            }
+            e @ TreeError::LostParent { .. } => remote(ErrorKind::Io, e.to_string()),
+            e @ TreeError::TooManyLinked { .. } => remote(ErrorKind::Busy, e.to_string()),
+            TreeError::Open(path, source) => io_error("open", &path, &source),
+            TreeError::Stat(path, source) => io_error("stat", &path, &source),
+            TreeError::List(path, source) => io_error("list", &path, &source),
+            TreeError::Remove(path, source) => io_error("remove", &path, &source),
+        }
+    }
+}
+
+impl From<PoolError> for RemoteError {
+    fn from(e: PoolError) -> RemoteError {
+        with_cause(ErrorKind::Io, &e)
+    }
+}
+
+impl From<ManifestError> for RemoteError {
+    fn from(e: ManifestError) -> RemoteError {
+        match e {
+            ManifestError::Stat(path, source) => io_error("stat", &path, &source),
+            ManifestError::Read(path, source) => io_error("read", &path, &source),
+            e @ (ManifestError::Shrank { .. } | ManifestError::KeepsChanging { .. }) => {
+                remote(ErrorKind::Changed, e.to_string())
+            }
+        }
+    }
+}
+
+impl From<TransferError> for RemoteError {
+    fn from(e: TransferError) -> RemoteError {
+        match e {
+            TransferError::Share(e) => e.into(),
+            TransferError::Fs(e) => e.into(),
+            TransferError::Pool(e) => e.into(),
+            TransferError::Manifest(e) => e.into(),
+            TransferError::Stage { path, source } => {
+                io_error(source.op.verb(), &path, &source.source)
+            }
+            TransferError::Window { path, source } => {
+                remote(ErrorKind::Protocol, format!("{path}: {source}"))
+            }
+            TransferError::NotCommitted { .. } => with_cause(ErrorKind::Integrity, &e),
+            e @ TransferError::Chunk(_) | e @ TransferError::OutsideRegion { .. } => {
+                remote(ErrorKind::Protocol, e.to_string())
+            }
+            e @ TransferError::Integrity { .. } => remote(ErrorKind::Integrity, e.to_string()),
+            e @ (TransferError::Transport { .. }
+            | TransferError::HashTask { .. }
+            | TransferError::ReadTask { .. }
+            | TransferError::ChunkTask(_)) => with_cause(ErrorKind::Io, &e),
+            e @ (TransferError::Shrank { .. } | TransferError::ChangedDuring { .. }) => {
+                remote(ErrorKind::Changed, e.to_string())
+            }
+            e @ TransferError::BaseNotRegular { .. } => {
+                remote(ErrorKind::InvalidPath, e.to_string())
+            }
+            TransferError::OpenBase(path, source) => io_error("open the base", &path, &source),
+            TransferError::Open(path, source) => io_error("open", &path, &source),
+            TransferError::Stat(path, source) => io_error("stat", &path, &source),
+            TransferError::Truncate(path, source) => io_error("truncate", &path, &source),
+            TransferError::Chmod(path, source) => io_error("chmod", &path, &source),
+            TransferError::SetMtime(path, source) => io_error("set mtime", &path, &source),
+            TransferError::Fsync(path, source) => io_error("fsync", &path, &source),
+            TransferError::FsyncDir(path, source) => {
+                io_error("fsync the directory", &path, &source)
+            }
+            TransferError::Write(path, source) => io_error("write", &path, &source),
+            TransferError::Read(path, source) => io_error("read", &path, &source),
+        }
+    }
+}
+
+impl From<MapError> for RemoteError {
+    fn from(e: MapError) -> RemoteError {
+        match e {
+            MapError::Share(e) => e.into(),
+            MapError::Fs(e) => e.into(),
+            MapError::Manifest(e) => e.into(),
+            e @ MapError::OverBudget { .. } => remote(ErrorKind::Busy, e.to_string()),
+            e @ MapError::NoSuchMap { .. } => remote(ErrorKind::Protocol, e.to_string()),
+            e @ MapError::TooLarge { .. } => remote(ErrorKind::Io, e.to_string()),
+            e @ (MapError::Register { .. } | MapError::AllocateManifest { .. }) => {
+                with_cause(ErrorKind::Io, &e)
+            }
+            MapError::Stat(path, source) => io_error("stat", &path, &source),
+            MapError::Open(path, source) => io_error("open", &path, &source),
+            MapError::Map(path, source) => io_error("map", &path, &source),
+        }
+    }
+}
+
+impl From<BatchError> for RemoteError {
+    fn from(e: BatchError) -> RemoteError {
+        match e {
+            BatchError::Share(e) => e.into(),
+            BatchError::Fs(e) => e.into(),
+            BatchError::Open(e) => e.into(),
+            BatchError::Pool(e) => e.into(),
+            e @ BatchError::RegionWraps => remote(ErrorKind::Protocol, e.to_string()),
+            e @ BatchError::Transport { .. } => with_cause(ErrorKind::Io, &e),
+            e @ BatchError::Twice { .. } => remote(ErrorKind::InvalidPath, e.to_string()),
+            e @ BatchError::Integrity { .. } => remote(ErrorKind::Integrity, e.to_string()),
+            e @ BatchError::Changed { .. } => remote(ErrorKind::Changed, e.to_string()),
+            BatchError::Create(path, source) => io_error("create", &path, &source),
+            BatchError::Write { path, step, source } => io_error(step.verb(), &path, &source),
+            BatchError::Flush(path, source) => io_error("flush", &path, &source),
+            BatchError::Rename(path, source) => io_error("rename into place", &path, &source),
+            BatchError::FlushDir(path, source) => {
+                io_error("flush the directory of", &path, &source)
+            }
+            BatchError::Read(path, source) => io_error("read", &path, &source),
+            BatchError::Stat(path, source) => io_error("stat", &path, &source),
+        }
+    }
+}
+
+impl From<LinkError> for RemoteError {
+    fn from(e: LinkError) -> RemoteError {
+        match e {
+            LinkError::Share(e) => e.into(),
+            e @ (LinkError::Moved { .. } | LinkError::SourceChanged { .. }) => {
+                remote(ErrorKind::Changed, e.to_string())
+            }
+            e @ LinkError::NotAFile { .. } => remote(ErrorKind::InvalidPath, e.to_string()),
+            LinkError::Open(path, source) => io_error("open", &path, &source),
+            LinkError::Stat(path, source) => io_error("stat", &path, &source),
+            LinkError::Link(path, source) => io_error("link", &path, &source),
+        }
+    }
+}
+
+impl From<VerifyError> for RemoteError {
+    fn from(e: VerifyError) -> RemoteError {
+        match e {
+            VerifyError::Share(e) => e.into(),
+            VerifyError::Fs(e) => e.into(),
+            VerifyError::Hash(e) => e.into(),
+            e @ VerifyError::Symlink { .. } => remote(ErrorKind::InvalidPath, e.to_string()),
+            e @ VerifyError::Changed { .. } => remote(ErrorKind::Changed, e.to_string()),
+            VerifyError::Open(path, source) => io_error("open", &path, &source),
+            VerifyError::Stat(path, source) => io_error("stat", &path, &source),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -79,5 +305,62 @@ mod tests {
             r.message,
             "data/x: cannot write: no space left on the server's device"
         );
+    }
+
+    #[test]
+    fn layer_errors_reach_the_wire_with_their_kind_and_message() {
+        let cases: Vec<(RemoteError, ErrorKind, &str)> = vec![
+            (
+                ShareError::InvalidPath {
+                    path: "s/../x".into(),
+                    source: PathError::DotDot,
+                }
+                .into(),
+                ErrorKind::OutsideShare,
+                "s/../x: '..' is not allowed in share paths (it could escape the share)",
+            ),
+            (
+                FsError::Share(ShareError::ReadOnly { share: "s".into() }).into(),
+                ErrorKind::ReadOnly,
+                "share 's' is read-only",
+            ),
+            (
+                FsError::Mkdir {
+                    path: "s/d".into(),
+                    source: io::Error::from_raw_os_error(13), // EACCES
+                }
+                .into(),
+                ErrorKind::PermissionDenied,
+                "s/d: cannot mkdir: permission denied",
+            ),
+            (
+                TreeError::Stat("s/t".into(), io::Error::from_raw_os_error(2)).into(),
+                ErrorKind::NotFound,
+                "s/t: no such file or directory",
+            ),
+            (
+                PoolError::Allocate(io::Error::other("boom")).into(),
+                ErrorKind::Io,
+                "cannot allocate a chunk buffer: boom",
+            ),
+            (
+                PoolError::Closed.into(),
+                ErrorKind::Io,
+                "buffer pool closed",
+            ),
+            (
+                BatchError::RegionWraps.into(),
+                ErrorKind::Protocol,
+                "a batch region that wraps around",
+            ),
+            (
+                TransferError::Fs(FsError::DirInTheWay { path: "s/f".into() }).into(),
+                ErrorKind::IsADirectory,
+                "s/f: a directory is in the way",
+            ),
+        ];
+        for (got, kind, message) in cases {
+            assert_eq!((got.kind, got.message.as_str()), (kind, message));
+        }
     }
 }

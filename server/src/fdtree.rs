@@ -21,15 +21,14 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 
-use ferry_common::msg::{ErrorKind, RemoteError, MAX_PATH_BYTES};
+use ferry_common::msg::MAX_PATH_BYTES;
 use ferry_common::path::components;
 use nix::dir::{Dir, OwningIter};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{fstatat, FileStat, Mode, SFlag};
 
-use crate::error::{io_error, remote};
-use crate::share::Share;
+use crate::share::{Share, ShareError};
 
 /// Names starting with this are the server's own (transfer files, share state):
 /// clients can neither remove nor measure them by name.
@@ -39,6 +38,94 @@ pub const RESERVED_PREFIX: &str = ".ferry-";
 /// can build (paths are at most [`MAX_PATH_BYTES`], two bytes a level at the least).
 /// Each level holds one open descriptor while the walk is below it.
 pub const MAX_WALK_DEPTH: usize = MAX_PATH_BYTES / 2;
+
+/// A failed walk of a tree (`Remove`, `DiskUsage`): each variant names the operation
+/// and the share-relative path (`share/dir/file`) it failed on.
+#[derive(Debug, thiserror::Error)]
+pub enum TreeError {
+    /// The path cannot be used (see [`ShareError`]).
+    #[error(transparent)]
+    Share(#[from] ShareError),
+    /// The path names, or resolves through, one of the server's own names.
+    #[error("{path}: names starting with '{RESERVED_PREFIX}' are reserved")]
+    Reserved {
+        /// The path.
+        path: String,
+    },
+    /// The path resolves outside the share.
+    #[error("{path}: path resolves outside the share")]
+    Outside {
+        /// The path.
+        path: String,
+    },
+    /// The final component is not a valid C string.
+    #[error("{path}: not a valid name")]
+    NotAName {
+        /// The path.
+        path: String,
+    },
+    /// A directory on the way is gone or no longer a directory since it was resolved.
+    #[error("{path}: a directory on the path changed while it was used")]
+    Changed {
+        /// The path.
+        path: String,
+    },
+    /// The tree is deeper than [`MAX_WALK_DEPTH`] levels.
+    #[error("{path}: deeper than {MAX_WALK_DEPTH} directory levels")]
+    TooDeep {
+        /// The top of the walk.
+        path: String,
+    },
+    /// `Remove` of the share root.
+    #[error("{path}: the share root cannot be removed")]
+    RemoveRoot {
+        /// The path.
+        path: String,
+    },
+    /// A non-recursive `Remove` of a directory that is not empty.
+    #[error("{path}: directory not empty (remove it recursively)")]
+    NotEmpty {
+        /// The path.
+        path: String,
+    },
+    /// A directory that kept being filled while it was emptied.
+    #[error("{path}: still not empty after {passes} passes (entries are being added)")]
+    KeepsFilling {
+        /// The directory.
+        path: String,
+        /// How many times it was emptied.
+        passes: u32,
+    },
+    /// The walk lost the directory above the one it left.
+    #[error("{path}: lost its parent")]
+    LostParent {
+        /// The directory left.
+        path: String,
+    },
+    /// `DiskUsage` met more multiply-linked inodes than it accounts for.
+    #[error("{share}: more than {limit} hard-linked files to account for")]
+    TooManyLinked {
+        /// The share's name.
+        share: String,
+        /// The most it accounts for.
+        limit: usize,
+    },
+    /// Opening a directory failed.
+    #[error("{0}: cannot open")]
+    Open(String, #[source] io::Error),
+    /// `fstatat` failed.
+    #[error("{0}: cannot stat")]
+    Stat(String, #[source] io::Error),
+    /// Reading a directory failed.
+    #[error("{0}: cannot list")]
+    List(String, #[source] io::Error),
+    /// `unlinkat` failed.
+    #[error("{0}: cannot remove")]
+    Remove(String, #[source] io::Error),
+}
+
+/// Constructs the [`TreeError`] of one failed operation from the path and its cause.
+pub type TreeOp = fn(String, io::Error) -> TreeError;
 
 fn dir_flags() -> OFlag {
     OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
@@ -65,14 +152,9 @@ impl Top {
     /// [`Share::resolve_for_write`]). Every component of the resolved path is checked
     /// against [`RESERVED_PREFIX`], so a symlink to a reserved directory does not get
     /// around the rule.
-    pub fn open(share: &Share, rel: &str, write: bool) -> Result<Top, RemoteError> {
+    pub fn open(share: &Share, rel: &str, write: bool) -> Result<Top, TreeError> {
         let what = share.display(rel);
-        let reserved = || {
-            remote(
-                ErrorKind::InvalidPath,
-                format!("{what}: names starting with '{RESERVED_PREFIX}' are reserved"),
-            )
-        };
+        let reserved = || TreeError::Reserved { path: what.clone() };
         // As named (whether it exists or not), then as resolved.
         if components(rel).is_ok_and(|c| c.iter().any(|c| c.starts_with(RESERVED_PREFIX))) {
             return Err(reserved());
@@ -83,10 +165,7 @@ impl Top {
             share.resolve(rel, false)?
         };
         let Ok(inside) = path.strip_prefix(share.root()) else {
-            return Err(remote(
-                ErrorKind::OutsideShare,
-                format!("{what}: path resolves outside the share"),
-            ));
+            return Err(TreeError::Outside { path: what });
         };
         let comps: Vec<&OsStr> = inside.iter().collect();
         if comps
@@ -96,7 +175,7 @@ impl Top {
             return Err(reserved());
         }
         let mut dir = Dir::open(share.root(), dir_flags(), Mode::empty())
-            .map_err(|e| io_error("open", &what, &io::Error::from(e)))?;
+            .map_err(|e| TreeError::Open(what.clone(), e.into()))?;
         let Some((last, parents)) = comps.split_last() else {
             return Ok(Top::Root(dir));
         };
@@ -104,21 +183,17 @@ impl Top {
             dir = Dir::openat(Some(dir.as_raw_fd()), *comp, dir_flags(), Mode::empty())
                 .map_err(|e| moved(&what, e))?;
         }
-        let name = CString::new(last.as_bytes())
-            .map_err(|_| remote(ErrorKind::InvalidPath, format!("{what}: not a valid name")))?;
+        let name = CString::new(last.as_bytes()).map_err(|_| TreeError::NotAName { path: what })?;
         Ok(Top::Entry { parent: dir, name })
     }
 }
 
 /// The error for a directory on the way that could not be opened: gone, or no
 /// longer a directory (swapped for a symlink or a file since it was resolved).
-fn moved(what: &str, e: Errno) -> RemoteError {
+fn moved(what: &str, e: Errno) -> TreeError {
     match e {
-        Errno::ELOOP | Errno::ENOTDIR => remote(
-            ErrorKind::Changed,
-            format!("{what}: a directory on the path changed while it was used"),
-        ),
-        e => io_error("open", what, &io::Error::from(e)),
+        Errno::ELOOP | Errno::ENOTDIR => TreeError::Changed { path: what.into() },
+        e => TreeError::Open(what.into(), e.into()),
     }
 }
 
@@ -220,16 +295,12 @@ impl Stack {
 
     /// Opens the directory `name` in the current one (or the top itself when the
     /// stack is empty) with `O_NOFOLLOW` and descends into it. Fails with
-    /// [`ErrorKind::InvalidPath`] beyond [`MAX_WALK_DEPTH`] levels below the top.
+    /// [`TreeError::TooDeep`] beyond [`MAX_WALK_DEPTH`] levels below the top.
     pub fn descend(&mut self, share: &Share, name: &CStr) -> Result<(), DescendError> {
         if self.frames.len() > MAX_WALK_DEPTH {
-            return Err(DescendError::Fatal(remote(
-                ErrorKind::InvalidPath,
-                format!(
-                    "{}: deeper than {MAX_WALK_DEPTH} directory levels",
-                    share.display(&self.rel)
-                ),
-            )));
+            return Err(DescendError::Fatal(TreeError::TooDeep {
+                path: share.display(&self.rel),
+            }));
         }
         let Some(fd) = self.fd() else {
             return Err(DescendError::Open(Errno::EBADF));
@@ -268,8 +339,8 @@ impl Stack {
     }
 
     /// The error of `op` on `name` in the current directory.
-    pub fn error(&self, share: &Share, op: &str, name: Option<&CStr>, e: Errno) -> RemoteError {
-        io_error(op, &self.display(share, name), &io::Error::from(e))
+    pub fn error(&self, share: &Share, op: TreeOp, name: Option<&CStr>, e: Errno) -> TreeError {
+        op(self.display(share, name), e.into())
     }
 }
 
@@ -278,5 +349,5 @@ pub enum DescendError {
     /// `openat` failed (the entry is gone, or is no longer a directory).
     Open(Errno),
     /// The walk must stop.
-    Fatal(RemoteError),
+    Fatal(TreeError),
 }

@@ -1,28 +1,177 @@
 //! Metadata requests, as blocking filesystem calls (run them off the async threads).
 
 use std::fs::{self, File, Permissions};
+use std::io;
 use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
 use ferry_common::attr::attr_of;
 use ferry_common::msg::{
-    Attr, DirEntry, ErrorKind, FileKind, FsStat, RemoteError, Response, Timestamp,
-    MAX_DIR_PAGE_ENTRIES,
+    Attr, DirEntry, FileKind, FsStat, RemoteError, Response, Timestamp, MAX_DIR_PAGE_ENTRIES,
 };
 use ferry_common::{STATE_DIR, TEMP_PREFIX};
 
-use crate::error::{io_error, remote};
-use crate::share::Share;
+use crate::share::{Share, ShareError};
 
 /// Bytes of names and symlink targets per listing page, so that a page of long names
 /// stays well under the control frame limit.
 const DIR_PAGE_BUDGET_BYTES: usize = 512 << 10;
 
+/// A failed metadata request: each variant names the operation and the share-relative
+/// path (`share/dir/file`) it failed on.
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    /// The path cannot be used (see [`ShareError`]).
+    #[error(transparent)]
+    Share(#[from] ShareError),
+    /// `lstat` failed.
+    #[error("{path}: cannot stat")]
+    Stat {
+        /// The path.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading a symlink's target failed.
+    #[error("{path}: cannot readlink")]
+    ReadLink {
+        /// The path.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading a directory failed.
+    #[error("{path}: cannot list")]
+    List {
+        /// The path.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Setting permission bits failed.
+    #[error("{path}: cannot chmod")]
+    Chmod {
+        /// The path.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Creating a directory failed.
+    #[error("{path}: cannot mkdir")]
+    Mkdir {
+        /// The path.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// `Mkdir` with `exist_ok` met something else than a directory.
+    #[error("{path}: exists and is not a directory")]
+    NotADirectory {
+        /// The path.
+        path: String,
+    },
+    /// Creating a symlink (or renaming it into place) failed.
+    #[error("{path}: cannot symlink")]
+    Symlink {
+        /// The path.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A symlink target that is empty or holds a NUL byte.
+    #[error("{path}: invalid symlink target")]
+    SymlinkTarget {
+        /// The path.
+        path: String,
+    },
+    /// `SetAttr` named a symlink.
+    #[error("{path}: cannot set attributes of a symlink")]
+    AttrOfSymlink {
+        /// The path.
+        path: String,
+    },
+    /// Opening the file failed.
+    #[error("{path}: cannot open")]
+    Open {
+        /// The path.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Setting the modification time failed.
+    #[error("{path}: cannot set mtime")]
+    SetMtime {
+        /// The path.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// `renameat2` failed.
+    #[error("{path}: cannot rename")]
+    Rename {
+        /// The destination path.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Syncing the directory of a new name failed.
+    #[error("{path}: cannot fsync")]
+    Fsync {
+        /// The path.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// `statvfs` of the share's root failed.
+    #[error("{path}: cannot statfs")]
+    StatFs {
+        /// The share's name.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A file request named a directory.
+    #[error("{path}: is a directory")]
+    IsADirectory {
+        /// The path.
+        path: String,
+    },
+    /// A file request named something else than a regular file or a directory.
+    #[error("{path}: not a regular file")]
+    NotRegular {
+        /// The path.
+        path: String,
+    },
+    /// A directory has the name a file or symlink is to take.
+    #[error("{path}: a directory is in the way")]
+    DirInTheWay {
+        /// The path.
+        path: String,
+    },
+}
+
 /// Attributes of `path` itself (a symlink is described, not followed).
-pub fn lstat(path: &Path, share: &Share, rel: &str) -> Result<Attr, RemoteError> {
-    let meta = fs::symlink_metadata(path).map_err(|e| io_error("stat", &share.display(rel), &e))?;
+pub fn lstat(path: &Path, share: &Share, rel: &str) -> Result<Attr, FsError> {
+    let meta = fs::symlink_metadata(path).map_err(|source| FsError::Stat {
+        path: share.display(rel),
+        source,
+    })?;
     let target = if meta.file_type().is_symlink() {
-        let t = fs::read_link(path).map_err(|e| io_error("readlink", &share.display(rel), &e))?;
+        let t = fs::read_link(path).map_err(|source| FsError::ReadLink {
+            path: share.display(rel),
+            source,
+        })?;
         Some(t.to_string_lossy().into_owned())
     } else {
         None
@@ -43,8 +192,12 @@ pub fn list_dir(share: &Share, rel: &str, cursor: u64) -> Result<Response, Remot
     let path = share.resolve(rel, true)?;
     let at_root = path == share.root();
     let mut names: Vec<String> = Vec::new();
-    for entry in fs::read_dir(&path).map_err(|e| io_error("list", &what, &e))? {
-        let entry = entry.map_err(|e| io_error("list", &what, &e))?;
+    let list = |source| FsError::List {
+        path: what.clone(),
+        source,
+    };
+    for entry in fs::read_dir(&path).map_err(list)? {
+        let entry = entry.map_err(list)?;
         match entry.file_name().into_string() {
             Ok(n) if at_root && n == STATE_DIR => {}
             Ok(n) if !n.starts_with(TEMP_PREFIX) => names.push(n),
@@ -70,8 +223,12 @@ pub fn list_dir(share: &Share, rel: &str, cursor: u64) -> Result<Response, Remot
         let attr = match lstat(&path.join(name), share, &child_rel) {
             Ok(a) => a,
             // Removed between readdir and lstat: just not there any more.
-            Err(e) if e.kind == ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
+            Err(FsError::Stat { source, .. } | FsError::ReadLink { source, .. })
+                if source.kind() == io::ErrorKind::NotFound =>
+            {
+                continue
+            }
+            Err(e) => return Err(e.into()),
         };
         budget = budget
             .saturating_sub(name.len() + attr.symlink_target.as_ref().map_or(0, |t| t.len()) + 32);
@@ -91,19 +248,16 @@ pub fn mkdir(share: &Share, rel: &str, mode: u32, exist_ok: bool) -> Result<Resp
         Ok(()) => {
             // The umask may have cleared bits: set exactly what was asked.
             fs::set_permissions(&path, Permissions::from_mode(mode & 0o7777))
-                .map_err(|e| io_error("chmod", &what, &e))?;
+                .map_err(|source| FsError::Chmod { path: what, source })?;
             Ok(Response::Ok)
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && exist_ok => {
             match fs::symlink_metadata(&path) {
                 Ok(m) if m.is_dir() => Ok(Response::Ok),
-                _ => Err(remote(
-                    ErrorKind::Exists,
-                    format!("{what}: exists and is not a directory"),
-                )),
+                _ => Err(FsError::NotADirectory { path: what }.into()),
             }
         }
-        Err(e) => Err(io_error("mkdir", &what, &e)),
+        Err(source) => Err(FsError::Mkdir { path: what, source }.into()),
     }
 }
 
@@ -113,38 +267,41 @@ pub fn make_symlink(share: &Share, rel: &str, target: &str) -> Result<Response, 
     let what = share.display(rel);
     let path = share.resolve_for_write(rel)?;
     if target.contains('\0') || target.is_empty() {
-        return Err(remote(
-            ErrorKind::InvalidPath,
-            format!("{what}: invalid symlink target"),
-        ));
+        return Err(FsError::SymlinkTarget { path: what }.into());
     }
     no_dir_in_the_way(&path, &what)?;
     let parent = path.parent().unwrap_or(share.root());
     let tmp = parent.join(format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>()));
-    symlink(target, &tmp).map_err(|e| io_error("symlink", &what, &e))?;
-    if let Err(e) = fs::rename(&tmp, &path) {
+    if let Err(source) = symlink(target, &tmp) {
+        return Err(FsError::Symlink { path: what, source }.into());
+    }
+    if let Err(source) = fs::rename(&tmp, &path) {
         let _ = fs::remove_file(&tmp);
-        return Err(io_error("symlink", &what, &e));
+        return Err(FsError::Symlink { path: what, source }.into());
     }
     Ok(Response::Ok)
 }
 
-/// Fails with [`ErrorKind::IsADirectory`] if a directory (not a symlink to one) is at
+/// Fails with [`FsError::DirInTheWay`] if a directory (not a symlink to one) is at
 /// `path`, which a file or symlink `what` is about to replace by rename: a rename over
 /// an empty directory would succeed, over another fail obscurely. Blocking.
-pub fn no_dir_in_the_way(path: &Path, what: &str) -> Result<(), RemoteError> {
+pub fn no_dir_in_the_way(path: &Path, what: &str) -> Result<(), FsError> {
     if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
-        return Err(dir_in_the_way(what));
+        return Err(FsError::DirInTheWay { path: what.into() });
     }
     Ok(())
 }
 
-/// The error for a file that cannot take its name because a directory has it.
-pub fn dir_in_the_way(what: &str) -> RemoteError {
-    remote(
-        ErrorKind::IsADirectory,
-        format!("{what}: a directory is in the way"),
-    )
+/// Refuses `meta` unless it describes a regular file: [`FsError::IsADirectory`] for a
+/// directory, [`FsError::NotRegular`] for anything else; `what` names it.
+pub fn check_regular(meta: &fs::Metadata, what: &str) -> Result<(), FsError> {
+    if meta.is_dir() {
+        Err(FsError::IsADirectory { path: what.into() })
+    } else if !meta.is_file() {
+        Err(FsError::NotRegular { path: what.into() })
+    } else {
+        Ok(())
+    }
 }
 
 /// `SetAttr` on a file or directory (never through a symlink).
@@ -156,28 +313,35 @@ pub fn set_attr(
 ) -> Result<Response, RemoteError> {
     let what = share.display(rel);
     let path = share.resolve_for_write(rel)?;
-    let meta = fs::symlink_metadata(&path).map_err(|e| io_error("stat", &what, &e))?;
+    let meta = fs::symlink_metadata(&path).map_err(|source| FsError::Stat {
+        path: what.clone(),
+        source,
+    })?;
     if ferry_common::attr::kind_of(&meta) == FileKind::Symlink {
-        return Err(remote(
-            ErrorKind::InvalidPath,
-            format!("{what}: cannot set attributes of a symlink"),
-        ));
+        return Err(FsError::AttrOfSymlink { path: what }.into());
     }
     if let Some(mode) = mode {
-        fs::set_permissions(&path, Permissions::from_mode(mode & 0o7777))
-            .map_err(|e| io_error("chmod", &what, &e))?;
+        fs::set_permissions(&path, Permissions::from_mode(mode & 0o7777)).map_err(|source| {
+            FsError::Chmod {
+                path: what.clone(),
+                source,
+            }
+        })?;
     }
     if let Some(t) = mtime {
-        let f = File::open(&path).map_err(|e| io_error("open", &what, &e))?;
+        let f = File::open(&path).map_err(|source| FsError::Open {
+            path: what.clone(),
+            source,
+        })?;
         f.set_modified(t.to_system())
-            .map_err(|e| io_error("set mtime", &what, &e))?;
+            .map_err(|source| FsError::SetMtime { path: what, source })?;
     }
     Ok(Response::Ok)
 }
 
 /// `Rename`: renames `from` to `to` with `RENAME_NOREPLACE` (an existing `to` fails with
-/// [`ErrorKind::Exists`], whatever its kind), then fsyncs the destination directory so
-/// the new name is durable. Neither name may be the share root or a temporary name.
+/// [`ferry_common::msg::ErrorKind::Exists`], whatever its kind), then fsyncs the
+/// destination directory so the new name is durable. Neither name may be the share root or a temporary name.
 pub fn rename(share: &Share, from: &str, to: &str) -> Result<Response, RemoteError> {
     let src = share.resolve_for_write(from)?;
     let dst = share.resolve_for_write(to)?;
@@ -189,17 +353,14 @@ pub fn rename(share: &Share, from: &str, to: &str) -> Result<Response, RemoteErr
         &dst,
         nix::fcntl::RenameFlags::RENAME_NOREPLACE,
     )
-    .map_err(|errno| {
-        io_error(
-            "rename",
-            &what,
-            &std::io::Error::from_raw_os_error(errno as i32),
-        )
+    .map_err(|errno| FsError::Rename {
+        path: what.clone(),
+        source: io::Error::from(errno),
     })?;
     if let Some(parent) = dst.parent() {
         File::open(parent)
             .and_then(|d| d.sync_all())
-            .map_err(|e| io_error("fsync", &what, &e))?;
+            .map_err(|source| FsError::Fsync { path: what, source })?;
     }
     Ok(Response::Ok)
 }
@@ -207,12 +368,9 @@ pub fn rename(share: &Share, from: &str, to: &str) -> Result<Response, RemoteErr
 /// `StatFs`: `statvfs(3)` of the share's root. Counts are in units of `block_size` (the
 /// fragment size, `f_frsize`, which is what `f_blocks` counts).
 pub fn statfs(share: &Share) -> Result<Response, RemoteError> {
-    let st = nix::sys::statvfs::statvfs(share.root()).map_err(|errno| {
-        io_error(
-            "statfs",
-            &share.display(""),
-            &std::io::Error::from_raw_os_error(errno as i32),
-        )
+    let st = nix::sys::statvfs::statvfs(share.root()).map_err(|errno| FsError::StatFs {
+        path: share.display(""),
+        source: io::Error::from(errno),
     })?;
     let clamp32 = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
     Ok(Response::FsStat(FsStat {

@@ -1,28 +1,32 @@
 //! ferryd, the Ferry file server, as a library.
 //!
-//! [`Server`] exports named shares ([`share::Share`]) and serves each connection with a
-//! thin driver ([`conn`]) around the sans-IO [`ferry_common::proto::server`] session:
-//! metadata requests run as plain filesystem calls ([`fsops`]; hard links are made
-//! relative to directory descriptors, each parent opened once per request: [`links`];
-//! tree removal and disk usage walk directory descriptors: [`remove`], [`du`],
-//! [`fdtree`]); uploads are PULLED
+//! [`Server`] exports named shares (`share::Share`) and serves each connection with a
+//! thin driver (`conn`) around the sans-IO [`ferry_common::proto::server`] session:
+//! metadata requests run as plain filesystem calls (`fsops`; hard links are made
+//! relative to directory descriptors, each parent opened once per request: `links`;
+//! tree removal and disk usage walk directory descriptors: `remove`, `du`,
+//! `fdtree`); uploads are PULLED
 //! with one-sided READs of the client's registered source window and downloads are
-//! PUSHED with one-sided WRITEs into the client's registered buffers ([`transfer`]),
+//! PUSHED with one-sided WRITEs into the client's registered buffers (`transfer`),
 //! every chunk hashed with SHA-256, through a bounded per-connection pool of
-//! registered chunk buffers ([`pool`]). Small files travel many per request, each batch
-//! with one one-sided operation and one flush ([`batch`]). Mapped files ([`map`]) register a whole file
-//! read-only, with its chunk manifest ([`manifests`], cached server-wide), so a client
+//! registered chunk buffers (`pool`). Small files travel many per request, each batch
+//! with one one-sided operation and one flush (`batch`). Mapped files (`map`) register a whole file
+//! read-only, with its chunk manifest (`manifests`, cached server-wide), so a client
 //! reads any part of it with one-sided READs and no request per read. Writable shares
-//! keep manifests across restarts in a persistent store ([`store`]), which `Verify`
-//! ([`verify`]) compares a file's bytes with.
+//! keep manifests across restarts in a persistent store (`store`), which `Verify`
+//! (`verify`) compares a file's bytes with.
 //!
 //! Uploads of several chunks are resumable: an interrupted one leaves a partial file and
 //! its journal ([`ferry_common::staging`]), which the next upload of the same name
-//! continues; [`cleanup`] removes what a killed ferryd left, once, at start.
+//! continues; `cleanup` removes what a killed ferryd left, once, at start.
+//!
+//! Each layer below the driver fails with its own error enum (naming the failed
+//! operation, with the OS or transport error as its source); `error` turns each into
+//! the wire's [`RemoteError`] in one place.
 //!
 //! Server-wide state lives in [`Server`]: the shares, the manifest cache, the budget of
 //! mapped bytes and the counters [`Server::stats`] reports (live things are counted by
-//! [`gauge`]s, so a leak shows as a count that does not fall back).
+//! `gauge`s, so a leak shows as a count that does not fall back).
 //!
 //! Connection admission: a connection is counted from the moment it is accepted (TCP)
 //! or its connect request arrives (RDMA) until everything it held is released, and at
@@ -36,24 +40,26 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod batch;
-pub mod cleanup;
+pub(crate) mod batch;
+pub(crate) mod blocking;
+pub(crate) mod cleanup;
 pub mod config;
-pub mod conn;
-pub mod du;
-pub mod error;
-pub mod fdtree;
-pub mod fsops;
-pub mod gauge;
-pub mod links;
-pub mod manifests;
-pub mod map;
-pub mod pool;
-pub mod remove;
-pub mod share;
-pub mod store;
-pub mod transfer;
-pub mod verify;
+pub(crate) mod conn;
+pub(crate) mod du;
+pub(crate) mod error;
+pub(crate) mod fdtree;
+pub(crate) mod filekey;
+pub(crate) mod fsops;
+pub(crate) mod gauge;
+pub(crate) mod links;
+pub(crate) mod manifests;
+pub(crate) mod map;
+pub(crate) mod pool;
+pub(crate) mod remove;
+pub(crate) mod share;
+pub(crate) mod store;
+pub(crate) mod transfer;
+pub(crate) mod verify;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -161,8 +167,8 @@ impl Server {
     }
 
     /// Removes the hidden files a killed ferryd left in the writable shares (see
-    /// [`cleanup`]) and the manifest records of files that are gone
-    /// ([`store::ManifestStore::prune`]), logging one line per share for each.
+    /// `cleanup`) and the manifest records of files that are gone
+    /// (`store::ManifestStore::prune`), logging one line per share for each.
     /// Read-only shares are not touched.
     /// Blocking; meant for a background thread at start, while connections are served.
     pub fn clean_stale_files(&self) {
@@ -307,7 +313,7 @@ impl Server {
     }
 
     /// The share called `name`.
-    pub fn share(&self, name: &str) -> Option<&Arc<Share>> {
+    pub(crate) fn share(&self, name: &str) -> Option<&Arc<Share>> {
         self.shares.get(name)
     }
 
@@ -370,7 +376,7 @@ impl Server {
 
     /// Serves one connection, whose transport is already up, until it closes.
     /// Everything the connection owned (open transfers, registrations) is released on
-    /// return; see [`conn`] for what happens to the hidden files of unfinished
+    /// return; see `conn` for what happens to the hidden files of unfinished
     /// uploads. Over the connection limit, the peer is told `Refused` (`Busy`) instead
     /// and the connection closed.
     pub async fn handle_connection(self: Arc<Self>, transport: SharedTransport) {

@@ -42,22 +42,57 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ferry_common::msg::{ErrorKind, RemoteError, Response};
+use ferry_common::msg::{RemoteError, Response};
 use ferry_common::transport::sys::at::open_at;
 use ferry_common::{STATE_DIR, TEMP_PREFIX};
 use nix::fcntl::{AtFlags, OFlag};
 use nix::unistd::{linkat, unlinkat, UnlinkatFlags};
 
-use crate::error::{io_error, remote};
-use crate::manifests::ManifestKey;
-use crate::share::Share;
-use crate::store::{mtime_settled, ManifestStore};
+use crate::filekey::{mtime_settled, ManifestKey};
+use crate::share::{Share, ShareError};
+use crate::store::ManifestStore;
 
 /// Parent directories one request keeps open at most; beyond that the ones it holds
 /// are closed and opened again as needed. Two per link at the most, and a backup's
 /// batch names a few directories, so this rarely binds; it bounds the descriptors of a
 /// batch whose every link names other directories.
 const MAX_OPEN_PARENTS: usize = 64;
+
+/// A failed hard link, naming the operation and the share-relative path
+/// (`share/dir/file`) it failed on.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// A path cannot be used (see [`ShareError`]).
+    #[error(transparent)]
+    Share(#[from] ShareError),
+    /// A directory on the way is gone or no longer a directory since it was resolved.
+    #[error("{path}: a directory on the path changed while it was used")]
+    Moved {
+        /// The path.
+        path: String,
+    },
+    /// The source is not a regular file.
+    #[error("{path}: only regular files can be hard-linked")]
+    NotAFile {
+        /// The source.
+        path: String,
+    },
+    /// The source was replaced between its check and the link.
+    #[error("{path}: changed while it was linked")]
+    SourceChanged {
+        /// The source.
+        path: String,
+    },
+    /// Opening the share root, a parent or the source failed.
+    #[error("{0}: cannot open")]
+    Open(String, #[source] io::Error),
+    /// `fstat` of the source failed.
+    #[error("{0}: cannot stat")]
+    Stat(String, #[source] io::Error),
+    /// `linkat` failed.
+    #[error("{0}: cannot link")]
+    Link(String, #[source] io::Error),
+}
 
 /// `Link`: hard-links the regular file `from` (its final component not followed) to the
 /// new name `to`; see the module docs. Blocking.
@@ -87,7 +122,7 @@ pub fn link_batch(share: &Share, links: &[(String, String)]) -> Response {
                 rekeys.extend(r);
                 None
             }
-            Err(e) => Some(e),
+            Err(e) => Some(e.into()),
         })
         .collect();
     if let Some(store) = share.store() {
@@ -146,9 +181,8 @@ fn dir_flags() -> OFlag {
 
 /// `name` as a C string. Share paths hold no NUL ([`ferry_common::path`] refuses one),
 /// nor does a component of a canonical path.
-fn c_name(name: &[u8], what: &str) -> Result<CString, RemoteError> {
-    CString::new(name)
-        .map_err(|_| remote(ErrorKind::InvalidPath, format!("{what}: not a valid name")))
+fn c_name(name: &[u8], what: &str) -> Result<CString, LinkError> {
+    CString::new(name).map_err(|_| ShareError::NotAName { path: what.into() }.into())
 }
 
 /// Opens the directories `comps` one below the other from `root`, each with
@@ -165,13 +199,10 @@ fn descend<'c>(root: &File, comps: impl IntoIterator<Item = &'c [u8]>) -> io::Re
 
 /// The error for a resolved directory that could not be opened again: gone, or no
 /// longer a directory (swapped for a symlink or a file since it was resolved).
-fn moved(what: &str, e: &io::Error) -> RemoteError {
+fn moved(what: &str, e: io::Error) -> LinkError {
     match e.raw_os_error() {
-        Some(nix::libc::ELOOP | nix::libc::ENOTDIR) => remote(
-            ErrorKind::Changed,
-            format!("{what}: a directory on the path changed while it was used"),
-        ),
-        _ => io_error("open", what, e),
+        Some(nix::libc::ELOOP | nix::libc::ENOTDIR) => LinkError::Moved { path: what.into() },
+        _ => LinkError::Open(what.into(), e),
     }
 }
 
@@ -195,7 +226,7 @@ impl<'a> Parents<'a> {
 
     /// The share root, opened once per request. `rel` names the path being resolved,
     /// for the error.
-    fn root(&mut self, rel: &str) -> Result<Rc<File>, RemoteError> {
+    fn root(&mut self, rel: &str) -> Result<Rc<File>, LinkError> {
         if let Some(root) = &self.root {
             return Ok(root.clone());
         }
@@ -203,7 +234,7 @@ impl<'a> Parents<'a> {
             .read(true)
             .custom_flags(nix::libc::O_PATH | nix::libc::O_DIRECTORY)
             .open(self.share.root())
-            .map_err(|e| io_error("open", &self.share.display(rel), &e))?;
+            .map_err(|e| LinkError::Open(self.share.display(rel), e))?;
         let root = Rc::new(root);
         self.root = Some(root.clone());
         Ok(root)
@@ -211,7 +242,7 @@ impl<'a> Parents<'a> {
 
     /// Opens the directory `parents` (the components of `rel` before its last); fails
     /// as resolving `rel`'s parent fails ([`Share::resolve_dir`]).
-    fn open_dir(&mut self, rel: &str, parents: &[&str]) -> Result<Parent, RemoteError> {
+    fn open_dir(&mut self, rel: &str, parents: &[&str]) -> Result<Parent, LinkError> {
         let root = self.root(rel)?;
         // Named directly and free of symlinks: the directory resolution would reach.
         // The state directory is left to the resolution, which refuses it.
@@ -225,14 +256,11 @@ impl<'a> Parents<'a> {
         }
         let what = self.share.display(rel);
         let canonical = self.share.resolve_dir(parents, rel)?;
-        let inside = canonical.strip_prefix(self.share.root()).map_err(|_| {
-            remote(
-                ErrorKind::OutsideShare,
-                format!("{what}: path resolves outside the share"),
-            )
-        })?;
+        let inside = canonical
+            .strip_prefix(self.share.root())
+            .map_err(|_| ShareError::Outside { path: what.clone() })?;
         let dir =
-            descend(&root, inside.iter().map(|c| c.as_bytes())).map_err(|e| moved(&what, &e))?;
+            descend(&root, inside.iter().map(|c| c.as_bytes())).map_err(|e| moved(&what, e))?;
         Ok(Parent {
             is_root: dir.is_none(),
             dir: dir.map_or(root, Rc::new),
@@ -241,7 +269,7 @@ impl<'a> Parents<'a> {
 
     /// Where `rel` is: its parent directory and its final component; `None` for the
     /// share root. Fails as [`Share::resolve`] without follow fails for `rel`.
-    fn locate<'r>(&mut self, rel: &'r str) -> Result<Option<(Parent, &'r str)>, RemoteError> {
+    fn locate<'r>(&mut self, rel: &'r str) -> Result<Option<(Parent, &'r str)>, LinkError> {
         let comps = self.share.components(rel)?;
         let Some((last, parents)) = comps.split_last() else {
             return Ok(None);
@@ -259,7 +287,7 @@ impl<'a> Parents<'a> {
             }
         };
         if parent.is_root && *last == STATE_DIR {
-            return Err(self.share.reserved(rel));
+            return Err(self.share.reserved(rel).into());
         }
         Ok(Some((parent, *last)))
     }
@@ -270,7 +298,7 @@ impl<'a> Parents<'a> {
     /// store holds a record of the file as it was just before, the record is to be
     /// re-keyed to the new key when nothing but this link happened: the returned
     /// [`Rekey`], for the caller to apply (see [`Rekey::after_link`]).
-    fn link(&mut self, from: &str, to: &str) -> Result<Option<Rekey>, RemoteError> {
+    fn link(&mut self, from: &str, to: &str) -> Result<Option<Rekey>, LinkError> {
         let share = self.share;
         let from_what = share.display(from);
         let to_what = share.display(to);
@@ -279,29 +307,17 @@ impl<'a> Parents<'a> {
             .as_ref()
             .is_some_and(|(_, name)| name.starts_with(TEMP_PREFIX))
         {
-            return Err(remote(
-                ErrorKind::InvalidPath,
-                format!("{from_what}: names starting with '{TEMP_PREFIX}' are reserved"),
-            ));
+            return Err(ShareError::TempName { path: from_what }.into());
         }
         share.check_writable()?;
         let Some((dst_dir, dst_name)) = self.locate(to)? else {
-            return Err(remote(
-                ErrorKind::InvalidPath,
-                format!("{to_what}: the share root itself cannot be written"),
-            ));
+            return Err(ShareError::WriteRoot { path: to_what }.into());
         };
         if dst_name.starts_with(TEMP_PREFIX) {
-            return Err(remote(
-                ErrorKind::InvalidPath,
-                format!("{to_what}: names starting with '{TEMP_PREFIX}' are reserved"),
-            ));
+            return Err(ShareError::TempName { path: to_what }.into());
         }
-        let not_a_file = || {
-            remote(
-                ErrorKind::InvalidPath,
-                format!("{from_what}: only regular files can be hard-linked"),
-            )
+        let not_a_file = || LinkError::NotAFile {
+            path: from_what.clone(),
         };
         // The share root is a directory.
         let Some((src_dir, src_name)) = src else {
@@ -310,10 +326,10 @@ impl<'a> Parents<'a> {
         let src_name = c_name(src_name.as_bytes(), &from_what)?;
         let dst_name = c_name(dst_name.as_bytes(), &to_what)?;
         let handle = open_at(&src_dir.dir, &src_name, path_flags())
-            .map_err(|e| io_error("open", &from_what, &e))?;
+            .map_err(|e| LinkError::Open(from_what.clone(), e))?;
         let before = handle
             .metadata()
-            .map_err(|e| io_error("stat", &from_what, &e))?;
+            .map_err(|e| LinkError::Stat(from_what.clone(), e))?;
         if !before.is_file() {
             return Err(not_a_file());
         }
@@ -326,7 +342,7 @@ impl<'a> Parents<'a> {
             dst_name.as_c_str(),
             AtFlags::empty(),
         )
-        .map_err(|errno| io_error("link", &to_what, &io::Error::from(errno)))?;
+        .map_err(|errno| LinkError::Link(to_what.clone(), errno.into()))?;
         let after = match lstat_at(&dst_dir.dir, &dst_name) {
             Ok(linked) if same_inode(&linked, &before) => linked,
             linked => {
@@ -342,10 +358,7 @@ impl<'a> Parents<'a> {
                         UnlinkatFlags::NoRemoveDir,
                     );
                 }
-                return Err(remote(
-                    ErrorKind::Changed,
-                    format!("{from_what}: changed while it was linked"),
-                ));
+                return Err(LinkError::SourceChanged { path: from_what });
             }
         };
         Ok(share
@@ -404,6 +417,7 @@ impl Rekey {
 mod tests {
     use super::*;
     use crate::share::test_share;
+    use ferry_common::msg::ErrorKind;
     use std::fs;
     use std::os::unix::fs::symlink;
 

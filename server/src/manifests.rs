@@ -5,21 +5,8 @@
 //! someone else while the server touched its mapping would raise SIGBUS and kill the
 //! whole server. A short read means the file shrank while it was hashed.
 //!
-//! **Cache key** ([`ManifestKey`]): `(dev, ino, size, mtime ns, ctime ns, chunk_bytes)`.
-//! A changed file is never mistaken for an unchanged one:
-//! - every write, truncate or metadata change sets ctime, which no user can set back
-//!   (unlike mtime, which `utimes` can);
-//! - a file replaced by rename or re-created is another inode: `ino` differs, or, when
-//!   the inode number is reused, its ctime is the re-creation time;
-//! - `dev` keeps inode numbers of different filesystems apart.
-//!
-//! Timestamps have a granularity (the kernel's coarse clock tick), so a write in the
-//! same tick as the stat that preceded hashing can leave size, mtime and ctime as they
-//! were. A manifest is therefore cached only when the file's ctime lies at least
-//! [`CACHE_SETTLE`] before hashing began (git's "racily clean" rule): a recently
-//! changed file is hashed again on every open, so what the cache returns was taken
-//! from content that no write within the same timestamp could have followed. (A clock
-//! stepped backwards by more than that defeats the rule; so be it.)
+//! **Cache key**: a file's [`crate::filekey::ManifestKey`], cached only once the file
+//! has settled (see [`crate::filekey`]).
 //!
 //! Below the cache, a writable share's persistent store ([`crate::store`]) keeps the
 //! manifests of settled files across restarts, under the same key.
@@ -31,10 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use ferry_common::chunk::{chunk_count, chunk_len, hash_chunk};
-use ferry_common::msg::{ErrorKind, RemoteError, Sha256};
+use ferry_common::msg::Sha256;
 use rayon::prelude::*;
 
-use crate::error::{io_error, remote};
+use crate::filekey::{same_version, settled, ManifestKey};
 use crate::store::ManifestStore;
 
 /// Bytes of chunk hashes (plus [`ENTRY_OVERHEAD_BYTES`] per entry) the server-wide
@@ -45,43 +32,27 @@ pub const MANIFEST_CACHE_BYTES: usize = 64 << 20;
 /// header), so that many tiny files cannot grow the cache without bound.
 pub const ENTRY_OVERHEAD_BYTES: usize = 128;
 
-/// How long before hashing began a file's ctime must lie for its manifest to be
-/// cached (see the module docs).
-pub const CACHE_SETTLE: Duration = Duration::from_secs(1);
-
-/// Identifies one version of a file's content, as far as `fstat` can tell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ManifestKey {
-    /// Device of the filesystem.
-    pub dev: u64,
-    /// Inode number.
-    pub ino: u64,
-    /// Size in bytes.
-    pub size: u64,
-    /// Modification time, nanoseconds since the epoch.
-    pub mtime_ns: i128,
-    /// Status change time, nanoseconds since the epoch.
-    pub ctime_ns: i128,
-    /// Chunk size of the manifest.
-    pub chunk_bytes: u32,
-}
-
-impl ManifestKey {
-    /// The key of the file `meta` describes, hashed in chunks of `chunk_bytes`.
-    pub fn of(meta: &Metadata, chunk_bytes: u32) -> ManifestKey {
-        ManifestKey {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            size: meta.size(),
-            mtime_ns: nanos(meta.mtime(), meta.mtime_nsec()),
-            ctime_ns: nanos(meta.ctime(), meta.ctime_nsec()),
-            chunk_bytes,
-        }
-    }
-}
-
-fn nanos(secs: i64, nsec: i64) -> i128 {
-    i128::from(secs) * 1_000_000_000 + i128::from(nsec)
+/// A manifest that could not be taken, naming the share-relative path of its file.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// `fstat` of the file failed.
+    #[error("{0}: cannot stat")]
+    Stat(String, #[source] std::io::Error),
+    /// Reading a chunk failed.
+    #[error("{0}: cannot read")]
+    Read(String, #[source] std::io::Error),
+    /// A chunk read came back short: the file shrank.
+    #[error("{path}: the file shrank while it was being read")]
+    Shrank {
+        /// The file.
+        path: String,
+    },
+    /// The file changed during each of the hashings tried.
+    #[error("{path}: the file keeps changing while it is being hashed")]
+    KeepsChanging {
+        /// The file.
+        path: String,
+    },
 }
 
 /// Bytes an entry of `chunks` hashes is charged in the cache.
@@ -173,16 +144,19 @@ impl ManifestCache {
     }
 
     /// Number of cached manifests.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.lock().map.len()
     }
 
     /// True if nothing is cached.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Bytes charged for the cached manifests (at most the capacity).
+    #[cfg(test)]
     pub fn bytes(&self) -> usize {
         self.lock().bytes
     }
@@ -191,15 +165,15 @@ impl ManifestCache {
 /// SHA-256 of every `chunk_bytes` chunk of the first `size` bytes of `file`, read with
 /// `pread` on all cores (rayon). Blocking. `what` names the file in errors.
 ///
-/// A short read fails with [`ErrorKind::Changed`]: the file shrank below `size`.
+/// A short read fails with [`ManifestError::Shrank`]: the file shrank below `size`.
 pub fn hash_file(
     file: &File,
     size: u64,
     chunk_bytes: u32,
     what: &str,
-) -> Result<Vec<Sha256>, RemoteError> {
+) -> Result<Vec<Sha256>, ManifestError> {
     hash_chunks_of(file, size, chunk_bytes, what, |e| {
-        Err(io_error("read", what, &e))
+        Err(ManifestError::Read(what.into(), e))
     })
 }
 
@@ -212,10 +186,10 @@ pub fn hash_chunks_of<T, F>(
     chunk_bytes: u32,
     what: &str,
     unreadable: F,
-) -> Result<Vec<T>, RemoteError>
+) -> Result<Vec<T>, ManifestError>
 where
     T: From<Sha256> + Send,
-    F: Fn(std::io::Error) -> Result<T, RemoteError> + Sync,
+    F: Fn(std::io::Error) -> Result<T, ManifestError> + Sync,
 {
     let buf_len = u64::from(chunk_bytes).min(size) as usize;
     (0..chunk_count(size, chunk_bytes))
@@ -227,20 +201,14 @@ where
                 let offset = index * u64::from(chunk_bytes);
                 match file.read_exact_at(&mut buf[..len], offset) {
                     Ok(()) => Ok(T::from(hash_chunk(&buf[..len]))),
-                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(remote(
-                        ErrorKind::Changed,
-                        format!("{what}: the file shrank while it was being read"),
-                    )),
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        Err(ManifestError::Shrank { path: what.into() })
+                    }
                     Err(e) => unreadable(e),
                 }
             },
         )
         .collect()
-}
-
-/// True if `a` and `b` describe the same content version (see [`ManifestKey`]).
-fn same_version(a: &Metadata, b: &Metadata) -> bool {
-    ManifestKey::of(a, 0) == ManifestKey::of(b, 0)
 }
 
 /// The manifest of `file` in chunks of `chunk_bytes`, and the metadata it belongs to.
@@ -250,8 +218,8 @@ fn same_version(a: &Metadata, b: &Metadata) -> bool {
 /// (the share's persistent store, if it has one) when it holds a record of exactly that
 /// key; otherwise hashed with [`hash_file`] between two `fstat`s. If the two differ,
 /// the file changed while it was hashed: it is hashed once more, and a second change
-/// fails with [`ErrorKind::Changed`]. A manifest is cached and stored only if the file
-/// had settled (see [`CACHE_SETTLE`]: its ctime lies at least `settle` before hashing
+/// fails with [`ManifestError::KeepsChanging`]. A manifest is cached and stored only if the file
+/// had settled (see [`crate::filekey::CACHE_SETTLE`]: its ctime lies at least `settle` before hashing
 /// began). Logs at debug whether the manifest came from the store or was hashed.
 pub fn manifest_of(
     file: &File,
@@ -260,8 +228,11 @@ pub fn manifest_of(
     cache: &ManifestCache,
     store: Option<&ManifestStore>,
     settle: Duration,
-) -> Result<(Arc<[Sha256]>, Metadata), RemoteError> {
-    let stat = || file.metadata().map_err(|e| io_error("stat", what, &e));
+) -> Result<(Arc<[Sha256]>, Metadata), ManifestError> {
+    let stat = || {
+        file.metadata()
+            .map_err(|e| ManifestError::Stat(what.into(), e))
+    };
     let mut before = stat()?;
     for _attempt in 0..2 {
         let key = ManifestKey::of(&before, chunk_bytes);
@@ -292,19 +263,7 @@ pub fn manifest_of(
         }
         before = after;
     }
-    Err(remote(
-        ErrorKind::Changed,
-        format!("{what}: the file keeps changing while it is being hashed"),
-    ))
-}
-
-/// True if the file's ctime lies at least `settle` before `started`.
-pub fn settled(key: &ManifestKey, started: SystemTime, settle: Duration) -> bool {
-    let started_ns = match started.duration_since(SystemTime::UNIX_EPOCH) {
-        Ok(d) => d.as_nanos() as i128,
-        Err(_) => return false,
-    };
-    key.ctime_ns + settle.as_nanos() as i128 <= started_ns
+    Err(ManifestError::KeepsChanging { path: what.into() })
 }
 
 #[cfg(test)]
@@ -407,7 +366,7 @@ mod tests {
         assert!(hash_file(&f, 0, 4096, "t").unwrap().is_empty());
         // Claiming more than the file holds is a short read: the file changed.
         let e = hash_file(&f, 20_000, 4096, "t").unwrap_err();
-        assert_eq!(e.kind, ErrorKind::Changed);
+        assert!(matches!(e, ManifestError::Shrank { .. }), "{e}");
     }
 
     #[test]

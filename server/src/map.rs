@@ -17,7 +17,7 @@
 //! - A connection holds at most `MAX_OPEN_MAPS` entries (its session's tables,
 //!   `ferry_common::proto::conn`, admit each `MapOpen` and grant its handle), and the
 //!   file bytes registered by all connections together stay within the server's
-//!   [`MapBudget`]; beyond either, `MapOpen` fails with [`ErrorKind::Busy`] before
+//!   [`MapBudget`]; beyond either, `MapOpen` fails with [`ferry_common::msg::ErrorKind::Busy`] before
 //!   any hashing or mapping.
 
 use std::collections::HashMap;
@@ -29,23 +29,97 @@ use std::sync::{Arc, Mutex};
 use ferry_common::attr::attr_of;
 use ferry_common::chunk::{chunk_count, manifest_id};
 use ferry_common::msg::{
-    ErrorKind, FileVersion, MappedFile, RemoteError, Response, Sha256, MAP_WINDOW_BYTES,
-    MAX_CHUNK_BYTES, MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MIN_CHUNK_BYTES,
+    FileVersion, MappedFile, RemoteError, Response, Sha256, MAP_WINDOW_BYTES, MAX_CHUNK_BYTES,
+    MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MIN_CHUNK_BYTES,
 };
 use ferry_common::transport::{
     Access, Buffer, FileWindow, Memory, Registration, SharedTransport, TransportError,
 };
 
-use crate::error::{io_error, remote};
+use crate::filekey::CACHE_SETTLE;
+use crate::fsops::{check_regular, FsError};
 use crate::gauge::{Gauge, Held};
-use crate::manifests::{manifest_of, ManifestCache, CACHE_SETTLE};
-use crate::share::Share;
+use crate::manifests::{manifest_of, ManifestCache, ManifestError};
+use crate::share::{Share, ShareError};
 
 /// Most chunks a mapped file's manifest holds (32 MiB of hashes): for a file that
 /// would need more at the requested chunk size, the chunk size is doubled until it
 /// fits (or reaches `MAX_CHUNK_BYTES`), so a tiny chunk size asked for a huge file
 /// cannot make the server hold gigabytes of hashes.
 pub const MAX_MANIFEST_CHUNKS: u64 = 1 << 20;
+
+/// A failed `MapOpen`, `MapRelease` or `Manifest`, naming the share-relative path
+/// (`share/dir/file`) of its file.
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    /// The path cannot be used (see [`ShareError`]).
+    #[error(transparent)]
+    Share(#[from] ShareError),
+    /// The path names something else than a regular file (see [`FsError`]).
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    /// The file's manifest could not be taken.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    /// A handle the connection does not hold.
+    #[error("no mapped file {handle}")]
+    NoSuchMap {
+        /// The handle.
+        handle: u64,
+    },
+    /// The file needs more than [`MAX_MAP_REGIONS`] windows.
+    #[error("{path}: too large to map ({size} bytes; at most {max} bytes)")]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// Its size.
+        size: u64,
+        /// The largest size that can be mapped.
+        max: u64,
+    },
+    /// Mapping the file would exceed the server's budget of mapped bytes.
+    #[error(
+        "{path}: the server has {in_use} of its {max} mapped bytes in use; mapping {size} \
+         more would exceed its --max-mapped-bytes"
+    )]
+    OverBudget {
+        /// The file.
+        path: String,
+        /// Its size.
+        size: u64,
+        /// Bytes mapped now, over every connection.
+        in_use: u64,
+        /// The budget.
+        max: u64,
+    },
+    /// Registering a window or the manifest failed.
+    #[error("{path}: cannot register the mapped file")]
+    Register {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: TransportError,
+    },
+    /// Allocating the buffer of the manifest's hashes failed.
+    #[error("{path}: cannot allocate the manifest region")]
+    AllocateManifest {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `stat` or `fstat` of the file failed.
+    #[error("{0}: cannot stat")]
+    Stat(String, #[source] std::io::Error),
+    /// Opening the file failed.
+    #[error("{0}: cannot open")]
+    Open(String, #[source] std::io::Error),
+    /// Mapping a window of the file failed.
+    #[error("{0}: cannot map")]
+    Map(String, #[source] std::io::Error),
+}
 
 /// The chunk size a mapped file's manifest is taken with for a request of `requested`
 /// bytes: clamped into `MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES`, then rounded up to a power
@@ -187,26 +261,16 @@ impl MapTable {
     }
 
     /// Removes the file `handle` and returns it (dropping it revokes its
-    /// registrations); an unknown handle is [`ErrorKind::Protocol`].
-    pub fn remove(&self, handle: u64) -> Result<MappedEntry, RemoteError> {
+    /// registrations); an unknown handle is [`MapError::NoSuchMap`].
+    pub fn remove(&self, handle: u64) -> Result<MappedEntry, MapError> {
         self.entries()
             .remove(&handle)
-            .ok_or_else(|| remote(ErrorKind::Protocol, format!("no mapped file {handle}")))
+            .ok_or(MapError::NoSuchMap { handle })
     }
 
     /// Removes every entry (dropping them revokes their registrations).
     pub fn take_all(&self) -> Vec<MappedEntry> {
         self.entries().drain().map(|(_, e)| e).collect()
-    }
-
-    /// Number of open mapped files.
-    pub fn len(&self) -> usize {
-        self.entries().len()
-    }
-
-    /// True if no mapped file is open.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -222,20 +286,20 @@ pub struct MapContext<'a> {
     pub registrations: &'a Gauge,
 }
 
-fn register_error(what: &str, e: TransportError) -> RemoteError {
-    remote(
-        ErrorKind::Io,
-        format!("{what}: cannot register the mapped file: {e}"),
-    )
+fn register_error(what: &str) -> impl FnOnce(TransportError) -> MapError + '_ {
+    move |source| MapError::Register {
+        path: what.into(),
+        source,
+    }
 }
 
 /// Opens `rel` read-only, takes its manifest, maps and registers it. Blocking (hashing
 /// and registration take time). Returns the entry to keep and the response to send.
 ///
 /// Errors: path errors as for any request (symlinks followed inside the share only);
-/// [`ErrorKind::IsADirectory`] for a directory, [`ErrorKind::InvalidPath`] for another
-/// non-regular file; [`ErrorKind::Busy`] over the byte budget;
-/// [`ErrorKind::Changed`] if the file changed while it was hashed.
+/// [`FsError::IsADirectory`] for a directory, [`FsError::NotRegular`] for another
+/// non-regular file; [`MapError::OverBudget`] over the byte budget;
+/// [`ManifestError::KeepsChanging`] if the file changed while it was hashed.
 pub fn open(
     share: &Share,
     rel: &str,
@@ -303,7 +367,7 @@ pub fn open(
 /// followed within the share), hashes of chunks `first_chunk..` (at most
 /// [`MAX_MANIFEST_PAGE_CHUNKS`]), with the version they belong to. Blocking.
 ///
-/// The hashes come from `cache` when the file's [`crate::manifests::ManifestKey`] is
+/// The hashes come from `cache` when the file's [`crate::filekey::ManifestKey`] is
 /// there, so paging through a settled file hashes it once; a file that changes between
 /// pages yields pages of different versions, which the client detects.
 pub fn manifest_page(
@@ -353,7 +417,7 @@ pub(crate) fn open_regular(
     share: &Share,
     rel: &str,
     what: &str,
-) -> Result<(std::fs::File, std::fs::Metadata), RemoteError> {
+) -> Result<(std::fs::File, std::fs::Metadata), MapError> {
     let path = share.resolve(rel, true)?;
     open_regular_at(&path, what)
 }
@@ -362,10 +426,10 @@ pub(crate) fn open_regular(
 pub(crate) fn open_regular_at(
     path: &std::path::Path,
     what: &str,
-) -> Result<(std::fs::File, std::fs::Metadata), RemoteError> {
+) -> Result<(std::fs::File, std::fs::Metadata), MapError> {
     // Checked before opening too: opening a socket fails with an obscure error.
     check_regular(
-        &std::fs::metadata(path).map_err(|e| io_error("stat", what, &e))?,
+        &std::fs::metadata(path).map_err(|e| MapError::Stat(what.into(), e))?,
         what,
     )?;
     // O_NONBLOCK: a FIFO put there since the check must not block the open; the
@@ -374,52 +438,31 @@ pub(crate) fn open_regular_at(
         .read(true)
         .custom_flags(nix::libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| io_error("open", what, &e))?;
-    let meta = file.metadata().map_err(|e| io_error("stat", what, &e))?;
+        .map_err(|e| MapError::Open(what.into(), e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| MapError::Stat(what.into(), e))?;
     check_regular(&meta, what)?;
     Ok((file, meta))
 }
 
-fn check_regular(meta: &std::fs::Metadata, what: &str) -> Result<(), RemoteError> {
-    if meta.is_dir() {
-        Err(remote(
-            ErrorKind::IsADirectory,
-            format!("{what}: is a directory"),
-        ))
-    } else if !meta.is_file() {
-        Err(remote(
-            ErrorKind::InvalidPath,
-            format!("{what}: not a regular file"),
-        ))
-    } else {
-        Ok(())
-    }
-}
-
-fn check_region_count(size: u64, what: &str) -> Result<(), RemoteError> {
+fn check_region_count(size: u64, what: &str) -> Result<(), MapError> {
     if size.div_ceil(MAP_WINDOW_BYTES) > MAX_MAP_REGIONS as u64 {
-        return Err(remote(
-            ErrorKind::Io,
-            format!(
-                "{what}: too large to map ({size} bytes; at most {} bytes)",
-                MAX_MAP_REGIONS as u64 * MAP_WINDOW_BYTES
-            ),
-        ));
+        return Err(MapError::TooLarge {
+            path: what.into(),
+            size,
+            max: MAX_MAP_REGIONS as u64 * MAP_WINDOW_BYTES,
+        });
     }
     Ok(())
 }
 
-fn reserve(budget: &Arc<MapBudget>, size: u64, what: &str) -> Result<BudgetLease, RemoteError> {
-    budget.reserve(size).ok_or_else(|| {
-        remote(
-            ErrorKind::Busy,
-            format!(
-                "{what}: the server has {} of its {} mapped bytes in use; mapping {size} \
-                 more would exceed its --max-mapped-bytes",
-                budget.bytes(),
-                budget.max_bytes()
-            ),
-        )
+fn reserve(budget: &Arc<MapBudget>, size: u64, what: &str) -> Result<BudgetLease, MapError> {
+    budget.reserve(size).ok_or_else(|| MapError::OverBudget {
+        path: what.into(),
+        size,
+        in_use: budget.bytes(),
+        max: budget.max_bytes(),
     })
 }
 
@@ -429,17 +472,17 @@ fn register_windows(
     size: u64,
     transport: &SharedTransport,
     what: &str,
-) -> Result<Vec<Registration>, RemoteError> {
+) -> Result<Vec<Registration>, MapError> {
     let mut regions = Vec::new();
     let mut offset = 0;
     while offset < size {
         // At most MAP_WINDOW_BYTES (256 MiB): fits a usize.
         let len = (size - offset).min(MAP_WINDOW_BYTES) as usize;
         let window =
-            FileWindow::map_lazy(file, offset, len).map_err(|e| io_error("map", what, &e))?;
+            FileWindow::map_lazy(file, offset, len).map_err(|e| MapError::Map(what.into(), e))?;
         let reg = transport
             .register(Memory::File(window), Access::RemoteRead)
-            .map_err(|e| register_error(what, e))?;
+            .map_err(register_error(what))?;
         regions.push(reg);
         offset += len as u64;
     }
@@ -451,12 +494,10 @@ fn register_manifest(
     hashes: &[Sha256],
     transport: &SharedTransport,
     what: &str,
-) -> Result<Registration, RemoteError> {
-    let buf = Buffer::new(hashes.len() * 32).map_err(|e| {
-        remote(
-            ErrorKind::Io,
-            format!("{what}: cannot allocate the manifest region: {e}"),
-        )
+) -> Result<Registration, MapError> {
+    let buf = Buffer::new(hashes.len() * 32).map_err(|source| MapError::AllocateManifest {
+        path: what.into(),
+        source,
     })?;
     {
         let mut bytes = buf.blocking_write();
@@ -466,7 +507,7 @@ fn register_manifest(
     }
     transport
         .register(Memory::Buffer(buf), Access::RemoteRead)
-        .map_err(|e| register_error(what, e))
+        .map_err(register_error(what))
 }
 
 #[cfg(test)]
@@ -523,6 +564,9 @@ mod tests {
     #[test]
     fn an_unknown_handle_is_refused() {
         let t = MapTable::new();
-        assert_eq!(t.remove(12345).err().unwrap().kind, ErrorKind::Protocol);
+        assert!(matches!(
+            t.remove(12345),
+            Err(MapError::NoSuchMap { handle: 12345 })
+        ));
     }
 }

@@ -8,14 +8,29 @@
 //! registration gauge from its registration until it is dropped with the pool, which
 //! happens when the connection's last request task is gone.
 
+use std::io;
 use std::sync::{Arc, Mutex};
 
-use ferry_common::transport::{Access, Buffer, Memory, Registration, SharedTransport};
+use ferry_common::transport::{
+    Access, Buffer, Memory, Registration, SharedTransport, TransportError,
+};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error::remote;
 use crate::gauge::{Gauge, Held};
-use ferry_common::msg::{ErrorKind, RemoteError};
+
+/// Why no buffer could be lent.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// The pool was closed (its connection is going away).
+    #[error("buffer pool closed")]
+    Closed,
+    /// Allocating a new buffer failed.
+    #[error("cannot allocate a chunk buffer")]
+    Allocate(#[source] io::Error),
+    /// Registering a new buffer with the transport failed.
+    #[error("cannot register a buffer")]
+    Register(#[source] TransportError),
+}
 
 /// The pool.
 pub struct Pool {
@@ -58,27 +73,22 @@ impl Pool {
     }
 
     /// Waits for a free buffer.
-    pub async fn lease(self: &Arc<Self>) -> Result<Lease, RemoteError> {
+    pub async fn lease(self: &Arc<Self>) -> Result<Lease, PoolError> {
         let permit = self
             .permits
             .clone()
             .acquire_owned()
             .await
-            .map_err(|_| remote(ErrorKind::Io, "buffer pool closed"))?;
+            .map_err(|_| PoolError::Closed)?;
         let reused = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let buf = match reused {
             Some(b) => b,
             None => {
-                let buf = Buffer::new(self.chunk_bytes).map_err(|e| {
-                    remote(
-                        ErrorKind::Io,
-                        format!("cannot allocate a chunk buffer: {e}"),
-                    )
-                })?;
+                let buf = Buffer::new(self.chunk_bytes).map_err(PoolError::Allocate)?;
                 let reg = self
                     .transport
                     .register(Memory::Buffer(buf), Access::Local)
-                    .map_err(|e| remote(ErrorKind::Io, format!("cannot register a buffer: {e}")))?;
+                    .map_err(PoolError::Register)?;
                 Pooled {
                     reg,
                     _counted: self.registrations.hold(1),

@@ -9,13 +9,12 @@
 use std::ffi::CStr;
 use std::os::fd::AsRawFd;
 
-use ferry_common::msg::{ErrorKind, RemoteError, Response};
+use ferry_common::msg::{RemoteError, Response};
 use nix::dir::Type;
 use nix::errno::Errno;
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
-use crate::error::remote;
-use crate::fdtree::{is_dir, lstat_at, DescendError, Stack, Top};
+use crate::fdtree::{is_dir, lstat_at, DescendError, Stack, Top, TreeError};
 use crate::share::Share;
 
 /// Times one directory is emptied before its removal gives up: a directory that is
@@ -30,15 +29,15 @@ pub fn remove(share: &Share, rel: &str, recursive: bool) -> Result<Response, Rem
         Top::Entry { parent, name } => (parent, name),
         // `write` refuses the root; kept as a refusal should that ever change.
         Top::Root(_) => {
-            return Err(remote(
-                ErrorKind::InvalidPath,
-                format!("{}: the share root cannot be removed", share.display(rel)),
-            ))
+            return Err(TreeError::RemoveRoot {
+                path: share.display(rel),
+            }
+            .into())
         }
     };
     let what = share.display(rel);
-    let fail = |op: &str, e: Errno| crate::error::io_error(op, &what, &std::io::Error::from(e));
-    let st = lstat_at(parent.as_raw_fd(), &name).map_err(|e| fail("stat", e))?;
+    let st =
+        lstat_at(parent.as_raw_fd(), &name).map_err(|e| TreeError::Stat(what.clone(), e.into()))?;
     if !is_dir(&st) {
         return unlinkat(
             Some(parent.as_raw_fd()),
@@ -46,7 +45,7 @@ pub fn remove(share: &Share, rel: &str, recursive: bool) -> Result<Response, Rem
             UnlinkatFlags::NoRemoveDir,
         )
         .map(|()| Response::Ok)
-        .map_err(|e| fail("remove", e));
+        .map_err(|e| TreeError::Remove(what, e.into()).into());
     }
     if !recursive {
         return match unlinkat(
@@ -55,11 +54,8 @@ pub fn remove(share: &Share, rel: &str, recursive: bool) -> Result<Response, Rem
             UnlinkatFlags::RemoveDir,
         ) {
             Ok(()) => Ok(Response::Ok),
-            Err(Errno::ENOTEMPTY | Errno::EEXIST) => Err(remote(
-                ErrorKind::Exists,
-                format!("{what}: directory not empty (remove it recursively)"),
-            )),
-            Err(e) => Err(fail("remove", e)),
+            Err(Errno::ENOTEMPTY | Errno::EEXIST) => Err(TreeError::NotEmpty { path: what }.into()),
+            Err(e) => Err(TreeError::Remove(what, e.into()).into()),
         };
     }
     remove_tree(share, Stack::new(Some(parent), rel), &name)?;
@@ -68,7 +64,7 @@ pub fn remove(share: &Share, rel: &str, recursive: bool) -> Result<Response, Rem
 
 /// Removes the directory `name` of the stack's base and everything below it,
 /// depth first with an explicit stack (one open directory per level).
-fn remove_tree(share: &Share, mut stack: Stack, name: &CStr) -> Result<(), RemoteError> {
+fn remove_tree(share: &Share, mut stack: Stack, name: &CStr) -> Result<(), TreeError> {
     enter(share, &mut stack, name, true)?;
     // Passes made over each directory on the stack, in stack order.
     let mut passes: Vec<u32> = vec![1];
@@ -85,7 +81,7 @@ fn remove_tree(share: &Share, mut stack: Stack, name: &CStr) -> Result<(), Remot
                     None => match lstat_at(fd, &child) {
                         Ok(st) => is_dir(&st),
                         Err(Errno::ENOENT) => continue,
-                        Err(e) => return Err(stack.error(share, "stat", Some(&child), e)),
+                        Err(e) => return Err(stack.error(share, TreeError::Stat, Some(&child), e)),
                     },
                 };
                 if !dir {
@@ -93,20 +89,22 @@ fn remove_tree(share: &Share, mut stack: Stack, name: &CStr) -> Result<(), Remot
                         Ok(()) | Err(Errno::ENOENT) => continue,
                         // It became a directory since `readdir`: entered below.
                         Err(Errno::EISDIR) => {}
-                        Err(e) => return Err(stack.error(share, "remove", Some(&child), e)),
+                        Err(e) => {
+                            return Err(stack.error(share, TreeError::Remove, Some(&child), e))
+                        }
                     }
                 }
                 if enter(share, &mut stack, &child, false)? {
                     passes.push(1);
                 }
             }
-            Some(Err(e)) => return Err(stack.error(share, "list", None, e)),
+            Some(Err(e)) => return Err(stack.error(share, TreeError::List, None, e)),
             None => {
                 let what = stack.display(share, None);
                 let done = stack.ascend().unwrap_or_default();
                 let pass = passes.pop().unwrap_or(MAX_PASSES);
                 let Some(parent) = stack.fd() else {
-                    return Err(remote(ErrorKind::Io, format!("{what}: lost its parent")));
+                    return Err(TreeError::LostParent { path: what });
                 };
                 match unlinkat(Some(parent), done.as_c_str(), UnlinkatFlags::RemoveDir) {
                     Ok(()) | Err(Errno::ENOENT) => {}
@@ -117,18 +115,12 @@ fn remove_tree(share: &Share, mut stack: Stack, name: &CStr) -> Result<(), Remot
                         }
                     }
                     Err(Errno::ENOTEMPTY | Errno::EEXIST) => {
-                        return Err(remote(
-                            ErrorKind::Exists,
-                            format!("{what}: still not empty after {MAX_PASSES} passes (entries are being added)"),
-                        ))
+                        return Err(TreeError::KeepsFilling {
+                            path: what,
+                            passes: MAX_PASSES,
+                        })
                     }
-                    Err(e) => {
-                        return Err(crate::error::io_error(
-                            "remove",
-                            &what,
-                            &std::io::Error::from(e),
-                        ))
-                    }
+                    Err(e) => return Err(TreeError::Remove(what, e.into())),
                 }
             }
         }
@@ -144,20 +136,20 @@ fn enter(
     stack: &mut Stack,
     name: &CStr,
     must_exist: bool,
-) -> Result<bool, RemoteError> {
+) -> Result<bool, TreeError> {
     match stack.descend(share, name) {
         Ok(()) => Ok(true),
         Err(DescendError::Fatal(e)) => Err(e),
         Err(DescendError::Open(Errno::ENOENT)) if !must_exist => Ok(false),
         Err(DescendError::Open(Errno::ELOOP | Errno::ENOTDIR)) => {
             let Some(fd) = stack.fd() else {
-                return Err(stack.error(share, "remove", Some(name), Errno::EBADF));
+                return Err(stack.error(share, TreeError::Remove, Some(name), Errno::EBADF));
             };
             match unlinkat(Some(fd), name, UnlinkatFlags::NoRemoveDir) {
                 Ok(()) | Err(Errno::ENOENT) => Ok(false),
-                Err(e) => Err(stack.error(share, "remove", Some(name), e)),
+                Err(e) => Err(stack.error(share, TreeError::Remove, Some(name), e)),
             }
         }
-        Err(DescendError::Open(e)) => Err(stack.error(share, "open", Some(name), e)),
+        Err(DescendError::Open(e)) => Err(stack.error(share, TreeError::Open, Some(name), e)),
     }
 }

@@ -30,12 +30,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use ferry_common::msg::{ErrorKind, RemoteError, DEFAULT_CHUNK_BYTES};
+use ferry_common::msg::DEFAULT_CHUNK_BYTES;
 use ferry_common::path::{components, PathError};
 use ferry_common::{STATE_DIR, TEMP_PREFIX};
 
 use crate::config::{ConfigError, ShareConfig};
-use crate::error::{io_error, remote};
 use crate::store::ManifestStore;
 
 /// Most symlinks followed while resolving one path (the kernel's `MAXSYMLINKS`).
@@ -61,6 +60,75 @@ pub struct ResolvedDir {
 /// itself (see the module's known limit).
 #[derive(Debug, Default)]
 pub struct ResolvedDirs(HashMap<String, ResolvedDir>);
+
+/// Why a path of a request cannot be used: the share layer's errors, each naming the
+/// share-relative path (`share/dir/file`) it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum ShareError {
+    /// A write to a read-only share.
+    #[error("share '{share}' is read-only")]
+    ReadOnly {
+        /// The share's name.
+        share: String,
+    },
+    /// A path that is not valid as a share-relative path.
+    #[error("{path}: invalid path")]
+    InvalidPath {
+        /// The path as the client named it.
+        path: String,
+        /// What is wrong with it.
+        #[source]
+        source: PathError,
+    },
+    /// A directory on the way to the path could not be resolved.
+    #[error("{path}: cannot resolve its directory")]
+    ResolveDir {
+        /// The path whose directory failed.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The path's final component could not be followed.
+    #[error("{path}: cannot follow")]
+    Follow {
+        /// The path.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The path resolves outside the share.
+    #[error("{path}: path resolves outside the share")]
+    Outside {
+        /// The path.
+        path: String,
+    },
+    /// The path leads to the server's state directory.
+    #[error("{path}: '{STATE_DIR}' is reserved for the server's state")]
+    Reserved {
+        /// The path.
+        path: String,
+    },
+    /// A write to the share root itself.
+    #[error("{path}: the share root itself cannot be written")]
+    WriteRoot {
+        /// The path.
+        path: String,
+    },
+    /// A write to a final component that is not a UTF-8 name.
+    #[error("{path}: not a valid name")]
+    NotAName {
+        /// The path.
+        path: String,
+    },
+    /// A write to a name reserved for temporary files.
+    #[error("{path}: names starting with '{TEMP_PREFIX}' are reserved")]
+    TempName {
+        /// The path.
+        path: String,
+    },
+}
 
 /// An exported directory.
 #[derive(Debug)]
@@ -126,13 +194,12 @@ impl Share {
         }
     }
 
-    /// Fails with [`ErrorKind::ReadOnly`] on a read-only share.
-    pub fn check_writable(&self) -> Result<(), RemoteError> {
+    /// Fails with [`ShareError::ReadOnly`] on a read-only share.
+    pub fn check_writable(&self) -> Result<(), ShareError> {
         if self.read_only {
-            Err(remote(
-                ErrorKind::ReadOnly,
-                format!("share '{}' is read-only", self.name),
-            ))
+            Err(ShareError::ReadOnly {
+                share: self.name.clone(),
+            })
         } else {
             Ok(())
         }
@@ -140,37 +207,41 @@ impl Share {
 
     /// Resolves `rel` inside the share. Without `follow`, a final symlink is not
     /// followed (the returned path names the link itself).
-    pub fn resolve(&self, rel: &str, follow: bool) -> Result<PathBuf, RemoteError> {
+    pub fn resolve(&self, rel: &str, follow: bool) -> Result<PathBuf, ShareError> {
         self.resolve_in(rel, follow, &mut ResolvedDirs::default())
     }
 
     /// The components of `rel` (see [`ferry_common::path::components`]), or the
     /// refusal of a path that is not valid.
-    pub fn components<'r>(&self, rel: &'r str) -> Result<Vec<&'r str>, RemoteError> {
-        components(rel).map_err(|e| path_error(&self.display(rel), e))
+    pub fn components<'r>(&self, rel: &'r str) -> Result<Vec<&'r str>, ShareError> {
+        components(rel).map_err(|source| ShareError::InvalidPath {
+            path: self.display(rel),
+            source,
+        })
     }
 
     /// Resolves the directory `parents` (the components of `rel` before its last),
     /// following every symlink inside the share, and returns its canonical path; fails
     /// as [`Share::resolve`] fails for `rel`'s parent (errors name `rel`), and with
-    /// [`ErrorKind::NotADirectory`] if it is not a directory.
-    pub fn resolve_dir(&self, parents: &[&str], rel: &str) -> Result<PathBuf, RemoteError> {
+    /// [`ShareError::ResolveDir`] (not a directory) if it is not a directory.
+    pub fn resolve_dir(&self, parents: &[&str], rel: &str) -> Result<PathBuf, ShareError> {
         self.resolve_dir_stat(parents, rel).map(|d| d.path)
     }
 
     /// [`Share::resolve_dir`], with the directory's filesystem.
-    fn resolve_dir_stat(&self, parents: &[&str], rel: &str) -> Result<ResolvedDir, RemoteError> {
-        let parent = self.walk(self.root.clone(), parents, "resolve", rel)?;
+    fn resolve_dir_stat(&self, parents: &[&str], rel: &str) -> Result<ResolvedDir, ShareError> {
+        let parent = self.walk(self.root.clone(), parents, rel, |path, source| {
+            ShareError::ResolveDir { path, source }
+        })?;
         match std::fs::metadata(&parent) {
             Ok(meta) if meta.is_dir() => Ok(ResolvedDir {
                 path: parent,
                 dev: meta.dev(),
             }),
-            _ => Err(io_error(
-                "resolve",
-                &self.display(rel),
-                &io::Error::from(io::ErrorKind::NotADirectory),
-            )),
+            _ => Err(ShareError::ResolveDir {
+                path: self.display(rel),
+                source: io::Error::from(io::ErrorKind::NotADirectory),
+            }),
         }
     }
 
@@ -181,7 +252,7 @@ impl Share {
         parents: &[&str],
         rel: &str,
         dirs: &mut ResolvedDirs,
-    ) -> Result<ResolvedDir, RemoteError> {
+    ) -> Result<ResolvedDir, ShareError> {
         let key = parents.join("/");
         if let Some(d) = dirs.0.get(&key) {
             return Ok(d.clone());
@@ -201,7 +272,7 @@ impl Share {
         rel: &str,
         follow: bool,
         dirs: &mut ResolvedDirs,
-    ) -> Result<PathBuf, RemoteError> {
+    ) -> Result<PathBuf, ShareError> {
         let comps = self.components(rel)?;
         let Some((last, parents)) = comps.split_last() else {
             return Ok(self.root.clone());
@@ -213,23 +284,26 @@ impl Share {
             }
             return Ok(parent.join(last));
         }
-        self.walk(parent, &[last], "open", rel)
+        self.walk(parent, &[last], rel, |path, source| ShareError::Follow {
+            path,
+            source,
+        })
     }
 
     /// Resolves `comps` from `dir` (a canonical directory inside the root), following
     /// every symlink met, and returns the canonical result. Fails with
-    /// [`ErrorKind::OutsideShare`] as soon as the walk would leave the root (a `..` of a
+    /// [`ShareError::Outside`] as soon as the walk would leave the root (a `..` of a
     /// link's target at the root, or an absolute target outside it), without looking
-    /// at anything outside; with the error of `op` when a component is missing, not a
+    /// at anything outside; with `fail(path, cause)` when a component is missing, not a
     /// directory, or the links nest deeper than [`MAX_SYMLINKS`].
     fn walk(
         &self,
         mut dir: PathBuf,
         comps: &[&str],
-        op: &str,
         rel: &str,
-    ) -> Result<PathBuf, RemoteError> {
-        let fail = |e: io::Error| io_error(op, &self.display(rel), &e);
+        fail: impl Fn(String, io::Error) -> ShareError,
+    ) -> Result<PathBuf, ShareError> {
+        let fail = |e: io::Error| fail(self.display(rel), e);
         // Invariant: `dir` is canonical and inside the root. Components still to
         // resolve are in `todo`, the next one last.
         let mut todo: Vec<OsString> = comps.iter().rev().map(OsString::from).collect();
@@ -282,7 +356,7 @@ impl Share {
 
     /// Resolves `rel` as the target of a write: not the root, not a temporary name, on
     /// a writable share; the final component is not followed.
-    pub fn resolve_for_write(&self, rel: &str) -> Result<PathBuf, RemoteError> {
+    pub fn resolve_for_write(&self, rel: &str) -> Result<PathBuf, ShareError> {
         self.resolve_for_write_in(rel, &mut ResolvedDirs::default())
             .map(|(path, _)| path)
     }
@@ -294,7 +368,7 @@ impl Share {
         &self,
         rel: &str,
         dirs: &mut ResolvedDirs,
-    ) -> Result<(PathBuf, u64), RemoteError> {
+    ) -> Result<(PathBuf, u64), ShareError> {
         self.check_writable()?;
         let comps = self.components(rel)?;
         let Some((last, parents)) = comps.split_last() else {
@@ -313,59 +387,37 @@ impl Share {
 
     /// Refuses `path` (the resolution of `rel`) as the target of a write if it is the
     /// root or a temporary name.
-    fn check_write_target(&self, rel: &str, path: PathBuf) -> Result<PathBuf, RemoteError> {
+    fn check_write_target(&self, rel: &str, path: PathBuf) -> Result<PathBuf, ShareError> {
         if path == self.root {
-            return Err(remote(
-                ErrorKind::InvalidPath,
-                format!(
-                    "{}: the share root itself cannot be written",
-                    self.display(rel)
-                ),
-            ));
+            return Err(ShareError::WriteRoot {
+                path: self.display(rel),
+            });
         }
         match path.file_name().and_then(|n| n.to_str()) {
-            None => Err(remote(
-                ErrorKind::InvalidPath,
-                format!("{}: not a valid name", self.display(rel)),
-            )),
-            Some(n) if n.starts_with(TEMP_PREFIX) => Err(remote(
-                ErrorKind::InvalidPath,
-                format!(
-                    "{}: names starting with '{TEMP_PREFIX}' are reserved",
-                    self.display(rel)
-                ),
-            )),
+            None => Err(ShareError::NotAName {
+                path: self.display(rel),
+            }),
+            Some(n) if n.starts_with(TEMP_PREFIX) => Err(ShareError::TempName {
+                path: self.display(rel),
+            }),
             Some(_) => Ok(path),
         }
     }
 
     /// The refusal of `rel`, which leads to the server's state directory.
-    pub fn reserved(&self, rel: &str) -> RemoteError {
-        remote(
-            ErrorKind::InvalidPath,
-            format!(
-                "{}: '{STATE_DIR}' is reserved for the server's state",
-                self.display(rel)
-            ),
-        )
+    pub fn reserved(&self, rel: &str) -> ShareError {
+        ShareError::Reserved {
+            path: self.display(rel),
+        }
     }
 
     /// The refusal of `rel`, which leads outside the share (logged).
-    fn outside(&self, rel: &str) -> RemoteError {
+    fn outside(&self, rel: &str) -> ShareError {
         tracing::warn!(share = %self.name, path = rel, "refused a path that resolves outside the share");
-        remote(
-            ErrorKind::OutsideShare,
-            format!("{}: path resolves outside the share", self.display(rel)),
-        )
+        ShareError::Outside {
+            path: self.display(rel),
+        }
     }
-}
-
-fn path_error(what: &str, e: PathError) -> RemoteError {
-    let kind = match e {
-        PathError::DotDot | PathError::Absolute => ErrorKind::OutsideShare,
-        _ => ErrorKind::InvalidPath,
-    };
-    remote(kind, format!("{what}: {e}"))
 }
 
 /// A share named `name` at `path` with no secret of its own, for unit tests.
@@ -384,6 +436,7 @@ pub(crate) fn test_share(name: &str, path: &Path, read_only: bool) -> Share {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_common::msg::{ErrorKind, RemoteError};
     use std::os::unix::fs::symlink;
 
     fn share(read_only: bool) -> (tempfile::TempDir, Share) {
@@ -401,8 +454,8 @@ mod tests {
         (dir, s)
     }
 
-    fn kind(r: Result<PathBuf, RemoteError>) -> ErrorKind {
-        r.unwrap_err().kind
+    fn kind(r: Result<PathBuf, ShareError>) -> ErrorKind {
+        RemoteError::from(r.unwrap_err()).kind
     }
 
     #[test]
@@ -520,7 +573,7 @@ mod tests {
                     let cached = s.resolve_for_write_in(rel, &mut dirs).map(|(p, _)| p);
                     match (&plain, &cached) {
                         (Ok(a), Ok(b)) => assert_eq!(a, b, "{rel}"),
-                        (Err(a), Err(b)) => assert_eq!(a.kind, b.kind, "{rel}"),
+                        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{rel}"),
                         _ => panic!("{rel}: {plain:?} against {cached:?}"),
                     }
                     for follow in [false, true] {
@@ -528,7 +581,7 @@ mod tests {
                         let cached = s.resolve_in(rel, follow, &mut dirs);
                         match (&plain, &cached) {
                             (Ok(a), Ok(b)) => assert_eq!(a, b, "{rel}"),
-                            (Err(a), Err(b)) => assert_eq!(a.kind, b.kind, "{rel}"),
+                            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "{rel}"),
                             _ => panic!("{rel}: {plain:?} against {cached:?}"),
                         }
                     }

@@ -31,12 +31,12 @@
 //! ([`ManifestStore::get`]); one that is short, long, corrupt, of another inode or of
 //! another version is just a miss.
 //!
-//! **Why a changed file is never taken for unchanged**: see [`crate::manifests`] for
+//! **Why a changed file is never taken for unchanged**: see [`crate::filekey`] for
 //! the key. Writes of records follow the same "settled" rule as the cache, with one
 //! addition for ferryd's own changes (an upload's commit, a hard link): there the
 //! key's ctime is ferryd's own change, just now, and the record is saved only if the
-//! file's mtime lies at least [`crate::manifests::CACHE_SETTLE`] before that ctime
-//! ([`mtime_settled`]), so any later write, which sets mtime to the time of writing,
+//! file's mtime lies at least [`crate::filekey::CACHE_SETTLE`] before that ctime
+//! ([`crate::filekey::mtime_settled`]), so any later write, which sets mtime to the time of writing,
 //! changes the key even within the same clock tick.
 //!
 //! **Writes** rewrite the record file in place: truncated, then the new bytes written
@@ -69,7 +69,7 @@ use ferry_common::chunk::{chunk_count, hash_chunk};
 use ferry_common::msg::Sha256;
 use ferry_common::STATE_DIR;
 
-use crate::manifests::{ManifestKey, CACHE_SETTLE};
+use crate::filekey::ManifestKey;
 
 /// Directory of the record files inside the state directory.
 const MANIFESTS_DIR: &str = "manifests";
@@ -127,13 +127,6 @@ pub struct ManifestStore {
     /// Set once the state and manifests directories are known to be real directories
     /// (created if missing); until then every save checks them.
     ready: AtomicBool,
-}
-
-/// True if `key`'s mtime lies at least [`CACHE_SETTLE`] before its ctime: a write after
-/// the status change the ctime records would set mtime to the time of writing, which
-/// differs from the recorded one, so the key of a file written since cannot match.
-pub fn mtime_settled(key: &ManifestKey) -> bool {
-    key.mtime_ns + CACHE_SETTLE.as_nanos() as i128 <= key.ctime_ns
 }
 
 impl ManifestStore {
@@ -264,7 +257,7 @@ impl ManifestStore {
     /// Records `hashes` as the manifest of version `key`, replacing the inode's
     /// previous record. The caller vouches that `hashes` are the content of that
     /// version and that a later change of the file changes its key (a settled file, or
-    /// [`mtime_settled`]). A key in another chunk size is not stored. Blocking.
+    /// [`crate::filekey::mtime_settled`]). A key in another chunk size is not stored. Blocking.
     pub fn save(&self, key: &ManifestKey, hashes: &[Sha256]) -> io::Result<()> {
         if key.chunk_bytes != self.chunk_bytes {
             return Ok(());
@@ -877,16 +870,6 @@ mod tests {
         assert!(store.get(&small).is_none());
         assert_eq!(store.get(&moved).unwrap(), hashes(1, 6));
         assert!(!store.rekey(&small, &moved).unwrap());
-    }
-
-    #[test]
-    fn settled_mtimes() {
-        assert!(mtime_settled(&key(1, 1)));
-        let recent = ManifestKey {
-            mtime_ns: 4_500_000_000,
-            ..key(1, 1)
-        };
-        assert!(!mtime_settled(&recent));
     }
 
     #[test]

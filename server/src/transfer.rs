@@ -1,5 +1,9 @@
 //! Uploads (pulled with one-sided READs) and downloads (pushed with one-sided WRITEs).
 //!
+//! Here: an upload ([`Upload`]) and the base file it may copy chunks from
+//! ([`BaseFile`]); each chunk of an upload's window in `pull`; a download ([`Download`])
+//! in `download`. Both fail with [`TransferError`].
+//!
 //! Invariants:
 //! - An upload writes only to a hidden file in the target directory
 //!   ([`ferry_common::staging`]), whose declared size is reserved when it is opened (a
@@ -28,22 +32,27 @@ use std::sync::{Arc, Mutex};
 
 use ferry_common::chunk::{chunk_len, hash_chunk};
 use ferry_common::direct::DirectFile;
-use ferry_common::journal::{JournalHeader, JournalWriter};
-use ferry_common::msg::{
-    Attr, ErrorKind, RegionDesc, RemoteError, Response, Sha256, Timestamp, MAX_WINDOW_CHUNKS,
-};
-use ferry_common::proto::transfer::{check_window, ChunkRef, UploadState, Window};
-use ferry_common::staging::{chunk_matches, StageError, Staged};
-use ferry_common::transport::{RemoteSlice, SharedTransport, TransportError};
+use ferry_common::journal::JournalHeader;
+use ferry_common::msg::{RegionDesc, RemoteError, Response, Sha256, Timestamp, MAX_WINDOW_CHUNKS};
+use ferry_common::proto::transfer::UploadState;
+use ferry_common::proto::ProtoError;
+use ferry_common::staging::{StageError, Staged};
+use ferry_common::transport::{SharedTransport, TransportError};
 use ferry_common::writeback::Writeback;
-use tokio::task::JoinSet;
+use tokio::task::{JoinError, JoinSet};
 
-use crate::error::{io_error, remote};
-use crate::fsops::{dir_in_the_way, no_dir_in_the_way};
-use crate::manifests::{manifest_of, ManifestCache, ManifestKey, CACHE_SETTLE};
-use crate::pool::Pool;
-use crate::share::Share;
-use crate::store::{mtime_settled, ManifestStore};
+use crate::filekey::{mtime_settled, ManifestKey, CACHE_SETTLE};
+use crate::fsops::{no_dir_in_the_way, FsError};
+use crate::manifests::{manifest_of, ManifestCache, ManifestError};
+use crate::pool::{Pool, PoolError};
+use crate::share::{Share, ShareError};
+use crate::store::ManifestStore;
+
+mod download;
+mod pull;
+
+pub use download::Download;
+use pull::{PullChunk, Sink};
 
 /// An open upload.
 pub struct Upload {
@@ -51,10 +60,9 @@ pub struct Upload {
     final_path: PathBuf,
     staged: Mutex<Staged>,
     file: Arc<File>,
-    /// `file` for chunk data: its aligned blocks written direct where allowed.
-    out: Arc<DirectFile>,
-    /// The partial's journal; `None` for a scratch file.
-    journal: Option<Arc<JournalWriter>>,
+    /// Where chunk data goes: `file`, its aligned blocks written direct where allowed,
+    /// and the partial's journal.
+    sink: Sink,
     header: JournalHeader,
     /// Chunks an interrupted upload of this file journaled: index to hash.
     hints: BTreeMap<u64, Sha256>,
@@ -70,12 +78,149 @@ pub struct Upload {
     store: Option<Arc<ManifestStore>>,
 }
 
-fn transport_error(what: &str, e: TransportError) -> RemoteError {
-    remote(ErrorKind::Io, format!("{what}: transfer failed: {e}"))
-}
-
-fn stage_error(what: &str, e: &StageError) -> RemoteError {
-    io_error(e.op.verb(), what, &e.source)
+/// A failed upload or download, naming the share-relative path (`share/dir/file`) of
+/// its file.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    /// The path cannot be used (see [`ShareError`]).
+    #[error(transparent)]
+    Share(#[from] ShareError),
+    /// A directory is in the way of the upload, or a download names something else
+    /// than a regular file (see [`FsError`]).
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    /// No chunk buffer could be lent.
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// The base file's manifest could not be taken.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    /// Opening, resuming or committing the hidden file of an upload failed.
+    #[error("{path}: cannot stage")]
+    Stage {
+        /// The file.
+        path: String,
+        /// Which step failed, and why.
+        #[source]
+        source: StageError,
+    },
+    /// A one-sided READ or WRITE of a chunk failed.
+    #[error("{path}: transfer failed")]
+    Transport {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: TransportError,
+    },
+    /// A window the transfer's state refuses.
+    #[error("{path}: bad window")]
+    Window {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: ProtoError,
+    },
+    /// A verified chunk the upload's state refuses.
+    #[error(transparent)]
+    Chunk(ProtoError),
+    /// A commit before every chunk was verified, or with the wrong manifest.
+    #[error("{path}: not committed")]
+    NotCommitted {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: ProtoError,
+    },
+    /// A chunk that does not lie in the client's region.
+    #[error("{path}: chunk outside the region")]
+    OutsideRegion {
+        /// The file.
+        path: String,
+    },
+    /// A pulled chunk whose bytes do not hash to the client's hash.
+    #[error("{path}: chunk {index} (bytes {start}..{end}) failed SHA-256 verification")]
+    Integrity {
+        /// The file.
+        path: String,
+        /// The chunk's index.
+        index: u64,
+        /// Its first byte's offset.
+        start: u64,
+        /// The offset past its last byte.
+        end: u64,
+    },
+    /// The blocking task hashing or writing an upload's chunk failed.
+    #[error("{path}: hashing task failed")]
+    HashTask {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: JoinError,
+    },
+    /// The blocking task reading a download's chunk failed.
+    #[error("{path}: read task failed")]
+    ReadTask {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: JoinError,
+    },
+    /// A chunk's task of a window failed.
+    #[error("chunk task failed")]
+    ChunkTask(#[source] JoinError),
+    /// A download's file shrank below its size at open.
+    #[error("{path}: file shrank during the download")]
+    Shrank {
+        /// The file.
+        path: String,
+    },
+    /// A download's file was modified while it was read.
+    #[error("{path}: file changed during the download")]
+    ChangedDuring {
+        /// The file.
+        path: String,
+    },
+    /// An upload's base that is not a regular file.
+    #[error("{path}: the base is not a regular file")]
+    BaseNotRegular {
+        /// The base's path.
+        path: String,
+    },
+    /// Opening an upload's base failed.
+    #[error("{0}: cannot open the base")]
+    OpenBase(String, #[source] std::io::Error),
+    /// Opening a download's file failed.
+    #[error("{0}: cannot open")]
+    Open(String, #[source] std::io::Error),
+    /// `fstat` failed.
+    #[error("{0}: cannot stat")]
+    Stat(String, #[source] std::io::Error),
+    /// Cutting an upload's file to its size failed.
+    #[error("{0}: cannot truncate")]
+    Truncate(String, #[source] std::io::Error),
+    /// Setting an upload's mode failed.
+    #[error("{0}: cannot chmod")]
+    Chmod(String, #[source] std::io::Error),
+    /// Setting an upload's mtime failed.
+    #[error("{0}: cannot set mtime")]
+    SetMtime(String, #[source] std::io::Error),
+    /// Syncing an upload's file failed.
+    #[error("{0}: cannot fsync")]
+    Fsync(String, #[source] std::io::Error),
+    /// Syncing the directory of a committed upload failed.
+    #[error("{0}: cannot fsync the directory")]
+    FsyncDir(String, #[source] std::io::Error),
+    /// Writing a chunk failed.
+    #[error("{0}: cannot write")]
+    Write(String, #[source] std::io::Error),
+    /// Reading a chunk failed.
+    #[error("{0}: cannot read")]
+    Read(String, #[source] std::io::Error),
 }
 
 /// A file whose chunks an upload may copy instead of pulling.
@@ -98,20 +243,19 @@ impl BaseFile {
         rel: &str,
         chunk_bytes: u32,
         cache: &ManifestCache,
-    ) -> Result<BaseFile, RemoteError> {
+    ) -> Result<BaseFile, TransferError> {
         let what = share.display(rel);
         let path = share.resolve(rel, false)?;
         let file = OpenOptions::new()
             .read(true)
             .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOFOLLOW)
             .open(&path)
-            .map_err(|e| io_error("open the base", &what, &e))?;
-        let meta = file.metadata().map_err(|e| io_error("stat", &what, &e))?;
+            .map_err(|e| TransferError::OpenBase(what.clone(), e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| TransferError::Stat(what.clone(), e))?;
         if !meta.is_file() {
-            return Err(remote(
-                ErrorKind::InvalidPath,
-                format!("{what}: the base is not a regular file"),
-            ));
+            return Err(TransferError::BaseNotRegular { path: what });
         }
         let (hashes, meta) = manifest_of(
             &file,
@@ -176,22 +320,28 @@ impl Upload {
             chunk_bytes,
             source: [0; 32],
         };
-        let staged = Staged::open(&final_path, &header).map_err(|e| stage_error(&what, &e))?;
+        let staged = Staged::open(&final_path, &header).map_err(|source| TransferError::Stage {
+            path: what.clone(),
+            source,
+        })?;
         let hints = staged.hints().clone();
         if !hints.is_empty() {
             tracing::info!(file = %what, chunks = hints.len(), "resuming an interrupted upload");
         }
         let file = staged.file().clone();
+        let sink = Sink {
+            out: Arc::new(DirectFile::for_writing(file.clone(), size)),
+            journal: staged.journal(),
+        };
         Ok(Upload {
             what,
             final_path,
-            journal: staged.journal(),
             staged: Mutex::new(staged),
             header,
             hints,
             base: base.map(Arc::new),
             writeback: Writeback::new(file.clone()),
-            out: Arc::new(DirectFile::for_writing(file.clone(), size)),
+            sink,
             file,
             state: Mutex::new(UploadState::new(size, chunk_bytes, MAX_WINDOW_CHUNKS)),
             mode,
@@ -225,15 +375,17 @@ impl Upload {
         let window = self
             .state()
             .handle_window(offset, region.len, &hashes)
-            .map_err(|e| remote(ErrorKind::Protocol, format!("{}: {e}", self.what)))?;
+            .map_err(|source| TransferError::Window {
+                path: self.what.clone(),
+                source,
+            })?;
         let mut tasks = JoinSet::new();
         for (chunk, expected) in window.chunks(self.chunk_bytes).zip(hashes) {
             let job = PullChunk {
                 transport: transport.clone(),
                 pool: pool.clone(),
                 file: self.file.clone(),
-                out: self.out.clone(),
-                journal: self.journal.clone(),
+                sink: self.sink.clone(),
                 header: self.header,
                 what: self.what.clone(),
                 region,
@@ -255,7 +407,7 @@ impl Upload {
                 for c in done {
                     state
                         .handle_chunk_pulled(c.index, c.hash)
-                        .map_err(|e| remote(ErrorKind::Protocol, e.to_string()))?;
+                        .map_err(TransferError::Chunk)?;
                     match c.reused {
                         true => reused += u64::from(c.len),
                         false => pulled += u64::from(c.len),
@@ -266,7 +418,7 @@ impl Upload {
                 }
                 // Direct writes leave no dirty pages to push early; the commit's fsync
                 // flushes the device's cache once.
-                if !self.out.is_direct() {
+                if !self.sink.out.is_direct() {
                     self.writeback.wrote(written);
                 }
                 Ok(Response::WindowPulled {
@@ -276,7 +428,7 @@ impl Upload {
             }
             Err(e) => {
                 self.state().handle_window_failed(window);
-                Err(e)
+                Err(e.into())
             }
         }
     }
@@ -288,46 +440,45 @@ impl Upload {
     pub fn commit(&self, manifest: &Sha256) -> Result<Response, RemoteError> {
         let (size, hashes) = {
             let state = self.state();
-            let hashes = state.commit(manifest).map_err(|e| {
-                remote(
-                    ErrorKind::Integrity,
-                    format!("{}: not committed: {e}", self.what),
-                )
-            })?;
+            let hashes = state
+                .commit(manifest)
+                .map_err(|source| TransferError::NotCommitted {
+                    path: self.what.clone(),
+                    source,
+                })?;
             (state.size(), hashes)
         };
         let what = &self.what;
         let mut staged = self.staged();
         let file = &self.file;
-        if file
-            .metadata()
-            .map_err(|e| io_error("stat", what, &e))?
-            .len()
-            != size
-        {
+        let failed = |op: fn(String, std::io::Error) -> TransferError| {
+            move |e: std::io::Error| op(what.clone(), e)
+        };
+        if file.metadata().map_err(failed(TransferError::Stat))?.len() != size {
             file.set_len(size)
-                .map_err(|e| io_error("truncate", what, &e))?;
+                .map_err(failed(TransferError::Truncate))?;
         }
         file.set_permissions(Permissions::from_mode(self.mode & 0o7777))
-            .map_err(|e| io_error("chmod", what, &e))?;
+            .map_err(failed(TransferError::Chmod))?;
         file.set_modified(self.mtime.to_system())
-            .map_err(|e| io_error("set mtime", what, &e))?;
+            .map_err(failed(TransferError::SetMtime))?;
         self.writeback
             .finish()
-            .map_err(|e| io_error("fsync", what, &e))?;
+            .map_err(failed(TransferError::Fsync))?;
         // The rename is relative to the directory the upload was opened in (see
         // `Staged`), which the client may have renamed since; a file renamed over a
         // directory fails with EISDIR, so no separate (path-based) check.
-        staged.commit(&self.final_path).map_err(|e| {
-            if e.source.raw_os_error() == Some(nix::libc::EISDIR) {
-                dir_in_the_way(what)
+        staged.commit(&self.final_path).map_err(|source| {
+            if source.source.raw_os_error() == Some(nix::libc::EISDIR) {
+                TransferError::Fs(FsError::DirInTheWay { path: what.clone() })
             } else {
-                stage_error(what, &e)
+                TransferError::Stage {
+                    path: what.clone(),
+                    source,
+                }
             }
         })?;
-        staged
-            .sync_dir()
-            .map_err(|e| io_error("fsync the directory", what, &e))?;
+        staged.sync_dir().map_err(failed(TransferError::FsyncDir))?;
         if let Some(store) = &self.store {
             self.record(store, size, &hashes);
         }
@@ -362,8 +513,8 @@ impl Upload {
 
 /// Waits for every task of a window, returning all results or the first error.
 async fn join_all<T: 'static>(
-    mut tasks: JoinSet<Result<T, RemoteError>>,
-) -> Result<Vec<T>, RemoteError> {
+    mut tasks: JoinSet<Result<T, TransferError>>,
+) -> Result<Vec<T>, TransferError> {
     let mut out = Vec::new();
     let mut first_err = None;
     while let Some(joined) = tasks.join_next().await {
@@ -373,276 +524,13 @@ async fn join_all<T: 'static>(
                 first_err.get_or_insert(e);
             }
             Err(e) => {
-                first_err.get_or_insert(remote(ErrorKind::Io, format!("chunk task failed: {e}")));
+                first_err.get_or_insert(TransferError::ChunkTask(e));
             }
         }
     }
     match first_err {
         Some(e) => Err(e),
         None => Ok(out),
-    }
-}
-
-struct PullChunk {
-    transport: SharedTransport,
-    pool: Arc<Pool>,
-    file: Arc<File>,
-    out: Arc<DirectFile>,
-    journal: Option<Arc<JournalWriter>>,
-    header: JournalHeader,
-    what: String,
-    region: RegionDesc,
-    window: Window,
-    chunk: ChunkRef,
-    expected: Sha256,
-    /// The journal names this chunk with the expected hash.
-    hinted: bool,
-    /// The upload's base file, if its manifest lists the expected hash.
-    base: Option<Arc<BaseFile>>,
-}
-
-/// A chunk of a window, verified and in the file.
-struct ChunkDone {
-    index: u64,
-    hash: Sha256,
-    len: u32,
-    /// Found in the partial file or the base rather than pulled.
-    reused: bool,
-    /// Written to the file by this upload (pulled, or copied from the base).
-    written: bool,
-}
-
-impl PullChunk {
-    async fn run(self) -> Result<ChunkDone, RemoteError> {
-        let PullChunk {
-            transport,
-            pool,
-            file,
-            out,
-            journal,
-            header,
-            what,
-            region,
-            window,
-            chunk,
-            expected,
-            hinted,
-            base,
-        } = self;
-        let done = |reused, written| ChunkDone {
-            index: chunk.index,
-            hash: expected,
-            len: chunk.len,
-            reused,
-            written,
-        };
-        let lease = pool.lease().await?;
-        if hinted {
-            let (buf, file) = (lease.buffer().clone(), file.clone());
-            let held = tokio::task::spawn_blocking(move || {
-                let mut bytes = buf.blocking_write();
-                chunk_matches(&file, &header, chunk.index, &expected, &mut bytes[..])
-            })
-            .await
-            .map_err(|e| remote(ErrorKind::Io, format!("{what}: hashing task failed: {e}")))?;
-            if held {
-                return Ok(done(true, false));
-            }
-        }
-        if let Some(base) = base {
-            let (buf, out, journal) = (lease.buffer().clone(), out.clone(), journal.clone());
-            let file_offset = window.offset + chunk.window_offset;
-            let what2 = what.clone();
-            let copied = tokio::task::spawn_blocking(move || {
-                let mut bytes = buf.blocking_write();
-                let len = chunk.len as usize;
-                if !base.find(&expected, len, &mut bytes[..]) {
-                    return Ok(false);
-                }
-                out.write_all_at(&bytes[..len], file_offset)?;
-                if let Some(j) = journal {
-                    if let Err(e) = j.append(chunk.index, &expected) {
-                        tracing::warn!(file = %what2, "cannot extend the upload's journal: {e}");
-                    }
-                }
-                Ok(true)
-            })
-            .await
-            .map_err(|e| remote(ErrorKind::Io, format!("{what}: hashing task failed: {e}")))?
-            .map_err(|e| io_error("write", &what, &e))?;
-            if copied {
-                return Ok(done(true, true));
-            }
-        }
-        let slice = RemoteSlice::of(&region, chunk.window_offset, chunk.len).ok_or_else(|| {
-            remote(
-                ErrorKind::Protocol,
-                format!("{what}: chunk outside the region"),
-            )
-        })?;
-        transport
-            .read(slice, lease.reg(), 0)
-            .await
-            .map_err(|e| transport_error(&what, e))?;
-        let buf = lease.buffer().clone();
-        let file_offset = window.offset + chunk.window_offset;
-        let len = chunk.len as usize;
-        let what2 = what.clone();
-        let verdict = tokio::task::spawn_blocking(move || {
-            let bytes = buf.blocking_read();
-            let got = hash_chunk(&bytes[..len]);
-            if got != expected {
-                return Ok(false);
-            }
-            out.write_all_at(&bytes[..len], file_offset)?;
-            // Journaled only once the bytes are in the file. The journal is a hint, so
-            // failing to extend it costs a later resume, not this upload.
-            if let Some(j) = journal {
-                if let Err(e) = j.append(chunk.index, &got) {
-                    tracing::warn!(file = %what2, "cannot extend the upload's journal: {e}");
-                }
-            }
-            Ok(true)
-        })
-        .await
-        .map_err(|e| remote(ErrorKind::Io, format!("{what}: hashing task failed: {e}")))?
-        .map_err(|e| io_error("write", &what, &e))?;
-        drop(lease);
-        if verdict {
-            return Ok(done(false, true));
-        }
-        tracing::warn!(file = %what, chunk = chunk.index, "upload chunk failed SHA-256 verification");
-        Err(remote(
-            ErrorKind::Integrity,
-            format!(
-                "{what}: chunk {} (bytes {}..{}) failed SHA-256 verification",
-                chunk.index,
-                file_offset,
-                file_offset + chunk.len as u64
-            ),
-        ))
-    }
-}
-
-/// An open download.
-pub struct Download {
-    what: String,
-    /// The file; read direct where the page cache does not hold a chunk.
-    file: Arc<DirectFile>,
-    attr: Attr,
-    ino: u64,
-    chunk_bytes: u32,
-}
-
-impl Download {
-    /// Opens `rel` for download (symlinks followed inside the share). Blocking.
-    pub fn open(share: &Share, rel: &str, chunk_bytes: u32) -> Result<Download, RemoteError> {
-        let what = share.display(rel);
-        let path = share.resolve(rel, true)?;
-        let file = File::open(&path).map_err(|e| io_error("open", &what, &e))?;
-        let meta = file.metadata().map_err(|e| io_error("stat", &what, &e))?;
-        if meta.is_dir() {
-            return Err(remote(
-                ErrorKind::IsADirectory,
-                format!("{what}: is a directory"),
-            ));
-        }
-        if !meta.is_file() {
-            return Err(remote(
-                ErrorKind::InvalidPath,
-                format!("{what}: not a regular file"),
-            ));
-        }
-        Ok(Download {
-            what,
-            attr: ferry_common::attr::attr_of(&meta, None),
-            ino: meta.ino(),
-            file: Arc::new(DirectFile::for_reading(Arc::new(file), meta.len())),
-            chunk_bytes,
-        })
-    }
-
-    /// Attributes at open time.
-    pub fn attr(&self) -> &Attr {
-        &self.attr
-    }
-
-    /// Pushes one window: reads each chunk into a pool buffer (from the page cache if it
-    /// holds the chunk, else direct), hashes it and RDMA-WRITEs
-    /// it into the client's `region`; answers with the hashes.
-    pub async fn push_window(
-        &self,
-        transport: &SharedTransport,
-        pool: &Arc<Pool>,
-        offset: u64,
-        region: RegionDesc,
-    ) -> Result<Response, RemoteError> {
-        let size = self.attr.size;
-        let len = region.len.min(size.saturating_sub(offset));
-        let window = check_window(size, self.chunk_bytes, MAX_WINDOW_CHUNKS, offset, len)
-            .map_err(|e| remote(ErrorKind::Protocol, format!("{}: {e}", self.what)))?;
-        let mut tasks = JoinSet::new();
-        for chunk in window.chunks(self.chunk_bytes) {
-            let transport = transport.clone();
-            let pool = pool.clone();
-            let file = self.file.clone();
-            let what = self.what.clone();
-            tasks.spawn(async move {
-                let lease = pool.lease().await?;
-                let buf = lease.buffer().clone();
-                let file_offset = window.offset + chunk.window_offset;
-                let len = chunk.len as usize;
-                let what2 = what.clone();
-                let hash = tokio::task::spawn_blocking(move || {
-                    let mut bytes = buf.blocking_write();
-                    match file.read_exact_at(&mut bytes[..len], file_offset) {
-                        Ok(()) => Ok(hash_chunk(&bytes[..len])),
-                        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(remote(
-                            ErrorKind::Changed,
-                            format!("{what2}: file shrank during the download"),
-                        )),
-                        Err(e) => Err(io_error("read", &what2, &e)),
-                    }
-                })
-                .await
-                .map_err(|e| remote(ErrorKind::Io, format!("{what}: read task failed: {e}")))??;
-                let slice =
-                    RemoteSlice::of(&region, chunk.window_offset, chunk.len).ok_or_else(|| {
-                        remote(
-                            ErrorKind::Protocol,
-                            format!("{what}: chunk outside the region"),
-                        )
-                    })?;
-                transport
-                    .write(lease.reg(), 0, slice)
-                    .await
-                    .map_err(|e| transport_error(&what, e))?;
-                Ok((chunk.index, hash))
-            });
-        }
-        let mut done = join_all(tasks).await?;
-        done.sort_unstable_by_key(|(i, _)| *i);
-        Ok(Response::WindowPushed {
-            hashes: done.into_iter().map(|(_, h)| h).collect(),
-        })
-    }
-
-    /// Ends the download: fails with [`ErrorKind::Changed`] if the file was modified
-    /// since it was opened. Blocking.
-    pub fn close(&self) -> Result<Response, RemoteError> {
-        let meta = self
-            .file
-            .file()
-            .metadata()
-            .map_err(|e| io_error("stat", &self.what, &e))?;
-        let now = ferry_common::attr::attr_of(&meta, None);
-        if meta.ino() != self.ino || now.size != self.attr.size || now.mtime != self.attr.mtime {
-            return Err(remote(
-                ErrorKind::Changed,
-                format!("{}: file changed during the download", self.what),
-            ));
-        }
-        Ok(Response::Ok)
     }
 }
 

@@ -14,96 +14,94 @@
 //! someone holds dirty stay, and are what the disk is about to hold).
 //!
 //! A file without a record, or whose record is stale while its bytes match it, gets a
-//! record of what was read now when it has settled ([`crate::manifests::CACHE_SETTLE`]):
+//! record of what was read now when it has settled ([`crate::filekey::CACHE_SETTLE`]):
 //! the next `Verify` has something to compare with. A file whose bytes differ from a
 //! record keeps that record, so the damage stays visible.
 
-use std::fs::{File, OpenOptions};
+use std::fs::{File, Metadata, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::time::SystemTime;
 
 use ferry_common::msg::{
-    ErrorKind, RemoteError, Response, Sha256, VerifyRecord, VerifyReport, MAX_VERIFY_BAD_CHUNKS,
+    RemoteError, Response, Sha256, VerifyRecord, VerifyReport, MAX_VERIFY_BAD_CHUNKS,
 };
 
-use crate::error::{io_error, remote};
-use crate::manifests::{hash_chunks_of, settled, ManifestKey, CACHE_SETTLE};
-use crate::share::Share;
+use crate::filekey::{settled, ManifestKey, CACHE_SETTLE};
+use crate::fsops::{check_regular, FsError};
+use crate::manifests::{hash_chunks_of, ManifestError};
+use crate::share::{Share, ShareError};
 use crate::store::ManifestStore;
+
+/// A file that could not be verified, naming the share-relative path
+/// (`share/dir/file`) it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    /// The path cannot be used (see [`ShareError`]).
+    #[error(transparent)]
+    Share(#[from] ShareError),
+    /// The path names something else than a regular file (see [`FsError`]).
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    /// The file could not be hashed.
+    #[error(transparent)]
+    Hash(#[from] ManifestError),
+    /// The path names a symlink.
+    #[error("{path}: is a symlink; only regular files are verified")]
+    Symlink {
+        /// The path.
+        path: String,
+    },
+    /// The file's key moved while it was read.
+    #[error("{path}: changed while it was being verified")]
+    Changed {
+        /// The path.
+        path: String,
+    },
+    /// Opening the file failed.
+    #[error("{0}: cannot open")]
+    Open(String, #[source] std::io::Error),
+    /// `fstat` of the file failed.
+    #[error("{0}: cannot stat")]
+    Stat(String, #[source] std::io::Error),
+}
 
 /// `Verify` of the regular file `rel` (its final component not followed). Blocking:
 /// reads the whole file, hashing on all cores.
 ///
-/// Errors: path errors as for any request; [`ErrorKind::InvalidPath`] for a symlink
-/// or another non-regular file, [`ErrorKind::IsADirectory`] for a directory;
-/// [`ErrorKind::Changed`] if the file changed while it was read.
+/// Errors: path errors as for any request; [`VerifyError::Symlink`] for a symlink,
+/// [`FsError::NotRegular`] for another non-regular file,
+/// [`FsError::IsADirectory`] for a directory; [`VerifyError::Changed`] (or
+/// [`ManifestError::Shrank`]) if the file changed while it was read.
 pub fn verify(share: &Share, rel: &str) -> Result<Response, RemoteError> {
     let what = share.display(rel);
-    let path = share.resolve(rel, false)?;
-    // O_NOFOLLOW: a symlink fails to open (ELOOP) rather than being followed;
-    // O_NONBLOCK: a FIFO does not block the open (it is refused below).
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .open(&path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(nix::libc::ELOOP) => remote(
-                ErrorKind::InvalidPath,
-                format!("{what}: is a symlink; only regular files are verified"),
-            ),
-            _ => io_error("open", &what, &e),
-        })?;
-    let before = file.metadata().map_err(|e| io_error("stat", &what, &e))?;
-    if before.is_dir() {
-        return Err(remote(
-            ErrorKind::IsADirectory,
-            format!("{what}: is a directory"),
-        ));
-    }
-    if !before.is_file() {
-        return Err(remote(
-            ErrorKind::InvalidPath,
-            format!("{what}: not a regular file"),
-        ));
-    }
+    let (file, before) = open_regular(share, rel, &what)?;
     let Some(store) = share.store() else {
         // A read-only share keeps no records: nothing to compare with.
-        return Ok(Response::Verified(VerifyReport {
-            record: VerifyRecord::Missing,
-            size: before.size(),
-            chunk_bytes: 0,
-            chunks: 0,
-            bad_count: 0,
-            bad_chunks: Vec::new(),
-        }));
+        return Ok(report(
+            VerifyRecord::Missing,
+            before.size(),
+            0,
+            0,
+            (0, Vec::new()),
+        ));
     };
     let record = store.load(before.dev(), before.ino());
     let chunk_bytes = record
         .as_ref()
         .map_or(store.chunk_bytes(), |r| r.key.chunk_bytes);
-    drop_cached_pages(&file, &what);
     let started = SystemTime::now();
-    let read = read_hashes(&file, before.size(), chunk_bytes, &what)?;
-    let after = file.metadata().map_err(|e| io_error("stat", &what, &e))?;
-    let key = ManifestKey::of(&before, chunk_bytes);
-    if ManifestKey::of(&after, chunk_bytes) != key {
-        return Err(remote(
-            ErrorKind::Changed,
-            format!("{what}: changed while it was being verified"),
-        ));
-    }
+    let (key, read) = read_unchanged(&file, &before, chunk_bytes, &what)?;
     let chunks = read.len() as u64;
     let Some(record) = record else {
         remember(store, &key, &read, started, &what);
-        return Ok(Response::Verified(VerifyReport {
-            record: VerifyRecord::Missing,
-            size: key.size,
+        return Ok(report(
+            VerifyRecord::Missing,
+            key.size,
             chunk_bytes,
             chunks,
-            bad_count: 0,
-            bad_chunks: Vec::new(),
-        }));
+            (0, Vec::new()),
+        ));
     };
     let state = if record.key == key {
         VerifyRecord::Current
@@ -113,8 +111,83 @@ pub fn verify(share: &Share, rel: &str) -> Result<Response, RemoteError> {
             mtime_changed: record.key.mtime_ns != key.mtime_ns,
         }
     };
-    let longest = read.len().max(record.hashes.len());
-    let bad = (0..longest).filter(|&i| match (read.get(i), record.hashes.get(i)) {
+    let bad = bad_chunks(&read, &record.hashes);
+    if bad.0 > 0 {
+        tracing::warn!(file = %what, bad_chunks = bad.0, record = ?state, "verify found chunks that differ from the record");
+    } else if state != VerifyRecord::Current {
+        // Same bytes, only the status changed (e.g. a chmod): the record follows.
+        remember(store, &key, &read, started, &what);
+    }
+    Ok(report(state, key.size, chunk_bytes, chunks, bad))
+}
+
+/// The answer to a `Verify`; `bad` is the count of chunks that differ and the first
+/// [`MAX_VERIFY_BAD_CHUNKS`] of them.
+fn report(
+    record: VerifyRecord,
+    size: u64,
+    chunk_bytes: u32,
+    chunks: u64,
+    (bad_count, bad_chunks): (u64, Vec<u64>),
+) -> Response {
+    Response::Verified(VerifyReport {
+        record,
+        size,
+        chunk_bytes,
+        chunks,
+        bad_count,
+        bad_chunks,
+    })
+}
+
+/// Opens `rel` (`what` in messages) without following a final symlink and without
+/// blocking on a FIFO; refuses anything but a regular file. Returns the file and its
+/// metadata as opened.
+fn open_regular(share: &Share, rel: &str, what: &str) -> Result<(File, Metadata), VerifyError> {
+    let path = share.resolve(rel, false)?;
+    // O_NOFOLLOW: a symlink fails to open (ELOOP) rather than being followed;
+    // O_NONBLOCK: a FIFO does not block the open (it is refused below).
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(&path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(nix::libc::ELOOP) => VerifyError::Symlink { path: what.into() },
+            _ => VerifyError::Open(what.into(), e),
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| VerifyError::Stat(what.into(), e))?;
+    check_regular(&meta, what)?;
+    Ok((file, meta))
+}
+
+/// Reads `file` from the disk (its cached pages dropped first) and hashes it in chunks
+/// of `chunk_bytes`; fails if its key moved from `before`'s while it was read. Returns
+/// the key and the hashes (see [`read_hashes`]).
+fn read_unchanged(
+    file: &File,
+    before: &Metadata,
+    chunk_bytes: u32,
+    what: &str,
+) -> Result<(ManifestKey, Vec<Option<Sha256>>), VerifyError> {
+    drop_cached_pages(file, what);
+    let read = read_hashes(file, before.size(), chunk_bytes, what)?;
+    let after = file
+        .metadata()
+        .map_err(|e| VerifyError::Stat(what.into(), e))?;
+    let key = ManifestKey::of(before, chunk_bytes);
+    if ManifestKey::of(&after, chunk_bytes) != key {
+        return Err(VerifyError::Changed { path: what.into() });
+    }
+    Ok((key, read))
+}
+
+/// The chunks where `read` differs from `recorded` (one missing on either side, or
+/// unreadable, differs): how many, and the first [`MAX_VERIFY_BAD_CHUNKS`] of them.
+fn bad_chunks(read: &[Option<Sha256>], recorded: &[Sha256]) -> (u64, Vec<u64>) {
+    let longest = read.len().max(recorded.len());
+    let bad = (0..longest).filter(|&i| match (read.get(i), recorded.get(i)) {
         (Some(Some(now)), Some(then)) => now != then,
         _ => true,
     });
@@ -125,31 +198,18 @@ pub fn verify(share: &Share, rel: &str) -> Result<Response, RemoteError> {
             bad_chunks.push(i as u64);
         }
     }
-    if bad_count > 0 {
-        tracing::warn!(file = %what, bad_chunks = bad_count, record = ?state, "verify found chunks that differ from the record");
-    } else if state != VerifyRecord::Current {
-        // Same bytes, only the status changed (e.g. a chmod): the record follows.
-        remember(store, &key, &read, started, &what);
-    }
-    Ok(Response::Verified(VerifyReport {
-        record: state,
-        size: key.size,
-        chunk_bytes,
-        chunks,
-        bad_count,
-        bad_chunks,
-    }))
+    (bad_count, bad_chunks)
 }
 
 /// Hashes of every chunk of the first `size` bytes of `file`, read with `pread` on all
 /// cores; `None` for a chunk that could not be read (an I/O error: damage, as far as
-/// the caller is concerned). A short read fails with [`ErrorKind::Changed`].
+/// the caller is concerned). A short read fails with [`ManifestError::Shrank`].
 fn read_hashes(
     file: &File,
     size: u64,
     chunk_bytes: u32,
     what: &str,
-) -> Result<Vec<Option<Sha256>>, RemoteError> {
+) -> Result<Vec<Option<Sha256>>, ManifestError> {
     hash_chunks_of(file, size, chunk_bytes, what, |e| {
         tracing::warn!(file = %what, "verify cannot read a chunk: {e}");
         Ok(None)
@@ -195,6 +255,7 @@ mod tests {
     use super::*;
     use crate::share::test_share;
     use ferry_common::chunk::hash_chunk;
+    use ferry_common::msg::ErrorKind;
     use std::io::Write;
 
     /// The store key of `meta` in the store's chunk size.

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use ferry_common::msg::{RemoteError, Request, Response};
 use ferry_common::proto::conn::Grant;
 
-use super::{blocking, misrouted, Conn};
+use super::{misrouted, Conn};
+use crate::blocking::blocking;
 use crate::map::{self, MapContext};
 
 /// Performs one mapped-file request.
@@ -47,7 +48,7 @@ pub(super) async fn perform(
             // Dropping the entry revokes every registration of the file.
             blocking(move || {
                 drop(entry);
-                Ok(Response::Ok)
+                Ok::<_, RemoteError>(Response::Ok)
             })
             .await
         }

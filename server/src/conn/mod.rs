@@ -133,11 +133,7 @@ pub(crate) async fn run(
         tracing::info!(peer = %conn.peer, "releasing {} mapped files", maps.len());
     }
     // Deregistering large mappings can take a while on RDMA: off the async threads.
-    let _ = blocking(move || {
-        drop(maps);
-        Ok(())
-    })
-    .await;
+    let _ = tokio::task::spawn_blocking(move || drop(maps)).await;
     tracing::info!(peer = %conn.peer, "connection closed: {reason}");
 }
 
@@ -331,15 +327,4 @@ pub(crate) async fn refuse(transport: SharedTransport, error: RemoteError) {
     }
     transport.close();
     while let Ok(Some(_)) = transport.recv().await {}
-}
-
-/// Runs a blocking filesystem call off the async worker threads.
-pub(crate) async fn blocking<T, F>(f: F) -> Result<T, RemoteError>
-where
-    T: Send + 'static,
-    F: FnOnce() -> Result<T, RemoteError> + Send + 'static,
-{
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| remote(ErrorKind::Io, format!("server task failed: {e}")))?
 }

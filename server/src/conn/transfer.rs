@@ -7,7 +7,8 @@ use std::sync::Arc;
 use ferry_common::msg::{ErrorKind, RemoteError, Request, Response};
 use ferry_common::proto::conn::Grant;
 
-use super::{blocking, misrouted, Conn, OpenTransfer};
+use super::{misrouted, Conn, OpenTransfer};
+use crate::blocking::blocking;
 use crate::error::remote;
 use crate::transfer::{BaseFile, Download, Transfer, Upload};
 

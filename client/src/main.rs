@@ -8,13 +8,16 @@ use std::time::Instant;
 
 use clap::Parser;
 
-mod backup_cmd;
+mod cli;
+
+use cli::backup as backup_cmd;
+use cli::exit;
+use cli::progress::{progress_bar, Bar};
 use ferry_client::copy::{self, CopyOptions, Progress, Report};
-use ferry_client::error::{exit, ClientError};
+use ferry_client::error::ClientError;
 use ferry_client::location::{self, Location, Remote};
 use ferry_client::{Client, Credentials};
 use ferry_common::transport::TransportChoice;
-use indicatif::{ProgressBar, ProgressStyle};
 
 /// The end of `rcp --help`.
 const AFTER_HELP: &str = "\
@@ -154,33 +157,6 @@ fn plan(args: &Args) -> Result<Direction, ClientError> {
             Ok(Direction::Download(remotes, dst.clone()))
         }
     }
-}
-
-struct Bar(ProgressBar);
-
-impl Progress for Bar {
-    /// Adds `bytes` to the bar's total: a copy plans once, each target of a backup
-    /// adds its own to the one bar they share.
-    fn set_total(&self, bytes: u64) {
-        self.0.inc_length(bytes);
-    }
-    fn advance(&self, bytes: u64) {
-        self.0.inc(bytes);
-    }
-}
-
-fn progress_bar(show: bool) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(0);
-    let style = ProgressStyle::with_template(
-        "{bytes:>10}/{total_bytes:<10} {binary_bytes_per_sec:>12} eta {eta:>4} [{wide_bar}]",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar())
-    .progress_chars("=> ");
-    bar.set_style(style);
-    bar
 }
 
 fn main() -> ExitCode {
@@ -441,17 +417,12 @@ fn describe(item: &str, e: &ClientError) -> String {
 }
 
 fn exit_code(report: &Report) -> u8 {
-    let mut codes = report.errors.iter().map(|e| e.error.exit_code());
-    match codes.next() {
-        None => exit::OK,
-        Some(first) if codes.all(|c| c == first) => first,
-        Some(_) => exit::OTHER,
-    }
+    exit::shared(report.errors.iter().map(|e| exit::of(&e.error)))
 }
 
 fn fail_early(args: &Args, direction: &str, e: ClientError, started: Instant) -> u8 {
     eprintln!("rcp: {}", describe("", &e));
-    let code = e.exit_code();
+    let code = exit::of(&e);
     if args.json {
         let report = Report {
             errors: vec![copy::ItemError {

@@ -27,7 +27,8 @@
 //! source is walked (include/exclude rules applied, see [`crate::filter`]); the
 //! server's directories (previous snapshot, partial snapshots) are listed concurrently;
 //! the partial snapshot's directories are created, parents before children; every
-//! file and symlink is linked, uploaded or created (see `jobs` for the lanes); the
+//! file and symlink is planned (see `plan`), then linked, uploaded or created (see
+//! `jobs` for the lanes); the
 //! directories' modes and mtimes are set, children before parents, after all contents
 //! are in; one `Rename` publishes the snapshot. A dry run does the walk, the listings
 //! and the planning only, writes nothing anywhere, and estimates what changed files
@@ -44,37 +45,51 @@
 //!
 //! "Unchanged" uses rsync's quick check (size and mtime); a file rewritten in place
 //! with its mtime put back is not detected.
+//!
+//! Modules, each depending only on those listed before it: `name` (snapshot names),
+//! `listing` (the server's side, read first), `plan` (what each entry needs), `links`
+//! and `uploads` (link and small-upload batches), `jobs` (running the plan), `dirs`
+//! (the snapshot's directories), [`admin`] (listing, retention, pruning) and
+//! [`verify`] (re-reading a snapshot on the server). The source is read by the tree
+//! walk copies share ([`crate::walk`]) and the work runs on their scheduler
+//! ([`crate::schedule`]). Nothing here prints or decides exit codes: the reports and
+//! errors go to the caller (`rcp`'s `cli` module).
 
-mod batch;
+pub mod admin;
+mod dirs;
 mod jobs;
+mod links;
 mod listing;
+mod name;
+mod plan;
 mod uploads;
-mod walk;
+pub mod verify;
 
 use std::collections::HashSet;
+use std::fs;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
-use ferry_common::msg::{FileKind, Timestamp};
+use ferry_common::msg::FileKind;
 
-use crate::backup_admin::drop_stale_entries;
 use crate::client::Client;
 use crate::copy::Progress;
 use crate::error::ClientError;
 use crate::filter::Filter;
 use crate::transfer::ProgressFn;
+use crate::walk::{join, walk, LocalDir, Problem};
 
-use jobs::{file_job, run_jobs, run_lanes, symlink_job, Class};
-use listing::{list_all, listing, DirPaths};
+use admin::drop_stale_entries;
+use dirs::{by_depth, make_dirs, set_dir_attrs};
+use jobs::run_jobs;
+use listing::{list_all, listing, DirPaths, Listings};
+use plan::{file_job, symlink_job, Class, Outcome, Work};
 
-pub use batch::LINK_BATCHES_IN_FLIGHT;
 pub use jobs::BIG_UPLOADS_IN_FLIGHT;
+pub use links::LINK_BATCHES_IN_FLIGHT;
+pub use name::{is_snapshot_name, snapshot_name, snapshot_time, PARTIAL_PREFIX};
 pub use uploads::UPLOAD_BATCHES_IN_FLIGHT;
-
-/// Prefix of the hidden name a snapshot is built under (not `.ferry-tmp.`, which
-/// ferryd's startup cleaner removes: an interrupted snapshot must survive a restart).
-pub const PARTIAL_PREFIX: &str = ".partial-";
 
 /// Small requests (symlinks, uploads of one chunk or less that go in no batch,
 /// listings, mkdirs) in flight at once by default; batches of links and of small
@@ -134,59 +149,6 @@ pub struct BackupReport {
     pub duration: Duration,
 }
 
-/// The snapshot name for `time`: UTC `YYYY-MM-DDTHH-MM-SSZ` (sorts by time; no `:` so
-/// it is a valid name everywhere).
-pub fn snapshot_name(time: SystemTime) -> String {
-    let secs = time
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}-{:02}-{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// True if `name` has the shape [`snapshot_name`] produces.
-pub fn is_snapshot_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    b.len() == 20
-        && b.iter().enumerate().all(|(i, &c)| match i {
-            4 | 7 | 13 | 16 => c == b'-',
-            10 => c == b'T',
-            19 => c == b'Z',
-            _ => c.is_ascii_digit(),
-        })
-}
-
-/// Proleptic Gregorian (year, month, day) of `days` since 1970-01-01 (Howard
-/// Hinnant's `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
-/// `dir/name`, or `name` when `dir` is empty (a trailing `/` of `dir` is dropped).
-fn join(dir: &str, name: &str) -> String {
-    if dir.is_empty() {
-        name.to_string()
-    } else {
-        format!("{}/{name}", dir.trim_end_matches('/'))
-    }
-}
-
 /// Backs up the local directory `src` into `share`/`prefix`/[`snapshot_name`]`(now)`
 /// with the default [`BackupOptions`]; `progress` is called with the bytes done.
 pub async fn backup(
@@ -237,31 +199,92 @@ pub async fn backup_with(
     progress: Arc<dyn Progress>,
 ) -> Result<BackupReport, ClientError> {
     let started = Instant::now();
-    let tree = {
-        let (src, filter) = (src.to_path_buf(), opts.filter.clone());
-        tokio::task::spawn_blocking(move || walk::walk(&src, &filter))
-            .await
-            .map_err(|e| ClientError::Disconnected(format!("walking task failed: {e}")))??
-    };
+    let tree = walk_source(src, &opts.filter).await?;
     let prefix = prefix.trim_matches('/');
     if !opts.dry_run {
-        let mut made = String::new();
-        for part in prefix.split('/').filter(|p| !p.is_empty()) {
-            made = join(&made, part);
-            client.mkdir(share, &made, 0o755, true).await?;
-        }
+        make_prefix(client, share, prefix).await?;
     }
-    let name = snapshot_name(now);
+    let root = locate(client, share, prefix, &snapshot_name(now)).await?;
+    let partial = root.dst.clone();
+    if !opts.dry_run {
+        client.mkdir(share, &partial, 0o700, true).await?;
+    }
+    let mut report = BackupReport {
+        snapshot: join(prefix, &snapshot_name(now)),
+        previous: root.prev.clone(),
+        dry_run: opts.dry_run,
+        ..BackupReport::default()
+    };
+    progress.set_total(tree.iter().flat_map(|d| &d.files).map(|f| f.size).sum());
+    let mut listed = list_all(client, share, &tree, root, opts.jobs).await?;
+    if !opts.dry_run {
+        tidy_resumed(client, share, &tree, &mut listed).await?;
+    }
+    let work = plan_work(&tree, &listed, opts, &mut report);
+    if !opts.dry_run {
+        make_dirs(client, share, by_depth(&tree, &listed), opts.jobs).await?;
+    }
+    let outcomes = run_jobs(client, share, work, opts.jobs, opts.dry_run, progress).await?;
+    report.count(&outcomes);
+    if !opts.dry_run {
+        set_dir_attrs(client, share, by_depth(&tree, &listed), opts.jobs).await?;
+        client.rename(share, &partial, &report.snapshot).await?;
+    }
+    report.duration = started.elapsed();
+    Ok(report)
+}
+
+/// Walks the source directory `src` (on a blocking thread). Anything the walk cannot
+/// read fails the backup: a snapshot missing part of the source would pass for a
+/// complete one. Names that are not UTF-8 are skipped with a warning, special files
+/// silently.
+async fn walk_source(src: &Path, filter: &Filter) -> Result<Vec<LocalDir>, ClientError> {
+    let (src, filter) = (src.to_path_buf(), filter.clone());
+    tokio::task::spawn_blocking(move || {
+        let meta = fs::metadata(&src).map_err(|e| ClientError::local(&src, "cannot stat", e))?;
+        walk(&src, &meta, &filter, |problem| match problem {
+            Problem::List(path, e) => Err(ClientError::local(path, "cannot list", e)),
+            Problem::Stat(path, e) => Err(ClientError::local(path, "cannot stat", e)),
+            Problem::ReadLink(path, e) => Err(ClientError::local(path, "cannot read the link", e)),
+            Problem::NotUtf8(path) => {
+                tracing::warn!(path = %path.display(), "skipping a name that is not UTF-8");
+                Ok(())
+            }
+            Problem::Special(_) => Ok(()),
+        })
+    })
+    .await
+    .map_err(|e| ClientError::Disconnected(format!("walking task failed: {e}")))?
+}
+
+/// Creates the directories of `prefix` that are missing, parents first.
+async fn make_prefix(client: &Client, share: &str, prefix: &str) -> Result<(), ClientError> {
+    let mut made = String::new();
+    for part in prefix.split('/').filter(|p| !p.is_empty()) {
+        made = join(&made, part);
+        client.mkdir(share, &made, 0o755, true).await?;
+    }
+    Ok(())
+}
+
+/// The paths of the snapshot `name`'s root directory in `prefix`: its partial
+/// directory (and whether an interrupted run of this very timestamp left it), the
+/// previous snapshot (the newest older one), and the newest partial snapshot another
+/// interrupted run left, whose complete files are linked instead of being sent again.
+async fn locate(
+    client: &Client,
+    share: &str,
+    prefix: &str,
+    name: &str,
+) -> Result<DirPaths, ClientError> {
     let entries = listing(client, share, prefix).await?;
     let is_dir = |n: &str| entries.get(n).is_some_and(|a| a.kind == FileKind::Dir);
     let previous = entries
         .keys()
-        .filter(|n| is_dir(n) && is_snapshot_name(n) && **n < name)
+        .filter(|n| is_dir(n) && is_snapshot_name(n) && n.as_str() < name)
         .max()
         .map(|n| join(prefix, n));
     let partial_name = format!("{PARTIAL_PREFIX}{name}");
-    // The newest partial snapshot an earlier interrupted run left (another timestamp):
-    // its complete files are linked into this one instead of being sent again.
     let resume = entries
         .keys()
         .filter(|n| {
@@ -271,38 +294,42 @@ pub async fn backup_with(
         })
         .max()
         .map(|n| join(prefix, n));
-    let partial = join(prefix, &partial_name);
-    let root = DirPaths {
-        dst: partial.clone(),
+    Ok(DirPaths {
+        dst: join(prefix, &partial_name),
         dst_exists: is_dir(&partial_name),
-        prev: previous.clone(),
+        prev: previous,
         resume,
-    };
-    if !opts.dry_run {
-        client.mkdir(share, &partial, 0o700, true).await?;
-    }
-    let mut report = BackupReport {
-        snapshot: join(prefix, &name),
-        previous,
-        dry_run: opts.dry_run,
-        ..BackupReport::default()
-    };
-    progress.set_total(tree.iter().flat_map(|d| &d.files).map(|f| f.size).sum());
-    let mut listed = list_all(client, share, &tree, root, opts.jobs).await?;
-    if !opts.dry_run {
-        // A partial snapshot of this very timestamp is continued: first remove what
-        // the source no longer has there, so the snapshot ends up equal to the source.
-        for (dir, (paths, lists)) in tree.iter().zip(listed.iter_mut()) {
-            if paths.dst_exists {
-                let wanted = dir.kinds(&tree);
-                let fits = |name: &str, kind: FileKind| wanted.get(name) == Some(&kind);
-                drop_stale_entries(client, share, &paths.dst, &mut lists.already, fits).await?;
-            }
+    })
+}
+
+/// Removes from a partial snapshot of this very timestamp (continued) what the source
+/// no longer has there, so that the snapshot ends up equal to the source.
+async fn tidy_resumed(
+    client: &Client,
+    share: &str,
+    tree: &[LocalDir],
+    listed: &mut [(DirPaths, Listings)],
+) -> Result<(), ClientError> {
+    for (dir, (paths, lists)) in tree.iter().zip(listed.iter_mut()) {
+        if paths.dst_exists {
+            let wanted = dir.kinds(tree);
+            let fits = |name: &str, kind: FileKind| wanted.get(name) == Some(&kind);
+            drop_stale_entries(client, share, &paths.dst, &mut lists.already, fits).await?;
         }
     }
+    Ok(())
+}
 
+/// The work for every file and symlink of `tree` (symlinks not in a dry run), counting
+/// the files scanned and those deleted since the previous snapshot into `report`.
+fn plan_work(
+    tree: &[LocalDir],
+    listed: &[(DirPaths, Listings)],
+    opts: &BackupOptions,
+    report: &mut BackupReport,
+) -> Vec<Work> {
     let mut work = Vec::new();
-    for (dir, (paths, lists)) in tree.iter().zip(&listed) {
+    for (dir, (paths, lists)) in tree.iter().zip(listed) {
         report.files_scanned += dir.files.len() as u64;
         work.extend(dir.files.iter().map(|f| file_job(f, paths, lists)));
         if !opts.dry_run {
@@ -318,124 +345,26 @@ pub async fn backup_with(
         });
         report.files_deleted += gone.count() as u64;
     }
-    if !opts.dry_run {
-        make_dirs(client, share, by_depth(&tree, &listed), opts.jobs).await?;
-    }
-    for o in run_jobs(client, share, work, opts.jobs, opts.dry_run, progress).await? {
-        match o.class {
-            Class::Unchanged => report.files_unchanged += 1,
-            Class::Changed => report.files_changed += 1,
-            Class::New => report.files_new += 1,
-            Class::Other => {}
+    work
+}
+
+impl BackupReport {
+    /// Adds the jobs' `outcomes` to the counts.
+    fn count(&mut self, outcomes: &[Outcome]) {
+        for o in outcomes {
+            match o.class {
+                Class::Unchanged => self.files_unchanged += 1,
+                Class::Changed => self.files_changed += 1,
+                Class::New => self.files_new += 1,
+                Class::Other => {}
+            }
+            self.bytes_sent += o.bytes_sent;
+            self.bytes_reused += o.bytes_reused;
         }
-        report.bytes_sent += o.bytes_sent;
-        report.bytes_reused += o.bytes_reused;
     }
-    if !opts.dry_run {
-        set_dir_attrs(client, share, by_depth(&tree, &listed), opts.jobs).await?;
-        client.rename(share, &partial, &report.snapshot).await?;
-    }
-    report.duration = started.elapsed();
-    Ok(report)
-}
-
-/// A directory of the partial snapshot and the attributes it gets at the end.
-struct DirAttr {
-    path: String,
-    mode: u32,
-    mtime: Timestamp,
-}
-
-/// The directories of the partial snapshot by depth, shallowest (the root) first.
-fn by_depth(
-    tree: &[walk::LocalDir],
-    listed: &[(DirPaths, listing::Listings)],
-) -> Vec<Vec<DirAttr>> {
-    let mut levels: Vec<Vec<DirAttr>> = Vec::new();
-    for (dir, (paths, _)) in tree.iter().zip(listed) {
-        if levels.len() <= dir.depth {
-            levels.resize_with(dir.depth + 1, Vec::new);
-        }
-        levels[dir.depth].push(DirAttr {
-            path: paths.dst.clone(),
-            mode: dir.mode,
-            mtime: dir.mtime,
-        });
-    }
-    levels
-}
-
-/// Runs `op` on every directory of `levels`, a level at a time in the order given,
-/// at most `jobs` at once within a level.
-async fn per_level<F, Fut>(
-    levels: impl Iterator<Item = Vec<DirAttr>>,
-    jobs: usize,
-    op: F,
-) -> Result<(), ClientError>
-where
-    F: Fn(DirAttr) -> Fut,
-    Fut: std::future::Future<Output = Result<(), ClientError>> + Send + 'static,
-{
-    for level in levels {
-        run_lanes(vec![(level, jobs)], &op).await?;
-    }
-    Ok(())
-}
-
-/// Creates the partial snapshot's directories (owner-only until their attributes are
-/// set; the root exists), parents before children.
-async fn make_dirs(
-    client: &Client,
-    share: &str,
-    levels: Vec<Vec<DirAttr>>,
-    jobs: usize,
-) -> Result<(), ClientError> {
-    per_level(levels.into_iter().skip(1), jobs, |d| {
-        let (client, share) = (client.clone(), share.to_string());
-        async move { client.mkdir(&share, &d.path, 0o700, true).await }
-    })
-    .await
-}
-
-/// Gives the partial snapshot's directories the source's modes and mtimes, deepest
-/// level first: a directory's contents are all in (its mtime stays), and a parent made
-/// unsearchable does not stop its children's attributes from being set.
-async fn set_dir_attrs(
-    client: &Client,
-    share: &str,
-    levels: Vec<Vec<DirAttr>>,
-    jobs: usize,
-) -> Result<(), ClientError> {
-    per_level(levels.into_iter().rev(), jobs, |d| {
-        let (client, share) = (client.clone(), share.to_string());
-        async move {
-            client
-                .set_attr(&share, &d.path, Some(d.mode), Some(d.mtime))
-                .await
-        }
-    })
-    .await
 }
 
 /// Shares a progress function that ignores its input (for callers without a bar).
 pub fn no_progress() -> ProgressFn {
     Arc::new(|_| {})
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn snapshot_names_are_utc_and_sortable() {
-        assert_eq!(snapshot_name(UNIX_EPOCH), "1970-01-01T00-00-00Z");
-        let t = UNIX_EPOCH + Duration::from_secs(1_795_257_009);
-        assert_eq!(snapshot_name(t), "2026-11-21T10-30-09Z");
-        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
-        assert_eq!(snapshot_name(leap), "2000-02-29T00-00-00Z");
-        assert!(is_snapshot_name(&snapshot_name(t)));
-        assert!(snapshot_name(t) < snapshot_name(t + Duration::from_secs(1)));
-        assert!(!is_snapshot_name(".partial-2026-11-21T10-30-09Z"));
-        assert!(!is_snapshot_name("2026-11-21T10:30:09Z"));
-    }
 }

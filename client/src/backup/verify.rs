@@ -1,4 +1,4 @@
-//! `rcp backup --verify HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]`: the server re-reads every
+//! Verifying a snapshot (`rcp backup --verify`): the server re-reads every
 //! regular file of a snapshot from its disk and compares it with the manifest it
 //! recorded for that file ([`Client::verify`]); damaged files are reported with their
 //! chunk indices.
@@ -12,16 +12,14 @@
 //! verified at all).
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::time::Instant;
 
 use ferry_common::msg::{ErrorKind, FileKind, RemoteError, VerifyRecord, VerifyReport};
-use ferry_common::transport::TransportChoice;
 
-use crate::backup::is_snapshot_name;
-use crate::client::{Client, Credentials};
-use crate::error::{exit, ClientError};
-use crate::location::{self, Location};
+use crate::client::Client;
+use crate::error::ClientError;
+use crate::walk::join;
+
+use super::name::is_snapshot_name;
 
 /// Files verified at once: each keeps the server's cores hashing and its disk reading.
 pub const VERIFY_IN_FLIGHT: usize = 4;
@@ -74,22 +72,6 @@ pub struct VerifyOutcome {
     pub unverifiable: Vec<String>,
     /// Files (or directories) that could not be verified, with why.
     pub errors: Vec<(String, ClientError)>,
-}
-
-impl VerifyOutcome {
-    /// The exit code: [`exit::DAMAGE_FOUND`] if any file is damaged; else the errors'
-    /// code if they share one (1 if not); else 0. Unverifiable files do not fail it.
-    pub fn exit_code(&self) -> u8 {
-        if !self.damaged.is_empty() {
-            return exit::DAMAGE_FOUND;
-        }
-        let mut codes = self.errors.iter().map(|(_, e)| e.exit_code());
-        match codes.next() {
-            None => exit::OK,
-            Some(first) if codes.all(|c| c == first) => first,
-            Some(_) => exit::OTHER,
-        }
-    }
 }
 
 /// Finds the snapshot `path` names in `share`: `path` itself if its last component is
@@ -187,151 +169,6 @@ pub async fn verify_snapshot(client: &Client, share: &str, snapshot: &str) -> Ve
     out
 }
 
-fn join(dir: &str, name: &str) -> String {
-    match (dir.is_empty(), name.is_empty()) {
-        (true, _) => name.to_owned(),
-        (_, true) => dir.to_owned(),
-        _ => format!("{dir}/{name}"),
-    }
-}
-
-/// Runs `rcp backup --verify TARGET`: connects, verifies the snapshot, prints one line
-/// per damaged, unverifiable or failed file and a summary on stderr (or, with `json`,
-/// one object on stdout), and returns the exit code.
-pub async fn run(
-    target: &str,
-    json: bool,
-    transport: TransportChoice,
-    secret_file: Option<&Path>,
-) -> u8 {
-    let started = Instant::now();
-    let outcome = connect_and_verify(target, transport, secret_file).await;
-    let seconds = started.elapsed().as_secs_f64();
-    let code = match &outcome {
-        Ok(o) => o.exit_code(),
-        Err(e) => e.exit_code(),
-    };
-    if json {
-        println!("{}", to_json(target, &outcome, code, seconds));
-        return code;
-    }
-    match &outcome {
-        Ok(o) => {
-            for d in &o.damaged {
-                eprintln!(
-                    "rcp: damaged: {}/{}: chunks {}{} of {} bytes: {}",
-                    o.snapshot,
-                    d.path,
-                    list(&d.report.bad_chunks),
-                    if d.report.bad_count > d.report.bad_chunks.len() as u64 {
-                        format!(
-                            " (and {} more)",
-                            d.report.bad_count - d.report.bad_chunks.len() as u64
-                        )
-                    } else {
-                        String::new()
-                    },
-                    d.report.chunk_bytes,
-                    d.reason()
-                );
-            }
-            for path in &o.unverifiable {
-                eprintln!(
-                    "rcp: unverifiable (no record on the server): {}/{path}",
-                    o.snapshot
-                );
-            }
-            for (path, e) in &o.errors {
-                eprintln!("rcp: {}/{path}: {e}", o.snapshot);
-            }
-            eprintln!(
-                "rcp: {target}: snapshot {}: {} files ({} bytes): {} verified, {} damaged, {} without a record, {} errors",
-                o.snapshot,
-                o.files,
-                o.bytes,
-                o.verified,
-                o.damaged.len(),
-                o.unverifiable.len(),
-                o.errors.len()
-            );
-        }
-        Err(e) => eprintln!("rcp: {target}: {e}"),
-    }
-    code
-}
-
-fn list(chunks: &[u64]) -> String {
-    let words: Vec<String> = chunks.iter().map(u64::to_string).collect();
-    words.join(", ")
-}
-
-async fn connect_and_verify(
-    target: &str,
-    transport: TransportChoice,
-    secret_file: Option<&Path>,
-) -> Result<VerifyOutcome, ClientError> {
-    let remote = match location::parse(target, ferry_common::DEFAULT_PORT)? {
-        Location::Remote(r) if !r.path.is_empty() => r,
-        _ => {
-            return Err(ClientError::Usage(format!(
-                "{target}: --verify takes HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]"
-            )))
-        }
-    };
-    let credentials = Credentials::from_file_or_env(secret_file)?;
-    let client = Client::connect_with(&remote.host, remote.port, transport, credentials).await?;
-    client.authenticate(&remote.share).await?;
-    let snapshot = resolve_snapshot(&client, &remote.share, &remote.path).await?;
-    Ok(verify_snapshot(&client, &remote.share, &snapshot).await)
-}
-
-/// The `--json` object of a verify.
-fn to_json(
-    target: &str,
-    outcome: &Result<VerifyOutcome, ClientError>,
-    code: u8,
-    seconds: f64,
-) -> serde_json::Value {
-    let error = |path: &str, e: &ClientError| serde_json::json!({ "path": path, "kind": e.kind(), "message": e.to_string() });
-    match outcome {
-        Ok(o) => serde_json::json!({
-            "ok": code == exit::OK,
-            "exit_code": code,
-            "target": target,
-            "snapshot": o.snapshot,
-            "files": o.files,
-            "bytes": o.bytes,
-            "verified": o.verified,
-            "damaged": o.damaged.iter().map(|d| serde_json::json!({
-                "path": d.path,
-                "reason": d.reason(),
-                "record": record_name(d.report.record),
-                "chunk_bytes": d.report.chunk_bytes,
-                "bad_count": d.report.bad_count,
-                "bad_chunks": d.report.bad_chunks,
-            })).collect::<Vec<_>>(),
-            "unverifiable": o.unverifiable,
-            "errors": o.errors.iter().map(|(p, e)| error(p, e)).collect::<Vec<_>>(),
-            "seconds": seconds,
-        }),
-        Err(e) => serde_json::json!({
-            "ok": false,
-            "exit_code": code,
-            "target": target,
-            "error": { "kind": e.kind(), "message": e.to_string() },
-            "seconds": seconds,
-        }),
-    }
-}
-
-fn record_name(r: VerifyRecord) -> &'static str {
-    match r {
-        VerifyRecord::Missing => "missing",
-        VerifyRecord::Current => "current",
-        VerifyRecord::Stale { .. } => "stale",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -348,27 +185,6 @@ mod tests {
                 bad_chunks: vec![0],
             },
         }
-    }
-
-    #[test]
-    fn damage_wins_over_errors_and_missing_records_do_not_fail() {
-        let mut o = VerifyOutcome {
-            unverifiable: vec!["x".into()],
-            ..VerifyOutcome::default()
-        };
-        assert_eq!(o.exit_code(), exit::OK);
-        o.errors.push(("y".into(), ClientError::Usage("u".into())));
-        assert_eq!(o.exit_code(), exit::USAGE);
-        o.errors.push((
-            "z".into(),
-            ClientError::Remote(RemoteError {
-                kind: ErrorKind::NotFound,
-                message: "m".into(),
-            }),
-        ));
-        assert_eq!(o.exit_code(), exit::OTHER);
-        o.damaged.push(damaged(VerifyRecord::Current));
-        assert_eq!(o.exit_code(), exit::DAMAGE_FOUND);
     }
 
     #[test]

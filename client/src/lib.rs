@@ -10,7 +10,8 @@
 //!   ([`transfer::Copied`] says how many bytes were sent and reused).
 //! - [`batch`]: small files many per request, their bytes in one registered buffer
 //!   that the server READs or WRITEs with one operation.
-//! - [`copy`]: cp/scp semantics for files and trees, with files in flight concurrently.
+//! - [`copy`]: cp/scp semantics for files and trees, with files in flight concurrently;
+//!   [`progress`]: the progress callbacks copies and backups report to.
 //! - [`walk`]: the local tree walk, and [`schedule`]: the job scheduler (lanes of
 //!   work, each with its own limit in flight), both shared by `rcp -r` and backups.
 //! - [`backup`]: snapshot backups into `SHARE/PREFIX/<timestamp>/`, unchanged files
@@ -48,6 +49,7 @@ pub mod copy;
 pub mod error;
 pub mod filter;
 pub mod location;
+pub mod progress;
 pub mod schedule;
 pub mod transfer;
 pub mod walk;

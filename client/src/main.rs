@@ -13,9 +13,10 @@ mod cli;
 use cli::backup as backup_cmd;
 use cli::exit;
 use cli::progress::{progress_bar, Bar};
-use ferry_client::copy::{self, CopyOptions, Progress, Report};
+use ferry_client::copy::{self, CopyOptions, Report};
 use ferry_client::error::ClientError;
 use ferry_client::location::{self, Location, Remote};
+use ferry_client::progress::Progress;
 use ferry_client::{Client, Credentials};
 use ferry_common::transport::TransportChoice;
 

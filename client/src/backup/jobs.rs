@@ -22,8 +22,8 @@ use ferry_common::chunk::hash_chunk;
 
 use crate::batch::{is_small, SmallUpload};
 use crate::client::Client;
-use crate::copy::{advance_fn, Progress};
 use crate::error::ClientError;
+use crate::progress::{advance_fn, Progress};
 use crate::schedule::run_lanes;
 use crate::transfer::{upload_file, upload_file_with_base};
 

@@ -13,8 +13,8 @@ use ferry_common::codec::{link_batch_base_bytes, link_pair_bytes, MAX_REQUEST_FR
 use ferry_common::msg::{ErrorKind, LINK_BATCH_MAX};
 
 use crate::client::Client;
-use crate::copy::{advance_fn, Progress};
 use crate::error::ClientError;
+use crate::progress::{advance_fn, Progress};
 use crate::transfer::upload_file_with_base;
 
 use super::plan::{LinkJob, Outcome};

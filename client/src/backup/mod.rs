@@ -74,9 +74,9 @@ use std::time::{Duration, Instant, SystemTime};
 use ferry_common::msg::FileKind;
 
 use crate::client::Client;
-use crate::copy::Progress;
 use crate::error::ClientError;
 use crate::filter::Filter;
+use crate::progress::{FnProgress, Progress};
 use crate::transfer::ProgressFn;
 use crate::walk::{join, walk, LocalDir, Problem};
 
@@ -86,6 +86,7 @@ use jobs::run_jobs;
 use listing::{list_all, listing, DirPaths, Listings};
 use plan::{file_job, symlink_job, Class, Outcome, Work};
 
+pub use crate::progress::no_progress;
 pub use jobs::BIG_UPLOADS_IN_FLIGHT;
 pub use links::LINK_BATCHES_IN_FLIGHT;
 pub use name::{is_snapshot_name, snapshot_name, snapshot_time, PARTIAL_PREFIX};
@@ -170,16 +171,6 @@ pub async fn backup(
         progress,
     )
     .await
-}
-
-/// A [`Progress`] that only counts bytes done.
-struct FnProgress(ProgressFn);
-
-impl Progress for FnProgress {
-    fn set_total(&self, _bytes: u64) {}
-    fn advance(&self, bytes: u64) {
-        (self.0)(bytes)
-    }
 }
 
 /// Backs up the local directory `src` into `share`/`prefix`/[`snapshot_name`]`(now)`.
@@ -362,9 +353,4 @@ impl BackupReport {
             self.bytes_reused += o.bytes_reused;
         }
     }
-}
-
-/// Shares a progress function that ignores its input (for callers without a bar).
-pub fn no_progress() -> ProgressFn {
-    Arc::new(|_| {})
 }

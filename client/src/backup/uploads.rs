@@ -18,8 +18,8 @@ use ferry_common::msg::BATCH_MAX_FILES;
 
 use crate::batch::{self, Outcome as FileOutcome, SmallUpload};
 use crate::client::Client;
-use crate::copy::{advance_fn, Progress};
 use crate::error::ClientError;
+use crate::progress::{advance_fn, Progress};
 use crate::transfer::{upload_file, upload_file_with_base};
 
 use super::plan::{Class, Outcome};

@@ -11,9 +11,9 @@ use std::time::{Instant, SystemTime};
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use ferry_client::backup::admin::{self, PruneReport, Retention};
 use ferry_client::backup::{backup_with, BackupOptions, BackupReport, DEFAULT_JOBS};
-use ferry_client::copy::Progress;
 use ferry_client::error::ClientError;
 use ferry_client::filter::{Filter, Rule, RuleKind};
+use ferry_client::progress::Progress;
 use ferry_common::transport::TransportChoice;
 
 use super::admin::prune_json;

@@ -1,6 +1,6 @@
 //! The progress bar on stderr that copies and backups share.
 
-use ferry_client::copy::Progress;
+use ferry_client::progress::Progress;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// A [`Progress`] drawn as a bar.

@@ -4,7 +4,8 @@
 //! A lane is one kind of work with one cost: `rcp -r` runs batches of small files and
 //! large files in one lane of `--jobs` and symlinks in another; a backup runs link
 //! batches, upload batches, small jobs and big uploads in four (see
-//! `backup::jobs`). Items of a lane start in the order given. The first failure stops
+//! `backup::jobs`), its directories a level at a time in one, and a verify its files
+//! in one. Items of a lane start in the order given. The first failure stops
 //! new items from starting in every lane; the running ones are waited for, then it is
 //! returned. Work that must go on past a failure (a copy's items) records its failure
 //! itself and returns `Ok`.

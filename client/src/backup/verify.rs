@@ -17,6 +17,7 @@ use ferry_common::msg::{ErrorKind, FileKind, RemoteError, VerifyRecord, VerifyRe
 
 use crate::client::Client;
 use crate::error::ClientError;
+use crate::schedule::run_lanes;
 use crate::walk::join;
 
 use super::name::is_snapshot_name;
@@ -134,30 +135,20 @@ pub async fn verify_snapshot(client: &Client, share: &str, snapshot: &str) -> Ve
     files.sort();
     out.files = files.len() as u64;
     out.bytes = files.iter().map(|(_, size)| size).sum();
-    let mut results = BTreeMap::new();
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut pending = files.into_iter();
-    loop {
-        while tasks.len() < VERIFY_IN_FLIGHT {
-            let Some((rel, _)) = pending.next() else {
-                break;
-            };
-            let (client, share, full) = (client.clone(), share.to_owned(), join(snapshot, &rel));
-            tasks.spawn(async move { (rel, client.verify(&share, &full).await) });
+    let rels = files.into_iter().map(|(rel, _)| rel).collect();
+    // Each file's failure is its own: the tasks never fail, only a panic stops them.
+    let verified = run_lanes(vec![(rels, VERIFY_IN_FLIGHT)], |rel: String| {
+        let (client, share, full) = (client.clone(), share.to_owned(), join(snapshot, &rel));
+        async move { Ok((rel, client.verify(&share, &full).await)) }
+    })
+    .await;
+    let results: BTreeMap<_, _> = match verified {
+        Ok(r) => r.into_iter().collect(),
+        Err(e) => {
+            out.errors.push((String::new(), e));
+            BTreeMap::new()
         }
-        let Some(joined) = tasks.join_next().await else {
-            break;
-        };
-        match joined {
-            Ok((rel, r)) => {
-                results.insert(rel, r);
-            }
-            Err(e) => out.errors.push((
-                String::new(),
-                ClientError::Disconnected(format!("verify task failed: {e}")),
-            )),
-        }
-    }
+    };
     for (path, result) in results {
         match result {
             Ok(r) if r.record == VerifyRecord::Missing => out.unverifiable.push(path),

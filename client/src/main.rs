@@ -10,7 +10,6 @@ use clap::Parser;
 
 mod cli;
 
-use cli::backup as backup_cmd;
 use cli::exit;
 use cli::progress::{progress_bar, Bar};
 use ferry_client::copy::{self, CopyOptions, Report};
@@ -164,7 +163,7 @@ fn main() -> ExitCode {
     // `rcp backup ...` is a command of its own (a source that is literally named
     // `backup` is given as `./backup`).
     if std::env::args_os().nth(1).is_some_and(|a| a == "backup") {
-        let args = match backup_cmd::parse(std::env::args_os().skip(1)) {
+        let args = match cli::backup::parse(std::env::args_os().skip(1)) {
             Ok(a) => a,
             Err(e) if e.use_stderr() => {
                 let _ = e.print();
@@ -179,7 +178,7 @@ fn main() -> ExitCode {
             exit::LOCAL.into(),
         );
         return run_until_interrupted(
-            backup_cmd::run(args),
+            cli::backup::run(args),
             "rcp: interrupted; no snapshot was published (run the backup again to continue)",
         );
     }

@@ -1,7 +1,6 @@
 //! Running a backup's plan (see `plan`) with many requests in flight.
 //!
-//! The plan's work runs in four lanes of the shared scheduler
-//! ([`run_lanes`](crate::schedule::run_lanes)) at once:
+//! The plan's work runs in four lanes of the shared scheduler ([`run_lanes`]) at once:
 //! links in batches (see `links`), [`LINK_BATCHES_IN_FLIGHT`] batches at a time;
 //! uploads of small files ([`crate::batch::is_small`]) in batches (see `uploads`),
 //! [`UPLOAD_BATCHES_IN_FLIGHT`] batches at a time; the other *small* jobs (symlinks,

@@ -26,11 +26,11 @@
 //! The run goes in phases over the whole tree, each with many requests in flight: the
 //! source is walked (include/exclude rules applied, see [`crate::filter`]); the
 //! server's directories (previous snapshot, partial snapshots) are listed concurrently;
-//! the partial snapshot's directories are created, parents before children; every
-//! file and symlink is planned (see `plan`), then linked, uploaded or created (see
-//! `jobs` for the lanes); the
-//! directories' modes and mtimes are set, children before parents, after all contents
-//! are in; one `Rename` publishes the snapshot. A dry run does the walk, the listings
+//! every file and symlink is planned (see `plan`); the partial snapshot's directories
+//! are created, parents before children; every file and symlink is linked, uploaded or
+//! created (see `jobs` for the lanes); the directories' modes and mtimes are set,
+//! children before parents, after all contents are in; one `Rename` publishes the
+//! snapshot. A dry run does the walk, the listings
 //! and the planning only, writes nothing anywhere, and estimates what changed files
 //! would send from the previous copies' manifests.
 //!

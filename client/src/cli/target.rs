@@ -9,7 +9,7 @@ use ferry_common::transport::TransportChoice;
 
 /// Connects to `target` and authenticates; returns the client, the share and the
 /// path. A target without a path is a usage error saying `wanted` (what the option
-/// takes, e.g. "the destination must be HOST[:PORT]:SHARE/PREFIX").
+/// takes, e.g. `the destination must be HOST[:PORT]:SHARE/PREFIX`).
 pub async fn open(
     target: &str,
     wanted: &str,

@@ -256,8 +256,7 @@ pub async fn upload_batch(
     progress: &ProgressFn,
 ) -> Vec<(SmallUpload, Outcome)> {
     let mut done = Vec::with_capacity(items.len());
-    let mut todo: Vec<(SmallUpload, Option<Sha256>)> =
-        items.into_iter().map(|i| (i, None)).collect();
+    let mut todo: Vec<Todo> = items.into_iter().map(|i| (i, None)).collect();
     for attempt in 1..=ATTEMPTS {
         if todo.is_empty() {
             break;
@@ -268,18 +267,21 @@ pub async fn upload_batch(
     done
 }
 
-/// Sends one batch of `todo` (each with the hash it was sent with before, if it was);
-/// puts finished files in `done` and returns those to send again (damaged in flight,
-/// unless this is the `last` attempt).
+/// A file to upload, with the hash it was sent with before (if it was).
+type Todo = (SmallUpload, Option<Sha256>);
+
+/// Sends one batch of `todo`; puts finished files in `done` and returns those to send
+/// again (damaged in flight, unless this is the `last` attempt).
 async fn send_uploads(
     client: &Client,
     share: &str,
-    todo: Vec<(SmallUpload, Option<Sha256>)>,
+    todo: Vec<Todo>,
     last: bool,
     progress: &ProgressFn,
     done: &mut Vec<(SmallUpload, Outcome)>,
-) -> Vec<(SmallUpload, Option<Sha256>)> {
-    let pooled = match Pooled::take(client, capacity(client) as usize) {
+) -> Vec<Todo> {
+    let cap = capacity(client) as usize;
+    let pooled = match Pooled::take(client, cap) {
         Ok(p) => p,
         Err(e) => {
             for (item, _) in todo {
@@ -290,45 +292,8 @@ async fn send_uploads(
         }
     };
     let buf = pooled.buffer().clone();
-    let cap = capacity(client) as usize;
-    let read = run_blocking(move || {
-        let mut data = buf.blocking_write();
-        let mut used = 0usize;
-        let mut sent = Vec::new();
-        let mut unsent = Vec::new();
-        let mut todo = todo.into_iter();
-        // A window of files opened and their reads started, then read in order.
-        let windows = std::iter::from_fn(|| {
-            let window: Vec<_> = todo
-                .by_ref()
-                .take(READ_AHEAD_FILES)
-                .map(|(item, before)| {
-                    let opened = open_source(&item);
-                    (item, before, opened)
-                })
-                .collect();
-            (!window.is_empty()).then_some(window)
-        });
-        for (item, before, opened) in windows.flatten() {
-            match opened.and_then(|o| read_source(&item, o, &mut data[used..cap])) {
-                Ok(r) if before.is_some_and(|h| h != r.hash) => {
-                    let error = ClientError::SourceChanged {
-                        path: item.src.clone(),
-                    };
-                    unsent.push((item, Outcome::Failed(error)));
-                }
-                Ok(r) => {
-                    used += r.size as usize;
-                    sent.push((item, r));
-                }
-                Err(Unread::Failed(e)) => unsent.push((item, Outcome::Failed(e))),
-                Err(Unread::PerFile) => unsent.push((item, Outcome::PerFile)),
-            }
-        }
-        (sent, unsent, used as u64)
-    })
-    .await;
-    let (sent, unsent, used) = match read {
+    let read = run_blocking(move || read_batch(&buf, todo, cap)).await;
+    let ReadBatch { sent, unsent, used } = match read {
         Ok(r) => r,
         // The task holding the items is gone with them: nothing to report them by.
         Err(e) => {
@@ -340,6 +305,82 @@ async fn send_uploads(
     if sent.is_empty() {
         return Vec::new();
     }
+    let answer = request_upload(client, share, &pooled, &sent, used).await;
+    drop(pooled);
+    match answer {
+        Ok(results) => settle_uploads(sent, results, last, progress, done),
+        Err(e) => {
+            for (item, _) in sent {
+                done.push((item, Outcome::Failed(again(&e))));
+            }
+            Vec::new()
+        }
+    }
+}
+
+/// The files of an upload batch read into its buffer, and those that are not in it.
+struct ReadBatch {
+    /// Read back to back from the buffer's start, in order.
+    sent: Vec<(SmallUpload, Read)>,
+    /// Failed, or left to the per-file path.
+    unsent: Vec<(SmallUpload, Outcome)>,
+    /// Bytes of the buffer used.
+    used: u64,
+}
+
+/// Reads each of `todo` whole into `buf`, back to back, within its first `cap` bytes;
+/// a file whose hash moved since it was sent before fails as changed. Blocking.
+fn read_batch(buf: &Buffer, todo: Vec<Todo>, cap: usize) -> ReadBatch {
+    let mut data = buf.blocking_write();
+    let mut batch = ReadBatch {
+        sent: Vec::new(),
+        unsent: Vec::new(),
+        used: 0,
+    };
+    let mut used = 0usize;
+    let mut todo = todo.into_iter();
+    // A window of files opened and their reads started, then read in order.
+    let windows = std::iter::from_fn(|| {
+        let window: Vec<_> = todo
+            .by_ref()
+            .take(READ_AHEAD_FILES)
+            .map(|(item, before)| {
+                let opened = open_source(&item);
+                (item, before, opened)
+            })
+            .collect();
+        (!window.is_empty()).then_some(window)
+    });
+    for (item, before, opened) in windows.flatten() {
+        match opened.and_then(|o| read_source(&item, o, &mut data[used..cap])) {
+            Ok(r) if before.is_some_and(|h| h != r.hash) => {
+                let error = ClientError::SourceChanged {
+                    path: item.src.clone(),
+                };
+                batch.unsent.push((item, Outcome::Failed(error)));
+            }
+            Ok(r) => {
+                used += r.size as usize;
+                batch.sent.push((item, r));
+            }
+            Err(Unread::Failed(e)) => batch.unsent.push((item, Outcome::Failed(e))),
+            Err(Unread::PerFile) => batch.unsent.push((item, Outcome::PerFile)),
+        }
+    }
+    batch.used = used as u64;
+    batch
+}
+
+/// Registers the first `used` bytes of `pooled` for the server to READ, sends the
+/// `UploadBatch` of `sent`, and returns the server's result per file. The
+/// registration is revoked as soon as the server answered.
+async fn request_upload(
+    client: &Client,
+    share: &str,
+    pooled: &Pooled,
+    sent: &[(SmallUpload, Read)],
+    used: u64,
+) -> Result<Vec<Option<RemoteError>>, ClientError> {
     let files: Vec<BatchFile> = sent
         .iter()
         .map(|(item, r)| BatchFile {
@@ -350,48 +391,41 @@ async fn send_uploads(
             hash: r.hash,
         })
         .collect();
-    let answer = async {
-        let reg = client
-            .transport()
-            .register(Memory::Buffer(pooled.buffer().clone()), Access::RemoteRead)?;
-        let mut region = reg.desc();
-        region.len = used;
-        let req = Request::UploadBatch {
-            share: share.into(),
-            region,
-            files,
-        };
-        let response = client.call(req).await;
-        // Revoked as soon as the server answered.
-        drop(reg);
-        match response? {
-            Response::UploadedBatch { results } if results.len() == sent.len() => Ok(results),
-            Response::UploadedBatch { .. } => Err(bad_answer("not one result per file")),
-            other => Err(unexpected(other)),
-        }
-    }
-    .await;
-    drop(pooled);
-    let results = match answer {
-        Ok(r) => r,
-        Err(e) => {
-            for (item, _) in sent {
-                done.push((item, Outcome::Failed(again(&e))));
-            }
-            return Vec::new();
-        }
+    let reg = client
+        .transport()
+        .register(Memory::Buffer(pooled.buffer().clone()), Access::RemoteRead)?;
+    let mut region = reg.desc();
+    region.len = used;
+    let req = Request::UploadBatch {
+        share: share.into(),
+        region,
+        files,
     };
+    let response = client.call(req).await;
+    drop(reg);
+    match response? {
+        Response::UploadedBatch { results } if results.len() == sent.len() => Ok(results),
+        Response::UploadedBatch { .. } => Err(bad_answer("not one result per file")),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// Settles each of `sent` by the server's `results`: committed (into `done`, and told
+/// to `progress`), damaged in flight (returned, to be sent again, unless this is the
+/// `last` attempt), or refused (into `done`).
+fn settle_uploads(
+    sent: Vec<(SmallUpload, Read)>,
+    results: Vec<Option<RemoteError>>,
+    last: bool,
+    progress: &ProgressFn,
+    done: &mut Vec<(SmallUpload, Outcome)>,
+) -> Vec<Todo> {
     let mut retry = Vec::new();
     for ((item, r), result) in sent.into_iter().zip(results) {
         match result {
             None => {
                 progress(r.size);
-                let copied = Copied {
-                    bytes: r.size,
-                    bytes_sent: r.size,
-                    bytes_reused: 0,
-                };
-                done.push((item, Outcome::Copied(copied)));
+                done.push((item, Outcome::Copied(whole(r.size))));
             }
             Some(e) if is_integrity(&e) && !last => {
                 tracing::warn!(file = %item.src.display(), "damaged in flight; sending it again: {}", e.message);
@@ -401,6 +435,15 @@ async fn send_uploads(
         }
     }
     retry
+}
+
+/// A file of `size` bytes copied whole, every byte sent.
+fn whole(size: u64) -> Copied {
+    Copied {
+        bytes: size,
+        bytes_sent: size,
+        bytes_reused: 0,
+    }
 }
 
 /// An I/O error like `e` (which is not `Clone`).
@@ -464,28 +507,7 @@ async fn fetch(
             return Vec::new();
         }
     };
-    let answer = async {
-        let reg = client
-            .transport()
-            .register(Memory::Buffer(pooled.buffer().clone()), Access::RemoteWrite)?;
-        let mut region = reg.desc();
-        region.len = region.len.min(cap as u64);
-        let req = Request::DownloadBatch {
-            share: share.into(),
-            paths: todo.iter().map(|i| i.src.clone()).collect(),
-            region,
-        };
-        let response = client.call(req).await;
-        // Revoked before the data is looked at: the server has no business with it now.
-        drop(reg);
-        match response? {
-            Response::DownloadedBatch { files } if files.len() == todo.len() => Ok(files),
-            Response::DownloadedBatch { .. } => Err(bad_answer("not one entry per path")),
-            other => Err(unexpected(other)),
-        }
-    }
-    .await;
-    let files = match answer {
+    let files = match request_download(client, share, &pooled, &todo, cap).await {
         Ok(f) => f,
         Err(e) => {
             for item in todo {
@@ -494,45 +516,10 @@ async fn fetch(
             return Vec::new();
         }
     };
-    let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(todo.len());
-    let mut fetched = Vec::new();
-    for (index, file) in files.into_iter().enumerate() {
-        outcomes.push(match file {
-            BatchedFile::Ok { attr, offset, hash } => {
-                let end = offset.checked_add(attr.size);
-                if end.is_none_or(|end| end > cap as u64) {
-                    Some(Outcome::Failed(bad_answer("a file outside the region")))
-                } else {
-                    fetched.push((
-                        Fetched {
-                            index,
-                            offset: offset as usize,
-                            size: attr.size as usize,
-                            mode: attr.mode,
-                            mtime: attr.mtime,
-                        },
-                        hash,
-                    ));
-                    None
-                }
-            }
-            BatchedFile::Err(e) => Some(Outcome::Failed(ClientError::Remote(e))),
-            BatchedFile::NotIncluded => Some(Outcome::PerFile),
-        });
-    }
+    let (mut outcomes, fetched) = place(files, cap);
     let buf = pooled.buffer().clone();
     let targets: Vec<PathBuf> = todo.iter().map(|i| i.target.clone()).collect();
-    let written = run_blocking(move || {
-        let data = buf.blocking_read();
-        // Verified first: only files whose bytes match their hash are written.
-        let (good, bad): (Vec<_>, Vec<_>) = fetched
-            .into_iter()
-            .partition(|(f, hash)| hash_chunk(&data[f.offset..f.offset + f.size]) == *hash);
-        let good: Vec<Fetched> = good.into_iter().map(|(f, _)| f).collect();
-        let bad: Vec<usize> = bad.into_iter().map(|(f, _)| f.index).collect();
-        (land_all(&targets, &good, &data[..]), bad)
-    })
-    .await;
+    let written = run_blocking(move || verify_and_land(&buf, &targets, fetched)).await;
     drop(pooled);
     let (results, bad) = match written {
         Ok(w) => w,
@@ -547,16 +534,103 @@ async fn fetch(
         outcomes[index] = Some(match result {
             Ok(size) => {
                 progress(size);
-                Outcome::Copied(Copied {
-                    bytes: size,
-                    bytes_sent: size,
-                    bytes_reused: 0,
-                })
+                Outcome::Copied(whole(size))
             }
             Err(e) => Outcome::Failed(e),
         });
     }
-    let bad: BTreeSet<usize> = bad.into_iter().collect();
+    let ctx = (client, share, last);
+    settle_downloads(ctx, todo, outcomes, bad.into_iter().collect(), done)
+}
+
+/// Registers the first `cap` bytes of `pooled` for the server to WRITE, sends the
+/// `DownloadBatch` of `todo`, and returns the server's entry per path. The
+/// registration is revoked before the data is looked at: the server has no business
+/// with it once it answered.
+async fn request_download(
+    client: &Client,
+    share: &str,
+    pooled: &Pooled,
+    todo: &[SmallDownload],
+    cap: usize,
+) -> Result<Vec<BatchedFile>, ClientError> {
+    let reg = client
+        .transport()
+        .register(Memory::Buffer(pooled.buffer().clone()), Access::RemoteWrite)?;
+    let mut region = reg.desc();
+    region.len = region.len.min(cap as u64);
+    let req = Request::DownloadBatch {
+        share: share.into(),
+        paths: todo.iter().map(|i| i.src.clone()).collect(),
+        region,
+    };
+    let response = client.call(req).await;
+    drop(reg);
+    match response? {
+        Response::DownloadedBatch { files } if files.len() == todo.len() => Ok(files),
+        Response::DownloadedBatch { .. } => Err(bad_answer("not one entry per path")),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// What the server's `files` say of each path: settled already (refused, not
+/// included, or placed outside the region of `cap` bytes), or `None` and, with its
+/// expected hash, among the fetched files to verify and write.
+fn place(files: Vec<BatchedFile>, cap: usize) -> (Vec<Option<Outcome>>, Vec<(Fetched, Sha256)>) {
+    let mut outcomes = Vec::with_capacity(files.len());
+    let mut fetched = Vec::new();
+    for (index, file) in files.into_iter().enumerate() {
+        outcomes.push(match file {
+            BatchedFile::Ok { attr, offset, hash } => {
+                let end = offset.checked_add(attr.size);
+                if end.is_none_or(|end| end > cap as u64) {
+                    Some(Outcome::Failed(bad_answer("a file outside the region")))
+                } else {
+                    let f = Fetched {
+                        index,
+                        offset: offset as usize,
+                        size: attr.size as usize,
+                        mode: attr.mode,
+                        mtime: attr.mtime,
+                    };
+                    fetched.push((f, hash));
+                    None
+                }
+            }
+            BatchedFile::Err(e) => Some(Outcome::Failed(ClientError::Remote(e))),
+            BatchedFile::NotIncluded => Some(Outcome::PerFile),
+        });
+    }
+    (outcomes, fetched)
+}
+
+/// Verifies each of `fetched` in `buf` against its hash and lands those that match
+/// ([`land_all`]); returns the landing results and the indices of those that did not
+/// match. Blocking.
+fn verify_and_land(
+    buf: &Buffer,
+    targets: &[PathBuf],
+    fetched: Vec<(Fetched, Sha256)>,
+) -> (Vec<Landed>, Vec<usize>) {
+    let data = buf.blocking_read();
+    let (good, bad): (Vec<_>, Vec<_>) = fetched
+        .into_iter()
+        .partition(|(f, hash)| hash_chunk(&data[f.offset..f.offset + f.size]) == *hash);
+    let good: Vec<Fetched> = good.into_iter().map(|(f, _)| f).collect();
+    let bad: Vec<usize> = bad.into_iter().map(|(f, _)| f.index).collect();
+    (land_all(targets, &good, &data[..]), bad)
+}
+
+/// Puts each of `todo` with its outcome in `done`, but those that failed verification
+/// (indices in `bad`): returned to be fetched again, unless this is the `last`
+/// attempt, when they fail as integrity errors.
+fn settle_downloads(
+    (client, share, last): (&Client, &str, bool),
+    todo: Vec<SmallDownload>,
+    outcomes: Vec<Option<Outcome>>,
+    bad: BTreeSet<usize>,
+    done: &mut Vec<(SmallDownload, Outcome)>,
+) -> Vec<SmallDownload> {
     let mut retry = Vec::new();
     for (index, (item, outcome)) in todo.into_iter().zip(outcomes).enumerate() {
         match outcome {
@@ -577,6 +651,10 @@ async fn fetch(
     retry
 }
 
+/// What became of landing one file of a download batch: its index in the batch, and
+/// its size or why it failed.
+type Landed = (usize, Result<u64, ClientError>);
+
 /// A file of a download batch written to its hidden name, not yet renamed.
 struct Landing {
     index: usize,
@@ -588,11 +666,7 @@ struct Landing {
 /// Writes each of `files` (bytes in `data`) to its hidden name, makes them all durable
 /// with one flush, and renames each into place; returns `(index, size or error)` per
 /// file. Blocking.
-fn land_all(
-    targets: &[PathBuf],
-    files: &[Fetched],
-    data: &[u8],
-) -> Vec<(usize, Result<u64, ClientError>)> {
+fn land_all(targets: &[PathBuf], files: &[Fetched], data: &[u8]) -> Vec<Landed> {
     let mut results = Vec::with_capacity(files.len());
     let mut landed = Vec::with_capacity(files.len());
     for f in files {

@@ -1,4 +1,4 @@
-//! Client errors, each able to say its exit code and `--json` kind.
+//! Client errors, each able to say its `--json` kind (`rcp` maps them to exit codes).
 
 use std::io;
 use std::path::PathBuf;
@@ -6,33 +6,6 @@ use std::path::PathBuf;
 use ferry_common::msg::{ErrorKind, RemoteError};
 use ferry_common::proto::ProtoError;
 use ferry_common::transport::TransportError;
-
-/// Exit codes of `rcp`, documented in the README.
-pub mod exit {
-    /// Everything copied.
-    pub const OK: u8 = 0;
-    /// Several different failures, or another error.
-    pub const OTHER: u8 = 1;
-    /// Bad arguments.
-    pub const USAGE: u8 = 2;
-    /// Cannot connect (no such host, connection refused, handshake failed).
-    pub const CONNECT: u8 = 3;
-    /// The server refused or failed the operation.
-    pub const REMOTE: u8 = 4;
-    /// A local I/O error.
-    pub const LOCAL: u8 = 5;
-    /// A chunk failed SHA-256 verification.
-    pub const INTEGRITY: u8 = 6;
-    /// Authentication failed: no secret, a wrong one, an unusable secret file, or a
-    /// server that could not prove it knows the secret.
-    pub const AUTH: u8 = 7;
-    /// `rcp backup` with several targets: at least one succeeded and at least one
-    /// failed.
-    pub const SOME_TARGETS_FAILED: u8 = 8;
-    /// `rcp backup --verify`: the server found stored files whose bytes differ from
-    /// their recorded manifests (damaged, or modified after the backup).
-    pub const DAMAGE_FOUND: u8 = 9;
-}
 
 /// Why a client operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -144,26 +117,6 @@ impl ClientError {
         }
     }
 
-    /// The `rcp` exit code for this error.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            ClientError::Connect { .. } | ClientError::Handshake { .. } => exit::CONNECT,
-            ClientError::Remote(e) => match e.kind {
-                ErrorKind::Integrity => exit::INTEGRITY,
-                ErrorKind::Protocol => exit::OTHER,
-                ErrorKind::AuthRequired | ErrorKind::AuthFailed => exit::AUTH,
-                _ => exit::REMOTE,
-            },
-            ClientError::Secret(_) | ClientError::ServerNotAuthentic { .. } => exit::AUTH,
-            ClientError::Local { .. } | ClientError::SourceChanged { .. } => exit::LOCAL,
-            ClientError::Integrity { .. } => exit::INTEGRITY,
-            ClientError::Usage(_) => exit::USAGE,
-            ClientError::Transport(_) | ClientError::Protocol(_) | ClientError::Disconnected(_) => {
-                exit::OTHER
-            }
-        }
-    }
-
     /// The snake_case kind used in `--json` output.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -202,7 +155,6 @@ mod tests {
                 io::Error::from_raw_os_error(errno),
             );
             assert_eq!(e.kind(), "no_space");
-            assert_eq!(e.exit_code(), exit::LOCAL);
             assert_eq!(
                 e.to_string(),
                 "/mnt/small/big.bin: cannot write: no space left on device"
@@ -218,7 +170,6 @@ mod tests {
             io::Error::from_raw_os_error(nix::libc::EACCES),
         );
         assert_eq!(e.kind(), "permission_denied");
-        assert_eq!(e.exit_code(), exit::LOCAL);
         assert_eq!(e.to_string(), "/src/secret: cannot open: permission denied");
     }
 }

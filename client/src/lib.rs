@@ -10,15 +10,21 @@
 //!   ([`transfer::Copied`] says how many bytes were sent and reused).
 //! - [`batch`]: small files many per request, their bytes in one registered buffer
 //!   that the server READs or WRITEs with one operation.
-//! - [`copy`]: cp/scp semantics for files and trees, with files in flight concurrently.
+//! - [`copy`]: cp/scp semantics for files and trees, with files in flight concurrently;
+//!   [`progress`]: the progress callbacks copies and backups report to.
+//! - [`walk`]: the local tree walk, and [`schedule`]: the job scheduler (lanes of
+//!   work, each with its own limit in flight), both shared by `rcp -r` and backups.
 //! - [`backup`]: snapshot backups into `SHARE/PREFIX/<timestamp>/`, unchanged files
 //!   hard-linked to the previous snapshot, changed files sent as changed chunks, the
-//!   whole tree with many requests in flight; [`filter`]: its include/exclude rules.
-//! - [`backup_admin`]: listing a prefix's snapshots with their sizes, retention, and
-//!   removal of stale partial snapshots.
-//! - [`backup_verify`]: `rcp backup --verify`, the server re-reading a snapshot's files
-//!   and comparing them with the manifests it recorded.
+//!   whole tree with many requests in flight; [`backup::admin`]: listing a prefix's
+//!   snapshots with their sizes, retention, and removal of stale partial snapshots;
+//!   [`backup::verify`]: the server re-reading a snapshot's files and comparing them
+//!   with the manifests it recorded; [`filter`]: the include/exclude rules.
 //! - [`location`]: parsing `HOST[:PORT]:SHARE/PATH` operands.
+//!
+//! The library prints nothing and decides no exit codes: it returns typed reports and
+//! [`ClientError`]s. Printing, `--json` output and exit codes are `rcp`'s (its `cli`
+//! module, beside `main.rs`).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ferry_client::error::ClientError> {
@@ -37,15 +43,16 @@
 #![warn(missing_docs)]
 
 pub mod backup;
-pub mod backup_admin;
-pub mod backup_verify;
 pub mod batch;
 pub mod client;
 pub mod copy;
 pub mod error;
 pub mod filter;
 pub mod location;
+pub mod progress;
+pub mod schedule;
 pub mod transfer;
+pub mod walk;
 
 pub use client::{Client, Credentials};
 pub use error::ClientError;

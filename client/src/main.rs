@@ -8,13 +8,16 @@ use std::time::Instant;
 
 use clap::Parser;
 
-mod backup_cmd;
-use ferry_client::copy::{self, CopyOptions, Progress, Report};
-use ferry_client::error::{exit, ClientError};
+mod cli;
+
+use cli::exit;
+use cli::progress::{progress_bar, Bar};
+use ferry_client::copy::{self, CopyOptions, Report};
+use ferry_client::error::ClientError;
 use ferry_client::location::{self, Location, Remote};
+use ferry_client::progress::Progress;
 use ferry_client::{Client, Credentials};
 use ferry_common::transport::TransportChoice;
-use indicatif::{ProgressBar, ProgressStyle};
 
 /// The end of `rcp --help`.
 const AFTER_HELP: &str = "\
@@ -156,38 +159,11 @@ fn plan(args: &Args) -> Result<Direction, ClientError> {
     }
 }
 
-struct Bar(ProgressBar);
-
-impl Progress for Bar {
-    /// Adds `bytes` to the bar's total: a copy plans once, each target of a backup
-    /// adds its own to the one bar they share.
-    fn set_total(&self, bytes: u64) {
-        self.0.inc_length(bytes);
-    }
-    fn advance(&self, bytes: u64) {
-        self.0.inc(bytes);
-    }
-}
-
-fn progress_bar(show: bool) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(0);
-    let style = ProgressStyle::with_template(
-        "{bytes:>10}/{total_bytes:<10} {binary_bytes_per_sec:>12} eta {eta:>4} [{wide_bar}]",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar())
-    .progress_chars("=> ");
-    bar.set_style(style);
-    bar
-}
-
 fn main() -> ExitCode {
     // `rcp backup ...` is a command of its own (a source that is literally named
     // `backup` is given as `./backup`).
     if std::env::args_os().nth(1).is_some_and(|a| a == "backup") {
-        let args = match backup_cmd::parse(std::env::args_os().skip(1)) {
+        let args = match cli::backup::parse(std::env::args_os().skip(1)) {
             Ok(a) => a,
             Err(e) if e.use_stderr() => {
                 let _ = e.print();
@@ -202,7 +178,7 @@ fn main() -> ExitCode {
             exit::LOCAL.into(),
         );
         return run_until_interrupted(
-            backup_cmd::run(args),
+            cli::backup::run(args),
             "rcp: interrupted; no snapshot was published (run the backup again to continue)",
         );
     }
@@ -441,17 +417,12 @@ fn describe(item: &str, e: &ClientError) -> String {
 }
 
 fn exit_code(report: &Report) -> u8 {
-    let mut codes = report.errors.iter().map(|e| e.error.exit_code());
-    match codes.next() {
-        None => exit::OK,
-        Some(first) if codes.all(|c| c == first) => first,
-        Some(_) => exit::OTHER,
-    }
+    exit::shared(report.errors.iter().map(|e| exit::of(&e.error)))
 }
 
 fn fail_early(args: &Args, direction: &str, e: ClientError, started: Instant) -> u8 {
     eprintln!("rcp: {}", describe("", &e));
-    let code = e.exit_code();
+    let code = exit::of(&e);
     if args.json {
         let report = Report {
             errors: vec![copy::ItemError {

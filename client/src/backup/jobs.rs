@@ -1,8 +1,7 @@
-//! What a backup does per entry, and running it with many requests in flight.
+//! Running a backup's plan (see `plan`) with many requests in flight.
 //!
-//! Every regular file and symlink of the source becomes one [`Work`]: a hard link
-//! ([`LinkJob`]) or a [`Job`] (keep, upload, symlink). They run in four lanes at once:
-//! links in batches (see `batch`), [`LINK_BATCHES_IN_FLIGHT`] batches at a time;
+//! The plan's work runs in four lanes of the shared scheduler ([`run_lanes`]) at once:
+//! links in batches (see `links`), [`LINK_BATCHES_IN_FLIGHT`] batches at a time;
 //! uploads of small files ([`crate::batch::is_small`]) in batches (see `uploads`),
 //! [`UPLOAD_BATCHES_IN_FLIGHT`] batches at a time; the other *small* jobs (symlinks,
 //! uploads of files of at most one chunk) up to `jobs` at a time, since they are bound
@@ -15,150 +14,24 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use ferry_common::chunk::hash_chunk;
-use ferry_common::msg::{Attr, FileKind, Timestamp};
-use tokio::task::JoinSet;
 
 use crate::batch::{is_small, SmallUpload};
 use crate::client::Client;
-use crate::copy::{advance_fn, Progress};
 use crate::error::ClientError;
+use crate::progress::{advance_fn, Progress};
+use crate::schedule::run_lanes;
 use crate::transfer::{upload_file, upload_file_with_base};
 
-use super::batch::{batch_size, pack, run_batch, LinkJob, LINK_BATCHES_IN_FLIGHT};
-use super::join;
-use super::listing::{DirPaths, Listings};
+use super::links::{batch_size, pack, run_batch, LINK_BATCHES_IN_FLIGHT};
+use super::plan::{Action, Job, LinkJob, Outcome, Work};
 use super::uploads::{self, run_upload_batch, SmallJob, UPLOAD_BATCHES_IN_FLIGHT};
-use super::walk::LocalFile;
 
 /// Uploads of files larger than one chunk in flight at once.
 pub const BIG_UPLOADS_IN_FLIGHT: usize = 4;
-
-/// How a file compares with the previous snapshot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Class {
-    Unchanged,
-    Changed,
-    New,
-    /// Not a regular file (a symlink): not counted.
-    Other,
-}
-
-/// What one entry needs, but a link (a [`LinkJob`]: hard-link the previous snapshot's
-/// or an interrupted partial's copy).
-enum Action {
-    /// Already complete in the partial snapshot.
-    Keep,
-    /// Upload the local `path` to `to`, against `base` if any.
-    Upload {
-        path: PathBuf,
-        to: String,
-        base: Option<String>,
-    },
-    /// Create the symlink `to` -> `target`.
-    Symlink { to: String, target: String },
-}
-
-/// One entry's work.
-pub(super) struct Job {
-    class: Class,
-    size: u64,
-    action: Action,
-}
-
-/// One entry's work: a link, batched with others, or a job of its own.
-pub(super) enum Work {
-    Link(LinkJob),
-    Job(Job),
-}
-
-/// What a job did (or, in a dry run, would do).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Outcome {
-    pub class: Class,
-    pub bytes_sent: u64,
-    pub bytes_reused: u64,
-}
-
-fn same_version(a: &Attr, size: u64, mtime: Timestamp) -> bool {
-    a.kind == FileKind::File && a.size == size && a.mtime == mtime
-}
-
-/// The job for the symlink `name` -> `target` of the directory at `paths`.
-pub(super) fn symlink_job(paths: &DirPaths, name: &str, target: &str) -> Work {
-    Work::Job(Job {
-        class: Class::Other,
-        size: 0,
-        action: Action::Symlink {
-            to: join(&paths.dst, name),
-            target: target.to_string(),
-        },
-    })
-}
-
-/// The work for one regular file: keep, link, upload with a base, or upload (see the
-/// module docs of `backup`).
-pub(super) fn file_job(file: &LocalFile, paths: &DirPaths, lists: &Listings) -> Work {
-    let (name, size, mtime) = (file.name.as_str(), file.size, file.mtime);
-    let to = join(&paths.dst, name);
-    let old = lists.before.get(name).filter(|a| a.kind == FileKind::File);
-    let unchanged = old.is_some_and(|a| same_version(a, size, mtime));
-    let class = match (unchanged, old) {
-        (true, _) => Class::Unchanged,
-        (false, Some(_)) => Class::Changed,
-        (false, None) => Class::New,
-    };
-    let job = |action| {
-        Work::Job(Job {
-            class,
-            size,
-            action,
-        })
-    };
-    // Left complete by an interrupted run of this snapshot: kept.
-    if lists
-        .already
-        .get(name)
-        .is_some_and(|a| same_version(a, size, mtime))
-    {
-        return job(Action::Keep);
-    }
-    // A stale entry of an interrupted run is in the way of a link (Link never
-    // replaces): an upload replaces it atomically instead.
-    let free = !lists.already.contains_key(name);
-    // Linked from the previous snapshot, or from the partial snapshot of an
-    // interrupted run that holds this version of the file.
-    let link_from = match (&paths.prev, &paths.resume) {
-        (Some(p), _) if unchanged => Some(join(p, name)),
-        (_, Some(r))
-            if lists
-                .resumed
-                .get(name)
-                .is_some_and(|a| same_version(a, size, mtime)) =>
-        {
-            Some(join(r, name))
-        }
-        _ => None,
-    };
-    let path = file.path.clone();
-    if let (Some(from), true) = (link_from, free) {
-        return Work::Link(LinkJob {
-            class,
-            size,
-            from,
-            to,
-            path,
-        });
-    }
-    let base = match (old, &paths.prev) {
-        (Some(_), Some(p)) => Some(join(p, name)),
-        _ => None,
-    };
-    job(Action::Upload { path, to, base })
-}
 
 impl Job {
     /// True for an upload (or, in a dry run, an estimate) of more than one chunk.
@@ -364,57 +237,4 @@ pub(super) async fn run_jobs(
     .await?;
     outcomes.extend(done.into_iter().flatten());
     Ok(outcomes)
-}
-
-/// Runs `op` on every item of every lane, each lane with at most its limit of items
-/// at once and all lanes at the same time, and returns the results (in completion
-/// order). The first failure stops new items from starting; the running ones are
-/// waited for, then it is returned.
-pub(super) async fn run_lanes<T, R, F, Fut>(
-    lanes: Vec<(Vec<T>, usize)>,
-    op: F,
-) -> Result<Vec<R>, ClientError>
-where
-    F: Fn(T) -> Fut,
-    Fut: std::future::Future<Output = Result<R, ClientError>> + Send + 'static,
-    R: Send + 'static,
-{
-    let mut lanes: Vec<_> = lanes
-        .into_iter()
-        .map(|(items, limit)| (items.into_iter(), limit.max(1), 0usize))
-        .collect();
-    let mut tasks = JoinSet::new();
-    let mut results = Vec::new();
-    let mut first_err = None;
-    loop {
-        for (lane, (queue, limit, running)) in lanes.iter_mut().enumerate() {
-            while first_err.is_none() && *running < *limit {
-                let Some(item) = queue.next() else { break };
-                *running += 1;
-                let fut = op(item);
-                tasks.spawn(async move { (lane, fut.await) });
-            }
-        }
-        let Some(joined) = tasks.join_next().await else {
-            break;
-        };
-        match joined {
-            Ok((lane, result)) => {
-                lanes[lane].2 -= 1;
-                match result {
-                    Ok(r) => results.push(r),
-                    Err(e) => {
-                        first_err.get_or_insert(e);
-                    }
-                }
-            }
-            // A task that panicked: nothing more starts (its lane's count stays up).
-            Err(e) => {
-                first_err.get_or_insert(ClientError::Disconnected(format!(
-                    "backup task failed: {e}"
-                )));
-            }
-        }
-    }
-    first_err.map_or(Ok(results), Err)
 }

@@ -16,9 +16,7 @@ use tokio::task::JoinSet;
 
 use crate::client::Client;
 use crate::error::ClientError;
-
-use super::join;
-use super::walk::LocalDir;
+use crate::walk::{join, LocalDir};
 
 /// Where one source directory goes and what the server already has of it.
 #[derive(Clone, Debug, Default)]

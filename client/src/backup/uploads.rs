@@ -18,11 +18,11 @@ use ferry_common::msg::BATCH_MAX_FILES;
 
 use crate::batch::{self, Outcome as FileOutcome, SmallUpload};
 use crate::client::Client;
-use crate::copy::{advance_fn, Progress};
 use crate::error::ClientError;
+use crate::progress::{advance_fn, Progress};
 use crate::transfer::{upload_file, upload_file_with_base};
 
-use super::jobs::{Class, Outcome};
+use super::plan::{Class, Outcome};
 
 /// Upload batches in flight at once. The server commits a batch in one blocking task
 /// (one flush for all its files), so a few at once overlap one batch's flush with the

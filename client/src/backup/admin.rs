@@ -13,16 +13,15 @@
 //! server's `Remove` unlinks names, so each other snapshot keeps its own link.
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use ferry_common::msg::{Attr, DiskUsage, ErrorKind, FileKind};
 
-use crate::backup::{is_snapshot_name, PARTIAL_PREFIX};
 use crate::client::Client;
 use crate::error::ClientError;
+use crate::walk::join;
 
-/// Seconds in a day, for `--keep-days`.
-const DAY_SECS: u64 = 86_400;
+use super::name::{is_snapshot_name, snapshot_time, DAY_SECS, PARTIAL_PREFIX};
 
 /// One snapshot (or partial snapshot) of a prefix, as [`list`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,43 +35,6 @@ pub struct SnapshotInfo {
     /// What it holds, as the server counted it; `unique_bytes` is what removing it
     /// would free.
     pub usage: DiskUsage,
-}
-
-/// Time of the snapshot name `name` (as [`crate::backup::snapshot_name`] writes it),
-/// or `None` if it is not one.
-pub fn snapshot_time(name: &str) -> Option<SystemTime> {
-    if !is_snapshot_name(name) {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| name[r].parse::<u64>().ok();
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
-        return None;
-    }
-    let days = u64::try_from(days_from_civil(y as i64, mo as i64, d as i64)).ok()?;
-    Some(UNIX_EPOCH + Duration::from_secs(days * DAY_SECS + h * 3600 + mi * 60 + s))
-}
-
-/// Days since 1970-01-01 of the proleptic Gregorian date (Howard Hinnant's
-/// `days_from_civil`, the inverse of the backup module's `civil_from_days`).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn join(dir: &str, name: &str) -> String {
-    let dir = dir.trim_matches('/');
-    if dir.is_empty() {
-        name.to_string()
-    } else {
-        format!("{dir}/{name}")
-    }
 }
 
 /// The snapshot directories in `prefix`: `(timestamp name, partial)`, oldest first (a
@@ -125,34 +87,6 @@ pub async fn list(
         });
     }
     Ok(out)
-}
-
-impl SnapshotInfo {
-    /// One line for `rcp backup --list`: name, partial mark, files, apparent and
-    /// unique size (human-readable).
-    pub fn line(&self) -> String {
-        let mark = if self.partial { "  (partial)" } else { "" };
-        format!(
-            "{}{mark}  {} files  {}  unique {}",
-            self.name,
-            self.usage.files,
-            indicatif::HumanBytes(self.usage.bytes),
-            indicatif::HumanBytes(self.usage.unique_bytes)
-        )
-    }
-
-    /// The object `rcp backup --list --json` prints for it.
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "name": self.name,
-            "path": self.path,
-            "partial": self.partial,
-            "files": self.usage.files,
-            "dirs": self.usage.dirs,
-            "bytes": self.usage.bytes,
-            "unique_bytes": self.usage.unique_bytes,
-        })
-    }
 }
 
 /// Which snapshots to keep; see the module docs for the rule.
@@ -212,23 +146,6 @@ pub struct PruneReport {
     /// Paths (or the prefix, if it could not be listed) that could not be removed, with
     /// why.
     pub errors: Vec<(String, ClientError)>,
-}
-
-impl PruneReport {
-    /// `(pruned, prune_errors)` as `rcp backup --json` reports them.
-    pub fn to_json(&self) -> (serde_json::Value, serde_json::Value) {
-        let errors: Vec<_> = self
-            .errors
-            .iter()
-            .map(|(path, e)| {
-                serde_json::json!({ "path": path, "kind": e.kind(), "message": e.to_string() })
-            })
-            .collect();
-        (
-            serde_json::json!(self.pruned),
-            serde_json::Value::Array(errors),
-        )
-    }
 }
 
 /// Tidies `share`/`prefix` once the snapshot `new` (its timestamp name) is published:
@@ -300,19 +217,11 @@ pub(crate) async fn drop_stale_entries(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backup::snapshot_name;
+    use crate::backup::name::snapshot_name;
+    use std::time::UNIX_EPOCH;
 
     fn at(secs: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(secs)
-    }
-
-    #[test]
-    fn snapshot_times_invert_snapshot_names() {
-        for secs in [0, 951_782_400, 1_795_257_009, 4_102_444_799] {
-            assert_eq!(snapshot_time(&snapshot_name(at(secs))), Some(at(secs)));
-        }
-        assert_eq!(snapshot_time(".partial-2026-11-21T10-30-09Z"), None);
-        assert_eq!(snapshot_time("2026-13-21T10-30-09Z"), None);
     }
 
     fn names(days: &[u64]) -> Vec<String> {

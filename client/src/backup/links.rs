@@ -7,33 +7,22 @@
 //! with `TooManyLinks` falls back to an upload against its source, as a lone `Link`
 //! would; any other refused link fails the backup.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use ferry_common::codec::{link_batch_base_bytes, link_pair_bytes, MAX_REQUEST_FRAME_BYTES};
 use ferry_common::msg::{ErrorKind, LINK_BATCH_MAX};
 
 use crate::client::Client;
-use crate::copy::{advance_fn, Progress};
 use crate::error::ClientError;
+use crate::progress::{advance_fn, Progress};
 use crate::transfer::upload_file_with_base;
 
-use super::jobs::{Class, Outcome};
+use super::plan::{LinkJob, Outcome};
 
 /// Link batches in flight at once. The server does a batch in one blocking task, so a
 /// few at once keep its blocking pool and the connection busy while the client packs
 /// and answers the others.
 pub const LINK_BATCHES_IN_FLIGHT: usize = 4;
-
-/// One link of a batch: hard-link `from` to `to`; should the server refuse it with
-/// `TooManyLinks`, upload the local `path` to `to` with `from` as base instead.
-pub(super) struct LinkJob {
-    pub class: Class,
-    pub size: u64,
-    pub from: String,
-    pub to: String,
-    pub path: PathBuf,
-}
 
 /// Splits `links` (in order) into batches of at most `max_links` links whose request
 /// for `share` fits [`MAX_REQUEST_FRAME_BYTES`]. A single link too long for any batch
@@ -113,8 +102,10 @@ pub(super) async fn run_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backup::plan::Class;
     use ferry_common::codec::encode;
     use ferry_common::msg::{Message, Request, MAX_PATH_BYTES};
+    use std::path::PathBuf;
 
     fn job(from: String, to: String) -> LinkJob {
         LinkJob {

@@ -2,23 +2,23 @@
 //! snapshot on each target, the targets in parallel and independent of each other
 //! (issue 5; `docs/backup-plan.md` says what remains).
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use std::ffi::OsString;
-use std::io::IsTerminal;
-
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use ferry_client::backup::admin::{self, PruneReport, Retention};
 use ferry_client::backup::{backup_with, BackupOptions, BackupReport, DEFAULT_JOBS};
-use ferry_client::backup_admin::{self, PruneReport, Retention};
-use ferry_client::backup_verify;
-use ferry_client::copy::Progress;
-use ferry_client::error::{exit, ClientError};
+use ferry_client::error::ClientError;
 use ferry_client::filter::{Filter, Rule, RuleKind};
-use ferry_client::location::{self, Location};
-use ferry_client::{Client, Credentials};
+use ferry_client::progress::Progress;
 use ferry_common::transport::TransportChoice;
+
+use super::admin::prune_json;
+use super::progress::{progress_bar, Bar};
+use super::{exit, target, verify};
 
 /// The end of `rcp backup --help`.
 const AFTER_HELP: &str = "\
@@ -188,64 +188,30 @@ fn valid_glob(glob: &str) -> Result<String, String> {
 /// Runs `rcp backup` and returns the exit code: the copy's table, plus
 /// [`exit::SOME_TARGETS_FAILED`] when targets disagree.
 pub async fn run(args: BackupArgs) -> u8 {
+    let secret_file = args.secret_file.as_deref();
     if let Some(target) = &args.list {
-        return list(target, &args).await;
+        return super::admin::list(target, args.json, args.transport, secret_file).await;
     }
     if let Some(target) = &args.verify {
-        let secret_file = args.secret_file.as_deref();
-        return backup_verify::run(target, args.json, args.transport, secret_file).await;
+        return verify::run(target, args.json, args.transport, secret_file).await;
     }
     let (Some(src), Some(dest)) = (args.src.clone(), args.dest.clone()) else {
         eprintln!("rcp: backup needs SRC_DIR and HOST[:PORT]:SHARE/PREFIX");
         return exit::USAGE;
     };
-    let retention = Retention {
-        keep: args.keep.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
-        keep_days: args.keep_days,
-    };
     let started = Instant::now();
-    // One timestamp for every target, so their snapshots share a name.
-    let now = SystemTime::now();
     let targets: Vec<String> = std::iter::once(dest)
         .chain(args.to.iter().cloned())
         .collect();
-    let opts = BackupOptions {
-        filter: Filter::new(args.rules.clone()),
-        dry_run: args.dry_run,
-        jobs: args.jobs.into(),
-    };
     // One bar for all targets: each adds its total to the bar's.
     let show = !args.quiet && !args.json && std::io::stderr().is_terminal();
-    let bar = crate::progress_bar(show);
-    let progress: Arc<dyn Progress> = Arc::new(crate::Bar(bar.clone()));
-    let mut tasks = tokio::task::JoinSet::new();
-    for (i, dest) in targets.iter().enumerate() {
-        let (dest, src) = (dest.clone(), src.clone());
-        let (transport, secret_file) = (args.transport, args.secret_file.clone());
-        let (opts, progress) = ((opts.clone(), retention), progress.clone());
-        tasks.spawn(async move {
-            let secret_file = secret_file.as_deref();
-            let r = snapshot(&dest, &src, transport, secret_file, now, &opts, progress);
-            (i, r.await)
-        });
-    }
-    let mut results: Vec<Option<Result<(BackupReport, PruneReport), ClientError>>> =
-        targets.iter().map(|_| None).collect();
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok((i, r)) => results[i] = Some(r),
-            Err(e) => tracing::error!("a backup task failed: {e}"),
-        }
-    }
-    let results: Vec<Result<(BackupReport, PruneReport), ClientError>> = results
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(ClientError::Usage("the backup task failed".into()))))
-        .collect();
+    let bar = progress_bar(show);
+    let results = back_up_all(&args, &src, &targets, Arc::new(Bar(bar.clone()))).await;
     bar.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();
     let codes: Vec<u8> = results
         .iter()
-        .map(|r| r.as_ref().map_or_else(ClientError::exit_code, |_| exit::OK))
+        .map(|r| r.as_ref().map_or_else(exit::of, |_| exit::OK))
         .collect();
     let code = if codes.iter().all(|&c| c == codes[0]) {
         codes[0]
@@ -255,9 +221,66 @@ pub async fn run(args: BackupArgs) -> u8 {
         exit::OTHER
     };
     for (dest, result) in targets.iter().zip(&results) {
-        match result {
-            Ok((r, prune)) if !args.json && !args.quiet => {
-                eprintln!(
+        print_result(dest, result, &args);
+    }
+    if args.json {
+        print_json(&targets, &results, seconds, code, args.dry_run);
+    }
+    code
+}
+
+/// What one target's backup gave: its report and its pruning's, or why it failed.
+type TargetResult = Result<(BackupReport, PruneReport), ClientError>;
+
+/// Backs up `src` to every one of `targets` at once, each independent of the others;
+/// returns their results in the order of `targets`.
+async fn back_up_all(
+    args: &BackupArgs,
+    src: &Path,
+    targets: &[String],
+    progress: Arc<dyn Progress>,
+) -> Vec<TargetResult> {
+    let retention = Retention {
+        keep: args.keep.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        keep_days: args.keep_days,
+    };
+    // One timestamp for every target, so their snapshots share a name.
+    let now = SystemTime::now();
+    let opts = BackupOptions {
+        filter: Filter::new(args.rules.clone()),
+        dry_run: args.dry_run,
+        jobs: args.jobs.into(),
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, dest) in targets.iter().enumerate() {
+        let (dest, src) = (dest.clone(), src.to_path_buf());
+        let (transport, secret_file) = (args.transport, args.secret_file.clone());
+        let (opts, progress) = ((opts.clone(), retention), progress.clone());
+        tasks.spawn(async move {
+            let secret_file = secret_file.as_deref();
+            let r = snapshot(&dest, &src, transport, secret_file, now, &opts, progress);
+            (i, r.await)
+        });
+    }
+    let mut results: Vec<Option<TargetResult>> = targets.iter().map(|_| None).collect();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((i, r)) => results[i] = Some(r),
+            Err(e) => tracing::error!("a backup task failed: {e}"),
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(ClientError::Usage("the backup task failed".into()))))
+        .collect()
+}
+
+/// The lines on stderr for the backup to `dest`: its summary and what pruning did
+/// (not with `--json` or `--quiet`), and pruning failures and the error (always).
+fn print_result(dest: &str, result: &TargetResult, args: &BackupArgs) {
+    match result {
+        Ok((r, prune)) if !args.json && !args.quiet => {
+            eprintln!(
                 "rcp: {dest}: {}snapshot {} ({} files: {} unchanged, {} changed, {} new, {} deleted; {} bytes {}sent, {} reused)",
                 if r.dry_run { "dry run, nothing written: would make " } else { "" },
                 r.snapshot,
@@ -269,50 +292,46 @@ pub async fn run(args: BackupArgs) -> u8 {
                 r.bytes_sent,
                 if r.dry_run { "would be " } else { "" },
                 r.bytes_reused
-                );
-                prune
-                    .pruned
-                    .iter()
-                    .for_each(|p| eprintln!("rcp: {dest}: removed {p}"));
-                for (p, e) in &prune.errors {
-                    eprintln!("rcp: {dest}: cannot prune {p}: {e}");
-                }
-            }
-            Ok((_, prune)) => {
-                // Pruning failures are printed even with --json or --quiet: they
-                // need someone's attention although the backup succeeded.
-                for (p, e) in &prune.errors {
-                    eprintln!("rcp: {dest}: cannot prune {p}: {e}");
-                }
-            }
-            Err(e) => eprintln!("rcp: {dest}: {e}"),
+            );
+            prune
+                .pruned
+                .iter()
+                .for_each(|p| eprintln!("rcp: {dest}: removed {p}"));
+            print_prune_errors(dest, prune);
         }
+        // Pruning failures are printed even with --json or --quiet: they need
+        // someone's attention although the backup succeeded.
+        Ok((_, prune)) => print_prune_errors(dest, prune),
+        Err(e) => eprintln!("rcp: {dest}: {e}"),
     }
-    if args.json {
-        print_json(&targets, &results, seconds, code, args.dry_run);
+}
+
+fn print_prune_errors(dest: &str, prune: &PruneReport) {
+    for (p, e) in &prune.errors {
+        eprintln!("rcp: {dest}: cannot prune {p}: {e}");
     }
-    code
 }
 
 /// Backs up `src` to `dest`, then, unless it was a dry run, prunes `dest` (see
-/// [`backup_admin::after_publish`]).
+/// [`admin::after_publish`]).
 async fn snapshot(
     dest: &str,
-    src: &std::path::Path,
+    src: &Path,
     transport: TransportChoice,
-    secret_file: Option<&std::path::Path>,
+    secret_file: Option<&Path>,
     now: SystemTime,
     (opts, retention): &(BackupOptions, Retention),
     progress: Arc<dyn Progress>,
 ) -> Result<(BackupReport, PruneReport), ClientError> {
-    let (client, share, prefix) = open(dest, transport, secret_file).await?;
+    let wanted = "the destination must be HOST[:PORT]:SHARE/PREFIX";
+    let (client, share, prefix) = target::open(dest, wanted, transport, secret_file).await?;
     let result = async {
         let report = backup_with(&client, src, &share, &prefix, now, opts, progress).await?;
         let prune = match opts.dry_run {
             true => PruneReport::default(),
             false => {
                 let name = report.snapshot.rsplit('/').next().unwrap_or_default();
-                backup_admin::after_publish(&client, &share, &prefix, name, retention, now).await
+                admin::after_publish(&client, &share, &prefix, name, retention, now).await
             }
         };
         Ok((report, prune))
@@ -320,30 +339,6 @@ async fn snapshot(
     .await;
     client.close();
     result
-}
-
-/// `rcp backup --list TARGET`.
-async fn list(target: &str, args: &BackupArgs) -> u8 {
-    let listed = async {
-        let (client, share, prefix) =
-            open(target, args.transport, args.secret_file.as_deref()).await?;
-        backup_admin::list(&client, &share, &prefix).await
-    };
-    match listed.await {
-        Ok(snapshots) if args.json => {
-            let all: Vec<_> = snapshots.iter().map(|s| s.to_json()).collect();
-            println!("{}", serde_json::Value::Array(all));
-            exit::OK
-        }
-        Ok(snapshots) => {
-            snapshots.iter().for_each(|s| println!("{}", s.line()));
-            exit::OK
-        }
-        Err(e) => {
-            eprintln!("rcp: {target}: {e}");
-            e.exit_code()
-        }
-    }
 }
 
 /// A `--keep` or `--keep-days` count: 0 would remove every snapshot but the new one.
@@ -355,34 +350,7 @@ fn at_least_one(arg: &str) -> Result<u64, String> {
     }
 }
 
-/// Connects to the target `dest` and authenticates; returns the client, the share and
-/// the prefix.
-async fn open(
-    dest: &str,
-    transport: TransportChoice,
-    secret_file: Option<&std::path::Path>,
-) -> Result<(Client, String, String), ClientError> {
-    let remote = match location::parse(dest, ferry_common::DEFAULT_PORT)? {
-        Location::Remote(r) if !r.path.is_empty() => r,
-        _ => {
-            return Err(ClientError::Usage(format!(
-                "{dest}: the destination must be HOST[:PORT]:SHARE/PREFIX"
-            )))
-        }
-    };
-    let credentials = Credentials::from_file_or_env(secret_file)?;
-    let client = Client::connect_with(&remote.host, remote.port, transport, credentials).await?;
-    client.authenticate(&remote.share).await?;
-    Ok((client, remote.share, remote.path))
-}
-
-fn print_json(
-    targets: &[String],
-    results: &[Result<(BackupReport, PruneReport), ClientError>],
-    seconds: f64,
-    code: u8,
-    dry_run: bool,
-) {
+fn print_json(targets: &[String], results: &[TargetResult], seconds: f64, code: u8, dry_run: bool) {
     let per_target: Vec<_> = targets
         .iter()
         .zip(results)
@@ -401,13 +369,13 @@ fn print_json(
                 "bytes_sent": r.bytes_sent,
                 "bytes_reused": r.bytes_reused,
                 "seconds": r.duration.as_secs_f64(),
-                "pruned": prune.to_json().0,
-                "prune_errors": prune.to_json().1,
+                "pruned": prune_json(prune).0,
+                "prune_errors": prune_json(prune).1,
             }),
             Err(e) => serde_json::json!({
                 "target": dest,
                 "ok": false,
-                "exit_code": e.exit_code(),
+                "exit_code": exit::of(e),
                 "error": { "kind": e.kind(), "message": e.to_string() },
             }),
         })
@@ -427,7 +395,7 @@ fn print_json(
         .filter_map(|r| r.as_ref().ok().map(|(_, p)| p));
     let pruned: Vec<_> = prunes.clone().flat_map(|p| &p.pruned).collect();
     let prune_errors: Vec<_> = prunes
-        .flat_map(|p| p.to_json().1.as_array().cloned().unwrap_or_default())
+        .flat_map(|p| prune_json(p).1.as_array().cloned().unwrap_or_default())
         .collect();
     let summary = serde_json::json!({
         "ok": code == exit::OK,

@@ -1,0 +1,331 @@
+//! Copying server sources to a local path: `rcp HOST:SHARE/SRC... DST`.
+
+use std::collections::VecDeque;
+use std::fs;
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ferry_common::msg::FileKind;
+use ferry_common::proto::ProtoError;
+use ferry_common::staging::link_path;
+
+use crate::batch::{self, Outcome, SmallDownload};
+use crate::client::Client;
+use crate::error::ClientError;
+use crate::location::Remote;
+use crate::progress::Progress;
+use crate::schedule::run_lanes;
+use crate::transfer::download_file;
+
+use super::plan::{
+    several_sources_need_a_dir, trailing_slash_needs_a_dir, CopyOptions, DirItem, Plan,
+};
+use super::report::{finish_report, lock, settle_scheduled, Report, Shared};
+
+/// A download's plan: server sources, local targets.
+type DownloadPlan = Plan<Remote, PathBuf>;
+
+/// Copies remote `sources` (all on the server `client` is connected to) to the local
+/// path `dest`.
+pub async fn download(
+    client: &Client,
+    sources: &[Remote],
+    dest: &Path,
+    opts: &CopyOptions,
+    progress: Arc<dyn Progress>,
+) -> Report {
+    let shared = Shared::new(progress);
+    let Some(dest_is_dir) = check_dest(dest, sources.len(), &shared) else {
+        return finish_report(shared);
+    };
+    let mut plan = DownloadPlan::default();
+    for src in sources {
+        let target = if dest_is_dir {
+            dest.join(src.base_name())
+        } else {
+            dest.to_owned()
+        };
+        plan_source(client, src, target, opts, &mut plan, &shared).await;
+    }
+    shared.progress.set_total(plan.total_bytes());
+
+    let failed = make_dirs(&plan.dirs, &shared);
+    let skipped = |t: &Path| failed.iter().any(|f| t.starts_with(f));
+    let files = plan.files.into_iter().filter(|(_, t, _)| !skipped(t));
+    let done = run_lanes(vec![(tasks(client, files.collect()), opts.jobs)], |task| {
+        let (client, shared) = (client.clone(), shared.clone());
+        async move {
+            task.run(&client, &shared).await;
+            Ok(())
+        }
+    })
+    .await;
+    settle_scheduled(&shared, done);
+    for (link_target, target) in plan.symlinks {
+        if skipped(&target) {
+            continue;
+        }
+        match make_local_symlink(&link_target, &target) {
+            Ok(()) => lock(&shared.report).symlinks += 1,
+            Err(e) => shared.fail(
+                target.display().to_string(),
+                ClientError::local(&target, "cannot create symlink", e),
+            ),
+        }
+    }
+    set_dir_attrs(&plan.dirs, &skipped, &shared);
+    finish_report(shared)
+}
+
+/// Whether `dest` is a directory, or `None` (the failure recorded) if it cannot take
+/// `sources` sources.
+fn check_dest(dest: &Path, sources: usize, shared: &Shared) -> Option<bool> {
+    let dest_is_dir = fs::metadata(dest).is_ok_and(|m| m.is_dir());
+    let shown = dest.display().to_string();
+    if dest.as_os_str().as_encoded_bytes().ends_with(b"/") && !dest_is_dir {
+        shared.fail(shown.clone(), trailing_slash_needs_a_dir(shown));
+        return None;
+    }
+    if sources > 1 && !dest_is_dir {
+        shared.fail(shown.clone(), several_sources_need_a_dir(shown));
+        return None;
+    }
+    Some(dest_is_dir)
+}
+
+/// Adds the server source `src` to `plan` as `target` (a tree whole), or records why
+/// not.
+async fn plan_source(
+    client: &Client,
+    src: &Remote,
+    target: PathBuf,
+    opts: &CopyOptions,
+    plan: &mut DownloadPlan,
+    shared: &Shared,
+) {
+    let attr = match client.stat(&src.share, &src.path, true).await {
+        Ok(a) => a,
+        Err(e) => return shared.fail(src.display(), e),
+    };
+    match attr.kind {
+        FileKind::Dir if !opts.recursive => shared.fail(
+            src.display(),
+            ClientError::Usage(format!("{}: is a directory (use -r)", src.display())),
+        ),
+        FileKind::Dir => {
+            let root = DirItem {
+                target,
+                mode: attr.mode,
+                mtime: attr.mtime,
+            };
+            walk_remote(client, src, root, plan, shared).await;
+        }
+        FileKind::File => plan.files.push((src.clone(), target, attr.size)),
+        _ => shared.fail(
+            src.display(),
+            ClientError::Usage(format!(
+                "{}: not a regular file or directory",
+                src.display()
+            )),
+        ),
+    }
+}
+
+/// Walks the remote directory `root` breadth-first, adding it (as `item`) and
+/// everything below it to `plan`. A directory that cannot be listed is reported and not
+/// created locally (an empty copy would pass for a complete one); breadth-first order
+/// keeps every directory after its parent.
+async fn walk_remote(
+    client: &Client,
+    root: &Remote,
+    item: DirItem<PathBuf>,
+    plan: &mut DownloadPlan,
+    shared: &Shared,
+) {
+    let mut queue = VecDeque::from([(root.clone(), item)]);
+    while let Some((dir, item)) = queue.pop_front() {
+        let entries = match client.list_dir(&dir.share, &dir.path).await {
+            Ok(e) => e,
+            Err(e) => {
+                shared.fail(dir.display(), e);
+                continue;
+            }
+        };
+        let local = item.target.clone();
+        plan.dirs.push(item);
+        for entry in entries {
+            let name = entry.name.as_str();
+            if name.contains('/') || name == ".." || name == "." || name.is_empty() {
+                let why = format!("server listed an invalid name {name:?}");
+                shared.fail(
+                    dir.display(),
+                    ClientError::Protocol(ProtoError::Transfer(why)),
+                );
+                continue;
+            }
+            let child = dir.join(name);
+            let child_local = local.join(name);
+            match entry.attr.kind {
+                FileKind::Dir => {
+                    let item = DirItem {
+                        target: child_local,
+                        mode: entry.attr.mode,
+                        mtime: entry.attr.mtime,
+                    };
+                    queue.push_back((child, item));
+                }
+                FileKind::File => plan.files.push((child, child_local, entry.attr.size)),
+                FileKind::Symlink => match entry.attr.symlink_target {
+                    Some(t) => plan.symlinks.push((t, child_local)),
+                    None => shared.fail(
+                        child.display(),
+                        ClientError::Usage("symlink without target".into()),
+                    ),
+                },
+                FileKind::Other => {
+                    lock(&shared.report).skipped.push(child.display());
+                }
+            }
+        }
+    }
+}
+
+/// Creates the planned directories, parents first, owner-writable until the end.
+/// Returns the ones that failed; nothing is attempted below one (one error, and a
+/// conflicting local file is left alone).
+fn make_dirs(dirs: &[DirItem<PathBuf>], shared: &Shared) -> Vec<PathBuf> {
+    let mut failed: Vec<PathBuf> = Vec::new();
+    for d in dirs {
+        if failed.iter().any(|f| d.target.starts_with(f)) {
+            continue;
+        }
+        let r = match fs::create_dir(&d.target) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && d.target.is_dir() => Ok(()),
+            Err(e) => Err(e),
+        }
+        .and_then(|()| {
+            let m = fs::metadata(&d.target)?.mode();
+            fs::set_permissions(&d.target, fs::Permissions::from_mode((m & 0o7777) | 0o700))
+        });
+        match r {
+            Ok(()) => lock(&shared.report).dirs += 1,
+            Err(e) => {
+                shared.fail(
+                    d.target.display().to_string(),
+                    ClientError::local(&d.target, "cannot create directory", e),
+                );
+                failed.push(d.target.clone());
+            }
+        }
+    }
+    failed
+}
+
+/// Gives the planned directories (but the `skipped` ones) their modes and mtimes,
+/// children first.
+fn set_dir_attrs(dirs: &[DirItem<PathBuf>], skipped: &dyn Fn(&Path) -> bool, shared: &Shared) {
+    for d in dirs.iter().rev() {
+        if skipped(&d.target) {
+            continue;
+        }
+        let r = fs::set_permissions(&d.target, fs::Permissions::from_mode(d.mode & 0o7777))
+            .and_then(|()| fs::File::open(&d.target)?.set_modified(d.mtime.to_system()));
+        if let Err(e) = r {
+            shared.fail(
+                d.target.display().to_string(),
+                ClientError::local(&d.target, "cannot set attributes", e),
+            );
+        }
+    }
+}
+
+/// One task of a download.
+enum Task {
+    /// Small files of one share in one `DownloadBatch`: the share's root, the files.
+    Batch(Remote, Vec<SmallDownload>),
+    /// One file on the per-file path: source, target.
+    File(Remote, PathBuf),
+}
+
+/// The tasks for `files` (source, target, size): batches of small ones, then the
+/// others, one each.
+fn tasks(client: &Client, files: Vec<(Remote, PathBuf, u64)>) -> Vec<Task> {
+    let (small, large): (Vec<_>, Vec<_>) = files
+        .into_iter()
+        .partition(|(_, _, size)| batch::is_small(client, *size));
+    // A batch names paths of one share: the sources' shares, in order of appearance.
+    let mut by_share: Vec<(Remote, Vec<SmallDownload>)> = Vec::new();
+    for (src, target, size) in small {
+        let item = SmallDownload {
+            src: src.path.clone(),
+            target,
+            size,
+        };
+        match by_share.iter_mut().find(|(r, _)| r.share == src.share) {
+            Some((_, items)) => items.push(item),
+            None => by_share.push((src, vec![item])),
+        }
+    }
+    let capacity = batch::capacity(client);
+    let mut tasks = Vec::new();
+    for (root, items) in by_share {
+        let batches = batch::pack(items, capacity, |i| i.size, |i| i.src.len());
+        tasks.extend(batches.into_iter().map(|b| Task::Batch(root.clone(), b)));
+    }
+    tasks.extend(
+        large
+            .into_iter()
+            .map(|(src, target, _)| Task::File(src, target)),
+    );
+    tasks
+}
+
+impl Task {
+    /// Does the task and records its outcome.
+    async fn run(self, client: &Client, shared: &Arc<Shared>) {
+        match self {
+            Task::Batch(root, items) => {
+                let progress = shared.progress_fn();
+                for (item, outcome) in
+                    batch::download_batch(client, &root.share, items, &progress).await
+                {
+                    let src = root.with_path(item.src);
+                    match outcome {
+                        Outcome::Copied(c) => shared.copied(c),
+                        Outcome::Failed(e) => shared.download_failed(&src, &item.target, e),
+                        Outcome::PerFile => download_one(client, shared, src, item.target).await,
+                    }
+                }
+            }
+            Task::File(src, target) => download_one(client, shared, src, target).await,
+        }
+    }
+}
+
+/// Downloads one file on the per-file path and records the outcome.
+async fn download_one(client: &Client, shared: &Arc<Shared>, src: Remote, target: PathBuf) {
+    let progress = shared.progress_fn();
+    match download_file(client, &src.share, &src.path, &target, progress).await {
+        Ok(c) => shared.copied(c),
+        Err(e) => shared.download_failed(&src, &target, e),
+    }
+}
+
+/// Creates `link` -> `target`, atomically replacing a file or link already there. The
+/// link is made under a hidden name derived from `link`'s, so one that a killed copy
+/// left there is replaced rather than left behind.
+fn make_local_symlink(target: &str, link: &Path) -> std::io::Result<()> {
+    let tmp = link_path(link).ok_or_else(|| std::io::Error::other("no file name"))?;
+    match symlink(target, &tmp) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            fs::remove_file(&tmp)?;
+            symlink(target, &tmp)?;
+        }
+        made => made?,
+    }
+    fs::rename(&tmp, link).inspect_err(|_| {
+        let _ = fs::remove_file(&tmp);
+    })
+}

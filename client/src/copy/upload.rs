@@ -1,0 +1,319 @@
+//! Copying local sources to the server: `rcp SRC... HOST:SHARE/DST`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ferry_common::msg::{ErrorKind, FileKind};
+
+use crate::batch::{self, Outcome, SmallUpload};
+use crate::client::Client;
+use crate::error::ClientError;
+use crate::filter::Filter;
+use crate::location::Remote;
+use crate::progress::Progress;
+use crate::schedule::{run_lanes, UNLIMITED};
+use crate::transfer::upload_file;
+use crate::walk::{join, walk, Problem};
+
+use super::plan::{
+    several_sources_need_a_dir, trailing_slash_needs_a_dir, CopyOptions, DirItem, Plan,
+};
+use super::report::{finish_report, lock, settle_scheduled, Report, Shared};
+
+/// An upload's plan: local sources, share-relative targets.
+type UploadPlan = Plan<PathBuf, String>;
+
+/// Copies local `sources` to `dest` on the server `client` is connected to.
+pub async fn upload(
+    client: &Client,
+    sources: &[PathBuf],
+    dest: &Remote,
+    opts: &CopyOptions,
+    progress: Arc<dyn Progress>,
+) -> Report {
+    let shared = Shared::new(progress);
+    let Some(dest_is_dir) = check_dest(client, dest, sources.len(), &shared).await else {
+        return finish_report(shared);
+    };
+    let mut plan = UploadPlan::default();
+    for src in sources {
+        plan_source(src, dest, dest_is_dir, opts, &mut plan, &shared);
+    }
+    shared.progress.set_total(plan.total_bytes());
+
+    let failed = upload_dirs(client, dest, &plan.dirs, &shared).await;
+    let skipped = |t: &str| under_any(&failed, t);
+    let files = plan.files.into_iter().filter(|(_, t, _)| !skipped(t));
+    let symlinks = plan.symlinks.into_iter().filter(|(_, t)| !skipped(t));
+    let tasks = tasks(client, files.collect(), symlinks.collect());
+    let done = run_lanes(tasks.lanes(opts.jobs), |task| {
+        let (client, shared, dest) = (client.clone(), shared.clone(), dest.clone());
+        async move {
+            task.run(&client, &shared, &dest).await;
+            Ok(())
+        }
+    })
+    .await;
+    settle_scheduled(&shared, done);
+    for d in plan.dirs.iter().rev() {
+        if failed.contains(&d.target) || skipped(&d.target) {
+            continue;
+        }
+        if let Err(e) = client
+            .set_attr(&dest.share, &d.target, Some(d.mode), Some(d.mtime))
+            .await
+        {
+            shared.fail(dest.with_path(d.target.clone()).display(), e);
+        }
+    }
+    finish_report(shared)
+}
+
+/// Whether `dest` is a directory, or `None` (the failure recorded) if it cannot take
+/// `sources` sources.
+async fn check_dest(
+    client: &Client,
+    dest: &Remote,
+    sources: usize,
+    shared: &Shared,
+) -> Option<bool> {
+    let dest_is_dir = match client.stat(&dest.share, &dest.path, true).await {
+        Ok(a) => a.kind == FileKind::Dir,
+        Err(e) if e.remote_kind() == Some(ErrorKind::NotFound) => false,
+        Err(e) => {
+            shared.fail(dest.display(), e);
+            return None;
+        }
+    };
+    if dest.dir_hint && !dest_is_dir {
+        shared.fail(dest.display(), trailing_slash_needs_a_dir(dest.display()));
+        return None;
+    }
+    if sources > 1 && !dest_is_dir {
+        shared.fail(dest.display(), several_sources_need_a_dir(dest.display()));
+        return None;
+    }
+    Some(dest_is_dir)
+}
+
+/// Adds the command-line source `src` to `plan` (a tree whole), or records why not.
+fn plan_source(
+    src: &Path,
+    dest: &Remote,
+    dest_is_dir: bool,
+    opts: &CopyOptions,
+    plan: &mut UploadPlan,
+    shared: &Shared,
+) {
+    let shown = || src.display().to_string();
+    let target = if dest_is_dir {
+        match src.file_name() {
+            Some(n) => dest.join(&n.to_string_lossy()).path,
+            // `.`, `..`, `/`: like cp, copy the contents into the directory.
+            None if fs::metadata(src).is_ok_and(|m| m.is_dir()) => dest.path.clone(),
+            None => {
+                let why = format!("{}: cannot copy a path without a name", src.display());
+                return shared.fail(shown(), ClientError::Usage(why));
+            }
+        }
+    } else {
+        dest.path.clone()
+    };
+    // Command-line sources are followed, like cp and scp do.
+    let meta = match fs::metadata(src) {
+        Ok(m) => m,
+        Err(e) => return shared.fail(shown(), ClientError::local(src, "cannot stat", e)),
+    };
+    if meta.is_dir() && !opts.recursive {
+        let why = format!("{}: is a directory (use -r)", src.display());
+        shared.fail(shown(), ClientError::Usage(why));
+    } else if meta.is_dir() {
+        plan_tree(src, &target, &meta, plan, shared);
+    } else if meta.is_file() {
+        plan.files.push((src.to_path_buf(), target, meta.len()));
+    } else {
+        let e = std::io::Error::other("not a regular file or directory");
+        shared.fail(shown(), ClientError::local(src, "cannot copy", e));
+    }
+}
+
+/// Adds the local directory `src` and everything below it to `plan`, under `target`.
+/// What the walk cannot take is recorded and left out: an unreadable entry or name
+/// as an error, a special file as skipped.
+fn plan_tree(
+    src: &Path,
+    target: &str,
+    meta: &fs::Metadata,
+    plan: &mut UploadPlan,
+    shared: &Shared,
+) {
+    let fail = |path: PathBuf, op, e| {
+        shared.fail(path.display().to_string(), ClientError::local(&path, op, e));
+        Ok(())
+    };
+    let tree = walk(src, meta, &Filter::default(), |problem| match problem {
+        Problem::List(path, e) => fail(path, "cannot list", e),
+        Problem::Stat(path, e) => fail(path, "cannot stat", e),
+        Problem::ReadLink(path, e) => fail(path, "cannot read link", e),
+        Problem::NotUtf8(path) => fail(
+            path,
+            "cannot copy",
+            std::io::Error::other("name is not UTF-8"),
+        ),
+        Problem::Special(path) => {
+            lock(&shared.report)
+                .skipped
+                .push(path.display().to_string());
+            Ok(())
+        }
+    });
+    // The callback never refuses a problem, so the walk ends with a tree.
+    for dir in tree.into_iter().flatten() {
+        let dir_target = join(target, &dir.rel);
+        for f in dir.files {
+            plan.files
+                .push((f.path, join(&dir_target, &f.name), f.size));
+        }
+        for (name, link) in dir.symlinks {
+            plan.symlinks.push((link, join(&dir_target, &name)));
+        }
+        plan.dirs.push(DirItem {
+            target: dir_target,
+            mode: dir.mode,
+            mtime: dir.mtime,
+        });
+    }
+}
+
+/// Creates the planned directories, parents first, owner-writable until the end.
+/// Returns the ones that failed; nothing below them is attempted (one error, not one
+/// per entry).
+async fn upload_dirs(
+    client: &Client,
+    dest: &Remote,
+    dirs: &[DirItem<String>],
+    shared: &Shared,
+) -> Vec<String> {
+    let mut failed: Vec<String> = Vec::new();
+    for d in dirs {
+        if under_any(&failed, &d.target) {
+            continue;
+        }
+        match client
+            .mkdir(&dest.share, &d.target, d.mode | 0o700, true)
+            .await
+        {
+            Ok(()) => lock(&shared.report).dirs += 1,
+            Err(e) => {
+                shared.fail(dest.with_path(d.target.clone()).display(), e);
+                failed.push(d.target.clone());
+            }
+        }
+    }
+    failed
+}
+
+/// True if `path` lies strictly below one of `dirs` (share-relative paths).
+fn under_any(dirs: &[String], path: &str) -> bool {
+    dirs.iter().any(|d| {
+        path.len() > d.len() && path.starts_with(d.as_str()) && path.as_bytes()[d.len()] == b'/'
+    })
+}
+
+/// One task of an upload.
+enum Task {
+    /// Small files in one `UploadBatch`.
+    Batch(Vec<SmallUpload>),
+    /// One file on the per-file path: source, target.
+    File(PathBuf, String),
+    /// One symlink: link target, target.
+    Symlink(String, String),
+}
+
+/// An upload's tasks: files (batches of small ones, then the others, one each) and
+/// symlinks.
+struct Tasks {
+    files: Vec<Task>,
+    symlinks: Vec<Task>,
+}
+
+impl Tasks {
+    /// The scheduler's lanes: files `jobs` at once, symlinks all at once.
+    fn lanes(self, jobs: usize) -> Vec<(Vec<Task>, usize)> {
+        vec![(self.files, jobs), (self.symlinks, UNLIMITED)]
+    }
+}
+
+/// The tasks for `files` (source, target, size) and `symlinks` (link target, target).
+fn tasks(
+    client: &Client,
+    files: Vec<(PathBuf, String, u64)>,
+    symlinks: Vec<(String, String)>,
+) -> Tasks {
+    let (small, large): (Vec<_>, Vec<_>) = files
+        .into_iter()
+        .partition(|(_, _, size)| batch::is_small(client, *size));
+    let small = small
+        .into_iter()
+        .map(|(src, target, size)| SmallUpload { src, target, size })
+        .collect();
+    let capacity = batch::capacity(client);
+    let batches = batch::pack(small, capacity, |i| i.size, |i| i.target.len());
+    let files = batches.into_iter().map(Task::Batch);
+    let large = large
+        .into_iter()
+        .map(|(src, target, _)| Task::File(src, target));
+    Tasks {
+        files: files.chain(large).collect(),
+        symlinks: symlinks
+            .into_iter()
+            .map(|(link, target)| Task::Symlink(link, target))
+            .collect(),
+    }
+}
+
+impl Task {
+    /// Does the task and records its outcome.
+    async fn run(self, client: &Client, shared: &Arc<Shared>, dest: &Remote) {
+        match self {
+            Task::Batch(items) => {
+                let progress = shared.progress_fn();
+                for (item, outcome) in
+                    batch::upload_batch(client, &dest.share, items, &progress).await
+                {
+                    match outcome {
+                        Outcome::Copied(c) => shared.copied(c),
+                        Outcome::Failed(e) => {
+                            shared.upload_failed(dest, &item.src, &item.target, e)
+                        }
+                        Outcome::PerFile => {
+                            upload_one(client, shared, dest, item.src, item.target).await
+                        }
+                    }
+                }
+            }
+            Task::File(src, target) => upload_one(client, shared, dest, src, target).await,
+            Task::Symlink(link, target) => {
+                match client.symlink(&dest.share, &target, &link).await {
+                    Ok(()) => lock(&shared.report).symlinks += 1,
+                    Err(e) => shared.fail(dest.with_path(target).display(), e),
+                }
+            }
+        }
+    }
+}
+
+/// Uploads one file on the per-file path and records the outcome.
+async fn upload_one(
+    client: &Client,
+    shared: &Arc<Shared>,
+    dest: &Remote,
+    src: PathBuf,
+    target: String,
+) {
+    match upload_file(client, &src, &dest.share, &target, shared.progress_fn()).await {
+        Ok(c) => shared.copied(c),
+        Err(e) => shared.upload_failed(dest, &src, &target, e),
+    }
+}

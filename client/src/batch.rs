@@ -31,9 +31,11 @@ use std::sync::Arc;
 use ferry_common::attr::attr_of;
 use ferry_common::chunk::hash_chunk;
 use ferry_common::msg::{
-    BatchFile, BatchedFile, ErrorKind, RemoteError, Request, Response, Sha256, Timestamp,
-    BATCH_MAX_BYTES, BATCH_MAX_FILES, BATCH_MAX_PATH_BYTES, SMALL_FILE_MAX_BYTES,
+    BatchFile, ErrorKind, RemoteError, Request, Response, Sha256, Timestamp, BATCH_MAX_BYTES,
+    BATCH_MAX_FILES, BATCH_MAX_PATH_BYTES, SMALL_FILE_MAX_BYTES,
 };
+use ferry_common::proto::batch::{place_downloaded, Placement};
+use ferry_common::proto::retry::WINDOW_ATTEMPTS;
 use ferry_common::proto::ProtoError;
 use ferry_common::readahead::{will_need, READ_AHEAD_FILES};
 use ferry_common::staging::{remove_quietly, scratch_path, small_path, write_whole, WholeStep};
@@ -45,8 +47,8 @@ use crate::client::{unexpected, Client};
 use crate::error::ClientError;
 use crate::transfer::{Copied, ProgressFn};
 
-/// Times a file is sent before a hash mismatch fails it.
-const ATTEMPTS: usize = 2;
+/// Times a file is sent before a hash mismatch fails it: the retry policy of windows.
+const ATTEMPTS: usize = WINDOW_ATTEMPTS;
 
 /// Most bytes of one batch with `client`'s server: the server moves a batch through one
 /// of its chunk buffers.
@@ -516,7 +518,7 @@ async fn fetch(
             return Vec::new();
         }
     };
-    let (mut outcomes, fetched) = place(files, cap);
+    let (mut outcomes, fetched) = place(files);
     let buf = pooled.buffer().clone();
     let targets: Vec<PathBuf> = todo.iter().map(|i| i.target.clone()).collect();
     let written = run_blocking(move || verify_and_land(&buf, &targets, fetched)).await;
@@ -553,7 +555,7 @@ async fn request_download(
     pooled: &Pooled,
     todo: &[SmallDownload],
     cap: usize,
-) -> Result<Vec<BatchedFile>, ClientError> {
+) -> Result<Vec<Placement>, ClientError> {
     let reg = client
         .transport()
         .register(Memory::Buffer(pooled.buffer().clone()), Access::RemoteWrite)?;
@@ -567,38 +569,33 @@ async fn request_download(
     let response = client.call(req).await;
     drop(reg);
     match response? {
-        Response::DownloadedBatch { files } if files.len() == todo.len() => Ok(files),
-        Response::DownloadedBatch { .. } => Err(bad_answer("not one entry per path")),
+        Response::DownloadedBatch { files } => Ok(place_downloaded(files, todo.len(), cap)?),
         other => Err(unexpected(other)),
     }
 }
 
-/// What the server's `files` say of each path: settled already (refused, not
-/// included, or placed outside the region of `cap` bytes), or `None` and, with its
-/// expected hash, among the fetched files to verify and write.
-fn place(files: Vec<BatchedFile>, cap: usize) -> (Vec<Option<Outcome>>, Vec<(Fetched, Sha256)>) {
+/// What the server's answer says of each path, as the core placed it: settled
+/// already (refused, not included, or placed outside the region), or `None` and, with
+/// its expected hash, among the fetched files to verify and write.
+fn place(files: Vec<Placement>) -> (Vec<Option<Outcome>>, Vec<(Fetched, Sha256)>) {
     let mut outcomes = Vec::with_capacity(files.len());
     let mut fetched = Vec::new();
-    for (index, file) in files.into_iter().enumerate() {
+    for file in files {
         outcomes.push(match file {
-            BatchedFile::Ok { attr, offset, hash } => {
-                let end = offset.checked_add(attr.size);
-                if end.is_none_or(|end| end > cap as u64) {
-                    Some(Outcome::Failed(bad_answer("a file outside the region")))
-                } else {
-                    let f = Fetched {
-                        index,
-                        offset: offset as usize,
-                        size: attr.size as usize,
-                        mode: attr.mode,
-                        mtime: attr.mtime,
-                    };
-                    fetched.push((f, hash));
-                    None
-                }
+            Placement::Placed(p) => {
+                let f = Fetched {
+                    index: p.index,
+                    offset: p.offset,
+                    size: p.attr.size as usize,
+                    mode: p.attr.mode,
+                    mtime: p.attr.mtime,
+                };
+                fetched.push((f, p.hash));
+                None
             }
-            BatchedFile::Err(e) => Some(Outcome::Failed(ClientError::Remote(e))),
-            BatchedFile::NotIncluded => Some(Outcome::PerFile),
+            Placement::Outside => Some(Outcome::Failed(bad_answer("a file outside the region"))),
+            Placement::Failed(e) => Some(Outcome::Failed(ClientError::Remote(e))),
+            Placement::PerFile => Some(Outcome::PerFile),
         });
     }
     (outcomes, fetched)

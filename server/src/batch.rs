@@ -37,7 +37,7 @@ use ferry_common::chunk::hash_chunk;
 use ferry_common::msg::{
     Attr, BatchFile, BatchedFile, RegionDesc, RemoteError, Response, Sha256, SMALL_FILE_MAX_BYTES,
 };
-use ferry_common::proto::conn::batch_capacity;
+use ferry_common::proto::batch::batch_capacity;
 use ferry_common::readahead::{will_need, READ_AHEAD_FILES};
 use ferry_common::staging::{remove_quietly, scratch_path, write_whole, WholeStep};
 use ferry_common::transport::{RemoteSlice, SharedTransport, TransportError};
@@ -146,7 +146,7 @@ pub async fn upload(
     region: RegionDesc,
     files: Vec<BatchFile>,
 ) -> Result<Response, RemoteError> {
-    // The session admitted the batch as a whole (`proto::conn::check_upload_batch`):
+    // The session admitted the batch as a whole (`proto::batch::check_upload_batch`):
     // its region holds exactly its files' bytes and fits one buffer.
     share.check_writable()?;
     let lease = io.pool.lease().await?;

@@ -16,10 +16,8 @@
 
 use std::collections::HashMap;
 
-use crate::msg::{
-    BatchFile, ErrorKind, RegionDesc, RemoteError, Request, Response, BATCH_MAX_BYTES,
-    SMALL_FILE_MAX_BYTES,
-};
+use super::batch::{batch_capacity, check_upload_batch};
+use crate::msg::{ErrorKind, RemoteError, Request, Response};
 
 /// Most transfers one connection may have open (or opening) at once.
 pub const MAX_OPEN_TRANSFERS: usize = 1024;
@@ -286,44 +284,4 @@ impl ConnState {
 
 fn no_transfer(transfer: u64) -> RemoteError {
     protocol(format!("no open transfer {transfer}"))
-}
-
-/// Most bytes one batch's region may hold on a server with chunk buffers of
-/// `chunk_bytes`: the batch must fit one pooled buffer.
-pub fn batch_capacity(chunk_bytes: u32) -> u64 {
-    BATCH_MAX_BYTES.min(u64::from(chunk_bytes))
-}
-
-/// Checks an upload batch as a whole: at least one file, none over
-/// [`SMALL_FILE_MAX_BYTES`], sizes adding up to the region's length, which fits
-/// `capacity`.
-pub fn check_upload_batch(
-    files: &[BatchFile],
-    region: &RegionDesc,
-    capacity: u64,
-) -> Result<(), RemoteError> {
-    if files.is_empty() {
-        return Err(protocol("an upload batch with no file".into()));
-    }
-    if let Some(f) = files.iter().find(|f| f.size > SMALL_FILE_MAX_BYTES) {
-        return Err(protocol(format!(
-            "a batched file of {} bytes (at most {SMALL_FILE_MAX_BYTES})",
-            f.size
-        )));
-    }
-    // Each size is bounded, and so is their number: no overflow.
-    let total: u64 = files.iter().map(|f| f.size).sum();
-    if total != region.len {
-        return Err(protocol(format!(
-            "the batch's files hold {total} bytes but its region {}",
-            region.len
-        )));
-    }
-    if region.len > capacity {
-        return Err(protocol(format!(
-            "a batch region of {} bytes (at most {capacity})",
-            region.len
-        )));
-    }
-    Ok(())
 }

@@ -2,6 +2,8 @@
 //!
 //! - [`client::ClientSession`] and [`server::ServerSession`] run the handshake, match
 //!   responses to requests and police message order and request limits.
+//! - [`batch`] checks batches of small files: a server admits an upload batch as a
+//!   whole, a client takes only download placements inside its region.
 //! - [`caps`] negotiates the session's capabilities in the handshake.
 //! - [`conn`] holds a server connection's open transfers and mapped files, admits each
 //!   request against them and settles it from its answer.
@@ -20,6 +22,7 @@
 
 use std::time::Duration;
 
+pub mod batch;
 pub mod caps;
 pub mod client;
 pub mod conn;

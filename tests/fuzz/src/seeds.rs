@@ -724,6 +724,7 @@ fn sessions() -> Vec<Seed> {
             &[(MESSAGE, encode(&hello())), (MESSAGE, wrong_auth)],
         ),
         session("old-client", &[(MESSAGE, old_hello)]),
+        session("tables", &tables()),
         session("request-before-hello", &[(MESSAGE, stat(1))]),
         session(
             "duplicate-request",
@@ -732,6 +733,78 @@ fn sessions() -> Vec<Seed> {
                 (MESSAGE, stat(5)),
                 (MESSAGE, stat(5)),
             ],
+        ),
+    ]
+}
+
+/// Requests the connection's tables decide: windows and closes of transfers that are
+/// not open or not of the right kind (refused), an upload and a mapped file opened and
+/// answered (then open), a close, a release, and a malformed batch.
+fn tables() -> Vec<(u8, Vec<u8>)> {
+    let public = |id, body| (MESSAGE, encode(&req(id, body)));
+    let window = |transfer| Request::UploadWindow {
+        transfer,
+        offset: 0,
+        region: RegionDesc {
+            addr: 0,
+            len: 4096,
+            rkey: 1,
+        },
+        hashes: vec![[0; 32]],
+    };
+    let opened = encode(&resp(0, Response::UploadOpened { transfer: 1 }));
+    vec![
+        (MESSAGE, encode(&hello())),
+        public(1, window(5)),
+        public(
+            2,
+            Request::UploadOpen {
+                share: s("pub"),
+                path: s("f"),
+                size: 4096,
+                mode: 0o644,
+                mtime: ts(1),
+            },
+        ),
+        (RESPOND_OUTSTANDING, [&[0][..], &opened].concat()),
+        public(3, window(1)),
+        public(
+            4,
+            Request::DownloadWindow {
+                transfer: 1,
+                offset: 0,
+                region: RegionDesc {
+                    addr: 0,
+                    len: 4096,
+                    rkey: 1,
+                },
+            },
+        ),
+        (RESPOND_ANY, 3u64.to_le_bytes().to_vec()),
+        public(5, Request::Close { transfer: 1 }),
+        public(6, Request::Close { transfer: 1 }),
+        public(
+            7,
+            Request::MapOpen {
+                share: s("pub"),
+                path: s("f"),
+                chunk_bytes: 4096,
+            },
+        ),
+        (RESPOND_ANY, 7u64.to_le_bytes().to_vec()),
+        public(8, Request::MapRelease { handle: 1 }),
+        public(9, Request::MapRelease { handle: 1 }),
+        public(
+            10,
+            Request::UploadBatch {
+                share: s("pub"),
+                region: RegionDesc {
+                    addr: 0,
+                    len: 3,
+                    rkey: 1,
+                },
+                files: vec![],
+            },
         ),
     ]
 }

@@ -42,8 +42,8 @@ use ferry_common::chunk::{hash_chunk, hash_chunks, manifest_id};
 use ferry_common::codec;
 use ferry_common::journal::read_journal;
 use ferry_common::msg::{
-    Attr, BatchedFile, Hello, Message, Request, Response, Sha256, DEFAULT_CHUNK_BYTES,
-    HELLO_MAGIC, PROTOCOL_VERSION, SMALL_FILE_MAX_BYTES,
+    Attr, BatchedFile, Hello, Message, Request, Response, Sha256, DEFAULT_CHUNK_BYTES, HELLO_MAGIC,
+    PROTOCOL_VERSION, SMALL_FILE_MAX_BYTES,
 };
 use ferry_common::path::components;
 use ferry_common::staging::{JOURNAL_SUFFIX, PART_SUFFIX};

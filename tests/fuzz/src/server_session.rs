@@ -13,17 +13,23 @@
 //! [`SECRET`] and the nonces of this session.
 //!
 //! The session guards share `data` with [`SECRET`] and serves `pub` openly; the model
-//! predicts every refusal (`AuthRequired`, `AuthFailed`, `NoSuchShare` for an `Auth`).
+//! predicts every refusal (`AuthRequired`, `AuthFailed`, `NoSuchShare` for an `Auth`,
+//! a hello whose capabilities have no hash in common, and the connection's tables:
+//! requests naming a transfer or mapped file that is not open, or not of the right
+//! kind, the per-connection limits and malformed upload batches), and which opens the
+//! answers make open.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_common::auth::{Nonce, Secret, ShareAccess};
 use ferry_common::codec;
 use ferry_common::msg::{
-    ErrorKind, Message, Request, Response, HELLO_MAGIC, MAX_WINDOW_CHUNKS, PROTOCOL_VERSION,
+    Capability, ErrorKind, Message, Request, Response, BATCH_MAX_BYTES, HELLO_MAGIC,
+    MAX_WINDOW_CHUNKS, PROTOCOL_VERSION, SMALL_FILE_MAX_BYTES,
 };
+use ferry_common::proto::conn::{MAX_OPEN_MAPS, MAX_OPEN_TRANSFERS};
 use ferry_common::proto::server::{AccessTable, ServerEvent, ServerParams, ServerSession};
 use ferry_common::proto::{ProtoError, HANDSHAKE_TIMEOUT, MAX_INFLIGHT_REQUESTS};
 
@@ -66,6 +72,7 @@ pub fn server_session(data: &[u8]) {
         denied: HashSet::new(),
         transmits: VecDeque::new(),
         events: VecDeque::new(),
+        tables: Tables::default(),
     };
     h.check_drained();
     for r in records(data) {
@@ -78,6 +85,14 @@ pub fn server_session(data: &[u8]) {
         }
         h.check_drained();
     }
+}
+
+/// Whether a hello's capabilities leave the session a hash: its first `hash`
+/// capability, if any, lists `sha256` (the only algorithm of this build).
+fn offers_sha256(caps: &[Capability]) -> bool {
+    caps.iter()
+        .find(|c| c.name == "hash")
+        .is_none_or(|c| c.value.split(',').any(|h| h == "sha256"))
 }
 
 /// What the model expects the session to transmit.
@@ -113,12 +128,155 @@ struct Harness {
     denied: HashSet<String>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
+    tables: Tables,
+}
+
+/// How an admitted request changes the model's tables once it is answered.
+#[derive(Debug, Clone, Copy)]
+enum Pending {
+    OpenTransfer(u64),
+    Commit(u64),
+    OpenMap(u64),
+}
+
+/// The model of the connection's tables (`docs/protocol.md` section 2): transfer id →
+/// (is an upload, is open), mapped-file handle → is open, and what each outstanding
+/// request will change.
+struct Tables {
+    transfers: HashMap<u64, (bool, bool)>,
+    next_transfer: u64,
+    maps: HashMap<u64, bool>,
+    next_map: u64,
+    pending: HashMap<u64, Pending>,
+}
+
+impl Default for Tables {
+    fn default() -> Tables {
+        Tables {
+            transfers: HashMap::new(),
+            next_transfer: 1,
+            maps: HashMap::new(),
+            next_map: 1,
+            pending: HashMap::new(),
+        }
+    }
+}
+
+impl Tables {
+    /// The refusal of request `id`, if the tables refuse it; else what it reserves.
+    fn admit(&mut self, id: u64, body: &Request) -> Result<(), ErrorKind> {
+        let open_of = |t: &Tables, transfer: &u64, upload: bool| match t.transfers.get(transfer) {
+            Some(&(u, true)) if u == upload => Ok(()),
+            _ => Err(ErrorKind::Protocol),
+        };
+        match body {
+            Request::UploadOpen { .. }
+            | Request::UploadOpenBase { .. }
+            | Request::DownloadOpen { .. } => {
+                if self.transfers.len() >= MAX_OPEN_TRANSFERS {
+                    return Err(ErrorKind::Protocol);
+                }
+                let upload = !matches!(body, Request::DownloadOpen { .. });
+                let t = self.next_transfer;
+                self.next_transfer += 1;
+                self.transfers.insert(t, (upload, false));
+                self.pending.insert(id, Pending::OpenTransfer(t));
+                Ok(())
+            }
+            Request::UploadWindow { transfer, .. } => open_of(self, transfer, true),
+            Request::UploadCommit { transfer, .. } => {
+                open_of(self, transfer, true)?;
+                self.pending.insert(id, Pending::Commit(*transfer));
+                Ok(())
+            }
+            Request::DownloadWindow { transfer, .. } => open_of(self, transfer, false),
+            Request::Close { transfer } => match self.transfers.get(transfer) {
+                Some((_, true)) => {
+                    self.transfers.remove(transfer);
+                    Ok(())
+                }
+                _ => Err(ErrorKind::Protocol),
+            },
+            Request::MapOpen { .. } => {
+                if self.maps.len() >= MAX_OPEN_MAPS {
+                    return Err(ErrorKind::Busy);
+                }
+                let h = self.next_map;
+                self.next_map += 1;
+                self.maps.insert(h, false);
+                self.pending.insert(id, Pending::OpenMap(h));
+                Ok(())
+            }
+            Request::MapRelease { handle } => match self.maps.get(handle) {
+                Some(true) => {
+                    self.maps.remove(handle);
+                    Ok(())
+                }
+                _ => Err(ErrorKind::Protocol),
+            },
+            Request::UploadBatch { region, files, .. } => {
+                let total: u64 = files.iter().map(|f| f.size).sum();
+                let bad = files.is_empty()
+                    || files.iter().any(|f| f.size > SMALL_FILE_MAX_BYTES)
+                    || total != region.len
+                    || region.len > BATCH_MAX_BYTES.min(u64::from(CHUNK_BYTES));
+                if bad {
+                    Err(ErrorKind::Protocol)
+                } else {
+                    Ok(())
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Settles request `id` from its answer: a successful open is open, a failed one
+    /// frees its slot, a successful commit closes its upload.
+    fn settle(&mut self, id: u64, body: &Response) {
+        let ok = !matches!(body, Response::Error(_));
+        match self.pending.remove(&id) {
+            Some(Pending::OpenTransfer(t)) => {
+                if !ok {
+                    self.transfers.remove(&t);
+                } else if let Some(entry) = self.transfers.get_mut(&t) {
+                    entry.1 = true;
+                }
+            }
+            Some(Pending::Commit(t)) if ok => {
+                self.transfers.remove(&t);
+            }
+            Some(Pending::OpenMap(h)) => {
+                if ok {
+                    self.maps.insert(h, true);
+                } else {
+                    self.maps.remove(&h);
+                }
+            }
+            Some(Pending::Commit(_)) | None => {}
+        }
+    }
+
+    /// The session closed: opens never answered leave the tables.
+    fn close(&mut self) {
+        for (_, p) in self.pending.drain() {
+            match p {
+                Pending::OpenTransfer(t) => {
+                    self.transfers.remove(&t);
+                }
+                Pending::OpenMap(h) => {
+                    self.maps.remove(&h);
+                }
+                Pending::Commit(_) => {}
+            }
+        }
+    }
 }
 
 impl Harness {
     fn close(&mut self, why: fn(&ProtoError) -> bool) {
         self.closed = true;
         self.outstanding.clear();
+        self.tables.close();
         self.events.push_back(Event::Closed(why));
     }
 
@@ -187,6 +345,10 @@ impl Harness {
             }
             return Ok(());
         }
+        if let Err(kind) = self.tables.admit(id, &body) {
+            self.transmits.push_back(Transmit::Error(id, kind));
+            return Ok(());
+        }
         self.outstanding.push(id);
         self.events.push_back(Event::Request(id));
         Ok(())
@@ -205,6 +367,7 @@ impl Harness {
             (None, Message::Hello(h)) => {
                 if h.magic == HELLO_MAGIC
                     && (h.min_version..=h.max_version).contains(&PROTOCOL_VERSION)
+                    && offers_sha256(&h.capabilities)
                 {
                     self.ready = Some(h.nonce);
                     self.transmits.push_back(Transmit::Welcome);
@@ -284,6 +447,7 @@ impl Harness {
         self.session.respond(id, body.clone());
         if let Some(i) = self.outstanding.iter().position(|&o| o == id) {
             self.outstanding.remove(i);
+            self.tables.settle(id, &body);
             self.transmits.push_back(Transmit::Response(id, body));
         }
     }
@@ -301,6 +465,7 @@ impl Harness {
                     assert_eq!(w.max_window_chunks as usize, MAX_WINDOW_CHUNKS);
                     assert_eq!(w.max_inflight_requests, MAX_INFLIGHT_REQUESTS);
                     assert_eq!(w.nonce, SERVER_NONCE);
+                    assert_eq!(w.capabilities, vec![Capability::new("hash", "sha256")]);
                 }
                 (Some(Transmit::Refused), Message::Refused(e)) => {
                     assert_eq!(e.kind, ErrorKind::Protocol);

@@ -5,7 +5,8 @@
 use super::{error_kind, Pair, CHUNK};
 use crate::chunk::hash_chunk;
 use crate::msg::*;
-use crate::proto::conn::{batch_capacity, MAX_OPEN_MAPS, MAX_OPEN_TRANSFERS};
+use crate::proto::batch::batch_capacity;
+use crate::proto::conn::{MAX_OPEN_MAPS, MAX_OPEN_TRANSFERS};
 
 fn open_upload(p: &mut Pair, path: &str, size: u64) -> u64 {
     match p.call(Request::UploadOpen {

@@ -34,16 +34,14 @@ use std::sync::Arc;
 
 use ferry_common::attr::attr_of;
 use ferry_common::chunk::hash_chunk;
-use ferry_common::msg::{
-    Attr, BatchFile, BatchedFile, RegionDesc, RemoteError, Response, Sha256, SMALL_FILE_MAX_BYTES,
-};
+use ferry_common::msg::{Attr, BatchFile, BatchedFile, RegionDesc, Sha256, SMALL_FILE_MAX_BYTES};
 use ferry_common::proto::batch::batch_capacity;
 use ferry_common::readahead::{will_need, READ_AHEAD_FILES};
 use ferry_common::staging::{remove_quietly, scratch_path, write_whole, WholeStep};
 use ferry_common::transport::{RemoteSlice, SharedTransport, TransportError};
 use ferry_common::writeback::sync_filesystems_on;
+use tokio::task::JoinError;
 
-use crate::blocking::blocking;
 use crate::filekey::{mtime_settled, ManifestKey};
 use crate::fsops::FsError;
 use crate::map::{open_regular_at, MapError};
@@ -77,6 +75,9 @@ pub enum BatchError {
     /// No chunk buffer could be lent.
     #[error(transparent)]
     Pool(#[from] PoolError),
+    /// The blocking task that wrote or read the batch's files failed.
+    #[error("server task failed")]
+    Task(#[source] JoinError),
     /// A region whose end lies past the address space.
     #[error("a batch region that wraps around")]
     RegionWraps,
@@ -139,13 +140,14 @@ pub enum BatchError {
 }
 
 /// `UploadBatch`: pulls `region` with one READ into a pool buffer, then commits each
-/// file of `files` (see the module's invariants).
+/// file of `files` (see the module's invariants). Returns one entry per file: `None`
+/// for a file stored, or why it failed.
 pub async fn upload(
     io: BatchIo<'_>,
     share: Arc<Share>,
     region: RegionDesc,
     files: Vec<BatchFile>,
-) -> Result<Response, RemoteError> {
+) -> Result<Vec<Option<BatchError>>, BatchError> {
     // The session admitted the batch as a whole (`proto::batch::check_upload_batch`):
     // its region holds exactly its files' bytes and fits one buffer.
     share.check_writable()?;
@@ -164,15 +166,16 @@ pub async fn upload(
     }
     let buf = lease.buffer().clone();
     let (count, bytes) = (files.len(), region.len);
-    let results = blocking(move || {
+    let results = tokio::task::spawn_blocking(move || {
         let data = buf.blocking_read();
-        Ok::<_, RemoteError>(commit_all(&share, &files, &data[..]))
+        commit_all(&share, &files, &data[..])
     })
-    .await?;
+    .await
+    .map_err(BatchError::Task)?;
     drop(lease);
     let failed = results.iter().filter(|r| r.is_some()).count();
     tracing::debug!(files = count, bytes, failed, "upload batch");
-    Ok(Response::UploadedBatch { results })
+    Ok(results)
 }
 
 /// A file of an upload batch written to its scratch file, not yet renamed.
@@ -190,16 +193,17 @@ struct Staged {
 }
 
 impl Staged {
-    fn abandon(self, results: &mut [Option<RemoteError>], error: BatchError) {
+    fn abandon(self, results: &mut [Option<BatchError>], error: BatchError) {
         remove_quietly(&self.scratch);
-        results[self.index] = Some(error.into());
+        results[self.index] = Some(error);
     }
 }
 
 /// Writes, flushes and renames every file of a batch whose bytes are `data`; returns
 /// one result per file. Blocking.
-fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<RemoteError>> {
-    let mut results: Vec<Option<RemoteError>> = vec![None; files.len()];
+fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<BatchError>> {
+    let mut results: Vec<Option<BatchError>> =
+        std::iter::repeat_with(|| None).take(files.len()).collect();
     let mut staged = Vec::with_capacity(files.len());
     let mut seen = HashSet::with_capacity(files.len());
     let mut dirs = ResolvedDirs::default();
@@ -210,7 +214,7 @@ fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<Rem
         offset += f.size as usize;
         match stage(share, index, f, bytes, &mut seen, &mut dirs) {
             Ok(s) => staged.push(s),
-            Err(e) => results[index] = Some(e.into()),
+            Err(e) => results[index] = Some(e),
         }
     }
     // One flush for the batch (a group commit: one `syncfs` per filesystem, see
@@ -248,7 +252,7 @@ fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<Rem
     let flushed = sync_all(&renamed);
     for (s, flush) in renamed.iter().zip(flushed) {
         if let Err(e) = flush {
-            results[s.index] = Some(BatchError::FlushDir(s.what.clone(), e).into());
+            results[s.index] = Some(BatchError::FlushDir(s.what.clone(), e));
         }
     }
     if let Some(store) = share.store() {
@@ -343,22 +347,25 @@ fn record(store: &ManifestStore, s: &Staged) {
 }
 
 /// `DownloadBatch`: reads every file of `paths` that fits into a pool buffer, back to
-/// back, and writes them into `region` with one WRITE.
+/// back, and writes them into `region` with one WRITE. Returns one entry per path: a
+/// file in the region or not included ([`BatchedFile::Ok`] or
+/// [`BatchedFile::NotIncluded`]), or why it failed.
 pub async fn download(
     io: BatchIo<'_>,
     share: Arc<Share>,
     paths: Vec<String>,
     region: RegionDesc,
-) -> Result<Response, RemoteError> {
+) -> Result<Vec<Result<BatchedFile, BatchError>>, BatchError> {
     let room = region.len.min(batch_capacity(io.chunk_bytes)) as usize;
     let lease = io.pool.lease().await?;
     let buf = lease.buffer().clone();
     let what = share.display("");
-    let (files, used) = blocking(move || {
+    let (files, used) = tokio::task::spawn_blocking(move || {
         let mut data = buf.blocking_write();
-        Ok::<_, RemoteError>(read_all(&share, &paths, &mut data[..room]))
+        read_all(&share, &paths, &mut data[..room])
     })
-    .await?;
+    .await
+    .map_err(BatchError::Task)?;
     if used > 0 {
         // `used <= room <= capacity`, which fits a u32, and lies inside the region.
         let slice = RemoteSlice::of(&region, 0, used as u32).ok_or(BatchError::RegionWraps)?;
@@ -372,13 +379,17 @@ pub async fn download(
     }
     drop(lease);
     tracing::debug!(files = files.len(), bytes = used, "download batch");
-    Ok(Response::DownloadedBatch { files })
+    Ok(files)
 }
 
 /// Reads each path's file into `room`, back to back; returns an entry per path and the
 /// bytes used. A window of files is opened and their reads started before they are
 /// read ([`ferry_common::readahead`]). Blocking.
-fn read_all(share: &Share, paths: &[String], room: &mut [u8]) -> (Vec<BatchedFile>, usize) {
+fn read_all(
+    share: &Share,
+    paths: &[String],
+    room: &mut [u8],
+) -> (Vec<Result<BatchedFile, BatchError>>, usize) {
     let mut used = 0usize;
     let mut files = Vec::with_capacity(paths.len());
     let mut dirs = ResolvedDirs::default();
@@ -388,15 +399,16 @@ fn read_all(share: &Share, paths: &[String], room: &mut [u8]) -> (Vec<BatchedFil
             .map(|rel| open_small(share, rel, &mut dirs))
             .collect();
         for opened in opened {
-            files.push(match opened.and_then(|o| read_one(o, &mut room[used..])) {
-                Ok(Some((attr, hash))) => {
-                    let offset = used as u64;
-                    used += attr.size as usize;
-                    BatchedFile::Ok { attr, offset, hash }
-                }
-                Ok(None) => BatchedFile::NotIncluded,
-                Err(e) => BatchedFile::Err(e.into()),
-            });
+            files.push(opened.and_then(|o| read_one(o, &mut room[used..])).map(
+                |read| match read {
+                    Some((attr, hash)) => {
+                        let offset = used as u64;
+                        used += attr.size as usize;
+                        BatchedFile::Ok { attr, offset, hash }
+                    }
+                    None => BatchedFile::NotIncluded,
+                },
+            ));
         }
     }
     (files, used)

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use ferry_common::msg::{DiskUsage, RemoteError, Response};
+use ferry_common::msg::{DiskUsage, Response};
 use nix::errno::Errno;
 use nix::sys::stat::FileStat;
 
@@ -89,7 +89,7 @@ impl Tally {
 /// `DiskUsage` of `rel` (final component not followed; the share root allowed).
 /// Allowed on read-only shares; reserved names are refused as for `Remove`. Entries
 /// that vanish during the walk are skipped.
-pub fn disk_usage(share: &Share, rel: &str) -> Result<Response, RemoteError> {
+pub fn disk_usage(share: &Share, rel: &str) -> Result<Response, TreeError> {
     Ok(Response::DiskUsage(walk(share, rel)?))
 }
 

@@ -1,4 +1,9 @@
-//! Turning local failures into the errors a client sees.
+//! Turning local failures into the errors a client sees: one `From` impl per layer's
+//! error enum (and the driver's [`ConnError`]) into the wire's [`RemoteError`].
+//!
+//! Invariant: no layer builds a [`RemoteError`]; the request functions return their
+//! layer's error, and only the connection driver's request-family modules convert it
+//! (with `?`, or through [`crate::blocking::blocking`]) when they answer a request.
 //!
 //! Messages name the share-relative path (`share/dir/file`), never the server's own
 //! filesystem layout.
@@ -9,6 +14,7 @@ use ferry_common::msg::{ErrorKind, RemoteError};
 use ferry_common::path::PathError;
 
 use crate::batch::BatchError;
+use crate::conn::ConnError;
 use crate::fdtree::TreeError;
 use crate::fsops::FsError;
 use crate::links::LinkError;
@@ -25,13 +31,8 @@ const EDQUOT: i32 = 122;
 /// `EMLINK`: a file already has as many hard links as its filesystem allows.
 const EMLINK: i32 = 31;
 
-/// A [`RemoteError`] with a message cut to the protocol's limit.
-pub fn remote(kind: ErrorKind, message: impl Into<String>) -> RemoteError {
-    RemoteError::new(kind, message)
-}
-
 /// The error kind for an OS error.
-pub fn kind_of(e: &io::Error) -> ErrorKind {
+fn kind_of(e: &io::Error) -> ErrorKind {
     match e.raw_os_error() {
         Some(EDQUOT) => return ErrorKind::NoSpace,
         Some(EMLINK) => return ErrorKind::TooManyLinks,
@@ -53,15 +54,15 @@ pub fn kind_of(e: &io::Error) -> ErrorKind {
 /// `e` as the client sees it: its message followed by its cause's, as `e: cause`.
 fn with_cause(kind: ErrorKind, e: &dyn std::error::Error) -> RemoteError {
     match e.source() {
-        Some(cause) => remote(kind, format!("{e}: {cause}")),
-        None => remote(kind, e.to_string()),
+        Some(cause) => RemoteError::new(kind, format!("{e}: {cause}")),
+        None => RemoteError::new(kind, e.to_string()),
     }
 }
 
 /// Describes a failed `op` (a verb: "open", "write"...) on `what` (a share-relative
 /// path) for the client, as `what: cause`: every path error message starts with the
 /// path it is about, so clients can avoid repeating it.
-pub fn io_error(op: &str, what: &str, e: &io::Error) -> RemoteError {
+fn io_error(op: &str, what: &str, e: &io::Error) -> RemoteError {
     let cause = match kind_of(e) {
         ErrorKind::NotFound => "no such file or directory".to_string(),
         ErrorKind::PermissionDenied => format!("cannot {op}: permission denied"),
@@ -72,7 +73,7 @@ pub fn io_error(op: &str, what: &str, e: &io::Error) -> RemoteError {
         ErrorKind::TooManyLinks => format!("cannot {op}: too many links to the file"),
         _ => format!("cannot {op}: {e}"),
     };
-    remote(kind_of(e), format!("{what}: {cause}"))
+    RemoteError::new(kind_of(e), format!("{what}: {cause}"))
 }
 
 impl From<ShareError> for RemoteError {
@@ -83,16 +84,34 @@ impl From<ShareError> for RemoteError {
                     PathError::DotDot | PathError::Absolute => ErrorKind::OutsideShare,
                     _ => ErrorKind::InvalidPath,
                 };
-                remote(kind, format!("{path}: {source}"))
+                RemoteError::new(kind, format!("{path}: {source}"))
             }
             ShareError::ResolveDir { path, source } => io_error("resolve", &path, &source),
             ShareError::Follow { path, source } => io_error("open", &path, &source),
-            e @ ShareError::ReadOnly { .. } => remote(ErrorKind::ReadOnly, e.to_string()),
-            e @ ShareError::Outside { .. } => remote(ErrorKind::OutsideShare, e.to_string()),
+            e @ ShareError::ReadOnly { .. } => RemoteError::new(ErrorKind::ReadOnly, e.to_string()),
+            e @ ShareError::Outside { .. } => {
+                RemoteError::new(ErrorKind::OutsideShare, e.to_string())
+            }
             e @ (ShareError::Reserved { .. }
             | ShareError::WriteRoot { .. }
             | ShareError::NotAName { .. }
-            | ShareError::TempName { .. }) => remote(ErrorKind::InvalidPath, e.to_string()),
+            | ShareError::TempName { .. }) => {
+                RemoteError::new(ErrorKind::InvalidPath, e.to_string())
+            }
+        }
+    }
+}
+
+impl From<ConnError> for RemoteError {
+    fn from(e: ConnError) -> RemoteError {
+        match e {
+            e @ ConnError::NoSuchShare { .. } => {
+                RemoteError::new(ErrorKind::NoSuchShare, e.to_string())
+            }
+            e @ (ConnError::Misrouted(_)
+            | ConnError::NoState { .. }
+            | ConnError::WrongKind { .. }) => RemoteError::new(ErrorKind::Protocol, e.to_string()),
+            e @ ConnError::Task(_) => with_cause(ErrorKind::Io, &e),
         }
     }
 }
@@ -101,12 +120,14 @@ impl From<FsError> for RemoteError {
     fn from(e: FsError) -> RemoteError {
         match e {
             FsError::Share(e) => e.into(),
-            e @ FsError::NotADirectory { .. } => remote(ErrorKind::Exists, e.to_string()),
+            e @ FsError::NotADirectory { .. } => RemoteError::new(ErrorKind::Exists, e.to_string()),
             e @ (FsError::SymlinkTarget { .. }
             | FsError::AttrOfSymlink { .. }
-            | FsError::NotRegular { .. }) => remote(ErrorKind::InvalidPath, e.to_string()),
+            | FsError::NotRegular { .. }) => {
+                RemoteError::new(ErrorKind::InvalidPath, e.to_string())
+            }
             e @ (FsError::DirInTheWay { .. } | FsError::IsADirectory { .. }) => {
-                remote(ErrorKind::IsADirectory, e.to_string())
+                RemoteError::new(ErrorKind::IsADirectory, e.to_string())
             }
             FsError::Stat { path, source } => io_error("stat", &path, &source),
             FsError::ReadLink { path, source } => io_error("readlink", &path, &source),
@@ -130,14 +151,18 @@ impl From<TreeError> for RemoteError {
             e @ (TreeError::Reserved { .. }
             | TreeError::NotAName { .. }
             | TreeError::TooDeep { .. }
-            | TreeError::RemoveRoot { .. }) => remote(ErrorKind::InvalidPath, e.to_string()),
-            e @ TreeError::Outside { .. } => remote(ErrorKind::OutsideShare, e.to_string()),
-            e @ TreeError::Changed { .. } => remote(ErrorKind::Changed, e.to_string()),
-            e @ (TreeError::NotEmpty { .. } | TreeError::KeepsFilling { .. }) => {
-                remote(ErrorKind::Exists, e.to_string())
+            | TreeError::RemoveRoot { .. }) => {
+                RemoteError::new(ErrorKind::InvalidPath, e.to_string())
             }
-            e @ TreeError::LostParent { .. } => remote(ErrorKind::Io, e.to_string()),
-            e @ TreeError::TooManyLinked { .. } => remote(ErrorKind::Busy, e.to_string()),
+            e @ TreeError::Outside { .. } => {
+                RemoteError::new(ErrorKind::OutsideShare, e.to_string())
+            }
+            e @ TreeError::Changed { .. } => RemoteError::new(ErrorKind::Changed, e.to_string()),
+            e @ (TreeError::NotEmpty { .. } | TreeError::KeepsFilling { .. }) => {
+                RemoteError::new(ErrorKind::Exists, e.to_string())
+            }
+            e @ TreeError::LostParent { .. } => RemoteError::new(ErrorKind::Io, e.to_string()),
+            e @ TreeError::TooManyLinked { .. } => RemoteError::new(ErrorKind::Busy, e.to_string()),
             TreeError::Open(path, source) => io_error("open", &path, &source),
             TreeError::Stat(path, source) => io_error("stat", &path, &source),
             TreeError::List(path, source) => io_error("list", &path, &source),
@@ -158,7 +183,7 @@ impl From<ManifestError> for RemoteError {
             ManifestError::Stat(path, source) => io_error("stat", &path, &source),
             ManifestError::Read(path, source) => io_error("read", &path, &source),
             e @ (ManifestError::Shrank { .. } | ManifestError::KeepsChanging { .. }) => {
-                remote(ErrorKind::Changed, e.to_string())
+                RemoteError::new(ErrorKind::Changed, e.to_string())
             }
         }
     }
@@ -175,22 +200,24 @@ impl From<TransferError> for RemoteError {
                 io_error(source.op.verb(), &path, &source.source)
             }
             TransferError::Window { path, source } => {
-                remote(ErrorKind::Protocol, format!("{path}: {source}"))
+                RemoteError::new(ErrorKind::Protocol, format!("{path}: {source}"))
             }
             TransferError::NotCommitted { .. } => with_cause(ErrorKind::Integrity, &e),
             e @ TransferError::Chunk(_) | e @ TransferError::OutsideRegion { .. } => {
-                remote(ErrorKind::Protocol, e.to_string())
+                RemoteError::new(ErrorKind::Protocol, e.to_string())
             }
-            e @ TransferError::Integrity { .. } => remote(ErrorKind::Integrity, e.to_string()),
+            e @ TransferError::Integrity { .. } => {
+                RemoteError::new(ErrorKind::Integrity, e.to_string())
+            }
             e @ (TransferError::Transport { .. }
             | TransferError::HashTask { .. }
             | TransferError::ReadTask { .. }
             | TransferError::ChunkTask(_)) => with_cause(ErrorKind::Io, &e),
             e @ (TransferError::Shrank { .. } | TransferError::ChangedDuring { .. }) => {
-                remote(ErrorKind::Changed, e.to_string())
+                RemoteError::new(ErrorKind::Changed, e.to_string())
             }
             e @ TransferError::BaseNotRegular { .. } => {
-                remote(ErrorKind::InvalidPath, e.to_string())
+                RemoteError::new(ErrorKind::InvalidPath, e.to_string())
             }
             TransferError::OpenBase(path, source) => io_error("open the base", &path, &source),
             TransferError::Open(path, source) => io_error("open", &path, &source),
@@ -214,9 +241,9 @@ impl From<MapError> for RemoteError {
             MapError::Share(e) => e.into(),
             MapError::Fs(e) => e.into(),
             MapError::Manifest(e) => e.into(),
-            e @ MapError::OverBudget { .. } => remote(ErrorKind::Busy, e.to_string()),
-            e @ MapError::NoSuchMap { .. } => remote(ErrorKind::Protocol, e.to_string()),
-            e @ MapError::TooLarge { .. } => remote(ErrorKind::Io, e.to_string()),
+            e @ MapError::OverBudget { .. } => RemoteError::new(ErrorKind::Busy, e.to_string()),
+            e @ MapError::NoSuchMap { .. } => RemoteError::new(ErrorKind::Protocol, e.to_string()),
+            e @ MapError::TooLarge { .. } => RemoteError::new(ErrorKind::Io, e.to_string()),
             e @ (MapError::Register { .. } | MapError::AllocateManifest { .. }) => {
                 with_cause(ErrorKind::Io, &e)
             }
@@ -234,11 +261,14 @@ impl From<BatchError> for RemoteError {
             BatchError::Fs(e) => e.into(),
             BatchError::Open(e) => e.into(),
             BatchError::Pool(e) => e.into(),
-            e @ BatchError::RegionWraps => remote(ErrorKind::Protocol, e.to_string()),
+            e @ BatchError::Task(_) => with_cause(ErrorKind::Io, &e),
+            e @ BatchError::RegionWraps => RemoteError::new(ErrorKind::Protocol, e.to_string()),
             e @ BatchError::Transport { .. } => with_cause(ErrorKind::Io, &e),
-            e @ BatchError::Twice { .. } => remote(ErrorKind::InvalidPath, e.to_string()),
-            e @ BatchError::Integrity { .. } => remote(ErrorKind::Integrity, e.to_string()),
-            e @ BatchError::Changed { .. } => remote(ErrorKind::Changed, e.to_string()),
+            e @ BatchError::Twice { .. } => RemoteError::new(ErrorKind::InvalidPath, e.to_string()),
+            e @ BatchError::Integrity { .. } => {
+                RemoteError::new(ErrorKind::Integrity, e.to_string())
+            }
+            e @ BatchError::Changed { .. } => RemoteError::new(ErrorKind::Changed, e.to_string()),
             BatchError::Create(path, source) => io_error("create", &path, &source),
             BatchError::Write { path, step, source } => io_error(step.verb(), &path, &source),
             BatchError::Flush(path, source) => io_error("flush", &path, &source),
@@ -257,9 +287,11 @@ impl From<LinkError> for RemoteError {
         match e {
             LinkError::Share(e) => e.into(),
             e @ (LinkError::Moved { .. } | LinkError::SourceChanged { .. }) => {
-                remote(ErrorKind::Changed, e.to_string())
+                RemoteError::new(ErrorKind::Changed, e.to_string())
             }
-            e @ LinkError::NotAFile { .. } => remote(ErrorKind::InvalidPath, e.to_string()),
+            e @ LinkError::NotAFile { .. } => {
+                RemoteError::new(ErrorKind::InvalidPath, e.to_string())
+            }
             LinkError::Open(path, source) => io_error("open", &path, &source),
             LinkError::Stat(path, source) => io_error("stat", &path, &source),
             LinkError::Link(path, source) => io_error("link", &path, &source),
@@ -273,8 +305,10 @@ impl From<VerifyError> for RemoteError {
             VerifyError::Share(e) => e.into(),
             VerifyError::Fs(e) => e.into(),
             VerifyError::Hash(e) => e.into(),
-            e @ VerifyError::Symlink { .. } => remote(ErrorKind::InvalidPath, e.to_string()),
-            e @ VerifyError::Changed { .. } => remote(ErrorKind::Changed, e.to_string()),
+            e @ VerifyError::Symlink { .. } => {
+                RemoteError::new(ErrorKind::InvalidPath, e.to_string())
+            }
+            e @ VerifyError::Changed { .. } => RemoteError::new(ErrorKind::Changed, e.to_string()),
             VerifyError::Open(path, source) => io_error("open", &path, &source),
             VerifyError::Stat(path, source) => io_error("stat", &path, &source),
         }
@@ -352,6 +386,19 @@ mod tests {
                 BatchError::RegionWraps.into(),
                 ErrorKind::Protocol,
                 "a batch region that wraps around",
+            ),
+            (
+                ConnError::NoSuchShare {
+                    share: "n\"o".into(),
+                }
+                .into(),
+                ErrorKind::NoSuchShare,
+                "no such share 'n\\\"o'",
+            ),
+            (
+                ConnError::NoState { transfer: 7 }.into(),
+                ErrorKind::Protocol,
+                "no open transfer 7",
             ),
             (
                 TransferError::Fs(FsError::DirInTheWay { path: "s/f".into() }).into(),

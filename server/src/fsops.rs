@@ -7,7 +7,7 @@ use std::path::Path;
 
 use ferry_common::attr::attr_of;
 use ferry_common::msg::{
-    Attr, DirEntry, FileKind, FsStat, RemoteError, Response, Timestamp, MAX_DIR_PAGE_ENTRIES,
+    Attr, DirEntry, FileKind, FsStat, Response, Timestamp, MAX_DIR_PAGE_ENTRIES,
 };
 use ferry_common::{STATE_DIR, TEMP_PREFIX};
 
@@ -180,14 +180,14 @@ pub fn lstat(path: &Path, share: &Share, rel: &str) -> Result<Attr, FsError> {
 }
 
 /// `Stat`.
-pub fn stat(share: &Share, rel: &str, follow: bool) -> Result<Response, RemoteError> {
+pub fn stat(share: &Share, rel: &str, follow: bool) -> Result<Response, FsError> {
     let path = share.resolve(rel, follow)?;
     Ok(Response::Attr(lstat(&path, share, rel)?))
 }
 
 /// `ListDir`: the page of entries starting at index `cursor` in name order. Temporary
 /// transfer files are not listed, nor the server's state directory at the root.
-pub fn list_dir(share: &Share, rel: &str, cursor: u64) -> Result<Response, RemoteError> {
+pub fn list_dir(share: &Share, rel: &str, cursor: u64) -> Result<Response, FsError> {
     let what = share.display(rel);
     let path = share.resolve(rel, true)?;
     let at_root = path == share.root();
@@ -228,7 +228,7 @@ pub fn list_dir(share: &Share, rel: &str, cursor: u64) -> Result<Response, Remot
             {
                 continue
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         };
         budget = budget
             .saturating_sub(name.len() + attr.symlink_target.as_ref().map_or(0, |t| t.len()) + 32);
@@ -241,7 +241,7 @@ pub fn list_dir(share: &Share, rel: &str, cursor: u64) -> Result<Response, Remot
 }
 
 /// `Mkdir`.
-pub fn mkdir(share: &Share, rel: &str, mode: u32, exist_ok: bool) -> Result<Response, RemoteError> {
+pub fn mkdir(share: &Share, rel: &str, mode: u32, exist_ok: bool) -> Result<Response, FsError> {
     let what = share.display(rel);
     let path = share.resolve_for_write(rel)?;
     match fs::DirBuilder::new().mode(mode & 0o7777).create(&path) {
@@ -254,30 +254,30 @@ pub fn mkdir(share: &Share, rel: &str, mode: u32, exist_ok: bool) -> Result<Resp
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && exist_ok => {
             match fs::symlink_metadata(&path) {
                 Ok(m) if m.is_dir() => Ok(Response::Ok),
-                _ => Err(FsError::NotADirectory { path: what }.into()),
+                _ => Err(FsError::NotADirectory { path: what }),
             }
         }
-        Err(source) => Err(FsError::Mkdir { path: what, source }.into()),
+        Err(source) => Err(FsError::Mkdir { path: what, source }),
     }
 }
 
 /// `Symlink`: creates the link under a temporary name and renames it over `rel`, so an
 /// existing file or link there is replaced atomically (a directory is not).
-pub fn make_symlink(share: &Share, rel: &str, target: &str) -> Result<Response, RemoteError> {
+pub fn make_symlink(share: &Share, rel: &str, target: &str) -> Result<Response, FsError> {
     let what = share.display(rel);
     let path = share.resolve_for_write(rel)?;
     if target.contains('\0') || target.is_empty() {
-        return Err(FsError::SymlinkTarget { path: what }.into());
+        return Err(FsError::SymlinkTarget { path: what });
     }
     no_dir_in_the_way(&path, &what)?;
     let parent = path.parent().unwrap_or(share.root());
     let tmp = parent.join(format!("{TEMP_PREFIX}{:016x}", rand::random::<u64>()));
     if let Err(source) = symlink(target, &tmp) {
-        return Err(FsError::Symlink { path: what, source }.into());
+        return Err(FsError::Symlink { path: what, source });
     }
     if let Err(source) = fs::rename(&tmp, &path) {
         let _ = fs::remove_file(&tmp);
-        return Err(FsError::Symlink { path: what, source }.into());
+        return Err(FsError::Symlink { path: what, source });
     }
     Ok(Response::Ok)
 }
@@ -310,7 +310,7 @@ pub fn set_attr(
     rel: &str,
     mode: Option<u32>,
     mtime: Option<Timestamp>,
-) -> Result<Response, RemoteError> {
+) -> Result<Response, FsError> {
     let what = share.display(rel);
     let path = share.resolve_for_write(rel)?;
     let meta = fs::symlink_metadata(&path).map_err(|source| FsError::Stat {
@@ -318,7 +318,7 @@ pub fn set_attr(
         source,
     })?;
     if ferry_common::attr::kind_of(&meta) == FileKind::Symlink {
-        return Err(FsError::AttrOfSymlink { path: what }.into());
+        return Err(FsError::AttrOfSymlink { path: what });
     }
     if let Some(mode) = mode {
         fs::set_permissions(&path, Permissions::from_mode(mode & 0o7777)).map_err(|source| {
@@ -342,7 +342,7 @@ pub fn set_attr(
 /// `Rename`: renames `from` to `to` with `RENAME_NOREPLACE` (an existing `to` fails with
 /// [`ferry_common::msg::ErrorKind::Exists`], whatever its kind), then fsyncs the
 /// destination directory so the new name is durable. Neither name may be the share root or a temporary name.
-pub fn rename(share: &Share, from: &str, to: &str) -> Result<Response, RemoteError> {
+pub fn rename(share: &Share, from: &str, to: &str) -> Result<Response, FsError> {
     let src = share.resolve_for_write(from)?;
     let dst = share.resolve_for_write(to)?;
     let what = share.display(to);
@@ -367,7 +367,7 @@ pub fn rename(share: &Share, from: &str, to: &str) -> Result<Response, RemoteErr
 
 /// `StatFs`: `statvfs(3)` of the share's root. Counts are in units of `block_size` (the
 /// fragment size, `f_frsize`, which is what `f_blocks` counts).
-pub fn statfs(share: &Share) -> Result<Response, RemoteError> {
+pub fn statfs(share: &Share) -> Result<Response, FsError> {
     let st = nix::sys::statvfs::statvfs(share.root()).map_err(|errno| FsError::StatFs {
         path: share.display(""),
         source: io::Error::from(errno),

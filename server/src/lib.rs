@@ -21,8 +21,10 @@
 //! continues; `cleanup` removes what a killed ferryd left, once, at start.
 //!
 //! Each layer below the driver fails with its own error enum (naming the failed
-//! operation, with the OS or transport error as its source); `error` turns each into
-//! the wire's [`RemoteError`] in one place.
+//! operation, with the OS or transport error as its source), and so do the driver's
+//! own refusals (`conn::ConnError`); `error` turns each into the wire's
+//! [`RemoteError`] in one place, and only the driver's request-family modules
+//! (`conn::*`) call those conversions, when they answer a request.
 //!
 //! Server-wide state lives in [`Server`]: the shares, the manifest cache, the budget of
 //! mapped bytes and the counters [`Server::stats`] reports (live things are counted by

@@ -42,7 +42,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ferry_common::msg::{RemoteError, Response};
+use ferry_common::msg::Response;
 use ferry_common::transport::sys::at::open_at;
 use ferry_common::{STATE_DIR, TEMP_PREFIX};
 use nix::fcntl::{AtFlags, OFlag};
@@ -96,7 +96,7 @@ pub enum LinkError {
 
 /// `Link`: hard-links the regular file `from` (its final component not followed) to the
 /// new name `to`; see the module docs. Blocking.
-pub fn link(share: &Share, from: &str, to: &str) -> Result<Response, RemoteError> {
+pub fn link(share: &Share, from: &str, to: &str) -> Result<Response, LinkError> {
     let rekey = Parents::new(share).link(from, to)?;
     if let (Some(store), Some(r)) = (share.store(), rekey) {
         r.apply(store);
@@ -104,15 +104,15 @@ pub fn link(share: &Share, from: &str, to: &str) -> Result<Response, RemoteError
     Ok(Response::Ok)
 }
 
-/// `LinkBatch`: every pair, in order, each failing alone; one result per pair. The
-/// whole batch runs in one blocking task (the caller's) and resolves each distinct
-/// parent directory once, so a backup's unchanged files cost one request, one task and
-/// a few resolutions per batch, not per file.
+/// `LinkBatch`: every pair, in order, each failing alone; one result per pair (`None`
+/// for a link made, or why it failed). The whole batch runs in one blocking task (the
+/// caller's) and resolves each distinct parent directory once, so a backup's unchanged
+/// files cost one request, one task and a few resolutions per batch, not per file.
 ///
 /// The store's re-keys the links call for run after all links, on up to
 /// [`REKEY_THREADS`] threads: each reads a small record file, usually not cached
 /// (measured: half of an incremental backup's time when they ran one by one).
-pub fn link_batch(share: &Share, links: &[(String, String)]) -> Response {
+pub fn link_batch(share: &Share, links: &[(String, String)]) -> Vec<Option<LinkError>> {
     let mut parents = Parents::new(share);
     let mut rekeys = Vec::new();
     let results = links
@@ -122,13 +122,13 @@ pub fn link_batch(share: &Share, links: &[(String, String)]) -> Response {
                 rekeys.extend(r);
                 None
             }
-            Err(e) => Some(e.into()),
+            Err(e) => Some(e),
         })
         .collect();
     if let Some(store) = share.store() {
         apply_all(store, &rekeys);
     }
-    Response::LinkedBatch { results }
+    results
 }
 
 /// Most threads one `LinkBatch` re-keys records on.
@@ -417,7 +417,7 @@ impl Rekey {
 mod tests {
     use super::*;
     use crate::share::test_share;
-    use ferry_common::msg::ErrorKind;
+    use ferry_common::msg::{ErrorKind, RemoteError};
     use std::fs;
     use std::os::unix::fs::symlink;
 
@@ -425,13 +425,11 @@ mod tests {
         test_share("s", dir, false)
     }
 
-    fn kinds(r: Response) -> Vec<Option<ErrorKind>> {
-        match r {
-            Response::LinkedBatch { results } => {
-                results.into_iter().map(|r| r.map(|e| e.kind)).collect()
-            }
-            other => panic!("{other:?}"),
-        }
+    fn kinds(results: Vec<Option<LinkError>>) -> Vec<Option<ErrorKind>> {
+        results
+            .into_iter()
+            .map(|r| r.map(|e| RemoteError::from(e).kind))
+            .collect()
     }
 
     #[test]
@@ -485,7 +483,7 @@ mod tests {
         }
         assert_eq!(fs::read_dir(tmp.path().join("out")).unwrap().count(), 0);
         // A lone link gets the same answers, with messages naming its own paths.
-        let e = link(&s, "a/b/f3", "n/nope/x").unwrap_err();
+        let e = RemoteError::from(link(&s, "a/b/f3", "n/nope/x").unwrap_err());
         assert_eq!(e.kind, NotFound);
         assert!(e.message.starts_with("s/n/nope/x"), "{}", e.message);
     }
@@ -509,7 +507,7 @@ mod tests {
         assert!(root.join("old-dst/g").exists());
         assert_eq!(fs::read_dir(tmp.path().join("out")).unwrap().count(), 0);
         // A new request resolves afresh and refuses it.
-        let e = link(&s, "src/g", "dst/h").unwrap_err();
+        let e = RemoteError::from(link(&s, "src/g", "dst/h").unwrap_err());
         assert_eq!(e.kind, ErrorKind::OutsideShare);
     }
 }

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use ferry_common::attr::attr_of;
 use ferry_common::chunk::{chunk_count, manifest_id};
 use ferry_common::msg::{
-    FileVersion, MappedFile, RemoteError, Response, Sha256, MAP_WINDOW_BYTES, MAX_CHUNK_BYTES,
+    FileVersion, MappedFile, Response, Sha256, MAP_WINDOW_BYTES, MAX_CHUNK_BYTES,
     MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MIN_CHUNK_BYTES,
 };
 use ferry_common::transport::{
@@ -306,7 +306,7 @@ pub fn open(
     requested_chunk_bytes: u32,
     ctx: &MapContext<'_>,
     slot: MapSlot,
-) -> Result<(MappedEntry, MappedFile), RemoteError> {
+) -> Result<(MappedEntry, MappedFile), MapError> {
     let what = share.display(rel);
     let (file, first) = open_regular(share, rel, &what)?;
     check_region_count(first.size(), &what)?;
@@ -376,7 +376,7 @@ pub fn manifest_page(
     requested_chunk_bytes: u32,
     first_chunk: u64,
     cache: &ManifestCache,
-) -> Result<Response, RemoteError> {
+) -> Result<Response, MapError> {
     let what = share.display(rel);
     let (file, first) = open_regular(share, rel, &what)?;
     let chunk_bytes = chunk_bytes_for(requested_chunk_bytes, first.size());

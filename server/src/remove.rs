@@ -9,7 +9,7 @@
 use std::ffi::CStr;
 use std::os::fd::AsRawFd;
 
-use ferry_common::msg::{RemoteError, Response};
+use ferry_common::msg::Response;
 use nix::dir::Type;
 use nix::errno::Errno;
 use nix::unistd::{unlinkat, UnlinkatFlags};
@@ -24,15 +24,14 @@ const MAX_PASSES: u32 = 4;
 /// `Remove`: removes `rel` (final component not followed). A directory must be empty
 /// unless `recursive`. The share root, reserved names and read-only shares are refused
 /// (see [`Top::open`]).
-pub fn remove(share: &Share, rel: &str, recursive: bool) -> Result<Response, RemoteError> {
+pub fn remove(share: &Share, rel: &str, recursive: bool) -> Result<Response, TreeError> {
     let (parent, name) = match Top::open(share, rel, true)? {
         Top::Entry { parent, name } => (parent, name),
         // `write` refuses the root; kept as a refusal should that ever change.
         Top::Root(_) => {
             return Err(TreeError::RemoveRoot {
                 path: share.display(rel),
-            }
-            .into())
+            })
         }
     };
     let what = share.display(rel);
@@ -45,7 +44,7 @@ pub fn remove(share: &Share, rel: &str, recursive: bool) -> Result<Response, Rem
             UnlinkatFlags::NoRemoveDir,
         )
         .map(|()| Response::Ok)
-        .map_err(|e| TreeError::Remove(what, e.into()).into());
+        .map_err(|e| TreeError::Remove(what, e.into()));
     }
     if !recursive {
         return match unlinkat(
@@ -54,8 +53,8 @@ pub fn remove(share: &Share, rel: &str, recursive: bool) -> Result<Response, Rem
             UnlinkatFlags::RemoveDir,
         ) {
             Ok(()) => Ok(Response::Ok),
-            Err(Errno::ENOTEMPTY | Errno::EEXIST) => Err(TreeError::NotEmpty { path: what }.into()),
-            Err(e) => Err(TreeError::Remove(what, e.into()).into()),
+            Err(Errno::ENOTEMPTY | Errno::EEXIST) => Err(TreeError::NotEmpty { path: what }),
+            Err(e) => Err(TreeError::Remove(what, e.into())),
         };
     }
     remove_tree(share, Stack::new(Some(parent), rel), &name)?;

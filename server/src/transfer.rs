@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use ferry_common::chunk::{chunk_len, hash_chunk};
 use ferry_common::direct::DirectFile;
 use ferry_common::journal::JournalHeader;
-use ferry_common::msg::{RegionDesc, RemoteError, Response, Sha256, Timestamp, MAX_WINDOW_CHUNKS};
+use ferry_common::msg::{RegionDesc, Response, Sha256, Timestamp, MAX_WINDOW_CHUNKS};
 use ferry_common::proto::transfer::UploadState;
 use ferry_common::proto::ProtoError;
 use ferry_common::staging::{StageError, Staged};
@@ -309,7 +309,7 @@ impl Upload {
         mtime: Timestamp,
         chunk_bytes: u32,
         base: Option<BaseFile>,
-    ) -> Result<Upload, RemoteError> {
+    ) -> Result<Upload, TransferError> {
         let what = share.display(rel);
         let final_path = share.resolve_for_write(rel)?;
         no_dir_in_the_way(&final_path, &what)?;
@@ -371,7 +371,7 @@ impl Upload {
         offset: u64,
         region: RegionDesc,
         hashes: Vec<Sha256>,
-    ) -> Result<Response, RemoteError> {
+    ) -> Result<Response, TransferError> {
         let window = self
             .state()
             .handle_window(offset, region.len, &hashes)
@@ -428,7 +428,7 @@ impl Upload {
             }
             Err(e) => {
                 self.state().handle_window_failed(window);
-                Err(e.into())
+                Err(e)
             }
         }
     }
@@ -437,7 +437,7 @@ impl Upload {
     /// mtime, renames into place (removing the journal) and fsyncs the directory.
     /// Then records the verified manifest in the share's store (see [`Upload::record`]).
     /// Blocking.
-    pub fn commit(&self, manifest: &Sha256) -> Result<Response, RemoteError> {
+    pub fn commit(&self, manifest: &Sha256) -> Result<Response, TransferError> {
         let (size, hashes) = {
             let state = self.state();
             let hashes = state

@@ -23,9 +23,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::time::SystemTime;
 
-use ferry_common::msg::{
-    RemoteError, Response, Sha256, VerifyRecord, VerifyReport, MAX_VERIFY_BAD_CHUNKS,
-};
+use ferry_common::msg::{Response, Sha256, VerifyRecord, VerifyReport, MAX_VERIFY_BAD_CHUNKS};
 
 use crate::filekey::{settled, ManifestKey, CACHE_SETTLE};
 use crate::fsops::{check_regular, FsError};
@@ -73,7 +71,7 @@ pub enum VerifyError {
 /// [`FsError::NotRegular`] for another non-regular file,
 /// [`FsError::IsADirectory`] for a directory; [`VerifyError::Changed`] (or
 /// [`ManifestError::Shrank`]) if the file changed while it was read.
-pub fn verify(share: &Share, rel: &str) -> Result<Response, RemoteError> {
+pub fn verify(share: &Share, rel: &str) -> Result<Response, VerifyError> {
     let what = share.display(rel);
     let (file, before) = open_regular(share, rel, &what)?;
     let Some(store) = share.store() else {
@@ -255,7 +253,7 @@ mod tests {
     use super::*;
     use crate::share::test_share;
     use ferry_common::chunk::hash_chunk;
-    use ferry_common::msg::ErrorKind;
+    use ferry_common::msg::{ErrorKind, RemoteError};
     use std::io::Write;
 
     /// The store key of `meta` in the store's chunk size.
@@ -265,6 +263,11 @@ mod tests {
 
     fn share(dir: &std::path::Path) -> Share {
         test_share("s", dir, false)
+    }
+
+    /// The kind of error the client is sent for `r`, a failed verification.
+    fn kind(r: Result<Response, VerifyError>) -> ErrorKind {
+        RemoteError::from(r.unwrap_err()).kind
     }
 
     fn report(r: Response) -> VerifyReport {
@@ -333,12 +336,9 @@ mod tests {
             (r.record, r.bad_count, r.chunks),
             (VerifyRecord::Missing, 0, 1)
         );
-        assert_eq!(verify(&s, "d").unwrap_err().kind, ErrorKind::IsADirectory);
-        assert_eq!(verify(&s, "l").unwrap_err().kind, ErrorKind::InvalidPath);
-        assert_eq!(
-            verify(&s, ".ferry-state").unwrap_err().kind,
-            ErrorKind::InvalidPath
-        );
-        assert_eq!(verify(&s, "nope").unwrap_err().kind, ErrorKind::NotFound);
+        assert_eq!(kind(verify(&s, "d")), ErrorKind::IsADirectory);
+        assert_eq!(kind(verify(&s, "l")), ErrorKind::InvalidPath);
+        assert_eq!(kind(verify(&s, ".ferry-state")), ErrorKind::InvalidPath);
+        assert_eq!(kind(verify(&s, "nope")), ErrorKind::NotFound);
     }
 }

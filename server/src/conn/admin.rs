@@ -17,6 +17,6 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
             let share = conn.share(&share)?;
             blocking(move || verify::verify(&share, &path)).await
         }
-        other => Err(misrouted(&other)),
+        other => Err(misrouted(&other).into()),
     }
 }

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use ferry_common::msg::{RemoteError, Request, Response};
+use ferry_common::msg::{BatchedFile, RemoteError, Request, Response};
 
 use super::{misrouted, Conn};
 use crate::batch::{self, BatchIo};
 
-/// Performs one batch request.
+/// Performs one batch request; a file that failed is answered in its entry.
 pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response, RemoteError> {
     let io = BatchIo {
         transport: &conn.transport,
@@ -20,12 +20,28 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
             share,
             region,
             files,
-        } => batch::upload(io, conn.share(&share)?, region, files).await,
+        } => {
+            let results = batch::upload(io, conn.share(&share)?, region, files).await?;
+            Ok(Response::UploadedBatch {
+                results: results
+                    .into_iter()
+                    .map(|r| r.map(RemoteError::from))
+                    .collect(),
+            })
+        }
         Request::DownloadBatch {
             share,
             paths,
             region,
-        } => batch::download(io, conn.share(&share)?, paths, region).await,
-        other => Err(misrouted(&other)),
+        } => {
+            let files = batch::download(io, conn.share(&share)?, paths, region).await?;
+            Ok(Response::DownloadedBatch {
+                files: files
+                    .into_iter()
+                    .map(|f| f.unwrap_or_else(|e| BatchedFile::Err(e.into())))
+                    .collect(),
+            })
+        }
+        other => Err(misrouted(&other).into()),
     }
 }

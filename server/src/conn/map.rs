@@ -9,7 +9,7 @@ use ferry_common::proto::conn::Grant;
 
 use super::{misrouted, Conn};
 use crate::blocking::blocking;
-use crate::map::{self, MapContext};
+use crate::map::{self, MapContext, MapError};
 
 /// Performs one mapped-file request.
 pub(super) async fn perform(
@@ -48,7 +48,7 @@ pub(super) async fn perform(
             // Dropping the entry revokes every registration of the file.
             blocking(move || {
                 drop(entry);
-                Ok::<_, RemoteError>(Response::Ok)
+                Ok::<_, MapError>(Response::Ok)
             })
             .await
         }
@@ -68,6 +68,6 @@ pub(super) async fn perform(
             })
             .await
         }
-        (other, _) => Err(misrouted(&other)),
+        (other, _) => Err(misrouted(&other).into()),
     }
 }

@@ -32,15 +32,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ferry_common::codec;
-use ferry_common::msg::{ErrorKind, Message, RemoteError, Request, Response};
+use ferry_common::msg::{Message, RemoteError, Request, Response};
 use ferry_common::proto::conn::{Family, Grant};
 use ferry_common::proto::server::{ServerEvent, ServerParams, ServerSession};
 use ferry_common::proto::MAX_INFLIGHT_REQUESTS;
 use ferry_common::transport::SharedTransport;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinSet;
+use tokio::task::{JoinError, JoinSet};
 
-use crate::error::remote;
 use crate::gauge::Held;
 use crate::map::MapTable;
 use crate::pool::Pool;
@@ -69,6 +68,39 @@ struct Conn {
     /// Held while sending, so answers go out one task at a time and an answer waits
     /// in the session (once) rather than in many senders' hands.
     sending: tokio::sync::Mutex<()>,
+}
+
+/// A request the driver itself cannot perform. Each is mapped to the wire's
+/// [`RemoteError`] in [`crate::error`], as the layers' errors are.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnError {
+    /// A request named a share the server does not serve.
+    #[error("no such share '{}'", share.escape_debug())]
+    NoSuchShare {
+        /// The name as the client sent it.
+        share: String,
+    },
+    /// A request reached a family module that does not perform it: a bug in the
+    /// routing, answered rather than panicking.
+    #[error("request {0:?} reached the wrong handler")]
+    Misrouted(Family),
+    /// A transfer the session's tables hold but the driver has no state for: a bug,
+    /// answered rather than panicking.
+    #[error("no open transfer {transfer}")]
+    NoState {
+        /// The transfer's id.
+        transfer: u64,
+    },
+    /// A transfer whose I/O state is not of the kind the session's tables admitted
+    /// the request for: a bug, answered rather than panicking.
+    #[error("transfer {transfer} is not of the kind its request needs")]
+    WrongKind {
+        /// The transfer's id.
+        transfer: u64,
+    },
+    /// A blocking task of a request failed (it panicked or was cancelled).
+    #[error("server task failed")]
+    Task(#[source] JoinError),
 }
 
 /// A transfer in a connection's table, counted in the server's open transfers until its
@@ -277,13 +309,11 @@ impl Conn {
         }
     }
 
-    fn share(&self, name: &str) -> Result<Arc<Share>, RemoteError> {
-        self.server.share(name).cloned().ok_or_else(|| {
-            remote(
-                ErrorKind::NoSuchShare,
-                format!("no such share '{}'", name.escape_debug()),
-            )
-        })
+    fn share(&self, name: &str) -> Result<Arc<Share>, ConnError> {
+        self.server
+            .share(name)
+            .cloned()
+            .ok_or_else(|| ConnError::NoSuchShare { share: name.into() })
     }
 
     /// Performs an admitted request in its family's module.
@@ -300,18 +330,14 @@ impl Conn {
             Family::Namespace => namespace::perform(self, body).await,
             Family::Admin => admin::perform(self, body).await,
             // The session answers these itself; one reaching here is a bug there.
-            Family::Session => Err(misrouted(&body)),
+            Family::Session => Err(misrouted(&body).into()),
         }
     }
 }
 
-/// The error for a request that reached a module that does not perform it: a bug in
-/// the routing, answered rather than panicking.
-fn misrouted(body: &Request) -> RemoteError {
-    remote(
-        ErrorKind::Protocol,
-        format!("request {:?} reached the wrong handler", Family::of(body)),
-    )
+/// The error for a request that reached a module that does not perform it.
+fn misrouted(body: &Request) -> ConnError {
+    ConnError::Misrouted(Family::of(body))
 }
 
 /// Tells the peer why its session is refused with `Message::Refused(error)`, its only

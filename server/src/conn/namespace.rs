@@ -13,30 +13,37 @@ use crate::{du, fsops, links, remove};
 pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response, RemoteError> {
     let share = match body.share() {
         Some(name) => conn.share(name)?,
-        None => return Err(misrouted(&body)),
+        None => return Err(misrouted(&body).into()),
     };
-    blocking(move || match body {
-        Request::Stat { path, follow, .. } => fsops::stat(&share, &path, follow),
-        Request::ListDir { path, cursor, .. } => fsops::list_dir(&share, &path, cursor),
-        Request::Mkdir {
-            path,
-            mode,
-            exist_ok,
-            ..
-        } => fsops::mkdir(&share, &path, mode, exist_ok),
-        Request::Symlink { path, target, .. } => fsops::make_symlink(&share, &path, &target),
-        Request::SetAttr {
-            path, mode, mtime, ..
-        } => fsops::set_attr(&share, &path, mode, mtime),
-        Request::Link { from, to, .. } => links::link(&share, &from, &to),
-        Request::LinkBatch { links, .. } => Ok(links::link_batch(&share, &links)),
-        Request::Rename { from, to, .. } => fsops::rename(&share, &from, &to),
-        Request::Remove {
-            path, recursive, ..
-        } => remove::remove(&share, &path, recursive),
-        Request::StatFs { .. } => fsops::statfs(&share),
-        Request::DiskUsage { path, .. } => du::disk_usage(&share, &path),
-        other => Err(misrouted(&other)),
+    blocking(move || -> Result<Response, RemoteError> {
+        Ok(match body {
+            Request::Stat { path, follow, .. } => fsops::stat(&share, &path, follow)?,
+            Request::ListDir { path, cursor, .. } => fsops::list_dir(&share, &path, cursor)?,
+            Request::Mkdir {
+                path,
+                mode,
+                exist_ok,
+                ..
+            } => fsops::mkdir(&share, &path, mode, exist_ok)?,
+            Request::Symlink { path, target, .. } => fsops::make_symlink(&share, &path, &target)?,
+            Request::SetAttr {
+                path, mode, mtime, ..
+            } => fsops::set_attr(&share, &path, mode, mtime)?,
+            Request::Link { from, to, .. } => links::link(&share, &from, &to)?,
+            Request::LinkBatch { links, .. } => Response::LinkedBatch {
+                results: links::link_batch(&share, &links)
+                    .into_iter()
+                    .map(|r| r.map(RemoteError::from))
+                    .collect(),
+            },
+            Request::Rename { from, to, .. } => fsops::rename(&share, &from, &to)?,
+            Request::Remove {
+                path, recursive, ..
+            } => remove::remove(&share, &path, recursive)?,
+            Request::StatFs { .. } => fsops::statfs(&share)?,
+            Request::DiskUsage { path, .. } => du::disk_usage(&share, &path)?,
+            other => return Err(misrouted(&other).into()),
+        })
     })
     .await
 }

@@ -4,13 +4,12 @@
 
 use std::sync::Arc;
 
-use ferry_common::msg::{ErrorKind, RemoteError, Request, Response};
+use ferry_common::msg::{RemoteError, Request, Response};
 use ferry_common::proto::conn::Grant;
 
-use super::{misrouted, Conn, OpenTransfer};
+use super::{misrouted, Conn, ConnError, OpenTransfer};
 use crate::blocking::blocking;
-use crate::error::remote;
-use crate::transfer::{BaseFile, Download, Transfer, Upload};
+use crate::transfer::{BaseFile, Download, Transfer, TransferError, Upload};
 
 /// Performs one transfer request.
 pub(super) async fn perform(
@@ -19,7 +18,7 @@ pub(super) async fn perform(
     grant: Grant,
 ) -> Result<Response, RemoteError> {
     let Grant::Transfer(id) = grant else {
-        return Err(misrouted(&body));
+        return Err(misrouted(&body).into());
     };
     let chunk_bytes = conn.server.chunk_bytes;
     match body {
@@ -69,58 +68,46 @@ pub(super) async fn perform(
             hashes,
             ..
         } => match &conn.transfer(id)?.transfer {
-            Transfer::Upload(up) => {
-                up.pull_window(&conn.transport, &conn.pool, offset, region, hashes)
-                    .await
-            }
-            Transfer::Download(_) => Err(wrong_kind(id)),
+            Transfer::Upload(up) => Ok(up
+                .pull_window(&conn.transport, &conn.pool, offset, region, hashes)
+                .await?),
+            Transfer::Download(_) => Err(ConnError::WrongKind { transfer: id }.into()),
         },
         Request::DownloadWindow { offset, region, .. } => match &conn.transfer(id)?.transfer {
-            Transfer::Download(down) => {
-                down.push_window(&conn.transport, &conn.pool, offset, region)
-                    .await
-            }
-            Transfer::Upload(_) => Err(wrong_kind(id)),
+            Transfer::Download(down) => Ok(down
+                .push_window(&conn.transport, &conn.pool, offset, region)
+                .await?),
+            Transfer::Upload(_) => Err(ConnError::WrongKind { transfer: id }.into()),
         },
         Request::UploadCommit { manifest, .. } => {
             let t = conn.transfer(id)?;
-            let response = blocking(move || match &t.transfer {
-                Transfer::Upload(up) => up.commit(&manifest),
-                Transfer::Download(_) => Err(wrong_kind(id)),
+            let response = blocking(move || -> Result<Response, RemoteError> {
+                match &t.transfer {
+                    Transfer::Upload(up) => Ok(up.commit(&manifest)?),
+                    Transfer::Download(_) => Err(ConnError::WrongKind { transfer: id }.into()),
+                }
             })
             .await?;
             conn.transfers().remove(&id);
             Ok(response)
         }
         Request::Close { .. } => {
-            let t = conn.transfers().remove(&id).ok_or_else(|| no_state(id))?;
+            let t = conn
+                .transfers()
+                .remove(&id)
+                .ok_or_else(|| ConnError::NoState { transfer: id })?;
             blocking(move || match &t.transfer {
                 Transfer::Download(down) => down.close(),
                 // The client gave up on the upload: nothing of it is kept.
                 Transfer::Upload(up) => {
                     up.discard();
-                    Ok(Response::Ok)
+                    Ok::<_, TransferError>(Response::Ok)
                 }
             })
             .await
         }
-        other => Err(misrouted(&other)),
+        other => Err(misrouted(&other).into()),
     }
-}
-
-/// The error for a transfer the session's tables hold but the driver has no state for:
-/// a bug, answered rather than panicking.
-fn no_state(id: u64) -> RemoteError {
-    remote(ErrorKind::Protocol, format!("no open transfer {id}"))
-}
-
-/// The error for a transfer whose I/O state is not of the kind the session's tables
-/// admitted the request for: a bug, answered rather than panicking.
-fn wrong_kind(id: u64) -> RemoteError {
-    remote(
-        ErrorKind::Protocol,
-        format!("transfer {id} is not of the kind its request needs"),
-    )
 }
 
 impl Conn {
@@ -133,10 +120,10 @@ impl Conn {
         self.transfers().insert(id, Arc::new(open));
     }
 
-    fn transfer(&self, id: u64) -> Result<Arc<OpenTransfer>, RemoteError> {
+    fn transfer(&self, id: u64) -> Result<Arc<OpenTransfer>, ConnError> {
         self.transfers()
             .get(&id)
             .cloned()
-            .ok_or_else(|| no_state(id))
+            .ok_or_else(|| ConnError::NoState { transfer: id })
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use ferry_common::chunk::hash_chunk;
 use ferry_common::direct::DirectFile;
-use ferry_common::msg::{Attr, RegionDesc, RemoteError, Response, MAX_WINDOW_CHUNKS};
+use ferry_common::msg::{Attr, RegionDesc, Response, MAX_WINDOW_CHUNKS};
 use ferry_common::proto::transfer::check_window;
 use ferry_common::transport::{RemoteSlice, SharedTransport};
 use tokio::task::JoinSet;
@@ -29,7 +29,7 @@ pub struct Download {
 
 impl Download {
     /// Opens `rel` for download (symlinks followed inside the share). Blocking.
-    pub fn open(share: &Share, rel: &str, chunk_bytes: u32) -> Result<Download, RemoteError> {
+    pub fn open(share: &Share, rel: &str, chunk_bytes: u32) -> Result<Download, TransferError> {
         let what = share.display(rel);
         let path = share.resolve(rel, true)?;
         let file = File::open(&path).map_err(|e| TransferError::Open(what.clone(), e))?;
@@ -60,7 +60,7 @@ impl Download {
         pool: &Arc<Pool>,
         offset: u64,
         region: RegionDesc,
-    ) -> Result<Response, RemoteError> {
+    ) -> Result<Response, TransferError> {
         let size = self.attr.size;
         let len = region.len.min(size.saturating_sub(offset));
         let window = check_window(size, self.chunk_bytes, MAX_WINDOW_CHUNKS, offset, len).map_err(
@@ -114,7 +114,7 @@ impl Download {
 
     /// Ends the download: fails with [`TransferError::ChangedDuring`] if the file was modified
     /// since it was opened. Blocking.
-    pub fn close(&self) -> Result<Response, RemoteError> {
+    pub fn close(&self) -> Result<Response, TransferError> {
         let meta = self
             .file
             .file()
@@ -124,8 +124,7 @@ impl Download {
         if meta.ino() != self.ino || now.size != self.attr.size || now.mtime != self.attr.mtime {
             return Err(TransferError::ChangedDuring {
                 path: self.what.clone(),
-            }
-            .into());
+            });
         }
         Ok(Response::Ok)
     }

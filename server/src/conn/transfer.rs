@@ -20,6 +20,20 @@ pub(super) async fn perform(
     let Grant::Transfer(id) = grant else {
         return Err(misrouted(&body).into());
     };
+    match body {
+        Request::UploadOpen { .. }
+        | Request::UploadOpenBase { .. }
+        | Request::DownloadOpen { .. } => open(conn, id, body).await,
+        Request::UploadWindow { .. } | Request::DownloadWindow { .. } => {
+            move_window(conn, id, body).await
+        }
+        Request::UploadCommit { .. } | Request::Close { .. } => finish(conn, id, body).await,
+        other => Err(misrouted(&other).into()),
+    }
+}
+
+/// Opens an upload or a download as transfer `id`, the id the session granted.
+async fn open(conn: &Arc<Conn>, id: u64, body: Request) -> Result<Response, RemoteError> {
     let chunk_bytes = conn.server.chunk_bytes;
     match body {
         Request::UploadOpen {
@@ -62,6 +76,13 @@ pub(super) async fn perform(
             conn.insert_transfer(id, Transfer::Download(down));
             Ok(Response::DownloadOpened { transfer: id, attr })
         }
+        other => Err(misrouted(&other).into()),
+    }
+}
+
+/// Moves one window of transfer `id` by a one-sided operation.
+async fn move_window(conn: &Arc<Conn>, id: u64, body: Request) -> Result<Response, RemoteError> {
+    match body {
         Request::UploadWindow {
             offset,
             region,
@@ -79,6 +100,13 @@ pub(super) async fn perform(
                 .await?),
             Transfer::Upload(_) => Err(ConnError::WrongKind { transfer: id }.into()),
         },
+        other => Err(misrouted(&other).into()),
+    }
+}
+
+/// Commits or closes transfer `id`; either way it leaves the connection.
+async fn finish(conn: &Arc<Conn>, id: u64, body: Request) -> Result<Response, RemoteError> {
+    match body {
         Request::UploadCommit { manifest, .. } => {
             let t = conn.transfer(id)?;
             let response = blocking(move || -> Result<Response, RemoteError> {

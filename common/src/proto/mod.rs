@@ -8,7 +8,8 @@
 //! - [`conn`] holds a server connection's open transfers and mapped files, admits each
 //!   request against them and settles it from its answer.
 //! - [`manifest`] reads a file's chunk manifest page by page and verifies it.
-//! - [`retry`] decides when a client sends a failed transfer window again.
+//! - [`retry`] decides when a client sends a failed transfer window (or a batched file)
+//!   again.
 //! - [`transfer`] holds the window geometry and bookkeeping of uploads and downloads:
 //!   which windows a client asks for, which chunks a window holds, and when an upload
 //!   may commit.
@@ -18,7 +19,8 @@
 //! Inputs are `handle_*` methods taking the current time; outputs are drained with
 //! `poll_transmit`, `poll_event` and `poll_timeout`. Drivers (server, client, fuse
 //! crates) feed every received message in, drain every output, and arm one timer at
-//! `poll_timeout()`. [`pair`] drives both sessions in memory for tests.
+//! `poll_timeout()`. The test-only `pair` module drives both cores in memory, with a
+//! simulated clock, a simulated server driver and fault injection.
 
 use std::time::Duration;
 

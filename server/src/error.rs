@@ -3,7 +3,7 @@
 //!
 //! Invariant: no layer builds a [`RemoteError`]; the request functions return their
 //! layer's error, and only the connection driver's request-family modules convert it
-//! (with `?`, or through [`crate::blocking::blocking`]) when they answer a request.
+//! (with `?`, or through `conn::blocking`) when they answer a request.
 //!
 //! Messages name the share-relative path (`share/dir/file`), never the server's own
 //! filesystem layout.

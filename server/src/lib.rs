@@ -43,7 +43,6 @@
 #![warn(missing_docs)]
 
 pub(crate) mod batch;
-pub(crate) mod blocking;
 pub(crate) mod cleanup;
 pub mod config;
 pub(crate) mod conn;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use ferry_common::msg::{RemoteError, Request, Response};
 
+use super::blocking::blocking;
 use super::{misrouted, Conn};
-use crate::blocking::blocking;
 use crate::verify;
 
 /// Performs one administrative request.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use ferry_common::msg::{RemoteError, Request, Response};
 use ferry_common::proto::conn::Grant;
 
+use super::blocking::blocking;
 use super::{misrouted, Conn};
-use crate::blocking::blocking;
 use crate::map::{self, MapContext, MapError};
 
 /// Performs one mapped-file request.

@@ -49,6 +49,7 @@ use crate::{Server, SOFTWARE};
 
 mod admin;
 mod batch;
+mod blocking;
 mod map;
 mod namespace;
 mod transfer;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use ferry_common::msg::{RemoteError, Request, Response};
 use ferry_common::proto::conn::Grant;
 
+use super::blocking::blocking;
 use super::{misrouted, Conn, ConnError, OpenTransfer};
-use crate::blocking::blocking;
 use crate::transfer::{BaseFile, Download, Transfer, TransferError, Upload};
 
 /// Performs one transfer request.

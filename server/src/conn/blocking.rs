@@ -3,7 +3,7 @@
 
 use ferry_common::msg::RemoteError;
 
-use crate::conn::ConnError;
+use super::ConnError;
 
 /// Runs `f` on tokio's blocking pool and returns its result, its error converted to
 /// the wire's [`RemoteError`]; a task that panicked fails as [`ConnError::Task`].

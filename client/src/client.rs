@@ -282,17 +282,7 @@ impl Client {
 
     /// One proof of `share`'s secret; the session checks the server's own proof.
     async fn prove(&self, share: &str, secret: &Secret) -> Result<(), ClientError> {
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut session = lock(&self.inner.session);
-            let mut waiters = lock(&self.inner.waiters);
-            if let Some(reason) = &waiters.closed {
-                return Err(ClientError::Disconnected(reason.clone()));
-            }
-            let id = session.authenticate(share, secret)?;
-            waiters.map.insert(id, tx);
-        }
-        match self.wait(rx).await? {
+        match self.exchange(|s| s.authenticate(share, secret)).await? {
             Response::Authenticated { proof: Some(_) } => Ok(()),
             Response::Authenticated { proof: None } => {
                 tracing::info!(
@@ -306,6 +296,15 @@ impl Client {
     }
 
     async fn call_raw(&self, req: Request) -> Result<Response, ClientError> {
+        self.exchange(|s| s.request(req)).await
+    }
+
+    /// Queues one request with `queue` (which returns its id), sends it and waits for
+    /// its answer; a [`Response::Error`] becomes [`ClientError::Remote`].
+    async fn exchange(
+        &self,
+        queue: impl FnOnce(&mut ClientSession) -> Result<u64, ProtoError>,
+    ) -> Result<Response, ClientError> {
         let (tx, rx) = oneshot::channel();
         {
             let mut session = lock(&self.inner.session);
@@ -313,19 +312,11 @@ impl Client {
             if let Some(reason) = &waiters.closed {
                 return Err(ClientError::Disconnected(reason.clone()));
             }
-            let id = session.request(req)?;
+            let id = queue(&mut session)?;
             // Registered while the session is locked: the driver cannot see the
             // response before the waiter exists.
             waiters.map.insert(id, tx);
         }
-        self.wait(rx).await
-    }
-
-    /// Sends what the session queued and waits for the answer `rx` will carry.
-    async fn wait(
-        &self,
-        rx: oneshot::Receiver<Result<Response, ClientError>>,
-    ) -> Result<Response, ClientError> {
         flush(&self.inner).await;
         match rx.await {
             Ok(Ok(Response::Error(e))) => Err(ClientError::Remote(e)),

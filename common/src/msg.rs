@@ -194,6 +194,27 @@ pub struct Attr {
     pub dev: u64,
 }
 
+#[cfg(test)]
+impl Attr {
+    /// A regular file of `size` bytes (mode 0644, times at the epoch, inode 7 on device
+    /// 1), for the core's tests.
+    pub(crate) fn test_file(size: u64) -> Attr {
+        Attr {
+            kind: FileKind::File,
+            size,
+            mode: 0o644,
+            mtime: Timestamp::default(),
+            symlink_target: None,
+            ino: 7,
+            nlink: 1,
+            atime: Timestamp::default(),
+            ctime: Timestamp::default(),
+            blocks: size.div_ceil(512),
+            dev: 1,
+        }
+    }
+}
+
 /// Identifies one version of a file's content: what a reader of a mapped file verifies
 /// against, and what tells a client that a file changed between two opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

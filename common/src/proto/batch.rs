@@ -124,24 +124,10 @@ pub fn place_downloaded(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::msg::{FileKind, Timestamp};
 
     fn ok(offset: u64, size: u64) -> BatchedFile {
-        let t = Timestamp { secs: 0, nanos: 0 };
         BatchedFile::Ok {
-            attr: Attr {
-                kind: FileKind::File,
-                size,
-                mode: 0o644,
-                mtime: t,
-                symlink_target: None,
-                ino: 1,
-                nlink: 1,
-                atime: t,
-                ctime: t,
-                blocks: 0,
-                dev: 1,
-            },
+            attr: Attr::test_file(size),
             offset,
             hash: [7; 32],
         }

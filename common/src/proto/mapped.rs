@@ -355,7 +355,7 @@ impl ManifestFetch {
 mod tests {
     use super::*;
     use crate::chunk::hash_chunk;
-    use crate::msg::{Attr, FileKind, Timestamp};
+    use crate::msg::{Attr, Timestamp};
 
     const KIB: u64 = 1 << 10;
     const READ: u64 = 1 << 20;
@@ -378,24 +378,12 @@ mod tests {
             .collect();
         MappedFile {
             handle: 1,
-            attr: Attr {
-                kind: FileKind::File,
-                size,
-                mode: 0o644,
-                mtime: Timestamp::default(),
-                symlink_target: None,
-                ino: 9,
-                nlink: 1,
-                atime: Timestamp::default(),
-                ctime: Timestamp::default(),
-                blocks: 0,
-                dev: 1,
-            },
+            attr: Attr::test_file(size),
             version: FileVersion {
                 size,
                 mtime: Timestamp::default(),
                 ctime: Timestamp::default(),
-                ino: 9,
+                ino: 7,
                 chunk_bytes: chunk,
                 manifest: manifest_id(size, chunk, &hashes),
             },

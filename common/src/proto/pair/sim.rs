@@ -114,23 +114,6 @@ fn err(kind: ErrorKind, message: impl Into<String>) -> Response {
     Response::Error(RemoteError::new(kind, message))
 }
 
-fn attr(size: u64) -> Attr {
-    let t = Timestamp { secs: 1, nanos: 0 };
-    Attr {
-        kind: FileKind::File,
-        size,
-        mode: 0o644,
-        mtime: t,
-        symlink_target: None,
-        ino: 7,
-        nlink: 1,
-        atime: t,
-        ctime: t,
-        blocks: size.div_ceil(512),
-        dev: 1,
-    }
-}
-
 impl Sim {
     pub(super) fn new(chunk_bytes: u32) -> Rc<RefCell<Sim>> {
         Rc::new(RefCell::new(Sim {
@@ -153,7 +136,7 @@ impl Sim {
     /// The file's version as a manifest page reports it.
     pub(super) fn version(&self, data: &[u8]) -> FileVersion {
         let hashes = hash_chunks(data, self.chunk_bytes as usize);
-        let a = attr(data.len() as u64);
+        let a = Attr::test_file(data.len() as u64);
         FileVersion {
             size: a.size,
             mtime: a.mtime,
@@ -193,7 +176,7 @@ impl Sim {
                         self.open.insert(t, Open::Download { data });
                         Response::DownloadOpened {
                             transfer: t,
-                            attr: attr(size),
+                            attr: Attr::test_file(size),
                         }
                     }
                     None => err(ErrorKind::NotFound, format!("{path}: no such file")),
@@ -232,7 +215,7 @@ impl Sim {
             (Request::UploadBatch { region, files, .. }, _) => self.upload_batch(region, files),
             (Request::DownloadBatch { paths, region, .. }, _) => self.download_batch(paths, region),
             (Request::Stat { path, .. }, _) => match self.files.get(path) {
-                Some(d) => Response::Attr(attr(d.len() as u64)),
+                Some(d) => Response::Attr(Attr::test_file(d.len() as u64)),
                 None => err(ErrorKind::NotFound, format!("{path}: no such file")),
             },
             _ => Response::Ok,
@@ -316,7 +299,7 @@ impl Sim {
         let size = data.len() as u64;
         let mapped = MappedFile {
             handle,
-            attr: attr(size),
+            attr: Attr::test_file(size),
             version,
             window_bytes: MAP_WINDOW_BYTES,
             regions: if size == 0 {
@@ -397,7 +380,7 @@ impl Sim {
                     let offset = out.len() as u64;
                     out.extend_from_slice(d);
                     BatchedFile::Ok {
-                        attr: attr(d.len() as u64),
+                        attr: Attr::test_file(d.len() as u64),
                         offset,
                         hash: hash_chunk(d),
                     }

@@ -160,6 +160,7 @@ fn plan(args: &Args) -> Result<Direction, ClientError> {
 }
 
 fn main() -> ExitCode {
+    raise_fd_limit();
     // `rcp backup ...` is a command of its own (a source that is literally named
     // `backup` is given as `./backup`).
     if std::env::args_os().nth(1).is_some_and(|a| a == "backup") {
@@ -276,6 +277,18 @@ fn init_logging(verbose: u8) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
+}
+
+/// Raises the soft limit on open files to the hard limit, as ferryd does: a tree copy
+/// holds the hidden files of up to `--jobs` batches of small files open at once (256
+/// each) until their group flush, more than the usual soft limit of 1024.
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+    }
 }
 
 async fn run(args: Args) -> u8 {

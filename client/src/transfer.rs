@@ -316,7 +316,7 @@ async fn prepare_window(
         .map_err(|e| ClientError::Disconnected(format!("hashing task failed: {e}")))?,
         Source::Read(file) => {
             let buf = client
-                .take_buffer(plan_buffer_len(client, chunk))
+                .take_buffer(plan_buffer_len(client, chunk, w.len))
                 .map_err(|e| ClientError::local(&local, "cannot allocate a buffer", e))?;
             let buf2 = buf.clone();
             let read = tokio::task::spawn_blocking(move || {
@@ -529,7 +529,7 @@ pub async fn download_file(
                 Response::Ok => {}
                 other => return Err(unexpected(other)),
             }
-            finish(&mut staged, &sink.writeback, dest, attr.mode, attr.mtime)?;
+            finish(&mut staged, &sink.writeback, dest, attr.mode, attr.mtime).await?;
             Ok(sent)
         }
         .await;
@@ -565,9 +565,12 @@ struct Sink {
     dest: PathBuf,
 }
 
-fn finish(
+/// Gives the downloaded file its mode and mtime, makes it durable (a `syncfs` shared
+/// with the other files this process commits at the same time, see
+/// [`Writeback::finish_grouped`]) and renames it into place.
+async fn finish(
     staged: &mut Staged,
-    writeback: &Writeback,
+    writeback: &Arc<Writeback>,
     dest: &Path,
     mode: u32,
     mtime: Timestamp,
@@ -577,8 +580,10 @@ fn finish(
         .map_err(|e| ClientError::local(dest, "cannot chmod", e))?;
     f.set_modified(mtime.to_system())
         .map_err(|e| ClientError::local(dest, "cannot set mtime", e))?;
-    writeback
-        .finish()
+    let flush = writeback.clone();
+    tokio::task::spawn_blocking(move || flush.finish_grouped())
+        .await
+        .map_err(|e| ClientError::Disconnected(format!("flush task failed: {e}")))?
         .map_err(|e| ClientError::local(dest, "cannot fsync", e))?;
     if fs::symlink_metadata(dest).is_ok_and(|m| m.is_dir()) {
         return Err(ClientError::local(
@@ -633,7 +638,7 @@ async fn download_window(
     w: Window,
 ) -> Result<(), ClientError> {
     let buf = client
-        .take_buffer(plan_buffer_len(client, chunk))
+        .take_buffer(plan_buffer_len(client, chunk, w.len))
         .map_err(|e| ClientError::local(&sink.dest, "cannot allocate a buffer", e))?;
     let reg = client
         .transport()
@@ -703,6 +708,10 @@ async fn download_window(
     Ok(())
 }
 
-fn plan_buffer_len(client: &Client, chunk: u32) -> usize {
-    chunk as usize * window_chunks(client)
+/// The buffer a download window of `len` bytes lands in: whole chunks, at most a full
+/// window (buffers are pooled and reused for any window that fits).
+fn plan_buffer_len(client: &Client, chunk: u32, len: u64) -> usize {
+    let full = chunk as usize * window_chunks(client);
+    usize::try_from(len.next_multiple_of(u64::from(chunk)))
+        .map_or(full, |l| l.clamp(chunk as usize, full))
 }

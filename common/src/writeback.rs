@@ -6,7 +6,14 @@
 //!
 //! [`sync_filesystems`]: making many files durable at once, one `syncfs(2)` per
 //! filesystem that a group of files lives on, the group commit a receiver of a batch
-//! of small files uses.
+//! of small files uses. The `syncfs` calls of one process are shared ([`GroupSync`]):
+//! a caller that needs its filesystem flushed waits for the next `syncfs` that starts
+//! after it asked, and whichever caller finds none running starts it for all who wait.
+//! So concurrent commits (a batch, a file on the per-file path, from any connection)
+//! pay one flush between them, not one each: on a journaled ext4 each flush is a
+//! journal commit and a flush of the device's cache, and per-file fsyncs, one for the
+//! file and one for its directory, were most of the time of a tree of files over the
+//! batch threshold (docs/performance.md, "Mixed trees").
 //!
 //! Why not the writeback of each file started (`sync_file_range`) and then an fsync
 //! of each, as before: on ext4 every `fsync` of a file issues its own flush of
@@ -30,7 +37,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 /// Bytes written between background flushes.
 pub const WRITEBACK_STEP_BYTES: u64 = 64 << 20;
@@ -78,11 +85,120 @@ impl Writeback {
     /// Blocking.
     pub fn finish(&self) -> std::io::Result<()> {
         let synced = self.file.sync_all();
-        if let Some(e) = self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            return Err(e);
-        }
+        self.take_error()?;
         synced
     }
+
+    /// Makes the file durable with the other commits of its filesystem: one shared
+    /// `syncfs` ([`sync_filesystem`]) instead of an fsync of its own. Returns the first
+    /// error of any flush. Blocking.
+    pub fn finish_grouped(&self) -> std::io::Result<()> {
+        let synced = sync_filesystem(&self.file);
+        self.take_error()?;
+        synced
+    }
+
+    fn take_error(&self) -> std::io::Result<()> {
+        match self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Shared `syncfs` calls, per filesystem (by `st_dev`): the group commit of a process.
+///
+/// Invariant: [`GroupSync::sync`] returns only after a `syncfs` of the caller's
+/// filesystem that *started* after the caller called it completed, so everything the
+/// caller wrote before the call is covered; it returns an error if that flush, or any
+/// later one of the same filesystem that completed before the caller woke, failed (a
+/// writeback error cannot be pinned to one file, see [`sync_filesystems`]).
+pub struct GroupSync {
+    devs: Mutex<HashMap<u64, Arc<DevSync>>>,
+    /// The flush: `syncfs(2)` (another function in tests).
+    flush: fn(&File) -> nix::Result<()>,
+}
+
+impl Default for GroupSync {
+    fn default() -> GroupSync {
+        GroupSync {
+            devs: Mutex::default(),
+            flush: |file| nix::unistd::syncfs(file.as_raw_fd()),
+        }
+    }
+}
+
+/// The flushes of one filesystem: generations numbered from 1.
+#[derive(Default)]
+struct DevSync {
+    state: Mutex<DevState>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct DevState {
+    /// The generation running or last started.
+    started: u64,
+    /// The last generation that completed (`finished <= started`).
+    finished: u64,
+    /// A `syncfs` is running (generation `started`).
+    running: bool,
+    /// The last generation that failed, and its errno.
+    failed: Option<(u64, i32)>,
+}
+
+impl GroupSync {
+    /// Flushes the filesystem `file` is on, sharing the `syncfs` with every concurrent
+    /// caller of the same filesystem. Blocking.
+    pub fn sync(&self, file: &File) -> io::Result<()> {
+        let dev = file.metadata()?.dev();
+        let slot = {
+            let mut devs = self.devs.lock().unwrap_or_else(|p| p.into_inner());
+            devs.entry(dev).or_default().clone()
+        };
+        let mut state = slot.state.lock().unwrap_or_else(|p| p.into_inner());
+        // A flush running now may have started before this caller's writes: only the
+        // next one is sure to cover them.
+        let wanted = state.started + 1;
+        loop {
+            if state.finished >= wanted {
+                return match state.failed {
+                    Some((generation, errno)) if generation >= wanted => {
+                        Err(io::Error::from_raw_os_error(errno))
+                    }
+                    _ => Ok(()),
+                };
+            }
+            if !state.running {
+                // Lead generation `wanted` (== started + 1: nothing started since).
+                state.running = true;
+                state.started = wanted;
+                drop(state);
+                let result = (self.flush)(file);
+                state = slot.state.lock().unwrap_or_else(|p| p.into_inner());
+                state.running = false;
+                state.finished = wanted;
+                if let Err(errno) = result {
+                    state.failed = Some((wanted, errno as i32));
+                }
+                slot.done.notify_all();
+                continue;
+            }
+            state = slot.done.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// The process's [`GroupSync`].
+fn group() -> &'static GroupSync {
+    static GROUP: OnceLock<GroupSync> = OnceLock::new();
+    GROUP.get_or_init(GroupSync::default)
+}
+
+/// Makes everything written to the filesystem `file` is on durable, with one `syncfs`
+/// shared by every concurrent caller in this process ([`GroupSync`]). Blocking.
+pub fn sync_filesystem(file: &File) -> io::Result<()> {
+    group().sync(file)
 }
 
 /// Makes everything written to the filesystems that `files` live on durable: one
@@ -105,17 +221,18 @@ pub fn sync_filesystems_on(files: &[&File], devs: &[u64]) -> Vec<io::Result<()>>
 }
 
 fn sync_devs(files: &[&File], devs: Vec<io::Result<u64>>) -> Vec<io::Result<()>> {
-    let mut flushed: HashMap<u64, Result<(), i32>> = HashMap::new();
+    let mut flushed: HashMap<u64, Result<(), (io::ErrorKind, Option<i32>)>> = HashMap::new();
     for (file, dev) in files.iter().zip(&devs) {
         if let Ok(dev) = dev {
             flushed
                 .entry(*dev)
-                .or_insert_with(|| nix::unistd::syncfs(file.as_raw_fd()).map_err(|e| e as i32));
+                .or_insert_with(|| group().sync(file).map_err(|e| (e.kind(), e.raw_os_error())));
         }
     }
     devs.into_iter()
         .map(|dev| match flushed.get(&dev?) {
-            Some(Err(errno)) => Err(io::Error::from_raw_os_error(*errno)),
+            Some(Err((_, Some(errno)))) => Err(io::Error::from_raw_os_error(*errno)),
+            Some(Err((kind, None))) => Err(io::Error::from(*kind)),
             _ => Ok(()),
         })
         .collect()
@@ -146,6 +263,54 @@ mod tests {
         }
         assert!(wb.error.lock().unwrap().is_some());
         assert!(wb.finish().is_err());
+    }
+
+    #[test]
+    fn concurrent_callers_share_flushes_and_each_is_covered() {
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let group = Arc::new(GroupSync::default());
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let (group, path) = (group.clone(), dir.path().join(format!("f{i}")));
+                std::thread::spawn(move || {
+                    for _ in 0..20 {
+                        let mut f = File::create(&path).unwrap();
+                        f.write_all(b"data").unwrap();
+                        group.sync(&f).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let devs = group.devs.lock().unwrap();
+        assert_eq!(devs.len(), 1);
+        let state = devs.values().next().unwrap().state.lock().unwrap();
+        assert!(!state.running);
+        assert_eq!(state.started, state.finished);
+        // Every caller waited for a flush of its own or a shared one: never more than
+        // one flush per call, and at least one.
+        assert!((1..=160).contains(&state.finished), "{}", state.finished);
+        assert!(state.failed.is_none());
+    }
+
+    #[test]
+    fn a_failed_flush_fails_the_caller_it_covered_and_no_later_one() {
+        static CALLS: AtomicU64 = AtomicU64::new(0);
+        let group = GroupSync {
+            flush: |_| match CALLS.fetch_add(1, Ordering::SeqCst) {
+                0 => Err(nix::errno::Errno::EIO),
+                _ => Ok(()),
+            },
+            ..GroupSync::default()
+        };
+        let f = tempfile::tempfile().unwrap();
+        let e = group.sync(&f).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(nix::libc::EIO));
+        // The next caller waits for a flush of its own, which succeeds.
+        group.sync(&f).unwrap();
+        assert_eq!(CALLS.load(Ordering::SeqCst), 2);
     }
 
     #[test]

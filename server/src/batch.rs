@@ -166,13 +166,19 @@ pub async fn upload(
     }
     let buf = lease.buffer().clone();
     let (count, bytes) = (files.len(), region.len);
-    let results = tokio::task::spawn_blocking(move || {
+    let (staged, results, share) = tokio::task::spawn_blocking(move || {
         let data = buf.blocking_read();
-        commit_all(&share, &files, &data[..])
+        let (staged, results) = stage_all(&share, &files, &data[..]);
+        (staged, results, share)
     })
     .await
     .map_err(BatchError::Task)?;
+    // Every byte is in the scratch files: the buffer goes back to the pool before the
+    // flushes, so the next window or batch of the connection need not wait for them.
     drop(lease);
+    let results = tokio::task::spawn_blocking(move || commit_staged(&share, staged, results))
+        .await
+        .map_err(BatchError::Task)?;
     let failed = results.iter().filter(|r| r.is_some()).count();
     tracing::debug!(files = count, bytes, failed, "upload batch");
     Ok(results)
@@ -199,9 +205,13 @@ impl Staged {
     }
 }
 
-/// Writes, flushes and renames every file of a batch whose bytes are `data`; returns
-/// one result per file. Blocking.
-fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<BatchError>> {
+/// Writes every file of a batch whose bytes are `data` to its scratch file; returns the
+/// files staged and one result per file (the failures so far). Blocking.
+fn stage_all(
+    share: &Share,
+    files: &[BatchFile],
+    data: &[u8],
+) -> (Vec<Staged>, Vec<Option<BatchError>>) {
     let mut results: Vec<Option<BatchError>> =
         std::iter::repeat_with(|| None).take(files.len()).collect();
     let mut staged = Vec::with_capacity(files.len());
@@ -217,6 +227,16 @@ fn commit_all(share: &Share, files: &[BatchFile], data: &[u8]) -> Vec<Option<Bat
             Err(e) => results[index] = Some(e),
         }
     }
+    (staged, results)
+}
+
+/// Flushes and renames the `staged` files of a batch, completing `results` (one per
+/// file of the batch). Blocking.
+fn commit_staged(
+    share: &Share,
+    staged: Vec<Staged>,
+    mut results: Vec<Option<BatchError>>,
+) -> Vec<Option<BatchError>> {
     // One flush for the batch (a group commit: one `syncfs` per filesystem, see
     // `sync_filesystems` for why not one fsync per file).
     let flushed = sync_all(&staged);
@@ -291,7 +311,7 @@ fn stage(
         tracing::warn!(file = %what, "batched upload failed SHA-256 verification");
         return Err(BatchError::Integrity { path: what });
     }
-    // A directory in the way is found by the rename (EISDIR), see `commit_all`.
+    // A directory in the way is found by the rename (EISDIR), see `commit_staged`.
     let scratch = scratch_path(&final_path);
     let mut file = OpenOptions::new()
         .write(true)

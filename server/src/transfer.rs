@@ -38,7 +38,7 @@ use ferry_common::proto::transfer::UploadState;
 use ferry_common::proto::ProtoError;
 use ferry_common::staging::{StageError, Staged};
 use ferry_common::transport::{SharedTransport, TransportError};
-use ferry_common::writeback::Writeback;
+use ferry_common::writeback::{sync_filesystem, Writeback};
 use tokio::task::{JoinError, JoinSet};
 
 use crate::filekey::{mtime_settled, ManifestKey, CACHE_SETTLE};
@@ -433,8 +433,11 @@ impl Upload {
         }
     }
 
-    /// Commits: checks every chunk verified and the manifest, fsyncs, sets mode and
-    /// mtime, renames into place (removing the journal) and fsyncs the directory.
+    /// Commits: checks every chunk verified and the manifest, sets mode and mtime,
+    /// makes the file durable, renames it into place (removing the journal) and makes
+    /// the rename durable. Both flushes are `syncfs` calls shared with every other
+    /// commit of the filesystem in flight ([`ferry_common::writeback::GroupSync`]): a
+    /// group commit, so files committed together pay two flushes between them.
     /// Then records the verified manifest in the share's store (see [`Upload::record`]).
     /// Blocking.
     pub fn commit(&self, manifest: &Sha256) -> Result<Response, TransferError> {
@@ -463,7 +466,7 @@ impl Upload {
         file.set_modified(self.mtime.to_system())
             .map_err(failed(TransferError::SetMtime))?;
         self.writeback
-            .finish()
+            .finish_grouped()
             .map_err(failed(TransferError::Fsync))?;
         // The rename is relative to the directory the upload was opened in (see
         // `Staged`), which the client may have renamed since; a file renamed over a
@@ -478,7 +481,8 @@ impl Upload {
                 }
             }
         })?;
-        staged.sync_dir().map_err(failed(TransferError::FsyncDir))?;
+        // The directory is on the file's filesystem: its flush covers the rename.
+        sync_filesystem(file).map_err(failed(TransferError::FsyncDir))?;
         if let Some(store) = &self.store {
             self.record(store, size, &hashes);
         }

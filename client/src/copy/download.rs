@@ -19,7 +19,7 @@ use crate::schedule::run_lanes;
 use crate::transfer::download_file;
 
 use super::plan::{
-    several_sources_need_a_dir, trailing_slash_needs_a_dir, CopyOptions, DirItem, Plan,
+    file_lanes, several_sources_need_a_dir, trailing_slash_needs_a_dir, CopyOptions, DirItem, Plan,
 };
 use super::report::{finish_report, lock, settle_scheduled, Report, Shared};
 
@@ -53,7 +53,8 @@ pub async fn download(
     let failed = make_dirs(&plan.dirs, &shared);
     let skipped = |t: &Path| failed.iter().any(|f| t.starts_with(f));
     let files = plan.files.into_iter().filter(|(_, t, _)| !skipped(t));
-    let done = run_lanes(vec![(tasks(client, files.collect()), opts.jobs)], |task| {
+    let (many, big) = tasks(client, files.collect());
+    let done = run_lanes(file_lanes(many, big, opts.jobs), |task| {
         let (client, shared) = (client.clone(), shared.clone());
         async move {
             task.run(&client, &shared).await;
@@ -249,10 +250,10 @@ enum Task {
     File(Remote, PathBuf),
 }
 
-/// The tasks for `files` (source, target, size): batches of small ones, then the
-/// others, one each.
-fn tasks(client: &Client, files: Vec<(Remote, PathBuf, u64)>) -> Vec<Task> {
-    let (small, large): (Vec<_>, Vec<_>) = files
+/// The tasks for `files` (source, target, size): batches of small ones and the files
+/// of one chunk or less, then the bigger files with their sizes (see [`file_lanes`]).
+fn tasks(client: &Client, files: Vec<(Remote, PathBuf, u64)>) -> (Vec<Task>, Vec<(Task, u64)>) {
+    let (small, others): (Vec<_>, Vec<_>) = files
         .into_iter()
         .partition(|(_, _, size)| batch::is_small(client, *size));
     // A batch names paths of one share: the sources' shares, in order of appearance.
@@ -268,18 +269,23 @@ fn tasks(client: &Client, files: Vec<(Remote, PathBuf, u64)>) -> Vec<Task> {
             None => by_share.push((src, vec![item])),
         }
     }
+    let chunk = u64::from(client.welcome().chunk_bytes);
+    let (medium, big): (Vec<_>, Vec<_>) =
+        others.into_iter().partition(|(_, _, size)| *size <= chunk);
+    let mut many: Vec<Task> = medium
+        .into_iter()
+        .map(|(src, target, _)| Task::File(src, target))
+        .collect();
     let capacity = batch::capacity(client);
-    let mut tasks = Vec::new();
     for (root, items) in by_share {
         let batches = batch::pack(items, capacity, |i| i.size, |i| i.src.len());
-        tasks.extend(batches.into_iter().map(|b| Task::Batch(root.clone(), b)));
+        many.extend(batches.into_iter().map(|b| Task::Batch(root.clone(), b)));
     }
-    tasks.extend(
-        large
-            .into_iter()
-            .map(|(src, target, _)| Task::File(src, target)),
-    );
-    tasks
+    let big = big
+        .into_iter()
+        .map(|(src, target, size)| (Task::File(src, target), size))
+        .collect();
+    (many, big)
 }
 
 impl Task {

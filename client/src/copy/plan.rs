@@ -14,6 +14,28 @@ pub struct CopyOptions {
     pub jobs: usize,
 }
 
+/// Items of the many-files lane per `--jobs`: a batch of small files or a file of at
+/// most one chunk costs at most one chunk buffer, and spends most of its time waiting
+/// for the flushes it shares with every other file being committed
+/// ([`ferry_common::writeback::GroupSync`], on the server and here); the more of them in
+/// flight, the more files each flush covers.
+pub const MANY_PER_JOB: usize = 8;
+
+/// The scheduler's lanes for a copy's files: `big` ones (`(item, size)`, over one
+/// chunk: windows of many chunks each) `jobs` at once, largest first so the longest
+/// start first; the `many` others `jobs * MANY_PER_JOB` at once, in order.
+pub(super) fn file_lanes<I>(
+    many: Vec<I>,
+    mut big: Vec<(I, u64)>,
+    jobs: usize,
+) -> Vec<(Vec<I>, usize)> {
+    big.sort_by_key(|(_, size)| std::cmp::Reverse(*size));
+    vec![
+        (big.into_iter().map(|(i, _)| i).collect(), jobs),
+        (many, jobs.saturating_mul(MANY_PER_JOB)),
+    ]
+}
+
 /// A directory to create, with the attributes to give it at the end.
 pub(super) struct DirItem<T> {
     pub target: T,

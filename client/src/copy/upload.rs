@@ -17,7 +17,7 @@ use crate::transfer::upload_file;
 use crate::walk::{join, walk, Problem};
 
 use super::plan::{
-    several_sources_need_a_dir, trailing_slash_needs_a_dir, CopyOptions, DirItem, Plan,
+    file_lanes, several_sources_need_a_dir, trailing_slash_needs_a_dir, CopyOptions, DirItem, Plan,
 };
 use super::report::{finish_report, lock, settle_scheduled, Report, Shared};
 
@@ -234,14 +234,19 @@ enum Task {
 /// An upload's tasks: files (batches of small ones, then the others, one each) and
 /// symlinks.
 struct Tasks {
-    files: Vec<Task>,
+    /// Batches, and files of one chunk or less.
+    many: Vec<Task>,
+    /// Files of more than one chunk, with their sizes.
+    big: Vec<(Task, u64)>,
     symlinks: Vec<Task>,
 }
 
 impl Tasks {
-    /// The scheduler's lanes: files `jobs` at once, symlinks all at once.
+    /// The scheduler's lanes: files by size ([`file_lanes`]), symlinks all at once.
     fn lanes(self, jobs: usize) -> Vec<(Vec<Task>, usize)> {
-        vec![(self.files, jobs), (self.symlinks, UNLIMITED)]
+        let mut lanes = file_lanes(self.many, self.big, jobs);
+        lanes.push((self.symlinks, UNLIMITED));
+        lanes
     }
 }
 
@@ -251,7 +256,7 @@ fn tasks(
     files: Vec<(PathBuf, String, u64)>,
     symlinks: Vec<(String, String)>,
 ) -> Tasks {
-    let (small, large): (Vec<_>, Vec<_>) = files
+    let (small, others): (Vec<_>, Vec<_>) = files
         .into_iter()
         .partition(|(_, _, size)| batch::is_small(client, *size));
     let small = small
@@ -260,12 +265,20 @@ fn tasks(
         .collect();
     let capacity = batch::capacity(client);
     let batches = batch::pack(small, capacity, |i| i.size, |i| i.target.len());
-    let files = batches.into_iter().map(Task::Batch);
-    let large = large
-        .into_iter()
-        .map(|(src, target, _)| Task::File(src, target));
+    let chunk = u64::from(client.welcome().chunk_bytes);
+    let (medium, big): (Vec<_>, Vec<_>) =
+        others.into_iter().partition(|(_, _, size)| *size <= chunk);
+    let one = |(src, target, _)| Task::File(src, target);
     Tasks {
-        files: files.chain(large).collect(),
+        many: medium
+            .into_iter()
+            .map(one)
+            .chain(batches.into_iter().map(Task::Batch))
+            .collect(),
+        big: big
+            .into_iter()
+            .map(|(src, target, size)| (Task::File(src, target), size))
+            .collect(),
         symlinks: symlinks
             .into_iter()
             .map(|(link, target)| Task::Symlink(link, target))

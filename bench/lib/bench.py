@@ -8,6 +8,7 @@ Subcommands (python3 bench/lib/bench.py CMD ARGS...):
       right after CMD). On failure print a one-line reason and exit 3.
   port                      a TCP port on 127.0.0.1 that is free now
   mktree DIR DIRS FILES SIZE  DIRS directories of FILES random files of SIZE bytes
+  mkmixed DIR FILES SEED    a mixed-size tree of about FILES files (see MIXED_SIZES)
   change DIR                change one byte of every 100th file (1 %), keeping sizes
   treesum DIR               SHA-256 over the relative names and contents of the tree
   fio JSON                  "p50_us p99_us iops" of fio's single job
@@ -77,6 +78,103 @@ def mktree(argv):
         for i in range(files):
             with open(os.path.join(p, f"f{i:04}"), "wb") as f:
                 f.write(rng.randbytes(size))
+
+
+# A mixed tree like real source, documentation and home directories (issue 20): most
+# files small, a long tail up to tens of MiB, empty files, symlinks (to files, to
+# directories, a few dangling), executables, deep and wide directories, and varied
+# mtimes (directories' set last, after their contents). The same seed gives the same
+# tree, byte for byte.
+# Size classes: (share of the files, low bytes, high bytes), log-uniform inside a class.
+MIXED_SIZES = [
+    (0.02, 0, 0),                    # empty
+    (0.22, 1, 1 << 10),              # under 1 KiB
+    (0.28, 1 << 10, 4 << 10),
+    (0.26, 4 << 10, 16 << 10),
+    (0.18, 16 << 10, 64 << 10),
+    (0.036, 64 << 10, 768 << 10),    # over the small-file threshold: about 4 %
+    (0.002, 768 << 10, 6 << 20),
+]
+MIXED_HUGE = [20 << 20]              # the tail: one file of tens of MiB
+MIXED_EPOCH = 1_500_000_000          # 2017-07-14; mtimes spread over the 5 years after
+
+
+def mixed_size(rng):
+    x = rng.random()
+    for share, lo, hi in MIXED_SIZES:
+        if x < share:
+            if hi == 0:
+                return 0
+            return int(round(lo * (hi / lo) ** rng.random())) if lo else rng.randint(1, hi)
+        x -= share
+    return rng.randint(1 << 10, 4 << 10)
+
+
+def mkmixed(argv):
+    """mkmixed DIR FILES SEED: a mixed tree of about FILES regular files under DIR (which
+    must not exist); prints what it holds as one JSON line."""
+    root, n, seed = argv[0], int(argv[1]), int(argv[2])
+    rng = random.Random(seed)
+    os.makedirs(root)
+    dirs = [""]
+    # Directory shapes: a few wide ones (hundreds of files), many ordinary ones, and one
+    # deep chain, like include/, doc/ and a project's src/a/b/c/....
+    ndirs = max(1, n // 25)
+    for i in range(1, ndirs):
+        parent = dirs[rng.randrange(len(dirs))] if rng.random() < 0.7 else ""
+        name = f"d{i:04}"
+        dirs.append(f"{parent}/{name}" if parent else name)
+    chain = ""
+    for depth in range(12):
+        chain = f"{chain}/deep{depth}" if chain else "deep0"
+        dirs.append(chain)
+    for d in dirs[1:]:
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    wide = set(rng.sample(dirs, min(3, len(dirs))))
+    weights = [40 if d in wide else 1 for d in dirs]
+    files, total, big = [], 0, 0
+    sizes = [mixed_size(rng) for _ in range(max(0, n - len(MIXED_HUGE)))] + MIXED_HUGE[: n]
+    exts = [".c", ".h", ".txt", ".html", ".md", ".py", ".json", ".png", ".gz", ""]
+    for i, size in enumerate(sizes):
+        d = rng.choices(dirs, weights)[0]
+        rel = os.path.join(d, f"f{i:05}{rng.choice(exts)}")
+        path = os.path.join(root, rel)
+        with open(path, "wb") as f:
+            left = size
+            while left:
+                k = min(left, 1 << 20)
+                f.write(rng.randbytes(k))
+                left -= k
+        r = rng.random()
+        os.chmod(path, 0o755 if r < 0.05 else 0o600 if r < 0.08 else 0o644)
+        os.utime(path, ns=(MIXED_EPOCH * 10**9, (MIXED_EPOCH + rng.randrange(5 * 365 * 86400)) * 10**9
+                           + rng.randrange(10**9)))
+        files.append(rel)
+        total += size
+        big += size > (64 << 10)
+    links = 0
+    for i in range(max(3, n // 150)):
+        d = rng.choice(dirs)
+        link = os.path.join(root, d, f"l{i:04}")
+        r = rng.random()
+        if r < 0.1:
+            target = f"missing-{i}"                       # dangling
+        elif r < 0.3:
+            target = os.path.relpath(os.path.join(root, rng.choice(dirs)), os.path.join(root, d))
+        else:
+            target = os.path.relpath(os.path.join(root, rng.choice(files)), os.path.join(root, d))
+        os.symlink(target, link)
+        os.utime(link, ns=(MIXED_EPOCH * 10**9, (MIXED_EPOCH + rng.randrange(5 * 365 * 86400)) * 10**9),
+                 follow_symlinks=False)
+        links += 1
+    # Directories last, deepest first: creating an entry changes its parent's mtime.
+    for d in sorted(dirs, key=lambda x: -x.count("/") if x else 1):
+        path = os.path.join(root, d) if d else root
+        os.chmod(path, 0o700 if rng.random() < 0.05 else 0o755)
+        t = (MIXED_EPOCH + rng.randrange(5 * 365 * 86400)) * 10**9
+        os.utime(path, ns=(t, t))
+    print(json.dumps({"files": len(files), "bytes": total, "over_64k": big, "symlinks": links,
+                      "dirs": len(dirs)}))
 
 
 def all_files(root):
@@ -531,6 +629,6 @@ def report(argv):
 
 
 if __name__ == "__main__":
-    {"run": run_timed, "port": free_port, "mktree": mktree, "change": change,
+    {"run": run_timed, "port": free_port, "mktree": mktree, "mkmixed": mkmixed, "change": change,
      "treesum": treesum, "fio": fio, "iperf": iperf, "field": field,
      "report": report}[sys.argv[1]](sys.argv[2:])

@@ -516,7 +516,7 @@ def header(meta):
         " backups) on 127.0.0.1, scp and sshfs to a private sshd on 127.0.0.1 (cipher "
         f"{m['cipher']}), iperf3 `-l 1M` (`-R` for download) as the raw TCP ceiling;"
         " best peer leaves out the ceiling",
-        "- local-disk ceiling (the ceiling column of the small-file and FUSE rows): what the"
+        "- local-disk ceiling (the ceiling column of the small-file, mixed-tree and FUSE rows): what the"
         " local disk does with the same data and cache state; no network tool can beat it."
         " Each row's job measures it in every run, after the tools, with the same settle and"
         " median: `tar -C SRC -cf - . | tar -C DST -xf -` of the same tree into that row's"

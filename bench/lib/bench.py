@@ -2,12 +2,14 @@
 
 Subcommands (python3 bench/lib/bench.py CMD ARGS...):
 
-  run LIMIT_S OUT_FILE ERR_FILE -- CMD...
+  run LIMIT_S OUT_FILE ERR_FILE [--syncfs DIR] -- CMD...
       run CMD (stdout to OUT_FILE, stderr to ERR_FILE) within LIMIT_S seconds; print
-      "SECONDS SECONDS_WITH_SYNC" (monotonic clock; the second also covers a sync(2)
-      right after CMD). On failure print a one-line reason and exit 3.
+      "SECONDS SECONDS_WITH_SYNC" (monotonic clock; the second also covers a syncfs(2)
+      of DIR's file system right after CMD, or a sync(2) without --syncfs: the
+      destination durable). On failure print a one-line reason and exit 3.
   port                      a TCP port on 127.0.0.1 that is free now
   mktree DIR DIRS FILES SIZE  DIRS directories of FILES random files of SIZE bytes
+  mkmixed DIR FILES SEED    a mixed-size tree of about FILES files (see MIXED_SIZES)
   change DIR                change one byte of every 100th file (1 %), keeping sizes
   treesum DIR               SHA-256 over the relative names and contents of the tree
   fio JSON                  "p50_us p99_us iops" of fio's single job
@@ -21,6 +23,7 @@ ROW<TAB>TOOL<TAB>KIND<TAB>VALUE, KIND one of v (a value, in the row's unit), fai
 KEY<TAB>VALUE lines of WORK/meta.tsv. report reads both.
 """
 
+import ctypes
 import hashlib
 import json
 import os
@@ -34,9 +37,24 @@ import sys
 import time
 
 
+def syncfs(fd):
+    """syncfs(2) of the file system that fd is on."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syncfs(fd) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
 def run_timed(argv):
-    limit, out, err, sep, cmd = float(argv[0]), argv[1], argv[2], argv[3], argv[4:]
+    limit, out, err = float(argv[0]), argv[1], argv[2]
+    rest = argv[3:]
+    sync_dir = None
+    if rest[0] == "--syncfs":
+        sync_dir, rest = rest[1], rest[2:]
+    sep, cmd = rest[0], rest[1:]
     assert sep == "--" and cmd
+    # Opened before the clock starts: the destination's file system, flushed after CMD.
+    dfd = os.open(sync_dir, os.O_RDONLY | os.O_DIRECTORY) if sync_dir else None
     with open(out, "wb") as fo, open(err, "wb") as fe:
         t0 = time.monotonic()
         p = subprocess.Popen(cmd, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
@@ -48,9 +66,20 @@ def run_timed(argv):
             p.wait()
             print(f"timed out after {limit:.0f} s")
             sys.exit(3)
+        except KeyboardInterrupt:
+            # Its own session does not get the terminal's SIGINT: stop it here, so that
+            # nothing is left writing into a destination being unmounted.
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            raise
         t1 = time.monotonic()
-        os.sync()
+        if dfd is None:
+            os.sync()
+        else:
+            syncfs(dfd)
         t2 = time.monotonic()
+    if dfd is not None:
+        os.close(dfd)
     if rc != 0:
         with open(err, "rb") as f:
             lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines()]
@@ -77,6 +106,103 @@ def mktree(argv):
         for i in range(files):
             with open(os.path.join(p, f"f{i:04}"), "wb") as f:
                 f.write(rng.randbytes(size))
+
+
+# A mixed tree like real source, documentation and home directories (issue 20): most
+# files small, a long tail up to tens of MiB, empty files, symlinks (to files, to
+# directories, a few dangling), executables, deep and wide directories, and varied
+# mtimes (directories' set last, after their contents). The same seed gives the same
+# tree, byte for byte.
+# Size classes: (share of the files, low bytes, high bytes), log-uniform inside a class.
+MIXED_SIZES = [
+    (0.02, 0, 0),                    # empty
+    (0.22, 1, 1 << 10),              # under 1 KiB
+    (0.28, 1 << 10, 4 << 10),
+    (0.26, 4 << 10, 16 << 10),
+    (0.18, 16 << 10, 64 << 10),
+    (0.036, 64 << 10, 768 << 10),    # over the small-file threshold: about 4 %
+    (0.002, 768 << 10, 6 << 20),
+]
+MIXED_HUGE = [20 << 20]              # the tail: one file of tens of MiB
+MIXED_EPOCH = 1_500_000_000          # 2017-07-14; mtimes spread over the 5 years after
+
+
+def mixed_size(rng):
+    x = rng.random()
+    for share, lo, hi in MIXED_SIZES:
+        if x < share:
+            if hi == 0:
+                return 0
+            return int(round(lo * (hi / lo) ** rng.random())) if lo else rng.randint(1, hi)
+        x -= share
+    return rng.randint(1 << 10, 4 << 10)
+
+
+def mkmixed(argv):
+    """mkmixed DIR FILES SEED: a mixed tree of about FILES regular files under DIR (which
+    must not exist); prints what it holds as one JSON line."""
+    root, n, seed = argv[0], int(argv[1]), int(argv[2])
+    rng = random.Random(seed)
+    os.makedirs(root)
+    dirs = [""]
+    # Directory shapes: a few wide ones (hundreds of files), many ordinary ones, and one
+    # deep chain, like include/, doc/ and a project's src/a/b/c/....
+    ndirs = max(1, n // 25)
+    for i in range(1, ndirs):
+        parent = dirs[rng.randrange(len(dirs))] if rng.random() < 0.7 else ""
+        name = f"d{i:04}"
+        dirs.append(f"{parent}/{name}" if parent else name)
+    chain = ""
+    for depth in range(12):
+        chain = f"{chain}/deep{depth}" if chain else "deep0"
+        dirs.append(chain)
+    for d in dirs[1:]:
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    wide = set(rng.sample(dirs, min(3, len(dirs))))
+    weights = [40 if d in wide else 1 for d in dirs]
+    files, total, big = [], 0, 0
+    sizes = [mixed_size(rng) for _ in range(max(0, n - len(MIXED_HUGE)))] + MIXED_HUGE[: n]
+    exts = [".c", ".h", ".txt", ".html", ".md", ".py", ".json", ".png", ".gz", ""]
+    for i, size in enumerate(sizes):
+        d = rng.choices(dirs, weights)[0]
+        rel = os.path.join(d, f"f{i:05}{rng.choice(exts)}")
+        path = os.path.join(root, rel)
+        with open(path, "wb") as f:
+            left = size
+            while left:
+                k = min(left, 1 << 20)
+                f.write(rng.randbytes(k))
+                left -= k
+        r = rng.random()
+        os.chmod(path, 0o755 if r < 0.05 else 0o600 if r < 0.08 else 0o644)
+        os.utime(path, ns=(MIXED_EPOCH * 10**9, (MIXED_EPOCH + rng.randrange(5 * 365 * 86400)) * 10**9
+                           + rng.randrange(10**9)))
+        files.append(rel)
+        total += size
+        big += size > (64 << 10)
+    links = 0
+    for i in range(max(3, n // 150)):
+        d = rng.choice(dirs)
+        link = os.path.join(root, d, f"l{i:04}")
+        r = rng.random()
+        if r < 0.1:
+            target = f"missing-{i}"                       # dangling
+        elif r < 0.3:
+            target = os.path.relpath(os.path.join(root, rng.choice(dirs)), os.path.join(root, d))
+        else:
+            target = os.path.relpath(os.path.join(root, rng.choice(files)), os.path.join(root, d))
+        os.symlink(target, link)
+        os.utime(link, ns=(MIXED_EPOCH * 10**9, (MIXED_EPOCH + rng.randrange(5 * 365 * 86400)) * 10**9),
+                 follow_symlinks=False)
+        links += 1
+    # Directories last, deepest first: creating an entry changes its parent's mtime.
+    for d in sorted(dirs, key=lambda x: -x.count("/") if x else 1):
+        path = os.path.join(root, d) if d else root
+        os.chmod(path, 0o700 if rng.random() < 0.05 else 0o755)
+        t = (MIXED_EPOCH + rng.randrange(5 * 365 * 86400)) * 10**9
+        os.utime(path, ns=(t, t))
+    print(json.dumps({"files": len(files), "bytes": total, "over_64k": big, "symlinks": links,
+                      "dirs": len(dirs)}))
 
 
 def all_files(root):
@@ -148,9 +274,10 @@ PEERS = [("rsync", "rsync daemon"), ("scp", "scp"), ("sshfs", "sshfs"),
 # What the ceiling column holds in each row (the JSON's "ceiling_source"): the raw
 # transport where the network binds, the local disk where it does not.
 LOCAL_FIO = "local disk: the mounts' fio job on the file itself"
+LOCAL_TAR = "local disk: tar | tar of the same tree"
 CEILING_SOURCE = {
     "upload": "iperf3 -l 1M (raw TCP)", "download": "iperf3 -l 1M -R (raw TCP)",
-    "small_up": "local disk: tar | tar of the same tree", "small_down": "local disk: tar | tar of the same tree",
+    "small_up": LOCAL_TAR, "small_down": LOCAL_TAR, "mixed_up": LOCAL_TAR, "mixed_down": LOCAL_TAR,
     "fuse_seq": "local disk: dd bs=1M of the file itself",
     "fuse_iops": LOCAL_FIO, "fuse_p50": LOCAL_FIO, "fuse_p99": LOCAL_FIO,
     "rdma_up": "ib_read_bw (perftest)", "rdma_down": "ib_write_bw (perftest)",
@@ -163,16 +290,24 @@ def small_label(meta):
     return f"{int(meta['small_n']):,} files of 4 KiB"
 
 
+def mixed_label(meta):
+    return f"a mixed tree of {int(meta.get('mixed_n') or 0):,} files"
+
+
 def rows(meta):
-    size, small = meta["size_label"], small_label(meta)
+    size, small, mixed = meta["size_label"], small_label(meta), mixed_label(meta)
     g = "≥ {:g}× {}".format
+    both = ("both", ("rsync", 1.5), ("ceiling", 1.0))
     return [
-        # id, job, unit, better, target: (peer, factor; None: no target, ratio shown)
-        # or ("abs", "le", limit): an absolute limit, ratio against sshfs
+        # id, job, unit, better, target: (peer, factor; None: no target, ratio shown),
+        # ("abs", "le", limit): an absolute limit, ratio against sshfs, or ("both",
+        # (peer, factor), ...): every one of them, each ratio shown
         ("upload", f"upload one {size} file", "GB/s", HIGHER, ("rsync", 2.0), g(2, "rsync daemon")),
         ("download", f"download one {size} file", "GB/s", HIGHER, ("rsync", 2.0), g(2, "rsync daemon")),
         ("small_up", f"upload {small}", "files/s", HIGHER, ("rsync", 3.0), g(3, "rsync daemon")),
         ("small_down", f"download {small}", "files/s", HIGHER, ("rsync", 3.0), g(3, "rsync daemon")),
+        ("mixed_up", f"upload {mixed}", "files/s", HIGHER, both, g(1.5, "rsync daemon") + " and ≥ tar | tar"),
+        ("mixed_down", f"download {mixed}", "files/s", HIGHER, both, g(1.5, "rsync daemon") + " and ≥ tar | tar"),
         ("fuse_seq", f"FUSE sequential read, {size}", "MB/s", HIGHER, ("sshfs", 5.0), g(5, "sshfs")),
         ("fuse_iops", "FUSE 4 KiB random read QD1", "IOPS", HIGHER, ("sshfs", 3.0), g(3, "sshfs")),
         ("fuse_p50", "FUSE 4 KiB random read QD1, p50", "µs", LOWER, ("abs", "le", 60.0), "≤ 60 µs"),
@@ -187,7 +322,10 @@ def rows(meta):
     ]
 
 
-SYNC_ROWS = ["upload", "download", "small_up", "small_down", "backup_inc", "backup_full"]
+# The copy rows: each run also timed until its destination's file system was synced
+# (ROW.sync), the headline; the tool alone (ROW) is the second table.
+SYNC_ROWS = ["upload", "download", "small_up", "small_down", "mixed_up", "mixed_down",
+             "backup_inc", "backup_full"]
 
 
 def fmt(v, unit):
@@ -232,13 +370,28 @@ def better(a, b, direction):
     return a / b if direction == HIGHER else b / a
 
 
-def evaluate(meta, res):
-    """One dict per table row: the cells and the verdict."""
+def durable(res):
+    """res with each copy row's cells replaced by its runs timed with the sync (ROW.sync;
+    a tool without those, the iperf3 ceiling or a failure, keeps its own cell)."""
+    out = dict(res)
+    for rid in SYNC_ROWS:
+        merged = dict(res.get(rid, {}))
+        merged.update(res.get(rid + ".sync", {}))
+        if merged:
+            out[rid] = merged
+        for suffix in (".mb",):
+            if rid + ".sync" + suffix in res:
+                out[rid + suffix] = res[rid + ".sync" + suffix]
+    return out
+
+
+def evaluate(meta, res, only=None):
+    """One dict per table row (of the rows in only, if given): the cells and the verdict."""
     out = []
     reps = int(meta["reps"])
     for rid, job, unit, direction, target, target_text in rows(meta):
         tools = res.get(rid, {})
-        if not tools:
+        if not tools or (only is not None and rid not in only):
             continue
 
         def cell(tool):
@@ -260,7 +413,17 @@ def evaluate(meta, res):
             if v is not None and (best is None or (better(v, best[1], direction) or 0) > 1):
                 best = (t, v)
         ratio, met, ratio_text = None, None, "—"
-        if target and target[0] == "abs":
+        if target and target[0] == "both":
+            texts, mets = [], []
+            for peer, factor in target[1:]:
+                r = better(ferry, cells[peer][1], direction)
+                ratio = r if ratio is None and peer != "ceiling" else ratio
+                name = "tar | tar" if peer == "ceiling" else TOOL_NAMES[peer].split()[0]
+                texts.append("—" if r is None else f"{r:.2f}× {name}")
+                mets.append(None if r is None else r >= factor)
+            ratio_text = ", ".join(texts)
+            met = None if None in mets else all(mets)
+        elif target and target[0] == "abs":
             met = None if ferry is None else ferry <= target[2]
             ratio = better(ferry, cells["sshfs"][1], direction)
             if ratio is not None:
@@ -282,6 +445,9 @@ def evaluate(meta, res):
             "ratio": ratio, "ratio_text": ratio_text,
             "met": met, "met_text": {True: "yes", False: "**no**", None: "—"}[met],
         })
+        mb = res.get(rid + ".mb")
+        if mb:
+            out[-1]["mb_s"] = {t: c["median"] for t, c in mb.items()}
     return out
 
 
@@ -292,26 +458,23 @@ def markdown_table(table):
     for r in table:
         cells = [r["job"], r["unit"], r["ferry_text"]] + [r["peers"][t]["text"] for t, _ in PEERS] + \
             [r["best_text"], r["ratio_text"], r["target"], r["met_text"]]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 
 
-def sync_table(meta, res):
-    units = {rid: unit for rid, _, unit, *_ in rows(meta)}
-    jobs = {rid: job for rid, job, *_ in rows(meta)}
-    lines = []
-    for rid in SYNC_ROWS:
-        tools = res.get(rid + ".sync")
-        if not tools:
-            continue
-        cells = []
-        for t in ("ferry", "rsync", "scp"):
-            c = tools.get(t)
-            cells.append("—" if c is None or c["median"] is None else fmt(c["median"], units[rid]))
-        lines.append(f"| {jobs[rid]} + sync | {units[rid]} | " + " | ".join(cells) + " |")
-    if not lines:
+def alone_table(table):
+    """The copy rows timed to the tool's exit alone (no sync after it)."""
+    if not table:
         return ""
-    return "\n".join(["| job | unit | Ferry | rsync daemon | scp |", "|---|---|---:|---:|---:|"] + lines)
+    lines = ["| job | unit | Ferry | rsync daemon | scp | local disk (tar \\| tar) | Ferry vs rsync daemon |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for r in table:
+        ceiling = r["peers"]["ceiling"]["text"] if r["ceiling_source"] == LOCAL_TAR else "—"
+        vs = better(r["ferry"], r["peers"]["rsync"]["median"], r["better"])
+        cells = [r["job"], r["unit"], r["ferry_text"], r["peers"]["rsync"]["text"],
+                 r["peers"]["scp"]["text"], ceiling, "—" if vs is None else f"{vs:.2f}×"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
 
 
 def header(meta):
@@ -328,32 +491,45 @@ def header(meta):
         f" iperf3 {m['iperf3_version']}; fio {m['fio_version']}",
         f"- data: one {m['size_label']} file of random bytes, the same file for every tool"
         f" (all servers export one directory); {small_label(m)} in {m['small_dirs']} directories;"
-        f" fio {m['fio_s']} s per run",
+        + (f" a mixed tree (`bench.py mkmixed`) of {m['mixed_desc']};" if m.get("mixed_desc") else "")
+        + f" fio {m['fio_s']} s per run",
         f"- page cache: {m['cache']}",
-        "- before each run the previous destination goes away (a file is deleted; a tree is"
-        " moved into a trash directory, deleted at the end: this ext4 has no journal, and its"
-        " inode allocator skips each inode deleted in the last minutes one by one, a cost that"
-        " would fall on whichever tool runs after a deletion); every copy is compared"
-        " with its source (cmp, or SHA-256 of the tree) in the first run, sizes in the others",
-        "- times are the tool's command alone: Ferry makes each file durable before renaming it"
-        " into place (an fsync per big file, one syncfs per batch of small files), rsync and scp"
-        " do not; the same runs timed with a `sync` after the tool are in the second table",
+        (f"- destinations (every copy and backup, every tool, the local-disk ceiling too): {m['dstfs']}:"
+         " no tool pays for another's deleted inodes or journal; uploads reach it as `dst/` in"
+         " ferryd's share and the rsync daemon's module"
+         if m.get("dstfs") else
+         "- destinations: a directory on the temp dir's file system (no loop device here: see"
+         " the notes); before each run the previous destination goes away (a file is deleted;"
+         " a tree is moved into a trash directory, deleted at the end: on an ext4 without a"
+         " journal the inode allocator skips each inode deleted in the last minutes one by one,"
+         " a cost that would fall on whichever tool runs after a deletion)")
+        + "; every copy is compared with its source (cmp, or SHA-256 of the tree) in the first"
+        " run, sizes in the others",
+        "- the first table times each copy until its destination is durable: the tool's"
+        " command, then a syncfs(2) of the destination's file system (`sync -f DEST`) once it"
+        " returned. Ferry makes each file durable before renaming it into place (an fsync per"
+        " big file, one syncfs per batch of small files), rsync, scp and tar do not, so the"
+        " syncfs is where their write-back is paid. The second table has the same runs timed"
+        " to the tool's exit alone. iperf3 and the FUSE reads have no destination: their"
+        " cells are their own times",
         "- peers: rsync daemon (`rsync -W` for one file, `-a` for trees, `--link-dest` for"
         " backups) on 127.0.0.1, scp and sshfs to a private sshd on 127.0.0.1 (cipher "
         f"{m['cipher']}), iperf3 `-l 1M` (`-R` for download) as the raw TCP ceiling;"
         " best peer leaves out the ceiling",
-        "- local-disk ceiling (the ceiling column of the small-file and FUSE rows): what the"
+        "- local-disk ceiling (the ceiling column of the small-file, mixed-tree and FUSE rows): what the"
         " local disk does with the same data and cache state; no network tool can beat it."
         " Each row's job measures it in every run, after the tools, with the same settle and"
         " median: `tar -C SRC -cf - . | tar -C DST -xf -` of the same tree into that row's"
-        " destination, removed before and created fresh, on the same file system (files/s;"
-        " the command alone, like the others, and checked like them; its time with a `sync`"
-        " after it is in the JSON), a `dd bs=1M` of the big file itself (MB/s), and the"
+        " destination on the same fresh file system (files/s; timed with the syncfs in the"
+        " first table and alone in the second, and checked like the others), a `dd bs=1M`"
+        " of the big file itself (MB/s), and the"
         " mounts' fio job (4 KiB psync reads at QD1) on the file itself (the disk's own 4 KiB"
         " reads: a FUSE client that fetches bigger chunks into its cache can undercut its"
         " latency on a small file)",
         "- Ferry vs target: Ferry's speed-up over the issue's target peer (> 1× is faster;"
-        " for times and latencies the peer's value / Ferry's)",
+        " for times and latencies the peer's value / Ferry's); the mixed tree's rows show it"
+        " over the rsync daemon and over tar | tar (both targets must be met). Their MB/s are"
+        " in the JSON (`mb_s` of each row)",
     ] + [f"- {n}" for n in m.get("notes", "").split("\x1f") if n])
 
 
@@ -362,7 +538,8 @@ def chart(work, out_png, meta, table):
     if gnuplot is None:
         return "gnuplot not installed: no chart"
     short = {"upload": "upload", "download": "download", "small_up": "small files\\nupload",
-             "small_down": "small files\\ndownload", "fuse_seq": "FUSE\\nsequential read",
+             "small_down": "small files\\ndownload", "mixed_up": "mixed tree\\nupload",
+             "mixed_down": "mixed tree\\ndownload", "fuse_seq": "FUSE\\nsequential read",
              "fuse_iops": "FUSE 4 KiB\\nrandom read", "backup_inc": "incremental\\nbackup",
              "backup_full": "full\\nbackup", "rdma_up": "Soft-RoCE\\nupload",
              "rdma_down": "Soft-RoCE\\ndownload"}
@@ -379,7 +556,8 @@ def chart(work, out_png, meta, table):
             norm = [better(v, ref, r["better"]) if v is not None else None for v in vals]
             if ref_tool == "ceiling":
                 norm = [None if v is None or not ref else v / ref for v in vals]
-            factor = {"upload": 2, "download": 2, "small_up": 3, "small_down": 3, "fuse_seq": 5,
+            factor = {"upload": 2, "download": 2, "small_up": 3, "small_down": 3, "mixed_up": 1.5,
+                      "mixed_down": 1.5, "fuse_seq": 5,
                       "fuse_iops": 3, "backup_inc": 1, "rdma_up": 0.8, "rdma_down": 0.8}.get(r["id"])
             label = f"{short[r['id']]}\\nFerry {fmt(r['ferry'], r['unit'])} {r['unit']}"
             cells = ["NaN" if v is None else f"{v:.4f}" for v in norm]
@@ -491,15 +669,18 @@ def floor_note(meta, res):
 def report(argv):
     work, out_base, readme = argv[0], argv[1], argv[2]
     meta, res = load(work)
-    table = evaluate(meta, res)
-    md = [header(meta), "", markdown_table(table)]
+    table = evaluate(meta, durable(res))
+    alone = evaluate(meta, res, only=SYNC_ROWS)
+    md = [header(meta), "", "Each copy timed until its destination is durable (the tool, then"
+          " `sync -f` of the destination's file system):", "", markdown_table(table)]
     floor = floor_note(meta, res)
     if floor:
         md += ["", floor]
-    st = sync_table(meta, res)
+    st = alone_table(alone)
     if st:
-        md += ["", "The copy jobs again, each run timed until a `sync` after the tool returned"
-               " (what Ferry's flushes cost the others):", "", st]
+        md += ["", "The copy jobs again, each run timed to the tool's exit alone (no sync after"
+               " it: what rsync, scp and tar leave in the page cache is not yet on the disk):",
+               "", st]
     md_text = "\n".join(md) + "\n"
     print(md_text)
     if out_base == "-":
@@ -507,7 +688,8 @@ def report(argv):
     with open(out_base + ".md", "w") as f:
         f.write(md_text)
     with open(out_base + ".json", "w") as f:
-        json.dump({"meta": meta, "rows": table, "raw": res}, f, indent=1, ensure_ascii=False)
+        json.dump({"meta": meta, "rows": table, "rows_tool_alone": alone, "raw": res}, f, indent=1,
+                  ensure_ascii=False)
         f.write("\n")
     problem = chart(work, out_base + ".png", meta, table)
     if problem:
@@ -517,7 +699,10 @@ def report(argv):
         block = "\n".join([
             f"Measured by `bench/run` on {meta['date']}: {meta['cpu']}, {meta['cores']} cores,"
             f" kernel {meta['kernel']}; median of {meta['reps']} runs, everything on 127.0.0.1,"
-            f" page cache {meta['cache'].split(':')[0]}. Full report with versions and notes:"
+            f" page cache {meta['cache'].split(':')[0]}; each copy timed until its destination"
+            + (" (a fresh journaled ext4)" if meta.get("dstfs") else "")
+            + " is durable (the tool, then `sync -f` of that file system). Full report with"
+            " versions, notes and the times of the tools alone:"
             f" [bench/results/{name}.md](bench/results/{name}.md).",
             "",
             markdown_table(table),
@@ -531,6 +716,6 @@ def report(argv):
 
 
 if __name__ == "__main__":
-    {"run": run_timed, "port": free_port, "mktree": mktree, "change": change,
+    {"run": run_timed, "port": free_port, "mktree": mktree, "mkmixed": mkmixed, "change": change,
      "treesum": treesum, "fio": fio, "iperf": iperf, "field": field,
      "report": report}[sys.argv[1]](sys.argv[2:])

@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034 # some globals (DSTFS_WHY, DSTFS_DIO) are read by bench/run
 # Shared by bench/run and bench/lib/*.sh (sourced): logging, processes started in
 # the background and stopped by PID, mounts, the time budget, result records.
 #
@@ -77,7 +77,75 @@ wait_mounted() {
     return 1
 }
 
-# discard PATH...: make each PATH go away for the next run. A directory is moved into
+# --- the destinations' file system -------------------------------------------
+# Every copy lands on a fresh journaled ext4 (data=ordered, the default: what storage
+# nodes run) on a loop device over a sparse image in $WORK, mounted at DSTFS_MNT and
+# made again (umount, mkfs, mount) before each tool's run (dstfs_fresh), so that no
+# tool pays for another's deleted inodes or uncheckpointed journal. Without root, a
+# loop device or mkfs.ext4, DSTFS_DEV stays empty (DSTFS_WHY says why) and the
+# destinations are a plain directory on $WORK's file system, cleared by discard.
+DSTFS_DEV="" DSTFS_IMG="" DSTFS_MNT="" DSTFS_WHY="" DSTFS_DIO=""
+# shellcheck disable=SC2054 # the commas are mkfs.ext4's, inside one argument
+DSTFS_MKFS=(mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0)
+# dstfs_setup DIR SIZE_MIB: a new SIZE_MIB image, on a loop device, mounted at DIR;
+# returns 1 with the cause in DSTFS_WHY (and nothing left behind).
+dstfs_setup() {
+    local c
+    DSTFS_MNT="$1"
+    mkdir -p "$DSTFS_MNT"
+    if [ "$(id -u)" -ne 0 ]; then DSTFS_WHY="not root"; return 1; fi
+    for c in losetup mkfs.ext4 mount umount; do
+        command -v "$c" >/dev/null 2>&1 || { DSTFS_WHY="no $c"; return 1; }
+    done
+    [ -c /dev/loop-control ] || { DSTFS_WHY="no /dev/loop-control"; return 1; }
+    DSTFS_IMG="$WORK/dstfs.img"
+    truncate -s "${2}M" "$DSTFS_IMG" || { DSTFS_WHY="cannot make a ${2} MiB image file"; return 1; }
+    # Direct I/O: the image's blocks are not cached a second time, as on a disk.
+    if DSTFS_DEV="$(losetup --find --show --direct-io=on "$DSTFS_IMG" 2>>"$WORK/logs/dstfs.log")"; then
+        case "$(cat "/sys/block/${DSTFS_DEV#/dev/}/loop/dio" 2>/dev/null)" in 1) DSTFS_DIO=on ;; *) DSTFS_DIO=off ;; esac
+    elif DSTFS_DIO=off && ! DSTFS_DEV="$(losetup --find --show "$DSTFS_IMG" 2>>"$WORK/logs/dstfs.log")"; then
+        DSTFS_DEV="" DSTFS_WHY="losetup failed: $(tail -n 1 "$WORK/logs/dstfs.log")"
+        return 1
+    fi
+    if ! "${DSTFS_MKFS[@]}" "$DSTFS_DEV" >>"$WORK/logs/dstfs.log" 2>&1 ||
+        ! mount -t ext4 "$DSTFS_DEV" "$DSTFS_MNT" 2>>"$WORK/logs/dstfs.log"; then
+        DSTFS_WHY="mkfs.ext4 or mount of $DSTFS_DEV failed: $(tail -n 1 "$WORK/logs/dstfs.log")"
+        losetup -d "$DSTFS_DEV" 2>/dev/null || true
+        DSTFS_DEV=""
+        return 1
+    fi
+}
+# dstfs_umount: unmount DSTFS_MNT; a server that has just answered may still be closing
+# its files (an rsync daemon's child), so retry for 10 s. Fails if still busy.
+dstfs_umount() {
+    local _
+    for _ in $(seq 1 100); do
+        umount "$DSTFS_MNT" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    umount "$DSTFS_MNT" 2>>"$WORK/logs/dstfs.log"
+}
+# dstfs_fresh: a new, empty file system at DSTFS_MNT (umount, mkfs, mount). Dies if
+# something still holds the old one: no server may keep a descriptor into it, or its
+# writes would land on a file system that is no longer the destination.
+dstfs_fresh() {
+    [ -n "$DSTFS_DEV" ] || return 0
+    if ! dstfs_umount; then
+        local who=""
+        ! command -v fuser >/dev/null 2>&1 || who=" by PIDs $(fuser -m "$DSTFS_MNT" 2>/dev/null | tr -s ' ')"
+        die "cannot unmount $DSTFS_MNT to make it fresh: still held$who"
+    fi
+    "${DSTFS_MKFS[@]}" "$DSTFS_DEV" >>"$WORK/logs/dstfs.log" 2>&1 || die "mkfs.ext4 $DSTFS_DEV failed"
+    mount -t ext4 "$DSTFS_DEV" "$DSTFS_MNT" 2>>"$WORK/logs/dstfs.log" || die "mount $DSTFS_DEV on $DSTFS_MNT failed"
+}
+# clear_dest PATH...: make each PATH go away for the next run: a fresh file system
+# under the loop device, else discard.
+clear_dest() {
+    if [ -n "$DSTFS_DEV" ]; then dstfs_fresh; else discard "$@"; fi
+}
+
+# discard PATH...: make each PATH go away for the next run where the destinations are
+# not on the loop device. A directory is moved into
 # $WORK/trash (same file system: a rename), not deleted: on an ext4 without a journal
 # (these machines' disks) the inode allocator skips every inode deleted in the last
 # 60-300 s, one by one, so a tree of 10,000 files created just after 10,000 were
@@ -110,6 +178,16 @@ cleanup() {
             fusermount3 -u -z "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
         fi
     done
+    # The destinations' file system, then its loop device (a lazy unmount if it is
+    # still busy: the device then goes when its last user does, autoclear).
+    if [ -n "$DSTFS_DEV" ]; then
+        if [ -n "$(fstype_at "$DSTFS_MNT")" ] && ! dstfs_umount; then
+            warn "$DSTFS_MNT is still busy; lazy unmount"
+            umount -l "$DSTFS_MNT" 2>/dev/null || true
+        fi
+        losetup -d "$DSTFS_DEV" 2>/dev/null || warn "losetup -d $DSTFS_DEV failed"
+        DSTFS_DEV=""
+    fi
     # --one-file-system: never descend into a mount that could not be removed.
     if [ -n "${WORK:-}" ]; then rm -rf --one-file-system "$WORK"; fi
 }

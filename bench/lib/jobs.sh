@@ -1,7 +1,8 @@
 # shellcheck shell=bash disable=SC2034 # its globals are read by bench/run and the other libs
 # The jobs of bench/run (sourced). Each job_X REP runs one repetition: Ferry first,
-# then each peer, every run from the same cache state (settle) with its destination
-# removed, and checked against its source (cmp or tree SHA-256 in the first
+# then each peer, every run from the same cache state (settle) onto a fresh file
+# system (dstfs_fresh; or with its destination removed, see clear_dest), and checked
+# against its source (cmp or tree SHA-256 in the first
 # repetition, size or file count in the others). Ferry failing ends the run; a
 # peer failing gets a "failed: ..." cell and is not run again in that job. The
 # "ceiling" tool is iperf3 for one big file, the local disk (tar | tar, dd, fio on the
@@ -35,23 +36,28 @@ fail() {
         die "$1: Ferry failed: $3"
     fi
     warn "$1: $2 failed: $3 (its cell says so; the run goes on)"
-    record_fail "$1" "$2" "$3"
+    # The cell names paths relative to the work dir: the reason is cut at 160 characters.
+    record_fail "$1" "$2" "${3//"$WORK/"/}"
     DEAD[$1.$2]=1
     return 1
 }
 
 # timed ROW TOOL LIMIT_S CMD...: settle the cache, run CMD; sets T (seconds) and TS
-# (seconds until a sync after it returned). stdout is in $WORK/out. A command cut
+# (seconds until the file system of directory SYNC_FS was synced after it returned,
+# syncfs(2): the destination durable; a whole sync(2) where SYNC_FS is empty). stdout
+# is in $WORK/out. A command cut
 # short because the time budget ran out is nobody's failure: it sets OUT_OF_BUDGET,
 # after which timed runs nothing more (run_job stops the job, and skips the rest).
 OUT_OF_BUDGET=0
+SYNC_FS=""
 timed() {
-    local row="$1" tool="$2" own="$3" lim res
+    local row="$1" tool="$2" own="$3" lim res sync=()
     [ "$OUT_OF_BUDGET" = 0 ] || return 1
     lim="$(limit "$own")"
     shift 3
+    [ -z "$SYNC_FS" ] || sync=(--syncfs "$SYNC_FS")
     settle "${SOURCE[@]}"
-    if res="$(python3 "$BENCH_PY" run "$lim" "$WORK/out" "$WORK/err" -- "$@")"; then
+    if res="$(python3 "$BENCH_PY" run "$lim" "$WORK/out" "$WORK/err" "${sync[@]}" -- "$@")"; then
         read -r T TS <<<"$res"
         return 0
     fi
@@ -84,19 +90,32 @@ check() {
 }
 
 # copy_run ROW TOOL ORIGINAL DEST REP CMD...: one timed copy of ORIGINAL to DEST by
-# CMD; records GB/s (a file) or files/s (a tree), without and with the sync.
+# CMD onto a fresh destination file system, timed until that file system is synced
+# too; records GB/s (a file) or files/s (a tree; and MB/s of the mixed tree, as
+# ROW.mb), without (ROW) and with the sync (ROW.sync).
 copy_run() {
-    local row="$1" tool="$2" orig="$3" dest="$4" rep="$5" amount scale=1
+    local row="$1" tool="$2" orig="$3" dest="$4" rep="$5" amount scale=1 ok=1
     shift 5
-    discard "$dest"
+    clear_dest "$dest"
     SOURCE=("$orig")
-    timed "$row" "$tool" "$COPY_LIMIT_S" "$@" || return 0
+    SYNC_FS="$(dirname "$dest")"
+    timed "$row" "$tool" "$COPY_LIMIT_S" "$@" || ok=0
+    SYNC_FS=""
+    [ "$ok" = 1 ] || return 0
     if ! check "$row" "$orig" "$dest" "$rep"; then
-        discard "$dest"
+        [ -n "$DSTFS_DEV" ] || discard "$dest"
         fail "$row" "$tool" "the copy differs from the original" || return 0
     fi
-    discard "$dest"
-    if [ -f "$orig" ]; then amount="$SIZE_BYTES" scale=1e9; else amount="$SMALL_N"; fi
+    [ -n "$DSTFS_DEV" ] || discard "$dest"
+    case "$row" in
+        upload | download) amount="$SIZE_BYTES" scale=1e9 ;;
+        small_*) amount="$SMALL_N" ;;
+        mixed_*)
+            amount="$MIXED_FILES"
+            record "$row.mb" "$tool" "$(rate "$MIXED_BYTES" "$T" 1e6)"
+            record "$row.sync.mb" "$tool" "$(rate "$MIXED_BYTES" "$TS" 1e6)"
+            ;;
+    esac
     record "$row" "$tool" "$(rate "$amount" "$T" "$scale")"
     record "$row.sync" "$tool" "$(rate "$amount" "$TS" "$scale")"
 }
@@ -112,30 +131,47 @@ ceiling_run() {
     record "$row" ceiling "$(rate "$bps" 1 1e9)"
 }
 
-# --- (a, b, c) copies: one big file, many small files; each both ways ----------------------
+# --- (a, b, c, g) copies: one big file, many small files, a mixed tree; each both ways ---------
 # command_for ROW TOOL: CMD = the command line of TOOL for ROW, DEST its destination.
+# Every destination is under $DST (inside $SRV, so that ferryd's share and the rsync
+# module reach uploads there as dst/...): the loop file system's mount, made fresh
+# before each run.
 command_for() {
-    local up="$SRV/up.bin" down="$DL/big.bin" tree_up="$SRV/small-up" tree_down="$DL/small"
     local rcp=("$RCP" --json --transport tcp) scp=(scp "${SSH_OPTS[@]}" -P "${SSH_PORT:-22}")
+    local tree="" src name
+    case "$1" in
+        small_*) tree=small src="$SMALL" ;;
+        mixed_*) tree=mixed src="$MIXED" ;;
+    esac
+    if [ -n "$tree" ]; then
+        # ROW is TREE_up (DEST dst/TREE-up, uploaded) or TREE_down (DEST dst/TREE, downloaded).
+        name="$tree"
+        [ "$1" != "${tree}_up" ] || name="$tree-up"
+        # shellcheck disable=SC2153 # DST is set by bench/run
+        DEST="$DST/$name"
+        case "$1.$2" in
+            *_up.ferry) CMD=("${rcp[@]}" -r "$src" "$FERRY_ADDR:bench/dst/$name") ;;
+            *_up.rsync) CMD=(rsync -a "$src/" "$RSYNC_URL/dst/$name/") ;;
+            *_up.scp) CMD=("${scp[@]}" -r "$src" "$SSH_USER_HOST:$DEST") ;;
+            *_down.ferry) CMD=("${rcp[@]}" -r "$FERRY_ADDR:bench/$tree" "$DEST") ;;
+            *_down.rsync) CMD=(rsync -a "$RSYNC_URL/$tree/" "$DEST/") ;;
+            *_down.scp) CMD=("${scp[@]}" -r "$SSH_USER_HOST:$src" "$DEST") ;;
+            *.local) CMD=(bash -c "$LOCAL_TREE_COPY" local-copy "$src" "$DEST") ;;
+        esac
+        return 0
+    fi
     case "$1.$2" in
-        upload.ferry) CMD=("${rcp[@]}" "$BIG" "$FERRY_ADDR:bench/up.bin") DEST="$up" ;;
-        upload.rsync) CMD=(rsync -W "$BIG" "$RSYNC_URL/up.bin") DEST="$up" ;;
-        upload.scp) CMD=("${scp[@]}" "$BIG" "$SSH_USER_HOST:$up") DEST="$up" ;;
-        download.ferry) CMD=("${rcp[@]}" "$FERRY_ADDR:bench/big.bin" "$down") DEST="$down" ;;
-        download.rsync) CMD=(rsync -W "$RSYNC_URL/big.bin" "$down") DEST="$down" ;;
-        download.scp) CMD=("${scp[@]}" "$SSH_USER_HOST:$BIG" "$down") DEST="$down" ;;
-        small_up.ferry) CMD=("${rcp[@]}" -r "$SMALL" "$FERRY_ADDR:bench/small-up") DEST="$tree_up" ;;
-        small_up.rsync) CMD=(rsync -a "$SMALL/" "$RSYNC_URL/small-up/") DEST="$tree_up" ;;
-        small_up.scp) CMD=("${scp[@]}" -r "$SMALL" "$SSH_USER_HOST:$tree_up") DEST="$tree_up" ;;
-        small_down.ferry) CMD=("${rcp[@]}" -r "$FERRY_ADDR:bench/small" "$tree_down") DEST="$tree_down" ;;
-        small_down.rsync) CMD=(rsync -a "$RSYNC_URL/small/" "$tree_down/") DEST="$tree_down" ;;
-        small_down.scp) CMD=("${scp[@]}" -r "$SSH_USER_HOST:$SMALL" "$tree_down") DEST="$tree_down" ;;
-        small_up.local) CMD=(bash -c "$LOCAL_TREE_COPY" local-copy "$SMALL" "$tree_up") DEST="$tree_up" ;;
-        small_down.local) CMD=(bash -c "$LOCAL_TREE_COPY" local-copy "$SMALL" "$tree_down") DEST="$tree_down" ;;
+        upload.ferry) CMD=("${rcp[@]}" "$BIG" "$FERRY_ADDR:bench/dst/up.bin") DEST="$DST/up.bin" ;;
+        upload.rsync) CMD=(rsync -W "$BIG" "$RSYNC_URL/dst/up.bin") DEST="$DST/up.bin" ;;
+        upload.scp) CMD=("${scp[@]}" "$BIG" "$SSH_USER_HOST:$DST/up.bin") DEST="$DST/up.bin" ;;
+        download.ferry) CMD=("${rcp[@]}" "$FERRY_ADDR:bench/big.bin" "$DST/big.bin") DEST="$DST/big.bin" ;;
+        download.rsync) CMD=(rsync -W "$RSYNC_URL/big.bin" "$DST/big.bin") DEST="$DST/big.bin" ;;
+        download.scp) CMD=("${scp[@]}" "$SSH_USER_HOST:$BIG" "$DST/big.bin") DEST="$DST/big.bin" ;;
     esac
 }
-# The local-disk ceiling of a tree copy: the same tree copied on the same file system,
-# no network, into a fresh directory (bash -c SCRIPT NAME SOURCE DEST).
+# The local-disk ceiling of a tree copy: the same tree copied from the same source to
+# the same fresh destination file system, no network, into a new directory (bash -c
+# SCRIPT NAME SOURCE DEST).
 # shellcheck disable=SC2016 # expanded by that bash, not this one
 LOCAL_TREE_COPY='set -o pipefail; mkdir -- "$2" && tar -C "$1" -cf - . | tar -C "$2" -xf -'
 # copy_job ROW ORIGINAL REP: Ferry, then rsync and scp, copy ORIGINAL once each; for a
@@ -164,6 +200,11 @@ job_download() {
 job_small() {
     copy_job small_up "$SMALL" "$1"
     copy_job small_down "$SMALL" "$1"
+}
+# The mixed tree of bench.py mkmixed (issue 20): what real trees hold, symlinks too.
+job_mixed() {
+    copy_job mixed_up "$MIXED" "$1"
+    copy_job mixed_down "$MIXED" "$1"
 }
 
 # --- (d) FUSE: ferry-mount and sshfs ----------------------------------------------------
@@ -279,13 +320,17 @@ rtt_floor() {
 }
 
 # --- (e) incremental backup -------------------------------------------------------------
-# backup_run ROW TOOL REP CMD...: one timed backup of $BSRC; the snapshot it made must
-# equal $BSRC (rcp backup's is named in its --json; rsync's is $RSYNC_SNAP).
+# backup_run ROW TOOL REP CMD...: one timed backup of $BSRC into $DST, timed until
+# $DST's file system is synced too; the snapshot it made must equal $BSRC (rcp
+# backup's is named in its --json; rsync's is $RSYNC_SNAP).
 backup_run() {
-    local row="$1" tool="$2" rep="$3" snap
+    local row="$1" tool="$2" rep="$3" snap ok=1
     shift 3
     SOURCE=("$BSRC")
-    timed "$row" "$tool" "$COPY_LIMIT_S" "$@" || return 0
+    SYNC_FS="$DST"
+    timed "$row" "$tool" "$COPY_LIMIT_S" "$@" || ok=0
+    SYNC_FS=""
+    [ "$ok" = 1 ] || return 0
     if [ "$tool" = ferry ]; then
         snap="$SRV/$(python3 "$BENCH_PY" field "$WORK/out" targets 0 snapshot)" || die "$row: no snapshot in rcp backup's --json"
     else
@@ -297,20 +342,22 @@ backup_run() {
     record "$row" "$tool" "$T"
     record "$row.sync" "$tool" "$TS"
 }
+# One fresh file system per repetition holds both tools' snapshots (an incremental
+# backup needs the full one before it); nothing is deleted on it during the repetition.
 job_backup() {
     local r="$1"
-    discard "$SRV/bk" "$SRV/bk-rsync"
-    mkdir -p "$SRV/bk-rsync"
-    backup_run backup_full ferry "$r" "$RCP" backup --json --transport tcp "$BSRC" "$FERRY_ADDR:bench/bk"
-    RSYNC_SNAP="$SRV/bk-rsync/1"
-    if peer_ok backup_full rsync; then backup_run backup_full rsync "$r" rsync -a "$BSRC/" "$RSYNC_URL/bk-rsync/1/"; fi
+    clear_dest "$DST/bk" "$DST/bk-rsync"
+    mkdir -p "$DST/bk-rsync"
+    backup_run backup_full ferry "$r" "$RCP" backup --json --transport tcp "$BSRC" "$FERRY_ADDR:bench/dst/bk"
+    RSYNC_SNAP="$DST/bk-rsync/1"
+    if peer_ok backup_full rsync; then backup_run backup_full rsync "$r" rsync -a "$BSRC/" "$RSYNC_URL/dst/bk-rsync/1/"; fi
     sleep 1.1 # rcp backup's snapshot names have a resolution of one second
     python3 "$BENCH_PY" change "$BSRC"
     unset 'TREESUM[$BSRC]'
-    backup_run backup_inc ferry "$r" "$RCP" backup --json --transport tcp "$BSRC" "$FERRY_ADDR:bench/bk"
-    RSYNC_SNAP="$SRV/bk-rsync/2"
+    backup_run backup_inc ferry "$r" "$RCP" backup --json --transport tcp "$BSRC" "$FERRY_ADDR:bench/dst/bk"
+    RSYNC_SNAP="$DST/bk-rsync/2"
     if peer_ok backup_inc rsync && [ -z "${DEAD[backup_full.rsync]:-}" ]; then
-        backup_run backup_inc rsync "$r" rsync -a --link-dest=../1 "$BSRC/" "$RSYNC_URL/bk-rsync/2/"
+        backup_run backup_inc rsync "$r" rsync -a --link-dest=../1 "$BSRC/" "$RSYNC_URL/dst/bk-rsync/2/"
     fi
 }
 

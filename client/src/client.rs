@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 use ferry_common::auth::Secret;
 use ferry_common::codec;
 use ferry_common::msg::{
-    Attr, DirEntry, DiskUsage, ErrorKind, FileVersion, FsStat, MappedFile, RemoteError, Request,
-    Response, ServerStats, Sha256, Timestamp, VerifyReport, Welcome, LINK_BATCH_MAX,
+    Attr, DirEntry, DiskUsage, ErrorKind, FileVersion, FsStat, MappedFile, MetaEntry, Owner,
+    RemoteError, Request, Response, ServerStats, Sha256, Timestamp, VerifyReport, Welcome,
+    BATCH_MAX_PATH_BYTES, LINK_BATCH_MAX, META_BATCH_MAX,
 };
+use ferry_common::proto::caps::Negotiated;
 use ferry_common::proto::client::{ClientEvent, ClientSession};
 use ferry_common::proto::manifest::{ManifestError, ManifestReader};
 use ferry_common::proto::ProtoError;
@@ -45,6 +47,8 @@ struct Inner {
     waiters: Mutex<Waiters>,
     connected: Mutex<Option<oneshot::Sender<Result<Welcome, String>>>>,
     welcome: Mutex<Option<Welcome>>,
+    /// What the handshake agreed on, kept once it is done.
+    negotiated: Mutex<Option<Negotiated>>,
     /// Reusable download buffers, so fresh memory is faulted in only once per run.
     buffers: Mutex<Vec<Arc<Buffer>>>,
     addr: String,
@@ -196,6 +200,7 @@ impl Client {
             waiters: Mutex::new(Waiters::default()),
             connected: Mutex::new(Some(tx)),
             welcome: Mutex::new(None),
+            negotiated: Mutex::new(None),
             buffers: Mutex::new(Vec::new()),
             addr: addr.clone(),
             credentials,
@@ -206,6 +211,7 @@ impl Client {
         match rx.await {
             Ok(Ok(w)) => {
                 *lock(&inner.welcome) = Some(w);
+                *lock(&inner.negotiated) = lock(&inner.session).negotiated();
                 Ok(Client { inner })
             }
             Ok(Err(cause)) => Err(ClientError::Handshake { addr, cause }),
@@ -221,6 +227,18 @@ impl Client {
         lock(&self.inner.welcome)
             .clone()
             .expect("a Client exists only after the welcome")
+    }
+
+    /// What the handshake agreed on (`None` only if the session ended during the
+    /// handshake's last step).
+    pub fn negotiated(&self) -> Option<Negotiated> {
+        *lock(&self.inner.negotiated)
+    }
+
+    /// Whether the session negotiated the `meta` capability, without which
+    /// [`Client::set_meta`] and [`Client::list_dir_meta`] are refused unsent.
+    pub fn has_meta(&self) -> bool {
+        self.negotiated().is_some_and(|n| n.meta)
     }
 
     /// The transport (for registering memory).
@@ -406,6 +424,86 @@ impl Client {
             target: target.into(),
         };
         self.call(req).await.and_then(expect_ok)
+    }
+
+    /// Every entry of a directory (all pages) with its numeric owner, and the owner of
+    /// the directory itself (see [`Request::ListDirMeta`]). Needs the `meta`
+    /// capability ([`Client::has_meta`]).
+    pub async fn list_dir_meta(
+        &self,
+        share: &str,
+        path: &str,
+    ) -> Result<(Owner, Vec<(DirEntry, Owner)>), ClientError> {
+        self.need_meta()?;
+        let mut all = Vec::new();
+        let mut dir_owner = None;
+        let mut cursor = 0;
+        loop {
+            let req = Request::ListDirMeta {
+                share: share.into(),
+                path: path.into(),
+                cursor,
+            };
+            match self.call(req).await? {
+                Response::DirMeta {
+                    dir,
+                    entries,
+                    owners,
+                    next,
+                } if owners.len() == entries.len() => {
+                    dir_owner.get_or_insert(dir);
+                    all.extend(entries.into_iter().zip(owners));
+                    match next {
+                        Some(n) if n > cursor => cursor = n,
+                        Some(_) => return Err(unexpected(Response::Ok)),
+                        None => return Ok((dir_owner.unwrap_or(dir), all)),
+                    }
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
+    }
+
+    /// Sets numeric owners and/or mtimes of existing entries of `share` in one request
+    /// (see [`Request::SetMeta`]; the server applies owners only if it runs as root):
+    /// one result per entry, in order, each failing alone. Needs the `meta` capability
+    /// ([`Client::has_meta`]) and at most [`META_BATCH_MAX`] entries of at most
+    /// [`BATCH_MAX_PATH_BYTES`] path bytes in all; otherwise refused here, unsent.
+    pub async fn set_meta(
+        &self,
+        share: &str,
+        entries: Vec<MetaEntry>,
+    ) -> Result<Vec<Result<(), RemoteError>>, ClientError> {
+        self.need_meta()?;
+        let path_bytes: usize = entries.iter().map(|e| e.path.len()).sum();
+        if entries.len() > META_BATCH_MAX || path_bytes > BATCH_MAX_PATH_BYTES {
+            return Err(ClientError::Usage(format!(
+                "a metadata batch of {} entries and {path_bytes} path bytes exceeds the request limits",
+                entries.len()
+            )));
+        }
+        let n = entries.len();
+        let req = Request::SetMeta {
+            share: share.into(),
+            entries,
+        };
+        match self.call(req).await? {
+            Response::MetaSet { results } if results.len() == n => {
+                Ok(results.into_iter().map(|r| r.map_or(Ok(()), Err)).collect())
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn need_meta(&self) -> Result<(), ClientError> {
+        if self.has_meta() {
+            Ok(())
+        } else {
+            Err(ClientError::Usage(format!(
+                "the server at {} does not support the metadata requests",
+                self.inner.addr
+            )))
+        }
     }
 
     /// Sets mode and/or mtime.

@@ -34,7 +34,8 @@ SECRETS:
 EXAMPLES:
   rcp big.iso storage1:data/isos/          upload into a directory
   rcp storage1:data/isos/big.iso ./        download
-  rcp -r photos storage1:data/             upload a tree (symlinks, modes, mtimes kept)
+  rcp -r photos storage1:data/             upload a tree (symlinks, modes, mtimes kept;
+                                           owners too when the receiver runs as root)
   rcp --json a b c storage1:data/in/       several files, JSON summary on stdout
 
 EXIT CODES:

@@ -17,8 +17,8 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use ferry_common::attr::attr_of;
-use ferry_common::msg::{FileKind, Timestamp};
+use ferry_common::attr::{attr_of, owner_of};
+use ferry_common::msg::{FileKind, Owner, Timestamp};
 
 use crate::error::ClientError;
 use crate::filter::Filter;
@@ -35,12 +35,14 @@ pub struct LocalDir {
     pub mode: u32,
     /// mtime to give the copy once its contents are in.
     pub mtime: Timestamp,
+    /// Its numeric owner and group.
+    pub owner: Owner,
     /// Indices of the subdirectories (each greater than this directory's).
     pub children: Vec<usize>,
     /// Regular files, by name.
     pub files: Vec<LocalFile>,
-    /// Symlinks: name and target.
-    pub symlinks: Vec<(String, String)>,
+    /// Symlinks, by name.
+    pub symlinks: Vec<LocalSymlink>,
 }
 
 impl LocalDir {
@@ -50,7 +52,7 @@ impl LocalDir {
         let links = self
             .symlinks
             .iter()
-            .map(|(n, _)| (n.as_str(), FileKind::Symlink));
+            .map(|l| (l.name.as_str(), FileKind::Symlink));
         let dirs = self
             .children
             .iter()
@@ -69,6 +71,21 @@ pub struct LocalFile {
     pub size: u64,
     /// Its mtime when walked.
     pub mtime: Timestamp,
+    /// Its numeric owner and group when walked.
+    pub owner: Owner,
+}
+
+/// One symlink of the source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalSymlink {
+    /// Its name in its directory.
+    pub name: String,
+    /// Its target, as stored.
+    pub target: String,
+    /// Its own mtime (not its target's).
+    pub mtime: Timestamp,
+    /// Its own numeric owner and group.
+    pub owner: Owner,
 }
 
 /// An entry the walk could not take into the tree.
@@ -141,9 +158,12 @@ pub fn walk(
                 todo.push((sub, child, names));
             } else if kind.is_symlink() {
                 match fs::read_link(&child) {
-                    Ok(target) => dirs[index]
-                        .symlinks
-                        .push((name.to_string(), target.to_string_lossy().into_owned())),
+                    Ok(target) => dirs[index].symlinks.push(LocalSymlink {
+                        name: name.to_string(),
+                        target: target.to_string_lossy().into_owned(),
+                        mtime: attr_of(&meta, None).mtime,
+                        owner: owner_of(&meta),
+                    }),
                     Err(e) => on_problem(Problem::ReadLink(child, e))?,
                 }
             } else if kind.is_file() {
@@ -152,6 +172,7 @@ pub fn walk(
                     path: child,
                     size: meta.len(),
                     mtime: attr_of(&meta, None).mtime,
+                    owner: owner_of(&meta),
                 });
             } else {
                 on_problem(Problem::Special(child))?;
@@ -177,6 +198,7 @@ fn local_dir(rel: String, name: String, depth: usize, meta: &fs::Metadata) -> Lo
         depth,
         mode: meta.mode() & 0o7777,
         mtime: attr_of(meta, None).mtime,
+        owner: owner_of(meta),
         children: Vec::new(),
         files: Vec::new(),
         symlinks: Vec::new(),
@@ -232,7 +254,12 @@ mod tests {
             .enumerate()
             .all(|(i, d)| d.children.iter().all(|&c| c > i)));
         assert_eq!(tree[2].files[0].size, 5);
-        assert_eq!(tree[0].symlinks, [("link".to_string(), "top".to_string())]);
+        let links: Vec<_> = tree[0]
+            .symlinks
+            .iter()
+            .map(|l| (l.name.as_str(), l.target.as_str()))
+            .collect();
+        assert_eq!(links, [("link", "top")]);
         assert!(matches!(&problems[..], [Problem::Special(p)] if p.ends_with("fifo")));
         // A caller that refuses problems ends the walk.
         let refused = walk(root, &meta, &filter, |_| {

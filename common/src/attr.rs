@@ -1,10 +1,15 @@
 //! Conversions between the local filesystem's metadata and wire attributes.
 
-use std::fs::Metadata;
-use std::os::unix::fs::MetadataExt;
+use std::fs::{self, Metadata, Permissions};
+use std::io;
+use std::os::unix::fs::{lchown, MetadataExt, PermissionsExt};
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::msg::{Attr, FileKind, Timestamp};
+use nix::sys::stat::{utimensat, UtimensatFlags};
+use nix::sys::time::TimeSpec;
+
+use crate::msg::{Attr, FileKind, Owner, Timestamp};
 
 impl Timestamp {
     /// The timestamp of `t`.
@@ -77,6 +82,77 @@ pub fn attr_of(meta: &Metadata, symlink_target: Option<String>) -> Attr {
         blocks: meta.blocks(),
         dev: meta.dev(),
     }
+}
+
+/// The numeric owner and group of `meta`.
+pub fn owner_of(meta: &Metadata) -> Owner {
+    Owner {
+        uid: meta.uid(),
+        gid: meta.gid(),
+    }
+}
+
+/// Why [`set_owner_and_mtime`] failed: the step that failed, with the OS error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetMetaError {
+    /// `lstat` of the entry failed.
+    #[error("cannot stat")]
+    Stat(#[source] io::Error),
+    /// `lchown` failed.
+    #[error("cannot chown")]
+    Chown(#[source] io::Error),
+    /// Putting back the set-user-ID or set-group-ID bit that `lchown` cleared failed.
+    #[error("cannot chmod")]
+    Chmod(#[source] io::Error),
+    /// `utimensat` failed.
+    #[error("cannot set mtime")]
+    SetMtime(#[source] io::Error),
+}
+
+impl SetMetaError {
+    /// The step that failed, as a phrase ("cannot chown"), and its OS error.
+    pub fn into_parts(self) -> (&'static str, io::Error) {
+        match self {
+            SetMetaError::Stat(e) => ("cannot stat", e),
+            SetMetaError::Chown(e) => ("cannot chown", e),
+            SetMetaError::Chmod(e) => ("cannot chmod", e),
+            SetMetaError::SetMtime(e) => ("cannot set mtime", e),
+        }
+    }
+}
+
+/// Gives the existing entry `path` the numeric owner `uid`/`gid` (each `None` leaves it)
+/// and the modification time `mtime`, never following `path`'s final component
+/// (`lchown`, `utimensat` with `AT_SYMLINK_NOFOLLOW`; a symlink gets its own). `chown`
+/// clears the set-user-ID and set-group-ID bits of a non-directory: they are put back.
+/// The access time is left as it is. Blocking.
+pub fn set_owner_and_mtime(
+    path: &Path,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    mtime: Option<Timestamp>,
+) -> Result<(), SetMetaError> {
+    let meta = fs::symlink_metadata(path).map_err(SetMetaError::Stat)?;
+    if uid.is_some() || gid.is_some() {
+        lchown(path, uid, gid).map_err(SetMetaError::Chown)?;
+        let mode = meta.mode() & 0o7777;
+        if !meta.file_type().is_symlink() && mode & 0o6000 != 0 {
+            fs::set_permissions(path, Permissions::from_mode(mode)).map_err(SetMetaError::Chmod)?;
+        }
+    }
+    if let Some(t) = mtime {
+        let nanos = i64::from(t.nanos.min(999_999_999));
+        utimensat(
+            None,
+            path,
+            &TimeSpec::UTIME_OMIT,
+            &TimeSpec::new(t.secs, nanos),
+            UtimensatFlags::NoFollowSymlink,
+        )
+        .map_err(|errno| SetMetaError::SetMtime(io::Error::from(errno)))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use crate::msg::{
     BATCH_MAX_FILES, BATCH_MAX_PATH_BYTES, LINK_BATCH_MAX, MAX_CAPABILITIES,
     MAX_CAPABILITY_NAME_BYTES, MAX_CAPABILITY_VALUE_BYTES, MAX_DIR_PAGE_ENTRIES,
     MAX_ERROR_MESSAGE_BYTES, MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MAX_NAME_BYTES,
-    MAX_PATH_BYTES, MAX_VERIFY_BAD_CHUNKS, MAX_WINDOW_CHUNKS,
+    MAX_PATH_BYTES, MAX_VERIFY_BAD_CHUNKS, MAX_WINDOW_CHUNKS, META_BATCH_MAX,
 };
 
 /// Largest control frame either side sends or accepts, in bytes.
@@ -182,7 +182,8 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::Manifest { share, path, .. }
         | Request::Remove { share, path, .. }
         | Request::DiskUsage { share, path }
-        | Request::Verify { share, path } => share_and_path(share, path),
+        | Request::Verify { share, path }
+        | Request::ListDirMeta { share, path, .. } => share_and_path(share, path),
         Request::UploadOpenBase {
             share, path, base, ..
         } => {
@@ -221,6 +222,11 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
             limit("share", share.len(), MAX_NAME_BYTES)?;
             batch_paths(paths.iter().map(String::as_str), paths.len())
         }
+        Request::SetMeta { share, entries } => {
+            limit("share", share.len(), MAX_NAME_BYTES)?;
+            limit("entries", entries.len(), META_BATCH_MAX)?;
+            paths_within_budget(entries.iter().map(|e| e.path.as_str()))
+        }
         Request::UploadCommit { .. }
         | Request::DownloadWindow { .. }
         | Request::Close { .. }
@@ -233,6 +239,12 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
 /// and at most [`BATCH_MAX_PATH_BYTES`] of them in all.
 fn batch_paths<'a>(paths: impl Iterator<Item = &'a str>, count: usize) -> Result<(), CodecError> {
     limit("files", count, BATCH_MAX_FILES)?;
+    paths_within_budget(paths)
+}
+
+/// Each of `paths` is at most [`MAX_PATH_BYTES`], and all of them together at most
+/// [`BATCH_MAX_PATH_BYTES`].
+fn paths_within_budget<'a>(paths: impl Iterator<Item = &'a str>) -> Result<(), CodecError> {
     let mut total = 0usize;
     for p in paths {
         limit("path", p.len(), MAX_PATH_BYTES)?;
@@ -252,16 +264,28 @@ fn validate_error(e: &RemoteError) -> Result<(), CodecError> {
     limit("message", e.message.len(), MAX_ERROR_MESSAGE_BYTES)
 }
 
+fn validate_entries(entries: &[DirEntry]) -> Result<(), CodecError> {
+    limit("entries", entries.len(), MAX_DIR_PAGE_ENTRIES)?;
+    entries.iter().try_for_each(|DirEntry { name, attr }| {
+        limit("name", name.len(), MAX_NAME_BYTES)?;
+        validate_attr(attr)
+    })
+}
+
 fn validate_response(resp: &Response) -> Result<(), CodecError> {
     match resp {
         Response::Attr(a) => validate_attr(a),
         Response::DownloadOpened { attr, .. } => validate_attr(attr),
-        Response::Dir { entries, .. } => {
-            limit("entries", entries.len(), MAX_DIR_PAGE_ENTRIES)?;
-            entries.iter().try_for_each(|DirEntry { name, attr }| {
-                limit("name", name.len(), MAX_NAME_BYTES)?;
-                validate_attr(attr)
-            })
+        Response::Dir { entries, .. } => validate_entries(entries),
+        Response::DirMeta {
+            entries, owners, ..
+        } => {
+            validate_entries(entries)?;
+            limit("owners", owners.len(), MAX_DIR_PAGE_ENTRIES)
+        }
+        Response::MetaSet { results } => {
+            limit("results", results.len(), META_BATCH_MAX)?;
+            results.iter().flatten().try_for_each(validate_error)
         }
         Response::WindowPushed { hashes } => limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS),
         Response::Manifest { hashes, .. } => {
@@ -1075,5 +1099,151 @@ mod tests {
         assert_eq!(wide.message.len(), MAX_ERROR_MESSAGE_BYTES);
         let odd = RemoteError::new(ErrorKind::Io, format!("x{}", "é".repeat(600)));
         assert_eq!(odd.message.len(), MAX_ERROR_MESSAGE_BYTES - 1);
+    }
+
+    /// Indices of the `meta` capability's messages: requests appended after LinkBatch
+    /// 25, responses after LinkedBatch 18.
+    const SET_META_REQUEST_INDEX: u8 = 26;
+    const LIST_DIR_META_REQUEST_INDEX: u8 = 27;
+    const META_SET_RESPONSE_INDEX: u8 = 19;
+    const DIR_META_RESPONSE_INDEX: u8 = 20;
+
+    fn meta_entry(path: String) -> MetaEntry {
+        MetaEntry {
+            path,
+            uid: Some(u32::MAX),
+            gid: Some(u32::MAX),
+            mtime: Some(Timestamp {
+                secs: i64::MIN,
+                nanos: u32::MAX,
+            }),
+        }
+    }
+
+    #[test]
+    fn meta_messages_have_appended_indices_and_bounds() {
+        let set = Request::SetMeta {
+            share: "s".into(),
+            entries: vec![MetaEntry {
+                path: "a".into(),
+                uid: Some(1),
+                gid: None,
+                mtime: Some(Timestamp { secs: 2, nanos: 3 }),
+            }],
+        };
+        assert_eq!(
+            postcard::to_stdvec(&set).unwrap(),
+            [
+                SET_META_REQUEST_INDEX,
+                1,
+                b's',
+                1,
+                1,
+                b'a',
+                1,
+                1,
+                0,
+                1,
+                4,
+                3
+            ]
+        );
+        let list = Request::ListDirMeta {
+            share: "s".into(),
+            path: "d".into(),
+            cursor: 5,
+        };
+        assert_eq!(
+            postcard::to_stdvec(&list).unwrap(),
+            [LIST_DIR_META_REQUEST_INDEX, 1, b's', 1, b'd', 5]
+        );
+        let done = Response::MetaSet {
+            results: vec![None, Some(RemoteError::new(ErrorKind::NotFound, "m"))],
+        };
+        assert_eq!(
+            postcard::to_stdvec(&done).unwrap(),
+            [META_SET_RESPONSE_INDEX, 2, 0, 1, 0, 1, b'm']
+        );
+        let page = Response::DirMeta {
+            dir: Owner { uid: 1, gid: 2 },
+            entries: vec![],
+            owners: vec![],
+            next: None,
+        };
+        assert_eq!(
+            postcard::to_stdvec(&page).unwrap(),
+            [DIR_META_RESPONSE_INDEX, 1, 2, 0, 0, 0]
+        );
+        for body in [set, list] {
+            let msg = Message::Request { id: 1, body };
+            assert_eq!(decode(&encode(&msg).unwrap()).unwrap(), msg);
+        }
+        for body in [done, page] {
+            let msg = Message::Response { id: 1, body };
+            assert_eq!(decode(&encode(&msg).unwrap()).unwrap(), msg);
+        }
+
+        // The longest request fits a request frame; one more entry, or more path
+        // bytes, is refused.
+        let each = BATCH_MAX_PATH_BYTES / META_BATCH_MAX;
+        let entries: Vec<MetaEntry> = (0..META_BATCH_MAX)
+            .map(|_| meta_entry("p".repeat(each)))
+            .collect();
+        let full = Message::Request {
+            id: u64::MAX,
+            body: Request::SetMeta {
+                share: "s".repeat(MAX_NAME_BYTES),
+                entries: entries.clone(),
+            },
+        };
+        let len = encode(&full).unwrap().len();
+        assert!(len < MAX_REQUEST_FRAME_BYTES, "{len}");
+        assert_eq!(decode(&encode(&full).unwrap()).unwrap(), full);
+        let mut over = entries.clone();
+        over.push(meta_entry("p".into()));
+        let mut longer = entries;
+        longer[0].path.push('p');
+        for (entries, field) in [(over, "entries"), (longer, "batch paths")] {
+            let msg = Message::Request {
+                id: 1,
+                body: Request::SetMeta {
+                    share: "s".into(),
+                    entries,
+                },
+            };
+            assert!(matches!(
+                decode(&postcard::to_stdvec(&msg).unwrap()),
+                Err(CodecError::Limit { field: f, .. }) if f == field
+            ));
+        }
+        let answers = Message::Response {
+            id: 1,
+            body: Response::MetaSet {
+                results: vec![None; META_BATCH_MAX + 1],
+            },
+        };
+        assert!(matches!(
+            decode(&postcard::to_stdvec(&answers).unwrap()),
+            Err(CodecError::Limit {
+                field: "results",
+                ..
+            })
+        ));
+        let owners = Message::Response {
+            id: 1,
+            body: Response::DirMeta {
+                dir: Owner::default(),
+                entries: vec![],
+                owners: vec![Owner::default(); MAX_DIR_PAGE_ENTRIES + 1],
+                next: None,
+            },
+        };
+        assert!(matches!(
+            decode(&postcard::to_stdvec(&owners).unwrap()),
+            Err(CodecError::Limit {
+                field: "owners",
+                ..
+            })
+        ));
     }
 }

@@ -50,6 +50,12 @@ pub const MAX_VERIFY_BAD_CHUNKS: usize = 1024;
 /// frame (`codec::MAX_REQUEST_FRAME_BYTES`), so long paths make batches shorter.
 pub const LINK_BATCH_MAX: usize = 256;
 
+/// Most entries one [`Request::SetMeta`] names (and results its
+/// [`Response::MetaSet`] answers); their paths also count against
+/// [`BATCH_MAX_PATH_BYTES`], so the longest request stays inside the server's request
+/// frame.
+pub const META_BATCH_MAX: usize = 256;
+
 /// Largest file sent in a batch ([`Request::UploadBatch`], [`Request::DownloadBatch`]):
 /// regular files of at most this many bytes travel many per round trip; larger ones
 /// take the windowed per-file path.
@@ -110,6 +116,30 @@ pub struct BatchFile {
     pub mtime: Timestamp,
     /// SHA-256 of the file's bytes.
     pub hash: Sha256,
+}
+
+/// One entry of a [`Request::SetMeta`]: what to set on the file, directory or symlink
+/// `path` (its final component never followed). A field left `None` is left as it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaEntry {
+    /// Share-relative path of an existing entry.
+    pub path: String,
+    /// Numeric owner to give it (applied only by a server running as root).
+    pub uid: Option<u32>,
+    /// Numeric group to give it (applied only by a server running as root).
+    pub gid: Option<u32>,
+    /// Modification time to give it (the entry's own: a symlink's, not its target's).
+    pub mtime: Option<Timestamp>,
+}
+
+/// The numeric owner and group of a filesystem object, as the server's `lstat` gives
+/// them (no name mapping).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Owner {
+    /// Numeric user id.
+    pub uid: u32,
+    /// Numeric group id.
+    pub gid: u32,
 }
 
 /// What a [`Response::DownloadedBatch`] says about one path of the request.
@@ -609,6 +639,29 @@ pub enum Request {
         /// `(from, to)` pairs, each as in [`Request::Link`].
         links: Vec<(String, String)>,
     },
+    /// Set numeric owners and/or modification times of existing entries, in order,
+    /// never following an entry's final component (`lchown`, `utimensat` with
+    /// `AT_SYMLINK_NOFOLLOW`); answered by [`Response::MetaSet`] with one result per
+    /// entry, each failing alone. Owners are applied only by a server running as root
+    /// (otherwise ignored, as rsync does). Sent only on a session that negotiated the
+    /// `meta` capability (`proto::caps::META`). At most [`META_BATCH_MAX`] entries.
+    SetMeta {
+        /// Share name.
+        share: String,
+        /// The entries, done in order.
+        entries: Vec<MetaEntry>,
+    },
+    /// [`Request::ListDir`] with owners: one page of the listing of `path`, answered by
+    /// [`Response::DirMeta`]. Sent only on a session that negotiated the `meta`
+    /// capability.
+    ListDirMeta {
+        /// Share name.
+        share: String,
+        /// Share-relative path of the directory (symlinks followed within the share).
+        path: String,
+        /// Index of the first entry wanted (0 for the first page).
+        cursor: u64,
+    },
 }
 
 impl Request {
@@ -636,7 +689,9 @@ impl Request {
             | Request::Verify { share, .. }
             | Request::UploadBatch { share, .. }
             | Request::DownloadBatch { share, .. }
-            | Request::LinkBatch { share, .. } => Some(share),
+            | Request::LinkBatch { share, .. }
+            | Request::SetMeta { share, .. }
+            | Request::ListDirMeta { share, .. } => Some(share),
             Request::UploadWindow { .. }
             | Request::UploadCommit { .. }
             | Request::DownloadWindow { .. }
@@ -738,6 +793,25 @@ pub enum Response {
     LinkedBatch {
         /// One entry per link of the request.
         results: Vec<Option<RemoteError>>,
+    },
+    /// The outcome of a [`Request::SetMeta`]: `results[i]` is `None` if entry `i` was
+    /// set, else why not. Exactly one result per entry, in order.
+    MetaSet {
+        /// One entry per entry of the request.
+        results: Vec<Option<RemoteError>>,
+    },
+    /// A listing page with owners, for [`Request::ListDirMeta`]: the page of
+    /// [`Response::Dir`] and the owner of each entry (`owners[i]` is `entries[i]`'s,
+    /// symlinks not followed), with the owner of the listed directory itself.
+    DirMeta {
+        /// Owner of the listed directory (after following symlinks to it).
+        dir: Owner,
+        /// Entries of this page, sorted by name.
+        entries: Vec<DirEntry>,
+        /// Owner of each entry, as many as `entries`.
+        owners: Vec<Owner>,
+        /// Cursor for the next page, `None` at the end.
+        next: Option<u64>,
     },
 }
 

@@ -284,7 +284,36 @@ fn request() -> impl Strategy<Value = Request> {
             vec((text(MAX_PATH_BYTES), text(MAX_PATH_BYTES)), 0..8)
         )
             .prop_map(|(share, links)| Request::LinkBatch { share, links }),
+        (text(MAX_NAME_BYTES), vec(meta_entry(), 0..=8))
+            .prop_map(|(share, entries)| Request::SetMeta { share, entries }),
+        (share_path(), any::<u64>()).prop_map(|((share, path), cursor)| {
+            Request::ListDirMeta {
+                share,
+                path,
+                cursor,
+            }
+        }),
     ]
+}
+
+/// Eight of these stay within the path budget (8 x 4096 bytes).
+fn meta_entry() -> impl Strategy<Value = MetaEntry> {
+    (
+        text(MAX_PATH_BYTES),
+        proptest::option::of(any::<u32>()),
+        proptest::option::of(any::<u32>()),
+        proptest::option::of(timestamp()),
+    )
+        .prop_map(|(path, uid, gid, mtime)| MetaEntry {
+            path,
+            uid,
+            gid,
+            mtime,
+        })
+}
+
+fn owner() -> impl Strategy<Value = Owner> {
+    (any::<u32>(), any::<u32>()).prop_map(|(uid, gid)| Owner { uid, gid })
 }
 
 /// Eight of these stay within the batch's path budget (8 x 4096 bytes).
@@ -433,6 +462,22 @@ fn response() -> impl Strategy<Value = Response> {
         vec(batched_file(), 0..=8).prop_map(|files| Response::DownloadedBatch { files }),
         vec(proptest::option::of(remote_error()), 0..8)
             .prop_map(|results| Response::LinkedBatch { results }),
+        vec(proptest::option::of(remote_error()), 0..=8)
+            .prop_map(|results| Response::MetaSet { results }),
+        (
+            owner(),
+            vec((dir_entry(), owner()), 0..=8),
+            proptest::option::of(any::<u64>())
+        )
+            .prop_map(|(dir, page, next)| {
+                let (entries, owners) = page.into_iter().unzip();
+                Response::DirMeta {
+                    dir,
+                    entries,
+                    owners,
+                    next,
+                }
+            }),
     ]
 }
 
@@ -547,6 +592,8 @@ fn request_variant(r: &Request) -> usize {
         Request::UploadBatch { .. } => 23,
         Request::DownloadBatch { .. } => 24,
         Request::LinkBatch { .. } => 25,
+        Request::SetMeta { .. } => 26,
+        Request::ListDirMeta { .. } => 27,
     }
 }
 
@@ -572,6 +619,8 @@ fn response_variant(r: &Response) -> usize {
         Response::UploadedBatch { .. } => 16,
         Response::DownloadedBatch { .. } => 17,
         Response::LinkedBatch { .. } => 18,
+        Response::MetaSet { .. } => 19,
+        Response::DirMeta { .. } => 20,
     }
 }
 
@@ -826,6 +875,36 @@ fn over_limit() -> impl Strategy<Value = (Message, &'static str)> {
             }),
             "results"
         )),
+        (1..=4usize).prop_map(move |extra| (
+            req(Request::SetMeta {
+                share: "s".into(),
+                entries: vec![
+                    MetaEntry {
+                        path: "a".into(),
+                        uid: None,
+                        gid: None,
+                        mtime: None,
+                    };
+                    META_BATCH_MAX + extra
+                ],
+            }),
+            "entries"
+        )),
+        (1..=4usize).prop_map(move |extra| (
+            resp(Response::MetaSet {
+                results: vec![None; META_BATCH_MAX + extra],
+            }),
+            "results"
+        )),
+        (1..=4usize).prop_map(move |extra| (
+            resp(Response::DirMeta {
+                dir: Owner::default(),
+                entries: vec![],
+                owners: vec![Owner::default(); MAX_DIR_PAGE_ENTRIES + extra],
+                next: None,
+            }),
+            "owners"
+        )),
     ]
 }
 
@@ -996,7 +1075,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 26], [false; 19]);
+    let (mut requests, mut responses) = ([false; 28], [false; 21]);
     for _ in 0..2000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

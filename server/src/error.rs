@@ -137,6 +137,7 @@ impl From<FsError> for RemoteError {
             FsError::Symlink { path, source } => io_error("symlink", &path, &source),
             FsError::Open { path, source } => io_error("open", &path, &source),
             FsError::SetMtime { path, source } => io_error("set mtime", &path, &source),
+            FsError::Chown { path, source } => io_error("chown", &path, &source),
             FsError::Rename { path, source } => io_error("rename", &path, &source),
             FsError::Fsync { path, source } => io_error("fsync", &path, &source),
             FsError::StatFs { path, source } => io_error("statfs", &path, &source),

@@ -5,9 +5,9 @@ use std::io;
 use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
-use ferry_common::attr::attr_of;
+use ferry_common::attr::{attr_of, owner_of};
 use ferry_common::msg::{
-    Attr, DirEntry, FileKind, FsStat, Response, Timestamp, MAX_DIR_PAGE_ENTRIES,
+    Attr, DirEntry, FileKind, FsStat, Owner, Response, Timestamp, MAX_DIR_PAGE_ENTRIES,
 };
 use ferry_common::{STATE_DIR, TEMP_PREFIX};
 
@@ -105,6 +105,15 @@ pub enum FsError {
         #[source]
         source: io::Error,
     },
+    /// `lchown` failed.
+    #[error("{path}: cannot chown")]
+    Chown {
+        /// The path.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// Setting the modification time failed.
     #[error("{path}: cannot set mtime")]
     SetMtime {
@@ -163,6 +172,11 @@ pub enum FsError {
 
 /// Attributes of `path` itself (a symlink is described, not followed).
 pub fn lstat(path: &Path, share: &Share, rel: &str) -> Result<Attr, FsError> {
+    lstat_owned(path, share, rel).map(|(attr, _)| attr)
+}
+
+/// [`lstat`] with the numeric owner of `path` itself.
+fn lstat_owned(path: &Path, share: &Share, rel: &str) -> Result<(Attr, Owner), FsError> {
     let meta = fs::symlink_metadata(path).map_err(|source| FsError::Stat {
         path: share.display(rel),
         source,
@@ -176,7 +190,7 @@ pub fn lstat(path: &Path, share: &Share, rel: &str) -> Result<Attr, FsError> {
     } else {
         None
     };
-    Ok(attr_of(&meta, target))
+    Ok((attr_of(&meta, target), owner_of(&meta)))
 }
 
 /// `Stat`.
@@ -188,8 +202,43 @@ pub fn stat(share: &Share, rel: &str, follow: bool) -> Result<Response, FsError>
 /// `ListDir`: the page of entries starting at index `cursor` in name order. Temporary
 /// transfer files are not listed, nor the server's state directory at the root.
 pub fn list_dir(share: &Share, rel: &str, cursor: u64) -> Result<Response, FsError> {
+    let page = list_page(share, rel, cursor)?;
+    Ok(Response::Dir {
+        entries: page.entries,
+        next: page.next,
+    })
+}
+
+/// `ListDirMeta`: the page of [`list_dir`] with the owner of each entry and of the
+/// directory itself.
+pub fn list_dir_meta(share: &Share, rel: &str, cursor: u64) -> Result<Response, FsError> {
+    let page = list_page(share, rel, cursor)?;
+    Ok(Response::DirMeta {
+        dir: page.dir,
+        entries: page.entries,
+        owners: page.owners,
+        next: page.next,
+    })
+}
+
+/// One page of a listing, with owners.
+struct Page {
+    dir: Owner,
+    entries: Vec<DirEntry>,
+    owners: Vec<Owner>,
+    next: Option<u64>,
+}
+
+fn list_page(share: &Share, rel: &str, cursor: u64) -> Result<Page, FsError> {
     let what = share.display(rel);
     let path = share.resolve(rel, true)?;
+    let dir = fs::metadata(&path)
+        .map(|m| owner_of(&m))
+        .map_err(|source| FsError::Stat {
+            path: what.clone(),
+            source,
+        })?;
+    let mut owners = Vec::new();
     let at_root = path == share.root();
     let mut names: Vec<String> = Vec::new();
     let list = |source| FsError::List {
@@ -220,7 +269,7 @@ pub fn list_dir(share: &Share, rel: &str, cursor: u64) -> Result<Response, FsErr
             break;
         }
         let child_rel = format!("{}/{name}", rel.trim_end_matches('/'));
-        let attr = match lstat(&path.join(name), share, &child_rel) {
+        let (attr, owner) = match lstat_owned(&path.join(name), share, &child_rel) {
             Ok(a) => a,
             // Removed between readdir and lstat: just not there any more.
             Err(FsError::Stat { source, .. } | FsError::ReadLink { source, .. })
@@ -236,8 +285,14 @@ pub fn list_dir(share: &Share, rel: &str, cursor: u64) -> Result<Response, FsErr
             name: name.clone(),
             attr,
         });
+        owners.push(owner);
     }
-    Ok(Response::Dir { entries, next })
+    Ok(Page {
+        dir,
+        entries,
+        owners,
+        next,
+    })
 }
 
 /// `Mkdir`.

@@ -4,6 +4,7 @@
 //! thin driver (`conn`) around the sans-IO [`ferry_common::proto::server`] session:
 //! metadata requests run as plain filesystem calls (`fsops`; hard links are made
 //! relative to directory descriptors, each parent opened once per request: `links`;
+//! numeric owners and symlink mtimes, as root, without following links: `meta`;
 //! tree removal and disk usage walk directory descriptors: `remove`, `du`,
 //! `fdtree`); uploads are PULLED
 //! with one-sided READs of the client's registered source window and downloads are
@@ -55,6 +56,7 @@ pub(crate) mod gauge;
 pub(crate) mod links;
 pub(crate) mod manifests;
 pub(crate) mod map;
+pub(crate) mod meta;
 pub(crate) mod pool;
 pub(crate) mod remove;
 pub(crate) mod share;

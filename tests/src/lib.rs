@@ -76,7 +76,10 @@ pub use secret::{connect_to, credentials, test_secret, write_secret_file, TEST_S
 pub use server::{bin, bin_dir, Server, ServerOptions, Share, STARTUP_TIMEOUT};
 pub use session::{connect, hello, raw_greet, raw_handshake, raw_socket};
 pub use tmpfs::Tmpfs;
-pub use tree::{assert_trees_equal, make_many_small_files, make_small_tree, make_tree, TreeStats};
+pub use tree::{
+    assert_trees_equal, assert_trees_identical, make_many_small_files, make_small_tree, make_tree,
+    TreeStats,
+};
 pub use user::User;
 pub use wire_proxy::{Corruption, Direction, Flip, ReadInfo, ReadTarget, WireProxy};
 

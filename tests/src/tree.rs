@@ -248,6 +248,22 @@ fn walk_into(root: &Path, rel: &Path, nodes: &mut BTreeMap<PathBuf, Node>) {
 /// mtime in seconds. The message lists every difference found (the first 30).
 #[track_caller]
 pub fn assert_trees_equal(expected: &Path, actual: &Path) {
+    check_trees(expected, actual, None);
+}
+
+/// [`assert_trees_equal`], stricter, for what `rcp -r` keeps of every entry like
+/// `rsync -a`: mtimes to the nanosecond (as far as the filesystem keeps them) of files,
+/// directories and symlinks (a symlink's own), sizes, and with `owners` the numeric
+/// owner and group of every entry, the roots too.
+#[track_caller]
+pub fn assert_trees_identical(expected: &Path, actual: &Path, owners: bool) {
+    check_trees(expected, actual, Some(owners));
+}
+
+/// What [`check_trees`] compares beyond [`assert_trees_equal`]'s checks: with
+/// `Some(owners)`, nanosecond mtimes and sizes of every entry, and owners if `owners`.
+#[track_caller]
+fn check_trees(expected: &Path, actual: &Path, strict: Option<bool>) {
     let want = walk(expected);
     let got = walk(actual);
     let mut problems = Vec::new();
@@ -259,9 +275,15 @@ pub fn assert_trees_equal(expected: &Path, actual: &Path) {
         problems.push(format!("unexpected: {}", rel.display()));
     }
     compare_meta(expected, actual, Path::new("."), &mut problems);
+    if let Some(owners) = strict {
+        compare_strict(expected, actual, Path::new("."), owners, &mut problems);
+    }
     for (rel, node) in &want {
         let Some(other) = got.get(rel) else { continue };
         let (e, a) = (expected.join(rel), actual.join(rel));
+        if let Some(owners) = strict {
+            compare_strict(&e, &a, rel, owners, &mut problems);
+        }
         match (node, other) {
             (Node::File, Node::File) => {
                 match first_difference(&e, &a) {
@@ -308,6 +330,46 @@ fn compare_meta(expected: &Path, actual: &Path, rel: &Path, problems: &mut Vec<S
     let (et, at) = (mtime_of(expected), mtime_of(actual));
     if et != at {
         problems.push(format!("{}: mtime {at}, expected {et}", rel.display()));
+    }
+}
+
+/// The stricter checks of [`assert_trees_identical`] of one entry (not following a
+/// final symlink).
+fn compare_strict(
+    expected: &Path,
+    actual: &Path,
+    rel: &Path,
+    owners: bool,
+    problems: &mut Vec<String>,
+) {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(em), Ok(am)) = (fs::symlink_metadata(expected), fs::symlink_metadata(actual)) else {
+        return;
+    };
+    let (et, at) = ((em.mtime(), em.mtime_nsec()), (am.mtime(), am.mtime_nsec()));
+    if et != at {
+        problems.push(format!(
+            "{}: mtime {at:?}, expected {et:?} (s, ns)",
+            rel.display()
+        ));
+    }
+    if !em.is_dir() && em.len() != am.len() {
+        problems.push(format!(
+            "{}: size {}, expected {}",
+            rel.display(),
+            am.len(),
+            em.len()
+        ));
+    }
+    if owners && (em.uid(), em.gid()) != (am.uid(), am.gid()) {
+        problems.push(format!(
+            "{}: owner {}:{}, expected {}:{}",
+            rel.display(),
+            am.uid(),
+            am.gid(),
+            em.uid(),
+            em.gid()
+        ));
     }
 }
 
@@ -378,6 +440,25 @@ mod tests {
         let (_dir, a, b, _) = generated_and_copied(3);
         set_mtime(&b.join("d1/s0/t0/u0/f3.bin"), 1);
         assert_trees_equal(&a, &b);
+    }
+
+    #[test]
+    #[should_panic(expected = "link_rel: mtime (1, 5)")]
+    fn a_changed_symlink_mtime_is_reported_by_the_strict_check() {
+        let (_dir, a, b, _) = generated_and_copied(7);
+        // `cp -a` keeps symlink mtimes: the copy is identical until one moves.
+        assert_trees_identical(&a, &b, false);
+        let t = nix::sys::time::TimeSpec::new(1, 5);
+        nix::sys::stat::utimensat(
+            None,
+            &b.join("link_rel"),
+            &t,
+            &t,
+            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        )
+        .unwrap();
+        assert_trees_equal(&a, &b);
+        assert_trees_identical(&a, &b, false);
     }
 
     #[test]

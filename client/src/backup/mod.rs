@@ -324,7 +324,11 @@ fn plan_work(
         report.files_scanned += dir.files.len() as u64;
         work.extend(dir.files.iter().map(|f| file_job(f, paths, lists)));
         if !opts.dry_run {
-            work.extend(dir.symlinks.iter().map(|(n, t)| symlink_job(paths, n, t)));
+            work.extend(
+                dir.symlinks
+                    .iter()
+                    .map(|l| symlink_job(paths, &l.name, &l.target)),
+            );
         }
         // Files the previous snapshot had here (and the rules still cover) that the
         // source no longer has.

@@ -6,7 +6,8 @@ use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ferry_common::msg::FileKind;
+use ferry_common::attr::set_owner_and_mtime;
+use ferry_common::msg::{DirEntry, FileKind, Owner};
 use ferry_common::proto::ProtoError;
 use ferry_common::staging::link_path;
 
@@ -19,7 +20,8 @@ use crate::schedule::run_lanes;
 use crate::transfer::download_file;
 
 use super::plan::{
-    file_lanes, several_sources_need_a_dir, trailing_slash_needs_a_dir, CopyOptions, DirItem, Plan,
+    file_lanes, finishing, several_sources_need_a_dir, trailing_slash_needs_a_dir, CopyOptions,
+    DirItem, EntryMeta, Plan,
 };
 use super::report::{finish_report, lock, settle_scheduled, Report, Shared};
 
@@ -40,13 +42,15 @@ pub async fn download(
         return finish_report(shared);
     };
     let mut plan = DownloadPlan::default();
+    // Like rsync, only a receiver running as root keeps owners.
+    let owners = nix::unistd::geteuid().is_root() && client.has_meta();
     for src in sources {
         let target = if dest_is_dir {
             dest.join(src.base_name())
         } else {
             dest.to_owned()
         };
-        plan_source(client, src, target, opts, &mut plan, &shared).await;
+        plan_source(client, src, target, opts, owners, &mut plan, &shared).await;
     }
     shared.progress.set_total(plan.total_bytes());
 
@@ -68,15 +72,39 @@ pub async fn download(
             continue;
         }
         match make_local_symlink(&link_target, &target) {
-            Ok(()) => lock(&shared.report).symlinks += 1,
+            Ok(()) => shared.linked(&target),
             Err(e) => shared.fail(
                 target.display().to_string(),
                 ClientError::local(&target, "cannot create symlink", e),
             ),
         }
     }
+    set_local_meta(&plan.meta, &plan.dirs, &skipped, &shared);
     set_dir_attrs(&plan.dirs, &skipped, &shared);
     finish_report(shared)
+}
+
+/// Gives the copied files and symlinks and the created directories (but the `skipped`
+/// ones) their owners (planned only when this process runs as root), and the symlinks
+/// their own mtimes, never following a final symlink. Runs once every entry's content
+/// is in place and before the directories' modes and mtimes are set.
+fn set_local_meta(
+    meta: &[EntryMeta<PathBuf>],
+    dirs: &[DirItem<PathBuf>],
+    skipped: &dyn Fn(&Path) -> bool,
+    shared: &Shared,
+) {
+    let todo = finishing(meta, dirs, |t| shared.is_done(t), |t| !skipped(t));
+    for m in todo {
+        let (uid, gid) = (m.owner.map(|o| o.uid), m.owner.map(|o| o.gid));
+        if let Err(e) = set_owner_and_mtime(&m.target, uid, gid, m.mtime) {
+            let (op, e) = e.into_parts();
+            shared.fail(
+                m.target.display().to_string(),
+                ClientError::local(&m.target, op, e),
+            );
+        }
+    }
 }
 
 /// Whether `dest` is a directory, or `None` (the failure recorded) if it cannot take
@@ -102,6 +130,7 @@ async fn plan_source(
     src: &Remote,
     target: PathBuf,
     opts: &CopyOptions,
+    owners: bool,
     plan: &mut DownloadPlan,
     shared: &Shared,
 ) {
@@ -119,8 +148,9 @@ async fn plan_source(
                 target,
                 mode: attr.mode,
                 mtime: attr.mtime,
+                owner: None,
             };
-            walk_remote(client, src, root, plan, shared).await;
+            walk_remote(client, src, root, owners, plan, shared).await;
         }
         FileKind::File => plan.files.push((src.clone(), target, attr.size)),
         _ => shared.fail(
@@ -136,18 +166,23 @@ async fn plan_source(
 /// Walks the remote directory `root` breadth-first, adding it (as `item`) and
 /// everything below it to `plan`. A directory that cannot be listed is reported and not
 /// created locally (an empty copy would pass for a complete one); breadth-first order
-/// keeps every directory after its parent.
+/// keeps every directory after its parent. With `owners`, the listings carry every
+/// entry's owner (`ListDirMeta`), planned to be kept.
 async fn walk_remote(
     client: &Client,
     root: &Remote,
     item: DirItem<PathBuf>,
+    owners: bool,
     plan: &mut DownloadPlan,
     shared: &Shared,
 ) {
     let mut queue = VecDeque::from([(root.clone(), item)]);
-    while let Some((dir, item)) = queue.pop_front() {
-        let entries = match client.list_dir(&dir.share, &dir.path).await {
-            Ok(e) => e,
+    while let Some((dir, mut item)) = queue.pop_front() {
+        let entries = match list(client, &dir, owners).await {
+            Ok((owner, entries)) => {
+                item.owner = owner;
+                entries
+            }
             Err(e) => {
                 shared.fail(dir.display(), e);
                 continue;
@@ -155,7 +190,7 @@ async fn walk_remote(
         };
         let local = item.target.clone();
         plan.dirs.push(item);
-        for entry in entries {
+        for (entry, owner) in entries {
             let name = entry.name.as_str();
             if name.contains('/') || name == ".." || name == "." || name.is_empty() {
                 let why = format!("server listed an invalid name {name:?}");
@@ -173,12 +208,29 @@ async fn walk_remote(
                         target: child_local,
                         mode: entry.attr.mode,
                         mtime: entry.attr.mtime,
+                        owner: None,
                     };
                     queue.push_back((child, item));
                 }
-                FileKind::File => plan.files.push((child, child_local, entry.attr.size)),
+                FileKind::File => {
+                    if owner.is_some() {
+                        plan.meta.push(EntryMeta {
+                            target: child_local.clone(),
+                            owner,
+                            mtime: None,
+                        });
+                    }
+                    plan.files.push((child, child_local, entry.attr.size));
+                }
                 FileKind::Symlink => match entry.attr.symlink_target {
-                    Some(t) => plan.symlinks.push((t, child_local)),
+                    Some(t) => {
+                        plan.meta.push(EntryMeta {
+                            target: child_local.clone(),
+                            owner,
+                            mtime: Some(entry.attr.mtime),
+                        });
+                        plan.symlinks.push((t, child_local));
+                    }
                     None => shared.fail(
                         child.display(),
                         ClientError::Usage("symlink without target".into()),
@@ -189,6 +241,23 @@ async fn walk_remote(
                 }
             }
         }
+    }
+}
+
+/// Every entry of the directory `dir`, with its owner and the directory's own when
+/// `owners` (one `ListDirMeta` listing), else without (`ListDir`).
+async fn list(
+    client: &Client,
+    dir: &Remote,
+    owners: bool,
+) -> Result<(Option<Owner>, Vec<(DirEntry, Option<Owner>)>), ClientError> {
+    if owners {
+        let (owner, entries) = client.list_dir_meta(&dir.share, &dir.path).await?;
+        let entries = entries.into_iter().map(|(e, o)| (e, Some(o))).collect();
+        Ok((Some(owner), entries))
+    } else {
+        let entries = client.list_dir(&dir.share, &dir.path).await?;
+        Ok((None, entries.into_iter().map(|e| (e, None)).collect()))
     }
 }
 
@@ -299,7 +368,7 @@ impl Task {
                 {
                     let src = root.with_path(item.src);
                     match outcome {
-                        Outcome::Copied(c) => shared.copied(c),
+                        Outcome::Copied(c) => shared.copied(&item.target, c),
                         Outcome::Failed(e) => shared.download_failed(&src, &item.target, e),
                         Outcome::PerFile => download_one(client, shared, src, item.target).await,
                     }
@@ -314,7 +383,7 @@ impl Task {
 async fn download_one(client: &Client, shared: &Arc<Shared>, src: Remote, target: PathBuf) {
     let progress = shared.progress_fn();
     match download_file(client, &src.share, &src.path, &target, progress).await {
-        Ok(c) => shared.copied(c),
+        Ok(c) => shared.copied(&target, c),
         Err(e) => shared.download_failed(&src, &target, e),
     }
 }

@@ -1,7 +1,7 @@
 //! The plan of a copy, made before anything is copied: every directory to create
 //! (parents first), every file and symlink, from `S` (source) to `T` (target).
 
-use ferry_common::msg::Timestamp;
+use ferry_common::msg::{Owner, Timestamp};
 
 use crate::error::ClientError;
 
@@ -36,11 +36,51 @@ pub(super) fn file_lanes<I>(
     ]
 }
 
-/// A directory to create, with the attributes to give it at the end.
+/// A directory to create, with the attributes to give it at the end: its owner (if
+/// known and to be kept) once every entry's content is in place, then its mode and
+/// mtime, deepest first.
 pub(super) struct DirItem<T> {
     pub target: T,
     pub mode: u32,
     pub mtime: Timestamp,
+    pub owner: Option<Owner>,
+}
+
+/// What a copied file or symlink gets once every entry's content is in place: its
+/// owner (applied only by a receiver running as root) and, for a symlink, its own
+/// mtime (a file's is set with its content).
+pub(super) struct EntryMeta<T> {
+    pub target: T,
+    pub owner: Option<Owner>,
+    pub mtime: Option<Timestamp>,
+}
+
+/// What is left to set once every entry's content is in place: the `meta` of the
+/// files and symlinks that were `copied`, then the owners of the `dirs` that are
+/// `kept`; only entries with something to set.
+pub(super) fn finishing<T: Clone>(
+    meta: &[EntryMeta<T>],
+    dirs: &[DirItem<T>],
+    copied: impl Fn(&T) -> bool,
+    kept: impl Fn(&T) -> bool,
+) -> Vec<EntryMeta<T>> {
+    let entries = meta
+        .iter()
+        .filter(|m| copied(&m.target))
+        .map(|m| EntryMeta {
+            target: m.target.clone(),
+            owner: m.owner,
+            mtime: m.mtime,
+        });
+    let dirs = dirs.iter().filter(|d| kept(&d.target)).map(|d| EntryMeta {
+        target: d.target.clone(),
+        owner: d.owner,
+        mtime: None,
+    });
+    entries
+        .chain(dirs)
+        .filter(|m| m.owner.is_some() || m.mtime.is_some())
+        .collect()
 }
 
 /// A planned copy from `S` (source) to `T` (target).
@@ -50,6 +90,8 @@ pub(super) struct Plan<S, T> {
     pub files: Vec<(S, T, u64)>,
     /// Link target, target.
     pub symlinks: Vec<(String, T)>,
+    /// Owners and symlink mtimes of the files and symlinks, to set once they are copied.
+    pub meta: Vec<EntryMeta<T>>,
 }
 
 impl<S, T> Default for Plan<S, T> {
@@ -58,6 +100,7 @@ impl<S, T> Default for Plan<S, T> {
             dirs: Vec::new(),
             files: Vec::new(),
             symlinks: Vec::new(),
+            meta: Vec::new(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! What a copy did, recorded item by item while its tasks run.
 
-use std::path::Path;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::error::ClientError;
@@ -46,6 +47,9 @@ pub struct Report {
 pub(super) struct Shared {
     pub report: Mutex<Report>,
     pub progress: Arc<dyn Progress>,
+    /// Targets of the files and symlinks copied: only these get their owners and
+    /// symlink mtimes at the end (a target that failed may hold an older file).
+    pub done: Mutex<HashSet<PathBuf>>,
 }
 
 impl Shared {
@@ -53,6 +57,7 @@ impl Shared {
         Arc::new(Shared {
             report: Mutex::new(Report::default()),
             progress,
+            done: Mutex::new(HashSet::new()),
         })
     }
 
@@ -60,12 +65,25 @@ impl Shared {
         lock(&self.report).errors.push(ItemError { path, error });
     }
 
-    pub fn copied(&self, c: Copied) {
+    /// Records the file copied to `target`.
+    pub fn copied(&self, target: &Path, c: Copied) {
+        lock(&self.done).insert(target.to_path_buf());
         let mut r = lock(&self.report);
         r.files += 1;
         r.bytes += c.bytes;
         r.bytes_sent += c.bytes_sent;
         r.bytes_reused += c.bytes_reused;
+    }
+
+    /// Records the symlink made at `target`.
+    pub fn linked(&self, target: &Path) {
+        lock(&self.done).insert(target.to_path_buf());
+        lock(&self.report).symlinks += 1;
+    }
+
+    /// Whether the file or symlink `target` was copied.
+    pub fn is_done(&self, target: &Path) -> bool {
+        lock(&self.done).contains(target)
     }
 
     /// Records a failed upload: server errors are about the target, local ones about

@@ -4,7 +4,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ferry_common::msg::{ErrorKind, FileKind};
+use ferry_common::attr::owner_of;
+use ferry_common::msg::{ErrorKind, FileKind, MetaEntry};
 
 use crate::batch::{self, Outcome, SmallUpload};
 use crate::client::Client;
@@ -17,7 +18,8 @@ use crate::transfer::upload_file;
 use crate::walk::{join, walk, Problem};
 
 use super::plan::{
-    file_lanes, several_sources_need_a_dir, trailing_slash_needs_a_dir, CopyOptions, DirItem, Plan,
+    file_lanes, finishing, several_sources_need_a_dir, trailing_slash_needs_a_dir, CopyOptions,
+    DirItem, EntryMeta, Plan,
 };
 use super::report::{finish_report, lock, settle_scheduled, Report, Shared};
 
@@ -56,8 +58,12 @@ pub async fn upload(
     })
     .await;
     settle_scheduled(&shared, done);
+    let dir_failed = |t: &str| failed.iter().any(|f| f == t) || skipped(t);
+    if client.has_meta() {
+        upload_meta(client, dest, &plan.meta, &plan.dirs, &dir_failed, &shared).await;
+    }
     for d in plan.dirs.iter().rev() {
-        if failed.contains(&d.target) || skipped(&d.target) {
+        if dir_failed(&d.target) {
             continue;
         }
         if let Err(e) = client
@@ -68,6 +74,49 @@ pub async fn upload(
         }
     }
     finish_report(shared)
+}
+
+// `upload_meta` packs its batches with `batch::pack`, which counts to BATCH_MAX_FILES.
+const _: () = assert!(ferry_common::msg::META_BATCH_MAX == ferry_common::msg::BATCH_MAX_FILES);
+
+/// Gives the copied files and symlinks and the created directories (but the
+/// `dir_failed` ones) their owners, and the symlinks their own mtimes, in batches of
+/// `SetMeta` (owners are applied only by a server running as root). Runs once every
+/// entry's content is in place and before the directories' modes and mtimes are set.
+async fn upload_meta(
+    client: &Client,
+    dest: &Remote,
+    meta: &[EntryMeta<String>],
+    dirs: &[DirItem<String>],
+    dir_failed: &dyn Fn(&str) -> bool,
+    shared: &Shared,
+) {
+    let entry = |m: &EntryMeta<String>| MetaEntry {
+        path: m.target.clone(),
+        uid: m.owner.map(|o| o.uid),
+        gid: m.owner.map(|o| o.gid),
+        mtime: m.mtime,
+    };
+    let todo = finishing(
+        meta,
+        dirs,
+        |t| shared.is_done(Path::new(t)),
+        |t| !dir_failed(t),
+    );
+    let entries: Vec<MetaEntry> = todo.iter().map(entry).collect();
+    for b in batch::pack(entries, u64::MAX, |_| 0, |e| e.path.len()) {
+        let paths: Vec<String> = b.iter().map(|e| e.path.clone()).collect();
+        match client.set_meta(&dest.share, b).await {
+            Ok(results) => {
+                for (path, r) in paths.into_iter().zip(results) {
+                    if let Err(e) = r {
+                        shared.fail(dest.with_path(path).display(), ClientError::Remote(e));
+                    }
+                }
+            }
+            Err(e) => shared.fail(dest.display(), e),
+        }
+    }
 }
 
 /// Whether `dest` is a directory, or `None` (the failure recorded) if it cannot take
@@ -131,6 +180,11 @@ fn plan_source(
     } else if meta.is_dir() {
         plan_tree(src, &target, &meta, plan, shared);
     } else if meta.is_file() {
+        plan.meta.push(EntryMeta {
+            target: target.clone(),
+            owner: Some(owner_of(&meta)),
+            mtime: None,
+        });
         plan.files.push((src.to_path_buf(), target, meta.len()));
     } else {
         let e = std::io::Error::other("not a regular file or directory");
@@ -172,16 +226,28 @@ fn plan_tree(
     for dir in tree.into_iter().flatten() {
         let dir_target = join(target, &dir.rel);
         for f in dir.files {
-            plan.files
-                .push((f.path, join(&dir_target, &f.name), f.size));
+            let file_target = join(&dir_target, &f.name);
+            plan.meta.push(EntryMeta {
+                target: file_target.clone(),
+                owner: Some(f.owner),
+                mtime: None,
+            });
+            plan.files.push((f.path, file_target, f.size));
         }
-        for (name, link) in dir.symlinks {
-            plan.symlinks.push((link, join(&dir_target, &name)));
+        for link in dir.symlinks {
+            let link_target = join(&dir_target, &link.name);
+            plan.meta.push(EntryMeta {
+                target: link_target.clone(),
+                owner: Some(link.owner),
+                mtime: Some(link.mtime),
+            });
+            plan.symlinks.push((link.target, link_target));
         }
         plan.dirs.push(DirItem {
             target: dir_target,
             mode: dir.mode,
             mtime: dir.mtime,
+            owner: Some(dir.owner),
         });
     }
 }
@@ -296,7 +362,7 @@ impl Task {
                     batch::upload_batch(client, &dest.share, items, &progress).await
                 {
                     match outcome {
-                        Outcome::Copied(c) => shared.copied(c),
+                        Outcome::Copied(c) => shared.copied(Path::new(&item.target), c),
                         Outcome::Failed(e) => {
                             shared.upload_failed(dest, &item.src, &item.target, e)
                         }
@@ -309,7 +375,7 @@ impl Task {
             Task::File(src, target) => upload_one(client, shared, dest, src, target).await,
             Task::Symlink(link, target) => {
                 match client.symlink(&dest.share, &target, &link).await {
-                    Ok(()) => lock(&shared.report).symlinks += 1,
+                    Ok(()) => shared.linked(Path::new(&target)),
                     Err(e) => shared.fail(dest.with_path(target).display(), e),
                 }
             }
@@ -326,7 +392,7 @@ async fn upload_one(
     target: String,
 ) {
     match upload_file(client, &src, &dest.share, &target, shared.progress_fn()).await {
-        Ok(c) => shared.copied(c),
+        Ok(c) => shared.copied(Path::new(&target), c),
         Err(e) => shared.upload_failed(dest, &src, &target, e),
     }
 }

@@ -10,12 +10,26 @@
 //! A capability a client leaves out takes its default, which every peer of this
 //! protocol version supports; a server that leaves one out of its welcome chose the
 //! default.
+//!
+//! Capabilities:
+//! - [`HASH`]: the chunk-hash algorithm (default `sha256`);
+//! - [`META`]: the metadata requests [`Request::SetMeta`] and
+//!   [`Request::ListDirMeta`] (default: off). An optional feature: an offer with no
+//!   version in common turns it off instead of refusing the session.
 
-use crate::msg::Capability;
+use crate::msg::{Capability, Request};
 
 /// Name of the chunk-hash capability: the algorithm of every chunk hash and manifest
 /// of the session.
 pub const HASH: &str = "hash";
+
+/// Name of the metadata capability: whether the session may use [`Request::SetMeta`]
+/// and [`Request::ListDirMeta`] (numeric owners and symlink mtimes, for `rcp -r`).
+pub const META: &str = "meta";
+
+/// The versions of the metadata requests this build speaks, preferred first: the
+/// client offers them, the server chooses one.
+pub const META_VERSIONS: &[&str] = &["1"];
 
 /// A chunk-hash algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -47,6 +61,8 @@ impl HashAlgorithm {
 pub struct Offer {
     /// Hash algorithms it accepts, preferred first (not empty).
     pub hashes: Vec<HashAlgorithm>,
+    /// Whether it offers the metadata requests ([`META`]).
+    pub meta: bool,
 }
 
 impl Default for Offer {
@@ -54,6 +70,7 @@ impl Default for Offer {
     fn default() -> Offer {
         Offer {
             hashes: HashAlgorithm::SUPPORTED.to_vec(),
+            meta: true,
         }
     }
 }
@@ -62,7 +79,11 @@ impl Offer {
     /// The offer as a hello's capabilities.
     pub fn to_capabilities(&self) -> Vec<Capability> {
         let hashes: Vec<&str> = self.hashes.iter().map(|h| h.name()).collect();
-        vec![Capability::new(HASH, &hashes.join(","))]
+        let mut caps = vec![Capability::new(HASH, &hashes.join(","))];
+        if self.meta {
+            caps.push(Capability::new(META, &META_VERSIONS.join(",")));
+        }
+        caps
     }
 }
 
@@ -71,12 +92,29 @@ impl Offer {
 pub struct Negotiated {
     /// The algorithm of the session's chunk hashes.
     pub hash: HashAlgorithm,
+    /// Whether the metadata requests ([`META`]) may be sent.
+    pub meta: bool,
 }
 
 impl Negotiated {
-    /// The agreement as a welcome's capabilities.
+    /// The agreement as a welcome's capabilities (an optional feature that is off is
+    /// left out).
     pub fn to_capabilities(&self) -> Vec<Capability> {
-        vec![Capability::new(HASH, self.hash.name())]
+        let mut caps = vec![Capability::new(HASH, self.hash.name())];
+        if self.meta {
+            caps.push(Capability::new(META, META_VERSIONS[0]));
+        }
+        caps
+    }
+
+    /// Whether `req` may be sent on this session: a request of a capability the
+    /// session did not negotiate may not (the server refuses it with `Protocol`).
+    /// Fails with the name of the missing capability.
+    pub fn permits(&self, req: &Request) -> Result<(), &'static str> {
+        match req {
+            Request::SetMeta { .. } | Request::ListDirMeta { .. } if !self.meta => Err(META),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -107,7 +145,10 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
                 )
             })?,
     };
-    Ok(Negotiated { hash })
+    // An optional feature: no version in common leaves it off.
+    let meta =
+        find(offered, META).is_some_and(|list| list.split(',').any(|v| META_VERSIONS.contains(&v)));
+    Ok(Negotiated { hash, meta })
 }
 
 /// Checks the server's `chosen` capabilities against the client's `offer`: each choice
@@ -124,7 +165,17 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
                 )
             })?,
     };
-    Ok(Negotiated { hash })
+    let meta = match find(chosen, META) {
+        None => false,
+        Some(v) if offer.meta && META_VERSIONS.contains(&v) => true,
+        Some(v) => {
+            return Err(format!(
+                "the server chose metadata version '{}', which this client did not offer",
+                v.escape_debug()
+            ))
+        }
+    };
+    Ok(Negotiated { hash, meta })
 }
 
 #[cfg(test)]
@@ -173,7 +224,66 @@ mod tests {
         assert!(choose(&offered, HashAlgorithm::SUPPORTED).is_ok());
         assert_eq!(
             Offer::default().to_capabilities(),
-            vec![Capability::new(HASH, "sha256")]
+            vec![Capability::new(HASH, "sha256"), Capability::new(META, "1")]
         );
+    }
+
+    fn set_meta() -> Request {
+        Request::SetMeta {
+            share: "s".into(),
+            entries: vec![],
+        }
+    }
+
+    #[test]
+    fn meta_is_on_only_when_both_peers_speak_it() {
+        // A client and a server of this build.
+        let n = choose(
+            &Offer::default().to_capabilities(),
+            HashAlgorithm::SUPPORTED,
+        )
+        .unwrap();
+        assert!(n.meta);
+        assert_eq!(accept(&n.to_capabilities(), &Offer::default()).unwrap(), n);
+        assert_eq!(n.permits(&set_meta()), Ok(()));
+
+        // An older client offers no `meta`: the server turns it off and says nothing
+        // of it, and refuses the metadata requests.
+        let old_client = vec![Capability::new(HASH, "sha256")];
+        let n = choose(&old_client, HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.meta);
+        assert_eq!(n.to_capabilities(), old_client);
+        assert_eq!(n.permits(&set_meta()), Err(META));
+        let list = Request::ListDirMeta {
+            share: "s".into(),
+            path: String::new(),
+            cursor: 0,
+        };
+        assert_eq!(n.permits(&list), Err(META));
+        assert_eq!(n.permits(&Request::Stats), Ok(()));
+
+        // An older server ignores the offer and welcomes without `meta`: off.
+        let n = accept(&[Capability::new(HASH, "sha256")], &Offer::default()).unwrap();
+        assert!(!n.meta);
+        assert_eq!(n.permits(&set_meta()), Err(META));
+        // So does a server of this version answering with no capabilities at all.
+        assert!(!accept(&[], &Offer::default()).unwrap().meta);
+    }
+
+    #[test]
+    fn meta_without_a_version_in_common_is_off_not_refused() {
+        let offered = vec![Capability::new(META, "7,8")];
+        let n = choose(&offered, HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.meta);
+        // A server may not choose what was not offered.
+        let no_meta = Offer {
+            meta: false,
+            ..Offer::default()
+        };
+        assert!(!no_meta.to_capabilities().iter().any(|c| c.name == META));
+        let e = accept(&[Capability::new(META, "1")], &no_meta).unwrap_err();
+        assert!(e.contains("did not offer"), "{e}");
+        let e = accept(&[Capability::new(META, "9")], &Offer::default()).unwrap_err();
+        assert!(e.contains("did not offer"), "{e}");
     }
 }

@@ -55,7 +55,8 @@ pub enum Family {
     Batch,
     /// Mapped files and manifests, for one-sided reads of server memory.
     Map,
-    /// The share's namespace: attributes, listings, directories, links, renames.
+    /// The share's namespace: attributes (owners included), listings, directories,
+    /// links, renames.
     Namespace,
     /// The server's counters and on-disk verification.
     Admin,
@@ -87,7 +88,9 @@ impl Family {
             | Request::Rename { .. }
             | Request::Remove { .. }
             | Request::StatFs { .. }
-            | Request::DiskUsage { .. } => Family::Namespace,
+            | Request::DiskUsage { .. }
+            | Request::SetMeta { .. }
+            | Request::ListDirMeta { .. } => Family::Namespace,
             Request::Stats | Request::Verify { .. } => Family::Admin,
         }
     }

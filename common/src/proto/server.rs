@@ -170,7 +170,13 @@ impl ServerSession {
                 });
                 Ok(())
             }
-            (&State::Ready { client_nonce, .. }, Message::Request { id, body }) => {
+            (
+                &State::Ready {
+                    client_nonce,
+                    negotiated,
+                },
+                Message::Request { id, body },
+            ) => {
                 if self.outstanding.contains(&id) {
                     return Err(ProtoError::DuplicateRequest(id));
                 }
@@ -179,6 +185,17 @@ impl ServerSession {
                 }
                 if let Request::Auth { share, proof } = &body {
                     return self.authenticate(id, share, proof, &client_nonce);
+                }
+                if let Err(cap) = negotiated.permits(&body) {
+                    let refusal = RemoteError::new(
+                        ErrorKind::Protocol,
+                        format!("this request needs the '{cap}' capability, which the session did not negotiate"),
+                    );
+                    self.transmit.push_back(Message::Response {
+                        id,
+                        body: Response::Error(refusal),
+                    });
+                    return Ok(());
                 }
                 if let Some(refusal) = self.refusal(&body) {
                     self.transmit.push_back(Message::Response {

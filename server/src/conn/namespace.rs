@@ -1,5 +1,6 @@
-//! Namespace requests: attributes, listings, directories, symlinks, links, renames,
-//! removals and space, each one blocking filesystem call in the share.
+//! Namespace requests: attributes (owners and symlink mtimes included), listings,
+//! directories, symlinks, links, renames, removals and space, each one blocking
+//! filesystem call (or one batch of them) in the share.
 
 use std::sync::Arc;
 
@@ -7,7 +8,7 @@ use ferry_common::msg::{RemoteError, Request, Response};
 
 use super::blocking::blocking;
 use super::{misrouted, Conn};
-use crate::{du, fsops, links, remove};
+use crate::{du, fsops, links, meta, remove};
 
 /// Performs one namespace request.
 pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response, RemoteError> {
@@ -19,6 +20,15 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
         Ok(match body {
             Request::Stat { path, follow, .. } => fsops::stat(&share, &path, follow)?,
             Request::ListDir { path, cursor, .. } => fsops::list_dir(&share, &path, cursor)?,
+            Request::ListDirMeta { path, cursor, .. } => {
+                fsops::list_dir_meta(&share, &path, cursor)?
+            }
+            Request::SetMeta { entries, .. } => Response::MetaSet {
+                results: meta::set_meta(&share, &entries, meta::applies_owners())
+                    .into_iter()
+                    .map(|r| r.err().map(RemoteError::from))
+                    .collect(),
+            },
             Request::Mkdir {
                 path,
                 mode,

@@ -499,6 +499,8 @@ impl Client<'_> {
             | Request::DiskUsage { share, .. }
             | Request::Verify { share, .. }
             | Request::LinkBatch { share, .. }
+            | Request::SetMeta { share, .. }
+            | Request::ListDirMeta { share, .. }
             | Request::StatFs { share } => match flags & (F_DATA | F_RO) {
                 F_DATA => *share = "data".into(),
                 F_RO => *share = "ro".into(),

@@ -66,6 +66,7 @@ pub fn server_session(data: &[u8]) {
         start,
         now: start,
         ready: None,
+        meta: false,
         closed: false,
         outstanding: Vec::new(),
         authenticated: HashSet::new(),
@@ -95,6 +96,14 @@ fn offers_sha256(caps: &[Capability]) -> bool {
         .is_none_or(|c| c.value.split(',').any(|h| h == "sha256"))
 }
 
+/// Whether a hello turns the `meta` capability on: its first `meta` capability lists
+/// `1` (the only version of this build); otherwise the metadata requests are refused.
+fn offers_meta(caps: &[Capability]) -> bool {
+    caps.iter()
+        .find(|c| c.name == "meta")
+        .is_some_and(|c| c.value.split(',').any(|v| v == "1"))
+}
+
 /// What the model expects the session to transmit.
 #[derive(Debug)]
 enum Transmit {
@@ -122,6 +131,8 @@ struct Harness {
     /// The model: the client's nonce once the handshake is done, session closed,
     /// outstanding request ids in order, shares proved, shares refused (reported once).
     ready: Option<Nonce>,
+    /// The session negotiated `meta` (its metadata requests are admitted).
+    meta: bool,
     closed: bool,
     outstanding: Vec<u64>,
     authenticated: HashSet<String>,
@@ -337,6 +348,11 @@ impl Harness {
             }
             return Ok(());
         }
+        if matches!(body, Request::SetMeta { .. } | Request::ListDirMeta { .. }) && !self.meta {
+            self.transmits
+                .push_back(Transmit::Error(id, ErrorKind::Protocol));
+            return Ok(());
+        }
         if body.share() == Some("data") && !self.authenticated.contains("data") {
             self.transmits
                 .push_back(Transmit::Error(id, ErrorKind::AuthRequired));
@@ -370,6 +386,7 @@ impl Harness {
                     && offers_sha256(&h.capabilities)
                 {
                     self.ready = Some(h.nonce);
+                    self.meta = offers_meta(&h.capabilities);
                     self.transmits.push_back(Transmit::Welcome);
                     self.events.push_back(Event::Ready(h.software));
                     Ok(())

@@ -322,6 +322,30 @@ fn the_handshake_negotiates_capabilities_and_ignores_unknown_ones() {
 }
 
 #[test]
+fn a_client_without_meta_gets_its_metadata_requests_refused() {
+    // A client of before the `meta` capability: its hello offers only `hash`.
+    let mut p = Pair::new();
+    let mut hello = take_hello(&mut p);
+    hello.capabilities.retain(|c| c.name != caps::META);
+    p.to_server
+        .push_back(encode(&Message::Hello(hello)).unwrap());
+    p.drive();
+    assert!(!p.server.negotiated().unwrap().meta);
+    assert!(!p.client.negotiated().unwrap().meta);
+    let set = p
+        .client
+        .request(Request::SetMeta {
+            share: "s".into(),
+            entries: vec![],
+        })
+        .unwrap();
+    p.drive();
+    assert!(p.responses().iter().any(|(id, r)| *id == set
+        && matches!(r, Response::Error(e) if e.kind == ErrorKind::Protocol && e.message.contains("'meta'"))));
+    assert!(p.server_closed().is_none() && p.client_closed().is_none());
+}
+
+#[test]
 fn no_hash_in_common_refuses_the_session() {
     let mut p = Pair::new();
     let mut hello = take_hello(&mut p);

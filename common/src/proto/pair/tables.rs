@@ -314,6 +314,21 @@ fn namespace_and_admin_requests_pass_the_tables_to_their_driver() {
             },
             Family::Namespace,
         ),
+        (
+            Request::SetMeta {
+                share: "s".into(),
+                entries: vec![],
+            },
+            Family::Namespace,
+        ),
+        (
+            Request::ListDirMeta {
+                share: "s".into(),
+                path: "d".into(),
+                cursor: 0,
+            },
+            Family::Namespace,
+        ),
         (Request::Stats, Family::Admin),
         (
             Request::Verify {

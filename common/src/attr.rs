@@ -126,7 +126,8 @@ impl SetMetaError {
 /// and the modification time `mtime`, never following `path`'s final component
 /// (`lchown`, `utimensat` with `AT_SYMLINK_NOFOLLOW`; a symlink gets its own). `chown`
 /// clears the set-user-ID and set-group-ID bits of a non-directory: they are put back.
-/// The access time is left as it is. Blocking.
+/// The access time is left as it is, and so is an owner or mtime the entry already has
+/// (no change, so no new ctime). Blocking.
 pub fn set_owner_and_mtime(
     path: &Path,
     uid: Option<u32>,
@@ -134,6 +135,11 @@ pub fn set_owner_and_mtime(
     mtime: Option<Timestamp>,
 ) -> Result<(), SetMetaError> {
     let meta = fs::symlink_metadata(path).map_err(SetMetaError::Stat)?;
+    // What already holds is left alone: a change would move the ctime, which keys the
+    // manifest records a server keeps of committed files.
+    let uid = uid.filter(|&u| u != meta.uid());
+    let gid = gid.filter(|&g| g != meta.gid());
+    let mtime = mtime.filter(|t| (t.secs, i64::from(t.nanos)) != (meta.mtime(), meta.mtime_nsec()));
     if uid.is_some() || gid.is_some() {
         lchown(path, uid, gid).map_err(SetMetaError::Chown)?;
         let mode = meta.mode() & 0o7777;

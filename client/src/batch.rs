@@ -32,9 +32,9 @@ use ferry_common::attr::attr_of;
 use ferry_common::chunk::hash_chunk;
 use ferry_common::msg::{
     BatchFile, ErrorKind, RemoteError, Request, Response, Sha256, Timestamp, BATCH_MAX_BYTES,
-    BATCH_MAX_FILES, BATCH_MAX_PATH_BYTES, SMALL_FILE_MAX_BYTES,
+    BATCH_MAX_FILES, BATCH_MAX_PATH_BYTES,
 };
-use ferry_common::proto::batch::{place_downloaded, Placement};
+use ferry_common::proto::batch::{batch_file_max, place_downloaded, Placement};
 use ferry_common::proto::retry::WINDOW_ATTEMPTS;
 use ferry_common::proto::ProtoError;
 use ferry_common::readahead::{will_need, READ_AHEAD_FILES};
@@ -56,9 +56,18 @@ pub fn capacity(client: &Client) -> u64 {
     BATCH_MAX_BYTES.min(u64::from(client.welcome().chunk_bytes))
 }
 
+/// The largest file a batch carries with `client`'s server: up to its capacity where
+/// the session negotiated medium batches, else
+/// [`SMALL_FILE_MAX_BYTES`](ferry_common::msg::SMALL_FILE_MAX_BYTES)
+/// ([`batch_file_max`]).
+pub fn file_max(client: &Client) -> u64 {
+    let medium = client.negotiated().is_some_and(|n| n.medium_batches);
+    batch_file_max(medium, client.welcome().chunk_bytes)
+}
+
 /// True if a regular file of `size` bytes goes in a batch with `client`'s server.
 pub fn is_small(client: &Client, size: u64) -> bool {
-    size <= SMALL_FILE_MAX_BYTES.min(capacity(client))
+    size <= file_max(client)
 }
 
 /// Splits `items` into batches, in order: each of at most [`BATCH_MAX_FILES`] items,
@@ -207,7 +216,8 @@ fn open_source(item: &SmallUpload) -> Result<(File, fs::Metadata), Unread> {
             std::io::Error::other("not a regular file"),
         ));
     }
-    if before.len() == item.size && before.len() <= SMALL_FILE_MAX_BYTES {
+    // The item was sized for a batch ([`is_small`]): read it ahead whole.
+    if before.len() == item.size {
         will_need(&file, before.len());
     }
     Ok((file, before))

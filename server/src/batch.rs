@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use ferry_common::attr::attr_of;
 use ferry_common::chunk::hash_chunk;
-use ferry_common::msg::{Attr, BatchFile, BatchedFile, RegionDesc, Sha256, SMALL_FILE_MAX_BYTES};
+use ferry_common::msg::{Attr, BatchFile, BatchedFile, RegionDesc, Sha256};
 use ferry_common::proto::batch::batch_capacity;
 use ferry_common::readahead::{will_need, READ_AHEAD_FILES};
 use ferry_common::staging::{remove_quietly, scratch_path, write_whole, WholeStep};
@@ -57,6 +57,9 @@ pub struct BatchIo<'a> {
     pub pool: &'a Arc<Pool>,
     /// The server's chunk size.
     pub chunk_bytes: u32,
+    /// The largest file a batch of this session carries
+    /// ([`ferry_common::proto::batch::batch_file_max`]).
+    pub file_max: u64,
 }
 
 /// A batch refused as a whole, or one file of it failed: each variant names the
@@ -380,9 +383,10 @@ pub async fn download(
     let lease = io.pool.lease().await?;
     let buf = lease.buffer().clone();
     let what = share.display("");
+    let file_max = io.file_max;
     let (files, used) = tokio::task::spawn_blocking(move || {
         let mut data = buf.blocking_write();
-        read_all(&share, &paths, &mut data[..room])
+        read_all(&share, &paths, &mut data[..room], file_max)
     })
     .await
     .map_err(BatchError::Task)?;
@@ -402,13 +406,14 @@ pub async fn download(
     Ok(files)
 }
 
-/// Reads each path's file into `room`, back to back; returns an entry per path and the
-/// bytes used. A window of files is opened and their reads started before they are
-/// read ([`ferry_common::readahead`]). Blocking.
+/// Reads each path's file (of at most `file_max` bytes) into `room`, back to back;
+/// returns an entry per path and the bytes used. A window of files is opened and their
+/// reads started before they are read ([`ferry_common::readahead`]). Blocking.
 fn read_all(
     share: &Share,
     paths: &[String],
     room: &mut [u8],
+    file_max: u64,
 ) -> (Vec<Result<BatchedFile, BatchError>>, usize) {
     let mut used = 0usize;
     let mut files = Vec::with_capacity(paths.len());
@@ -416,19 +421,21 @@ fn read_all(
     for window in paths.chunks(READ_AHEAD_FILES) {
         let opened: Vec<_> = window
             .iter()
-            .map(|rel| open_small(share, rel, &mut dirs))
+            .map(|rel| open_small(share, rel, file_max, &mut dirs))
             .collect();
         for opened in opened {
-            files.push(opened.and_then(|o| read_one(o, &mut room[used..])).map(
-                |read| match read {
-                    Some((attr, hash)) => {
-                        let offset = used as u64;
-                        used += attr.size as usize;
-                        BatchedFile::Ok { attr, offset, hash }
-                    }
-                    None => BatchedFile::NotIncluded,
-                },
-            ));
+            files.push(
+                opened
+                    .and_then(|o| read_one(o, &mut room[used..], file_max))
+                    .map(|read| match read {
+                        Some((attr, hash)) => {
+                            let offset = used as u64;
+                            used += attr.size as usize;
+                            BatchedFile::Ok { attr, offset, hash }
+                        }
+                        None => BatchedFile::NotIncluded,
+                    }),
+            );
         }
     }
     (files, used)
@@ -442,25 +449,34 @@ struct Opened {
 }
 
 /// Opens the file `rel` as `DownloadOpen` does (its parent resolved through `dirs`,
-/// once per batch) and, if it is small, starts reading it into the page cache.
-/// Blocking.
-fn open_small(share: &Share, rel: &str, dirs: &mut ResolvedDirs) -> Result<Opened, BatchError> {
+/// once per batch) and, if it has at most `file_max` bytes, starts reading it into the
+/// page cache. Blocking.
+fn open_small(
+    share: &Share,
+    rel: &str,
+    file_max: u64,
+    dirs: &mut ResolvedDirs,
+) -> Result<Opened, BatchError> {
     let what = share.display(rel);
     let path = share.resolve_in(rel, true, dirs)?;
     let (file, meta) = open_regular_at(&path, &what)?;
-    if meta.len() <= SMALL_FILE_MAX_BYTES {
+    if meta.len() <= file_max {
         will_need(&file, meta.len());
     }
     Ok(Opened { what, file, meta })
 }
 
 /// Reads the file `opened` whole to the start of `room` and returns its attributes (its
-/// `size` is the length read) and hash; `None` if it is larger than
-/// [`SMALL_FILE_MAX_BYTES`] or than `room`. Blocking.
-fn read_one(opened: Opened, room: &mut [u8]) -> Result<Option<(Attr, Sha256)>, BatchError> {
+/// `size` is the length read) and hash; `None` if it is larger than `file_max` or than
+/// `room`. Blocking.
+fn read_one(
+    opened: Opened,
+    room: &mut [u8],
+    file_max: u64,
+) -> Result<Option<(Attr, Sha256)>, BatchError> {
     let Opened { what, file, meta } = opened;
     let size = meta.len();
-    if size > SMALL_FILE_MAX_BYTES || size > room.len() as u64 {
+    if size > file_max || size > room.len() as u64 {
         return Ok(None);
     }
     let len = size as usize;

@@ -1421,13 +1421,14 @@ fn hostile_batches_fail_per_file_or_as_a_whole_and_never_escape() {
             ErrorKind::Io,
         ),
         (
+            // This session negotiated medium batches: a file may fill a chunk buffer.
             "too large a file",
             SHARE,
             RegionDesc {
-                len: SMALL_FILE_MAX_BYTES + 1,
+                len: u64::from(DEFAULT_CHUNK_BYTES) + 1,
                 ..region
             },
-            vec![batch_file("x", &vec![0; SMALL_FILE_MAX_BYTES as usize + 1])],
+            vec![batch_file("x", &vec![0; DEFAULT_CHUNK_BYTES as usize + 1])],
             ErrorKind::Protocol,
         ),
         (

@@ -23,20 +23,36 @@ pub fn batch_capacity(chunk_bytes: u32) -> u64 {
     BATCH_MAX_BYTES.min(u64::from(chunk_bytes))
 }
 
-/// Checks an upload batch as a whole: at least one file, none over
-/// [`SMALL_FILE_MAX_BYTES`], sizes adding up to the region's length, which fits
+/// The largest file one batch may carry on a session whose server's chunk buffers
+/// hold `chunk_bytes`: [`SMALL_FILE_MAX_BYTES`], or with `medium` batches (the
+/// [`crate::proto::caps::BATCH`] capability) any file that fits the batch's capacity.
+/// A file of up to one chunk then costs a share of a batch's one READ or WRITE, one
+/// scratch file and a share of its group flush, instead of a transfer of its own (three
+/// round trips, a staged file, a flush of its own to wait for).
+pub fn batch_file_max(medium: bool, chunk_bytes: u32) -> u64 {
+    let capacity = batch_capacity(chunk_bytes);
+    if medium {
+        capacity
+    } else {
+        SMALL_FILE_MAX_BYTES.min(capacity)
+    }
+}
+
+/// Checks an upload batch as a whole: at least one file, none over `file_max`
+/// ([`batch_file_max`]), sizes adding up to the region's length, which fits
 /// `capacity`.
 pub fn check_upload_batch(
     files: &[BatchFile],
     region: &RegionDesc,
     capacity: u64,
+    file_max: u64,
 ) -> Result<(), RemoteError> {
     if files.is_empty() {
         return Err(protocol("an upload batch with no file"));
     }
-    if let Some(f) = files.iter().find(|f| f.size > SMALL_FILE_MAX_BYTES) {
+    if let Some(f) = files.iter().find(|f| f.size > file_max) {
         return Err(protocol(format!(
-            "a batched file of {} bytes (at most {SMALL_FILE_MAX_BYTES})",
+            "a batched file of {} bytes (at most {file_max})",
             f.size
         )));
     }
@@ -124,6 +140,38 @@ pub fn place_downloaded(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn medium_batches_carry_files_up_to_the_capacity_and_no_further() {
+        let mib = 1 << 20;
+        assert_eq!(batch_file_max(false, mib), SMALL_FILE_MAX_BYTES);
+        assert_eq!(batch_file_max(true, mib as u32), BATCH_MAX_BYTES);
+        // Never more than a chunk buffer holds, nor less than a small file on a server
+        // with small chunks.
+        assert_eq!(batch_file_max(true, 4096), 4096);
+        assert_eq!(batch_file_max(false, 4096), 4096);
+        let medium = BatchFile {
+            path: "m".into(),
+            size: 300 << 10,
+            mode: 0o644,
+            mtime: crate::msg::Timestamp::default(),
+            hash: [0; 32],
+        };
+        let region = RegionDesc {
+            addr: 0,
+            len: medium.size,
+            rkey: 1,
+        };
+        let files = [medium];
+        let capacity = batch_capacity(mib as u32);
+        let small_only =
+            check_upload_batch(&files, &region, capacity, batch_file_max(false, mib)).unwrap_err();
+        assert!(
+            small_only.message.contains("a batched file of"),
+            "{small_only:?}"
+        );
+        check_upload_batch(&files, &region, capacity, batch_file_max(true, mib)).unwrap();
+    }
 
     fn ok(offset: u64, size: u64) -> BatchedFile {
         BatchedFile::Ok {

@@ -16,6 +16,9 @@
 //! - [`META`]: the metadata requests [`Request::SetMeta`] and
 //!   [`Request::ListDirMeta`] (default: off). An optional feature: an offer with no
 //!   version in common turns it off instead of refusing the session.
+//! - [`BATCH`]: which files a batch may carry (default `small`: up to
+//!   [`crate::msg::SMALL_FILE_MAX_BYTES`]; `medium`: any file that fits the batch's
+//!   capacity, [`crate::proto::batch::batch_capacity`]). Optional like [`META`].
 
 use crate::msg::{Capability, Request};
 
@@ -30,6 +33,13 @@ pub const META: &str = "meta";
 /// The versions of the metadata requests this build speaks, preferred first: the
 /// client offers them, the server chooses one.
 pub const META_VERSIONS: &[&str] = &["1"];
+
+/// Name of the batch capability: which files an `UploadBatch` or `DownloadBatch` may
+/// carry ([`crate::proto::batch::batch_file_max`]).
+pub const BATCH: &str = "batch";
+
+/// The batch modes this build speaks beyond the default (`small`), preferred first.
+pub const BATCH_MODES: &[&str] = &["medium"];
 
 /// A chunk-hash algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,6 +73,8 @@ pub struct Offer {
     pub hashes: Vec<HashAlgorithm>,
     /// Whether it offers the metadata requests ([`META`]).
     pub meta: bool,
+    /// Whether it offers batches of medium files ([`BATCH`]).
+    pub medium_batches: bool,
 }
 
 impl Default for Offer {
@@ -71,6 +83,7 @@ impl Default for Offer {
         Offer {
             hashes: HashAlgorithm::SUPPORTED.to_vec(),
             meta: true,
+            medium_batches: true,
         }
     }
 }
@@ -83,6 +96,9 @@ impl Offer {
         if self.meta {
             caps.push(Capability::new(META, &META_VERSIONS.join(",")));
         }
+        if self.medium_batches {
+            caps.push(Capability::new(BATCH, &BATCH_MODES.join(",")));
+        }
         caps
     }
 }
@@ -94,6 +110,8 @@ pub struct Negotiated {
     pub hash: HashAlgorithm,
     /// Whether the metadata requests ([`META`]) may be sent.
     pub meta: bool,
+    /// Whether batches may carry medium files ([`BATCH`]).
+    pub medium_batches: bool,
 }
 
 impl Negotiated {
@@ -103,6 +121,9 @@ impl Negotiated {
         let mut caps = vec![Capability::new(HASH, self.hash.name())];
         if self.meta {
             caps.push(Capability::new(META, META_VERSIONS[0]));
+        }
+        if self.medium_batches {
+            caps.push(Capability::new(BATCH, BATCH_MODES[0]));
         }
         caps
     }
@@ -148,7 +169,13 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
     // An optional feature: no version in common leaves it off.
     let meta =
         find(offered, META).is_some_and(|list| list.split(',').any(|v| META_VERSIONS.contains(&v)));
-    Ok(Negotiated { hash, meta })
+    let medium_batches =
+        find(offered, BATCH).is_some_and(|list| list.split(',').any(|v| BATCH_MODES.contains(&v)));
+    Ok(Negotiated {
+        hash,
+        meta,
+        medium_batches,
+    })
 }
 
 /// Checks the server's `chosen` capabilities against the client's `offer`: each choice
@@ -175,7 +202,21 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
             ))
         }
     };
-    Ok(Negotiated { hash, meta })
+    let medium_batches = match find(chosen, BATCH) {
+        None | Some("small") => false,
+        Some(v) if offer.medium_batches && BATCH_MODES.contains(&v) => true,
+        Some(v) => {
+            return Err(format!(
+                "the server chose batch mode '{}', which this client did not offer",
+                v.escape_debug()
+            ))
+        }
+    };
+    Ok(Negotiated {
+        hash,
+        meta,
+        medium_batches,
+    })
 }
 
 #[cfg(test)]
@@ -224,7 +265,11 @@ mod tests {
         assert!(choose(&offered, HashAlgorithm::SUPPORTED).is_ok());
         assert_eq!(
             Offer::default().to_capabilities(),
-            vec![Capability::new(HASH, "sha256"), Capability::new(META, "1")]
+            vec![
+                Capability::new(HASH, "sha256"),
+                Capability::new(META, "1"),
+                Capability::new(BATCH, "medium")
+            ]
         );
     }
 
@@ -285,5 +330,37 @@ mod tests {
         assert!(e.contains("did not offer"), "{e}");
         let e = accept(&[Capability::new(META, "9")], &Offer::default()).unwrap_err();
         assert!(e.contains("did not offer"), "{e}");
+    }
+
+    #[test]
+    fn medium_batches_only_when_both_peers_speak_them() {
+        let n = choose(
+            &Offer::default().to_capabilities(),
+            HashAlgorithm::SUPPORTED,
+        )
+        .unwrap();
+        assert!(n.medium_batches);
+        assert_eq!(accept(&n.to_capabilities(), &Offer::default()).unwrap(), n);
+        // An older client offers no `batch`: small batches, nothing said of it.
+        let old_client = vec![Capability::new(HASH, "sha256"), Capability::new(META, "1")];
+        let n = choose(&old_client, HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.medium_batches);
+        assert!(find(&n.to_capabilities(), BATCH).is_none());
+        // An older server answers without it: small batches.
+        let old_server = vec![Capability::new(HASH, "sha256")];
+        assert!(
+            !accept(&old_server, &Offer::default())
+                .unwrap()
+                .medium_batches
+        );
+        // A choice the client did not offer is refused.
+        let no_medium = Offer {
+            medium_batches: false,
+            ..Offer::default()
+        };
+        let chose = vec![Capability::new(BATCH, "medium")];
+        assert!(accept(&chose, &no_medium)
+            .unwrap_err()
+            .contains("batch mode"));
     }
 }

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use super::batch::{batch_capacity, check_upload_batch};
+use super::batch::{batch_capacity, batch_file_max, check_upload_batch};
 use crate::msg::{ErrorKind, RemoteError, Request, Response};
 
 /// Most transfers one connection may have open (or opening) at once.
@@ -127,6 +127,8 @@ enum Pending {
 #[derive(Debug)]
 pub struct ConnState {
     chunk_bytes: u32,
+    /// The session negotiated batches of medium files ([`super::caps::BATCH`]).
+    medium_batches: bool,
     transfers: HashMap<u64, Slot>,
     next_transfer: u64,
     /// Mapped files: `false` while opening, `true` once open.
@@ -140,10 +142,21 @@ fn protocol(message: String) -> RemoteError {
 }
 
 impl ConnState {
+    /// Takes the session's agreement on batches into account (at the handshake).
+    pub fn set_medium_batches(&mut self, on: bool) {
+        self.medium_batches = on;
+    }
+
+    /// The largest file a batch of this connection may carry ([`batch_file_max`]).
+    pub fn batch_file_max(&self) -> u64 {
+        batch_file_max(self.medium_batches, self.chunk_bytes)
+    }
+
     /// Empty tables of a connection to a server whose chunk buffers hold `chunk_bytes`.
     pub fn new(chunk_bytes: u32) -> ConnState {
         ConnState {
             chunk_bytes,
+            medium_batches: false,
             transfers: HashMap::new(),
             next_transfer: 1,
             maps: HashMap::new(),
@@ -200,7 +213,12 @@ impl ConnState {
                 _ => Err(protocol(format!("no mapped file {handle}"))),
             },
             Request::UploadBatch { region, files, .. } => {
-                check_upload_batch(files, region, batch_capacity(self.chunk_bytes))?;
+                check_upload_batch(
+                    files,
+                    region,
+                    batch_capacity(self.chunk_bytes),
+                    self.batch_file_max(),
+                )?;
                 Ok(Grant::None)
             }
             _ => Ok(Grant::None),

@@ -152,6 +152,7 @@ impl ServerSession {
                             .map_err(|m| self.refuse(m))
                     })?;
                 self.timers.stop(Timer::Handshake);
+                self.conn.set_medium_batches(negotiated.medium_batches);
                 self.state = State::Ready {
                     client_nonce: h.nonce,
                     negotiated,

@@ -10,10 +10,12 @@ use crate::batch::{self, BatchIo};
 
 /// Performs one batch request; a file that failed is answered in its entry.
 pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response, RemoteError> {
+    let file_max = conn.session().conn().batch_file_max();
     let io = BatchIo {
         transport: &conn.transport,
         pool: &conn.pool,
         chunk_bytes: conn.server.chunk_bytes,
+        file_max,
     };
     match body {
         Request::UploadBatch {

@@ -67,6 +67,7 @@ pub fn server_session(data: &[u8]) {
         now: start,
         ready: None,
         meta: false,
+        medium: false,
         closed: false,
         outstanding: Vec::new(),
         authenticated: HashSet::new(),
@@ -104,6 +105,14 @@ fn offers_meta(caps: &[Capability]) -> bool {
         .is_some_and(|c| c.value.split(',').any(|v| v == "1"))
 }
 
+/// Whether a hello turns medium batches on: its first `batch` capability lists
+/// `medium`; otherwise a batched file may hold at most `SMALL_FILE_MAX_BYTES`.
+fn offers_medium(caps: &[Capability]) -> bool {
+    caps.iter()
+        .find(|c| c.name == "batch")
+        .is_some_and(|c| c.value.split(',').any(|v| v == "medium"))
+}
+
 /// What the model expects the session to transmit.
 #[derive(Debug)]
 enum Transmit {
@@ -133,6 +142,8 @@ struct Harness {
     ready: Option<Nonce>,
     /// The session negotiated `meta` (its metadata requests are admitted).
     meta: bool,
+    /// The session negotiated medium batches.
+    medium: bool,
     closed: bool,
     outstanding: Vec<u64>,
     authenticated: HashSet<String>,
@@ -175,7 +186,8 @@ impl Default for Tables {
 
 impl Tables {
     /// The refusal of request `id`, if the tables refuse it; else what it reserves.
-    fn admit(&mut self, id: u64, body: &Request) -> Result<(), ErrorKind> {
+    /// `medium`: the session negotiated medium batches.
+    fn admit(&mut self, id: u64, body: &Request, medium: bool) -> Result<(), ErrorKind> {
         let open_of = |t: &Tables, transfer: &u64, upload: bool| match t.transfers.get(transfer) {
             Some(&(u, true)) if u == upload => Ok(()),
             _ => Err(ErrorKind::Protocol),
@@ -226,9 +238,15 @@ impl Tables {
                 _ => Err(ErrorKind::Protocol),
             },
             Request::UploadBatch { region, files, .. } => {
+                let capacity = BATCH_MAX_BYTES.min(u64::from(CHUNK_BYTES));
+                let file_max = if medium {
+                    capacity
+                } else {
+                    SMALL_FILE_MAX_BYTES.min(capacity)
+                };
                 let total: u64 = files.iter().map(|f| f.size).sum();
                 let bad = files.is_empty()
-                    || files.iter().any(|f| f.size > SMALL_FILE_MAX_BYTES)
+                    || files.iter().any(|f| f.size > file_max)
                     || total != region.len
                     || region.len > BATCH_MAX_BYTES.min(u64::from(CHUNK_BYTES));
                 if bad {
@@ -361,7 +379,7 @@ impl Harness {
             }
             return Ok(());
         }
-        if let Err(kind) = self.tables.admit(id, &body) {
+        if let Err(kind) = self.tables.admit(id, &body, self.medium) {
             self.transmits.push_back(Transmit::Error(id, kind));
             return Ok(());
         }
@@ -387,6 +405,7 @@ impl Harness {
                 {
                     self.ready = Some(h.nonce);
                     self.meta = offers_meta(&h.capabilities);
+                    self.medium = offers_medium(&h.capabilities);
                     self.transmits.push_back(Transmit::Welcome);
                     self.events.push_back(Event::Ready(h.software));
                     Ok(())
@@ -482,7 +501,14 @@ impl Harness {
                     assert_eq!(w.max_window_chunks as usize, MAX_WINDOW_CHUNKS);
                     assert_eq!(w.max_inflight_requests, MAX_INFLIGHT_REQUESTS);
                     assert_eq!(w.nonce, SERVER_NONCE);
-                    assert_eq!(w.capabilities, vec![Capability::new("hash", "sha256")]);
+                    let mut caps = vec![Capability::new("hash", "sha256")];
+                    if self.meta {
+                        caps.push(Capability::new("meta", "1"));
+                    }
+                    if self.medium {
+                        caps.push(Capability::new("batch", "medium"));
+                    }
+                    assert_eq!(w.capabilities, caps);
                 }
                 (Some(Transmit::Refused), Message::Refused(e)) => {
                     assert_eq!(e.kind, ErrorKind::Protocol);

@@ -145,7 +145,7 @@ mod tests {
     fn medium_batches_carry_files_up_to_the_capacity_and_no_further() {
         let mib = 1 << 20;
         assert_eq!(batch_file_max(false, mib), SMALL_FILE_MAX_BYTES);
-        assert_eq!(batch_file_max(true, mib as u32), BATCH_MAX_BYTES);
+        assert_eq!(batch_file_max(true, mib), BATCH_MAX_BYTES);
         // Never more than a chunk buffer holds, nor less than a small file on a server
         // with small chunks.
         assert_eq!(batch_file_max(true, 4096), 4096);
@@ -163,7 +163,7 @@ mod tests {
             rkey: 1,
         };
         let files = [medium];
-        let capacity = batch_capacity(mib as u32);
+        let capacity = batch_capacity(mib);
         let small_only =
             check_upload_batch(&files, &region, capacity, batch_file_max(false, mib)).unwrap_err();
         assert!(

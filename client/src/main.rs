@@ -78,7 +78,9 @@ struct Args {
     #[arg(short, long)]
     recursive: bool,
 
-    /// Files in flight at once.
+    /// Files over one chunk (1 MiB) in flight at once, largest first; batches of
+    /// small files and files of up to one chunk run 8 x N (at most 256) at once beside
+    /// them.
     #[arg(short, long, default_value_t = 4, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     jobs: u16,
 

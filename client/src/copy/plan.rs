@@ -21,9 +21,14 @@ pub struct CopyOptions {
 /// flight, the more files each flush covers.
 pub const MANY_PER_JOB: usize = 8;
 
+/// Most items of the many-files lane at once, whatever `--jobs` says: each may hold a
+/// chunk buffer, so this bounds their memory (256 MiB with 1 MiB chunks).
+pub const MANY_MAX: usize = 256;
+
 /// The scheduler's lanes for a copy's files: `big` ones (`(item, size)`, over one
 /// chunk: windows of many chunks each) `jobs` at once, largest first so the longest
-/// start first; the `many` others `jobs * MANY_PER_JOB` at once, in order.
+/// start first; the `many` others `jobs * MANY_PER_JOB` (at most [`MANY_MAX`]) at
+/// once, in order.
 pub(super) fn file_lanes<I>(
     many: Vec<I>,
     mut big: Vec<(I, u64)>,
@@ -32,7 +37,7 @@ pub(super) fn file_lanes<I>(
     big.sort_by_key(|(_, size)| std::cmp::Reverse(*size));
     vec![
         (big.into_iter().map(|(i, _)| i).collect(), jobs),
-        (many, jobs.saturating_mul(MANY_PER_JOB)),
+        (many, jobs.saturating_mul(MANY_PER_JOB).min(MANY_MAX)),
     ]
 }
 

@@ -177,68 +177,104 @@ async fn walk_remote(
     shared: &Shared,
 ) {
     let mut queue = VecDeque::from([(root.clone(), item)]);
-    while let Some((dir, mut item)) = queue.pop_front() {
-        let entries = match list(client, &dir, owners).await {
-            Ok((owner, entries)) => {
-                item.owner = owner;
-                entries
+    while !queue.is_empty() {
+        // Up to LISTINGS_AT_ONCE directories listed at once, their listings taken in
+        // queue order: the plan is the one a listing at a time would make.
+        let wave: Vec<_> = queue
+            .drain(..queue.len().min(LISTINGS_AT_ONCE))
+            .enumerate()
+            .collect();
+        let listed = run_lanes(vec![(wave, LISTINGS_AT_ONCE)], |(i, (dir, item))| {
+            let client = client.clone();
+            async move {
+                let listing = list(&client, &dir, owners).await;
+                Ok((i, dir, item, listing))
             }
-            Err(e) => {
-                shared.fail(dir.display(), e);
-                continue;
-            }
+        })
+        .await;
+        let mut listed = match listed {
+            Ok(l) => l,
+            Err(e) => return shared.fail(root.display(), e),
         };
-        let local = item.target.clone();
-        plan.dirs.push(item);
-        for (entry, owner) in entries {
-            let name = entry.name.as_str();
-            if name.contains('/') || name == ".." || name == "." || name.is_empty() {
-                let why = format!("server listed an invalid name {name:?}");
-                shared.fail(
-                    dir.display(),
-                    ClientError::Protocol(ProtoError::Transfer(why)),
-                );
-                continue;
+        listed.sort_by_key(|(i, ..)| *i);
+        for (_, dir, item, listing) in listed {
+            walk_listed(dir, item, listing, &mut queue, plan, shared);
+        }
+    }
+}
+
+/// Directories a download lists at once while it walks the server's tree.
+const LISTINGS_AT_ONCE: usize = 32;
+
+/// Adds the listed directory `dir` (planned as `item`) and its entries to `plan`,
+/// queueing its subdirectories.
+fn walk_listed(
+    dir: Remote,
+    mut item: DirItem<PathBuf>,
+    listing: Result<Listing, ClientError>,
+    queue: &mut VecDeque<(Remote, DirItem<PathBuf>)>,
+    plan: &mut DownloadPlan,
+    shared: &Shared,
+) {
+    let entries = match listing {
+        Ok((owner, entries)) => {
+            item.owner = owner;
+            entries
+        }
+        Err(e) => {
+            return shared.fail(dir.display(), e);
+        }
+    };
+    let local = item.target.clone();
+    plan.dirs.push(item);
+    for (entry, owner) in entries {
+        let name = entry.name.as_str();
+        if name.contains('/') || name == ".." || name == "." || name.is_empty() {
+            let why = format!("server listed an invalid name {name:?}");
+            shared.fail(
+                dir.display(),
+                ClientError::Protocol(ProtoError::Transfer(why)),
+            );
+            continue;
+        }
+        let child = dir.join(name);
+        let child_local = local.join(name);
+        match entry.attr.kind {
+            FileKind::Dir => {
+                let item = DirItem {
+                    target: child_local,
+                    mode: entry.attr.mode,
+                    mtime: entry.attr.mtime,
+                    owner: None,
+                };
+                queue.push_back((child, item));
             }
-            let child = dir.join(name);
-            let child_local = local.join(name);
-            match entry.attr.kind {
-                FileKind::Dir => {
-                    let item = DirItem {
-                        target: child_local,
-                        mode: entry.attr.mode,
-                        mtime: entry.attr.mtime,
-                        owner: None,
-                    };
-                    queue.push_back((child, item));
+            FileKind::File => {
+                if owner.is_some() {
+                    plan.meta.push(EntryMeta {
+                        target: child_local.clone(),
+                        owner,
+                        mtime: None,
+                    });
                 }
-                FileKind::File => {
-                    if owner.is_some() {
-                        plan.meta.push(EntryMeta {
-                            target: child_local.clone(),
-                            owner,
-                            mtime: None,
-                        });
-                    }
-                    plan.files.push((child, child_local, entry.attr.size));
+                plan.files.push((child, child_local, entry.attr.size));
+            }
+            FileKind::Symlink => match entry.attr.symlink_target {
+                Some(t) => {
+                    plan.meta.push(EntryMeta {
+                        target: child_local.clone(),
+                        owner,
+                        mtime: Some(entry.attr.mtime),
+                    });
+                    plan.symlinks.push((t, child_local));
                 }
-                FileKind::Symlink => match entry.attr.symlink_target {
-                    Some(t) => {
-                        plan.meta.push(EntryMeta {
-                            target: child_local.clone(),
-                            owner,
-                            mtime: Some(entry.attr.mtime),
-                        });
-                        plan.symlinks.push((t, child_local));
-                    }
-                    None => shared.fail(
-                        child.display(),
-                        ClientError::Usage("symlink without target".into()),
-                    ),
-                },
-                FileKind::Other => {
-                    lock(&shared.report).skipped.push(child.display());
-                }
+                None => shared.fail(
+                    child.display(),
+                    ClientError::Usage("symlink without target".into()),
+                ),
+            },
+            FileKind::Other => {
+                lock(&shared.report).skipped.push(child.display());
             }
         }
     }
@@ -246,11 +282,10 @@ async fn walk_remote(
 
 /// Every entry of the directory `dir`, with its owner and the directory's own when
 /// `owners` (one `ListDirMeta` listing), else without (`ListDir`).
-async fn list(
-    client: &Client,
-    dir: &Remote,
-    owners: bool,
-) -> Result<(Option<Owner>, Vec<(DirEntry, Option<Owner>)>), ClientError> {
+/// A directory's listing: its own owner and its entries with theirs (with owners).
+type Listing = (Option<Owner>, Vec<(DirEntry, Option<Owner>)>);
+
+async fn list(client: &Client, dir: &Remote, owners: bool) -> Result<Listing, ClientError> {
     if owners {
         let (owner, entries) = client.list_dir_meta(&dir.share, &dir.path).await?;
         let entries = entries.into_iter().map(|(e, o)| (e, Some(o))).collect();

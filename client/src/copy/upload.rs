@@ -1,5 +1,6 @@
 //! Copying local sources to the server: `rcp SRC... HOST:SHARE/DST`.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -62,17 +63,7 @@ pub async fn upload(
     if client.has_meta() {
         upload_meta(client, dest, &plan.meta, &plan.dirs, &dir_failed, &shared).await;
     }
-    for d in plan.dirs.iter().rev() {
-        if dir_failed(&d.target) {
-            continue;
-        }
-        if let Err(e) = client
-            .set_attr(&dest.share, &d.target, Some(d.mode), Some(d.mtime))
-            .await
-        {
-            shared.fail(dest.with_path(d.target.clone()).display(), e);
-        }
-    }
+    finish_dirs(client, dest, &plan.dirs, &dir_failed, &shared).await;
     finish_report(shared)
 }
 
@@ -252,7 +243,8 @@ fn plan_tree(
     }
 }
 
-/// Creates the planned directories, parents first, owner-writable until the end.
+/// Creates the planned directories, parents first, owner-writable until the end: a
+/// level of the tree at a time, up to [`DIR_REQUESTS_AT_ONCE`] of a level at once.
 /// Returns the ones that failed; nothing below them is attempted (one error, not one
 /// per entry).
 async fn upload_dirs(
@@ -261,24 +253,74 @@ async fn upload_dirs(
     dirs: &[DirItem<String>],
     shared: &Shared,
 ) -> Vec<String> {
-    let mut failed: Vec<String> = Vec::new();
+    let mut levels: BTreeMap<usize, Vec<&DirItem<String>>> = BTreeMap::new();
     for d in dirs {
-        if under_any(&failed, &d.target) {
-            continue;
-        }
-        match client
-            .mkdir(&dest.share, &d.target, d.mode | 0o700, true)
-            .await
-        {
-            Ok(()) => lock(&shared.report).dirs += 1,
-            Err(e) => {
-                shared.fail(dest.with_path(d.target.clone()).display(), e);
-                failed.push(d.target.clone());
+        levels.entry(d.target.matches('/').count()).or_default().push(d);
+    }
+    let mut failed: Vec<String> = Vec::new();
+    for level in levels.into_values() {
+        let todo: Vec<(String, u32)> = level
+            .into_iter()
+            .filter(|d| !under_any(&failed, &d.target))
+            .map(|d| (d.target.clone(), d.mode))
+            .collect();
+        let made = run_lanes(vec![(todo, DIR_REQUESTS_AT_ONCE)], |(target, mode)| {
+            let (client, share) = (client.clone(), dest.share.clone());
+            async move {
+                let made = client.mkdir(&share, &target, mode | 0o700, true).await;
+                Ok((target, made))
+            }
+        })
+        .await;
+        // Every item answers Ok (its own result inside).
+        for (target, made) in made.unwrap_or_default() {
+            match made {
+                Ok(()) => lock(&shared.report).dirs += 1,
+                Err(e) => {
+                    shared.fail(dest.with_path(target.clone()).display(), e);
+                    failed.push(target);
+                }
             }
         }
     }
     failed
 }
+
+/// Gives the created directories (but the `dir_failed` ones) their modes and mtimes,
+/// once everything inside them is in place; up to [`DIR_REQUESTS_AT_ONCE`] at once
+/// (setting a directory's attributes changes nothing of its parent's).
+async fn finish_dirs(
+    client: &Client,
+    dest: &Remote,
+    dirs: &[DirItem<String>],
+    dir_failed: &dyn Fn(&str) -> bool,
+    shared: &Shared,
+) {
+    let todo: Vec<_> = dirs
+        .iter()
+        .filter(|d| !dir_failed(&d.target))
+        .map(|d| (d.target.clone(), d.mode, d.mtime))
+        .collect();
+    let set = run_lanes(vec![(todo, DIR_REQUESTS_AT_ONCE)], |(target, mode, mtime)| {
+        let (client, share) = (client.clone(), dest.share.clone());
+        async move {
+            let set = client
+                .set_attr(&share, &target, Some(mode), Some(mtime))
+                .await;
+            Ok((target, set))
+        }
+    })
+    .await;
+    // Every item answers Ok (its own result inside).
+    for (target, set) in set.unwrap_or_default() {
+        if let Err(e) = set {
+            shared.fail(dest.with_path(target).display(), e);
+        }
+    }
+}
+
+/// Directory requests (`Mkdir`, `SetAttr`) an upload keeps in flight.
+const DIR_REQUESTS_AT_ONCE: usize = 64;
 
 /// True if `path` lies strictly below one of `dirs` (share-relative paths).
 fn under_any(dirs: &[String], path: &str) -> bool {

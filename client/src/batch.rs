@@ -134,7 +134,7 @@ pub enum Outcome {
 }
 
 /// The same error again, for each file of a batch that failed as a whole.
-fn again(e: &ClientError) -> ClientError {
+pub(crate) fn again(e: &ClientError) -> ClientError {
     match e {
         ClientError::Remote(r) => ClientError::Remote(r.clone()),
         ClientError::Protocol(p) => ClientError::Protocol(p.clone()),

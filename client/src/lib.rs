@@ -48,6 +48,7 @@ pub mod client;
 pub mod copy;
 pub mod error;
 pub mod filter;
+pub mod links;
 pub mod location;
 pub mod progress;
 pub mod schedule;

@@ -78,6 +78,11 @@ struct Args {
     #[arg(short, long)]
     recursive: bool,
 
+    /// Keep hard links inside the copied trees, as `rsync -H` does: the further names
+    /// of a file are made hard links to its first on the receiving side, not copies.
+    #[arg(short = 'H', long)]
+    hard_links: bool,
+
     /// Files over one chunk (1 MiB) in flight at once, largest first; batches of
     /// small files and files of up to one chunk run 8 x N (at most 256) at once beside
     /// them.
@@ -336,6 +341,7 @@ async fn run(args: Args) -> u8 {
     let opts = CopyOptions {
         recursive: args.recursive,
         jobs: args.jobs.into(),
+        hard_links: args.hard_links,
     };
     let report = match &direction {
         Direction::Upload(srcs, dst) => copy::upload(&client, srcs, dst, &opts, progress).await,
@@ -503,6 +509,7 @@ fn print_json(direction: &str, link: Option<&Link>, report: &Report, seconds: f6
         "files": report.files,
         "dirs": report.dirs,
         "symlinks": report.symlinks,
+        "hard_links": report.hard_links,
         "skipped": report.skipped,
         "bytes": report.bytes,
         "bytes_sent": report.bytes_sent,

@@ -73,6 +73,11 @@ pub struct LocalFile {
     pub mtime: Timestamp,
     /// Its numeric owner and group when walked.
     pub owner: Owner,
+    /// Its inode (device, inode number) when walked: names of one inode are hard links
+    /// of each other.
+    pub inode: (u64, u64),
+    /// Its number of names (hard links) when walked.
+    pub nlink: u64,
 }
 
 /// One symlink of the source.
@@ -173,6 +178,8 @@ pub fn walk(
                     size: meta.len(),
                     mtime: attr_of(&meta, None).mtime,
                     owner: owner_of(&meta),
+                    inode: (meta.dev(), meta.ino()),
+                    nlink: meta.nlink(),
                 });
             } else {
                 on_problem(Problem::Special(child))?;

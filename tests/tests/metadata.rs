@@ -156,3 +156,82 @@ fn metadata_a_server_not_running_as_root_ignores_owners() {
         assert_eq!((m.uid(), m.gid()), (user.uid, user.gid), "{rel}");
     }
 }
+
+/// (device, inode) of `path`, not following a symlink.
+fn inode(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (m.dev(), m.ino())
+}
+
+/// Asserts which names of `root` share an inode: each group in `linked` one inode of
+/// its own, and `alone` a name no other holds.
+fn assert_links(root: &Path, linked: &[&[&str]], alone: &str) {
+    use std::os::unix::fs::MetadataExt;
+    for group in linked {
+        let first = inode(&root.join(group[0]));
+        for name in &group[1..] {
+            assert_eq!(inode(&root.join(name)), first, "{}: {name}", root.display());
+        }
+    }
+    assert_ne!(
+        inode(&root.join(linked[0][0])),
+        inode(&root.join(linked[1][0]))
+    );
+    let m = fs::metadata(root.join(alone)).unwrap();
+    assert_eq!(m.nlink(), 1, "{alone}");
+}
+
+ferrytest!(hard_links_inside_a_tree_are_kept_with_dash_h, |env| {
+    let src = env.local("src");
+    fs::create_dir_all(src.join("sub/deep")).unwrap();
+    // One large file (the per-file path) and one small (a batch), each with two more
+    // names, and a file with one name.
+    write_random_file(&src.join("large.bin"), 2 * MIB + 3, 31);
+    fs::hard_link(src.join("large.bin"), src.join("sub/large-again.bin")).unwrap();
+    fs::hard_link(src.join("large.bin"), src.join("sub/deep/large-3")).unwrap();
+    fs::write(src.join("sub/small.txt"), b"small and linked").unwrap();
+    fs::hard_link(src.join("sub/small.txt"), src.join("small-again.txt")).unwrap();
+    fs::hard_link(src.join("sub/small.txt"), src.join("sub/deep/small-3")).unwrap();
+    fs::write(src.join("alone.txt"), b"one name").unwrap();
+    let linked: [&[&str]; 2] = [
+        &["large.bin", "sub/large-again.bin", "sub/deep/large-3"],
+        &["sub/small.txt", "small-again.txt", "sub/deep/small-3"],
+    ];
+
+    let out = env.rcp(rcp_args!["-r", "-H", "--json", &src, env.remote("dst")]);
+    out.assert_success();
+    let summary: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(summary["hard_links"], 4, "{}", out.stdout);
+    assert_eq!(summary["files"], 3, "{}", out.stdout);
+    assert_links(&env.share("dst"), &linked, "alone.txt");
+    assert_trees_identical(&src, &env.share("dst"), is_root());
+    // Again over the first copy: the further names are replaced, still links.
+    env.rcp(rcp_args!["-r", "-H", &src, env.remote("")])
+        .assert_success();
+    env.rcp(rcp_args!["-r", "-H", &src, env.remote("")])
+        .assert_success();
+    assert_links(&env.share("src"), &linked, "alone.txt");
+    assert_no_temp_files(&env.share(""));
+
+    // Down, with -H twice into the same place, and without it.
+    let back = env.local("back");
+    fs::create_dir(&back).unwrap();
+    for _ in 0..2 {
+        env.rcp(rcp_args!["-r", "-H", env.remote("dst"), &back])
+            .assert_success();
+    }
+    assert_links(&back.join("dst"), &linked, "alone.txt");
+    assert_trees_identical(&src, &back.join("dst"), is_root());
+    assert_no_temp_files(&back);
+    let plain = env.local("plain");
+    env.rcp(rcp_args!["-r", env.remote("dst"), &plain])
+        .assert_success();
+    assert_trees_identical(&src, &plain, is_root());
+    for group in linked {
+        for name in group {
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!(fs::metadata(plain.join(name)).unwrap().nlink(), 1, "{name}");
+        }
+    }
+});

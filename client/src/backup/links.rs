@@ -9,11 +9,11 @@
 
 use std::sync::Arc;
 
-use ferry_common::codec::{link_batch_base_bytes, link_pair_bytes, MAX_REQUEST_FRAME_BYTES};
 use ferry_common::msg::{ErrorKind, LINK_BATCH_MAX};
 
 use crate::client::Client;
 use crate::error::ClientError;
+use crate::links::pack_links;
 use crate::progress::{advance_fn, Progress};
 use crate::transfer::upload_file_with_base;
 
@@ -25,29 +25,9 @@ use super::plan::{LinkJob, Outcome};
 pub const LINK_BATCHES_IN_FLIGHT: usize = 4;
 
 /// Splits `links` (in order) into batches of at most `max_links` links whose request
-/// for `share` fits [`MAX_REQUEST_FRAME_BYTES`]. A single link too long for any batch
-/// (paths of 4 KiB each cannot make one: the frame holds several) still gets a batch of
-/// its own, which the client library refuses with a clear error.
+/// for `share` fits the request frame ([`pack_links`]).
 pub(super) fn pack(share: &str, links: Vec<LinkJob>, max_links: usize) -> Vec<Vec<LinkJob>> {
-    let base = link_batch_base_bytes(share);
-    let max_links = max_links.clamp(1, LINK_BATCH_MAX);
-    let mut batches = Vec::new();
-    let mut batch: Vec<LinkJob> = Vec::new();
-    let mut bytes = base;
-    for link in links {
-        let more = link_pair_bytes(&link.from, &link.to);
-        if !batch.is_empty() && (batch.len() == max_links || bytes + more > MAX_REQUEST_FRAME_BYTES)
-        {
-            batches.push(std::mem::take(&mut batch));
-            bytes = base;
-        }
-        bytes += more;
-        batch.push(link);
-    }
-    if !batch.is_empty() {
-        batches.push(batch);
-    }
-    batches
+    pack_links(share, links, max_links, |l| (&l.from, &l.to))
 }
 
 /// Links of `total` unchanged files per batch: full batches for big runs, smaller ones
@@ -103,7 +83,9 @@ pub(super) async fn run_batch(
 mod tests {
     use super::*;
     use crate::backup::plan::Class;
-    use ferry_common::codec::encode;
+    use ferry_common::codec::{
+        encode, link_batch_base_bytes, link_pair_bytes, MAX_REQUEST_FRAME_BYTES,
+    };
     use ferry_common::msg::{Message, Request, MAX_PATH_BYTES};
     use std::path::PathBuf;
 

@@ -67,6 +67,26 @@ pub async fn download(
     })
     .await;
     settle_scheduled(&shared, done);
+    for (first, to) in plan.links {
+        if skipped(&to) {
+            continue;
+        }
+        if !shared.is_done(&first) {
+            let why = format!(
+                "not linked: its first name {} was not copied",
+                first.display()
+            );
+            shared.fail(to.display().to_string(), ClientError::Usage(why));
+            continue;
+        }
+        match make_local_hard_link(&first, &to) {
+            Ok(()) => lock(&shared.report).hard_links += 1,
+            Err(e) => shared.fail(
+                to.display().to_string(),
+                ClientError::local(&to, "cannot create hard link", e),
+            ),
+        }
+    }
     for (link_target, target) in plan.symlinks {
         if skipped(&target) {
             continue;
@@ -150,7 +170,7 @@ async fn plan_source(
                 mtime: attr.mtime,
                 owner: None,
             };
-            walk_remote(client, src, root, owners, plan, shared).await;
+            walk_remote(client, src, root, (owners, opts.hard_links), plan, shared).await;
         }
         FileKind::File => plan.files.push((src.clone(), target, attr.size)),
         _ => shared.fail(
@@ -167,12 +187,13 @@ async fn plan_source(
 /// everything below it to `plan`. A directory that cannot be listed is reported and not
 /// created locally (an empty copy would pass for a complete one); breadth-first order
 /// keeps every directory after its parent. With `owners`, the listings carry every
-/// entry's owner (`ListDirMeta`), planned to be kept.
+/// entry's owner (`ListDirMeta`), planned to be kept; with `hard_links` (`-H`), further
+/// names of a file (same server inode) are planned as links to its first.
 async fn walk_remote(
     client: &Client,
     root: &Remote,
     item: DirItem<PathBuf>,
-    owners: bool,
+    (owners, hard_links): (bool, bool),
     plan: &mut DownloadPlan,
     shared: &Shared,
 ) {
@@ -198,7 +219,7 @@ async fn walk_remote(
         };
         listed.sort_by_key(|(i, ..)| *i);
         for (_, dir, item, listing) in listed {
-            walk_listed(dir, item, listing, &mut queue, plan, shared);
+            walk_listed(dir, item, listing, hard_links, &mut queue, plan, shared);
         }
     }
 }
@@ -212,6 +233,7 @@ fn walk_listed(
     dir: Remote,
     mut item: DirItem<PathBuf>,
     listing: Result<Listing, ClientError>,
+    hard_links: bool,
     queue: &mut VecDeque<(Remote, DirItem<PathBuf>)>,
     plan: &mut DownloadPlan,
     shared: &Shared,
@@ -250,14 +272,20 @@ fn walk_listed(
                 queue.push_back((child, item));
             }
             FileKind::File => {
-                if owner.is_some() {
+                let id = (
+                    (entry.attr.dev, entry.attr.ino),
+                    u64::from(entry.attr.nlink),
+                );
+                let size = entry.attr.size;
+                if plan.add_file(child, child_local.clone(), size, id, hard_links)
+                    && owner.is_some()
+                {
                     plan.meta.push(EntryMeta {
-                        target: child_local.clone(),
+                        target: child_local,
                         owner,
                         mtime: None,
                     });
                 }
-                plan.files.push((child, child_local, entry.attr.size));
             }
             FileKind::Symlink => match entry.attr.symlink_target {
                 Some(t) => {
@@ -421,6 +449,28 @@ async fn download_one(client: &Client, shared: &Arc<Shared>, src: Remote, target
         Ok(c) => shared.copied(&target, c),
         Err(e) => shared.download_failed(&src, &target, e),
     }
+}
+
+/// Makes `to` a hard link to the file `first` (`-H`), atomically replacing what `to`
+/// held, through the same hidden name a symlink is made under.
+fn make_local_hard_link(first: &Path, to: &Path) -> std::io::Result<()> {
+    let inode = |m: fs::Metadata| (m.dev(), m.ino());
+    // Already one (rename(2) of two names of one inode would do nothing and leave the
+    // hidden name behind).
+    if fs::symlink_metadata(to).ok().map(inode) == Some(inode(fs::symlink_metadata(first)?)) {
+        return Ok(());
+    }
+    let tmp = link_path(to).ok_or_else(|| std::io::Error::other("no file name"))?;
+    match fs::hard_link(first, &tmp) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            fs::remove_file(&tmp)?;
+            fs::hard_link(first, &tmp)?;
+        }
+        made => made?,
+    }
+    fs::rename(&tmp, to).inspect_err(|_| {
+        let _ = fs::remove_file(&tmp);
+    })
 }
 
 /// Creates `link` -> `target`, atomically replacing a file or link already there. The

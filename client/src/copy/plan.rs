@@ -1,6 +1,8 @@
 //! The plan of a copy, made before anything is copied: every directory to create
 //! (parents first), every file and symlink, from `S` (source) to `T` (target).
 
+use std::collections::HashMap;
+
 use ferry_common::msg::{Owner, Timestamp};
 
 use crate::error::ClientError;
@@ -12,6 +14,9 @@ pub struct CopyOptions {
     pub recursive: bool,
     /// Files in flight at once.
     pub jobs: usize,
+    /// Keep hard links inside the copied trees (`-H`): a file's further names are made
+    /// links to its first, not copies.
+    pub hard_links: bool,
 }
 
 /// Items of the many-files lane per `--jobs`: a batch of small files or a file of at
@@ -97,6 +102,12 @@ pub(super) struct Plan<S, T> {
     pub symlinks: Vec<(String, T)>,
     /// Owners and symlink mtimes of the files and symlinks, to set once they are copied.
     pub meta: Vec<EntryMeta<T>>,
+    /// With `-H`: (first name, further name) of each further name of a file with
+    /// several names in the sources; made a hard link once the first is copied.
+    pub links: Vec<(T, T)>,
+    /// With `-H`: the first name planned of each inode (device, inode number) with
+    /// several names.
+    pub first_names: HashMap<(u64, u64), T>,
 }
 
 impl<S, T> Default for Plan<S, T> {
@@ -106,7 +117,33 @@ impl<S, T> Default for Plan<S, T> {
             files: Vec::new(),
             symlinks: Vec::new(),
             meta: Vec::new(),
+            links: Vec::new(),
+            first_names: HashMap::new(),
         }
+    }
+}
+
+impl<S, T: Clone> Plan<S, T> {
+    /// Plans the file `src` (of `size` bytes, inode `inode` with `nlink` names) to
+    /// `target`: copied, or with `hard_links` a link to the first name of its inode
+    /// planned before it. Returns whether it is copied.
+    pub fn add_file(
+        &mut self,
+        src: S,
+        target: T,
+        size: u64,
+        (inode, nlink): ((u64, u64), u64),
+        hard_links: bool,
+    ) -> bool {
+        if hard_links && nlink > 1 {
+            if let Some(first) = self.first_names.get(&inode) {
+                self.links.push((first.clone(), target));
+                return false;
+            }
+            self.first_names.insert(inode, target.clone());
+        }
+        self.files.push((src, target, size));
+        true
     }
 }
 

@@ -27,6 +27,8 @@ pub struct Report {
     pub dirs: u64,
     /// Symlinks copied.
     pub symlinks: u64,
+    /// Further names of files made hard links to their first (`-H`).
+    pub hard_links: u64,
     /// File bytes copied (the sizes of the files copied).
     pub bytes: u64,
     /// File bytes of the files copied that crossed the connection: pulled by the server

@@ -6,12 +6,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferry_common::attr::owner_of;
-use ferry_common::msg::{ErrorKind, FileKind, MetaEntry};
+use ferry_common::msg::{ErrorKind, FileKind, MetaEntry, LINK_BATCH_MAX};
 
 use crate::batch::{self, Outcome, SmallUpload};
 use crate::client::Client;
 use crate::error::ClientError;
 use crate::filter::Filter;
+use crate::links::pack_links;
 use crate::location::Remote;
 use crate::progress::Progress;
 use crate::schedule::{run_lanes, UNLIMITED};
@@ -59,6 +60,12 @@ pub async fn upload(
     })
     .await;
     settle_scheduled(&shared, done);
+    let links = plan
+        .links
+        .into_iter()
+        .filter(|(_, t)| !skipped(t))
+        .collect();
+    upload_links(client, dest, links, &shared).await;
     let dir_failed = |t: &str| failed.iter().any(|f| f == t) || skipped(t);
     if client.has_meta() {
         upload_meta(client, dest, &plan.meta, &plan.dirs, &dir_failed, &shared).await;
@@ -106,6 +113,54 @@ async fn upload_meta(
                 }
             }
             Err(e) => shared.fail(dest.display(), e),
+        }
+    }
+}
+
+/// With `-H`: makes each further name of a copied file a hard link to its first name
+/// (`(first, further)` pairs), in [`Request::LinkBatch`]es, replacing what the further
+/// name held (as `rsync -H` does). A pair whose first name was not copied fails.
+///
+/// [`Request::LinkBatch`]: ferry_common::msg::Request::LinkBatch
+async fn upload_links(
+    client: &Client,
+    dest: &Remote,
+    links: Vec<(String, String)>,
+    shared: &Shared,
+) {
+    let (ready, orphans): (Vec<_>, Vec<_>) = links
+        .into_iter()
+        .partition(|(first, _)| shared.is_done(Path::new(first)));
+    for (first, to) in orphans {
+        let why = format!("not linked: its first name {first} was not copied");
+        shared.fail(dest.with_path(to).display(), ClientError::Usage(why));
+    }
+    for batch in pack_links(&dest.share, ready, LINK_BATCH_MAX, |(f, t)| (f, t)) {
+        let results = match client.link_batch(&dest.share, batch.clone()).await {
+            Ok(r) => r,
+            Err(e) => {
+                for (_, to) in batch {
+                    shared.fail(dest.with_path(to).display(), batch::again(&e));
+                }
+                continue;
+            }
+        };
+        for ((first, to), result) in batch.into_iter().zip(results) {
+            let made = match result {
+                Ok(()) => Ok(()),
+                // A name from an earlier copy: replaced, as a copied file would be.
+                Err(e) if e.kind == ErrorKind::Exists => {
+                    match client.remove(&dest.share, &to, false).await {
+                        Ok(()) => client.link(&dest.share, &first, &to).await,
+                        Err(e) => Err(e),
+                    }
+                }
+                Err(e) => Err(ClientError::Remote(e)),
+            };
+            match made {
+                Ok(()) => lock(&shared.report).hard_links += 1,
+                Err(e) => shared.fail(dest.with_path(to).display(), e),
+            }
         }
     }
 }
@@ -169,7 +224,7 @@ fn plan_source(
         let why = format!("{}: is a directory (use -r)", src.display());
         shared.fail(shown(), ClientError::Usage(why));
     } else if meta.is_dir() {
-        plan_tree(src, &target, &meta, plan, shared);
+        plan_tree(src, &target, &meta, opts.hard_links, plan, shared);
     } else if meta.is_file() {
         plan.meta.push(EntryMeta {
             target: target.clone(),
@@ -190,6 +245,7 @@ fn plan_tree(
     src: &Path,
     target: &str,
     meta: &fs::Metadata,
+    hard_links: bool,
     plan: &mut UploadPlan,
     shared: &Shared,
 ) {
@@ -218,12 +274,14 @@ fn plan_tree(
         let dir_target = join(target, &dir.rel);
         for f in dir.files {
             let file_target = join(&dir_target, &f.name);
-            plan.meta.push(EntryMeta {
-                target: file_target.clone(),
-                owner: Some(f.owner),
-                mtime: None,
-            });
-            plan.files.push((f.path, file_target, f.size));
+            let id = (f.inode, f.nlink);
+            if plan.add_file(f.path, file_target.clone(), f.size, id, hard_links) {
+                plan.meta.push(EntryMeta {
+                    target: file_target,
+                    owner: Some(f.owner),
+                    mtime: None,
+                });
+            }
         }
         for link in dir.symlinks {
             let link_target = join(&dir_target, &link.name);
@@ -255,7 +313,10 @@ async fn upload_dirs(
 ) -> Vec<String> {
     let mut levels: BTreeMap<usize, Vec<&DirItem<String>>> = BTreeMap::new();
     for d in dirs {
-        levels.entry(d.target.matches('/').count()).or_default().push(d);
+        levels
+            .entry(d.target.matches('/').count())
+            .or_default()
+            .push(d);
     }
     let mut failed: Vec<String> = Vec::new();
     for level in levels.into_values() {
@@ -301,15 +362,18 @@ async fn finish_dirs(
         .filter(|d| !dir_failed(&d.target))
         .map(|d| (d.target.clone(), d.mode, d.mtime))
         .collect();
-    let set = run_lanes(vec![(todo, DIR_REQUESTS_AT_ONCE)], |(target, mode, mtime)| {
-        let (client, share) = (client.clone(), dest.share.clone());
-        async move {
-            let set = client
-                .set_attr(&share, &target, Some(mode), Some(mtime))
-                .await;
-            Ok((target, set))
-        }
-    })
+    let set = run_lanes(
+        vec![(todo, DIR_REQUESTS_AT_ONCE)],
+        |(target, mode, mtime)| {
+            let (client, share) = (client.clone(), dest.share.clone());
+            async move {
+                let set = client
+                    .set_attr(&share, &target, Some(mode), Some(mtime))
+                    .await;
+                Ok((target, set))
+            }
+        },
+    )
     .await;
     // Every item answers Ok (its own result inside).
     for (target, set) in set.unwrap_or_default() {

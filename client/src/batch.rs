@@ -711,9 +711,11 @@ fn land_all(targets: &[PathBuf], files: &[Fetched], data: &[u8]) -> Vec<Landed> 
 
 /// Writes `bytes` to `dest`'s hidden name with mode and mtime. Blocking.
 fn land(dest: &Path, f: &Fetched, bytes: &[u8]) -> Result<Landing, ClientError> {
-    let (hidden, mut file) = open_hidden(dest)?;
-    let written = file
-        .set_len(0)
+    let (hidden, mut file, held) = open_hidden(dest)?;
+    // What a killed copy left there goes first (a fresh file has nothing to cut: no
+    // truncate, which costs ext4 a journal update per file).
+    let emptied = if held > 0 { file.set_len(0) } else { Ok(()) };
+    let written = emptied
         .map_err(|e| (WholeStep::Write, e))
         .and_then(|()| write_whole(&mut file, bytes, f.mode, f.mtime));
     if let Err((step, e)) = written {
@@ -731,8 +733,8 @@ fn land(dest: &Path, f: &Fetched, bytes: &[u8]) -> Result<Landing, ClientError> 
 /// Opens and locks the hidden file `dest` is written to: [`small_path`], taken over if
 /// a killed copy left it (regular files only, never through a symlink); or, when
 /// another live copy holds it or something else is there, a fresh scratch name.
-/// Blocking.
-fn open_hidden(dest: &Path) -> Result<(PathBuf, Flock<File>), ClientError> {
+/// Returns its path, the locked file and the bytes it held. Blocking.
+fn open_hidden(dest: &Path) -> Result<(PathBuf, Flock<File>, u64), ClientError> {
     let create = |op: &'static str| move |e: std::io::Error| ClientError::local(dest, op, e);
     let hidden = small_path(dest).ok_or_else(|| {
         ClientError::local(dest, "cannot create", std::io::Error::other("no file name"))
@@ -744,9 +746,11 @@ fn open_hidden(dest: &Path) -> Result<(PathBuf, Flock<File>), ClientError> {
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
         .open(&hidden);
     if let Ok(file) = opened {
-        if file.metadata().is_ok_and(|m| m.is_file()) {
-            if let Ok(locked) = Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-                return Ok((hidden, locked));
+        if let Ok(meta) = file.metadata() {
+            if meta.is_file() {
+                if let Ok(locked) = Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                    return Ok((hidden, locked, meta.len()));
+                }
             }
         }
     }
@@ -757,10 +761,10 @@ fn open_hidden(dest: &Path) -> Result<(PathBuf, Flock<File>), ClientError> {
         .mode(0o600)
         .open(&scratch)
         .map_err(create("cannot create"))?;
-    // A new file: its lock is free.
+    // A new file: its lock is free, and it is empty.
     let locked = Flock::lock(file, FlockArg::LockExclusiveNonblock)
         .map_err(|(_, errno)| ClientError::local(dest, "cannot lock", errno.into()))?;
-    Ok((scratch, locked))
+    Ok((scratch, locked, 0))
 }
 
 #[cfg(test)]
@@ -799,11 +803,13 @@ mod tests {
         let dest = dir.path().join("f");
         let left = small_path(&dest).unwrap();
         fs::write(&left, b"old bytes of a killed copy").unwrap();
-        let (hidden, held) = open_hidden(&dest).unwrap();
+        let (hidden, held, bytes) = open_hidden(&dest).unwrap();
         assert_eq!(hidden, left);
+        assert_eq!(bytes, b"old bytes of a killed copy".len() as u64);
         // While held (another copy of the same name), a scratch name is used.
-        let (other, _scratch) = open_hidden(&dest).unwrap();
+        let (other, _scratch, bytes) = open_hidden(&dest).unwrap();
         assert_ne!(other, left);
+        assert_eq!(bytes, 0);
         assert!(other
             .file_name()
             .unwrap()
@@ -816,7 +822,7 @@ mod tests {
         let victim = dir.path().join("victim");
         fs::write(&victim, b"keep").unwrap();
         std::os::unix::fs::symlink(&victim, &left).unwrap();
-        let (third, _f) = open_hidden(&dest).unwrap();
+        let (third, _f, _) = open_hidden(&dest).unwrap();
         assert_ne!(third, left);
         assert_eq!(fs::read(&victim).unwrap(), b"keep");
     }

@@ -31,8 +31,8 @@ use std::sync::Arc;
 use ferry_common::attr::attr_of;
 use ferry_common::chunk::hash_chunk;
 use ferry_common::msg::{
-    BatchFile, ErrorKind, RemoteError, Request, Response, Sha256, Timestamp, BATCH_MAX_BYTES,
-    BATCH_MAX_FILES, BATCH_MAX_PATH_BYTES,
+    BatchFile, ErrorKind, Hash256, HashAlgorithm, RemoteError, Request, Response, Timestamp,
+    BATCH_MAX_BYTES, BATCH_MAX_FILES, BATCH_MAX_PATH_BYTES,
 };
 use ferry_common::proto::batch::{batch_file_max, place_downloaded, Placement};
 use ferry_common::proto::retry::WINDOW_ATTEMPTS;
@@ -194,7 +194,7 @@ struct Read {
     size: u64,
     mode: u32,
     mtime: Timestamp,
-    hash: Sha256,
+    hash: Hash256,
 }
 
 /// Why a source is not in the batch.
@@ -229,6 +229,7 @@ fn read_source(
     item: &SmallUpload,
     (file, before): (File, fs::Metadata),
     room: &mut [u8],
+    algorithm: HashAlgorithm,
 ) -> Result<Read, Unread> {
     let local = |op, e| Unread::Failed(ClientError::local(&item.src, op, e));
     if before.len() != item.size || before.len() > room.len() as u64 {
@@ -255,7 +256,7 @@ fn read_source(
         size: before.len(),
         mode: before.mode() & 0o7777,
         mtime: attr.mtime,
-        hash: hash_chunk(&room[..len]),
+        hash: hash_chunk(algorithm, &room[..len]),
     })
 }
 
@@ -268,25 +269,36 @@ pub async fn upload_batch(
     progress: &ProgressFn,
 ) -> Vec<(SmallUpload, Outcome)> {
     let mut done = Vec::with_capacity(items.len());
+    // The share's algorithm, which the server records the files in and checks.
+    let algorithm = match client.share_hash(share).await {
+        Ok(a) => a,
+        Err(e) => {
+            for item in items {
+                done.push((item, Outcome::Failed(again(&e))));
+            }
+            return done;
+        }
+    };
     let mut todo: Vec<Todo> = items.into_iter().map(|i| (i, None)).collect();
     for attempt in 1..=ATTEMPTS {
         if todo.is_empty() {
             break;
         }
         let last = attempt == ATTEMPTS;
-        todo = send_uploads(client, share, todo, last, progress, &mut done).await;
+        let to = (share, algorithm);
+        todo = send_uploads(client, to, todo, last, progress, &mut done).await;
     }
     done
 }
 
 /// A file to upload, with the hash it was sent with before (if it was).
-type Todo = (SmallUpload, Option<Sha256>);
+type Todo = (SmallUpload, Option<Hash256>);
 
 /// Sends one batch of `todo`; puts finished files in `done` and returns those to send
 /// again (damaged in flight, unless this is the `last` attempt).
 async fn send_uploads(
     client: &Client,
-    share: &str,
+    (share, algorithm): (&str, HashAlgorithm),
     todo: Vec<Todo>,
     last: bool,
     progress: &ProgressFn,
@@ -304,7 +316,7 @@ async fn send_uploads(
         }
     };
     let buf = pooled.buffer().clone();
-    let read = run_blocking(move || read_batch(&buf, todo, cap)).await;
+    let read = run_blocking(move || read_batch(&buf, todo, cap, algorithm)).await;
     let ReadBatch { sent, unsent, used } = match read {
         Ok(r) => r,
         // The task holding the items is gone with them: nothing to report them by.
@@ -317,7 +329,7 @@ async fn send_uploads(
     if sent.is_empty() {
         return Vec::new();
     }
-    let answer = request_upload(client, share, &pooled, &sent, used).await;
+    let answer = request_upload(client, (share, algorithm), &pooled, &sent, used).await;
     drop(pooled);
     match answer {
         Ok(results) => settle_uploads(sent, results, last, progress, done),
@@ -340,9 +352,10 @@ struct ReadBatch {
     used: u64,
 }
 
-/// Reads each of `todo` whole into `buf`, back to back, within its first `cap` bytes;
-/// a file whose hash moved since it was sent before fails as changed. Blocking.
-fn read_batch(buf: &Buffer, todo: Vec<Todo>, cap: usize) -> ReadBatch {
+/// Reads each of `todo` whole into `buf`, back to back, within its first `cap` bytes,
+/// hashing each in `algorithm`; a file whose hash moved since it was sent before fails
+/// as changed. Blocking.
+fn read_batch(buf: &Buffer, todo: Vec<Todo>, cap: usize, algorithm: HashAlgorithm) -> ReadBatch {
     let mut data = buf.blocking_write();
     let mut batch = ReadBatch {
         sent: Vec::new(),
@@ -364,7 +377,7 @@ fn read_batch(buf: &Buffer, todo: Vec<Todo>, cap: usize) -> ReadBatch {
         (!window.is_empty()).then_some(window)
     });
     for (item, before, opened) in windows.flatten() {
-        match opened.and_then(|o| read_source(&item, o, &mut data[used..cap])) {
+        match opened.and_then(|o| read_source(&item, o, &mut data[used..cap], algorithm)) {
             Ok(r) if before.is_some_and(|h| h != r.hash) => {
                 let error = ClientError::SourceChanged {
                     path: item.src.clone(),
@@ -388,7 +401,7 @@ fn read_batch(buf: &Buffer, todo: Vec<Todo>, cap: usize) -> ReadBatch {
 /// registration is revoked as soon as the server answered.
 async fn request_upload(
     client: &Client,
-    share: &str,
+    (share, algorithm): (&str, HashAlgorithm),
     pooled: &Pooled,
     sent: &[(SmallUpload, Read)],
     used: u64,
@@ -411,6 +424,7 @@ async fn request_upload(
     let req = Request::UploadBatch {
         share: share.into(),
         region,
+        algorithm,
         files,
     };
     let response = client.call(req).await;
@@ -471,6 +485,8 @@ fn again_io(e: &std::io::Error) -> std::io::Error {
 /// A verified file of a download batch, to be written.
 struct Fetched {
     index: usize,
+    /// The algorithm of its hash.
+    algorithm: HashAlgorithm,
     offset: usize,
     size: usize,
     mode: u32,
@@ -587,7 +603,7 @@ async fn request_download(
 /// What the server's answer says of each path, as the core placed it: settled
 /// already (refused, not included, or placed outside the region), or `None` and, with
 /// its expected hash, among the fetched files to verify and write.
-fn place(files: Vec<Placement>) -> (Vec<Option<Outcome>>, Vec<(Fetched, Sha256)>) {
+fn place(files: Vec<Placement>) -> (Vec<Option<Outcome>>, Vec<(Fetched, Hash256)>) {
     let mut outcomes = Vec::with_capacity(files.len());
     let mut fetched = Vec::new();
     for file in files {
@@ -595,6 +611,7 @@ fn place(files: Vec<Placement>) -> (Vec<Option<Outcome>>, Vec<(Fetched, Sha256)>
             Placement::Placed(p) => {
                 let f = Fetched {
                     index: p.index,
+                    algorithm: p.algorithm,
                     offset: p.offset,
                     size: p.attr.size as usize,
                     mode: p.attr.mode,
@@ -617,12 +634,12 @@ fn place(files: Vec<Placement>) -> (Vec<Option<Outcome>>, Vec<(Fetched, Sha256)>
 fn verify_and_land(
     buf: &Buffer,
     targets: &[PathBuf],
-    fetched: Vec<(Fetched, Sha256)>,
+    fetched: Vec<(Fetched, Hash256)>,
 ) -> (Vec<Landed>, Vec<usize>) {
     let data = buf.blocking_read();
-    let (good, bad): (Vec<_>, Vec<_>) = fetched
-        .into_iter()
-        .partition(|(f, hash)| hash_chunk(&data[f.offset..f.offset + f.size]) == *hash);
+    let (good, bad): (Vec<_>, Vec<_>) = fetched.into_iter().partition(|(f, hash)| {
+        hash_chunk(f.algorithm, &data[f.offset..f.offset + f.size]) == *hash
+    });
     let good: Vec<Fetched> = good.into_iter().map(|(f, _)| f).collect();
     let bad: Vec<usize> = bad.into_iter().map(|(f, _)| f.index).collect();
     (land_all(targets, &good, &data[..]), bad)

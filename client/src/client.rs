@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use ferry_common::auth::Secret;
 use ferry_common::codec;
 use ferry_common::msg::{
-    Attr, DirEntry, DiskUsage, ErrorKind, FileVersion, FsStat, MappedFile, MetaEntry, Owner,
-    RemoteError, Request, Response, ServerStats, Sha256, Timestamp, VerifyReport, Welcome,
-    BATCH_MAX_PATH_BYTES, LINK_BATCH_MAX, META_BATCH_MAX,
+    Attr, DirEntry, DiskUsage, ErrorKind, FileVersion, FsStat, Hash256, HashAlgorithm, MappedFile,
+    MetaEntry, Owner, RemoteError, Request, Response, ServerStats, Timestamp, VerifyReport,
+    Welcome, BATCH_MAX_PATH_BYTES, LINK_BATCH_MAX, META_BATCH_MAX,
 };
-use ferry_common::proto::caps::Negotiated;
+use ferry_common::proto::caps::{Negotiated, Offer};
 use ferry_common::proto::client::{ClientEvent, ClientSession};
 use ferry_common::proto::manifest::{ManifestError, ManifestReader};
 use ferry_common::proto::ProtoError;
@@ -56,6 +56,8 @@ struct Inner {
     /// Per share: the outcome of this session's proof of its secret, made once, by the
     /// first request that names the share (concurrent ones wait for it).
     proofs: Mutex<HashMap<String, Arc<Proof>>>,
+    /// Per share: the algorithm its new data is hashed in ([`Client::share_hash`]).
+    share_hashes: Mutex<HashMap<String, HashAlgorithm>>,
 }
 
 /// The outcome of a session's proof of one share's secret, decided once.
@@ -66,6 +68,9 @@ type Proof = OnceCell<Result<(), RemoteError>>;
 pub struct Credentials {
     default: Option<Secret>,
     shares: HashMap<String, Secret>,
+    /// The one chunk-hash algorithm to offer (`--hash`), instead of every one this
+    /// build supports.
+    hash_only: Option<HashAlgorithm>,
 }
 
 impl Credentials {
@@ -79,6 +84,26 @@ impl Credentials {
         Credentials {
             default: Some(secret),
             shares: HashMap::new(),
+            hash_only: None,
+        }
+    }
+
+    /// Offers only `algorithm` for chunk hashes (`rcp --hash`, `ferry-mount --hash`):
+    /// new data is then hashed in it, and a server that cannot use it refuses the
+    /// session (or, for a share that records another, its uploads).
+    pub fn with_hash(mut self, algorithm: Option<HashAlgorithm>) -> Credentials {
+        self.hash_only = algorithm;
+        self
+    }
+
+    /// What the client offers in its hello.
+    fn offer(&self) -> Offer {
+        Offer {
+            hashes: match self.hash_only {
+                Some(a) => vec![a],
+                None => HashAlgorithm::SUPPORTED.to_vec(),
+            },
+            ..Offer::default()
         }
     }
 
@@ -194,9 +219,15 @@ impl Client {
     ) -> Result<Client, ClientError> {
         let (tx, rx) = oneshot::channel();
         let nonce = ferry_common::auth::fresh_nonce();
+        let offer = credentials.offer();
         let inner = Arc::new(Inner {
             transport,
-            session: Mutex::new(ClientSession::new(Instant::now(), SOFTWARE, nonce)),
+            session: Mutex::new(ClientSession::with_offer(
+                Instant::now(),
+                SOFTWARE,
+                nonce,
+                offer,
+            )),
             waiters: Mutex::new(Waiters::default()),
             connected: Mutex::new(Some(tx)),
             welcome: Mutex::new(None),
@@ -205,6 +236,7 @@ impl Client {
             addr: addr.clone(),
             credentials,
             proofs: Mutex::new(HashMap::new()),
+            share_hashes: Mutex::new(HashMap::new()),
         });
         tokio::spawn(drive(inner.clone()));
         flush(&inner).await;
@@ -239,6 +271,40 @@ impl Client {
     /// [`Client::set_meta`] and [`Client::list_dir_meta`] are refused unsent.
     pub fn has_meta(&self) -> bool {
         self.negotiated().is_some_and(|n| n.meta)
+    }
+
+    /// Fails unless the server's choice `algorithm` for a manifest or transfer is one
+    /// this session offered.
+    pub fn check_algorithm(&self, algorithm: HashAlgorithm) -> Result<(), ClientError> {
+        let offered = self
+            .negotiated()
+            .is_some_and(|n| n.accepted.contains(algorithm));
+        if offered {
+            return Ok(());
+        }
+        Err(ClientError::Protocol(ProtoError::Transfer(format!(
+            "the server sent {algorithm} hashes, which this client did not offer"
+        ))))
+    }
+
+    /// The algorithm uploads to `share` hash in (the share's own, else the session's),
+    /// asked once per share and session ([`Request::ShareInfo`]).
+    pub async fn share_hash(&self, share: &str) -> Result<HashAlgorithm, ClientError> {
+        if let Some(&a) = lock(&self.inner.share_hashes).get(share) {
+            return Ok(a);
+        }
+        let algorithm = match self
+            .call(Request::ShareInfo {
+                share: share.into(),
+            })
+            .await?
+        {
+            Response::ShareInfo { algorithm } => algorithm,
+            other => return Err(unexpected(other)),
+        };
+        self.check_algorithm(algorithm)?;
+        lock(&self.inner.share_hashes).insert(share.into(), algorithm);
+        Ok(algorithm)
     }
 
     /// The transport (for registering memory).
@@ -668,7 +734,7 @@ impl Client {
         share: &str,
         path: &str,
         chunk_bytes: u32,
-    ) -> Result<(FileVersion, Vec<Sha256>), ClientError> {
+    ) -> Result<(FileVersion, Vec<Hash256>), ClientError> {
         let mut reader = ManifestReader::new(share, path, chunk_bytes);
         while let Some(req) = reader.poll_request() {
             let page = self.call(req).await?;

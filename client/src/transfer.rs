@@ -31,7 +31,8 @@ use std::sync::Arc;
 use ferry_common::chunk::{chunk_len, hash_chunks, manifest_id};
 use ferry_common::direct::{DirectFile, DIRECT_MIN_FILE_BYTES};
 use ferry_common::journal::{source_tag, JournalHeader, JournalWriter};
-use ferry_common::msg::{ErrorKind, Request, Response, Sha256, Timestamp};
+use ferry_common::msg::{ErrorKind, Hash256, HashAlgorithm, Request, Response, Timestamp};
+use ferry_common::proto::caps::Algorithms;
 use ferry_common::proto::retry::{Verdict, WindowFailure, WindowRetry};
 use ferry_common::proto::transfer::{check_window_hashes, Window, WindowPlan};
 use ferry_common::staging::{verify_hints, StageError, StageOp, Staged};
@@ -199,12 +200,21 @@ async fn upload(
             base: base.into(),
         },
     };
-    let transfer = match client.call(open).await? {
-        Response::UploadOpened { transfer } => transfer,
+    let (transfer, algorithm) = match client.call(open).await? {
+        Response::UploadOpened {
+            transfer,
+            algorithm,
+        } => (transfer, algorithm),
         other => return Err(unexpected(other)),
     };
+    client.check_algorithm(algorithm)?;
     let source = Source::new(file, size);
-    let result = upload_windows(client, source, local, transfer, size, progress).await;
+    let up = Up {
+        transfer,
+        algorithm,
+        chunk: client.welcome().chunk_bytes,
+    };
+    let result = upload_windows(client, source, local, up, size, progress).await;
     if result.is_err() {
         // Best effort: abandons the upload, removing what the server holds of it. (A
         // connection that ends instead leaves a resumable partial on the server.)
@@ -213,25 +223,38 @@ async fn upload(
     result
 }
 
+/// An open upload: its transfer id, the algorithm the server asked its hashes in, and
+/// the chunk size.
+#[derive(Debug, Clone, Copy)]
+struct Up {
+    transfer: u64,
+    algorithm: HashAlgorithm,
+    chunk: u32,
+}
+
 async fn upload_windows(
     client: &Client,
     source: Source,
     local: &Path,
-    transfer: u64,
+    up: Up,
     size: u64,
     progress: ProgressFn,
 ) -> Result<Copied, ClientError> {
-    let chunk = client.welcome().chunk_bytes;
+    let Up {
+        transfer,
+        algorithm,
+        chunk,
+    } = up;
     let mut plan = WindowPlan::new(size, chunk, window_chunks(client), WINDOWS_IN_FLIGHT);
     let windows = run_windows(&mut plan, &progress, |w| {
         let client = client.clone();
         let source = source.clone();
         let local = local.to_owned();
-        async move { upload_window(&client, &source, &local, transfer, chunk, w).await }
+        async move { upload_window(&client, &source, &local, up, w).await }
     })
     .await?;
     let mut copied = Copied::default();
-    let mut all: Vec<Sha256> = Vec::new();
+    let mut all: Vec<Hash256> = Vec::new();
     for w in windows {
         all.extend(w.hashes);
         copied.bytes_sent += w.pulled;
@@ -239,7 +262,7 @@ async fn upload_windows(
     }
     let commit = Request::UploadCommit {
         transfer,
-        manifest: manifest_id(size, chunk, &all),
+        manifest: manifest_id(algorithm, size, chunk, &all),
     };
     match client.call(commit).await? {
         Response::Committed { size } => Ok(Copied {
@@ -252,7 +275,7 @@ async fn upload_windows(
 
 /// One window of an upload, received by the server.
 struct SentWindow {
-    hashes: Vec<Sha256>,
+    hashes: Vec<Hash256>,
     /// Bytes the server pulled.
     pulled: u64,
     /// Bytes the server found in its partial file instead.
@@ -296,20 +319,24 @@ fn release(client: &Client, memory: Memory) {
     }
 }
 
-/// Maps or reads window `w` of the source and hashes its chunks.
+/// Maps or reads window `w` of the source and hashes its chunks in `up.algorithm`, on
+/// the shared hashing pool.
 async fn prepare_window(
     client: &Client,
     source: &Source,
     local: &Path,
-    chunk: u32,
+    up: Up,
     w: Window,
-) -> Result<(Memory, Vec<Sha256>), ClientError> {
+) -> Result<(Memory, Vec<Hash256>), ClientError> {
+    let Up {
+        algorithm, chunk, ..
+    } = up;
     let local = local.to_owned();
     match source.clone() {
         Source::Mapped(file) => tokio::task::spawn_blocking(move || {
             let window = FileWindow::map(&file, w.offset, w.len as usize)
                 .map_err(|e| ClientError::local(&local, "cannot map", e))?;
-            let hashes = hash_chunks(window.bytes(), chunk as usize);
+            let hashes = hash_chunks(algorithm, window.bytes(), chunk as usize);
             Ok((Memory::File(window), hashes))
         })
         .await
@@ -323,7 +350,7 @@ async fn prepare_window(
                 let mut bytes = buf2.blocking_write();
                 let data = &mut bytes[..w.len as usize];
                 match file.read_exact_at(data, w.offset) {
-                    Ok(()) => Ok(hash_chunks(data, chunk as usize)),
+                    Ok(()) => Ok(hash_chunks(algorithm, data, chunk as usize)),
                     Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                         Err(ClientError::SourceChanged { path: local })
                     }
@@ -350,11 +377,11 @@ async fn upload_window(
     client: &Client,
     source: &Source,
     local: &Path,
-    transfer: u64,
-    chunk: u32,
+    up: Up,
     w: Window,
 ) -> Result<SentWindow, ClientError> {
-    let (mut memory, mut hashes) = prepare_window(client, source, local, chunk, w).await?;
+    let transfer = up.transfer;
+    let (mut memory, mut hashes) = prepare_window(client, source, local, up, w).await?;
     let mut retry = WindowRetry::default();
     loop {
         let sent = send_window(client, transfer, w, memory.clone(), hashes.clone()).await;
@@ -369,7 +396,7 @@ async fn upload_window(
             }
             Err(e) if failure(&e) == WindowFailure::Integrity => {
                 release(client, memory);
-                let (again_memory, again) = prepare_window(client, source, local, chunk, w).await?;
+                let (again_memory, again) = prepare_window(client, source, local, up, w).await?;
                 let changed = again != hashes;
                 let verdict = retry.handle_failure(if changed {
                     WindowFailure::SourceChanged
@@ -418,7 +445,7 @@ async fn send_window(
     transfer: u64,
     w: Window,
     memory: Memory,
-    hashes: Vec<Sha256>,
+    hashes: Vec<Hash256>,
 ) -> Result<(u64, u64), ClientError> {
     let reg = client.transport().register(memory, Access::RemoteRead)?;
     let mut region = reg.desc();
@@ -471,8 +498,16 @@ async fn stage_download(
 ) -> Result<(Staged, BTreeSet<u64>), ClientError> {
     let dest = dest.to_owned();
     tokio::task::spawn_blocking(move || {
-        let staged = Staged::open(&dest, &header).map_err(|e| stage_error(&dest, e))?;
-        let held = verify_hints(staged.file(), &header, staged.hints());
+        // Only the download's algorithm is resumed in; a journal in another one (an
+        // older Ferry's) still lends its verified chunks to this run.
+        let staged = Staged::open(&dest, &header, Algorithms::of(&[header.algorithm]))
+            .map_err(|e| stage_error(&dest, e))?;
+        let held = verify_hints(
+            staged.file(),
+            &header,
+            staged.hints_algorithm(),
+            staged.hints(),
+        );
         if !staged.hints().is_empty() {
             tracing::info!(
                 file = %dest.display(),
@@ -501,15 +536,21 @@ pub async fn download_file(
         share: share.into(),
         path: path.into(),
     };
-    let (transfer, attr) = match client.call(open).await? {
-        Response::DownloadOpened { transfer, attr } => (transfer, attr),
+    let (transfer, attr, algorithm) = match client.call(open).await? {
+        Response::DownloadOpened {
+            transfer,
+            attr,
+            algorithm,
+        } => (transfer, attr, algorithm),
         other => return Err(unexpected(other)),
     };
+    client.check_algorithm(algorithm)?;
     let result = async {
         let chunk = client.welcome().chunk_bytes;
         let header = JournalHeader {
             size: attr.size,
             chunk_bytes: chunk,
+            algorithm,
             source: source_tag(&attr),
         };
         let (mut staged, held) = stage_download(dest, header).await?;
@@ -523,8 +564,13 @@ pub async fn download_file(
         };
         let what = format!("{}:{share}/{path}", client.addr());
         let received = async {
+            let down = Down {
+                transfer,
+                algorithm,
+                chunk,
+            };
             let sent =
-                download_windows(client, &sink, transfer, attr.size, held, what, progress).await?;
+                download_windows(client, &sink, down, attr.size, held, what, progress).await?;
             match client.call(Request::Close { transfer }).await? {
                 Response::Ok => {}
                 other => return Err(unexpected(other)),
@@ -597,16 +643,25 @@ async fn finish(
 
 /// Fetches every window of the file except the chunks in `held`; returns the bytes
 /// pushed.
+/// An open download: its transfer id, the algorithm of the hashes the server sends,
+/// and the chunk size.
+#[derive(Debug, Clone, Copy)]
+struct Down {
+    transfer: u64,
+    algorithm: HashAlgorithm,
+    chunk: u32,
+}
+
 async fn download_windows(
     client: &Client,
     sink: &Sink,
-    transfer: u64,
+    down: Down,
     size: u64,
     held: BTreeSet<u64>,
     what: String,
     progress: ProgressFn,
 ) -> Result<u64, ClientError> {
-    let chunk = client.welcome().chunk_bytes;
+    let chunk = down.chunk;
     let mut plan =
         WindowPlan::new(size, chunk, window_chunks(client), WINDOWS_IN_FLIGHT).skipping(held);
     run_windows(&mut plan, &progress, |w| {
@@ -615,10 +670,15 @@ async fn download_windows(
         let what = what.clone();
         async move {
             let mut retry = WindowRetry::default();
+            // A window that failed verification is asked for again with `verify`: the
+            // server then checks what it reads against the hashes recorded when the
+            // file was written, and names rot on its disk as such.
+            let mut verify = false;
             loop {
-                match download_window(&client, &sink, &what, transfer, chunk, w).await {
+                match download_window(&client, &sink, &what, down, verify, w).await {
                     Err(e) if retry.handle_failure(failure(&e)) == Verdict::Retry => {
                         tracing::warn!(file = %what, offset = w.offset, "window failed verification; retrying: {e}");
+                        verify = true;
                     }
                     other => return other,
                 }
@@ -633,10 +693,15 @@ async fn download_window(
     client: &Client,
     sink: &Sink,
     what: &str,
-    transfer: u64,
-    chunk: u32,
+    down: Down,
+    verify: bool,
     w: Window,
 ) -> Result<(), ClientError> {
+    let Down {
+        transfer,
+        algorithm,
+        chunk,
+    } = down;
     let buf = client
         .take_buffer(plan_buffer_len(client, chunk, w.len))
         .map_err(|e| ClientError::local(&sink.dest, "cannot allocate a buffer", e))?;
@@ -649,6 +714,7 @@ async fn download_window(
         transfer,
         offset: w.offset,
         region,
+        verify,
     };
     let response = client.call(req).await;
     // Revoke before looking at the data: the server has no business with it now.
@@ -674,7 +740,7 @@ async fn download_window(
     let verdict = tokio::task::spawn_blocking(move || {
         let bytes = buf2.blocking_read();
         let data = &bytes[..w.len as usize];
-        let got = hash_chunks(data, chunk as usize);
+        let got = hash_chunks(algorithm, data, chunk as usize);
         if let Err(bad) = check_window_hashes(w, chunk, &hashes, &got) {
             return Err(ClientError::Integrity {
                 what: what2,

@@ -202,7 +202,7 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
                 limit("to", to.len(), MAX_PATH_BYTES)
             })
         }
-        Request::StatFs { share } | Request::Auth { share, .. } => {
+        Request::StatFs { share } | Request::ShareInfo { share } | Request::Auth { share, .. } => {
             limit("share", share.len(), MAX_NAME_BYTES)
         }
         Request::Symlink {
@@ -320,7 +320,8 @@ fn validate_response(resp: &Response) -> Result<(), CodecError> {
         | Response::WindowPulled { .. }
         | Response::Committed { .. }
         | Response::Authenticated { .. }
-        | Response::DiskUsage(_) => Ok(()),
+        | Response::DiskUsage(_)
+        | Response::ShareInfo { .. } => Ok(()),
     }
 }
 
@@ -501,6 +502,7 @@ mod tests {
             [VERIFY_REQUEST_INDEX, 1, b's', 1, b'p']
         );
         let verified = Response::Verified(VerifyReport {
+            algorithm: HashAlgorithm::Blake3,
             record: VerifyRecord::Stale {
                 size_changed: false,
                 mtime_changed: true,
@@ -511,14 +513,16 @@ mod tests {
             bad_count: 1,
             bad_chunks: vec![2],
         });
-        // VerifyRecord::Stale = 2, then its two bools; the report's fields in order.
+        // The algorithm (BLAKE3 = 1), VerifyRecord::Stale = 2, then its two bools; the
+        // report's fields in order.
         assert_eq!(
             postcard::to_stdvec(&verified).unwrap(),
-            [VERIFIED_RESPONSE_INDEX, 2, 0, 1, 3, 4, 5, 1, 1, 2]
+            [VERIFIED_RESPONSE_INDEX, 1, 2, 0, 1, 3, 4, 5, 1, 1, 2]
         );
         let report = |n| Message::Response {
             id: 1,
             body: Response::Verified(VerifyReport {
+                algorithm: HashAlgorithm::Blake3,
                 record: VerifyRecord::Current,
                 size: u64::MAX,
                 chunk_bytes: u32::MAX,
@@ -723,6 +727,7 @@ mod tests {
             id: 1,
             body: Response::Manifest {
                 version: FileVersion {
+                    algorithm: HashAlgorithm::Blake3,
                     size: u64::MAX,
                     mtime: Timestamp {
                         secs: i64::MIN,
@@ -911,6 +916,7 @@ mod tests {
     #[test]
     fn batch_messages_have_their_agreed_indices() {
         let up = Request::UploadBatch {
+            algorithm: HashAlgorithm::Blake3,
             share: "s".into(),
             region: region(),
             files: vec![BatchFile {
@@ -928,6 +934,8 @@ mod tests {
             1,
             2,
             3,
+            // The algorithm: BLAKE3 is variant 1.
+            1,
             1,
             1,
             b'p',
@@ -984,6 +992,7 @@ mod tests {
         let up = |files: Vec<BatchFile>| Message::Request {
             id: u64::MAX,
             body: Request::UploadBatch {
+                algorithm: HashAlgorithm::Blake3,
                 share: "s".repeat(MAX_NAME_BYTES),
                 region: region(),
                 files,

@@ -1,5 +1,5 @@
 //! The journal of a resumable partial file: which chunks of it were written, with what
-//! SHA-256.
+//! chunk hash (in the algorithm its header names).
 //!
 //! A receiver (ferryd for an upload, rcp for a download) writes a file of `size` bytes
 //! into a hidden partial file ([`crate::staging`]) and, after each chunk's bytes were
@@ -14,7 +14,8 @@
 //! ```text
 //! header, 64 bytes:
 //!   0..8    magic "FRYJRNL\0"
-//!   8..12   format version (u32) = 1
+//!   8..10   format version (u16) = 2
+//!   10..12  chunk-hash algorithm of the records (u16, [`HashAlgorithm::code`])
 //!   12..16  chunk_bytes (u32)
 //!   16..24  size of the complete file (u64)
 //!   24..56  source: 32 bytes naming the version of the file being received
@@ -22,7 +23,7 @@
 //!   56..64  the first 8 bytes of SHA-256(bytes 0..56)
 //! then records, 48 bytes each:
 //!   0..8    chunk index (u64)
-//!   8..40   SHA-256 of the chunk's bytes
+//!   8..40   the chunk's hash, in the header's algorithm
 //!   40..48  the first 8 bytes of SHA-256(bytes 0..40 || header bytes 56..64)
 //! ```
 //!
@@ -30,6 +31,11 @@
 //! or whose index is beyond the file's last chunk is ignored; an incomplete record at
 //! the end is ignored and cut off before the next append. When an index appears twice,
 //! the later record wins.
+//!
+//! Format version 1, which Ferry wrote before BLAKE3, is the same with bytes 8..12 the
+//! u32 1 (so bytes 10..12 are zero) and SHA-256 records; it is still read, as SHA-256.
+//! The checks are SHA-256 in both: they guard against tearing, not against an
+//! adversary.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -41,12 +47,15 @@ use std::sync::Mutex;
 use sha2::{Digest, Sha256 as Hasher};
 
 use crate::chunk::chunk_count;
-use crate::msg::{Attr, Sha256};
+use crate::msg::{Attr, Hash256, HashAlgorithm};
 
 /// Magic bytes opening a journal.
 pub const JOURNAL_MAGIC: [u8; 8] = *b"FRYJRNL\0";
-/// Format version of the journal this build writes and reads.
-pub const JOURNAL_VERSION: u32 = 1;
+/// Format version of the journals this build writes.
+pub const JOURNAL_VERSION: u16 = 2;
+/// Format version of the journals Ferry wrote before BLAKE3 (SHA-256 records), still
+/// read.
+pub const JOURNAL_VERSION_SHA256: u16 = 1;
 /// Bytes of the header.
 pub const HEADER_BYTES: u64 = 64;
 /// Bytes of one record.
@@ -65,6 +74,9 @@ pub enum JournalError {
     /// The header is of another format version.
     #[error("journal format version {0} is not supported")]
     Version(u32),
+    /// The header names a hash algorithm this build does not know.
+    #[error("journal hash algorithm {0} is not supported")]
+    Algorithm(u16),
     /// The header's check does not match its bytes.
     #[error("journal header is damaged")]
     DamagedHeader,
@@ -77,6 +89,8 @@ pub struct JournalHeader {
     pub size: u64,
     /// Chunk size the records are in.
     pub chunk_bytes: u32,
+    /// The algorithm of the records' hashes.
+    pub algorithm: HashAlgorithm,
     /// Names the version of the file being received; a journal is reused only for the
     /// same source. Zero where the receiver cannot know it (an upload: the chunk hashes
     /// the client sends decide).
@@ -88,7 +102,8 @@ impl JournalHeader {
     pub fn encode(&self) -> [u8; HEADER_BYTES as usize] {
         let mut b = [0u8; HEADER_BYTES as usize];
         b[0..8].copy_from_slice(&JOURNAL_MAGIC);
-        b[8..12].copy_from_slice(&JOURNAL_VERSION.to_le_bytes());
+        b[8..10].copy_from_slice(&JOURNAL_VERSION.to_le_bytes());
+        b[10..12].copy_from_slice(&u16::from(self.algorithm.code()).to_le_bytes());
         b[12..16].copy_from_slice(&self.chunk_bytes.to_le_bytes());
         b[16..24].copy_from_slice(&self.size.to_le_bytes());
         b[24..56].copy_from_slice(&self.source);
@@ -102,18 +117,31 @@ impl JournalHeader {
         if b[0..8] != JOURNAL_MAGIC {
             return Err(JournalError::NotAJournal);
         }
-        let version = u32::from_le_bytes(array(&b[8..12]));
-        if version != JOURNAL_VERSION {
-            return Err(JournalError::Version(version));
-        }
+        let version = u16::from_le_bytes(array(&b[8..10]));
+        let code = u16::from_le_bytes(array(&b[10..12]));
+        let algorithm = match (version, code) {
+            (JOURNAL_VERSION_SHA256, 0) => HashAlgorithm::Sha256,
+            (JOURNAL_VERSION, code) => u8::try_from(code)
+                .ok()
+                .and_then(HashAlgorithm::from_code)
+                .ok_or(JournalError::Algorithm(code))?,
+            _ => return Err(JournalError::Version(u32::from_le_bytes(array(&b[8..12])))),
+        };
         if check8(&[&b[..56]]) != b[56..64] {
             return Err(JournalError::DamagedHeader);
         }
         Ok(JournalHeader {
             chunk_bytes: u32::from_le_bytes(array(&b[12..16])),
+            algorithm,
             size: u64::from_le_bytes(array(&b[16..24])),
             source: array(&b[24..56]),
         })
+    }
+
+    /// Whether `other` describes the same file (size, chunk size and source), whatever
+    /// the algorithm of its records.
+    pub fn same_file(&self, other: &JournalHeader) -> bool {
+        (self.size, self.chunk_bytes, self.source) == (other.size, other.chunk_bytes, other.source)
     }
 
     /// Number of chunks of the complete file.
@@ -152,7 +180,7 @@ pub struct JournalContents {
     /// The header.
     pub header: JournalHeader,
     /// The chunks the journal names, index to hash (the latest record of each index).
-    pub chunks: BTreeMap<u64, Sha256>,
+    pub chunks: BTreeMap<u64, Hash256>,
     /// Complete records read, valid or not.
     pub records: u64,
     /// Records ignored: a failed check, or an index beyond the file.
@@ -217,7 +245,7 @@ pub fn read_from(file: impl Read) -> Result<JournalContents, JournalError> {
     Ok(contents)
 }
 
-fn encode_record(index: u64, hash: &Sha256, check: &[u8; 8]) -> [u8; RECORD_BYTES as usize] {
+fn encode_record(index: u64, hash: &Hash256, check: &[u8; 8]) -> [u8; RECORD_BYTES as usize] {
     let mut b = [0u8; RECORD_BYTES as usize];
     b[0..8].copy_from_slice(&index.to_le_bytes());
     b[8..40].copy_from_slice(hash);
@@ -226,7 +254,7 @@ fn encode_record(index: u64, hash: &Sha256, check: &[u8; 8]) -> [u8; RECORD_BYTE
     b
 }
 
-fn decode_record(b: &[u8; RECORD_BYTES as usize], check: &[u8; 8]) -> Option<(u64, Sha256)> {
+fn decode_record(b: &[u8; RECORD_BYTES as usize], check: &[u8; 8]) -> Option<(u64, Hash256)> {
     if check8(&[&b[..40], check]) != b[40..48] {
         return None;
     }
@@ -314,7 +342,7 @@ impl JournalWriter {
 
     /// Appends the record "chunk `index` was written and hashes to `hash`". Call it
     /// only after the chunk's bytes were written to the partial file. Blocking.
-    pub fn append(&self, index: u64, hash: &Sha256) -> io::Result<()> {
+    pub fn append(&self, index: u64, hash: &Hash256) -> io::Result<()> {
         let rec = encode_record(index, hash, &self.check);
         let mut state = self.state();
         let next = state.next;
@@ -338,6 +366,7 @@ mod tests {
 
     fn header() -> JournalHeader {
         JournalHeader {
+            algorithm: HashAlgorithm::Blake3,
             size: 10 * 4096 + 7,
             chunk_bytes: 4096,
             source: [7; 32],
@@ -444,8 +473,17 @@ mod tests {
         ));
         let mut b = header().encode();
         b[8] = 9;
+        b[10] = 0;
         std::fs::write(&path, b).unwrap();
         assert!(matches!(read_journal(&path), Err(JournalError::Version(9))));
+        // Version 2 naming an algorithm this build does not know.
+        let mut b = header().encode();
+        b[10] = 77;
+        std::fs::write(&path, b).unwrap();
+        assert!(matches!(
+            read_journal(&path),
+            Err(JournalError::Algorithm(77))
+        ));
         assert!(matches!(
             read_journal(&dir.path().join("none")),
             Err(JournalError::Io(_))

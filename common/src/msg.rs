@@ -12,7 +12,7 @@ use crate::auth::{Nonce, Proof};
 /// Protocol version spoken by this build. Bumped only when the encoding of an existing
 /// message changes incompatibly; new features are negotiated as [`Capability`]s in the
 /// handshake instead (the version rule of `docs/protocol.md`).
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// Magic bytes opening a [`Hello`]: rejects peers that speak something else.
 pub const HELLO_MAGIC: [u8; 4] = *b"FRY\x01";
@@ -78,8 +78,69 @@ pub const MAX_CAPABILITY_NAME_BYTES: usize = 64;
 /// Longest capability value, in bytes.
 pub const MAX_CAPABILITY_VALUE_BYTES: usize = 256;
 
-/// A SHA-256 digest.
-pub type Sha256 = [u8; 32];
+/// A 256-bit hash value: a chunk hash or a manifest id, in the algorithm its manifest
+/// names ([`HashAlgorithm`]).
+pub type Hash256 = [u8; 32];
+
+/// A chunk-hash algorithm. Every manifest, chunk-hash list, journal and manifest
+/// record names the one its hashes are in; the handshake's `hash` capability says
+/// which ones a session accepts (`proto::caps`).
+///
+/// On the wire, a variant's index; new algorithms are appended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum HashAlgorithm {
+    /// SHA-256: what every Ferry before BLAKE3 wrote, and what `--hash sha256` keeps.
+    Sha256,
+    /// BLAKE3 (256-bit output): the default where both sides support it.
+    Blake3,
+}
+
+impl HashAlgorithm {
+    /// Every algorithm this build supports, in its order of preference.
+    pub const SUPPORTED: &'static [HashAlgorithm] = &[HashAlgorithm::Blake3, HashAlgorithm::Sha256];
+
+    /// Its name on the wire, in configuration and in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            HashAlgorithm::Sha256 => "sha256",
+            HashAlgorithm::Blake3 => "blake3",
+        }
+    }
+
+    /// The algorithm called `name`, if this build knows it.
+    pub fn from_name(name: &str) -> Option<HashAlgorithm> {
+        Self::SUPPORTED.iter().copied().find(|a| a.name() == name)
+    }
+
+    /// Its number in journals and manifest records (stable: never reused).
+    pub fn code(self) -> u8 {
+        match self {
+            HashAlgorithm::Sha256 => 1,
+            HashAlgorithm::Blake3 => 2,
+        }
+    }
+
+    /// The algorithm numbered `code` in a journal or record.
+    pub fn from_code(code: u8) -> Option<HashAlgorithm> {
+        Self::SUPPORTED.iter().copied().find(|a| a.code() == code)
+    }
+}
+
+impl std::fmt::Display for HashAlgorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for HashAlgorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<HashAlgorithm, String> {
+        HashAlgorithm::from_name(s).ok_or_else(|| {
+            let names: Vec<&str> = HashAlgorithm::SUPPORTED.iter().map(|a| a.name()).collect();
+            format!("unknown hash algorithm '{s}' (known: {})", names.join(", "))
+        })
+    }
+}
 
 /// One named capability or parameter of a [`Hello`] or [`Welcome`]. A peer ignores the
 /// names it does not know (`proto::caps` holds the known ones and the negotiation).
@@ -115,7 +176,7 @@ pub struct BatchFile {
     /// Modification time of the final file.
     pub mtime: Timestamp,
     /// SHA-256 of the file's bytes.
-    pub hash: Sha256,
+    pub hash: Hash256,
 }
 
 /// One entry of a [`Request::SetMeta`]: what to set on the file, directory or symlink
@@ -151,8 +212,10 @@ pub enum BatchedFile {
         attr: Attr,
         /// Offset of the file's first byte in the region.
         offset: u64,
+        /// The algorithm of `hash` (as for [`Response::DownloadOpened`]).
+        algorithm: HashAlgorithm,
         /// SHA-256 of the file's bytes.
-        hash: Sha256,
+        hash: Hash256,
     },
     /// This file failed; the others are unaffected.
     Err(RemoteError),
@@ -260,7 +323,9 @@ pub struct FileVersion {
     /// Chunk size of the manifest.
     pub chunk_bytes: u32,
     /// Manifest hash (see [`crate::chunk::manifest_id`]) of the chunk hashes.
-    pub manifest: Sha256,
+    pub manifest: Hash256,
+    /// The algorithm of the manifest hash and of every chunk hash of this version.
+    pub algorithm: HashAlgorithm,
 }
 
 /// A file the server has opened, mapped and registered read-only for one-sided reads.
@@ -446,7 +511,7 @@ pub enum Request {
         /// The client's registered, read-only source window.
         region: RegionDesc,
         /// SHA-256 of each chunk of the window, in order.
-        hashes: Vec<Sha256>,
+        hashes: Vec<Hash256>,
     },
     /// Finish an upload: every chunk verified and `manifest` matches, then fsync and
     /// rename into place.
@@ -454,7 +519,7 @@ pub enum Request {
         /// Transfer id.
         transfer: u64,
         /// Manifest hash of the whole file (see [`crate::chunk::Manifest::id`]).
-        manifest: Sha256,
+        manifest: Hash256,
     },
     /// Start a download of `path` (symlinks followed within the share).
     DownloadOpen {
@@ -472,6 +537,12 @@ pub enum Request {
         offset: u64,
         /// The client's registered, writable destination buffer.
         region: RegionDesc,
+        /// Set when the client found a chunk of this window not matching the hash the
+        /// server sent for it: the server then hashes what it reads and compares it
+        /// with the manifest recorded when the file was written, failing with
+        /// [`ErrorKind::Integrity`] (and logging it) where the file on its disk no
+        /// longer matches.
+        verify: bool,
     },
     /// End a transfer. For an upload that was not committed this aborts it and removes
     /// its temporary file; for a download it checks the file did not change meanwhile.
@@ -614,6 +685,9 @@ pub enum Request {
         share: String,
         /// The client's registered, read-only region holding every file's bytes.
         region: RegionDesc,
+        /// The algorithm of every [`BatchFile::hash`]: the share's
+        /// ([`Response::ShareInfo`]).
+        algorithm: HashAlgorithm,
         /// The files, in region order.
         files: Vec<BatchFile>,
     },
@@ -662,6 +736,12 @@ pub enum Request {
         /// Index of the first entry wanted (0 for the first page).
         cursor: u64,
     },
+    /// What a share requires of the session: the hash algorithm its new data is
+    /// recorded in. Answered by [`Response::ShareInfo`].
+    ShareInfo {
+        /// Share name.
+        share: String,
+    },
 }
 
 impl Request {
@@ -691,7 +771,8 @@ impl Request {
             | Request::DownloadBatch { share, .. }
             | Request::LinkBatch { share, .. }
             | Request::SetMeta { share, .. }
-            | Request::ListDirMeta { share, .. } => Some(share),
+            | Request::ListDirMeta { share, .. }
+            | Request::ShareInfo { share } => Some(share),
             Request::UploadWindow { .. }
             | Request::UploadCommit { .. }
             | Request::DownloadWindow { .. }
@@ -720,6 +801,10 @@ pub enum Response {
     UploadOpened {
         /// Id naming the transfer in later requests.
         transfer: u64,
+        /// The algorithm the client hashes this upload's chunks and manifest in: the
+        /// share's, or, for an upload that resumes an interrupted one, the algorithm
+        /// that one started with, or for an upload with a base, the base's manifest's.
+        algorithm: HashAlgorithm,
     },
     /// A window was received: every chunk in it verified and written. `bytes + reused`
     /// is the window's length.
@@ -741,11 +826,16 @@ pub enum Response {
         transfer: u64,
         /// Attributes of the file at open time.
         attr: Attr,
+        /// The algorithm of the hashes in [`Response::WindowPushed`]: that of the
+        /// manifest the server recorded when the file was written, if it holds one of
+        /// this version in an algorithm the client accepts (those hashes are then
+        /// sent, never taken again from the bytes read), else the session's.
+        algorithm: HashAlgorithm,
     },
     /// A window was pushed into the client's region; here are its chunk hashes.
     WindowPushed {
         /// SHA-256 of each chunk of the window, in order.
-        hashes: Vec<Sha256>,
+        hashes: Vec<Hash256>,
     },
     /// The request failed.
     Error(RemoteError),
@@ -770,7 +860,7 @@ pub enum Response {
         first_chunk: u64,
         /// SHA-256 of chunks `first_chunk..first_chunk + hashes.len()`; empty past the
         /// last chunk.
-        hashes: Vec<Sha256>,
+        hashes: Vec<Hash256>,
     },
     /// Counts and sizes of a tree, for [`Request::DiskUsage`].
     DiskUsage(DiskUsage),
@@ -812,6 +902,12 @@ pub enum Response {
         owners: Vec<Owner>,
         /// Cursor for the next page, `None` at the end.
         next: Option<u64>,
+    },
+    /// Answer to [`Request::ShareInfo`].
+    ShareInfo {
+        /// The algorithm uploads to the share hash in (and batches name): the share's
+        /// own (`hash` in ferryd's configuration), else the session's.
+        algorithm: HashAlgorithm,
     },
 }
 
@@ -860,6 +956,9 @@ pub enum VerifyRecord {
 /// compared chunk by chunk with its recorded manifest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VerifyReport {
+    /// The algorithm the file's chunks were hashed in: its record's (else the one it
+    /// is now recorded in).
+    pub algorithm: HashAlgorithm,
     /// What the record says (see [`VerifyRecord`]); with `Missing`, nothing was
     /// compared and `bad_count` is 0.
     pub record: VerifyRecord,

@@ -60,7 +60,8 @@ use sha2::{Digest, Sha256 as Hasher};
 
 use crate::chunk::{chunk_len, hash_chunk};
 use crate::journal::{read_from, JournalHeader, JournalWriter};
-use crate::msg::{Sha256, Timestamp};
+use crate::msg::{Hash256, HashAlgorithm, Timestamp};
+use crate::proto::caps::Algorithms;
 use crate::transport::sys::at::open_at_mode;
 use crate::{space, TEMP_PREFIX};
 
@@ -243,8 +244,12 @@ pub struct Staged {
     /// sees the file is live.
     _lock: Flock<File>,
     resumable: Option<Resumable>,
+    /// The journal's header: appended records are in its algorithm.
     header: JournalHeader,
-    hints: BTreeMap<u64, Sha256>,
+    hints: BTreeMap<u64, Hash256>,
+    /// The algorithm of `hints`: the journal's, or, where the journal was started again
+    /// in another algorithm, the old journal's.
+    hints_algorithm: HashAlgorithm,
     /// Committed or discarded: nothing is left to remove on drop.
     done: bool,
 }
@@ -256,13 +261,23 @@ impl Staged {
     /// [`Staged::hints`]); one that does not match is started again. A file that cannot
     /// fit fails with [`StageOp::Reserve`] and leaves nothing behind. Blocking; may wait
     /// up to [`LOCK_WAIT`] for another transfer of the same name.
-    pub fn open(final_path: &Path, header: &JournalHeader) -> Result<Staged, StageError> {
+    ///
+    /// The hash algorithm: a journal in an algorithm of `accept` is continued in its own
+    /// (so an interrupted transfer resumes in the algorithm it started with; see
+    /// [`Staged::header`]); a journal of the same file in another algorithm keeps the
+    /// partial's bytes and its chunks as hints ([`Staged::hints_algorithm`]), but is
+    /// started again in `header.algorithm`; a fresh journal is in `header.algorithm`.
+    pub fn open(
+        final_path: &Path,
+        header: &JournalHeader,
+        accept: Algorithms,
+    ) -> Result<Staged, StageError> {
         let dir = OpenOptions::new()
             .read(true)
             .custom_flags(nix::libc::O_DIRECTORY)
             .open(parent_dir(final_path))
             .map_err(failed(StageOp::Create))?;
-        let staged = match Staged::open_resumable(&dir, final_path, header)? {
+        let staged = match Staged::open_resumable(&dir, final_path, header, accept)? {
             Some(s) => s,
             None => Staged::open_scratch(dir, final_path, header)?,
         };
@@ -321,6 +336,7 @@ impl Staged {
             resumable: None,
             header: *header,
             hints: BTreeMap::new(),
+            hints_algorithm: header.algorithm,
             done: false,
         })
     }
@@ -331,6 +347,7 @@ impl Staged {
         dir: &File,
         final_path: &Path,
         header: &JournalHeader,
+        accept: Algorithms,
     ) -> Result<Option<Staged>, StageError> {
         let Some(final_name) = final_path.file_name() else {
             return Ok(None);
@@ -370,14 +387,32 @@ impl Staged {
             let found = if fresh {
                 None
             } else {
-                read_from(&jfile).ok().filter(|c| c.header == *header)
+                read_from(&jfile)
+                    .ok()
+                    .filter(|c| c.header.same_file(header))
             };
-            let (writer, hints) = match found {
-                Some(c) => (JournalWriter::resume(jfile, &c), c.chunks),
+            let (writer, hints, used, hints_algorithm) = match found {
+                Some(c) if accept.contains(c.header.algorithm) => (
+                    JournalWriter::resume(jfile, &c),
+                    c.chunks,
+                    c.header,
+                    c.header.algorithm,
+                ),
+                Some(c) => (
+                    JournalWriter::create(jfile, header),
+                    c.chunks,
+                    *header,
+                    c.header.algorithm,
+                ),
                 None => {
                     // Nothing to resume: the partial's old bytes are of no use.
                     file.set_len(0).map_err(failed(StageOp::Create))?;
-                    (JournalWriter::create(jfile, header), BTreeMap::new())
+                    (
+                        JournalWriter::create(jfile, header),
+                        BTreeMap::new(),
+                        *header,
+                        header.algorithm,
+                    )
                 }
             };
             let writer = writer.map_err(failed(StageOp::Journal))?;
@@ -391,8 +426,9 @@ impl Staged {
                     journal,
                     writer: Arc::new(writer),
                 }),
-                header: *header,
+                header: used,
                 hints,
+                hints_algorithm,
                 done: false,
             }));
         }
@@ -417,8 +453,19 @@ impl Staged {
 
     /// The chunks an earlier, interrupted transfer recorded as written: index to hash.
     /// Hints only: verify each against the file's bytes before trusting it.
-    pub fn hints(&self) -> &BTreeMap<u64, Sha256> {
+    pub fn hints(&self) -> &BTreeMap<u64, Hash256> {
         &self.hints
+    }
+
+    /// The algorithm of [`Staged::hints`].
+    pub fn hints_algorithm(&self) -> HashAlgorithm {
+        self.hints_algorithm
+    }
+
+    /// The header of the file's journal (for a scratch file, the one it was opened
+    /// with): records appended to [`Staged::journal`] must be in its algorithm.
+    pub fn header(&self) -> &JournalHeader {
+        &self.header
     }
 
     /// The journal to record written chunks in ([`JournalWriter::append`], after the
@@ -630,35 +677,38 @@ pub fn lock(file: &File, wait: Duration) -> io::Result<Option<Flock<File>>> {
 }
 
 /// True if chunk `index` of `file` (a file of `header.size` bytes in chunks of
-/// `header.chunk_bytes`) is there and hashes to `expected`. `buf` must hold a chunk.
+/// `header.chunk_bytes`) is there and hashes to `expected` in `algorithm`. `buf` must
+/// hold a chunk.
 /// A read error counts as a mismatch. Blocking.
 pub fn chunk_matches(
     file: &File,
     header: &JournalHeader,
+    algorithm: HashAlgorithm,
     index: u64,
-    expected: &Sha256,
+    expected: &Hash256,
     buf: &mut [u8],
 ) -> bool {
     let len = chunk_len(header.size, header.chunk_bytes, index) as usize;
     let offset = index * u64::from(header.chunk_bytes);
     len <= buf.len()
         && file.read_exact_at(&mut buf[..len], offset).is_ok()
-        && hash_chunk(&buf[..len]) == *expected
+        && hash_chunk(algorithm, &buf[..len]) == *expected
 }
 
-/// The `hints` whose chunk `file` holds with the hinted hash, checked on all cores.
-/// Blocking.
+/// The `hints` (hashes in `algorithm`) whose chunk `file` holds with the hinted hash,
+/// checked on all cores. Blocking.
 pub fn verify_hints(
     file: &File,
     header: &JournalHeader,
-    hints: &BTreeMap<u64, Sha256>,
-) -> BTreeMap<u64, Sha256> {
-    let hints: Vec<(u64, Sha256)> = hints.iter().map(|(&i, h)| (i, *h)).collect();
+    algorithm: HashAlgorithm,
+    hints: &BTreeMap<u64, Hash256>,
+) -> BTreeMap<u64, Hash256> {
+    let hints: Vec<(u64, Hash256)> = hints.iter().map(|(&i, h)| (i, *h)).collect();
     hints
         .into_par_iter()
         .map_init(
             || vec![0u8; header.chunk_bytes as usize],
-            |buf, (i, h)| chunk_matches(file, header, i, &h, buf).then_some((i, h)),
+            |buf, (i, h)| chunk_matches(file, header, algorithm, i, &h, buf).then_some((i, h)),
         )
         .flatten()
         .collect()
@@ -673,6 +723,7 @@ mod tests {
 
     fn header(size: u64) -> JournalHeader {
         JournalHeader {
+            algorithm: HashAlgorithm::Blake3,
             size,
             chunk_bytes: C,
             source: [0; 32],
@@ -746,7 +797,7 @@ mod tests {
 
         // Dropped with nothing journaled: removed from where it is now.
         fs::create_dir(&old).unwrap();
-        let s = Staged::open(&old.join("f"), &h).unwrap();
+        let s = Staged::open(&old.join("f"), &h, Algorithms::ALL).unwrap();
         fs::rename(&old, &new).unwrap();
         impostor(&old);
         drop(s);
@@ -756,7 +807,7 @@ mod tests {
         // Discarded: the same.
         fs::remove_dir_all(&old).unwrap();
         fs::rename(&new, &old).unwrap();
-        let mut s = Staged::open(&old.join("f"), &h).unwrap();
+        let mut s = Staged::open(&old.join("f"), &h, Algorithms::ALL).unwrap();
         fs::rename(&old, &new).unwrap();
         impostor(&old);
         s.discard();
@@ -766,7 +817,7 @@ mod tests {
         // Committed: the file takes its final name in the renamed directory.
         fs::remove_dir_all(&old).unwrap();
         fs::rename(&new, &old).unwrap();
-        let mut s = Staged::open(&old.join("f"), &h).unwrap();
+        let mut s = Staged::open(&old.join("f"), &h, Algorithms::ALL).unwrap();
         s.file().write_all_at(b"mine", 0).unwrap();
         fs::rename(&old, &new).unwrap();
         impostor(&old);
@@ -779,7 +830,7 @@ mod tests {
 
         // A directory under the final name: EISDIR, and the file is still there.
         fs::create_dir(new.join("g")).unwrap();
-        let mut s = Staged::open(&new.join("g"), &h).unwrap();
+        let mut s = Staged::open(&new.join("g"), &h, Algorithms::ALL).unwrap();
         let e = s.commit(&new.join("g")).unwrap_err();
         assert_eq!(e.source.raw_os_error(), Some(nix::libc::EISDIR));
         drop(s);
@@ -791,37 +842,45 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let dst = dir.path().join("f.bin");
         let h = header(3 * u64::from(C) + 5);
-        let s = Staged::open(&dst, &h).unwrap();
+        let s = Staged::open(&dst, &h, Algorithms::ALL).unwrap();
         assert!(s.is_resumable());
         assert!(s.hints().is_empty());
         assert_eq!(s.file().metadata().unwrap().len(), h.size);
         let chunk = vec![7u8; C as usize];
         s.file().write_all_at(&chunk, u64::from(C)).unwrap();
-        s.journal().unwrap().append(1, &hash_chunk(&chunk)).unwrap();
+        s.journal()
+            .unwrap()
+            .append(1, &hash_chunk(HashAlgorithm::Blake3, &chunk))
+            .unwrap();
         // A lying record: chunk 2 was never written.
-        s.journal().unwrap().append(2, &hash_chunk(&chunk)).unwrap();
+        s.journal()
+            .unwrap()
+            .append(2, &hash_chunk(HashAlgorithm::Blake3, &chunk))
+            .unwrap();
         drop(s); // interrupted: both files stay, holding chunks 1 and 2 only
         assert_eq!(temp_entries(dir.path()).len(), 2);
         let (part, _) = partial_paths(&dst).unwrap();
         assert_eq!(fs::metadata(&part).unwrap().len(), 3 * u64::from(C));
 
-        let mut s = Staged::open(&dst, &h).unwrap();
+        let mut s = Staged::open(&dst, &h, Algorithms::ALL).unwrap();
         assert_eq!(s.hints().len(), 2);
-        let good = verify_hints(s.file(), &h, s.hints());
+        let good = verify_hints(s.file(), &h, HashAlgorithm::Blake3, s.hints());
         assert_eq!(good.keys().copied().collect::<Vec<_>>(), vec![1]);
         let mut buf = vec![0u8; C as usize];
         assert!(chunk_matches(
             s.file(),
             &h,
+            HashAlgorithm::Blake3,
             1,
-            &hash_chunk(&chunk),
+            &hash_chunk(HashAlgorithm::Blake3, &chunk),
             &mut buf
         ));
         assert!(!chunk_matches(
             s.file(),
             &h,
+            HashAlgorithm::Blake3,
             0,
-            &hash_chunk(&chunk),
+            &hash_chunk(HashAlgorithm::Blake3, &chunk),
             &mut buf
         ));
         s.commit(&dst).unwrap();
@@ -836,7 +895,7 @@ mod tests {
     fn a_different_file_starts_over() {
         let dir = tempfile::tempdir().unwrap();
         let dst = dir.path().join("f.bin");
-        let s = Staged::open(&dst, &header(4 * u64::from(C))).unwrap();
+        let s = Staged::open(&dst, &header(4 * u64::from(C)), Algorithms::ALL).unwrap();
         s.file().write_all_at(&[1; 16], 0).unwrap();
         s.journal().unwrap().append(0, &[1; 32]).unwrap();
         drop(s);
@@ -847,7 +906,7 @@ mod tests {
                 ..header(4 * u64::from(C))
             },
         ] {
-            let s = Staged::open(&dst, &other).unwrap();
+            let s = Staged::open(&dst, &other, Algorithms::ALL).unwrap();
             assert!(s.hints().is_empty(), "{other:?}");
             let mut b = [9u8; 16];
             s.file().read_exact_at(&mut b, 0).unwrap();
@@ -866,9 +925,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let dst = dir.path().join("f.bin");
         let h = header(2 * u64::from(C));
-        let first = Staged::open(&dst, &h).unwrap();
+        let first = Staged::open(&dst, &h, Algorithms::ALL).unwrap();
         let started = Instant::now();
-        let second = Staged::open(&dst, &h).unwrap();
+        let second = Staged::open(&dst, &h, Algorithms::ALL).unwrap();
         assert!(started.elapsed() >= LOCK_WAIT);
         assert!(first.is_resumable() && !second.is_resumable());
         assert!(second.journal().is_none());
@@ -888,7 +947,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let dst = dir.path().join("f.bin");
         for size in [0, 3 * u64::from(C)] {
-            let s = Staged::open(&dst, &header(size)).unwrap();
+            let s = Staged::open(&dst, &header(size), Algorithms::ALL).unwrap();
             assert!(s.is_resumable());
             drop(s);
             assert!(temp_entries(dir.path()).is_empty(), "{size}");
@@ -897,13 +956,13 @@ mod tests {
         let (part, journal) = partial_paths(&dst).unwrap();
         fs::write(&part, b"").unwrap();
         fs::write(&journal, header(0).encode()).unwrap();
-        let mut s = Staged::open(&dst, &header(0)).unwrap();
+        let mut s = Staged::open(&dst, &header(0), Algorithms::ALL).unwrap();
         assert!(s.is_resumable());
         s.commit(&dst).unwrap();
         assert!(temp_entries(dir.path()).is_empty());
         assert_eq!(fs::metadata(&dst).unwrap().len(), 0);
         for size in [u64::MAX, u64::MAX / 2] {
-            let e = Staged::open(&dst, &header(size)).unwrap_err();
+            let e = Staged::open(&dst, &header(size), Algorithms::ALL).unwrap_err();
             assert_eq!(e.op, StageOp::Reserve);
             assert!(temp_entries(dir.path()).is_empty());
         }
@@ -917,7 +976,7 @@ mod tests {
         fs::write(&target, b"keep").unwrap();
         let (part, _) = partial_paths(&dst).unwrap();
         std::os::unix::fs::symlink(&target, &part).unwrap();
-        let s = Staged::open(&dst, &header(3 * u64::from(C))).unwrap();
+        let s = Staged::open(&dst, &header(3 * u64::from(C)), Algorithms::ALL).unwrap();
         assert!(!s.is_resumable());
         drop(s);
         assert_eq!(fs::read(&target).unwrap(), b"keep");

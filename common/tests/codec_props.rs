@@ -65,7 +65,7 @@ fn region() -> impl Strategy<Value = RegionDesc> {
     })
 }
 
-fn hashes(max: usize) -> impl Strategy<Value = Vec<Sha256>> {
+fn hashes(max: usize) -> impl Strategy<Value = Vec<Hash256>> {
     vec(any::<[u8; 32]>(), 0..=max)
 }
 
@@ -202,13 +202,16 @@ fn request() -> impl Strategy<Value = Request> {
         (any::<u64>(), any::<[u8; 32]>())
             .prop_map(|(transfer, manifest)| Request::UploadCommit { transfer, manifest }),
         share_path().prop_map(|(share, path)| Request::DownloadOpen { share, path }),
-        (any::<u64>(), any::<u64>(), region()).prop_map(|(transfer, offset, region)| {
-            Request::DownloadWindow {
-                transfer,
-                offset,
-                region,
+        (any::<u64>(), any::<u64>(), region(), any::<bool>()).prop_map(
+            |(transfer, offset, region, verify)| {
+                Request::DownloadWindow {
+                    transfer,
+                    offset,
+                    region,
+                    verify,
+                }
             }
-        }),
+        ),
         any::<u64>().prop_map(|transfer| Request::Close { transfer }),
         (share_path(), any::<u32>()).prop_map(|((share, path), chunk_bytes)| Request::MapOpen {
             share,
@@ -262,13 +265,18 @@ fn request() -> impl Strategy<Value = Request> {
         }),
         share_path().prop_map(|(share, path)| Request::DiskUsage { share, path }),
         share_path().prop_map(|(share, path)| Request::Verify { share, path }),
-        (text(MAX_NAME_BYTES), region(), vec(batch_file(), 0..=8)).prop_map(
-            |(share, region, files)| Request::UploadBatch {
+        (
+            text(MAX_NAME_BYTES),
+            region(),
+            algorithm(),
+            vec(batch_file(), 0..=8)
+        )
+            .prop_map(|(share, region, algorithm, files)| Request::UploadBatch {
                 share,
                 region,
+                algorithm,
                 files
-            }
-        ),
+            }),
         (
             text(MAX_NAME_BYTES),
             vec(text(MAX_PATH_BYTES), 0..=8),
@@ -293,6 +301,7 @@ fn request() -> impl Strategy<Value = Request> {
                 cursor,
             }
         }),
+        text(MAX_NAME_BYTES).prop_map(|share| Request::ShareInfo { share }),
     ]
 }
 
@@ -336,8 +345,14 @@ fn batch_file() -> impl Strategy<Value = BatchFile> {
 
 fn batched_file() -> impl Strategy<Value = BatchedFile> {
     prop_oneof![
-        (attr(), any::<u64>(), any::<[u8; 32]>())
-            .prop_map(|(attr, offset, hash)| BatchedFile::Ok { attr, offset, hash }),
+        (attr(), any::<u64>(), any::<[u8; 32]>(), algorithm()).prop_map(
+            |(attr, offset, hash, algorithm)| BatchedFile::Ok {
+                attr,
+                offset,
+                hash,
+                algorithm
+            }
+        ),
         remote_error().prop_map(BatchedFile::Err),
         Just(BatchedFile::NotIncluded),
     ]
@@ -355,17 +370,23 @@ fn file_version() -> impl Strategy<Value = FileVersion> {
         any::<u64>(),
         any::<u32>(),
         any::<[u8; 32]>(),
+        algorithm(),
     )
         .prop_map(
-            |(size, mtime, ctime, ino, chunk_bytes, manifest)| FileVersion {
+            |(size, mtime, ctime, ino, chunk_bytes, manifest, algorithm)| FileVersion {
                 size,
                 mtime,
                 ctime,
                 ino,
                 chunk_bytes,
                 manifest,
+                algorithm,
             },
         )
+}
+
+fn algorithm() -> impl Strategy<Value = HashAlgorithm> {
+    prop_oneof![Just(HashAlgorithm::Sha256), Just(HashAlgorithm::Blake3)]
 }
 
 fn mapped_file() -> impl Strategy<Value = MappedFile> {
@@ -426,12 +447,20 @@ fn response() -> impl Strategy<Value = Response> {
         // Pages of up to the limit would be slow to generate; see the limit tests.
         (vec(dir_entry(), 0..=8), proptest::option::of(any::<u64>()))
             .prop_map(|(entries, next)| Response::Dir { entries, next }),
-        any::<u64>().prop_map(|transfer| Response::UploadOpened { transfer }),
+        (any::<u64>(), algorithm()).prop_map(|(transfer, algorithm)| Response::UploadOpened {
+            transfer,
+            algorithm
+        }),
         (any::<u64>(), any::<u64>())
             .prop_map(|(bytes, reused)| Response::WindowPulled { bytes, reused }),
         any::<u64>().prop_map(|size| Response::Committed { size }),
-        (any::<u64>(), attr())
-            .prop_map(|(transfer, attr)| Response::DownloadOpened { transfer, attr }),
+        (any::<u64>(), attr(), algorithm()).prop_map(|(transfer, attr, algorithm)| {
+            Response::DownloadOpened {
+                transfer,
+                attr,
+                algorithm,
+            }
+        }),
         hashes(MAX_WINDOW_CHUNKS).prop_map(|hashes| Response::WindowPushed { hashes }),
         remote_error().prop_map(Response::Error),
         mapped_file().prop_map(|m| Response::Mapped(Box::new(m))),
@@ -478,6 +507,7 @@ fn response() -> impl Strategy<Value = Response> {
                     next,
                 }
             }),
+        algorithm().prop_map(|algorithm| Response::ShareInfo { algorithm }),
     ]
 }
 
@@ -497,15 +527,19 @@ fn verify_report() -> impl Strategy<Value = VerifyReport> {
         any::<(u64, u32, u64, u64)>(),
         // Lists at the limit are slow to generate; see the limit tests.
         vec(any::<u64>(), 0..=64),
+        algorithm(),
     )
         .prop_map(
-            |(record, (size, chunk_bytes, chunks, bad_count), bad_chunks)| VerifyReport {
-                record,
-                size,
-                chunk_bytes,
-                chunks,
-                bad_count,
-                bad_chunks,
+            |(record, (size, chunk_bytes, chunks, bad_count), bad_chunks, algorithm)| {
+                VerifyReport {
+                    record,
+                    algorithm,
+                    size,
+                    chunk_bytes,
+                    chunks,
+                    bad_count,
+                    bad_chunks,
+                }
             },
         )
 }
@@ -594,6 +628,7 @@ fn request_variant(r: &Request) -> usize {
         Request::LinkBatch { .. } => 25,
         Request::SetMeta { .. } => 26,
         Request::ListDirMeta { .. } => 27,
+        Request::ShareInfo { .. } => 28,
     }
 }
 
@@ -621,6 +656,7 @@ fn response_variant(r: &Response) -> usize {
         Response::LinkedBatch { .. } => 18,
         Response::MetaSet { .. } => 19,
         Response::DirMeta { .. } => 20,
+        Response::ShareInfo { .. } => 21,
     }
 }
 
@@ -767,6 +803,7 @@ fn over_limit() -> impl Strategy<Value = (Message, &'static str)> {
                 handle: 1,
                 attr: base_attr(),
                 version: FileVersion {
+                    algorithm: HashAlgorithm::Blake3,
                     size: 0,
                     mtime: Timestamp::default(),
                     ctime: Timestamp::default(),
@@ -808,6 +845,7 @@ fn over_limit() -> impl Strategy<Value = (Message, &'static str)> {
         )),
         (1..=64usize).prop_map(move |extra| (
             req(Request::UploadBatch {
+                algorithm: HashAlgorithm::Blake3,
                 share: "s".into(),
                 region: RegionDesc {
                     addr: 0,
@@ -842,6 +880,7 @@ fn over_limit() -> impl Strategy<Value = (Message, &'static str)> {
         )),
         (1..=4usize).prop_map(move |extra| (
             resp(Response::Verified(VerifyReport {
+                algorithm: HashAlgorithm::Blake3,
                 record: VerifyRecord::Current,
                 size: 0,
                 chunk_bytes: 4096,
@@ -1024,6 +1063,7 @@ fn lists_exactly_at_their_limits_round_trip() {
                 ..attr
             },
             version: FileVersion {
+                algorithm: HashAlgorithm::Blake3,
                 size: u64::MAX,
                 mtime: Timestamp::default(),
                 ctime: Timestamp::default(),
@@ -1075,7 +1115,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 28], [false; 21]);
+    let (mut requests, mut responses) = ([false; 29], [false; 22]);
     for _ in 0..2000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

@@ -9,10 +9,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use ferry_common::msg::Sha256;
+use ferry_common::msg::Hash256;
 
 /// Names one verified chunk: (manifest hash of the file version, chunk index).
-pub type ChunkKey = (Sha256, u64);
+pub type ChunkKey = (Hash256, u64);
 
 /// Least-recently-used chunks within a byte budget.
 #[derive(Debug)]

@@ -13,7 +13,7 @@ use anyhow::Context;
 use clap::Parser;
 use ferry_client::location::{self, Location};
 use ferry_client::Credentials;
-use ferry_common::msg::{Attr, ErrorKind, FileKind};
+use ferry_common::msg::{Attr, ErrorKind, FileKind, HashAlgorithm};
 use ferry_common::transport::{TransportChoice, TransportKind};
 use ferry_common::DEFAULT_PORT;
 use ferry_fuse::fs::FerryFs;
@@ -89,6 +89,11 @@ struct Args {
     /// File holding the share's secret (mode 0600 or stricter); else $FERRY_SECRET.
     #[arg(long, value_name = "FILE", env = "FERRY_SECRET_FILE")]
     secret_file: Option<PathBuf>,
+    /// The only chunk-hash algorithm offered: blake3 or sha256 (default: both, blake3
+    /// preferred). Every chunk read is verified with the hashes the server recorded
+    /// when the file was written, in their own algorithm where the mount offers it.
+    #[arg(long, value_name = "blake3|sha256", env = "FERRY_HASH")]
+    hash: Option<HashAlgorithm>,
     /// More logging on stderr (-v: debug, -vv: trace).
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -143,7 +148,8 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
     let rt = runtime()?;
     let secret_file = opts.secret_file.clone().or(args.secret_file.clone());
     let credentials = Credentials::from_file_or_env(secret_file.as_deref())
-        .map_err(|e| (exit::AUTH, anyhow::anyhow!("{e}")))?;
+        .map_err(|e| (exit::AUTH, anyhow::anyhow!("{e}")))?
+        .with_hash(args.hash);
     let link = Arc::new(Remote::new(
         remote.host.clone(),
         remote.port,

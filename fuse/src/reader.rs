@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferry_common::chunk::hash_chunk;
-use ferry_common::msg::{FileVersion, MappedFile, Sha256};
+use ferry_common::msg::{FileVersion, Hash256, MappedFile};
 use ferry_common::proto::mapped::{MappedError, MappedLayout, ReadSpan};
 use ferry_common::transport::TransportError;
 use fuser::Errno;
@@ -92,7 +92,7 @@ struct Mapped {
     map: Arc<MappedFile>,
     /// `map`'s geometry, checked.
     layout: MappedLayout,
-    hashes: Arc<[Sha256]>,
+    hashes: Arc<[Hash256]>,
 }
 
 /// One open file.
@@ -226,7 +226,7 @@ impl Reader {
         &self,
         conn: &Conn,
         m: &MappedFile,
-    ) -> Result<(MappedLayout, Vec<Sha256>), OpError> {
+    ) -> Result<(MappedLayout, Vec<Hash256>), OpError> {
         let refused = |e: MappedError| OpError::new(Errno::EIO, e.to_string());
         let layout = MappedLayout::new(m, FETCH_BYTES as u64).map_err(refused)?;
         let mut fetch = layout.manifest_fetch();
@@ -430,7 +430,7 @@ impl Reader {
         Ok((first..=last)
             .map(|i| {
                 let bytes = &buf[run.chunk_in_buffer(i)];
-                if hash_chunk(bytes) == m.hashes[i as usize] {
+                if hash_chunk(m.map.version.algorithm, bytes) == m.hashes[i as usize] {
                     Fetched::Ok(bytes.into())
                 } else {
                     Fetched::Failed {

@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use ferry_common::attr::attr_of;
 use ferry_common::chunk::hash_chunk;
-use ferry_common::msg::{Attr, BatchFile, BatchedFile, RegionDesc, Sha256};
+use ferry_common::msg::{Attr, BatchFile, BatchedFile, Hash256, HashAlgorithm, RegionDesc};
 use ferry_common::proto::batch::batch_capacity;
 use ferry_common::readahead::{will_need, READ_AHEAD_FILES};
 use ferry_common::staging::{remove_quietly, scratch_path, write_whole, WholeStep};
@@ -42,8 +42,10 @@ use ferry_common::transport::{RemoteSlice, SharedTransport, TransportError};
 use ferry_common::writeback::sync_filesystems_on;
 use tokio::task::JoinError;
 
+use crate::conn::Hashing;
 use crate::filekey::{mtime_settled, ManifestKey};
 use crate::fsops::FsError;
+use crate::manifests::{known_manifest, ManifestCache};
 use crate::map::{open_regular_at, MapError};
 use crate::pool::{Pool, PoolError};
 use crate::share::{ResolvedDirs, Share, ShareError};
@@ -60,12 +62,26 @@ pub struct BatchIo<'a> {
     /// The largest file a batch of this session carries
     /// ([`ferry_common::proto::batch::batch_file_max`]).
     pub file_max: u64,
+    /// How the session hashes for the batch's share.
+    pub hashing: Hashing,
+    /// The server's manifest cache, where a download batch finds recorded hashes.
+    pub cache: &'a Arc<ManifestCache>,
 }
 
 /// A batch refused as a whole, or one file of it failed: each variant names the
 /// operation and the share-relative path (`share/dir/file`) it failed on.
 #[derive(Debug, thiserror::Error)]
 pub enum BatchError {
+    /// An upload batch hashed in another algorithm than the share records its data in.
+    #[error("{share}: the batch's hashes are {sent}, but the share records {wanted} (ask with ShareInfo)")]
+    WrongHash {
+        /// The share.
+        share: String,
+        /// The batch's algorithm.
+        sent: HashAlgorithm,
+        /// The share's.
+        wanted: HashAlgorithm,
+    },
     /// A path cannot be used (see [`ShareError`]).
     #[error(transparent)]
     Share(#[from] ShareError),
@@ -149,11 +165,21 @@ pub async fn upload(
     io: BatchIo<'_>,
     share: Arc<Share>,
     region: RegionDesc,
+    algorithm: HashAlgorithm,
     files: Vec<BatchFile>,
 ) -> Result<Vec<Option<BatchError>>, BatchError> {
     // The session admitted the batch as a whole (`proto::batch::check_upload_batch`):
     // its region holds exactly its files' bytes and fits one buffer.
     share.check_writable()?;
+    // The share's algorithm (`Request::ShareInfo`) is the only one its data is
+    // recorded in.
+    if algorithm != io.hashing.fresh {
+        return Err(BatchError::WrongHash {
+            share: share.display(""),
+            sent: algorithm,
+            wanted: io.hashing.fresh,
+        });
+    }
     let lease = io.pool.lease().await?;
     if region.len > 0 {
         // Bounded by `capacity` above, so the length fits a u32.
@@ -171,7 +197,7 @@ pub async fn upload(
     let (count, bytes) = (files.len(), region.len);
     let (staged, results, share) = tokio::task::spawn_blocking(move || {
         let data = buf.blocking_read();
-        let (staged, results) = stage_all(&share, &files, &data[..]);
+        let (staged, results) = stage_all(&share, algorithm, &files, &data[..]);
         (staged, results, share)
     })
     .await
@@ -198,7 +224,9 @@ struct Staged {
     dev: u64,
     size: u64,
     mtime_ns: i128,
-    hash: Sha256,
+    hash: Hash256,
+    /// The algorithm of `hash`.
+    algorithm: HashAlgorithm,
 }
 
 impl Staged {
@@ -212,6 +240,7 @@ impl Staged {
 /// files staged and one result per file (the failures so far). Blocking.
 fn stage_all(
     share: &Share,
+    algorithm: HashAlgorithm,
     files: &[BatchFile],
     data: &[u8],
 ) -> (Vec<Staged>, Vec<Option<BatchError>>) {
@@ -225,7 +254,7 @@ fn stage_all(
         // check_upload: the sizes add up to data's length.
         let bytes = &data[offset..offset + f.size as usize];
         offset += f.size as usize;
-        match stage(share, index, f, bytes, &mut seen, &mut dirs) {
+        match stage(share, algorithm, index, f, bytes, &mut seen, &mut dirs) {
             Ok(s) => staged.push(s),
             Err(e) => results[index] = Some(e),
         }
@@ -298,6 +327,7 @@ fn sync_all(staged: &[Staged]) -> Vec<std::io::Result<()>> {
 /// final name, with its mode and mtime. Blocking.
 fn stage(
     share: &Share,
+    algorithm: HashAlgorithm,
     index: usize,
     f: &BatchFile,
     bytes: &[u8],
@@ -310,8 +340,8 @@ fn stage(
     if !seen.insert(final_path.clone()) {
         return Err(BatchError::Twice { path: what });
     }
-    if hash_chunk(bytes) != f.hash {
-        tracing::warn!(file = %what, "batched upload failed SHA-256 verification");
+    if hash_chunk(algorithm, bytes) != f.hash {
+        tracing::warn!(file = %what, %algorithm, "batched upload failed hash verification");
         return Err(BatchError::Integrity { path: what });
     }
     // A directory in the way is found by the rename (EISDIR), see `commit_staged`.
@@ -341,6 +371,7 @@ fn stage(
         size: f.size,
         mtime_ns: i128::from(f.mtime.secs) * 1_000_000_000 + i128::from(f.mtime.nanos),
         hash: f.hash,
+        algorithm,
     })
 }
 
@@ -359,12 +390,12 @@ fn record(store: &ManifestStore, s: &Staged) {
     {
         return;
     }
-    let hashes: &[Sha256] = if s.size == 0 {
+    let hashes: &[Hash256] = if s.size == 0 {
         &[]
     } else {
         std::slice::from_ref(&s.hash)
     };
-    if let Err(e) = store.save(&key, hashes) {
+    if let Err(e) = store.save(&key, s.algorithm, hashes) {
         tracing::debug!(file = %s.what, "cannot record the manifest: {e}");
     }
 }
@@ -384,9 +415,10 @@ pub async fn download(
     let buf = lease.buffer().clone();
     let what = share.display("");
     let file_max = io.file_max;
+    let (hashing, cache) = (io.hashing, io.cache.clone());
     let (files, used) = tokio::task::spawn_blocking(move || {
         let mut data = buf.blocking_write();
-        read_all(&share, &paths, &mut data[..room], file_max)
+        read_all(&share, &paths, &mut data[..room], file_max, hashing, cache)
     })
     .await
     .map_err(BatchError::Task)?;
@@ -414,6 +446,8 @@ fn read_all(
     paths: &[String],
     room: &mut [u8],
     file_max: u64,
+    hashing: Hashing,
+    cache: Arc<ManifestCache>,
 ) -> (Vec<Result<BatchedFile, BatchError>>, usize) {
     let mut used = 0usize;
     let mut files = Vec::with_capacity(paths.len());
@@ -426,12 +460,24 @@ fn read_all(
         for opened in opened {
             files.push(
                 opened
-                    .and_then(|o| read_one(o, &mut room[used..], file_max))
+                    .and_then(|o| {
+                        let known = Known {
+                            share,
+                            hashing,
+                            cache: &cache,
+                        };
+                        read_one(o, &mut room[used..], file_max, &known)
+                    })
                     .map(|read| match read {
-                        Some((attr, hash)) => {
+                        Some((attr, hash, algorithm)) => {
                             let offset = used as u64;
                             used += attr.size as usize;
-                            BatchedFile::Ok { attr, offset, hash }
+                            BatchedFile::Ok {
+                                attr,
+                                offset,
+                                hash,
+                                algorithm,
+                            }
                         }
                         None => BatchedFile::NotIncluded,
                     }),
@@ -466,14 +512,38 @@ fn open_small(
     Ok(Opened { what, file, meta })
 }
 
+/// Where a download batch looks for the hashes recorded when a file was written.
+struct Known<'a> {
+    share: &'a Share,
+    hashing: Hashing,
+    cache: &'a ManifestCache,
+}
+
+impl Known<'_> {
+    /// The hash recorded for the whole of the file version `meta` (one chunk of the
+    /// store's size at most) in an algorithm the session accepts, if known.
+    fn recorded(&self, meta: &fs::Metadata, what: &str) -> Option<(Hash256, HashAlgorithm)> {
+        let store = self.share.store()?;
+        if meta.len() == 0 || meta.len() > u64::from(store.chunk_bytes()) {
+            return None;
+        }
+        let key = ManifestKey::of(meta, store.chunk_bytes());
+        let known = known_manifest(&key, what, self.hashing.accept, self.cache, Some(store))?;
+        Some((*known.hashes.first()?, known.algorithm))
+    }
+}
+
 /// Reads the file `opened` whole to the start of `room` and returns its attributes (its
-/// `size` is the length read) and hash; `None` if it is larger than `file_max` or than
-/// `room`. Blocking.
+/// `size` is the length read), hash and the hash's algorithm; `None` if it is larger
+/// than `file_max` or than `room`. The hash is the one recorded when the file was
+/// written, if `known` has it (then the bytes are not hashed here), else taken from the
+/// bytes read, in the session's algorithm for new data. Blocking.
 fn read_one(
     opened: Opened,
     room: &mut [u8],
     file_max: u64,
-) -> Result<Option<(Attr, Sha256)>, BatchError> {
+    known: &Known<'_>,
+) -> Result<Option<(Attr, Hash256, HashAlgorithm)>, BatchError> {
     let Opened { what, file, meta } = opened;
     let size = meta.len();
     if size > file_max || size > room.len() as u64 {
@@ -493,5 +563,9 @@ fn read_one(
     if after.len() != size || attr_of(&after, None).mtime != attr.mtime {
         return Err(changed());
     }
-    Ok(Some((attr, hash_chunk(&room[..len]))))
+    let (hash, algorithm) = known.recorded(&meta, &what).unwrap_or_else(|| {
+        let fresh = known.hashing.fresh;
+        (hash_chunk(fresh, &room[..len]), fresh)
+    });
+    Ok(Some((attr, hash, algorithm)))
 }

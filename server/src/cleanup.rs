@@ -214,9 +214,13 @@ mod tests {
     use ferry_common::staging::{partial_paths, Staged};
 
     use super::*;
+    use ferry_common::proto::caps::Algorithms;
+
+    use ferry_common::msg::HashAlgorithm;
 
     fn header() -> JournalHeader {
         JournalHeader {
+            algorithm: HashAlgorithm::Blake3,
             size: 3 * 4096,
             chunk_bytes: 4096,
             source: [0; 32],
@@ -226,7 +230,7 @@ mod tests {
     /// A resumable partial of `dir/name` left by an interrupted transfer that had
     /// received chunk 0.
     fn leave_partial(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-        let staged = Staged::open(&dir.join(name), &header()).unwrap();
+        let staged = Staged::open(&dir.join(name), &header(), Algorithms::ALL).unwrap();
         staged.journal().unwrap().append(0, &[0; 32]).unwrap();
         drop(staged);
         partial_paths(&dir.join(name)).unwrap()
@@ -257,7 +261,7 @@ mod tests {
         let (bad_part, bad_journal) = leave_partial(root.path(), "bad-journal.bin");
         fs::write(&bad_journal, b"garbage").unwrap();
         // A live transfer's files: locked.
-        let live = Staged::open(&root.path().join("live.bin"), &header()).unwrap();
+        let live = Staged::open(&root.path().join("live.bin"), &header(), Algorithms::ALL).unwrap();
         std::thread::sleep(Duration::from_millis(20));
 
         let r = clean_tree(root.path(), Duration::from_secs(3600), SystemTime::now());

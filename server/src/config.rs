@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ferry_common::msg::HashAlgorithm;
 use serde::Deserialize;
 
 /// Default number of chunks in flight per connection.
@@ -118,6 +119,18 @@ pub struct ShareConfig {
     /// Environment variable holding the share's secret.
     #[serde(default)]
     pub secret_env: Option<String>,
+    /// The chunk-hash algorithm the share's new data is recorded in (`hash = "sha256"`
+    /// for sites that require SHA-256); unset: the session's (BLAKE3 where the client
+    /// supports it). Files recorded in another algorithm are still read with their
+    /// recorded hashes.
+    #[serde(default, deserialize_with = "hash_name")]
+    pub hash: Option<HashAlgorithm>,
+}
+
+/// Reads a hash algorithm's name (`"blake3"`, `"sha256"`).
+fn hash_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<HashAlgorithm>, D::Error> {
+    let name = String::deserialize(d)?;
+    name.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
 /// The whole configuration.
@@ -355,6 +368,7 @@ pub fn parse_share_spec(spec: &str) -> Result<ShareConfig, ConfigError> {
         read_only,
         secret_file: None,
         secret_env: None,
+        hash: None,
     })
 }
 
@@ -387,6 +401,7 @@ mod tests {
                 read_only: false,
                 secret_file: None,
                 secret_env: None,
+                hash: None,
             }
         );
         assert!(parse_share_spec("ro=/srv/x:ro").unwrap().read_only);

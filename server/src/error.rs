@@ -108,6 +108,9 @@ impl From<ConnError> for RemoteError {
             e @ ConnError::NoSuchShare { .. } => {
                 RemoteError::new(ErrorKind::NoSuchShare, e.to_string())
             }
+            e @ ConnError::HashRefused { .. } => {
+                RemoteError::new(ErrorKind::Protocol, e.to_string())
+            }
             e @ (ConnError::Misrouted(_)
             | ConnError::NoState { .. }
             | ConnError::WrongKind { .. }) => RemoteError::new(ErrorKind::Protocol, e.to_string()),
@@ -207,7 +210,7 @@ impl From<TransferError> for RemoteError {
             e @ TransferError::Chunk(_) | e @ TransferError::OutsideRegion { .. } => {
                 RemoteError::new(ErrorKind::Protocol, e.to_string())
             }
-            e @ TransferError::Integrity { .. } => {
+            e @ (TransferError::Integrity { .. } | TransferError::Rot { .. }) => {
                 RemoteError::new(ErrorKind::Integrity, e.to_string())
             }
             e @ (TransferError::Transport { .. }
@@ -263,7 +266,9 @@ impl From<BatchError> for RemoteError {
             BatchError::Open(e) => e.into(),
             BatchError::Pool(e) => e.into(),
             e @ BatchError::Task(_) => with_cause(ErrorKind::Io, &e),
-            e @ BatchError::RegionWraps => RemoteError::new(ErrorKind::Protocol, e.to_string()),
+            e @ (BatchError::RegionWraps | BatchError::WrongHash { .. }) => {
+                RemoteError::new(ErrorKind::Protocol, e.to_string())
+            }
             e @ BatchError::Transport { .. } => with_cause(ErrorKind::Io, &e),
             e @ BatchError::Twice { .. } => RemoteError::new(ErrorKind::InvalidPath, e.to_string()),
             e @ BatchError::Integrity { .. } => {

@@ -119,7 +119,7 @@ pub struct Server {
     /// Requests dispatched since start, over every connection.
     requests: AtomicU64,
     /// Chunk manifests of mapped files, shared by every connection.
-    manifests: ManifestCache,
+    manifests: Arc<ManifestCache>,
     /// Registered mapped-file bytes and open mapped files, over every connection.
     map_budget: Arc<MapBudget>,
     /// When this server was created: hidden files changed since are its own.
@@ -157,7 +157,7 @@ impl Server {
             registrations: Gauge::new(),
             transfers: Gauge::new(),
             requests: AtomicU64::new(0),
-            manifests: ManifestCache::new(MANIFEST_CACHE_BYTES),
+            manifests: Arc::new(ManifestCache::new(MANIFEST_CACHE_BYTES)),
             map_budget: MapBudget::new(config.max_mapped_bytes),
             started: SystemTime::now(),
             partial_ttl: config.partial_ttl,

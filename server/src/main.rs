@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use ferry_common::msg::HashAlgorithm;
 use ferry_common::transport::TransportChoice;
 use ferry_server::{Config, Server};
 
@@ -111,6 +112,12 @@ struct Args {
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
 
+    /// Chunk-hash algorithm the data of every share without its own `hash` setting is
+    /// recorded in: `blake3` or `sha256`. Unset: the client's preference (BLAKE3 where
+    /// it has it). Files recorded in either are always verified with their own.
+    #[arg(long, value_name = "blake3|sha256")]
+    hash: Option<HashAlgorithm>,
+
     /// Transports to serve: `auto` serves TCP and, where an RDMA device exists, RDMA
     /// on the same address and port; `rdma` serves RDMA only (and fails without a
     /// device); `tcp` serves the TCP transport only. RDMA needs the address of an
@@ -190,6 +197,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let default_env = std::env::var_os(DEFAULT_SECRET_ENV).map(|_| DEFAULT_SECRET_ENV);
     config.apply_secrets(&args.secret_files, default_env)?;
     config.insecure_no_auth = args.insecure_no_auth;
+    for share in config.shares.iter_mut().filter(|s| s.hash.is_none()) {
+        share.hash = args.hash;
+    }
     let server = Server::new(&config)?;
     // Stale hidden files of a killed ferryd go in the background: a large share must
     // not delay serving, and nothing a live transfer uses is touched.
@@ -202,6 +212,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             share = %s.name,
             path = %s.path.display(),
             read_only = s.read_only,
+            hash = s.hash.map_or("client's choice", |h| h.name()),
             secret = !server.is_open(&s.name),
             "exporting share"
         );

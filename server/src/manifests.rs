@@ -5,8 +5,15 @@
 //! someone else while the server touched its mapping would raise SIGBUS and kill the
 //! whole server. A short read means the file shrank while it was hashed.
 //!
-//! **Cache key**: a file's [`crate::filekey::ManifestKey`], cached only once the file
-//! has settled (see [`crate::filekey`]).
+//! **Cache key**: a file's [`crate::filekey::ManifestKey`] and the algorithm of the
+//! hashes, cached only once the file has settled (see [`crate::filekey`]).
+//!
+//! **Which hashes a reader gets** ([`manifest_of`]): those recorded when the file was
+//! written, whenever the share's store holds a valid record of its version in an
+//! algorithm the reader accepts — never hashes taken again from the bytes on disk, which
+//! would bless whatever rotted there since. Only a file with no such record is hashed,
+//! and those hashes are cached (and stored) only when the store holds no record of that
+//! version at all, so the cache never shadows a record.
 //!
 //! Below the cache, a writable share's persistent store ([`crate::store`]) keeps the
 //! manifests of settled files across restarts, under the same key.
@@ -18,7 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use ferry_common::chunk::{chunk_count, chunk_len, hash_chunk};
-use ferry_common::msg::Sha256;
+use ferry_common::msg::{Hash256, HashAlgorithm};
+use ferry_common::proto::caps::Algorithms;
 use rayon::prelude::*;
 
 use crate::filekey::{same_version, settled, ManifestKey};
@@ -60,8 +68,20 @@ pub fn entry_cost(chunks: usize) -> usize {
     chunks * 32 + ENTRY_OVERHEAD_BYTES
 }
 
+/// What the cache is keyed by: a file version and the algorithm of its hashes.
+pub type CacheKey = (ManifestKey, HashAlgorithm);
+
+/// A file's chunk hashes and their algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hashes {
+    /// The algorithm of `hashes`.
+    pub algorithm: HashAlgorithm,
+    /// One hash per chunk, in file order.
+    pub hashes: Arc<[Hash256]>,
+}
+
 struct Slot {
-    hashes: Arc<[Sha256]>,
+    hashes: Arc<[Hash256]>,
     /// Position in `Lru::order`.
     stamp: u64,
 }
@@ -69,8 +89,8 @@ struct Slot {
 /// Invariants: `order` holds exactly one stamp per key of `map` (its slot's stamp);
 /// `bytes` is the sum of [`entry_cost`] over `map`, and at most the capacity.
 struct Lru {
-    map: HashMap<ManifestKey, Slot>,
-    order: BTreeMap<u64, ManifestKey>,
+    map: HashMap<CacheKey, Slot>,
+    order: BTreeMap<u64, CacheKey>,
     next_stamp: u64,
     bytes: usize,
 }
@@ -103,7 +123,7 @@ impl ManifestCache {
     }
 
     /// The hashes cached under `key`, marking them most recently used.
-    pub fn get(&self, key: &ManifestKey) -> Option<Arc<[Sha256]>> {
+    pub fn get(&self, key: &CacheKey) -> Option<Arc<[Hash256]>> {
         let mut lru = self.lock();
         let stamp = lru.next_stamp;
         let slot = lru.map.get_mut(key)?;
@@ -118,7 +138,7 @@ impl ManifestCache {
     /// Caches `hashes` under `key` as most recently used, evicting the least recently
     /// used entries until the cache fits. A manifest larger than the whole cache is not
     /// cached.
-    pub fn insert(&self, key: ManifestKey, hashes: Arc<[Sha256]>) {
+    pub fn insert(&self, key: CacheKey, hashes: Arc<[Hash256]>) {
         let cost = entry_cost(hashes.len());
         if cost > self.capacity_bytes {
             return;
@@ -162,17 +182,19 @@ impl ManifestCache {
     }
 }
 
-/// SHA-256 of every `chunk_bytes` chunk of the first `size` bytes of `file`, read with
-/// `pread` on all cores (rayon). Blocking. `what` names the file in errors.
+/// The hash in `algorithm` of every `chunk_bytes` chunk of the first `size` bytes of
+/// `file`, read with `pread` on all cores (rayon). Blocking. `what` names the file in
+/// errors.
 ///
 /// A short read fails with [`ManifestError::Shrank`]: the file shrank below `size`.
 pub fn hash_file(
     file: &File,
+    algorithm: HashAlgorithm,
     size: u64,
     chunk_bytes: u32,
     what: &str,
-) -> Result<Vec<Sha256>, ManifestError> {
-    hash_chunks_of(file, size, chunk_bytes, what, |e| {
+) -> Result<Vec<Hash256>, ManifestError> {
+    hash_chunks_of(file, algorithm, size, chunk_bytes, what, |e| {
         Err(ManifestError::Read(what.into(), e))
     })
 }
@@ -182,13 +204,14 @@ pub fn hash_file(
 /// the whole call.
 pub fn hash_chunks_of<T, F>(
     file: &File,
+    algorithm: HashAlgorithm,
     size: u64,
     chunk_bytes: u32,
     what: &str,
     unreadable: F,
 ) -> Result<Vec<T>, ManifestError>
 where
-    T: From<Sha256> + Send,
+    T: From<Hash256> + Send,
     F: Fn(std::io::Error) -> Result<T, ManifestError> + Sync,
 {
     let buf_len = u64::from(chunk_bytes).min(size) as usize;
@@ -200,7 +223,7 @@ where
                 let len = chunk_len(size, chunk_bytes, index) as usize;
                 let offset = index * u64::from(chunk_bytes);
                 match file.read_exact_at(&mut buf[..len], offset) {
-                    Ok(()) => Ok(T::from(hash_chunk(&buf[..len]))),
+                    Ok(()) => Ok(T::from(hash_chunk(algorithm, &buf[..len]))),
                     Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                         Err(ManifestError::Shrank { path: what.into() })
                     }
@@ -211,24 +234,61 @@ where
         .collect()
 }
 
-/// The manifest of `file` in chunks of `chunk_bytes`, and the metadata it belongs to.
-/// Blocking.
+/// The hashes already known of the file version `key` in an algorithm of `accept`,
+/// without reading the file: from `cache`, else the record the share's `store` holds
+/// of exactly that version (cached then). `None` when neither has them. Blocking.
+pub fn known_manifest(
+    key: &ManifestKey,
+    what: &str,
+    accept: Algorithms,
+    cache: &ManifestCache,
+    store: Option<&ManifestStore>,
+) -> Option<Hashes> {
+    let cached = HashAlgorithm::SUPPORTED
+        .iter()
+        .filter(|a| accept.contains(**a))
+        .find_map(|&algorithm| {
+            cache
+                .get(&(*key, algorithm))
+                .map(|hashes| Hashes { algorithm, hashes })
+        });
+    if cached.is_some() {
+        return cached;
+    }
+    let (algorithm, hashes) = store?.get(key)?;
+    if !accept.contains(algorithm) {
+        return None;
+    }
+    tracing::debug!(file = %what, bytes = key.size, %algorithm, "manifest from the store");
+    let hashes: Arc<[Hash256]> = hashes.into();
+    cache.insert((*key, algorithm), hashes.clone());
+    Some(Hashes { algorithm, hashes })
+}
+
+/// The manifest of `file` in chunks of `chunk_bytes`, in an algorithm of `accept`, and
+/// the metadata it belongs to. Blocking.
 ///
-/// From `cache` when the file's current [`ManifestKey`] is there, else from `store`
-/// (the share's persistent store, if it has one) when it holds a record of exactly that
-/// key; otherwise hashed with [`hash_file`] between two `fstat`s. If the two differ,
-/// the file changed while it was hashed: it is hashed once more, and a second change
-/// fails with [`ManifestError::KeepsChanging`]. A manifest is cached and stored only if the file
-/// had settled (see [`crate::filekey::CACHE_SETTLE`]: its ctime lies at least `settle` before hashing
-/// began). Logs at debug whether the manifest came from the store or was hashed.
+/// The hashes recorded when the file was written, when the share's `store` holds a
+/// valid record of the file's current [`ManifestKey`] in an algorithm of `accept`
+/// (from `cache` if they are there); otherwise hashed in `fresh` with [`hash_file`]
+/// between two `fstat`s. If the two differ, the file changed while it was hashed: it
+/// is hashed once more, and a second change fails with
+/// [`ManifestError::KeepsChanging`]. Hashes taken here are cached and stored only if
+/// the file had settled (see [`crate::filekey::CACHE_SETTLE`]: its ctime lies at least
+/// `settle` before hashing began) and the store holds no record of that version in any
+/// algorithm (a record is never replaced by hashes of what is on disk now). Logs at
+/// debug whether the manifest came from the store or was hashed.
+#[allow(clippy::too_many_arguments)]
 pub fn manifest_of(
     file: &File,
     chunk_bytes: u32,
+    accept: Algorithms,
+    fresh: HashAlgorithm,
     what: &str,
     cache: &ManifestCache,
     store: Option<&ManifestStore>,
     settle: Duration,
-) -> Result<(Arc<[Sha256]>, Metadata), ManifestError> {
+) -> Result<(Hashes, Metadata), ManifestError> {
     let stat = || {
         file.metadata()
             .map_err(|e| ManifestError::Stat(what.into(), e))
@@ -236,30 +296,32 @@ pub fn manifest_of(
     let mut before = stat()?;
     for _attempt in 0..2 {
         let key = ManifestKey::of(&before, chunk_bytes);
-        if let Some(hashes) = cache.get(&key) {
-            return Ok((hashes, before));
+        if let Some(found) = known_manifest(&key, what, accept, cache, store) {
+            return Ok((found, before));
         }
-        if let Some(hashes) = store.and_then(|s| s.get(&key)) {
-            tracing::debug!(file = %what, bytes = key.size, "manifest from the store");
-            let hashes: Arc<[Sha256]> = hashes.into();
-            cache.insert(key, hashes.clone());
-            return Ok((hashes, before));
-        }
+        // A record in an algorithm the reader does not accept is kept as it is.
+        let recorded = store.and_then(|s| s.get(&key));
         let started = SystemTime::now();
-        let hashes = hash_file(file, before.size(), chunk_bytes, what)?;
-        tracing::debug!(file = %what, bytes = key.size, "manifest hashed");
+        let hashes = hash_file(file, fresh, before.size(), chunk_bytes, what)?;
+        tracing::debug!(file = %what, bytes = key.size, algorithm = %fresh, "manifest hashed");
         let after = stat()?;
         if same_version(&before, &after) {
-            let hashes: Arc<[Sha256]> = hashes.into();
-            if settled(&key, started, settle) {
-                cache.insert(key, hashes.clone());
+            let hashes: Arc<[Hash256]> = hashes.into();
+            if recorded.is_none() && settled(&key, started, settle) {
+                cache.insert((key, fresh), hashes.clone());
                 if let Some(store) = store {
-                    if let Err(e) = store.save(&key, &hashes) {
+                    if let Err(e) = store.save(&key, fresh, &hashes) {
                         tracing::debug!(file = %what, "cannot store the manifest: {e}");
                     }
                 }
             }
-            return Ok((hashes, after));
+            return Ok((
+                Hashes {
+                    algorithm: fresh,
+                    hashes,
+                },
+                after,
+            ));
         }
         before = after;
     }
@@ -282,16 +344,24 @@ mod tests {
         }
     }
 
-    fn hashes(n: usize, fill: u8) -> Arc<[Sha256]> {
+    const B3: HashAlgorithm = HashAlgorithm::Blake3;
+    const SHA: HashAlgorithm = HashAlgorithm::Sha256;
+    const ALL: Algorithms = Algorithms::ALL;
+
+    fn k(n: u64) -> CacheKey {
+        (key(n), B3)
+    }
+
+    fn hashes(n: usize, fill: u8) -> Arc<[Hash256]> {
         vec![[fill; 32]; n].into()
     }
 
     #[test]
     fn hit_and_miss() {
         let c = ManifestCache::new(1 << 20);
-        assert!(c.get(&key(1)).is_none());
-        c.insert(key(1), hashes(3, 1));
-        assert_eq!(c.get(&key(1)).unwrap()[..], hashes(3, 1)[..]);
+        assert!(c.get(&k(1)).is_none());
+        c.insert(k(1), hashes(3, 1));
+        assert_eq!(c.get(&k(1)).unwrap()[..], hashes(3, 1)[..]);
         assert_eq!(c.bytes(), entry_cost(3));
         // Any field of the key changed is another version.
         for other in [
@@ -311,13 +381,14 @@ mod tests {
                 ..key(1)
             },
         ] {
-            assert!(c.get(&other).is_none(), "{other:?}");
+            assert!(c.get(&(other, B3)).is_none(), "{other:?}");
+            assert!(c.get(&(key(1), HashAlgorithm::Sha256)).is_none());
         }
         // Re-inserting replaces and keeps the accounting exact.
-        c.insert(key(1), hashes(5, 2));
+        c.insert(k(1), hashes(5, 2));
         assert_eq!(c.len(), 1);
         assert_eq!(c.bytes(), entry_cost(5));
-        assert_eq!(c.get(&key(1)).unwrap()[0], [2; 32]);
+        assert_eq!(c.get(&k(1)).unwrap()[0], [2; 32]);
     }
 
     #[test]
@@ -325,24 +396,24 @@ mod tests {
         // Room for exactly three entries of 10 hashes.
         let c = ManifestCache::new(3 * entry_cost(10));
         for n in 1..=3 {
-            c.insert(key(n), hashes(10, n as u8));
+            c.insert(k(n), hashes(10, n as u8));
         }
         assert_eq!(c.len(), 3);
         // Touch 1: 2 is now the least recently used.
-        assert!(c.get(&key(1)).is_some());
-        c.insert(key(4), hashes(10, 4));
-        assert!(c.get(&key(2)).is_none());
-        assert!(c.get(&key(1)).is_some() && c.get(&key(3)).is_some());
-        assert!(c.get(&key(4)).is_some());
+        assert!(c.get(&k(1)).is_some());
+        c.insert(k(4), hashes(10, 4));
+        assert!(c.get(&k(2)).is_none());
+        assert!(c.get(&k(1)).is_some() && c.get(&k(3)).is_some());
+        assert!(c.get(&k(4)).is_some());
         // A big entry evicts as many as it needs.
-        c.insert(key(5), hashes(25, 5));
+        c.insert(k(5), hashes(25, 5));
         assert!(c.bytes() <= 3 * entry_cost(10));
-        assert!(c.get(&key(5)).is_some());
+        assert!(c.get(&k(5)).is_some());
         assert_eq!(c.len(), 1);
         // One larger than the whole cache is not cached and evicts nothing.
-        c.insert(key(6), hashes(100, 6));
-        assert!(c.get(&key(6)).is_none());
-        assert!(c.get(&key(5)).is_some());
+        c.insert(k(6), hashes(100, 6));
+        assert!(c.get(&k(6)).is_none());
+        assert!(c.get(&k(5)).is_some());
     }
 
     fn file_with(data: &[u8]) -> (tempfile::TempDir, std::path::PathBuf) {
@@ -360,12 +431,12 @@ mod tests {
         let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
         let (_d, path) = file_with(&data);
         let f = File::open(&path).unwrap();
-        let got = hash_file(&f, data.len() as u64, 4096, "t").unwrap();
-        let want: Vec<_> = data.chunks(4096).map(hash_chunk).collect();
+        let got = hash_file(&f, B3, data.len() as u64, 4096, "t").unwrap();
+        let want: Vec<_> = data.chunks(4096).map(|c| hash_chunk(B3, c)).collect();
         assert_eq!(got, want);
-        assert!(hash_file(&f, 0, 4096, "t").unwrap().is_empty());
+        assert!(hash_file(&f, B3, 0, 4096, "t").unwrap().is_empty());
         // Claiming more than the file holds is a short read: the file changed.
-        let e = hash_file(&f, 20_000, 4096, "t").unwrap_err();
+        let e = hash_file(&f, B3, 20_000, 4096, "t").unwrap_err();
         assert!(matches!(e, ManifestError::Shrank { .. }), "{e}");
     }
 
@@ -374,11 +445,16 @@ mod tests {
         let (_d, path) = file_with(&[7u8; 9000]);
         let cache = ManifestCache::new(1 << 20);
         let f = File::open(&path).unwrap();
-        let (first, meta) = manifest_of(&f, 4096, "t", &cache, None, Duration::ZERO).unwrap();
-        assert_eq!(first.len(), 3);
+        let (first, meta) =
+            manifest_of(&f, 4096, ALL, B3, "t", &cache, None, Duration::ZERO).unwrap();
+        assert_eq!((first.hashes.len(), first.algorithm), (3, B3));
         assert_eq!(cache.len(), 1);
-        let (second, _) = manifest_of(&f, 4096, "t", &cache, None, Duration::ZERO).unwrap();
-        assert!(Arc::ptr_eq(&first, &second), "not served from the cache");
+        let (second, _) =
+            manifest_of(&f, 4096, ALL, B3, "t", &cache, None, Duration::ZERO).unwrap();
+        assert!(
+            Arc::ptr_eq(&first.hashes, &second.hashes),
+            "not served from the cache"
+        );
 
         // An in-place change of the same size: new mtime/ctime, a new manifest.
         let w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
@@ -387,10 +463,11 @@ mod tests {
         // distinct mtime makes the change visible whatever the clock's granularity.
         w.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1000))
             .unwrap();
-        let (third, meta3) = manifest_of(&f, 4096, "t", &cache, None, Duration::ZERO).unwrap();
+        let (third, meta3) =
+            manifest_of(&f, 4096, ALL, B3, "t", &cache, None, Duration::ZERO).unwrap();
         assert_eq!(meta3.size(), meta.size());
-        assert_ne!(third[0], first[0]);
-        assert_eq!(third[1], first[1]);
+        assert_ne!(third.hashes[0], first.hashes[0]);
+        assert_eq!(third.hashes[1], first.hashes[1]);
         assert_eq!(cache.len(), 2);
     }
 
@@ -402,6 +479,8 @@ mod tests {
         let (hashed, meta) = manifest_of(
             &f,
             4096,
+            ALL,
+            B3,
             "t",
             &ManifestCache::new(1 << 20),
             Some(&store),
@@ -409,18 +488,31 @@ mod tests {
         )
         .unwrap();
         let key = ManifestKey::of(&meta, 4096);
-        assert_eq!(store.get(&key).unwrap(), hashed[..]);
+        assert_eq!(store.get(&key).unwrap(), (B3, hashed.hashes.to_vec()));
         // A record of exactly this key is believed (forged here, to show where the
-        // answer came from): a restarted server, with an empty cache, does not hash.
+        // answer came from): a restarted server, with an empty cache, does not hash,
+        // and serves a SHA-256 record as SHA-256 to a reader who accepts it.
         let forged = vec![[9u8; 32]; 3];
-        store.save(&key, &forged).unwrap();
+        store.save(&key, SHA, &forged).unwrap();
         let cache = ManifestCache::new(1 << 20);
-        let (got, _) = manifest_of(&f, 4096, "t", &cache, Some(&store), Duration::ZERO).unwrap();
-        assert_eq!(got[..], forged[..]);
+        let (got, _) =
+            manifest_of(&f, 4096, ALL, B3, "t", &cache, Some(&store), Duration::ZERO).unwrap();
+        assert_eq!((got.algorithm, &got.hashes[..]), (SHA, &forged[..]));
+        assert_eq!(cache.len(), 1);
+        // A reader who accepts only BLAKE3 gets the bytes hashed, and the record
+        // (what was written) is neither replaced nor shadowed in the cache.
+        let b3_only = Algorithms::of(&[B3]);
+        let (fresh, _) =
+            manifest_of(&f, 4096, b3_only, B3, "t", &cache, Some(&store), Duration::ZERO)
+                .unwrap();
+        assert_eq!(fresh.algorithm, B3);
+        assert_eq!(&fresh.hashes[..], &hashed.hashes[..]);
+        assert_eq!(store.get(&key).unwrap(), (SHA, forged.clone()));
         assert_eq!(cache.len(), 1);
         // Another chunk size is not in the store: hashed.
-        let (other, _) = manifest_of(&f, 8192, "t", &cache, Some(&store), Duration::ZERO).unwrap();
-        assert_eq!(other.len(), 2);
+        let (other, _) =
+            manifest_of(&f, 8192, ALL, B3, "t", &cache, Some(&store), Duration::ZERO).unwrap();
+        assert_eq!(other.hashes.len(), 2);
         // Unsettled files are not stored.
         let (d2, path2) = file_with(&[4u8; 100]);
         let store2 = ManifestStore::new(d2.path(), 4096);
@@ -428,6 +520,8 @@ mod tests {
         let (_, meta2) = manifest_of(
             &f2,
             4096,
+            ALL,
+            B3,
             "t",
             &cache,
             Some(&store2),
@@ -443,7 +537,17 @@ mod tests {
         let cache = ManifestCache::new(1 << 20);
         let f = File::open(&path).unwrap();
         // Just written: its ctime is within the settle time of now.
-        manifest_of(&f, 4096, "t", &cache, None, Duration::from_secs(3600)).unwrap();
+        manifest_of(
+            &f,
+            4096,
+            ALL,
+            B3,
+            "t",
+            &cache,
+            None,
+            Duration::from_secs(3600),
+        )
+        .unwrap();
         assert!(cache.is_empty());
     }
 }

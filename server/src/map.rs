@@ -29,17 +29,18 @@ use std::sync::{Arc, Mutex};
 use ferry_common::attr::attr_of;
 use ferry_common::chunk::{chunk_count, manifest_id};
 use ferry_common::msg::{
-    FileVersion, MappedFile, Response, Sha256, MAP_WINDOW_BYTES, MAX_CHUNK_BYTES,
+    FileVersion, Hash256, MappedFile, Response, MAP_WINDOW_BYTES, MAX_CHUNK_BYTES,
     MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MIN_CHUNK_BYTES,
 };
 use ferry_common::transport::{
     Access, Buffer, FileWindow, Memory, Registration, SharedTransport, TransportError,
 };
 
+use crate::conn::Hashing;
 use crate::filekey::CACHE_SETTLE;
 use crate::fsops::{check_regular, FsError};
 use crate::gauge::{Gauge, Held};
-use crate::manifests::{manifest_of, ManifestCache, ManifestError};
+use crate::manifests::{manifest_of, Hashes, ManifestCache, ManifestError};
 use crate::share::{Share, ShareError};
 
 /// Most chunks a mapped file's manifest holds (32 MiB of hashes): for a file that
@@ -306,15 +307,18 @@ pub fn open(
     requested_chunk_bytes: u32,
     ctx: &MapContext<'_>,
     slot: MapSlot,
+    hashing: Hashing,
 ) -> Result<(MappedEntry, MappedFile), MapError> {
     let what = share.display(rel);
     let (file, first) = open_regular(share, rel, &what)?;
     check_region_count(first.size(), &what)?;
     let mut lease = reserve(ctx.budget, first.size(), &what)?;
     let chunk_bytes = chunk_bytes_for(requested_chunk_bytes, first.size());
-    let (hashes, meta) = manifest_of(
+    let (manifest, meta) = manifest_of(
         &file,
         chunk_bytes,
+        hashing.accept,
+        hashing.fresh,
         &what,
         ctx.cache,
         share.store().map(|s| &**s),
@@ -327,6 +331,7 @@ pub fn open(
         lease = reserve(ctx.budget, size, &what)?;
     }
     let regions = register_windows(&file, size, ctx.transport, &what)?;
+    let Hashes { algorithm, hashes } = manifest;
     let manifest = if hashes.is_empty() {
         None
     } else {
@@ -342,7 +347,8 @@ pub fn open(
         ctime: attr.ctime,
         ino: meta.ino(),
         chunk_bytes,
-        manifest: manifest_id(size, chunk_bytes, &hashes),
+        manifest: manifest_id(algorithm, size, chunk_bytes, &hashes),
+        algorithm,
     };
     let response = MappedFile {
         handle: slot.handle,
@@ -376,18 +382,22 @@ pub fn manifest_page(
     requested_chunk_bytes: u32,
     first_chunk: u64,
     cache: &ManifestCache,
+    hashing: Hashing,
 ) -> Result<Response, MapError> {
     let what = share.display(rel);
     let (file, first) = open_regular(share, rel, &what)?;
     let chunk_bytes = chunk_bytes_for(requested_chunk_bytes, first.size());
-    let (hashes, meta) = manifest_of(
+    let (manifest, meta) = manifest_of(
         &file,
         chunk_bytes,
+        hashing.accept,
+        hashing.fresh,
         &what,
         cache,
         share.store().map(|s| &**s),
         CACHE_SETTLE,
     )?;
+    let Hashes { algorithm, hashes } = manifest;
     let attr = attr_of(&meta, None);
     let version = FileVersion {
         size: meta.size(),
@@ -395,7 +405,8 @@ pub fn manifest_page(
         ctime: attr.ctime,
         ino: meta.ino(),
         chunk_bytes,
-        manifest: manifest_id(meta.size(), chunk_bytes, &hashes),
+        manifest: manifest_id(algorithm, meta.size(), chunk_bytes, &hashes),
+        algorithm,
     };
     let start = usize::try_from(first_chunk)
         .unwrap_or(usize::MAX)
@@ -491,7 +502,7 @@ fn register_windows(
 
 /// Copies the hashes into an anonymous buffer and registers it read-only.
 fn register_manifest(
-    hashes: &[Sha256],
+    hashes: &[Hash256],
     transport: &SharedTransport,
     what: &str,
 ) -> Result<Registration, MapError> {

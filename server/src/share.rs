@@ -30,7 +30,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use ferry_common::msg::DEFAULT_CHUNK_BYTES;
+use ferry_common::msg::{HashAlgorithm, DEFAULT_CHUNK_BYTES};
 use ferry_common::path::{components, PathError};
 use ferry_common::{STATE_DIR, TEMP_PREFIX};
 
@@ -136,6 +136,9 @@ pub struct Share {
     name: String,
     root: PathBuf,
     read_only: bool,
+    /// The algorithm the share's new data is recorded in, if the configuration fixes
+    /// one (else the session's).
+    hash: Option<HashAlgorithm>,
     /// The persistent manifest store (writable shares only), in the server's chunk
     /// size.
     store: Option<Arc<ManifestStore>>,
@@ -159,6 +162,7 @@ impl Share {
             name: cfg.name.clone(),
             root,
             read_only: cfg.read_only,
+            hash: cfg.hash,
             store,
         })
     }
@@ -182,6 +186,11 @@ impl Share {
     /// manifests are kept in memory only.
     pub fn store(&self) -> Option<&Arc<ManifestStore>> {
         self.store.as_ref()
+    }
+
+    /// The algorithm the configuration fixes for the share's new data, if any.
+    pub fn hash(&self) -> Option<HashAlgorithm> {
+        self.hash
     }
 
     /// `share/path`, for messages.
@@ -429,6 +438,7 @@ pub(crate) fn test_share(name: &str, path: &Path, read_only: bool) -> Share {
         read_only,
         secret_file: None,
         secret_env: None,
+        hash: None,
     })
     .unwrap()
 }

@@ -22,10 +22,13 @@
 //! ([`ferry_common::STATE_DIR`]): no request can name or list it, and the startup
 //! cleaner does not enter it.
 //!
-//! **Record** (little-endian): magic `FRYMAN01`, then the [`ManifestKey`] it was taken
+//! **Record** (little-endian): magic `FRYMAN0` and one digit naming the algorithm of
+//! its chunk hashes (`1`: SHA-256, which every record written before BLAKE3 is; `2`:
+//! BLAKE3; [`HashAlgorithm::code`]), then the [`ManifestKey`] it was taken
 //! of (`dev u64, ino u64, size u64, mtime_ns i128, ctime_ns i128, chunk_bytes u32`),
 //! the chunk count (`u64`, which must be the key's `chunk_count(size, chunk_bytes)`),
-//! the hashes (32 bytes each), and the SHA-256 of everything before it; in a slot,
+//! the hashes (32 bytes each), and the SHA-256 of everything before it (whatever the
+//! algorithm of the hashes: it guards against tearing); in a slot,
 //! zeros pad it to [`SLOT_BYTES`] (a slot never written reads as zeros: no magic, a
 //! miss). A record is used only when its whole key equals the file's key now
 //! ([`ManifestStore::get`]); one that is short, long, corrupt, of another inode or of
@@ -66,7 +69,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use ferry_common::chunk::{chunk_count, hash_chunk};
-use ferry_common::msg::Sha256;
+use ferry_common::msg::{Hash256, HashAlgorithm};
 use ferry_common::STATE_DIR;
 
 use crate::filekey::ManifestKey;
@@ -84,8 +87,24 @@ const PAGE_BITS: u32 = 8;
 /// zero-padded.
 pub const SLOT_BYTES: usize = 160;
 
-/// First bytes of a record (format version 1).
-const MAGIC: [u8; 8] = *b"FRYMAN01";
+/// First bytes of a record, before the digit naming its algorithm.
+const MAGIC_PREFIX: [u8; 7] = *b"FRYMAN0";
+
+/// The magic of a record whose hashes are in `algorithm`.
+fn magic(algorithm: HashAlgorithm) -> [u8; 8] {
+    let mut m = [0u8; 8];
+    m[..7].copy_from_slice(&MAGIC_PREFIX);
+    m[7] = b'0' + algorithm.code();
+    m
+}
+
+/// The algorithm a record's magic names, if it is one.
+fn algorithm_of(magic: &[u8]) -> Option<HashAlgorithm> {
+    if magic.len() != 8 || magic[..7] != MAGIC_PREFIX {
+        return None;
+    }
+    HashAlgorithm::from_code(magic[7].checked_sub(b'0')?)
+}
 
 /// Bytes of a record before its hashes: magic, key, count.
 const HEADER_BYTES: usize = 8 + 8 + 8 + 8 + 16 + 16 + 4 + 8;
@@ -99,8 +118,10 @@ const TEMP_RECORD_PREFIX: &str = ".tmp.";
 pub struct Record {
     /// The file version the hashes describe.
     pub key: ManifestKey,
-    /// SHA-256 of each chunk of `key.chunk_bytes`, in order.
-    pub hashes: Vec<Sha256>,
+    /// The algorithm of `hashes`.
+    pub algorithm: HashAlgorithm,
+    /// The hash of each chunk of `key.chunk_bytes`, in order.
+    pub hashes: Vec<Hash256>,
 }
 
 /// What a [`ManifestStore::prune`] did.
@@ -212,7 +233,7 @@ impl ManifestStore {
         if old.chunk_bytes != self.chunk_bytes {
             return Ok(false);
         }
-        let bytes = |record: &Record| encode(new, &record.hashes);
+        let bytes = |record: &Record| encode(new, record.algorithm, &record.hashes);
         if fits_slot(old) {
             let (path, at) = self.slot_of(old.dev, old.ino);
             if let Some(file) = open_record(&path, true) {
@@ -241,11 +262,12 @@ impl ManifestStore {
 
     /// The hashes recorded for exactly the version `key` names; `None` otherwise.
     /// Blocking.
-    pub fn get(&self, key: &ManifestKey) -> Option<Vec<Sha256>> {
+    pub fn get(&self, key: &ManifestKey) -> Option<(HashAlgorithm, Vec<Hash256>)> {
         if key.chunk_bytes != self.chunk_bytes {
             return None;
         }
-        let exact = |record: Record| (record.key == *key).then_some(record.hashes);
+        let exact =
+            |record: Record| (record.key == *key).then_some((record.algorithm, record.hashes));
         if fits_slot(key) {
             if let Some(hashes) = self.load_slot(key.dev, key.ino).and_then(exact) {
                 return Some(hashes);
@@ -254,11 +276,21 @@ impl ManifestStore {
         self.load_file(key.dev, key.ino).and_then(exact)
     }
 
+    #[cfg(test)]
+    fn get_hashes(&self, key: &ManifestKey) -> Option<Vec<Hash256>> {
+        self.get(key).map(|(_, h)| h)
+    }
+
     /// Records `hashes` as the manifest of version `key`, replacing the inode's
     /// previous record. The caller vouches that `hashes` are the content of that
     /// version and that a later change of the file changes its key (a settled file, or
     /// [`crate::filekey::mtime_settled`]). A key in another chunk size is not stored. Blocking.
-    pub fn save(&self, key: &ManifestKey, hashes: &[Sha256]) -> io::Result<()> {
+    pub fn save(
+        &self,
+        key: &ManifestKey,
+        algorithm: HashAlgorithm,
+        hashes: &[Hash256],
+    ) -> io::Result<()> {
         if key.chunk_bytes != self.chunk_bytes {
             return Ok(());
         }
@@ -269,7 +301,7 @@ impl ManifestStore {
             ));
         }
         self.prepare()?;
-        let bytes = encode(key, hashes);
+        let bytes = encode(key, algorithm, hashes);
         if fits_slot(key) {
             let (path, at) = self.slot_of(key.dev, key.ino);
             let page = self.open_for_write(&path, false)?;
@@ -443,11 +475,15 @@ fn read_slot(file: &fs::File, at: u64, dev: u64, ino: u64) -> Option<Record> {
     let mut slot = [0u8; SLOT_BYTES];
     file.read_exact_at(&mut slot, at).ok()?;
     let header: &[u8; HEADER_BYTES] = slot[..HEADER_BYTES].try_into().ok()?;
-    let (key, count) = decode_header(header)?;
+    let (key, algorithm, count) = decode_header(header)?;
     if key.dev != dev || key.ino != ino || count > 1 {
         return None;
     }
-    checked(&slot[..HEADER_BYTES + 32 * count as usize + 32], key)
+    checked(
+        &slot[..HEADER_BYTES + 32 * count as usize + 32],
+        key,
+        algorithm,
+    )
 }
 
 /// Opens the record at `path` for reading (and writing, if `write`), never through a
@@ -474,7 +510,7 @@ fn read_record(file: &mut fs::File, path: &Path, dev: u64, ino: u64) -> Option<R
     // Bounded before reading: the header says how long the record must be.
     let mut header = [0u8; HEADER_BYTES];
     file.read_exact(&mut header).ok()?;
-    let (key, count) = decode_header(&header)?;
+    let (key, algorithm, count) = decode_header(&header)?;
     if key.dev != dev || key.ino != ino {
         return None;
     }
@@ -488,7 +524,7 @@ fn read_record(file: &mut fs::File, path: &Path, dev: u64, ino: u64) -> Option<R
     let mut all = vec![0u8; usize::try_from(want).ok()?];
     all[..HEADER_BYTES].copy_from_slice(&header);
     file.read_exact(&mut all[HEADER_BYTES..]).ok()?;
-    let record = checked(&all, key);
+    let record = checked(&all, key, algorithm);
     if record.is_none() {
         tracing::debug!(record = %path.display(), "manifest record fails its checksum");
     }
@@ -497,9 +533,9 @@ fn read_record(file: &mut fs::File, path: &Path, dev: u64, ino: u64) -> Option<R
 
 /// The record of `key` whose bytes, header to checksum, are `all`, if its checksum
 /// holds.
-fn checked(all: &[u8], key: ManifestKey) -> Option<Record> {
+fn checked(all: &[u8], key: ManifestKey, algorithm: HashAlgorithm) -> Option<Record> {
     let (signed, check) = all.split_at(all.len().checked_sub(32)?);
-    if hash_chunk(signed)[..] != *check {
+    if hash_chunk(HashAlgorithm::Sha256, signed)[..] != *check {
         return None;
     }
     let hashes = signed[HEADER_BYTES..]
@@ -510,7 +546,11 @@ fn checked(all: &[u8], key: ManifestKey) -> Option<Record> {
             h
         })
         .collect();
-    Some(Record { key, hashes })
+    Some(Record {
+        key,
+        algorithm,
+        hashes,
+    })
 }
 
 /// `(dev, ino)` of a record's file name.
@@ -522,9 +562,9 @@ fn parse_name(name: &str) -> Option<(u64, u64)> {
     ))
 }
 
-fn encode(key: &ManifestKey, hashes: &[Sha256]) -> Vec<u8> {
+fn encode(key: &ManifestKey, algorithm: HashAlgorithm, hashes: &[Hash256]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_BYTES + 32 * hashes.len() + 32);
-    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&magic(algorithm));
     out.extend_from_slice(&key.dev.to_le_bytes());
     out.extend_from_slice(&key.ino.to_le_bytes());
     out.extend_from_slice(&key.size.to_le_bytes());
@@ -535,16 +575,15 @@ fn encode(key: &ManifestKey, hashes: &[Sha256]) -> Vec<u8> {
     for h in hashes {
         out.extend_from_slice(h);
     }
-    let check = hash_chunk(&out);
+    let check = hash_chunk(HashAlgorithm::Sha256, &out);
     out.extend_from_slice(&check);
     out
 }
 
-/// The key and chunk count of a record's header, if it is one of a valid record.
-fn decode_header(h: &[u8; HEADER_BYTES]) -> Option<(ManifestKey, u64)> {
-    if h[..8] != MAGIC {
-        return None;
-    }
+/// The key, hash algorithm and chunk count of a record's header, if it is one of a
+/// valid record.
+fn decode_header(h: &[u8; HEADER_BYTES]) -> Option<(ManifestKey, HashAlgorithm, u64)> {
+    let algorithm = algorithm_of(&h[..8])?;
     let mut at = 8;
     let mut take = |n: usize| {
         let s = &h[at..at + n];
@@ -571,7 +610,7 @@ fn decode_header(h: &[u8; HEADER_BYTES]) -> Option<(ManifestKey, u64)> {
         ctime_ns,
         chunk_bytes,
     };
-    Some((key, count))
+    Some((key, algorithm, count))
 }
 
 #[cfg(test)]
@@ -592,7 +631,7 @@ mod tests {
         }
     }
 
-    fn hashes(n: usize, fill: u8) -> Vec<Sha256> {
+    fn hashes(n: usize, fill: u8) -> Vec<Hash256> {
         (0..n).map(|i| [fill.wrapping_add(i as u8); 32]).collect()
     }
 
@@ -601,14 +640,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = ManifestStore::new(dir.path(), C);
         let long = key(0x42, 5 * u64::from(C));
-        store.save(&long, &hashes(5, 1)).unwrap();
+        store
+            .save(&long, HashAlgorithm::Blake3, &hashes(5, 1))
+            .unwrap();
         let shorter = ManifestKey {
             size: 2 * u64::from(C),
             ..key(0x42, 0)
         };
-        store.save(&shorter, &hashes(2, 9)).unwrap();
-        assert_eq!(store.get(&shorter), Some(hashes(2, 9)));
-        assert!(store.get(&long).is_none());
+        store
+            .save(&shorter, HashAlgorithm::Blake3, &hashes(2, 9))
+            .unwrap();
+        assert_eq!(store.get_hashes(&shorter), Some(hashes(2, 9)));
+        assert!(store.get_hashes(&long).is_none());
         let len = fs::metadata(store.record_path(7, 0x42)).unwrap().len();
         assert_eq!(len as usize, HEADER_BYTES + 2 * 32 + 32);
     }
@@ -618,7 +661,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = ManifestStore::new(dir.path(), C);
         // 0x300..0x3ff share a page; 0x400 starts the next one. (inode, size, hashes)
-        let cases: Vec<(u64, u64, Vec<Sha256>)> =
+        let cases: Vec<(u64, u64, Vec<Hash256>)> =
             [(0x300, 0), (0x301, 1), (0x3ff, C), (0x400, 100)]
                 .into_iter()
                 .enumerate()
@@ -627,11 +670,17 @@ mod tests {
                 })
                 .collect();
         for (ino, size, h) in &cases {
-            store.save(&key(*ino, *size), h).unwrap();
+            store
+                .save(&key(*ino, *size), HashAlgorithm::Blake3, h)
+                .unwrap();
         }
         for (ino, size, h) in &cases {
-            assert_eq!(store.get(&key(*ino, *size)).as_ref(), Some(h), "{ino:x}");
-            assert!(store.get(&key(*ino, size + 1)).is_none());
+            assert_eq!(
+                store.get_hashes(&key(*ino, *size)).as_ref(),
+                Some(h),
+                "{ino:x}"
+            );
+            assert!(store.get_hashes(&key(*ino, size + 1)).is_none());
         }
         // No record file, two pages; an empty slot between them is a miss.
         assert!(!store.record_path(7, 0x300).exists());
@@ -648,11 +697,16 @@ mod tests {
             ctime_ns: 6_000_000_000,
             ..key(0x301, 7)
         };
-        store.save(&newer, &hashes(1, 42)).unwrap();
-        assert_eq!(store.get(&newer), Some(hashes(1, 42)));
-        assert!(store.get(&key(0x301, 1)).is_none());
-        assert_eq!(store.get(&key(0x300, 0)), Some(hashes(0, 0)));
-        assert_eq!(store.get(&key(0x3ff, u64::from(C))), Some(hashes(1, 2)));
+        store
+            .save(&newer, HashAlgorithm::Blake3, &hashes(1, 42))
+            .unwrap();
+        assert_eq!(store.get_hashes(&newer), Some(hashes(1, 42)));
+        assert!(store.get_hashes(&key(0x301, 1)).is_none());
+        assert_eq!(store.get_hashes(&key(0x300, 0)), Some(hashes(0, 0)));
+        assert_eq!(
+            store.get_hashes(&key(0x3ff, u64::from(C))),
+            Some(hashes(1, 2))
+        );
     }
 
     #[test]
@@ -664,16 +718,22 @@ mod tests {
             ..key(0x55, size)
         };
         let long = at(5_000_000_000, 3 * u64::from(C));
-        store.save(&long, &hashes(3, 1)).unwrap();
+        store
+            .save(&long, HashAlgorithm::Blake3, &hashes(3, 1))
+            .unwrap();
         let short = at(6_000_000_000, 10);
-        store.save(&short, &hashes(1, 2)).unwrap();
+        store
+            .save(&short, HashAlgorithm::Blake3, &hashes(1, 2))
+            .unwrap();
         assert_eq!(store.load(7, 0x55).unwrap().key, short);
-        assert_eq!(store.get(&short), Some(hashes(1, 2)));
+        assert_eq!(store.get_hashes(&short), Some(hashes(1, 2)));
         let long_again = at(7_000_000_000, 2 * u64::from(C));
-        store.save(&long_again, &hashes(2, 3)).unwrap();
+        store
+            .save(&long_again, HashAlgorithm::Blake3, &hashes(2, 3))
+            .unwrap();
         assert_eq!(store.load(7, 0x55).unwrap().key, long_again);
-        assert_eq!(store.get(&long_again), Some(hashes(2, 3)));
-        assert!(store.get(&long).is_none());
+        assert_eq!(store.get_hashes(&long_again), Some(hashes(2, 3)));
+        assert!(store.get_hashes(&long).is_none());
     }
 
     #[test]
@@ -683,25 +743,27 @@ mod tests {
         let k = key(0x66, 100);
         let path = store.record_path(7, 0x66);
         fs::create_dir_all(path.parent().unwrap()).unwrap();
-        fs::write(&path, encode(&k, &hashes(1, 5))).unwrap();
-        assert_eq!(store.get(&k), Some(hashes(1, 5)));
+        fs::write(&path, encode(&k, HashAlgorithm::Blake3, &hashes(1, 5))).unwrap();
+        assert_eq!(store.get_hashes(&k), Some(hashes(1, 5)));
         assert_eq!(store.load(7, 0x66).unwrap().key, k);
         let new = ManifestKey {
             ctime_ns: k.ctime_ns + 1,
             ..k
         };
         assert!(store.rekey(&k, &new).unwrap());
-        assert_eq!(store.get(&new), Some(hashes(1, 5)));
-        assert!(store.get(&k).is_none());
+        assert_eq!(store.get_hashes(&new), Some(hashes(1, 5)));
+        assert!(store.get_hashes(&k).is_none());
     }
 
     #[test]
     fn records_round_trip_and_any_other_key_misses() {
         let dir = tempfile::tempdir().unwrap();
         let store = ManifestStore::new(dir.path(), C);
-        assert!(store.get(&key(0x1234, 9000)).is_none());
-        store.save(&key(0x1234, 9000), &hashes(3, 1)).unwrap();
-        assert_eq!(store.get(&key(0x1234, 9000)).unwrap(), hashes(3, 1));
+        assert!(store.get_hashes(&key(0x1234, 9000)).is_none());
+        store
+            .save(&key(0x1234, 9000), HashAlgorithm::Blake3, &hashes(3, 1))
+            .unwrap();
+        assert_eq!(store.get_hashes(&key(0x1234, 9000)).unwrap(), hashes(3, 1));
         let path = dir.path().join(".ferry-state/manifests/34/7-1234");
         assert!(path.is_file(), "{path:?}");
         for other in [
@@ -727,15 +789,17 @@ mod tests {
             },
             key(0x1235, 9000),
         ] {
-            assert!(store.get(&other).is_none(), "{other:?}");
+            assert!(store.get_hashes(&other).is_none(), "{other:?}");
         }
         // A newer version replaces the record of the inode.
         let newer = ManifestKey {
             ctime_ns: 6_000_000_000,
             ..key(0x1234, 5000)
         };
-        store.save(&newer, &hashes(2, 9)).unwrap();
-        assert!(store.get(&key(0x1234, 9000)).is_none());
+        store
+            .save(&newer, HashAlgorithm::Blake3, &hashes(2, 9))
+            .unwrap();
+        assert!(store.get_hashes(&key(0x1234, 9000)).is_none());
         assert_eq!(store.load(7, 0x1234).unwrap().key, newer);
         // Other chunk sizes are not stored; a wrong count is refused.
         store
@@ -744,11 +808,14 @@ mod tests {
                     chunk_bytes: 2 * C,
                     ..key(9, 9000)
                 },
+                HashAlgorithm::Blake3,
                 &hashes(2, 0),
             )
             .unwrap();
         assert!(store.load(7, 9).is_none());
-        assert!(store.save(&key(9, 9000), &hashes(2, 0)).is_err());
+        assert!(store
+            .save(&key(9, 9000), HashAlgorithm::Blake3, &hashes(2, 0))
+            .is_err());
         assert!(temp_records(&store).is_empty());
     }
 
@@ -772,7 +839,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = ManifestStore::new(dir.path(), C);
         let k = key(0x42, 3 * 4096);
-        store.save(&k, &hashes(3, 1)).unwrap();
+        store
+            .save(&k, HashAlgorithm::Blake3, &hashes(3, 1))
+            .unwrap();
         let path = store.record_path(7, 0x42);
         let good = fs::read(&path).unwrap();
         // Every single flipped byte, a truncation and an extension are misses.
@@ -780,20 +849,20 @@ mod tests {
             let mut bad = good.clone();
             bad[at] ^= 0x40;
             fs::write(&path, &bad).unwrap();
-            assert!(store.get(&k).is_none(), "flip at {at}");
+            assert!(store.get_hashes(&k).is_none(), "flip at {at}");
         }
         fs::write(&path, &good[..good.len() - 1]).unwrap();
-        assert!(store.get(&k).is_none());
+        assert!(store.get_hashes(&k).is_none());
         let mut long = good.clone();
         long.push(0);
         fs::write(&path, &long).unwrap();
-        assert!(store.get(&k).is_none());
+        assert!(store.get_hashes(&k).is_none());
         // A record stored under another inode's name is not that inode's.
         fs::write(&path, &good).unwrap();
         fs::create_dir_all(store.record_path(7, 0x142).parent().unwrap()).unwrap();
         fs::write(store.record_path(7, 0x142), &good).unwrap();
         assert!(store.load(7, 0x142).is_none());
-        assert_eq!(store.get(&k).unwrap(), hashes(3, 1));
+        assert_eq!(store.get_hashes(&k).unwrap(), hashes(3, 1));
     }
 
     #[test]
@@ -801,7 +870,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = ManifestStore::new(dir.path(), C);
         let k = key(0x42, 100);
-        store.save(&k, &hashes(1, 1)).unwrap();
+        store
+            .save(&k, HashAlgorithm::Blake3, &hashes(1, 1))
+            .unwrap();
         let (page, at) = store.slot_of(7, 0x42);
         let good = fs::read(&page).unwrap();
         let at = at as usize;
@@ -810,18 +881,18 @@ mod tests {
             let mut bad = good.clone();
             bad[at + i] ^= 0x40;
             fs::write(&page, &bad).unwrap();
-            assert!(store.get(&k).is_none(), "flip at {i}");
+            assert!(store.get_hashes(&k).is_none(), "flip at {i}");
         }
         // A page cut short inside the slot.
         fs::write(&page, &good[..at + 100]).unwrap();
-        assert!(store.get(&k).is_none());
+        assert!(store.get_hashes(&k).is_none());
         // The slot's record copied into another inode's slot is not that inode's.
         let mut moved = good.clone();
         moved.resize(good.len().max(at + 2 * SLOT_BYTES), 0);
         moved.copy_within(at..at + SLOT_BYTES, at + SLOT_BYTES);
         fs::write(&page, &moved).unwrap();
         assert!(store.load(7, 0x43).is_none());
-        assert_eq!(store.get(&k).unwrap(), hashes(1, 1));
+        assert_eq!(store.get_hashes(&k).unwrap(), hashes(1, 1));
     }
 
     #[test]
@@ -835,12 +906,14 @@ mod tests {
         };
         // No record: nothing to move.
         assert!(!store.rekey(&old, &new).unwrap());
-        store.save(&old, &hashes(3, 4)).unwrap();
+        store
+            .save(&old, HashAlgorithm::Blake3, &hashes(3, 4))
+            .unwrap();
         let path = store.record_path(7, 0x77);
         let ino_before = fs::metadata(&path).unwrap().ino();
         assert!(store.rekey(&old, &new).unwrap());
-        assert!(store.get(&old).is_none());
-        assert_eq!(store.get(&new).unwrap(), hashes(3, 4));
+        assert!(store.get_hashes(&old).is_none());
+        assert_eq!(store.get_hashes(&new).unwrap(), hashes(3, 4));
         // Rewritten in place: the same record file, no temporary left.
         assert_eq!(fs::metadata(&path).unwrap().ino(), ino_before);
         assert!(temp_records(&store).is_empty());
@@ -850,14 +923,14 @@ mod tests {
             ..new
         };
         assert!(!store.rekey(&old, &other).unwrap());
-        assert_eq!(store.get(&new).unwrap(), hashes(3, 4));
+        assert_eq!(store.get_hashes(&new).unwrap(), hashes(3, 4));
         // A re-key never changes what the hashes describe.
         let grown = ManifestKey {
             size: new.size + 1,
             ..new
         };
         assert!(store.rekey(&new, &grown).is_err());
-        assert_eq!(store.get(&new).unwrap(), hashes(3, 4));
+        assert_eq!(store.get_hashes(&new).unwrap(), hashes(3, 4));
         // The same for a slot.
         let small = key(0x78, 10);
         let moved = ManifestKey {
@@ -865,10 +938,12 @@ mod tests {
             ..small
         };
         assert!(!store.rekey(&small, &moved).unwrap());
-        store.save(&small, &hashes(1, 6)).unwrap();
+        store
+            .save(&small, HashAlgorithm::Blake3, &hashes(1, 6))
+            .unwrap();
         assert!(store.rekey(&small, &moved).unwrap());
-        assert!(store.get(&small).is_none());
-        assert_eq!(store.get(&moved).unwrap(), hashes(1, 6));
+        assert!(store.get_hashes(&small).is_none());
+        assert_eq!(store.get_hashes(&moved).unwrap(), hashes(1, 6));
         assert!(!store.rekey(&small, &moved).unwrap());
     }
 
@@ -881,13 +956,21 @@ mod tests {
         let store = ManifestStore::new(dir.path(), C);
         let big = 2 * u64::from(C);
         // A record file and a slot of the live inode.
-        store.save(&key(ino, big), &hashes(2, 1)).unwrap();
-        store.save(&key(ino, 1), &hashes(1, 1)).unwrap();
+        store
+            .save(&key(ino, big), HashAlgorithm::Blake3, &hashes(2, 1))
+            .unwrap();
+        store
+            .save(&key(ino, 1), HashAlgorithm::Blake3, &hashes(1, 1))
+            .unwrap();
         // An inode number no file has, nor any in its page (the kept file's page is
         // thousands of pages away).
         let gone = (ino + 1_000_003) | 1;
-        store.save(&key(gone, big), &hashes(2, 2)).unwrap();
-        store.save(&key(gone, 1), &hashes(1, 2)).unwrap();
+        store
+            .save(&key(gone, big), HashAlgorithm::Blake3, &hashes(2, 2))
+            .unwrap();
+        store
+            .save(&key(gone, 1), HashAlgorithm::Blake3, &hashes(1, 2))
+            .unwrap();
         // A stale temporary record.
         let fan = store.record_path(7, gone);
         let tmp = fan.parent().unwrap().join(".tmp.0000000000000001");
@@ -902,8 +985,12 @@ mod tests {
         assert!(!store.slot_of(7, gone).0.exists());
         assert!(!tmp.exists());
         // Records written after the start are kept, whatever the walk saw.
-        store.save(&key(gone, big), &hashes(2, 2)).unwrap();
-        store.save(&key(gone, 1), &hashes(1, 2)).unwrap();
+        store
+            .save(&key(gone, big), HashAlgorithm::Blake3, &hashes(2, 2))
+            .unwrap();
+        store
+            .save(&key(gone, 1), HashAlgorithm::Blake3, &hashes(1, 2))
+            .unwrap();
         let r = store.prune(SystemTime::UNIX_EPOCH);
         assert_eq!((r.kept, r.removed), (4, 0));
     }

@@ -9,7 +9,10 @@
 //!   ([`ferry_common::staging`]), whose declared size is reserved when it is opened (a
 //!   file that cannot fit is refused with "no space" before any data moves). It is
 //!   renamed to the final name only by [`Upload::commit`], after every chunk verified
-//!   against its SHA-256 and the manifest hash matched.
+//!   against its hash and the manifest hash matched.
+//! - An upload's hashes are in one algorithm, told to the client at open
+//!   ([`Upload::algorithm`]): the one an interrupted upload it resumes started with,
+//!   else the base's manifest's, else the share's for new data.
 //! - A file of several chunks is written to a resumable partial with a journal: each
 //!   chunk is journaled after its bytes were written. A later upload of the same name,
 //!   size and chunk size takes the journal as hints: a chunk whose hint equals the
@@ -33,7 +36,10 @@ use std::sync::{Arc, Mutex};
 use ferry_common::chunk::{chunk_len, hash_chunk};
 use ferry_common::direct::DirectFile;
 use ferry_common::journal::JournalHeader;
-use ferry_common::msg::{RegionDesc, Response, Sha256, Timestamp, MAX_WINDOW_CHUNKS};
+use ferry_common::msg::{
+    Hash256, HashAlgorithm, RegionDesc, Response, Timestamp, MAX_WINDOW_CHUNKS,
+};
+use ferry_common::proto::caps::Algorithms;
 use ferry_common::proto::transfer::UploadState;
 use ferry_common::proto::ProtoError;
 use ferry_common::staging::{StageError, Staged};
@@ -41,6 +47,7 @@ use ferry_common::transport::{SharedTransport, TransportError};
 use ferry_common::writeback::{sync_filesystem, Writeback};
 use tokio::task::{JoinError, JoinSet};
 
+use crate::conn::Hashing;
 use crate::filekey::{mtime_settled, ManifestKey, CACHE_SETTLE};
 use crate::fsops::{no_dir_in_the_way, FsError};
 use crate::manifests::{manifest_of, ManifestCache, ManifestError};
@@ -65,7 +72,7 @@ pub struct Upload {
     sink: Sink,
     header: JournalHeader,
     /// Chunks an interrupted upload of this file journaled: index to hash.
-    hints: BTreeMap<u64, Sha256>,
+    hints: BTreeMap<u64, Hash256>,
     /// The base file of an [`Request::UploadOpenBase`](ferry_common::msg::Request), if
     /// any.
     base: Option<Arc<BaseFile>>,
@@ -141,8 +148,21 @@ pub enum TransferError {
         path: String,
     },
     /// A pulled chunk whose bytes do not hash to the client's hash.
-    #[error("{path}: chunk {index} (bytes {start}..{end}) failed SHA-256 verification")]
+    #[error("{path}: chunk {index} (bytes {start}..{end}) failed hash verification")]
     Integrity {
+        /// The file.
+        path: String,
+        /// The chunk's index.
+        index: u64,
+        /// Its first byte's offset.
+        start: u64,
+        /// The offset past its last byte.
+        end: u64,
+    },
+    /// A chunk of a file being read whose bytes no longer match the hash recorded
+    /// when it was written, the file's version unchanged: damage on the server's disk.
+    #[error("{path}: chunk {index} (bytes {start}..{end}) does not match the hash recorded when the file was written: the server's copy is damaged")]
+    Rot {
         /// The file.
         path: String,
         /// The chunk's index.
@@ -230,19 +250,23 @@ pub enum TransferError {
 /// base may have changed since, so a chunk copied from it is hashed again before use.
 pub struct BaseFile {
     file: File,
+    /// The algorithm of the base's manifest, and so of `offsets`' keys.
+    algorithm: HashAlgorithm,
     size: u64,
     chunk_bytes: u32,
-    offsets: HashMap<Sha256, u64>,
+    offsets: HashMap<Hash256, u64>,
 }
 
 impl BaseFile {
     /// Opens the regular file `rel` (final component not followed) and takes its
-    /// manifest in chunks of `chunk_bytes` (from `cache` if it is there). Blocking.
+    /// manifest in chunks of `chunk_bytes` ([`manifest_of`]: its recorded one in an
+    /// algorithm of `hashing.accept`, else hashed in `hashing.fresh`). Blocking.
     pub fn open(
         share: &Share,
         rel: &str,
         chunk_bytes: u32,
         cache: &ManifestCache,
+        hashing: Hashing,
     ) -> Result<BaseFile, TransferError> {
         let what = share.display(rel);
         let path = share.resolve(rel, false)?;
@@ -257,22 +281,25 @@ impl BaseFile {
         if !meta.is_file() {
             return Err(TransferError::BaseNotRegular { path: what });
         }
-        let (hashes, meta) = manifest_of(
+        let (manifest, meta) = manifest_of(
             &file,
             chunk_bytes,
+            hashing.accept,
+            hashing.fresh,
             &what,
             cache,
             share.store().map(|s| &**s),
             CACHE_SETTLE,
         )?;
-        let mut offsets = HashMap::with_capacity(hashes.len());
-        for (i, h) in hashes.iter().enumerate() {
+        let mut offsets = HashMap::with_capacity(manifest.hashes.len());
+        for (i, h) in manifest.hashes.iter().enumerate() {
             offsets
                 .entry(*h)
                 .or_insert(i as u64 * u64::from(chunk_bytes));
         }
         Ok(BaseFile {
             file,
+            algorithm: manifest.algorithm,
             size: meta.size(),
             chunk_bytes,
             offsets,
@@ -281,7 +308,7 @@ impl BaseFile {
 
     /// Copies `len` bytes of a base chunk hashing to `expected` into `buf`, if the base
     /// has one and it still hashes so. Blocking.
-    fn find(&self, expected: &Sha256, len: usize, buf: &mut [u8]) -> bool {
+    fn find(&self, expected: &Hash256, len: usize, buf: &mut [u8]) -> bool {
         let Some(&offset) = self.offsets.get(expected) else {
             return false;
         };
@@ -293,7 +320,7 @@ impl BaseFile {
         len <= buf.len()
             && len as u64 == available
             && self.file.read_exact_at(&mut buf[..len], offset).is_ok()
-            && hash_chunk(&buf[..len]) == *expected
+            && hash_chunk(self.algorithm, &buf[..len]) == *expected
     }
 }
 
@@ -301,6 +328,13 @@ impl Upload {
     /// Opens an upload of `size` bytes to `rel`: opens (or resumes) its hidden file next
     /// to the final name and reserves `size` bytes. With a `base`, chunks the base holds
     /// with the client's hash are copied from it instead of pulled. Blocking.
+    ///
+    /// The upload's algorithm ([`Upload::algorithm`]): with a base, the base manifest's
+    /// (its hashes are what chunks are matched by); else that of the journal of an
+    /// interrupted upload of the same file in an algorithm of `hashing.accept` (so a
+    /// resumed upload keeps the algorithm it started with; a share whose configuration
+    /// fixes an algorithm accepts only that one); else `hashing.fresh`.
+    #[allow(clippy::too_many_arguments)]
     pub fn open(
         share: &Share,
         rel: &str,
@@ -309,22 +343,37 @@ impl Upload {
         mtime: Timestamp,
         chunk_bytes: u32,
         base: Option<BaseFile>,
+        hashing: Hashing,
     ) -> Result<Upload, TransferError> {
         let what = share.display(rel);
         let final_path = share.resolve_for_write(rel)?;
         no_dir_in_the_way(&final_path, &what)?;
+        let (wanted, accept) = match (&base, share.hash()) {
+            (Some(b), _) => (b.algorithm, Algorithms::of(&[b.algorithm])),
+            (None, Some(fixed)) => (fixed, Algorithms::of(&[fixed])),
+            (None, None) => (hashing.fresh, hashing.accept),
+        };
         // The upload's own chunk hashes decide what may be reused, so the journal does
         // not name a source.
         let header = JournalHeader {
             size,
             chunk_bytes,
+            algorithm: wanted,
             source: [0; 32],
         };
-        let staged = Staged::open(&final_path, &header).map_err(|source| TransferError::Stage {
-            path: what.clone(),
-            source,
-        })?;
-        let hints = staged.hints().clone();
+        let staged =
+            Staged::open(&final_path, &header, accept).map_err(|source| TransferError::Stage {
+                path: what.clone(),
+                source,
+            })?;
+        let header = *staged.header();
+        // Hints in another algorithm than the upload's can match no hash the client
+        // sends: the partial's bytes are pulled again.
+        let hints = if staged.hints_algorithm() == header.algorithm {
+            staged.hints().clone()
+        } else {
+            BTreeMap::new()
+        };
         if !hints.is_empty() {
             tracing::info!(file = %what, chunks = hints.len(), "resuming an interrupted upload");
         }
@@ -343,12 +392,22 @@ impl Upload {
             writeback: Writeback::new(file.clone()),
             sink,
             file,
-            state: Mutex::new(UploadState::new(size, chunk_bytes, MAX_WINDOW_CHUNKS)),
+            state: Mutex::new(UploadState::new(
+                header.algorithm,
+                size,
+                chunk_bytes,
+                MAX_WINDOW_CHUNKS,
+            )),
             mode,
             mtime,
             chunk_bytes,
             store: share.store().cloned(),
         })
+    }
+
+    /// The algorithm of the upload's hashes, which the client must hash in.
+    pub fn algorithm(&self) -> HashAlgorithm {
+        self.header.algorithm
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, UploadState> {
@@ -370,7 +429,7 @@ impl Upload {
         pool: &Arc<Pool>,
         offset: u64,
         region: RegionDesc,
-        hashes: Vec<Sha256>,
+        hashes: Vec<Hash256>,
     ) -> Result<Response, TransferError> {
         let window = self
             .state()
@@ -440,7 +499,7 @@ impl Upload {
     /// group commit, so files committed together pay two flushes between them.
     /// Then records the verified manifest in the share's store (see [`Upload::record`]).
     /// Blocking.
-    pub fn commit(&self, manifest: &Sha256) -> Result<Response, TransferError> {
+    pub fn commit(&self, manifest: &Hash256) -> Result<Response, TransferError> {
         let (size, hashes) = {
             let state = self.state();
             let hashes = state
@@ -494,7 +553,7 @@ impl Upload {
     /// upload made it (`size` bytes, the upload's mtime) and that mtime lies far enough
     /// before the commit that a later write would change the key ([`mtime_settled`]).
     /// Failures are logged, never returned: the file is committed either way.
-    fn record(&self, store: &ManifestStore, size: u64, hashes: &[Sha256]) {
+    fn record(&self, store: &ManifestStore, size: u64, hashes: &[Hash256]) {
         let Ok(meta) = self.file.metadata() else {
             return;
         };
@@ -503,7 +562,7 @@ impl Upload {
         if meta.size() != size || key.mtime_ns != mtime || !mtime_settled(&key) {
             return;
         }
-        match store.save(&key, hashes) {
+        match store.save(&key, self.header.algorithm, hashes) {
             Ok(()) => tracing::debug!(file = %self.what, "manifest recorded at commit"),
             Err(e) => tracing::debug!(file = %self.what, "cannot record the manifest: {e}"),
         }

@@ -23,7 +23,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::time::SystemTime;
 
-use ferry_common::msg::{Response, Sha256, VerifyRecord, VerifyReport, MAX_VERIFY_BAD_CHUNKS};
+use ferry_common::msg::{
+    Hash256, HashAlgorithm, Response, VerifyRecord, VerifyReport, MAX_VERIFY_BAD_CHUNKS,
+};
 
 use crate::filekey::{settled, ManifestKey, CACHE_SETTLE};
 use crate::fsops::{check_regular, FsError};
@@ -78,6 +80,7 @@ pub fn verify(share: &Share, rel: &str) -> Result<Response, VerifyError> {
         // A read-only share keeps no records: nothing to compare with.
         return Ok(report(
             VerifyRecord::Missing,
+            share.hash().unwrap_or(HashAlgorithm::SUPPORTED[0]),
             before.size(),
             0,
             0,
@@ -88,13 +91,20 @@ pub fn verify(share: &Share, rel: &str) -> Result<Response, VerifyError> {
     let chunk_bytes = record
         .as_ref()
         .map_or(store.chunk_bytes(), |r| r.key.chunk_bytes);
+    // The record's own algorithm; a file with none is recorded in the share's.
+    let algorithm = record
+        .as_ref()
+        .map_or(share.hash().unwrap_or(HashAlgorithm::SUPPORTED[0]), |r| {
+            r.algorithm
+        });
     let started = SystemTime::now();
-    let (key, read) = read_unchanged(&file, &before, chunk_bytes, &what)?;
+    let (key, read) = read_unchanged(&file, &before, algorithm, chunk_bytes, &what)?;
     let chunks = read.len() as u64;
     let Some(record) = record else {
-        remember(store, &key, &read, started, &what);
+        remember(store, &key, algorithm, &read, started, &what);
         return Ok(report(
             VerifyRecord::Missing,
+            algorithm,
             key.size,
             chunk_bytes,
             chunks,
@@ -114,15 +124,16 @@ pub fn verify(share: &Share, rel: &str) -> Result<Response, VerifyError> {
         tracing::warn!(file = %what, bad_chunks = bad.0, record = ?state, "verify found chunks that differ from the record");
     } else if state != VerifyRecord::Current {
         // Same bytes, only the status changed (e.g. a chmod): the record follows.
-        remember(store, &key, &read, started, &what);
+        remember(store, &key, algorithm, &read, started, &what);
     }
-    Ok(report(state, key.size, chunk_bytes, chunks, bad))
+    Ok(report(state, algorithm, key.size, chunk_bytes, chunks, bad))
 }
 
 /// The answer to a `Verify`; `bad` is the count of chunks that differ and the first
 /// [`MAX_VERIFY_BAD_CHUNKS`] of them.
 fn report(
     record: VerifyRecord,
+    algorithm: HashAlgorithm,
     size: u64,
     chunk_bytes: u32,
     chunks: u64,
@@ -130,6 +141,7 @@ fn report(
 ) -> Response {
     Response::Verified(VerifyReport {
         record,
+        algorithm,
         size,
         chunk_bytes,
         chunks,
@@ -166,11 +178,12 @@ fn open_regular(share: &Share, rel: &str, what: &str) -> Result<(File, Metadata)
 fn read_unchanged(
     file: &File,
     before: &Metadata,
+    algorithm: HashAlgorithm,
     chunk_bytes: u32,
     what: &str,
-) -> Result<(ManifestKey, Vec<Option<Sha256>>), VerifyError> {
+) -> Result<(ManifestKey, Vec<Option<Hash256>>), VerifyError> {
     drop_cached_pages(file, what);
-    let read = read_hashes(file, before.size(), chunk_bytes, what)?;
+    let read = read_hashes(file, algorithm, before.size(), chunk_bytes, what)?;
     let after = file
         .metadata()
         .map_err(|e| VerifyError::Stat(what.into(), e))?;
@@ -183,7 +196,7 @@ fn read_unchanged(
 
 /// The chunks where `read` differs from `recorded` (one missing on either side, or
 /// unreadable, differs): how many, and the first [`MAX_VERIFY_BAD_CHUNKS`] of them.
-fn bad_chunks(read: &[Option<Sha256>], recorded: &[Sha256]) -> (u64, Vec<u64>) {
+fn bad_chunks(read: &[Option<Hash256>], recorded: &[Hash256]) -> (u64, Vec<u64>) {
     let longest = read.len().max(recorded.len());
     let bad = (0..longest).filter(|&i| match (read.get(i), recorded.get(i)) {
         (Some(Some(now)), Some(then)) => now != then,
@@ -204,11 +217,12 @@ fn bad_chunks(read: &[Option<Sha256>], recorded: &[Sha256]) -> (u64, Vec<u64>) {
 /// the caller is concerned). A short read fails with [`ManifestError::Shrank`].
 fn read_hashes(
     file: &File,
+    algorithm: HashAlgorithm,
     size: u64,
     chunk_bytes: u32,
     what: &str,
-) -> Result<Vec<Option<Sha256>>, ManifestError> {
-    hash_chunks_of(file, size, chunk_bytes, what, |e| {
+) -> Result<Vec<Option<Hash256>>, ManifestError> {
+    hash_chunks_of(file, algorithm, size, chunk_bytes, what, |e| {
         tracing::warn!(file = %what, "verify cannot read a chunk: {e}");
         Ok(None)
     })
@@ -232,17 +246,18 @@ fn drop_cached_pages(file: &File, what: &str) {
 fn remember(
     store: &ManifestStore,
     key: &ManifestKey,
-    read: &[Option<Sha256>],
+    algorithm: HashAlgorithm,
+    read: &[Option<Hash256>],
     started: SystemTime,
     what: &str,
 ) {
     if !settled(key, started, CACHE_SETTLE) {
         return;
     }
-    let Some(hashes) = read.iter().copied().collect::<Option<Vec<Sha256>>>() else {
+    let Some(hashes) = read.iter().copied().collect::<Option<Vec<Hash256>>>() else {
         return;
     };
-    match store.save(key, &hashes) {
+    match store.save(key, algorithm, &hashes) {
         Ok(()) => tracing::debug!(file = %what, "manifest recorded by verify"),
         Err(e) => tracing::debug!(file = %what, "cannot record the manifest: {e}"),
     }
@@ -289,18 +304,18 @@ mod tests {
         let store = s.store().unwrap();
         let meta = std::fs::metadata(dir.path().join("f")).unwrap();
         let key = key_of(&meta, store);
-        let mut hashes: Vec<Sha256> = data
+        let mut hashes: Vec<Hash256> = data
             .chunks(store.chunk_bytes() as usize)
-            .map(hash_chunk)
+            .map(|c| hash_chunk(HashAlgorithm::Sha256, c))
             .collect();
-        store.save(&key, &hashes).unwrap();
+        store.save(&key, HashAlgorithm::Sha256, &hashes).unwrap();
         let clean = report(verify(&s, "f").unwrap());
         assert_eq!(clean.record, VerifyRecord::Current);
         assert_eq!((clean.chunks, clean.bad_count), (3, 0));
         // A record of this very version that the bytes no longer match: what bit rot
         // below the filesystem looks like (the record is forged, the file kept).
         hashes[1][0] ^= 1;
-        store.save(&key, &hashes).unwrap();
+        store.save(&key, HashAlgorithm::Sha256, &hashes).unwrap();
         let damaged = report(verify(&s, "f").unwrap());
         assert_eq!(damaged.record, VerifyRecord::Current);
         assert_eq!((damaged.bad_count, damaged.bad_chunks), (1, vec![1]));
@@ -309,7 +324,7 @@ mod tests {
         // A status change (chmod sets ctime) with the same bytes: stale, all chunks
         // compared, the one forged chunk still differs.
         hashes[1][0] ^= 1;
-        store.save(&key, &hashes).unwrap();
+        store.save(&key, HashAlgorithm::Sha256, &hashes).unwrap();
         let f = std::fs::File::open(dir.path().join("f")).unwrap();
         f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .unwrap();

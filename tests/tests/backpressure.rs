@@ -248,6 +248,7 @@ fn a_connection_ended_by_ferryd_is_released_though_the_peer_never_reads() {
                 transfer,
                 offset,
                 region,
+                verify: false,
             },
         ));
     }

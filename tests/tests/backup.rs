@@ -6,7 +6,9 @@ use std::fs;
 use std::os::unix::fs::{symlink, MetadataExt};
 
 use ferry_common::chunk::{hash_chunk, manifest_id};
-use ferry_common::msg::{ErrorKind, Request, Response, Sha256, MAX_MANIFEST_PAGE_CHUNKS};
+use ferry_common::msg::{
+    ErrorKind, Hash256, HashAlgorithm, Request, Response, MAX_MANIFEST_PAGE_CHUNKS,
+};
 use ferry_tests::{ferrytest, raw_handshake, raw_socket, write_random_file, RawClient, MIB};
 
 const SHARE: &str = ferry_tests::DEFAULT_SHARE;
@@ -136,7 +138,11 @@ ferrytest!(
 
 /// Every page of `path`'s manifest in chunks of `chunk_bytes`, checking that all pages
 /// name the same version.
-fn manifest(raw: &mut RawClient, path: &str, chunk_bytes: u32) -> (u64, u32, Sha256, Vec<Sha256>) {
+fn manifest(
+    raw: &mut RawClient,
+    path: &str,
+    chunk_bytes: u32,
+) -> (u64, u32, Hash256, Vec<Hash256>) {
     let mut all = Vec::new();
     let mut seen = None;
     loop {
@@ -178,10 +184,13 @@ ferrytest!(manifest_pages_cover_the_file, |env| {
 
     let (size, chunk_bytes, id, hashes) = manifest(&mut raw, "big", 4096);
     assert_eq!((size, chunk_bytes), (len, 4096));
-    let expected: Vec<Sha256> = data.chunks(4096).map(hash_chunk).collect();
+    let expected: Vec<Hash256> = data
+        .chunks(4096)
+        .map(|c| hash_chunk(HashAlgorithm::Blake3, c))
+        .collect();
     assert_eq!(hashes.len(), 2305);
     assert_eq!(hashes, expected);
-    assert_eq!(id, manifest_id(len, 4096, &expected));
+    assert_eq!(id, manifest_id(HashAlgorithm::Blake3, len, 4096, &expected));
 
     // The requested chunk size is clamped and rounded as for MapOpen.
     let (_, chunk_bytes, _, hashes) = manifest(&mut raw, "big", 3 << 20);
@@ -211,7 +220,10 @@ ferrytest!(manifest_follows_a_rewritten_file, |env| {
     let (_, _, second, hashes) = manifest(&mut raw, "f", 1 << 20);
     assert_ne!(first, second);
     let data = fs::read(env.share("f")).unwrap();
-    let expected: Vec<Sha256> = data.chunks(1 << 20).map(hash_chunk).collect();
+    let expected: Vec<Hash256> = data
+        .chunks(1 << 20)
+        .map(|c| hash_chunk(HashAlgorithm::Blake3, c))
+        .collect();
     assert_eq!(hashes, expected);
 });
 
@@ -228,7 +240,10 @@ fn the_client_library_reads_whole_manifests_and_links() {
         let (version, hashes) = c.manifest(SHARE, "f", 4096).await.unwrap();
         assert_eq!(version.size, len);
         assert_eq!(version.chunk_bytes, 4096);
-        let expected: Vec<Sha256> = data.chunks(4096).map(hash_chunk).collect();
+        let expected: Vec<Hash256> = data
+            .chunks(4096)
+            .map(|c| hash_chunk(HashAlgorithm::Blake3, c))
+            .collect();
         assert_eq!(hashes, expected);
 
         c.mkdir(SHARE, ".partial", 0o755, false).await.unwrap();

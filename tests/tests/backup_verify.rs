@@ -8,7 +8,9 @@ use std::os::unix::fs::{symlink, FileExt};
 use std::time::Duration;
 
 use ferry_common::chunk::hash_chunk;
-use ferry_common::msg::{ErrorKind, Request, Response, Sha256, VerifyRecord, DEFAULT_CHUNK_BYTES};
+use ferry_common::msg::{
+    ErrorKind, Hash256, HashAlgorithm, Request, Response, VerifyRecord, DEFAULT_CHUNK_BYTES,
+};
 use ferry_common::STATE_DIR;
 use ferry_tests::{
     ferrytest, make_many_small_files, make_small_tree, mtime_of, raw_handshake, raw_socket,
@@ -29,7 +31,7 @@ fn error_kind(resp: Response) -> ErrorKind {
 }
 
 /// Every chunk hash of the stored `path` (files of at most 1024 chunks: one page).
-fn manifest(raw: &mut RawClient, path: &str) -> Vec<Sha256> {
+fn manifest(raw: &mut RawClient, path: &str) -> Vec<Hash256> {
     let resp = raw.call(Request::Manifest {
         share: SHARE.into(),
         path: path.into(),
@@ -42,11 +44,11 @@ fn manifest(raw: &mut RawClient, path: &str) -> Vec<Sha256> {
     }
 }
 
-fn local_hashes(path: &std::path::Path) -> Vec<Sha256> {
+fn local_hashes(path: &std::path::Path) -> Vec<Hash256> {
     fs::read(path)
         .unwrap()
         .chunks(DEFAULT_CHUNK_BYTES as usize)
-        .map(hash_chunk)
+        .map(|c| hash_chunk(HashAlgorithm::Blake3, c))
         .collect()
 }
 

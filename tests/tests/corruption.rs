@@ -35,6 +35,7 @@ async fn faulty_server_handle(root: &Path, plan: FaultPlan) -> (u16, Arc<Server>
             read_only: false,
             secret_file: Some(secret),
             secret_env: None,
+            hash: None,
         }],
     );
     config.queue_depth = 4;

@@ -13,6 +13,7 @@
 //! TCP only, by nature: the raw client speaks the TCP transport, so the Soft-RoCE
 //! suite leaves this file out (`scripts/rdma-tests-list.sh`).
 
+use ferry_common::msg::HashAlgorithm;
 use std::fs;
 use std::io::{ErrorKind as IoErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -532,7 +533,7 @@ fn messages_out_of_order_end_the_session() {
     // never answers keeps request 6 outstanding.
     let transfer = open_upload(&mut raw, "dup", 4096);
     let data = vec![7u8; 4096];
-    let hashes = vec![hash_chunk(&data)];
+    let hashes = vec![hash_chunk(HashAlgorithm::Blake3, &data)];
     let region = raw.offer(data);
     raw.send(&Message::Request {
         id: 6,
@@ -582,7 +583,7 @@ fn open_upload(raw: &mut RawClient, path: &str, size: u64) -> u64 {
         mtime: Default::default(),
     };
     match raw.call(open) {
-        Response::UploadOpened { transfer } => transfer,
+        Response::UploadOpened { transfer, .. } => transfer,
         other => panic!("upload of {path} did not open: {other:?}"),
     }
 }
@@ -620,6 +621,7 @@ fn transfer_requests_out_of_order_get_typed_errors() {
                 len: 4096,
                 rkey: 1,
             },
+            verify: false,
         },
         Request::Close { transfer: 999 },
         Request::MapRelease { handle: 999 },
@@ -633,8 +635,11 @@ fn transfer_requests_out_of_order_get_typed_errors() {
 
     // An upload of `size` bytes: 4 chunks, the last 5 bytes long.
     let data: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
-    let hashes: Vec<_> = data.chunks(chunk as usize).map(hash_chunk).collect();
-    let manifest = manifest_id(size, DEFAULT_CHUNK_BYTES, &hashes);
+    let hashes: Vec<_> = data
+        .chunks(chunk as usize)
+        .map(|c| hash_chunk(HashAlgorithm::Blake3, c))
+        .collect();
+    let manifest = manifest_id(HashAlgorithm::Blake3, size, DEFAULT_CHUNK_BYTES, &hashes);
     let first_two = raw.offer(data[..2 * chunk as usize].to_vec());
     let up = open_upload(&mut raw, "up", size);
     let window = |offset: u64, len: u64, n: usize| Request::UploadWindow {
@@ -685,6 +690,7 @@ fn transfer_requests_out_of_order_get_typed_errors() {
         transfer: up,
         offset: 0,
         region: first_two,
+        verify: false,
     };
     assert_eq!(error_kind(raw.call(as_download)), ErrorKind::Protocol);
 
@@ -723,6 +729,7 @@ fn transfer_requests_out_of_order_get_typed_errors() {
                 transfer: down,
                 offset: 17,
                 region: dest,
+                verify: false,
             },
         ),
         (
@@ -731,6 +738,7 @@ fn transfer_requests_out_of_order_get_typed_errors() {
                 transfer: down,
                 offset: 4 * chunk,
                 region: dest,
+                verify: false,
             },
         ),
     ] {
@@ -891,7 +899,7 @@ fn batch_file(path: &str, data: &[u8]) -> BatchFile {
             secs: 1_500_000_000,
             nanos: 0,
         },
-        hash: hash_chunk(data),
+        hash: hash_chunk(HashAlgorithm::Blake3, data),
     }
 }
 
@@ -999,6 +1007,7 @@ impl PathRequest {
             PathRequest::UploadBatch => Request::UploadBatch {
                 share,
                 region: NO_REGION,
+                algorithm: HashAlgorithm::Blake3,
                 files: vec![batch_file(&path, b"")],
             },
             PathRequest::DownloadBatch => Request::DownloadBatch {
@@ -1166,8 +1175,13 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
 
     // An upload to a link's name replaces the link; the file it pointed to is untouched.
     let data = b"replaces the link".to_vec();
-    let hashes = vec![hash_chunk(&data)];
-    let manifest = manifest_id(data.len() as u64, DEFAULT_CHUNK_BYTES, &hashes);
+    let hashes = vec![hash_chunk(HashAlgorithm::Blake3, &data)];
+    let manifest = manifest_id(
+        HashAlgorithm::Blake3,
+        data.len() as u64,
+        DEFAULT_CHUNK_BYTES,
+        &hashes,
+    );
     let region = raw.offer(data.clone());
     let up = open_upload(&mut raw, "abs-file", data.len() as u64);
     let window = Request::UploadWindow {
@@ -1333,7 +1347,7 @@ fn hostile_batches_fail_per_file_or_as_a_whole_and_never_escape() {
     bytes.extend_from_slice(&good);
     let region = raw.offer(bytes.clone());
     let mut damaged = batch_file("damaged", &bad);
-    damaged.hash = hash_chunk(b"something else");
+    damaged.hash = hash_chunk(HashAlgorithm::Blake3, b"something else");
     let files = vec![
         batch_file("sub/good", &good),
         batch_file("../outside/canary", b""),
@@ -1348,6 +1362,7 @@ fn hostile_batches_fail_per_file_or_as_a_whole_and_never_escape() {
     let got = batch_results(raw.call(Request::UploadBatch {
         share: SHARE.into(),
         region,
+        algorithm: HashAlgorithm::Blake3,
         files,
     }));
     use ErrorKind::{Integrity, InvalidPath, IsADirectory, OutsideShare};
@@ -1377,6 +1392,7 @@ fn hostile_batches_fail_per_file_or_as_a_whole_and_never_escape() {
         raw.call(Request::UploadBatch {
             share: share.into(),
             region,
+            algorithm: HashAlgorithm::Blake3,
             files,
         })
     };
@@ -1581,7 +1597,7 @@ fn one_sided_access_outside_advertised_regions_is_refused() {
     );
     let hashes: Vec<u8> = file
         .chunks(chunk_bytes as usize)
-        .flat_map(hash_chunk)
+        .flat_map(|c| hash_chunk(HashAlgorithm::Blake3, c))
         .collect();
     let id = raw.read(slice(&manifest, 0, manifest.len as u32));
     assert_eq!(raw.recv(), Frame::ReadData { id, data: hashes });
@@ -1862,7 +1878,7 @@ fn a_barrage_of_hostile_connections_leaves_memory_and_descriptors_bounded() {
     let mut stuck = open_raw(&env, Stage::InSession);
     let stuck_peer = stuck.local_addr();
     let data = vec![1u8; 4096];
-    let hashes = vec![hash_chunk(&data)];
+    let hashes = vec![hash_chunk(HashAlgorithm::Blake3, &data)];
     let region = stuck.offer(data);
     let slots = MAX_INFLIGHT_REQUESTS as usize;
     let uploads: Vec<u64> = (0..slots)

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use ferry_client::{Client, ClientError};
 use ferry_common::chunk::{chunk_count, chunk_len, hash_chunk, manifest_id};
-use ferry_common::msg::{ErrorKind, FileKind, MappedFile, Sha256, MAP_WINDOW_BYTES};
+use ferry_common::msg::{ErrorKind, FileKind, Hash256, MappedFile, MAP_WINDOW_BYTES};
 use ferry_common::transport::{
     Access, AccessFault, Buffer, Memory, Registration, RemoteSlice, TransportChoice, TransportError,
 };
@@ -63,7 +63,7 @@ fn chunk_slice(m: &MappedFile, index: u64) -> RemoteSlice {
 }
 
 /// Reads the manifest region: the chunk hashes, checked against `version.manifest`.
-async fn read_manifest(c: &Client, m: &MappedFile) -> Vec<Sha256> {
+async fn read_manifest(c: &Client, m: &MappedFile) -> Vec<Hash256> {
     let chunks = chunk_count(m.version.size, m.version.chunk_bytes) as usize;
     let desc = m.manifest.expect("a non-empty file has a manifest region");
     assert_eq!(desc.len, chunks as u64 * 32);
@@ -73,12 +73,17 @@ async fn read_manifest(c: &Client, m: &MappedFile) -> Vec<Sha256> {
         .await
         .unwrap();
     let bytes = dst.buffer().unwrap().read().await;
-    let hashes: Vec<Sha256> = bytes
+    let hashes: Vec<Hash256> = bytes
         .chunks_exact(32)
         .map(|h| h.try_into().unwrap())
         .collect();
     assert_eq!(
-        manifest_id(m.version.size, m.version.chunk_bytes, &hashes),
+        manifest_id(
+            m.version.algorithm,
+            m.version.size,
+            m.version.chunk_bytes,
+            &hashes
+        ),
         m.version.manifest,
         "the manifest region does not hash to the version's manifest id"
     );
@@ -87,7 +92,7 @@ async fn read_manifest(c: &Client, m: &MappedFile) -> Vec<Sha256> {
 
 /// Reads every chunk with one-sided READs, verifies each against `hashes`, and
 /// returns the file's bytes.
-async fn read_all(c: &Client, m: &MappedFile, hashes: &[Sha256]) -> Vec<u8> {
+async fn read_all(c: &Client, m: &MappedFile, hashes: &[Hash256]) -> Vec<u8> {
     let chunk = m.version.chunk_bytes as usize;
     let dst = local_buffer(c, chunk);
     let mut data = Vec::with_capacity(m.version.size as usize);
@@ -96,7 +101,11 @@ async fn read_all(c: &Client, m: &MappedFile, hashes: &[Sha256]) -> Vec<u8> {
         c.transport().read(slice, &dst, 0).await.unwrap();
         let bytes = dst.buffer().unwrap().read().await;
         let got = &bytes[..slice.len as usize];
-        assert_eq!(&hash_chunk(got), want, "chunk {index} fails its hash");
+        assert_eq!(
+            &hash_chunk(m.version.algorithm, got),
+            want,
+            "chunk {index} fails its hash"
+        );
         data.extend_from_slice(got);
     }
     data
@@ -248,7 +257,10 @@ fn versions_follow_the_content() {
         assert!(empty.regions.is_empty());
         assert!(empty.manifest.is_none());
         assert_eq!(empty.version.size, 0);
-        assert_eq!(empty.version.manifest, manifest_id(0, 4096, &[]));
+        assert_eq!(
+            empty.version.manifest,
+            manifest_id(empty.version.algorithm, 0, 4096, &[])
+        );
         c.map_release(empty.handle).await.unwrap();
     });
 }
@@ -343,6 +355,7 @@ async fn budget_server(root: &Path, max_mapped_bytes: u64) -> (Arc<Server>, Stri
             read_only: true,
             secret_file: Some(ferry_tests::write_secret_file(root)),
             secret_env: None,
+            hash: None,
         }],
     );
     config.max_mapped_bytes = max_mapped_bytes;

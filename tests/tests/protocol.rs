@@ -35,7 +35,7 @@ async fn open_upload(c: &Client, name: &str, size: u64) -> u64 {
         mode: 0o644,
         mtime: Default::default(),
     };
-    let Ok(Response::UploadOpened { transfer }) = c.call(open).await else {
+    let Ok(Response::UploadOpened { transfer, .. }) = c.call(open).await else {
         panic!("upload did not open");
     };
     transfer
@@ -76,7 +76,7 @@ fn reads_of_revoked_or_out_of_bounds_regions_fail_cleanly() {
         let mut c = connect(&env).await;
         let buf = Buffer::new(4096).unwrap();
         buf.write().await.fill(7);
-        let hash = hash_chunk(&buf.read().await);
+        let hash = hash_chunk(ferry_common::msg::HashAlgorithm::Blake3, &buf.read().await);
 
         // A region revoked before the server pulls it.
         let reg = c
@@ -127,7 +127,12 @@ fn reads_of_revoked_or_out_of_bounds_regions_fail_cleanly() {
                 reused: 0
             })
         ));
-        let manifest = ferry_common::chunk::manifest_id(4096, 1 << 20, &[hash]);
+        let manifest = ferry_common::chunk::manifest_id(
+            ferry_common::msg::HashAlgorithm::Blake3,
+            4096,
+            1 << 20,
+            &[hash],
+        );
         assert!(matches!(
             c.call(Request::UploadCommit { transfer, manifest }).await,
             Ok(Response::Committed { size: 4096 })

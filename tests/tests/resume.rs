@@ -38,7 +38,8 @@ use std::time::{Duration, Instant, SystemTime};
 use ferry_common::attr::attr_of;
 use ferry_common::chunk::hash_chunk;
 use ferry_common::journal::{source_tag, JournalHeader};
-use ferry_common::msg::DEFAULT_CHUNK_BYTES;
+use ferry_common::msg::{HashAlgorithm, DEFAULT_CHUNK_BYTES};
+use ferry_common::proto::caps::Algorithms;
 use ferry_common::staging::{partial_paths, Staged};
 use ferry_common::transport::TransportChoice;
 use ferry_tests::{
@@ -435,7 +436,7 @@ fn leave_partial(
     source: &Path,
     chunks: &[(u64, bool)],
 ) -> (PathBuf, PathBuf) {
-    let staged = Staged::open(final_path, header).unwrap();
+    let staged = Staged::open(final_path, header, Algorithms::ALL).unwrap();
     let src = fs::File::open(source).unwrap();
     let journal = staged.journal().unwrap();
     for &(i, written) in chunks {
@@ -445,7 +446,9 @@ fn leave_partial(
         if written {
             staged.file().write_all_at(&buf, i * CHUNK).unwrap();
         }
-        journal.append(i, &hash_chunk(&buf)).unwrap();
+        journal
+            .append(i, &hash_chunk(header.algorithm, &buf))
+            .unwrap();
     }
     drop(staged);
     partial_paths(final_path).unwrap()
@@ -465,6 +468,7 @@ fn startup_cleanup_removes_stale_files_and_keeps_young_partials() {
     let header = JournalHeader {
         size,
         chunk_bytes: DEFAULT_CHUNK_BYTES,
+        algorithm: HashAlgorithm::Blake3,
         source: [0; 32],
     };
     for name in ["fresh.bin", "old.bin"] {
@@ -551,6 +555,7 @@ fn a_download_resumes_only_a_partial_of_the_same_source_version() {
     let header = JournalHeader {
         size,
         chunk_bytes: DEFAULT_CHUNK_BYTES,
+        algorithm: HashAlgorithm::Blake3,
         source: source_tag(&attr_of(&fs::metadata(env.share("f.bin")).unwrap(), None)),
     };
     let dst = env.local("f.bin");

@@ -115,7 +115,9 @@ async fn estimate_sent(
     base: &str,
 ) -> Result<u64, ClientError> {
     let chunk_bytes = client.welcome().chunk_bytes;
-    let (_, hashes) = client.manifest(share, base, chunk_bytes).await?;
+    // In the base's manifest's algorithm, which the upload would use too.
+    let (version, hashes) = client.manifest(share, base, chunk_bytes).await?;
+    let algorithm = version.algorithm;
     let held: HashSet<_> = hashes.into_iter().collect();
     let local = local.to_path_buf();
     tokio::task::spawn_blocking(move || {
@@ -129,7 +131,7 @@ async fn estimate_sent(
             if n == 0 {
                 return Ok(missing);
             }
-            if !held.contains(&hash_chunk(&buf[..n])) {
+            if !held.contains(&hash_chunk(algorithm, &buf[..n])) {
                 missing += n as u64;
             }
         }

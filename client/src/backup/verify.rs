@@ -168,6 +168,7 @@ mod tests {
         Damaged {
             path: "f".into(),
             report: VerifyReport {
+                algorithm: ferry_common::msg::HashAlgorithm::Blake3,
                 record,
                 size: 1,
                 chunk_bytes: 1,

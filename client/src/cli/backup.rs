@@ -14,6 +14,7 @@ use ferry_client::backup::{backup_with, BackupOptions, BackupReport, DEFAULT_JOB
 use ferry_client::error::ClientError;
 use ferry_client::filter::{Filter, Rule, RuleKind};
 use ferry_client::progress::Progress;
+use ferry_common::msg::HashAlgorithm;
 use ferry_common::transport::TransportChoice;
 
 use super::admin::prune_json;
@@ -140,6 +141,12 @@ pub struct BackupArgs {
     #[arg(long, value_name = "FILE", env = "FERRY_SECRET_FILE")]
     secret_file: Option<PathBuf>,
 
+    /// Chunk-hash algorithm of what this backup writes (as for a copy): `blake3`, the
+    /// default where the server has it, or `sha256`. Snapshots written in either are
+    /// verified, and serve as the base of the next, in their own.
+    #[arg(long, value_name = "blake3|sha256", env = "FERRY_HASH")]
+    hash: Option<HashAlgorithm>,
+
     /// The --include and --exclude rules in command-line order (set by [`parse`]).
     #[arg(skip)]
     rules: Vec<Rule>,
@@ -254,7 +261,7 @@ async fn back_up_all(
     let mut tasks = tokio::task::JoinSet::new();
     for (i, dest) in targets.iter().enumerate() {
         let (dest, src) = (dest.clone(), src.to_path_buf());
-        let (transport, secret_file) = (args.transport, args.secret_file.clone());
+        let (transport, secret_file) = ((args.transport, args.hash), args.secret_file.clone());
         let (opts, progress) = ((opts.clone(), retention), progress.clone());
         tasks.spawn(async move {
             let secret_file = secret_file.as_deref();
@@ -317,7 +324,7 @@ fn print_prune_errors(dest: &str, prune: &PruneReport) {
 async fn snapshot(
     dest: &str,
     src: &Path,
-    transport: TransportChoice,
+    transport: (TransportChoice, Option<HashAlgorithm>),
     secret_file: Option<&Path>,
     now: SystemTime,
     (opts, retention): &(BackupOptions, Retention),

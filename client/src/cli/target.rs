@@ -5,22 +5,24 @@ use std::path::Path;
 use ferry_client::error::ClientError;
 use ferry_client::location::{self, Location};
 use ferry_client::{Client, Credentials};
+use ferry_common::msg::HashAlgorithm;
 use ferry_common::transport::TransportChoice;
 
-/// Connects to `target` and authenticates; returns the client, the share and the
+/// Connects to `target` over `transport`, offering only `hash` if given, and
+/// authenticates; returns the client, the share and the
 /// path. A target without a path is a usage error saying `wanted` (what the option
 /// takes, e.g. `the destination must be HOST[:PORT]:SHARE/PREFIX`).
 pub async fn open(
     target: &str,
     wanted: &str,
-    transport: TransportChoice,
+    (transport, hash): (TransportChoice, Option<HashAlgorithm>),
     secret_file: Option<&Path>,
 ) -> Result<(Client, String, String), ClientError> {
     let remote = match location::parse(target, ferry_common::DEFAULT_PORT)? {
         Location::Remote(r) if !r.path.is_empty() => r,
         _ => return Err(ClientError::Usage(format!("{target}: {wanted}"))),
     };
-    let credentials = Credentials::from_file_or_env(secret_file)?;
+    let credentials = Credentials::from_file_or_env(secret_file)?.with_hash(hash);
     let client = Client::connect_with(&remote.host, remote.port, transport, credentials).await?;
     client.authenticate(&remote.share).await?;
     Ok((client, remote.share, remote.path))

@@ -56,7 +56,8 @@ async fn connect_and_verify(
     secret_file: Option<&Path>,
 ) -> Result<VerifyOutcome, ClientError> {
     let wanted = "--verify takes HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]";
-    let (client, share, path) = target::open(target, wanted, transport, secret_file).await?;
+    let (client, share, path) =
+        target::open(target, wanted, (transport, None), secret_file).await?;
     let snapshot = resolve_snapshot(&client, &share, &path).await?;
     Ok(verify_snapshot(&client, &share, &snapshot).await)
 }
@@ -175,6 +176,7 @@ mod tests {
         o.damaged.push(Damaged {
             path: "f".into(),
             report: VerifyReport {
+                algorithm: ferry_common::msg::HashAlgorithm::Blake3,
                 record: VerifyRecord::Current,
                 size: 1,
                 chunk_bytes: 1,

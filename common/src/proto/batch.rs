@@ -7,8 +7,8 @@
 //! attempts) is the same policy as for windows.
 
 use crate::msg::{
-    Attr, BatchFile, BatchedFile, ErrorKind, RegionDesc, RemoteError, Sha256, BATCH_MAX_BYTES,
-    SMALL_FILE_MAX_BYTES,
+    Attr, BatchFile, BatchedFile, ErrorKind, Hash256, HashAlgorithm, RegionDesc, RemoteError,
+    BATCH_MAX_BYTES, SMALL_FILE_MAX_BYTES,
 };
 
 use super::ProtoError;
@@ -83,7 +83,9 @@ pub struct Placed {
     /// Its attributes as the server read it (`attr.size` bytes at `offset`).
     pub attr: Attr,
     /// The hash its bytes must have.
-    pub hash: Sha256,
+    pub hash: Hash256,
+    /// The algorithm of `hash`.
+    pub algorithm: HashAlgorithm,
 }
 
 /// What the answer to a download batch says of one path.
@@ -118,7 +120,12 @@ pub fn place_downloaded(
         .into_iter()
         .enumerate()
         .map(|(index, file)| match file {
-            BatchedFile::Ok { attr, offset, hash } => {
+            BatchedFile::Ok {
+                attr,
+                offset,
+                hash,
+                algorithm,
+            } => {
                 let end = offset.checked_add(attr.size);
                 if end.is_none_or(|end| end > region_bytes as u64) {
                     Placement::Outside
@@ -128,6 +135,7 @@ pub fn place_downloaded(
                         offset: offset as usize,
                         attr,
                         hash,
+                        algorithm,
                     })
                 }
             }
@@ -175,6 +183,7 @@ mod tests {
 
     fn ok(offset: u64, size: u64) -> BatchedFile {
         BatchedFile::Ok {
+            algorithm: HashAlgorithm::Blake3,
             attr: Attr::test_file(size),
             offset,
             hash: [7; 32],

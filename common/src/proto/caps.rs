@@ -12,7 +12,12 @@
 //! default.
 //!
 //! Capabilities:
-//! - [`HASH`]: the chunk-hash algorithm (default `sha256`);
+//! - [`HASH`]: the chunk-hash algorithms. The client offers those it accepts, preferred
+//!   first; the server answers with the one new data of the session is hashed in (its
+//!   choice among the client's, `blake3` where both support it; default `sha256`).
+//!   Every manifest and hash list the session carries names its algorithm, which is
+//!   always one the client offered: a file recorded in another algorithm than the
+//!   session's is still read with its recorded hashes when the client accepts them;
 //! - [`META`]: the metadata requests [`Request::SetMeta`] and
 //!   [`Request::ListDirMeta`] (default: off). An optional feature: an offer with no
 //!   version in common turns it off instead of refusing the session.
@@ -22,9 +27,13 @@
 
 use crate::msg::{Capability, Request};
 
-/// Name of the chunk-hash capability: the algorithm of every chunk hash and manifest
-/// of the session.
+/// Name of the chunk-hash capability: the algorithms a session's manifests may be in,
+/// and the one its new data is hashed in.
 pub const HASH: &str = "hash";
+
+/// What a hello without a [`HASH`] capability accepts: SHA-256, the one algorithm of
+/// the versions before BLAKE3.
+const DEFAULT_HASH: &str = "sha256";
 
 /// Name of the metadata capability: whether the session may use [`Request::SetMeta`]
 /// and [`Request::ListDirMeta`] (numeric owners and symlink mtimes, for `rcp -r`).
@@ -41,28 +50,23 @@ pub const BATCH: &str = "batch";
 /// The batch modes this build speaks beyond the default (`small`), preferred first.
 pub const BATCH_MODES: &[&str] = &["medium"];
 
-/// A chunk-hash algorithm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum HashAlgorithm {
-    /// SHA-256 (the default: every peer of this protocol version supports it).
-    Sha256,
-}
+pub use crate::msg::HashAlgorithm;
 
-impl HashAlgorithm {
-    /// Every algorithm this build supports, in its order of preference.
-    pub const SUPPORTED: &'static [HashAlgorithm] = &[HashAlgorithm::Sha256];
+/// A set of hash algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Algorithms(u8);
 
-    /// Its name on the wire and in messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            HashAlgorithm::Sha256 => "sha256",
-        }
+impl Algorithms {
+    /// Every algorithm this build supports.
+    pub const ALL: Algorithms = Algorithms(0b110);
+    /// The set of `algorithms`.
+    pub fn of(algorithms: &[HashAlgorithm]) -> Algorithms {
+        Algorithms(algorithms.iter().fold(0, |m, a| m | (1 << a.code())))
     }
 
-    /// The algorithm called `name`, if this build knows it.
-    pub fn from_name(name: &str) -> Option<HashAlgorithm> {
-        Self::SUPPORTED.iter().copied().find(|a| a.name() == name)
+    /// Whether `a` is in the set.
+    pub fn contains(self, a: HashAlgorithm) -> bool {
+        self.0 & (1 << a.code()) != 0
     }
 }
 
@@ -106,8 +110,12 @@ impl Offer {
 /// What a session agreed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Negotiated {
-    /// The algorithm of the session's chunk hashes.
+    /// The algorithm the session's new data is hashed in (uploads, and files the
+    /// server holds no record of), unless a share requires another.
     pub hash: HashAlgorithm,
+    /// Every algorithm the session's manifests may be in: those the client offered
+    /// (and, on the server, supports).
+    pub accepted: Algorithms,
     /// Whether the metadata requests ([`META`]) may be sent.
     pub meta: bool,
     /// Whether batches may carry medium files ([`BATCH`]).
@@ -151,21 +159,26 @@ pub fn find<'a>(caps: &'a [Capability], name: &str) -> Option<&'a str> {
 /// capabilities and unknown choices are ignored. Fails, naming both sides' lists, when
 /// a capability has no choice in common.
 pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Negotiated, String> {
-    let hash = match find(offered, HASH) {
-        None => HashAlgorithm::Sha256,
-        Some(list) => list
-            .split(',')
-            .filter_map(HashAlgorithm::from_name)
-            .find(|h| supported.contains(h))
-            .ok_or_else(|| {
+    let list = find(offered, HASH).unwrap_or(DEFAULT_HASH);
+    let common: Vec<HashAlgorithm> = list
+        .split(',')
+        .filter_map(HashAlgorithm::from_name)
+        .filter(|h| supported.contains(h))
+        .collect();
+    let hash = match common.first() {
+        Some(&h) => h,
+        None => {
+            return Err({
                 let ours: Vec<&str> = supported.iter().map(|h| h.name()).collect();
                 format!(
                     "no hash algorithm in common: the client offers '{}', the server supports '{}'",
                     list.escape_debug(),
                     ours.join(",")
                 )
-            })?,
+            })
+        }
     };
+    let accepted = Algorithms::of(&common);
     // An optional feature: no version in common leaves it off.
     let meta =
         find(offered, META).is_some_and(|list| list.split(',').any(|v| META_VERSIONS.contains(&v)));
@@ -173,6 +186,7 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
         find(offered, BATCH).is_some_and(|list| list.split(',').any(|v| BATCH_MODES.contains(&v)));
     Ok(Negotiated {
         hash,
+        accepted,
         meta,
         medium_batches,
     })
@@ -181,17 +195,15 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
 /// Checks the server's `chosen` capabilities against the client's `offer`: each choice
 /// must be one the client offered. Unknown capabilities are ignored.
 pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String> {
-    let hash = match find(chosen, HASH) {
-        None => HashAlgorithm::Sha256,
-        Some(name) => HashAlgorithm::from_name(name)
-            .filter(|h| offer.hashes.contains(h))
-            .ok_or_else(|| {
-                format!(
-                    "the server chose hash algorithm '{}', which this client did not offer",
-                    name.escape_debug()
-                )
-            })?,
-    };
+    let name = find(chosen, HASH).unwrap_or(DEFAULT_HASH);
+    let hash = HashAlgorithm::from_name(name)
+        .filter(|h| offer.hashes.contains(h))
+        .ok_or_else(|| {
+            format!(
+                "the server chose hash algorithm '{}', which this client did not offer",
+                name.escape_debug()
+            )
+        })?;
     let meta = match find(chosen, META) {
         None => false,
         Some(v) if offer.meta && META_VERSIONS.contains(&v) => true,
@@ -214,6 +226,7 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
     };
     Ok(Negotiated {
         hash,
+        accepted: Algorithms::of(&offer.hashes),
         meta,
         medium_batches,
     })
@@ -231,9 +244,49 @@ mod tests {
         ];
         let n = choose(&offered, HashAlgorithm::SUPPORTED).unwrap();
         assert_eq!(n.hash, HashAlgorithm::Sha256);
+        assert!(!n.accepted.contains(HashAlgorithm::Blake3));
         let mut welcome = n.to_capabilities();
         welcome.push(Capability::new("future", "x"));
-        assert_eq!(accept(&welcome, &Offer::default()).unwrap(), n);
+        let c = accept(&welcome, &Offer::default()).unwrap();
+        assert_eq!(
+            (c.hash, c.meta, c.medium_batches),
+            (n.hash, n.meta, n.medium_batches)
+        );
+    }
+
+    #[test]
+    fn blake3_is_chosen_where_both_sides_have_it_and_sha256_where_asked() {
+        let n = choose(
+            &Offer::default().to_capabilities(),
+            HashAlgorithm::SUPPORTED,
+        )
+        .unwrap();
+        assert_eq!(n.hash, HashAlgorithm::Blake3);
+        assert!(n.accepted.contains(HashAlgorithm::Sha256));
+        // `--hash sha256`: only SHA-256 is offered, and so accepted.
+        let only = Offer {
+            hashes: vec![HashAlgorithm::Sha256],
+            ..Offer::default()
+        };
+        let n = choose(&only.to_capabilities(), HashAlgorithm::SUPPORTED).unwrap();
+        assert_eq!(n.hash, HashAlgorithm::Sha256);
+        assert!(!n.accepted.contains(HashAlgorithm::Blake3));
+        let c = accept(&n.to_capabilities(), &only).unwrap();
+        assert_eq!(c, n);
+        // A server without BLAKE3 (an older one) chooses SHA-256 for a new client.
+        let n = choose(
+            &Offer::default().to_capabilities(),
+            &[HashAlgorithm::Sha256],
+        )
+        .unwrap();
+        assert_eq!(n.hash, HashAlgorithm::Sha256);
+        // A blake3-only client and a server that chose SHA-256 do not agree.
+        let b3 = Offer {
+            hashes: vec![HashAlgorithm::Blake3],
+            ..Offer::default()
+        };
+        assert!(accept(&[Capability::new(HASH, "sha256")], &b3).is_err());
+        assert!(accept(&[], &b3).is_err());
     }
 
     #[test]
@@ -266,7 +319,7 @@ mod tests {
         assert_eq!(
             Offer::default().to_capabilities(),
             vec![
-                Capability::new(HASH, "sha256"),
+                Capability::new(HASH, "blake3,sha256"),
                 Capability::new(META, "1"),
                 Capability::new(BATCH, "medium")
             ]

@@ -90,7 +90,8 @@ impl Family {
             | Request::StatFs { .. }
             | Request::DiskUsage { .. }
             | Request::SetMeta { .. }
-            | Request::ListDirMeta { .. } => Family::Namespace,
+            | Request::ListDirMeta { .. }
+            | Request::ShareInfo { .. } => Family::Namespace,
             Request::Stats | Request::Verify { .. } => Family::Admin,
         }
     }

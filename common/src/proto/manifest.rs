@@ -13,7 +13,7 @@
 //! [`ManifestReader::handle_page`], which returns the manifest when complete.
 
 use crate::chunk::{chunk_count, manifest_id};
-use crate::msg::{ErrorKind, FileVersion, RemoteError, Request, Response, Sha256};
+use crate::msg::{ErrorKind, FileVersion, Hash256, RemoteError, Request, Response};
 
 use super::ProtoError;
 
@@ -40,7 +40,7 @@ pub struct ManifestReader {
     chunk_bytes: u32,
     attempt: usize,
     version: Option<FileVersion>,
-    hashes: Vec<Sha256>,
+    hashes: Vec<Hash256>,
     done: bool,
 }
 
@@ -84,7 +84,7 @@ impl ManifestReader {
     pub fn handle_page(
         &mut self,
         page: Response,
-    ) -> Result<Option<(FileVersion, Vec<Sha256>)>, ManifestError> {
+    ) -> Result<Option<(FileVersion, Vec<Hash256>)>, ManifestError> {
         let Response::Manifest {
             version,
             first_chunk,
@@ -115,14 +115,19 @@ impl ManifestReader {
         self.done = true;
         let hashes = std::mem::take(&mut self.hashes);
         if hashes.len() as u64 != chunks
-            || manifest_id(version.size, version.chunk_bytes, &hashes) != version.manifest
+            || manifest_id(
+                version.algorithm,
+                version.size,
+                version.chunk_bytes,
+                &hashes,
+            ) != version.manifest
         {
             return Err(self.bad("the hashes do not match the manifest hash"));
         }
         Ok(Some((version, hashes)))
     }
 
-    fn restart(&mut self) -> Result<Option<(FileVersion, Vec<Sha256>)>, ManifestError> {
+    fn restart(&mut self) -> Result<Option<(FileVersion, Vec<Hash256>)>, ManifestError> {
         if self.attempt >= MANIFEST_ATTEMPTS {
             self.done = true;
             return Err(ManifestError::Changed(RemoteError::new(

@@ -28,7 +28,7 @@
 use std::ops::{Range, RangeInclusive};
 
 use crate::chunk::manifest_id;
-use crate::msg::{FileVersion, MappedFile, RegionDesc, Sha256, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
+use crate::msg::{FileVersion, Hash256, MappedFile, RegionDesc, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
 
 /// Bytes of one chunk hash in the manifest region.
 const HASH_BYTES: u64 = 32;
@@ -298,7 +298,7 @@ pub struct ManifestFetch {
     read_bytes: u64,
     /// Bytes of the region read so far.
     done: u64,
-    hashes: Vec<Sha256>,
+    hashes: Vec<Hash256>,
     /// The version the hashes must match.
     version: FileVersion,
 }
@@ -341,10 +341,11 @@ impl ManifestFetch {
 
     /// The chunk hashes, if the whole region was read and they hash to the version's
     /// manifest hash.
-    pub fn finish(self) -> Result<Vec<Sha256>, MappedError> {
+    pub fn finish(self) -> Result<Vec<Hash256>, MappedError> {
         let v = &self.version;
         let complete = self.poll_read().is_none();
-        if !complete || manifest_id(v.size, v.chunk_bytes, &self.hashes) != v.manifest {
+        if !complete || manifest_id(v.algorithm, v.size, v.chunk_bytes, &self.hashes) != v.manifest
+        {
             return Err(MappedError::ManifestMismatch);
         }
         Ok(self.hashes)
@@ -355,7 +356,7 @@ impl ManifestFetch {
 mod tests {
     use super::*;
     use crate::chunk::hash_chunk;
-    use crate::msg::{Attr, Timestamp};
+    use crate::msg::{Attr, HashAlgorithm, Timestamp};
 
     const KIB: u64 = 1 << 10;
     const READ: u64 = 1 << 20;
@@ -380,12 +381,13 @@ mod tests {
             handle: 1,
             attr: Attr::test_file(size),
             version: FileVersion {
+                algorithm: HashAlgorithm::Blake3,
                 size,
                 mtime: Timestamp::default(),
                 ctime: Timestamp::default(),
                 ino: 7,
                 chunk_bytes: chunk,
-                manifest: manifest_id(size, chunk, &hashes),
+                manifest: manifest_id(HashAlgorithm::Blake3, size, chunk, &hashes),
             },
             window_bytes: window,
             manifest: (chunks > 0).then(|| region(chunks * 32)),
@@ -547,8 +549,11 @@ mod tests {
     /// A mapping whose manifest is the real hashes of `data`.
     fn mapping_of(data: &[u8], chunk: u32) -> (MappedFile, Vec<u8>) {
         let mut m = mapping(data.len() as u64, chunk, 4 * READ);
-        let hashes: Vec<Sha256> = data.chunks(chunk as usize).map(hash_chunk).collect();
-        m.version.manifest = manifest_id(data.len() as u64, chunk, &hashes);
+        let hashes: Vec<Hash256> = data
+            .chunks(chunk as usize)
+            .map(|c| hash_chunk(HashAlgorithm::Blake3, c))
+            .collect();
+        m.version.manifest = manifest_id(HashAlgorithm::Blake3, data.len() as u64, chunk, &hashes);
         (m, hashes.concat())
     }
 

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::ProtoError;
 use crate::chunk::manifest_id;
-use crate::msg::Sha256;
+use crate::msg::{Hash256, HashAlgorithm};
 
 /// A window: file bytes `offset..offset + len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,8 +197,8 @@ impl WindowPlan {
 pub fn check_window_hashes(
     w: Window,
     chunk_bytes: u32,
-    announced: &[Sha256],
-    got: &[Sha256],
+    announced: &[Hash256],
+    got: &[Hash256],
 ) -> Result<(), u64> {
     let first = w.offset / u64::from(chunk_bytes.max(1));
     match (0..announced.len().max(got.len())).find(|&i| announced.get(i) != got.get(i)) {
@@ -211,9 +211,9 @@ pub fn check_window_hashes(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ChunkState {
     /// Part of a window being pulled now; the client announced this hash for it.
-    Busy(Sha256),
+    Busy(Hash256),
     /// Pulled, verified against this hash, and written.
-    Verified(Sha256),
+    Verified(Hash256),
 }
 
 /// The server's record of one upload: which chunks verified, with what hash.
@@ -222,6 +222,8 @@ enum ChunkState {
 /// so a hostile `size` cannot make the server allocate.
 #[derive(Debug, Clone)]
 pub struct UploadState {
+    /// The algorithm of every chunk hash and of the manifest hash.
+    algorithm: HashAlgorithm,
     size: u64,
     chunk_bytes: u32,
     max_window_chunks: usize,
@@ -229,9 +231,15 @@ pub struct UploadState {
 }
 
 impl UploadState {
-    /// A new upload of a `size`-byte file.
-    pub fn new(size: u64, chunk_bytes: u32, max_window_chunks: usize) -> Self {
+    /// A new upload of a `size`-byte file whose hashes are in `algorithm`.
+    pub fn new(
+        algorithm: HashAlgorithm,
+        size: u64,
+        chunk_bytes: u32,
+        max_window_chunks: usize,
+    ) -> Self {
         UploadState {
+            algorithm,
             size,
             chunk_bytes,
             max_window_chunks,
@@ -244,13 +252,18 @@ impl UploadState {
         self.size
     }
 
+    /// The algorithm of the upload's hashes.
+    pub fn algorithm(&self) -> HashAlgorithm {
+        self.algorithm
+    }
+
     /// Validates a window request: geometry, one hash per chunk, and no chunk already
     /// verified or being pulled. Marks the window's chunks busy, expecting `hashes`.
     pub fn handle_window(
         &mut self,
         offset: u64,
         len: u64,
-        hashes: &[Sha256],
+        hashes: &[Hash256],
     ) -> Result<Window, ProtoError> {
         let w = check_window(
             self.size,
@@ -280,7 +293,7 @@ impl UploadState {
     }
 
     /// The hash the client announced for chunk `index` of a busy window.
-    pub fn expected(&self, index: u64) -> Option<Sha256> {
+    pub fn expected(&self, index: u64) -> Option<Hash256> {
         match self.chunks.get(&index) {
             Some(ChunkState::Busy(h)) => Some(*h),
             _ => None,
@@ -291,7 +304,7 @@ impl UploadState {
     /// is verified only if `got` is the hash the client announced; otherwise the chunk
     /// stays busy and the error says it is damaged ([`ProtoError::ChunkMismatch`]): the
     /// driver then fails the window ([`UploadState::handle_window_failed`]).
-    pub fn handle_chunk_pulled(&mut self, index: u64, got: Sha256) -> Result<(), ProtoError> {
+    pub fn handle_chunk_pulled(&mut self, index: u64, got: Hash256) -> Result<(), ProtoError> {
         match self.chunks.get_mut(&index) {
             Some(state @ ChunkState::Busy(_)) if *state == ChunkState::Busy(got) => {
                 *state = ChunkState::Verified(got);
@@ -324,9 +337,9 @@ impl UploadState {
     /// Decides whether the upload may be committed: every chunk verified and the
     /// client's manifest hash equal to the one of the verified chunks. Returns the
     /// verified chunk hashes, in order.
-    pub fn commit(&self, manifest: &Sha256) -> Result<Vec<Sha256>, ProtoError> {
+    pub fn commit(&self, manifest: &Hash256) -> Result<Vec<Hash256>, ProtoError> {
         let count = crate::chunk::chunk_count(self.size, self.chunk_bytes);
-        let hashes: Vec<Sha256> = self
+        let hashes: Vec<Hash256> = self
             .chunks
             .values()
             .filter_map(|s| match s {
@@ -340,7 +353,7 @@ impl UploadState {
                 hashes.len()
             )));
         }
-        if manifest_id(self.size, self.chunk_bytes, &hashes) != *manifest {
+        if manifest_id(self.algorithm, self.size, self.chunk_bytes, &hashes) != *manifest {
             return Err(ProtoError::Transfer(
                 "manifest hash does not match the verified chunks".into(),
             ));
@@ -423,8 +436,9 @@ mod tests {
         let mut plan = WindowPlan::new(0, C, 4, 2);
         assert!(plan.poll_window().is_none());
         assert!(plan.is_complete());
-        let s = UploadState::new(0, C, 4);
-        s.commit(&manifest_id(0, C, &[])).unwrap();
+        let s = UploadState::new(HashAlgorithm::Blake3, 0, C, 4);
+        s.commit(&manifest_id(HashAlgorithm::Blake3, 0, C, &[]))
+            .unwrap();
     }
 
     #[test]
@@ -441,7 +455,7 @@ mod tests {
 
     #[test]
     fn duplicate_and_mismatched_windows_are_refused() {
-        let mut s = UploadState::new(3 * 4096, C, 4);
+        let mut s = UploadState::new(HashAlgorithm::Blake3, 3 * 4096, C, 4);
         assert!(s.handle_window(0, 2 * 4096, &[[0; 32]]).is_err()); // one hash short
         let w = s.handle_window(0, 2 * 4096, &[[0; 32]; 2]).unwrap();
         assert!(s.handle_window(4096, 2 * 4096, &[[0; 32]; 2]).is_err()); // overlap
@@ -459,13 +473,17 @@ mod tests {
     #[test]
     fn commit_needs_every_chunk_and_the_right_manifest() {
         let data: Vec<u8> = (0..3 * 4096 + 10).map(|i| i as u8).collect();
-        let hashes: Vec<Sha256> = data.chunks(C as usize).map(hash_chunk).collect();
+        let hashes: Vec<Hash256> = data
+            .chunks(C as usize)
+            .map(|c| hash_chunk(HashAlgorithm::Blake3, c))
+            .collect();
         let m = Manifest {
+            algorithm: HashAlgorithm::Blake3,
             size: data.len() as u64,
             chunk_bytes: C,
             hashes: hashes.clone(),
         };
-        let mut s = UploadState::new(m.size, C, 2);
+        let mut s = UploadState::new(HashAlgorithm::Blake3, m.size, C, 2);
         s.handle_window(0, 2 * 4096, &hashes[..2]).unwrap();
         s.handle_chunk_pulled(0, hashes[0]).unwrap();
         s.handle_chunk_pulled(1, hashes[1]).unwrap();

@@ -11,19 +11,26 @@ use crate::batch::{self, BatchIo};
 /// Performs one batch request; a file that failed is answered in its entry.
 pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response, RemoteError> {
     let file_max = conn.session().conn().batch_file_max();
+    let share = match body.share() {
+        Some(name) => conn.share(name)?,
+        None => return Err(misrouted(&body).into()),
+    };
     let io = BatchIo {
         transport: &conn.transport,
         pool: &conn.pool,
         chunk_bytes: conn.server.chunk_bytes,
         file_max,
+        hashing: conn.hashing(&share)?,
+        cache: &conn.server.manifests,
     };
     match body {
         Request::UploadBatch {
-            share,
             region,
+            algorithm,
             files,
+            ..
         } => {
-            let results = batch::upload(io, conn.share(&share)?, region, files).await?;
+            let results = batch::upload(io, share, region, algorithm, files).await?;
             Ok(Response::UploadedBatch {
                 results: results
                     .into_iter()
@@ -31,12 +38,8 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
                     .collect(),
             })
         }
-        Request::DownloadBatch {
-            share,
-            paths,
-            region,
-        } => {
-            let files = batch::download(io, conn.share(&share)?, paths, region).await?;
+        Request::DownloadBatch { paths, region, .. } => {
+            let files = batch::download(io, share, paths, region).await?;
             Ok(Response::DownloadedBatch {
                 files: files
                     .into_iter()

@@ -27,6 +27,7 @@ pub(super) async fn perform(
             Grant::Map(handle),
         ) => {
             let share = conn.share(&share)?;
+            let hashing = conn.hashing(&share)?;
             let slot = conn.maps.slot(handle);
             let server = conn.server.clone();
             let transport = conn.transport.clone();
@@ -37,7 +38,7 @@ pub(super) async fn perform(
                     budget: &server.map_budget,
                     registrations: &server.registrations,
                 };
-                map::open(&share, &path, chunk_bytes, &ctx, slot)
+                map::open(&share, &path, chunk_bytes, &ctx, slot, hashing)
             })
             .await?;
             conn.maps.insert(entry);
@@ -62,9 +63,17 @@ pub(super) async fn perform(
             _,
         ) => {
             let share = conn.share(&share)?;
+            let hashing = conn.hashing(&share)?;
             let server = conn.server.clone();
             blocking(move || {
-                map::manifest_page(&share, &path, chunk_bytes, first_chunk, &server.manifests)
+                map::manifest_page(
+                    &share,
+                    &path,
+                    chunk_bytes,
+                    first_chunk,
+                    &server.manifests,
+                    hashing,
+                )
             })
             .await
         }

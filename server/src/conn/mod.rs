@@ -32,7 +32,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ferry_common::codec;
-use ferry_common::msg::{Message, RemoteError, Request, Response};
+use ferry_common::msg::{HashAlgorithm, Message, RemoteError, Request, Response};
+use ferry_common::proto::caps::{Algorithms, Negotiated};
 use ferry_common::proto::conn::{Family, Grant};
 use ferry_common::proto::server::{ServerEvent, ServerParams, ServerSession};
 use ferry_common::proto::MAX_INFLIGHT_REQUESTS;
@@ -53,6 +54,15 @@ mod blocking;
 mod map;
 mod namespace;
 mod transfer;
+
+/// How a session hashes for one share ([`Conn::hashing`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hashing {
+    /// The algorithms the client accepts manifests in.
+    pub(crate) accept: Algorithms,
+    /// The algorithm new data is hashed in.
+    pub(crate) fresh: HashAlgorithm,
+}
 
 struct Conn {
     server: Arc<Server>,
@@ -80,6 +90,17 @@ pub(crate) enum ConnError {
     NoSuchShare {
         /// The name as the client sent it.
         share: String,
+    },
+    /// The share fixes a hash algorithm for its new data that the client did not
+    /// offer.
+    #[error("share '{}' records its data with {required} chunk hashes (ferryd's configuration), which this client does not accept (it offered {offered})", share.escape_debug())]
+    HashRefused {
+        /// The share.
+        share: String,
+        /// The share's algorithm.
+        required: HashAlgorithm,
+        /// What the client offered.
+        offered: String,
     },
     /// A request reached a family module that does not perform it: a bug in the
     /// routing, answered rather than panicking.
@@ -308,6 +329,37 @@ impl Conn {
                 Err(e) => tracing::error!(peer = %self.peer, "cannot encode a response: {e}"),
             }
         }
+    }
+
+    /// How this session hashes for `share`: the algorithms it accepts, and the one new
+    /// data is hashed in (the share's own if its configuration fixes one, which the
+    /// client must then accept; else the session's).
+    fn hashing(&self, share: &Share) -> Result<Hashing, ConnError> {
+        // Requests are admitted only once the handshake negotiated; the default is
+        // what a session without a `hash` capability gets.
+        let n = self.session().negotiated().unwrap_or(Negotiated {
+            hash: HashAlgorithm::Sha256,
+            accepted: Algorithms::of(&[HashAlgorithm::Sha256]),
+            meta: false,
+            medium_batches: false,
+        });
+        let fresh = share.hash().unwrap_or(n.hash);
+        if !n.accepted.contains(fresh) {
+            let offered: Vec<&str> = HashAlgorithm::SUPPORTED
+                .iter()
+                .filter(|a| n.accepted.contains(**a))
+                .map(|a| a.name())
+                .collect();
+            return Err(ConnError::HashRefused {
+                share: share.name().into(),
+                required: fresh,
+                offered: offered.join(","),
+            });
+        }
+        Ok(Hashing {
+            accept: n.accepted,
+            fresh,
+        })
     }
 
     fn share(&self, name: &str) -> Result<Arc<Share>, ConnError> {

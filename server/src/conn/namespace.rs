@@ -16,6 +16,11 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
         Some(name) => conn.share(name)?,
         None => return Err(misrouted(&body).into()),
     };
+    if let Request::ShareInfo { .. } = body {
+        return Ok(Response::ShareInfo {
+            algorithm: conn.hashing(&share)?.fresh,
+        });
+    }
     blocking(move || -> Result<Response, RemoteError> {
         Ok(match body {
             Request::Stat { path, follow, .. } => fsops::stat(&share, &path, follow)?,

@@ -44,11 +44,17 @@ async fn open(conn: &Arc<Conn>, id: u64, body: Request) -> Result<Response, Remo
             mtime,
         } => {
             let share = conn.share(&share)?;
-            let up =
-                blocking(move || Upload::open(&share, &path, size, mode, mtime, chunk_bytes, None))
-                    .await?;
+            let hashing = conn.hashing(&share)?;
+            let up = blocking(move || {
+                Upload::open(&share, &path, size, mode, mtime, chunk_bytes, None, hashing)
+            })
+            .await?;
+            let algorithm = up.algorithm();
             conn.insert_transfer(id, Transfer::Upload(Box::new(up)));
-            Ok(Response::UploadOpened { transfer: id })
+            Ok(Response::UploadOpened {
+                transfer: id,
+                algorithm,
+            })
         }
         Request::UploadOpenBase {
             share,
@@ -59,22 +65,45 @@ async fn open(conn: &Arc<Conn>, id: u64, body: Request) -> Result<Response, Remo
             base,
         } => {
             let share = conn.share(&share)?;
+            let hashing = conn.hashing(&share)?;
             let server = conn.server.clone();
             let up = blocking(move || {
                 share.check_writable()?;
-                let base = BaseFile::open(&share, &base, chunk_bytes, &server.manifests)?;
-                Upload::open(&share, &path, size, mode, mtime, chunk_bytes, Some(base))
+                let base = BaseFile::open(&share, &base, chunk_bytes, &server.manifests, hashing)?;
+                Upload::open(
+                    &share,
+                    &path,
+                    size,
+                    mode,
+                    mtime,
+                    chunk_bytes,
+                    Some(base),
+                    hashing,
+                )
             })
             .await?;
+            let algorithm = up.algorithm();
             conn.insert_transfer(id, Transfer::Upload(Box::new(up)));
-            Ok(Response::UploadOpened { transfer: id })
+            Ok(Response::UploadOpened {
+                transfer: id,
+                algorithm,
+            })
         }
         Request::DownloadOpen { share, path } => {
             let share = conn.share(&share)?;
-            let down = blocking(move || Download::open(&share, &path, chunk_bytes)).await?;
-            let attr = down.attr().clone();
+            let hashing = conn.hashing(&share)?;
+            let server = conn.server.clone();
+            let down = blocking(move || {
+                Download::open(&share, &path, chunk_bytes, hashing, &server.manifests)
+            })
+            .await?;
+            let (attr, algorithm) = (down.attr().clone(), down.algorithm());
             conn.insert_transfer(id, Transfer::Download(down));
-            Ok(Response::DownloadOpened { transfer: id, attr })
+            Ok(Response::DownloadOpened {
+                transfer: id,
+                attr,
+                algorithm,
+            })
         }
         other => Err(misrouted(&other).into()),
     }
@@ -94,9 +123,14 @@ async fn move_window(conn: &Arc<Conn>, id: u64, body: Request) -> Result<Respons
                 .await?),
             Transfer::Download(_) => Err(ConnError::WrongKind { transfer: id }.into()),
         },
-        Request::DownloadWindow { offset, region, .. } => match &conn.transfer(id)?.transfer {
+        Request::DownloadWindow {
+            offset,
+            region,
+            verify,
+            ..
+        } => match &conn.transfer(id)?.transfer {
             Transfer::Download(down) => Ok(down
-                .push_window(&conn.transport, &conn.pool, offset, region)
+                .push_window(&conn.transport, &conn.pool, offset, region, verify)
                 .await?),
             Transfer::Upload(_) => Err(ConnError::WrongKind { transfer: id }.into()),
         },

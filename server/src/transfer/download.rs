@@ -1,5 +1,15 @@
-//! Downloads: each window's chunks read from the file into pool buffers, hashed and
-//! pushed into the client's region with one-sided WRITEs.
+//! Downloads: each window's chunks read from the file into pool buffers and pushed
+//! into the client's region with one-sided WRITEs, answered with their hashes.
+//!
+//! The hashes sent are the ones recorded when the file was written, whenever the
+//! server knows them for the file's version at open ([`known_manifest`]) in an
+//! algorithm the client accepts: then the bytes read are not hashed here at all, and
+//! the client's check compares what is on the disk now with what was written, so rot
+//! underneath the file system is caught. Only a file with no known manifest is hashed
+//! as it is read. When the client finds a chunk that does not match and asks again
+//! with `verify`, the chunks read are hashed and compared with the record here too:
+//! a mismatch on a file whose version did not change is rot on this server's disk,
+//! logged and answered with an integrity error naming the file and chunk.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -7,13 +17,16 @@ use std::sync::Arc;
 
 use ferry_common::chunk::hash_chunk;
 use ferry_common::direct::DirectFile;
-use ferry_common::msg::{Attr, RegionDesc, Response, MAX_WINDOW_CHUNKS};
+use ferry_common::msg::{Attr, HashAlgorithm, RegionDesc, Response, MAX_WINDOW_CHUNKS};
 use ferry_common::proto::transfer::check_window;
 use ferry_common::transport::{RemoteSlice, SharedTransport};
 use tokio::task::JoinSet;
 
 use super::{join_all, TransferError};
+use crate::conn::Hashing;
+use crate::filekey::ManifestKey;
 use crate::fsops::check_regular;
+use crate::manifests::{known_manifest, Hashes, ManifestCache};
 use crate::pool::Pool;
 use crate::share::Share;
 
@@ -23,13 +36,25 @@ pub struct Download {
     /// The file; read direct where the page cache does not hold a chunk.
     file: Arc<DirectFile>,
     attr: Attr,
-    ino: u64,
+    /// The version opened, as the manifest store keys it.
+    key: ManifestKey,
     chunk_bytes: u32,
+    /// The algorithm of the hashes sent.
+    algorithm: HashAlgorithm,
+    /// The hashes recorded for the version opened, if known (in `algorithm`).
+    recorded: Option<Hashes>,
 }
 
 impl Download {
-    /// Opens `rel` for download (symlinks followed inside the share). Blocking.
-    pub fn open(share: &Share, rel: &str, chunk_bytes: u32) -> Result<Download, TransferError> {
+    /// Opens `rel` for download (symlinks followed inside the share) and looks up the
+    /// hashes recorded for its version (`cache`, then the share's store). Blocking.
+    pub fn open(
+        share: &Share,
+        rel: &str,
+        chunk_bytes: u32,
+        hashing: Hashing,
+        cache: &ManifestCache,
+    ) -> Result<Download, TransferError> {
         let what = share.display(rel);
         let path = share.resolve(rel, true)?;
         let file = File::open(&path).map_err(|e| TransferError::Open(what.clone(), e))?;
@@ -37,12 +62,22 @@ impl Download {
             .metadata()
             .map_err(|e| TransferError::Stat(what.clone(), e))?;
         check_regular(&meta, &what)?;
+        let key = ManifestKey::of(&meta, chunk_bytes);
+        let recorded = known_manifest(
+            &key,
+            &what,
+            hashing.accept,
+            cache,
+            share.store().map(|s| &**s),
+        );
         Ok(Download {
             what,
             attr: ferry_common::attr::attr_of(&meta, None),
-            ino: meta.ino(),
+            key,
             file: Arc::new(DirectFile::for_reading(Arc::new(file), meta.len())),
             chunk_bytes,
+            algorithm: recorded.as_ref().map_or(hashing.fresh, |r| r.algorithm),
+            recorded,
         })
     }
 
@@ -51,15 +86,23 @@ impl Download {
         &self.attr
     }
 
+    /// The algorithm of the hashes this download sends.
+    pub fn algorithm(&self) -> HashAlgorithm {
+        self.algorithm
+    }
+
     /// Pushes one window: reads each chunk into a pool buffer (from the page cache if it
-    /// holds the chunk, else direct), hashes it and RDMA-WRITEs
-    /// it into the client's `region`; answers with the hashes.
+    /// holds the chunk, else direct) and RDMA-WRITEs it into the client's `region`;
+    /// answers with the chunks' recorded hashes, or, for a file with none, their hashes
+    /// taken here. With `verify`, recorded hashes are checked against the bytes read
+    /// first (see the module docs).
     pub async fn push_window(
         &self,
         transport: &SharedTransport,
         pool: &Arc<Pool>,
         offset: u64,
         region: RegionDesc,
+        verify: bool,
     ) -> Result<Response, TransferError> {
         let size = self.attr.size;
         let len = region.len.min(size.saturating_sub(offset));
@@ -75,6 +118,12 @@ impl Download {
             let pool = pool.clone();
             let file = self.file.clone();
             let what = self.what.clone();
+            let algorithm = self.algorithm;
+            // A chunk beyond the record cannot be: the record is of this size.
+            let recorded = self
+                .recorded
+                .as_ref()
+                .and_then(|r| r.hashes.get(chunk.index as usize).copied());
             tasks.spawn(async move {
                 let lease = pool.lease().await?;
                 let buf = lease.buffer().clone();
@@ -84,12 +133,17 @@ impl Download {
                 let hash = tokio::task::spawn_blocking(move || {
                     let mut bytes = buf.blocking_write();
                     match file.read_exact_at(&mut bytes[..len], file_offset) {
-                        Ok(()) => Ok(hash_chunk(&bytes[..len])),
+                        Ok(()) => {}
                         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                            Err(TransferError::Shrank { path: what2 })
+                            return Err(TransferError::Shrank { path: what2 })
                         }
-                        Err(e) => Err(TransferError::Read(what2, e)),
+                        Err(e) => return Err(TransferError::Read(what2, e)),
                     }
+                    Ok(match recorded {
+                        Some(h) if !verify => (h, None),
+                        Some(h) => (h, Some(hash_chunk(algorithm, &bytes[..len]))),
+                        None => (hash_chunk(algorithm, &bytes[..len]), None),
+                    })
                 })
                 .await
                 .map_err(|source| TransferError::ReadTask {
@@ -107,9 +161,46 @@ impl Download {
         }
         let mut done = join_all(tasks).await?;
         done.sort_unstable_by_key(|(i, _)| *i);
+        if let Some((index, _)) = done
+            .iter()
+            .find(|(_, (recorded, read))| read.is_some_and(|r| r != *recorded))
+        {
+            return Err(self.mismatch(*index));
+        }
         Ok(Response::WindowPushed {
-            hashes: done.into_iter().map(|(_, h)| h).collect(),
+            hashes: done.into_iter().map(|(_, (h, _))| h).collect(),
         })
+    }
+
+    /// The error for chunk `index`, whose bytes read do not match the hash recorded for
+    /// the version opened: rot (logged) if the file is still that version, else a
+    /// change during the download.
+    fn mismatch(&self, index: u64) -> TransferError {
+        let same = self
+            .file
+            .file()
+            .metadata()
+            .is_ok_and(|m| ManifestKey::of(&m, self.chunk_bytes) == self.key);
+        if !same {
+            return TransferError::ChangedDuring {
+                path: self.what.clone(),
+            };
+        }
+        let start = index * u64::from(self.chunk_bytes);
+        let end = (start + u64::from(self.chunk_bytes)).min(self.attr.size);
+        tracing::error!(
+            file = %self.what,
+            chunk = index,
+            bytes = %format!("{start}..{end}"),
+            algorithm = %self.algorithm,
+            "integrity error: the file's bytes on disk no longer match the hash recorded when it was written (unchanged size, mtime and ctime: damage underneath the file system)"
+        );
+        TransferError::Rot {
+            path: self.what.clone(),
+            index,
+            start,
+            end,
+        }
     }
 
     /// Ends the download: fails with [`TransferError::ChangedDuring`] if the file was modified
@@ -121,7 +212,8 @@ impl Download {
             .metadata()
             .map_err(|e| TransferError::Stat(self.what.clone(), e))?;
         let now = ferry_common::attr::attr_of(&meta, None);
-        if meta.ino() != self.ino || now.size != self.attr.size || now.mtime != self.attr.mtime {
+        if meta.ino() != self.attr.ino || now.size != self.attr.size || now.mtime != self.attr.mtime
+        {
             return Err(TransferError::ChangedDuring {
                 path: self.what.clone(),
             });

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ferry_common::chunk::hash_chunk;
 use ferry_common::direct::DirectFile;
 use ferry_common::journal::{JournalHeader, JournalWriter};
-use ferry_common::msg::{RegionDesc, Sha256};
+use ferry_common::msg::{Hash256, RegionDesc};
 use ferry_common::proto::transfer::{ChunkRef, Window};
 use ferry_common::staging::chunk_matches;
 use ferry_common::transport::{RemoteSlice, SharedTransport};
@@ -30,7 +30,7 @@ pub(super) struct PullChunk {
     pub(super) region: RegionDesc,
     pub(super) window: Window,
     pub(super) chunk: ChunkRef,
-    pub(super) expected: Sha256,
+    pub(super) expected: Hash256,
     /// The journal names this chunk with the expected hash.
     pub(super) hinted: bool,
     /// The upload's base file, if its manifest lists the expected hash.
@@ -40,7 +40,7 @@ pub(super) struct PullChunk {
 /// A chunk of a window, verified and in the file.
 pub(super) struct ChunkDone {
     pub(super) index: u64,
-    pub(super) hash: Sha256,
+    pub(super) hash: Hash256,
     pub(super) len: u32,
     /// Found in the partial file or the base rather than pulled.
     pub(super) reused: bool,
@@ -67,7 +67,7 @@ impl Sink {
         bytes: &[u8],
         offset: u64,
         index: u64,
-        hash: &Sha256,
+        hash: &Hash256,
         what: &str,
     ) -> io::Result<()> {
         self.out.write_all_at(bytes, offset)?;
@@ -118,7 +118,14 @@ impl PullChunk {
         let (index, expected) = (self.chunk.index, self.expected);
         self.blocking(move || {
             let mut bytes = buf.blocking_write();
-            chunk_matches(&file, &header, index, &expected, &mut bytes[..])
+            chunk_matches(
+                &file,
+                &header,
+                header.algorithm,
+                index,
+                &expected,
+                &mut bytes[..],
+            )
         })
         .await
     }
@@ -160,10 +167,11 @@ impl PullChunk {
         let (buf, sink, what2) = (lease.buffer().clone(), self.sink.clone(), what.clone());
         let (index, expected, len) = (self.chunk.index, self.expected, self.chunk.len as usize);
         let offset = self.file_offset();
+        let algorithm = self.header.algorithm;
         let verified = self
             .blocking(move || {
                 let bytes = buf.blocking_read();
-                if hash_chunk(&bytes[..len]) != expected {
+                if hash_chunk(algorithm, &bytes[..len]) != expected {
                     return Ok(false);
                 }
                 sink.write(&bytes[..len], offset, index, &expected, &what2)?;
@@ -174,7 +182,7 @@ impl PullChunk {
         if verified {
             return Ok(());
         }
-        tracing::warn!(file = %what, chunk = index, "upload chunk failed SHA-256 verification");
+        tracing::warn!(file = %what, chunk = index, %algorithm, "upload chunk failed hash verification");
         Err(TransferError::Integrity {
             path: what.clone(),
             index,

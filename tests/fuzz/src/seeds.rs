@@ -230,6 +230,7 @@ fn messages() -> Vec<(&'static str, Message)> {
                     transfer: 1,
                     offset: 0,
                     region: region(1 << 20),
+                    verify: false,
                 },
             ),
         ),
@@ -347,6 +348,7 @@ fn messages() -> Vec<(&'static str, Message)> {
                 Request::UploadBatch {
                     share: data(),
                     region: region(7),
+                    algorithm: HashAlgorithm::Blake3,
                     files: vec![batch_file("a", 3), batch_file("dir/b", 4)],
                 },
             ),
@@ -402,7 +404,13 @@ fn messages() -> Vec<(&'static str, Message)> {
         ),
         (
             "resp-upload-opened",
-            resp(4, Response::UploadOpened { transfer: 1 }),
+            resp(
+                4,
+                Response::UploadOpened {
+                    transfer: 1,
+                    algorithm: HashAlgorithm::Blake3,
+                },
+            ),
         ),
         (
             "resp-window-pulled",
@@ -425,6 +433,7 @@ fn messages() -> Vec<(&'static str, Message)> {
                 Response::DownloadOpened {
                     transfer: 2,
                     attr: attr(FileKind::File, None),
+                    algorithm: HashAlgorithm::Sha256,
                 },
             ),
         ),
@@ -465,6 +474,7 @@ fn messages() -> Vec<(&'static str, Message)> {
                     handle: 1,
                     attr: attr(FileKind::File, None),
                     version: FileVersion {
+                        algorithm: HashAlgorithm::Sha256,
                         size: 5000,
                         mtime: ts(1_700_000_000),
                         ctime: ts(1_700_000_002),
@@ -519,6 +529,7 @@ fn messages() -> Vec<(&'static str, Message)> {
                 14,
                 Response::Manifest {
                     version: FileVersion {
+                        algorithm: HashAlgorithm::Sha256,
                         size: 5000,
                         mtime: ts(1_700_000_000),
                         ctime: ts(1_700_000_002),
@@ -548,6 +559,7 @@ fn messages() -> Vec<(&'static str, Message)> {
             resp(
                 16,
                 Response::Verified(VerifyReport {
+                    algorithm: HashAlgorithm::Sha256,
                     record: VerifyRecord::Stale {
                         size_changed: false,
                         mtime_changed: false,
@@ -579,6 +591,7 @@ fn messages() -> Vec<(&'static str, Message)> {
                 Response::DownloadedBatch {
                     files: vec![
                         BatchedFile::Ok {
+                            algorithm: HashAlgorithm::Sha256,
                             attr: attr(FileKind::File, None),
                             offset: 0,
                             hash: [8; 32],
@@ -752,7 +765,13 @@ fn tables() -> Vec<(u8, Vec<u8>)> {
         },
         hashes: vec![[0; 32]],
     };
-    let opened = encode(&resp(0, Response::UploadOpened { transfer: 1 }));
+    let opened = encode(&resp(
+        0,
+        Response::UploadOpened {
+            transfer: 1,
+            algorithm: HashAlgorithm::Sha256,
+        },
+    ));
     vec![
         (MESSAGE, encode(&hello())),
         public(1, window(5)),
@@ -771,6 +790,7 @@ fn tables() -> Vec<(u8, Vec<u8>)> {
         public(
             4,
             Request::DownloadWindow {
+                verify: false,
                 transfer: 1,
                 offset: 0,
                 region: RegionDesc {
@@ -797,6 +817,7 @@ fn tables() -> Vec<(u8, Vec<u8>)> {
         public(
             10,
             Request::UploadBatch {
+                algorithm: HashAlgorithm::Sha256,
                 share: s("pub"),
                 region: RegionDesc {
                     addr: 0,
@@ -920,6 +941,7 @@ fn request_sequences() -> Vec<Seed> {
                 r(
                     F_REGION | F_LATEST,
                     Request::DownloadWindow {
+                        verify: false,
                         transfer: 1,
                         offset: 0,
                         region: region(0),
@@ -1122,6 +1144,7 @@ fn request_sequences() -> Vec<Seed> {
                 r(
                     F_DATA | F_REGION | F_HASHES,
                     Request::UploadBatch {
+                        algorithm: HashAlgorithm::Sha256,
                         share: d.clone(),
                         region: region(0),
                         files: vec![
@@ -1152,6 +1175,7 @@ fn request_sequences() -> Vec<Seed> {
                 r(
                     F_RO | F_REGION | F_HASHES,
                     Request::UploadBatch {
+                        algorithm: HashAlgorithm::Sha256,
                         share: s("ro"),
                         region: region(0),
                         files: vec![batch_file("new", 1)],
@@ -1160,6 +1184,7 @@ fn request_sequences() -> Vec<Seed> {
                 r(
                     F_DATA,
                     Request::UploadBatch {
+                        algorithm: HashAlgorithm::Sha256,
                         share: d.clone(),
                         region: region(5),
                         files: vec![batch_file("sum-mismatch", 4)],

@@ -42,7 +42,8 @@ use ferry_common::chunk::{hash_chunk, hash_chunks, manifest_id};
 use ferry_common::codec;
 use ferry_common::journal::read_journal;
 use ferry_common::msg::{
-    Attr, BatchedFile, Hello, Message, Request, Response, Sha256, DEFAULT_CHUNK_BYTES, HELLO_MAGIC,
+    Attr, BatchedFile, Hash256, HashAlgorithm, Hello, Message, Request, Response,
+    DEFAULT_CHUNK_BYTES, HELLO_MAGIC,
     PROTOCOL_VERSION, SMALL_FILE_MAX_BYTES,
 };
 use ferry_common::path::components;
@@ -501,6 +502,7 @@ impl Client<'_> {
             | Request::LinkBatch { share, .. }
             | Request::SetMeta { share, .. }
             | Request::ListDirMeta { share, .. }
+            | Request::ShareInfo { share }
             | Request::StatFs { share } => match flags & (F_DATA | F_RO) {
                 F_DATA => *share = "data".into(),
                 F_RO => *share = "ro".into(),
@@ -528,7 +530,7 @@ impl Client<'_> {
                 if flags & F_HASHES != 0 {
                     if let Some(&(size, _)) = self.uploads.get(transfer) {
                         let len = size.min(BUFFER_BYTES as u64);
-                        *manifest = manifest_id(size, DEFAULT_CHUNK_BYTES, &self.src_hashes(len));
+                        *manifest = manifest_id(HashAlgorithm::Sha256, size, DEFAULT_CHUNK_BYTES, &self.src_hashes(len));
                     }
                 }
             }
@@ -543,6 +545,7 @@ impl Client<'_> {
             Request::UploadBatch {
                 share,
                 region,
+                algorithm,
                 files,
             } => {
                 match flags & (F_DATA | F_RO) {
@@ -556,8 +559,10 @@ impl Client<'_> {
                     for f in files.iter_mut() {
                         f.size %= (SMALL_FILE_MAX_BYTES + 1).min(BUFFER_BYTES as u64 - offset + 1);
                         if flags & F_HASHES != 0 {
+                            // The session offered no `hash`: SHA-256, as before BLAKE3.
+                            *algorithm = HashAlgorithm::Sha256;
                             let (start, end) = (offset as usize, (offset + f.size) as usize);
-                            f.hash = hash_chunk(&self.world.src_bytes[start..end]);
+                            f.hash = hash_chunk(*algorithm, &self.world.src_bytes[start..end]);
                         }
                         offset += f.size;
                     }
@@ -593,7 +598,7 @@ impl Client<'_> {
     /// offset 0 of a file with those bytes).
     fn src_hashes(&self, len: u64) -> Vec<[u8; 32]> {
         let len = (len as usize).min(BUFFER_BYTES);
-        hash_chunks(&self.world.src_bytes[..len], DEFAULT_CHUNK_BYTES as usize)
+        hash_chunks(HashAlgorithm::Sha256, &self.world.src_bytes[..len], DEFAULT_CHUNK_BYTES as usize)
     }
 
     /// Sends one request; unless `pipelined`, waits for its answer (checking the
@@ -643,13 +648,13 @@ impl Client<'_> {
         match (&body, &resp) {
             (
                 Request::UploadOpen { size, path, .. } | Request::UploadOpenBase { size, path, .. },
-                Response::UploadOpened { transfer },
+                Response::UploadOpened { transfer, .. },
             ) => {
                 self.uploads.insert(*transfer, (*size, path.clone()));
                 self.last_upload = Some(*transfer);
                 self.last_transfer = Some(*transfer);
             }
-            (Request::DownloadOpen { .. }, Response::DownloadOpened { transfer, attr }) => {
+            (Request::DownloadOpen { .. }, Response::DownloadOpened { transfer, attr, .. }) => {
                 self.downloads.insert(*transfer, attr.size);
                 self.last_download = Some(*transfer);
                 self.last_transfer = Some(*transfer);
@@ -669,13 +674,14 @@ impl Client<'_> {
                     transfer,
                     offset,
                     region,
+                    ..
                 },
                 Response::WindowPushed { hashes },
             ) if alone && *region == self.dst.desc() => {
                 // Alone: the open was answered before.
                 let size = self.downloads[transfer];
                 let len = (size - offset).min(BUFFER_BYTES as u64) as usize;
-                let pushed = hash_chunks(
+                let pushed = hash_chunks(HashAlgorithm::Sha256, 
                     &self.world.dst.read().await[..len],
                     DEFAULT_CHUNK_BYTES as usize,
                 );
@@ -689,7 +695,7 @@ impl Client<'_> {
     }
 
     /// The file an upload committed holds exactly the bytes of `manifest`.
-    fn check_committed(&self, path: &str, size: u64, manifest: &Sha256) {
+    fn check_committed(&self, path: &str, size: u64, manifest: &Hash256) {
         let parts = components(path).expect("a committed path is valid");
         let file = parts
             .iter()
@@ -702,10 +708,10 @@ impl Client<'_> {
             size,
             "committed {path} has the wrong size"
         );
-        let got = manifest_id(
+        let got = manifest_id(HashAlgorithm::Sha256, 
             size,
             DEFAULT_CHUNK_BYTES,
-            &hash_chunks(&bytes, DEFAULT_CHUNK_BYTES as usize),
+            &hash_chunks(HashAlgorithm::Sha256, &bytes, DEFAULT_CHUNK_BYTES as usize),
         );
         assert_eq!(
             &got, manifest,

@@ -307,7 +307,10 @@ fn stats_and_unknown_shares_without_any_proof() {
 fn the_handshake_negotiates_capabilities_and_ignores_unknown_ones() {
     let mut p = Pair::new();
     let mut hello = take_hello(&mut p);
-    assert_eq!(caps::find(&hello.capabilities, caps::HASH), Some("sha256"));
+    assert_eq!(
+        caps::find(&hello.capabilities, caps::HASH),
+        Some("blake3,sha256")
+    );
     hello
         .capabilities
         .insert(0, Capability::new("from-the-future", "x,y"));
@@ -316,7 +319,8 @@ fn the_handshake_negotiates_capabilities_and_ignores_unknown_ones() {
         .push_back(encode(&Message::Hello(hello)).unwrap());
     p.drive();
     let n = p.server.negotiated().unwrap();
-    assert_eq!(n.hash, HashAlgorithm::Sha256);
+    assert_eq!(n.hash, HashAlgorithm::Blake3);
+    assert!(n.accepted.contains(HashAlgorithm::Sha256));
     assert_eq!(p.client.negotiated(), Some(n));
     assert!(p.server_closed().is_none() && p.client_closed().is_none());
 }

@@ -135,15 +135,16 @@ impl Sim {
 
     /// The file's version as a manifest page reports it.
     pub(super) fn version(&self, data: &[u8]) -> FileVersion {
-        let hashes = hash_chunks(data, self.chunk_bytes as usize);
+        let hashes = hash_chunks(HashAlgorithm::Blake3, data, self.chunk_bytes as usize);
         let a = Attr::test_file(data.len() as u64);
         FileVersion {
+            algorithm: HashAlgorithm::Blake3,
             size: a.size,
             mtime: a.mtime,
             ctime: a.ctime,
             ino: a.ino,
             chunk_bytes: self.chunk_bytes,
-            manifest: manifest_id(a.size, self.chunk_bytes, &hashes),
+            manifest: manifest_id(HashAlgorithm::Blake3, a.size, self.chunk_bytes, &hashes),
         }
     }
 
@@ -162,11 +163,19 @@ impl Sim {
     fn perform(&mut self, req: &Request, grant: Grant) -> Response {
         match (req, grant) {
             (Request::UploadOpen { path, size, .. }, Grant::Transfer(t)) => {
-                let state = UploadState::new(*size, self.chunk_bytes, MAX_WINDOW_CHUNKS);
+                let state = UploadState::new(
+                    HashAlgorithm::Blake3,
+                    *size,
+                    self.chunk_bytes,
+                    MAX_WINDOW_CHUNKS,
+                );
                 let data = vec![0; *size as usize];
                 let path = path.clone();
                 self.open.insert(t, Open::Upload { path, state, data });
-                Response::UploadOpened { transfer: t }
+                Response::UploadOpened {
+                    transfer: t,
+                    algorithm: HashAlgorithm::Blake3,
+                }
             }
             (Request::DownloadOpen { path, .. }, Grant::Transfer(t)) => {
                 match self.files.get(path) {
@@ -175,6 +184,7 @@ impl Sim {
                         let data = data.clone();
                         self.open.insert(t, Open::Download { data });
                         Response::DownloadOpened {
+                            algorithm: HashAlgorithm::Blake3,
                             transfer: t,
                             attr: Attr::test_file(size),
                         }
@@ -222,7 +232,7 @@ impl Sim {
         }
     }
 
-    fn pull(&mut self, t: u64, offset: u64, region: &RegionDesc, hashes: &[Sha256]) -> Response {
+    fn pull(&mut self, t: u64, offset: u64, region: &RegionDesc, hashes: &[Hash256]) -> Response {
         let chunk_bytes = self.chunk_bytes;
         let bytes = match self.memory.read(region) {
             Ok(b) => self.on_wire(b),
@@ -239,7 +249,9 @@ impl Sim {
             let at = c.window_offset as usize;
             let chunk = &bytes[at..at + c.len as usize];
             // The core decides whether the chunk verifies, before it reaches "disk".
-            if let Err(e) = state.handle_chunk_pulled(c.index, hash_chunk(chunk)) {
+            if let Err(e) =
+                state.handle_chunk_pulled(c.index, hash_chunk(HashAlgorithm::Blake3, chunk))
+            {
                 state.handle_window_failed(w);
                 return err(ErrorKind::Integrity, e.to_string());
             }
@@ -252,7 +264,7 @@ impl Sim {
         }
     }
 
-    fn commit(&mut self, t: u64, manifest: &Sha256) -> Response {
+    fn commit(&mut self, t: u64, manifest: &Hash256) -> Response {
         let Some(Open::Upload { path, state, data }) = self.open.get(&t) else {
             return err(ErrorKind::Protocol, "no upload state");
         };
@@ -282,7 +294,7 @@ impl Sim {
             Err(e) => return err(ErrorKind::Protocol, e.to_string()),
         };
         let bytes = data[w.offset as usize..(w.offset + w.len) as usize].to_vec();
-        let hashes = hash_chunks(&bytes, self.chunk_bytes as usize);
+        let hashes = hash_chunks(HashAlgorithm::Blake3, &bytes, self.chunk_bytes as usize);
         let sent = self.on_wire(bytes);
         match self.memory.write(region, &sent) {
             Ok(()) => Response::WindowPushed { hashes },
@@ -294,7 +306,8 @@ impl Sim {
         let Some(data) = self.files.get(path).cloned() else {
             return err(ErrorKind::NotFound, format!("{path}: no such file"));
         };
-        let hashes: Vec<u8> = hash_chunks(&data, self.chunk_bytes as usize).concat();
+        let hashes: Vec<u8> =
+            hash_chunks(HashAlgorithm::Blake3, &data, self.chunk_bytes as usize).concat();
         let version = self.version(&data);
         let size = data.len() as u64;
         let mapped = MappedFile {
@@ -336,7 +349,7 @@ impl Sim {
         let Some(data) = self.files.get(path) else {
             return err(ErrorKind::NotFound, format!("{path}: no such file"));
         };
-        let hashes = hash_chunks(data, self.chunk_bytes as usize);
+        let hashes = hash_chunks(HashAlgorithm::Blake3, data, self.chunk_bytes as usize);
         let count = chunk_count(data.len() as u64, self.chunk_bytes) as usize;
         let first = (first_chunk as usize).min(count);
         let last = (first + PAGE_CHUNKS).min(count);
@@ -358,7 +371,7 @@ impl Sim {
             .map(|f| {
                 let data = &bytes[at..at + f.size as usize];
                 at += f.size as usize;
-                if hash_chunk(data) != f.hash {
+                if hash_chunk(HashAlgorithm::Blake3, data) != f.hash {
                     return Some(RemoteError::new(
                         ErrorKind::Integrity,
                         format!("{}: failed verification", f.path),
@@ -380,9 +393,10 @@ impl Sim {
                     let offset = out.len() as u64;
                     out.extend_from_slice(d);
                     BatchedFile::Ok {
+                        algorithm: HashAlgorithm::Blake3,
                         attr: Attr::test_file(d.len() as u64),
                         offset,
-                        hash: hash_chunk(d),
+                        hash: hash_chunk(HashAlgorithm::Blake3, d),
                     }
                 }
                 Some(_) => BatchedFile::NotIncluded,

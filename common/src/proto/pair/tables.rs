@@ -16,7 +16,7 @@ fn open_upload(p: &mut Pair, path: &str, size: u64) -> u64 {
         mode: 0o644,
         mtime: Timestamp { secs: 0, nanos: 0 },
     }) {
-        Response::UploadOpened { transfer } => transfer,
+        Response::UploadOpened { transfer, .. } => transfer,
         other => panic!("{other:?}"),
     }
 }
@@ -66,6 +66,7 @@ fn requests_naming_transfers_are_checked_against_the_table() {
         hashes: vec![[0; 32]],
     };
     let push = |transfer| Request::DownloadWindow {
+        verify: false,
         transfer,
         offset: 0,
         region: region(100),
@@ -109,9 +110,9 @@ fn window_geometry_and_incomplete_commits_are_refused_by_the_upload_core() {
     let (mut p, sim) = Pair::served();
     let up = open_upload(&mut p, "u", 3 * 4096);
     let data = vec![3u8; 2 * 4096];
-    let hashes = vec![hash_chunk(&data[..4096]); 2];
+    let hashes = vec![hash_chunk(HashAlgorithm::Blake3, &data[..4096]); 2];
     let r = sim.borrow_mut().memory.register(data);
-    let send = |p: &mut Pair, offset, hashes: Vec<Sha256>| {
+    let send = |p: &mut Pair, offset, hashes: Vec<Hash256>| {
         p.call(Request::UploadWindow {
             transfer: up,
             offset,
@@ -231,6 +232,7 @@ fn upload_batches_are_checked_as_a_whole() {
         hash: [0; 32],
     };
     let batch = |files: Vec<BatchFile>, len: u64| Request::UploadBatch {
+        algorithm: HashAlgorithm::Blake3,
         share: "s".into(),
         region: region(len),
         files,

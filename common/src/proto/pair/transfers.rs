@@ -39,7 +39,7 @@ fn upload(p: &mut Pair, sim: &Rc<RefCell<Sim>>, path: &str, data: &[u8]) -> Resp
         mode: 0o644,
         mtime: MTIME,
     }) {
-        Response::UploadOpened { transfer } => transfer,
+        Response::UploadOpened { transfer, .. } => transfer,
         other => return other,
     };
     let mut plan = WindowPlan::new(size, CHUNK, 3, 2);
@@ -52,7 +52,12 @@ fn upload(p: &mut Pair, sim: &Rc<RefCell<Sim>>, path: &str, data: &[u8]) -> Resp
             }
         }
     }
-    let manifest = manifest_id(size, CHUNK, &hash_chunks(data, CHUNK as usize));
+    let manifest = manifest_id(
+        HashAlgorithm::Blake3,
+        size,
+        CHUNK,
+        &hash_chunks(HashAlgorithm::Blake3, data, CHUNK as usize),
+    );
     p.call(Request::UploadCommit { transfer, manifest })
 }
 
@@ -67,7 +72,7 @@ fn send_windows(
 ) -> Vec<(Window, Response)> {
     let send = |p: &mut Pair, w: Window| {
         let bytes = slice(data, w).to_vec();
-        let hashes = hash_chunks(&bytes, CHUNK as usize);
+        let hashes = hash_chunks(HashAlgorithm::Blake3, &bytes, CHUNK as usize);
         let region = sim.borrow_mut().memory.register(bytes);
         let id = p
             .client
@@ -115,7 +120,7 @@ fn download(
         share: "s".into(),
         path: path.into(),
     }) {
-        Response::DownloadOpened { transfer, attr } => (transfer, attr.size),
+        Response::DownloadOpened { transfer, attr, .. } => (transfer, attr.size),
         other => return Err(Box::new(other)),
     };
     out.resize(size as usize, 0);
@@ -125,6 +130,7 @@ fn download(
         loop {
             let region = sim.borrow_mut().memory.register(vec![0; w.len as usize]);
             let answer = p.call(Request::DownloadWindow {
+                verify: false,
                 transfer,
                 offset: w.offset,
                 region,
@@ -133,7 +139,7 @@ fn download(
             let Response::WindowPushed { hashes } = answer else {
                 return Err(Box::new(answer));
             };
-            let got = hash_chunks(&bytes, CHUNK as usize);
+            let got = hash_chunks(HashAlgorithm::Blake3, &bytes, CHUNK as usize);
             match check_window_hashes(w, CHUNK, &hashes, &got) {
                 Ok(()) => {
                     out[w.offset as usize..][..bytes.len()].copy_from_slice(&bytes);
@@ -157,7 +163,7 @@ fn download(
 }
 
 /// Reads `path`'s whole manifest with [`ManifestReader`].
-fn read_manifest(p: &mut Pair, path: &str) -> Result<(FileVersion, Vec<Sha256>), ManifestError> {
+fn read_manifest(p: &mut Pair, path: &str) -> Result<(FileVersion, Vec<Hash256>), ManifestError> {
     let mut reader = ManifestReader::new("s", path, CHUNK);
     while let Some(req) = reader.poll_request() {
         if let Some(m) = reader.handle_page(p.call(req))? {
@@ -219,7 +225,12 @@ fn damage_on_every_attempt_fails_the_upload_and_commits_nothing() {
     assert_eq!(sim.borrow().faults.flipped, WINDOW_ATTEMPTS);
     assert!(!sim.borrow().files.contains_key("f"));
     // The upload is still open and incomplete: its commit is refused by the core.
-    let manifest = manifest_id(4096, CHUNK, &[hash_chunk(&d)]);
+    let manifest = manifest_id(
+        HashAlgorithm::Blake3,
+        4096,
+        CHUNK,
+        &[hash_chunk(HashAlgorithm::Blake3, &d)],
+    );
     let answer = p.call(Request::UploadCommit {
         transfer: 1,
         manifest,
@@ -262,7 +273,7 @@ fn a_resumed_download_fetches_only_the_chunks_it_lacks() {
         .enumerate()
         .filter(|(i, h)| {
             let chunk = &partial[i * 4096..((i + 1) * 4096).min(partial.len())];
-            hash_chunk(chunk) == **h
+            hash_chunk(HashAlgorithm::Blake3, chunk) == **h
         })
         .map(|(i, _)| i as u64)
         .collect();
@@ -282,10 +293,10 @@ fn a_manifest_is_read_in_pages_and_restarted_when_the_file_changes() {
     let d = data(5 * 4096, 3);
     sim.borrow_mut().files.insert("f".into(), d.clone());
     let (version, hashes) = read_manifest(&mut p, "f").unwrap();
-    assert_eq!(hashes, hash_chunks(&d, 4096));
+    assert_eq!(hashes, hash_chunks(HashAlgorithm::Blake3, &d, 4096));
     assert_eq!(
         version.manifest,
-        manifest_id(d.len() as u64, CHUNK, &hashes)
+        manifest_id(HashAlgorithm::Blake3, d.len() as u64, CHUNK, &hashes)
     );
 
     // The file changes once, at the second page: the listing starts over.
@@ -347,11 +358,12 @@ fn batches_carry_many_files_in_one_operation_each_way() {
             size: d.len() as u64,
             mode: 0o644,
             mtime: MTIME,
-            hash: hash_chunk(d),
+            hash: hash_chunk(HashAlgorithm::Blake3, d),
         })
         .collect();
     sim.borrow_mut().faults.flip_next = 1;
     let answer = p.call(Request::UploadBatch {
+        algorithm: HashAlgorithm::Blake3,
         share: "s".into(),
         region,
         files: batch,
@@ -385,9 +397,11 @@ fn batches_carry_many_files_in_one_operation_each_way() {
     };
     for (i, entry) in got.iter().enumerate() {
         match entry {
-            BatchedFile::Ok { attr, offset, hash } => {
+            BatchedFile::Ok {
+                attr, offset, hash, ..
+            } => {
                 let bytes = &back[*offset as usize..(*offset + attr.size) as usize];
-                assert_eq!(hash_chunk(bytes), *hash);
+                assert_eq!(hash_chunk(HashAlgorithm::Blake3, bytes), *hash);
                 assert_eq!(bytes, &files[i].1[..]);
             }
             BatchedFile::Err(e) => {
@@ -425,7 +439,7 @@ fn a_mapped_file_is_read_one_sided_and_verified_against_its_manifest() {
     for i in 0..layout.chunks() {
         let range = layout.chunk_range(i);
         let chunk = &memory[range.start as usize..range.end as usize];
-        assert_eq!(hash_chunk(chunk), hashes[i as usize]);
+        assert_eq!(hash_chunk(HashAlgorithm::Blake3, chunk), hashes[i as usize]);
         assert_eq!(chunk, &d[range.start as usize..range.end as usize]);
     }
     let requests = p.reached_driver();

@@ -663,12 +663,15 @@ fn settle_downloads(
                 tracing::warn!(file = %item.src, "batched file failed verification; fetching it again");
                 retry.push(item);
             }
+            // Failed every attempt: the per-file path fetches it once more, asking the
+            // server to check its bytes against the hash recorded when it was written,
+            // so damage on the server's disk is named (and logged there) as such.
             None => {
-                let error = ClientError::Integrity {
-                    what: format!("{}:{share}/{}", client.addr(), item.src),
-                    chunk: 0,
-                };
-                done.push((item, Outcome::Failed(error)));
+                tracing::warn!(
+                    file = %format!("{}:{share}/{}", client.addr(), item.src),
+                    "batched file failed verification on every attempt; fetching it on its own"
+                );
+                done.push((item, Outcome::PerFile));
             }
         }
     }

@@ -189,6 +189,7 @@ impl From<ManifestError> for RemoteError {
             e @ (ManifestError::Shrank { .. } | ManifestError::KeepsChanging { .. }) => {
                 RemoteError::new(ErrorKind::Changed, e.to_string())
             }
+            e @ ManifestError::Rot { .. } => RemoteError::new(ErrorKind::Integrity, e.to_string()),
         }
     }
 }

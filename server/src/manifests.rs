@@ -55,6 +55,17 @@ pub enum ManifestError {
         /// The file.
         path: String,
     },
+    /// A chunk of the file no longer matches the hash recorded when it was written,
+    /// the file's version unchanged: damage on the server's disk.
+    #[error("{path}: bytes {start}..{end} do not match the hash recorded when the file was written: the server's copy is damaged")]
+    Rot {
+        /// The file.
+        path: String,
+        /// The damaged record chunk's first byte.
+        start: u64,
+        /// The offset past its last byte.
+        end: u64,
+    },
     /// The file changed during each of the hashings tried.
     #[error("{path}: the file keeps changing while it is being hashed")]
     KeepsChanging {
@@ -234,6 +245,81 @@ where
         .collect()
 }
 
+/// A manifest record to check a file's bytes against while hashing them in another
+/// chunk size ([`hash_file_checked`]).
+pub struct Recorded<'a> {
+    /// The record's algorithm.
+    pub algorithm: HashAlgorithm,
+    /// Its chunk size.
+    pub chunk_bytes: u32,
+    /// Its hashes.
+    pub hashes: &'a [Hash256],
+}
+
+/// [`hash_file`] in chunks of `chunk_bytes` (in `algorithm`), checking every byte read
+/// against `record`, the hashes recorded when the file was written in another chunk
+/// size (and maybe another algorithm), on all cores. Each unit of the larger of the
+/// two chunk sizes (both powers of two, so one is a multiple of the other) is read
+/// once and hashed both ways: a reader who wants small chunks (the mount's) still gets
+/// only bytes that match the record. A mismatch fails with [`ManifestError::Rot`] and
+/// is logged. Blocking.
+pub fn hash_file_checked(
+    file: &File,
+    algorithm: HashAlgorithm,
+    size: u64,
+    chunk_bytes: u32,
+    record: &Recorded<'_>,
+    what: &str,
+) -> Result<Vec<Hash256>, ManifestError> {
+    let unit = chunk_bytes.max(record.chunk_bytes);
+    if record.hashes.len() as u64 != chunk_count(size, record.chunk_bytes) {
+        // Not a record of this size: nothing to check against.
+        return hash_file(file, algorithm, size, chunk_bytes, what);
+    }
+    let units: Vec<Vec<Hash256>> = (0..chunk_count(size, unit))
+        .into_par_iter()
+        .map_init(
+            || vec![0u8; u64::from(unit).min(size) as usize],
+            |buf, u| {
+                let len = chunk_len(size, unit, u) as usize;
+                let offset = u * u64::from(unit);
+                match file.read_exact_at(&mut buf[..len], offset) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        return Err(ManifestError::Shrank { path: what.into() })
+                    }
+                    Err(e) => return Err(ManifestError::Read(what.into(), e)),
+                }
+                let data = &buf[..len];
+                let first = offset / u64::from(record.chunk_bytes);
+                for (i, c) in data.chunks(record.chunk_bytes as usize).enumerate() {
+                    let index = first + i as u64;
+                    if hash_chunk(record.algorithm, c) != record.hashes[index as usize] {
+                        let start = index * u64::from(record.chunk_bytes);
+                        let end = start + c.len() as u64;
+                        tracing::error!(
+                            file = %what,
+                            bytes = %format!("{start}..{end}"),
+                            algorithm = %record.algorithm,
+                            "integrity error: the file's bytes on disk no longer match the hash recorded when it was written (unchanged size, mtime and ctime: damage underneath the file system)"
+                        );
+                        return Err(ManifestError::Rot {
+                            path: what.into(),
+                            start,
+                            end,
+                        });
+                    }
+                }
+                Ok(data
+                    .chunks(chunk_bytes as usize)
+                    .map(|c| hash_chunk(algorithm, c))
+                    .collect())
+            },
+        )
+        .collect::<Result<_, _>>()?;
+    Ok(units.concat())
+}
+
 /// The hashes already known of the file version `key` in an algorithm of `accept`,
 /// without reading the file: from `cache`, else the record the share's `store` holds
 /// of exactly that version (cached then). `None` when neither has them. Blocking.
@@ -301,8 +387,26 @@ pub fn manifest_of(
         }
         // A record in an algorithm the reader does not accept is kept as it is.
         let recorded = store.and_then(|s| s.get(&key));
+        // A record of this version in the store's own chunk size, when another chunk
+        // size is asked for: the bytes are checked against it as they are hashed.
+        let check = store.and_then(|s| {
+            let base = ManifestKey::of(&before, s.chunk_bytes());
+            (s.chunk_bytes() != chunk_bytes)
+                .then(|| s.get(&base).map(|r| (s.chunk_bytes(), r)))
+                .flatten()
+        });
         let started = SystemTime::now();
-        let hashes = hash_file(file, fresh, before.size(), chunk_bytes, what)?;
+        let hashes = match &check {
+            None => hash_file(file, fresh, before.size(), chunk_bytes, what)?,
+            Some((record_chunk, (algorithm, record))) => {
+                let record = Recorded {
+                    algorithm: *algorithm,
+                    chunk_bytes: *record_chunk,
+                    hashes: record,
+                };
+                hash_file_checked(file, fresh, before.size(), chunk_bytes, &record, what)?
+            }
+        };
         tracing::debug!(file = %what, bytes = key.size, algorithm = %fresh, "manifest hashed");
         let after = stat()?;
         if same_version(&before, &after) {
@@ -502,9 +606,17 @@ mod tests {
         // A reader who accepts only BLAKE3 gets the bytes hashed, and the record
         // (what was written) is neither replaced nor shadowed in the cache.
         let b3_only = Algorithms::of(&[B3]);
-        let (fresh, _) =
-            manifest_of(&f, 4096, b3_only, B3, "t", &cache, Some(&store), Duration::ZERO)
-                .unwrap();
+        let (fresh, _) = manifest_of(
+            &f,
+            4096,
+            b3_only,
+            B3,
+            "t",
+            &cache,
+            Some(&store),
+            Duration::ZERO,
+        )
+        .unwrap();
         assert_eq!(fresh.algorithm, B3);
         assert_eq!(&fresh.hashes[..], &hashed.hashes[..]);
         assert_eq!(store.get(&key).unwrap(), (SHA, forged.clone()));

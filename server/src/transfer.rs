@@ -148,10 +148,12 @@ pub enum TransferError {
         path: String,
     },
     /// A pulled chunk whose bytes do not hash to the client's hash.
-    #[error("{path}: chunk {index} (bytes {start}..{end}) failed hash verification")]
+    #[error("{path}: chunk {index} (bytes {start}..{end}) failed {algorithm} verification")]
     Integrity {
         /// The file.
         path: String,
+        /// The algorithm of the hash it failed.
+        algorithm: HashAlgorithm,
         /// The chunk's index.
         index: u64,
         /// Its first byte's offset.

@@ -42,6 +42,7 @@
 
 mod env;
 mod files;
+mod loopfs;
 mod mount;
 mod procfs;
 mod raw;
@@ -60,6 +61,7 @@ pub use files::{
     assert_same_mode_and_mtime, first_difference, journaled_bytes, mode_of, mtime_of, set_mode,
     set_mtime, temp_files, unused_local_port, write_random_file, MIB, TEMP_PREFIX,
 };
+pub use loopfs::LoopExt4;
 pub use mount::{
     ferry_mount, is_fuse_type, mount_type, send_signal, Mount, MountBuilder, MountFailed,
     MountOutput, Stopped, FSTYPE, MOUNT_TIMEOUT, UNMOUNT_TIMEOUT,

@@ -672,7 +672,7 @@ mod tests {
         );
         upload_through(&env, &proxy, "up.bin")
             .assert_code(6)
-            .assert_stderr_has_any(&["SHA-256", "integrity"]);
+            .assert_stderr_has_any(&["blake3 verification", "integrity"]);
         assert_entries(&env.share(""), &[]);
         let flips = proxy.flips();
         assert!(!flips.is_empty());

@@ -3,14 +3,15 @@
 //! SHA-256 check; a single flip is repaired by the window retry (for a batch of small
 //! files, by sending the damaged file again); a persistent one fails the file (in a
 //! batch, that file only), and no corrupt or partial file ever appears under its final
-//! name.
+//! name. Every test runs twice: with the share recording BLAKE3 hashes and with it
+//! recording SHA-256 (ferryd's per-share `hash`), so detection holds for both.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use ferry_client::batch::{download_batch, upload_batch, Outcome, SmallDownload, SmallUpload};
 use ferry_client::transfer::{download_file, upload_file, ProgressFn};
-use ferry_common::msg::ErrorKind;
+use ferry_common::msg::{ErrorKind, HashAlgorithm};
 use ferry_common::proto::retry::WINDOW_ATTEMPTS;
 use ferry_common::transport::faulty::{FaultPlan, Faulty, Flip};
 use ferry_common::transport::tcp::Tcp;
@@ -20,12 +21,16 @@ use ferry_tests::{assert_only_resumable_temp_files, write_random_file as write_r
 
 /// Starts an in-process ferryd whose every connection is wrapped in `plan`.
 /// The share's secret file goes beside `root`.
-async fn faulty_server(root: &Path, plan: FaultPlan) -> u16 {
-    faulty_server_handle(root, plan).await.0
+async fn faulty_server(root: &Path, plan: FaultPlan, alg: HashAlgorithm) -> u16 {
+    faulty_server_handle(root, plan, alg).await.0
 }
 
 /// [`faulty_server`], also returning the server (to see when its connections ended).
-async fn faulty_server_handle(root: &Path, plan: FaultPlan) -> (u16, Arc<Server>) {
+async fn faulty_server_handle(
+    root: &Path,
+    plan: FaultPlan,
+    alg: HashAlgorithm,
+) -> (u16, Arc<Server>) {
     let secret = ferry_tests::write_secret_file(root.parent().unwrap());
     let mut config = Config::with_shares(
         "127.0.0.1:0".parse().unwrap(),
@@ -35,7 +40,7 @@ async fn faulty_server_handle(root: &Path, plan: FaultPlan) -> (u16, Arc<Server>
             read_only: false,
             secret_file: Some(secret),
             secret_env: None,
-            hash: None,
+            hash: Some(alg),
         }],
     );
     config.queue_depth = 4;
@@ -71,8 +76,7 @@ fn entries(dir: &Path) -> Vec<String> {
 
 const SIZE: u64 = 5 * 1024 * 1024 + 123;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_flipped_upload_chunk_is_detected_and_resent() {
+async fn one_flipped_upload_chunk_is_detected_and_resent(alg: HashAlgorithm) {
     let dir = tempfile::tempdir().unwrap();
     let (share, src) = (dir.path().join("share"), dir.path().join("src.bin"));
     std::fs::create_dir(&share).unwrap();
@@ -81,7 +85,7 @@ async fn one_flipped_upload_chunk_is_detected_and_resent() {
         flip_read: Flip::Nth(2),
         ..FaultPlan::default()
     };
-    let port = faulty_server(&share, plan.clone()).await;
+    let port = faulty_server(&share, plan.clone(), alg).await;
     let client = ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
@@ -96,8 +100,7 @@ async fn one_flipped_upload_chunk_is_detected_and_resent() {
     assert_eq!(plan.fired(), 1, "the flip happened");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn persistent_upload_corruption_fails_and_leaves_nothing() {
+async fn persistent_upload_corruption_fails_and_leaves_nothing(alg: HashAlgorithm) {
     let dir = tempfile::tempdir().unwrap();
     let (share, src) = (dir.path().join("share"), dir.path().join("src.bin"));
     std::fs::create_dir(&share).unwrap();
@@ -106,7 +109,7 @@ async fn persistent_upload_corruption_fails_and_leaves_nothing() {
         flip_read: Flip::Every,
         ..FaultPlan::default()
     };
-    let port = faulty_server(&share, plan.clone()).await;
+    let port = faulty_server(&share, plan.clone(), alg).await;
     let client = ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
@@ -123,8 +126,7 @@ async fn persistent_upload_corruption_fails_and_leaves_nothing() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_flipped_download_chunk_is_detected_and_refetched() {
+async fn one_flipped_download_chunk_is_detected_and_refetched(alg: HashAlgorithm) {
     let dir = tempfile::tempdir().unwrap();
     let (share, out) = (dir.path().join("share"), dir.path().join("out"));
     std::fs::create_dir_all(&out).unwrap();
@@ -134,7 +136,7 @@ async fn one_flipped_download_chunk_is_detected_and_refetched() {
         flip_write: Flip::Nth(4),
         ..FaultPlan::default()
     };
-    let port = faulty_server(&share, plan.clone()).await;
+    let port = faulty_server(&share, plan.clone(), alg).await;
     let client = ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
@@ -149,8 +151,7 @@ async fn one_flipped_download_chunk_is_detected_and_refetched() {
     assert_eq!(plan.fired(), 1, "the flip happened");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn persistent_download_corruption_fails_and_leaves_nothing() {
+async fn persistent_download_corruption_fails_and_leaves_nothing(alg: HashAlgorithm) {
     let dir = tempfile::tempdir().unwrap();
     let (share, out) = (dir.path().join("share"), dir.path().join("out"));
     std::fs::create_dir_all(&out).unwrap();
@@ -160,7 +161,7 @@ async fn persistent_download_corruption_fails_and_leaves_nothing() {
         flip_write: Flip::Every,
         ..FaultPlan::default()
     };
-    let port = faulty_server(&share, plan.clone()).await;
+    let port = faulty_server(&share, plan.clone(), alg).await;
     let client = ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
@@ -176,8 +177,7 @@ async fn persistent_download_corruption_fails_and_leaves_nothing() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_transport_mid_upload_leaves_no_file_under_its_name() {
+async fn a_failing_transport_mid_upload_leaves_no_file_under_its_name(alg: HashAlgorithm) {
     let dir = tempfile::tempdir().unwrap();
     let (share, src) = (dir.path().join("share"), dir.path().join("src.bin"));
     std::fs::create_dir(&share).unwrap();
@@ -186,7 +186,7 @@ async fn a_failing_transport_mid_upload_leaves_no_file_under_its_name() {
         fail_after: Some(3),
         ..FaultPlan::default()
     };
-    let (port, server) = faulty_server_handle(&share, plan.clone()).await;
+    let (port, server) = faulty_server_handle(&share, plan.clone(), alg).await;
     let client = ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap();
@@ -242,15 +242,22 @@ fn outcomes(done: impl IntoIterator<Item = (String, Outcome)>) -> Vec<(String, S
     v
 }
 
-/// `got` says every one of the ten files was copied but `bad` (failed verification),
-/// the copied ones are byte-identical in `to`, and `to` holds nothing else.
+/// `got` says every one of the ten files was copied but `bad`, whose outcome is
+/// `bad_outcome` (an upload: "integrity"; a download: "per-file", left to the per-file
+/// path, which asks the server to check its disk), the copied ones are byte-identical
+/// in `to`, and `to` holds nothing else.
 #[track_caller]
-fn assert_batch(got: &[(String, String)], from: &Path, to: &Path, bad: Option<&str>) {
+fn assert_batch(
+    got: &[(String, String)],
+    (from, to): (&Path, &Path),
+    bad: Option<&str>,
+    bad_outcome: &str,
+) {
     let names: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();
     let is_bad = |n: &str| Some(n) == bad;
     let want: Vec<(String, String)> = names
         .iter()
-        .map(|n| (n.clone(), if is_bad(n) { "integrity" } else { "ok" }.into()))
+        .map(|n| (n.clone(), if is_bad(n) { bad_outcome } else { "ok" }.into()))
         .collect();
     assert_eq!(got, want);
     let landed: Vec<String> = names.into_iter().filter(|n| !is_bad(n)).collect();
@@ -265,8 +272,8 @@ fn assert_batch(got: &[(String, String)], from: &Path, to: &Path, bad: Option<&s
 }
 
 /// A client of a faulty server of `share`.
-async fn faulty_client(share: &Path, plan: FaultPlan) -> ferry_client::Client {
-    let port = faulty_server(share, plan).await;
+async fn faulty_client(share: &Path, plan: FaultPlan, alg: HashAlgorithm) -> ferry_client::Client {
+    let port = faulty_server(share, plan, alg).await;
     ferry_tests::connect_to("127.0.0.1", port, TransportChoice::Tcp)
         .await
         .unwrap()
@@ -274,7 +281,11 @@ async fn faulty_client(share: &Path, plan: FaultPlan) -> ferry_client::Client {
 
 /// Uploads the ten files through a server whose READs flip as `flip_read` says;
 /// returns their outcomes and how many flips happened.
-async fn upload_ten(flip_read: Flip, seed: u64) -> (tempfile::TempDir, Vec<(String, String)>, u64) {
+async fn upload_ten(
+    flip_read: Flip,
+    seed: u64,
+    alg: HashAlgorithm,
+) -> (tempfile::TempDir, Vec<(String, String)>, u64) {
     let dir = tempfile::tempdir().unwrap();
     let (share, src) = (dir.path().join("share"), dir.path().join("src"));
     std::fs::create_dir(&share).unwrap();
@@ -283,7 +294,7 @@ async fn upload_ten(flip_read: Flip, seed: u64) -> (tempfile::TempDir, Vec<(Stri
         flip_read,
         ..FaultPlan::default()
     };
-    let client = faulty_client(&share, plan.clone()).await;
+    let client = faulty_client(&share, plan.clone(), alg).await;
     let items = names
         .iter()
         .map(|n| SmallUpload {
@@ -302,6 +313,7 @@ async fn upload_ten(flip_read: Flip, seed: u64) -> (tempfile::TempDir, Vec<(Stri
 async fn download_ten(
     flip_write: Flip,
     seed: u64,
+    alg: HashAlgorithm,
 ) -> (tempfile::TempDir, Vec<(String, String)>, u64) {
     let dir = tempfile::tempdir().unwrap();
     let (share, out) = (dir.path().join("share"), dir.path().join("out"));
@@ -311,7 +323,7 @@ async fn download_ten(
         flip_write,
         ..FaultPlan::default()
     };
-    let client = faulty_client(&share, plan.clone()).await;
+    let client = faulty_client(&share, plan.clone(), alg).await;
     let items = names
         .iter()
         .map(|n| SmallDownload {
@@ -329,27 +341,57 @@ async fn download_ten(
 /// it is sent again and every file arrives; flipped every time, `f5` alone fails.
 /// Each direction checks its flips happened: exactly one for a single flip, at least
 /// one per attempt for a persistent one.
-async fn flip_batches(flip: Flip, bad: Option<&str>, seed: u64) {
+async fn flip_batches(flip: Flip, bad: Option<&str>, seed: u64, alg: HashAlgorithm) {
     let fired_enough = |n: u64| match bad {
         None => n == 1,
         Some(_) => n >= WINDOW_ATTEMPTS as u64,
     };
-    let (dir, got, fired) = upload_ten(flip, seed).await;
+    let (dir, got, fired) = upload_ten(flip, seed, alg).await;
     let (src, share) = (dir.path().join("src"), dir.path().join("share"));
-    assert_batch(&got, &src, &share, bad);
+    assert_batch(&got, (&src, &share), bad, "integrity");
     assert!(fired_enough(fired), "upload flips: {fired}");
-    let (dir, got, fired) = download_ten(flip, seed + 1).await;
+    let (dir, got, fired) = download_ten(flip, seed + 1, alg).await;
     let (share, out) = (dir.path().join("share"), dir.path().join("out"));
-    assert_batch(&got, &share, &out, bad);
+    assert_batch(&got, (&share, &out), bad, "per-file");
     assert!(fired_enough(fired), "download flips: {fired}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flipped_batch_sends_the_damaged_file_again() {
-    flip_batches(Flip::Nth(0), None, 20).await;
+async fn a_flipped_batch_sends_the_damaged_file_again(alg: HashAlgorithm) {
+    flip_batches(Flip::Nth(0), None, 20, alg).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn persistent_batch_corruption_fails_only_the_damaged_file() {
-    flip_batches(Flip::Every, Some("f5"), 30).await;
+async fn persistent_batch_corruption_fails_only_the_damaged_file(alg: HashAlgorithm) {
+    flip_batches(Flip::Every, Some("f5"), 30, alg).await;
 }
+
+/// Each test above, once per hash algorithm.
+macro_rules! with_both_hashes {
+    ($($name:ident),* $(,)?) => {
+        mod blake3 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::HashAlgorithm::Blake3).await
+                }
+            )*
+        }
+        mod sha256 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::HashAlgorithm::Sha256).await
+                }
+            )*
+        }
+    };
+}
+
+with_both_hashes!(
+    one_flipped_upload_chunk_is_detected_and_resent,
+    persistent_upload_corruption_fails_and_leaves_nothing,
+    one_flipped_download_chunk_is_detected_and_refetched,
+    persistent_download_corruption_fails_and_leaves_nothing,
+    a_failing_transport_mid_upload_leaves_no_file_under_its_name,
+    a_flipped_batch_sends_the_damaged_file_again,
+    persistent_batch_corruption_fails_only_the_damaged_file,
+);

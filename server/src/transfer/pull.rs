@@ -185,6 +185,7 @@ impl PullChunk {
         tracing::warn!(file = %what, chunk = index, %algorithm, "upload chunk failed hash verification");
         Err(TransferError::Integrity {
             path: what.clone(),
+            algorithm,
             index,
             start: offset,
             end: offset + u64::from(self.chunk.len),

@@ -39,6 +39,7 @@ pub struct EnvBuilder {
     rcp_user: Option<User>,
     server_args: Vec<std::ffi::OsString>,
     server_env: Vec<(String, Option<String>)>,
+    server_program: Option<PathBuf>,
 }
 
 impl EnvBuilder {
@@ -54,6 +55,14 @@ impl EnvBuilder {
     pub fn server_env(mut self, key: &str, value: Option<&str>) -> Self {
         self.server_env
             .push((key.to_owned(), value.map(str::to_owned)));
+        self
+    }
+
+    /// Runs the ferryd binary at `program` instead of the one in [`crate::bin_dir`]
+    /// (another release's, for the compatibility tests; see
+    /// [`Server::restart_binary`] to change it later).
+    pub fn server_binary(mut self, program: impl Into<PathBuf>) -> Self {
+        self.server_program = Some(program.into());
         self
     }
 
@@ -133,15 +142,16 @@ impl EnvBuilder {
         if let Some(user) = self.rcp_user {
             user.own(&root.path().join("local"));
         }
-        let server = Server::start_with(
-            &shares,
-            ServerOptions {
-                user: self.server_user,
-                args: self.server_args,
-                env: self.server_env,
-                listen: None,
-            },
-        );
+        let opts = ServerOptions {
+            user: self.server_user,
+            args: self.server_args,
+            env: self.server_env,
+            listen: None,
+        };
+        let server = match &self.server_program {
+            Some(program) => Server::start_binary(program, &shares, opts),
+            None => Server::start_with(&shares, opts),
+        };
         Env {
             server,
             mounts,

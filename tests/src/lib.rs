@@ -32,6 +32,10 @@
 //!   symlink targets; [`assert_only_resumable_temp_files`] and [`journaled_bytes`] look
 //!   at what an interrupted copy left for a resumed one.
 //! - [`Server::restart`] SIGKILLs ferryd and starts another on the same shares.
+//! - Another release's binaries (the compatibility tests): [`PrevRelease`] finds the
+//!   previous release's in `$FERRY_PREV_BIN_DIR`; [`EnvBuilder::server_binary`] and
+//!   [`Server::restart_binary`] run a given `ferryd` on the shares, [`rcp_binary`] and
+//!   [`spawn_rcp_binary`] a given `rcp`.
 //!
 //! `cargo test -p ferry-tests` does not build the binaries: run
 //! `cargo build --workspace --bins` first. They are looked up in `$FERRY_BIN_DIR`, or
@@ -44,6 +48,7 @@ mod env;
 mod files;
 mod loopfs;
 mod mount;
+mod prev;
 mod procfs;
 mod raw;
 mod rcp;
@@ -66,13 +71,15 @@ pub use mount::{
     ferry_mount, is_fuse_type, mount_type, send_signal, Mount, MountBuilder, MountFailed,
     MountOutput, Stopped, FSTYPE, MOUNT_TIMEOUT, UNMOUNT_TIMEOUT,
 };
+pub use prev::{PrevRelease, PREV_BIN_DIR_VAR};
 pub use procfs::{open_fds, proc_status};
 pub use raw::{
     ctrl_frame, frame_bytes, msg_frame, Closed, Frame, RawClient, RAW_TIMEOUT, STATUS_DENIED,
     STATUS_INVALID_RKEY, STATUS_OUT_OF_BOUNDS,
 };
 pub use rcp::{
-    rcp, rcp_env, spawn_rcp, spawn_rcp_as, spawn_rcp_env, RcpChild, RcpOutput, RCP_TIMEOUT,
+    rcp, rcp_binary, rcp_env, spawn_rcp, spawn_rcp_as, spawn_rcp_binary, spawn_rcp_env, RcpChild,
+    RcpOutput, RCP_TIMEOUT,
 };
 pub use secret::{connect_to, credentials, test_secret, write_secret_file, TEST_SECRET};
 pub use server::{bin, bin_dir, Server, ServerOptions, Share, STARTUP_TIMEOUT};

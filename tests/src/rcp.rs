@@ -62,11 +62,43 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
+    spawn_rcp_program(&bin("rcp"), user, env, args)
+}
+
+/// Runs the rcp binary at `program` (another release's, for the compatibility tests)
+/// with `ARGS...` to completion, as [`rcp()`] runs the one in [`crate::bin_dir`].
+pub fn rcp_binary<I, S>(program: &Path, args: I) -> RcpOutput
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    spawn_rcp_binary(program, args).wait()
+}
+
+/// [`spawn_rcp`] of the rcp binary at `program`.
+pub fn spawn_rcp_binary<I, S>(program: &Path, args: I) -> RcpChild
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    spawn_rcp_program(program, None, &[], args)
+}
+
+fn spawn_rcp_program<I, S>(
+    program: &Path,
+    user: Option<User>,
+    env: &[(&str, Option<&str>)],
+    args: I,
+) -> RcpChild
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
     let args: Vec<String> = args
         .into_iter()
         .map(|a| a.as_ref().to_string_lossy().into_owned())
         .collect();
-    let mut cmd = Command::new(bin("rcp"));
+    let mut cmd = Command::new(program);
     cmd.args(&args)
         .env("FERRY_TRANSPORT", crate::test_transport())
         .env("FERRY_SECRET", crate::TEST_SECRET)

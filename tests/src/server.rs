@@ -108,6 +108,8 @@ pub struct ServerOptions {
 #[derive(Debug)]
 pub struct Server {
     child: Mutex<Child>,
+    /// The ferryd binary it runs (and a [`Server::restart`] runs again).
+    program: PathBuf,
     addr: String,
     log_path: PathBuf,
     shares: Vec<Share>,
@@ -146,6 +148,22 @@ impl Server {
     /// [`Server::start_with`], returning why ferryd did not come up (it exited first,
     /// with its stderr, or never wrote its port file) instead of panicking.
     pub fn try_start_with(shares: &[Share], opts: ServerOptions) -> Result<Server, String> {
+        Server::try_start_binary(&bin("ferryd"), shares, opts)
+    }
+
+    /// [`Server::start_with`], running the ferryd binary at `program` instead of the
+    /// one in [`bin_dir`] (another release's, for the compatibility tests); a
+    /// [`Server::restart`] runs the same binary again.
+    pub fn start_binary(program: &Path, shares: &[Share], opts: ServerOptions) -> Server {
+        Server::try_start_binary(program, shares, opts).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Server::try_start_with`], running the ferryd binary at `program`.
+    pub fn try_start_binary(
+        program: &Path,
+        shares: &[Share],
+        opts: ServerOptions,
+    ) -> Result<Server, String> {
         let user = opts.user;
         let opts = opts.clone();
         let state = tempfile::Builder::new()
@@ -159,7 +177,7 @@ impl Server {
         let log_path = state.path().join("ferryd.stderr");
         let log = File::create(&log_path).expect("cannot create ferryd's log file");
 
-        let mut cmd = Command::new(bin("ferryd"));
+        let mut cmd = Command::new(program);
         // Under the RDMA suite ferryd serves both transports (the in-process protocol
         // tests speak TCP); rcp is forced onto RDMA by its environment.
         let transport = match crate::test_transport() {
@@ -195,6 +213,7 @@ impl Server {
 
         let mut server = Server {
             child: Mutex::new(child),
+            program: program.to_path_buf(),
             addr: String::new(),
             log_path,
             shares: shares.to_vec(),
@@ -294,7 +313,20 @@ impl Server {
         let mut opts = self.opts.clone();
         opts.args
             .extend(extra.iter().map(|a| a.as_ref().to_os_string()));
-        *self = Server::start_with(&self.shares, opts);
+        *self = Server::start_binary(&self.program, &self.shares, opts);
+    }
+
+    /// [`Server::restart`], running the ferryd binary at `program` from now on: what
+    /// an upgrade (or a downgrade) of the server does to the same shares, their
+    /// partial files and manifest store.
+    pub fn restart_binary<S: AsRef<OsStr>>(&mut self, program: &Path, extra: &[S]) {
+        self.program = program.to_path_buf();
+        self.restart(extra);
+    }
+
+    /// The ferryd binary this server runs.
+    pub fn program(&self) -> &Path {
+        &self.program
     }
 
     /// Waits up to `timeout` until ferryd's stderr holds `needle` at least `times`

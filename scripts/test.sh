@@ -43,6 +43,12 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "build (cargo build --workspace --bins)"
 cargo build --workspace --bins
 
+# The compatibility tests (tests/tests/compat.rs, docs/testing.md) run the previous
+# release's ferryd and rcp, built once from git history into target/prev.
+step "previous release (scripts/build-prev.sh)"
+FERRY_PREV_BIN_DIR="$(scripts/build-prev.sh | tail -n 1)"
+export FERRY_PREV_BIN_DIR
+
 # The integration tests start the binaries built above from target/debug.
 step "test (cargo test --workspace)"
 cargo test --workspace

@@ -33,7 +33,10 @@
 //! the later record wins.
 //!
 //! Format version 1, which Ferry wrote before BLAKE3, is the same with bytes 8..12 the
-//! u32 1 (so bytes 10..12 are zero) and SHA-256 records; it is still read, as SHA-256.
+//! u32 1 (so bytes 10..12 are zero) and SHA-256 records. A SHA-256 journal is still
+//! written in it, byte for byte as before (so a partial an older Ferry left resumes,
+//! and one this build leaves is one an older Ferry can resume); version 2 is for the
+//! other algorithms.
 //! The checks are SHA-256 in both: they guard against tearing, not against an
 //! adversary.
 
@@ -51,7 +54,7 @@ use crate::msg::{Attr, Hash256, HashAlgorithm};
 
 /// Magic bytes opening a journal.
 pub const JOURNAL_MAGIC: [u8; 8] = *b"FRYJRNL\0";
-/// Format version of the journals this build writes.
+/// Format version of the journals this build writes in another algorithm than SHA-256.
 pub const JOURNAL_VERSION: u16 = 2;
 /// Format version of the journals Ferry wrote before BLAKE3 (SHA-256 records), still
 /// read.
@@ -102,8 +105,15 @@ impl JournalHeader {
     pub fn encode(&self) -> [u8; HEADER_BYTES as usize] {
         let mut b = [0u8; HEADER_BYTES as usize];
         b[0..8].copy_from_slice(&JOURNAL_MAGIC);
-        b[8..10].copy_from_slice(&JOURNAL_VERSION.to_le_bytes());
-        b[10..12].copy_from_slice(&u16::from(self.algorithm.code()).to_le_bytes());
+        // A SHA-256 journal is written in format 1, byte for byte what Ferry wrote
+        // before BLAKE3 (so its records' checks, which cover the header, are the same
+        // whichever version wrote it); a BLAKE3 one in format 2.
+        let (version, code) = match self.algorithm {
+            HashAlgorithm::Sha256 => (JOURNAL_VERSION_SHA256, 0),
+            other => (JOURNAL_VERSION, u16::from(other.code())),
+        };
+        b[8..10].copy_from_slice(&version.to_le_bytes());
+        b[10..12].copy_from_slice(&code.to_le_bytes());
         b[12..16].copy_from_slice(&self.chunk_bytes.to_le_bytes());
         b[16..24].copy_from_slice(&self.size.to_le_bytes());
         b[24..56].copy_from_slice(&self.source);
@@ -453,6 +463,34 @@ mod tests {
         let c = read_journal(&path).unwrap();
         assert!(c.chunks.is_empty());
         assert_eq!((c.records, c.ignored), (2, 2));
+    }
+
+    #[test]
+    fn sha256_journals_are_format_1_as_before_and_blake3_ones_format_2() {
+        let sha = JournalHeader {
+            algorithm: HashAlgorithm::Sha256,
+            ..header()
+        };
+        let b = sha.encode();
+        assert_eq!(
+            b[8..12],
+            1u32.to_le_bytes(),
+            "format 1, as Ferry wrote it before"
+        );
+        assert_eq!(JournalHeader::decode(&b).unwrap(), sha);
+        let b = header().encode();
+        assert_eq!(b[8..10], 2u16.to_le_bytes());
+        assert_eq!(u16::from_le_bytes([b[10], b[11]]), 2, "BLAKE3's code");
+        assert_eq!(JournalHeader::decode(&b).unwrap(), header());
+        // A record's check covers the header's check bytes, so a format-1 journal's
+        // records are read back only if its header is re-encoded in format 1.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let w = JournalWriter::create(std::fs::File::create(&path).unwrap(), &sha).unwrap();
+        w.append(3, &[5; 32]).unwrap();
+        let c = read_journal(&path).unwrap();
+        assert_eq!(c.header.algorithm, HashAlgorithm::Sha256);
+        assert_eq!(c.chunks.get(&3), Some(&[5; 32]));
     }
 
     #[test]

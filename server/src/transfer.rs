@@ -601,8 +601,8 @@ async fn join_all<T: 'static>(
 
 /// An open transfer of a connection.
 pub enum Transfer {
-    /// An upload (boxed: it is the larger by far).
+    /// An upload (boxed, as is a download: they differ much in size).
     Upload(Box<Upload>),
     /// A download.
-    Download(Download),
+    Download(Box<Download>),
 }

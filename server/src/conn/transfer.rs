@@ -98,7 +98,7 @@ async fn open(conn: &Arc<Conn>, id: u64, body: Request) -> Result<Response, Remo
             })
             .await?;
             let (attr, algorithm) = (down.attr().clone(), down.algorithm());
-            conn.insert_transfer(id, Transfer::Download(down));
+            conn.insert_transfer(id, Transfer::Download(Box::new(down)));
             Ok(Response::DownloadOpened {
                 transfer: id,
                 attr,

@@ -43,8 +43,7 @@ use ferry_common::codec;
 use ferry_common::journal::read_journal;
 use ferry_common::msg::{
     Attr, BatchedFile, Hash256, HashAlgorithm, Hello, Message, Request, Response,
-    DEFAULT_CHUNK_BYTES, HELLO_MAGIC,
-    PROTOCOL_VERSION, SMALL_FILE_MAX_BYTES,
+    DEFAULT_CHUNK_BYTES, HELLO_MAGIC, PROTOCOL_VERSION, SMALL_FILE_MAX_BYTES,
 };
 use ferry_common::path::components;
 use ferry_common::staging::{JOURNAL_SUFFIX, PART_SUFFIX};
@@ -530,7 +529,12 @@ impl Client<'_> {
                 if flags & F_HASHES != 0 {
                     if let Some(&(size, _)) = self.uploads.get(transfer) {
                         let len = size.min(BUFFER_BYTES as u64);
-                        *manifest = manifest_id(HashAlgorithm::Sha256, size, DEFAULT_CHUNK_BYTES, &self.src_hashes(len));
+                        *manifest = manifest_id(
+                            HashAlgorithm::Sha256,
+                            size,
+                            DEFAULT_CHUNK_BYTES,
+                            &self.src_hashes(len),
+                        );
                     }
                 }
             }
@@ -598,7 +602,11 @@ impl Client<'_> {
     /// offset 0 of a file with those bytes).
     fn src_hashes(&self, len: u64) -> Vec<[u8; 32]> {
         let len = (len as usize).min(BUFFER_BYTES);
-        hash_chunks(HashAlgorithm::Sha256, &self.world.src_bytes[..len], DEFAULT_CHUNK_BYTES as usize)
+        hash_chunks(
+            HashAlgorithm::Sha256,
+            &self.world.src_bytes[..len],
+            DEFAULT_CHUNK_BYTES as usize,
+        )
     }
 
     /// Sends one request; unless `pipelined`, waits for its answer (checking the
@@ -681,7 +689,8 @@ impl Client<'_> {
                 // Alone: the open was answered before.
                 let size = self.downloads[transfer];
                 let len = (size - offset).min(BUFFER_BYTES as u64) as usize;
-                let pushed = hash_chunks(HashAlgorithm::Sha256, 
+                let pushed = hash_chunks(
+                    HashAlgorithm::Sha256,
                     &self.world.dst.read().await[..len],
                     DEFAULT_CHUNK_BYTES as usize,
                 );
@@ -708,7 +717,8 @@ impl Client<'_> {
             size,
             "committed {path} has the wrong size"
         );
-        let got = manifest_id(HashAlgorithm::Sha256, 
+        let got = manifest_id(
+            HashAlgorithm::Sha256,
             size,
             DEFAULT_CHUNK_BYTES,
             &hash_chunks(HashAlgorithm::Sha256, &bytes, DEFAULT_CHUNK_BYTES as usize),

@@ -621,10 +621,28 @@ mod tests {
         assert_eq!(&fresh.hashes[..], &hashed.hashes[..]);
         assert_eq!(store.get(&key).unwrap(), (SHA, forged.clone()));
         assert_eq!(cache.len(), 1);
-        // Another chunk size is not in the store: hashed.
+        // Another chunk size is not in the store: hashed, each byte checked against the
+        // record of the store's chunk size as it is read. The forged record fails that
+        // check (what damage underneath the file system looks like)...
+        let e =
+            manifest_of(&f, 8192, ALL, B3, "t", &cache, Some(&store), Duration::ZERO).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ManifestError::Rot {
+                    start: 0,
+                    end: 4096,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // ... and the true one passes it.
+        store.save(&key, B3, &hashed.hashes).unwrap();
         let (other, _) =
             manifest_of(&f, 8192, ALL, B3, "t", &cache, Some(&store), Duration::ZERO).unwrap();
         assert_eq!(other.hashes.len(), 2);
+        assert_eq!(other.hashes[0], hash_chunk(B3, &[3u8; 8192]));
         // Unsettled files are not stored.
         let (d2, path2) = file_with(&[4u8; 100]);
         let store2 = ManifestStore::new(d2.path(), 4096);

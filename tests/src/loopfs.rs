@@ -41,6 +41,9 @@ impl LoopExt4 {
     /// free loop device and mounts it on `mountpoint` (created if missing). Needs root,
     /// `losetup`, `mkfs.ext4` and `debugfs`; the error says what was missing.
     pub fn mount(mountpoint: &Path, size_mib: u64) -> Result<LoopExt4, String> {
+        // Every tool `rot` needs, before anything is made.
+        run(Command::new("debugfs").arg("-V"))?;
+        run(Command::new("losetup").arg("--version"))?;
         let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
         let image = dir.path().join("fs.img");
         fs::File::create(&image)

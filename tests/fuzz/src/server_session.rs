@@ -67,6 +67,7 @@ pub fn server_session(data: &[u8]) {
         now: start,
         ready: None,
         meta: false,
+        hash: "sha256",
         medium: false,
         closed: false,
         outstanding: Vec::new(),
@@ -89,12 +90,18 @@ pub fn server_session(data: &[u8]) {
     }
 }
 
-/// Whether a hello's capabilities leave the session a hash: its first `hash`
-/// capability, if any, lists `sha256` (the only algorithm of this build).
-fn offers_sha256(caps: &[Capability]) -> bool {
-    caps.iter()
-        .find(|c| c.name == "hash")
-        .is_none_or(|c| c.value.split(',').any(|h| h == "sha256"))
+/// The hash algorithm a hello's capabilities leave the session, if any: the first of
+/// its first `hash` capability's list that this build knows (`blake3`, `sha256`), or
+/// `sha256` when it offers no `hash` at all.
+fn chosen_hash(caps: &[Capability]) -> Option<&'static str> {
+    match caps.iter().find(|c| c.name == "hash") {
+        None => Some("sha256"),
+        Some(c) => c.value.split(',').find_map(|h| match h {
+            "blake3" => Some("blake3"),
+            "sha256" => Some("sha256"),
+            _ => None,
+        }),
+    }
 }
 
 /// Whether a hello turns the `meta` capability on: its first `meta` capability lists
@@ -142,6 +149,8 @@ struct Harness {
     ready: Option<Nonce>,
     /// The session negotiated `meta` (its metadata requests are admitted).
     meta: bool,
+    /// The hash algorithm the welcome chose (`chosen_hash`).
+    hash: &'static str,
     /// The session negotiated medium batches.
     medium: bool,
     closed: bool,
@@ -401,9 +410,10 @@ impl Harness {
             (None, Message::Hello(h)) => {
                 if h.magic == HELLO_MAGIC
                     && (h.min_version..=h.max_version).contains(&PROTOCOL_VERSION)
-                    && offers_sha256(&h.capabilities)
+                    && chosen_hash(&h.capabilities).is_some()
                 {
                     self.ready = Some(h.nonce);
+                    self.hash = chosen_hash(&h.capabilities).unwrap_or("sha256");
                     self.meta = offers_meta(&h.capabilities);
                     self.medium = offers_medium(&h.capabilities);
                     self.transmits.push_back(Transmit::Welcome);
@@ -501,7 +511,7 @@ impl Harness {
                     assert_eq!(w.max_window_chunks as usize, MAX_WINDOW_CHUNKS);
                     assert_eq!(w.max_inflight_requests, MAX_INFLIGHT_REQUESTS);
                     assert_eq!(w.nonce, SERVER_NONCE);
-                    let mut caps = vec![Capability::new("hash", "sha256")];
+                    let mut caps = vec![Capability::new("hash", self.hash)];
                     if self.meta {
                         caps.push(Capability::new("meta", "1"));
                     }

@@ -760,6 +760,16 @@ ferrytest!(a_file_truncated_on_the_server_while_open, |env| {
 // ---------------------------------------------------------------- integrity
 
 ferrytest!(a_corrupted_chunk_fails_with_eio_and_is_logged, |env| {
+    a_corrupted_chunk_fails(&env, "blake3");
+});
+
+ferrytest!(a_corrupted_chunk_fails_with_eio_and_is_logged_sha256, |env| {
+    a_corrupted_chunk_fails(&env, "sha256");
+});
+
+/// A byte flipped in every READ of one chunk of a file, through a mount offering only
+/// the chunk-hash algorithm `hash`.
+fn a_corrupted_chunk_fails(env: &Env, hash: &str) {
     if skip_without_tcp("a_corrupted_chunk_fails_with_eio_and_is_logged") {
         return;
     }
@@ -777,6 +787,8 @@ ferrytest!(a_corrupted_chunk_fails_with_eio_and_is_logged, |env| {
     );
     let mount = Mount::builder(proxy.remote("data", ""))
         .transport("tcp")
+        .arg("--hash")
+        .arg(hash)
         .start();
 
     // Read the file front to back until the error.
@@ -855,7 +867,7 @@ ferrytest!(a_corrupted_chunk_fails_with_eio_and_is_logged, |env| {
     assert_eq!(proxy.parse_errors(), 0);
     drop(file);
     assert_clean_unmount(mount);
-});
+}
 
 ferrytest!(a_single_flipped_read_never_returns_wrong_bytes, |env| {
     if skip_without_tcp("a_single_flipped_read_never_returns_wrong_bytes") {

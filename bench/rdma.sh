@@ -10,7 +10,9 @@
 #   bench/rdma.sh --size-mib 512 --reps 5 --kernel newest-6.12 --bin-dir target/debug
 #
 # The table is printed and written to bench/results/rdma-<date>.md (--no-save: print
-# only). Under TCG every number is far below real hardware; the ratio is the point.
+# only), then the chunk hash rcp used and the CPU-seconds per GB of rcp and of ferryd
+# (FERRY_HASH=sha256 bench/rdma.sh: the same with SHA-256 chunk hashes). Under TCG
+# every number is far below real hardware; the ratio is the point.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,7 +32,7 @@ while [ $# -gt 0 ]; do
         --kernel) KERNEL="${2:?}"; shift ;;
         --no-save) SAVE=0 ;;
         --run-in-vm) IN_VM=1; BIN_DIR="$2"; SIZE_MIB="$3"; REPS="$4"; shift 3 ;;
-        -h | --help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench: unknown argument '$1'" >&2; exit 2 ;;
     esac
     shift
@@ -48,7 +50,7 @@ if [ -z "${IN_VM:-}" ]; then
     if [ "$SAVE" = 1 ]; then
         mkdir -p bench/results
         f="bench/results/rdma-$(date +%Y-%m-%d-%H%M%S).md"
-        { echo "# bench/rdma.sh — $(date -u +%FT%TZ), $(nproc) host cores, kernel arg $KERNEL"; echo; sed -n '/^| /p;/^rcp /p;/^kernel/p;/^sha256/p' "$out"; } >"$f"
+        { echo "# bench/rdma.sh — $(date -u +%FT%TZ), $(nproc) host cores, kernel arg $KERNEL"; echo; sed -n '/^| /p;/^rcp /p;/^kernel/p;/^sha256/p;/^blake3/p;/^chunk hash/p' "$out"; } >"$f"
         echo "saved $f" >&2
     fi
     exit 0
@@ -72,16 +74,36 @@ PORT=$(sed 's/.*://' "$W/port")
 now() { date +%s.%N; }
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 mibps() { awk -v b="$((SIZE_MIB << 20))" -v s="$1" 'BEGIN {printf "%.1f", b / s / 1048576}'; }
+# ferryd_cpu: ferryd's CPU-seconds so far (utime + stime, fields 14 and 15 of its stat).
+TICK=$(getconf CLK_TCK)
+ferryd_cpu() { awk -v t="$TICK" '{ sub(/.*\) /, ""); print ($12 + $13) / t }' "/proc/$FERRYD/stat"; }
+# rcp_timed ARGS...: one rcp --json; sets DT (seconds), RCP_CPU (its user + system CPU,
+# from bash's times in a subshell that ran only rcp), SRV_CPU (ferryd's over the same
+# span) and HASH (the chunk hash rcp --json names).
+rcp_timed() {
+    local t0 t1 c0 c1
+    c0=$(ferryd_cpu)
+    t0=$(now)
+    ("$BIN_DIR/rcp" -q --json --transport rdma "$@" >"$W/rcp.json"; times >"$W/times")
+    t1=$(now)
+    c1=$(ferryd_cpu)
+    DT=$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')
+    # times: the subshell's own user/system, then its children's ("0m1.234s 0m0.567s").
+    RCP_CPU=$(awk 'NR == 2 { n = 0; for (i = 1; i <= 2; i++) { split($i, p, "m"); sub(/s$/, "", p[2]); n += p[1] * 60 + p[2] } print n }' "$W/times")
+    SRV_CPU=$(awk -v a="$c0" -v b="$c1" 'BEGIN {print b - a}')
+    HASH=$(sed -n 's/.*"hash":"\([a-z0-9]*\)".*/\1/p' "$W/rcp.json")
+}
+per_gb() { awk -v c="$1" -v b="$((SIZE_MIB << 20))" 'BEGIN {printf "%.3f", c / (b / 1e9)}'; }
 
-up=() down=()
+up=() down=() up_rcp=() up_srv=() down_rcp=() down_srv=() hashes=()
 for _ in $(seq "$REPS"); do
     # The VM's /tmp is small: never hold the last copy while the next reserves its size.
     rm -f "$W/share/up.bin"
-    t0=$(now); "$BIN_DIR/rcp" -q --transport rdma "$W/local/src.bin" "$IP:$PORT:b/up.bin"; t1=$(now)
-    up+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')")
+    rcp_timed "$W/local/src.bin" "$IP:$PORT:b/up.bin"
+    up+=("$DT") up_rcp+=("$RCP_CPU") up_srv+=("$SRV_CPU") hashes+=("${HASH:-unknown}")
     rm -f "$W/local/back.bin"
-    t0=$(now); "$BIN_DIR/rcp" -q --transport rdma "$IP:$PORT:b/up.bin" "$W/local/back.bin"; t1=$(now)
-    down+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')")
+    rcp_timed "$IP:$PORT:b/up.bin" "$W/local/back.bin"
+    down+=("$DT") down_rcp+=("$RCP_CPU") down_srv+=("$SRV_CPU") hashes+=("${HASH:-unknown}")
     cmp "$W/local/src.bin" "$W/local/back.bin"
 done
 kill "$FERRYD"; wait "$FERRYD" 2>/dev/null || true
@@ -102,6 +124,13 @@ write_bw=$(perf ib_write_bw)
 # the same vCPUs that run rxe's software packet path, so this bounds it too.
 sha_bw=$(openssl speed -evp sha256 -bytes 1048576 -seconds 3 2>/dev/null |
     awk '$1 == "sha256" {printf "%.1f", $2 * 1000 / 1048576}')
+# The same for blake3 (b3sum on one thread over the source file, its user CPU), where
+# b3sum and python3 are installed.
+b3_bw=""
+if command -v b3sum >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1; then
+    b3_bw=$(python3 bench/lib/bench.py hashspeed "$W/local/src.bin" 1 2>/dev/null |
+        python3 -c 'import json, sys; v = json.load(sys.stdin).get("blake3"); print(f"{v * 1e9 / 1048576:.1f}" if v else "")' 2>/dev/null) || b3_bw=""
+fi
 
 up_s=$(printf '%s\n' "${up[@]}" | median)
 down_s=$(printf '%s\n' "${down[@]}" | median)
@@ -114,4 +143,16 @@ echo "|---|---:|---:|---:|"
 echo "| rcp upload (server RDMA READ) | $up_bw | ib_read_bw $read_bw | $(ratio "$up_bw" "$read_bw") |"
 echo "| rcp download (server RDMA WRITE) | $down_bw | ib_write_bw $write_bw | $(ratio "$down_bw" "$write_bw") |"
 echo "sha256 (openssl, 1 MiB blocks, one vCPU): ${sha_bw:-n/a} MiB/s; $(nproc) vCPUs"
+echo "blake3 (b3sum --num-threads 1, user CPU): ${b3_bw:-n/a} MiB/s"
+echo "chunk hash (rcp --json): $(printf '%s\n' "${hashes[@]}" | sort -u | paste -sd, -); CPU-seconds per GB (1e9 bytes), median of $REPS: rcp its own (bash times), ferryd utime + stime over the copy"
+echo "| CPU-s/GB | rcp | ferryd | both | cores per side for 12.5 GB/s (rcp, ferryd) |"
+echo "|---|---:|---:|---:|---:|"
+cpu_row() {
+    local name=$1 r s
+    r=$(per_gb "$(printf '%s\n' "${@:2:$REPS}" | median)")
+    s=$(per_gb "$(printf '%s\n' "${@:$((REPS + 2)):$REPS}" | median)")
+    echo "| $name | $r | $s | $(awk -v a="$r" -v b="$s" 'BEGIN {printf "%.3f", a + b}') | $(awk -v a="$r" -v b="$s" 'BEGIN {printf "%.1f, %.1f", a * 12.5, b * 12.5}') |"
+}
+cpu_row "CPU upload" "${up_rcp[@]}" "${up_srv[@]}"
+cpu_row "CPU download" "${down_rcp[@]}" "${down_srv[@]}"
 rm -rf "$W"

@@ -2,11 +2,19 @@
 
 Subcommands (python3 bench/lib/bench.py CMD ARGS...):
 
-  run LIMIT_S OUT_FILE ERR_FILE [--syncfs DIR] -- CMD...
+  run LIMIT_S OUT_FILE ERR_FILE [--syncfs DIR] [--cpu-pid PID] -- CMD...
       run CMD (stdout to OUT_FILE, stderr to ERR_FILE) within LIMIT_S seconds; print
-      "SECONDS SECONDS_WITH_SYNC" (monotonic clock; the second also covers a syncfs(2)
-      of DIR's file system right after CMD, or a sync(2) without --syncfs: the
-      destination durable). On failure print a one-line reason and exit 3.
+      "SECONDS SECONDS_WITH_SYNC CPU_CMD CPU_PID" (monotonic clock; the second also
+      covers a syncfs(2) of DIR's file system right after CMD, or a sync(2) without
+      --syncfs: the destination durable; CPU_CMD is the user + system CPU-seconds of
+      CMD and every process it waited for (its rusage); CPU_PID those of the running
+      server PID and of the children it reaped (/proc/PID/stat utime + stime + cutime
+      + cstime), from just before CMD started to just after the sync, or "-" without
+      --cpu-pid). On failure print a one-line reason and exit 3.
+  hashspeed FILE COPIES      single-core hash speed, GB per CPU-second: blake3 (b3sum
+                            --num-threads 1 over COPIES passes of FILE, in the page
+                            cache) and sha256 (openssl speed -evp sha256, 1 MiB
+                            blocks, 1 s); one JSON line
   port                      a TCP port on 127.0.0.1 that is free now
   mktree DIR DIRS FILES SIZE  DIRS directories of FILES random files of SIZE bytes
   mkmixed DIR FILES SEED    a mixed-size tree of about FILES files (see MIXED_SIZES)
@@ -28,6 +36,7 @@ import hashlib
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 import socket
@@ -45,16 +54,34 @@ def syncfs(fd):
         raise OSError(e, os.strerror(e))
 
 
+def proc_cpu(pid):
+    """CPU-seconds of PID and of its reaped children (utime + stime + cutime + cstime of
+    /proc/PID/stat), or None if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # fields[0] is field 3 (state); utime, stime, cutime, cstime are fields 14-17.
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def run_timed(argv):
     limit, out, err = float(argv[0]), argv[1], argv[2]
     rest = argv[3:]
-    sync_dir = None
-    if rest[0] == "--syncfs":
-        sync_dir, rest = rest[1], rest[2:]
+    sync_dir = cpu_pid = None
+    while rest[0] in ("--syncfs", "--cpu-pid"):
+        if rest[0] == "--syncfs":
+            sync_dir = rest[1]
+        else:
+            cpu_pid = int(rest[1])
+        rest = rest[2:]
     sep, cmd = rest[0], rest[1:]
     assert sep == "--" and cmd
     # Opened before the clock starts: the destination's file system, flushed after CMD.
     dfd = os.open(sync_dir, os.O_RDONLY | os.O_DIRECTORY) if sync_dir else None
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    srv0 = proc_cpu(cpu_pid) if cpu_pid else None
     with open(out, "wb") as fo, open(err, "wb") as fe:
         t0 = time.monotonic()
         p = subprocess.Popen(cmd, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
@@ -78,6 +105,16 @@ def run_timed(argv):
         else:
             syncfs(dfd)
         t2 = time.monotonic()
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_cmd = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    cpu_srv = "-"
+    if srv0 is not None:
+        # A server's worker may end a moment after the client (an rsync daemon's child
+        # is counted once the daemon reaped it): a short grace, outside the times.
+        time.sleep(0.1)
+        srv1 = proc_cpu(cpu_pid)
+        if srv1 is not None:
+            cpu_srv = f"{srv1 - srv0:.3f}"
     if dfd is not None:
         os.close(dfd)
     if rc != 0:
@@ -87,7 +124,67 @@ def run_timed(argv):
         why = f"exit {rc}" + (f": {last}" if last else "")
         print(why.replace("\t", " ")[:160])
         sys.exit(3)
-    print(f"{t1 - t0:.6f} {t2 - t0:.6f}")
+    print(f"{t1 - t0:.6f} {t2 - t0:.6f} {cpu_cmd:.3f} {cpu_srv}")
+
+
+def hashspeed(argv):
+    """hashspeed FILE COPIES: what one core hashes here, in GB (1e9 bytes) per
+    CPU-second: blake3 by b3sum on one thread over COPIES passes of FILE (the user CPU
+    of b3sum, its rusage: b3sum maps the file, and its page faults are left out), sha256
+    by openssl speed over 1 MiB blocks (SHA-NI where the CPU has it; a buffer in memory,
+    no reads). A tool that is not installed gets null and a note."""
+    path, copies = argv[0], int(argv[1])
+    out = {}
+
+    def version(cmd):
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        lines = (p.stdout or p.stderr).strip().splitlines()
+        return lines[0] if lines else "?"
+
+    if shutil.which("b3sum") is None:
+        out["blake3"], out["blake3_note"] = None, "b3sum not installed (Debian package b3sum)"
+    else:
+        size = os.path.getsize(path) * copies
+        with open(path, "rb") as f:  # into the page cache first
+            while f.read(1 << 24):
+                pass
+        os.sync()  # no write-back of the just-written file beside the timing
+        cmd = ["b3sum", "--num-threads", "1", "--no-names"]
+        cpu = None
+        for _ in range(2):  # the faster of two passes, like openssl speed's steady state
+            ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            p = subprocess.run(cmd + [path] * copies, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if p.returncode != 0:
+                break
+            # User CPU only: the hashing, not the page faults of b3sum's mapping of the
+            # file (openssl speed hashes a buffer in memory: no faults either).
+            c = ru1.ru_utime - ru0.ru_utime
+            cpu = c if cpu is None else min(cpu, c)
+        if p.returncode != 0 or not cpu:
+            out["blake3"], out["blake3_note"] = None, f"b3sum failed (exit {p.returncode})"
+        else:
+            out["blake3"] = round(size / 1e9 / cpu, 3)
+            out["blake3_tool"] = f"{' '.join(cmd)} over {size / 2**30:.2f} GiB in the page cache, user CPU, the faster of 2 ({version(['b3sum', '--version'])})"
+    if shutil.which("openssl") is None:
+        out["sha256"], out["sha256_note"] = None, "openssl not installed"
+    else:
+        cmd = ["openssl", "speed", "-evp", "sha256", "-bytes", "1048576", "-seconds", "1"]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        rate = None
+        for line in p.stdout.splitlines():
+            f = line.split()
+            if len(f) >= 2 and f[0] == "sha256":
+                try:
+                    rate = float(f[-1].rstrip("k")) * 1000  # in 1000s of bytes per second
+                except ValueError:
+                    pass
+        if rate is None:
+            out["sha256"], out["sha256_note"] = None, f"{' '.join(cmd)} printed no rate"
+        else:
+            out["sha256"] = round(rate / 1e9, 3)
+            out["sha256_tool"] = f"{' '.join(cmd)} ({version(['openssl', 'version'])})"
+    print(json.dumps(out))
 
 
 def free_port(_argv):
@@ -626,6 +723,155 @@ def replace_block(readme, block):
     return None
 
 
+# --- CPU per GB and the cost of the chunk hash (issue 22) ------------------------------
+
+# The copy rows whose Ferry and rsync runs record CPU-seconds per GB (bench/lib/jobs.sh
+# copy_run): ROW.cpu_client (rcp, the rsync client), ROW.cpu_server (ferryd, the rsync
+# daemon's children), ROW.cpu_sum; and ROW.hash, the chunk hash rcp --json named.
+CPU_ROWS = ["upload", "download", "small_up", "small_down", "mixed_up", "mixed_down"]
+# The big file's Ferry runs: rcp as it comes (tool ferry: blake3 by default) and
+# rcp --hash sha256 (tool ferry_sha256).
+HASH_RUNS = [("ferry", "blake3"), ("ferry_sha256", "sha256")]
+NIC_GBS = 12.5  # a 100 Gb/s NIC, in GB/s
+SHA_OVER_BLAKE3 = 1.8  # issue 22: CPU-s/GB of both processes at least 1.8x lower with blake3
+BLAKE3_VS_RSYNC = 2.0  # issue 22: >= 2x the rsync daemon with blake3, both directions
+
+
+def med(res, row, tool):
+    c = res.get(row, {}).get(tool)
+    return None if c is None else c.get("median")
+
+
+def hash_of(res, row, tool):
+    return res.get(row + ".hash", {}).get(tool, {}).get("hash")
+
+
+def f2(v, spec=".2f", suffix=""):
+    return "—" if v is None else format(v, spec) + suffix
+
+
+def cpu_report(meta, res):
+    """CPU per GB of every copy row (Ferry and the rsync daemon), the hash-cost rows of
+    the big file (both hashes) with the cores a 12.5 GB/s stream would need, and the
+    verdicts of issue 22's targets; as JSON-able dicts."""
+    labels = {r[0]: r[1] for r in rows(meta)}
+    cpu = []
+    for rid in CPU_ROWS:
+        for tool in ("ferry", "ferry_sha256", "rsync"):
+            c, s_, b = (med(res, f"{rid}.cpu_{k}", tool) for k in ("client", "server", "sum"))
+            if c is None and s_ is None:
+                continue
+            cpu.append({"id": rid, "job": labels.get(rid, rid), "tool": tool,
+                        "hash": hash_of(res, rid, tool), "client": c, "server": s_, "sum": b,
+                        "n": len(res.get(f"{rid}.cpu_client", {}).get(tool, {}).get("values", []))})
+    cost, targets = [], []
+    for rid in ("upload", "download"):
+        rsync = med(res, rid + ".sync", "rsync")
+        by = {}
+        for tool, want in HASH_RUNS:
+            gbs = med(res, rid + ".sync", tool)
+            if gbs is None and med(res, rid + ".cpu_client", tool) is None:
+                fail = res.get(rid + ".sync", {}).get(tool, {}).get("fail") or \
+                    res.get(rid, {}).get(tool, {}).get("fail")
+                if fail:
+                    cost.append({"id": rid, "tool": tool, "hash": want, "fail": fail})
+                continue
+            c, s_, b = (med(res, f"{rid}.cpu_{k}", tool) for k in ("client", "server", "sum"))
+            h = hash_of(res, rid, tool)
+            row = {"id": rid, "job": labels.get(rid, rid), "tool": tool, "hash": h,
+                   "mb_s": None if gbs is None else gbs * 1000,
+                   "vs_rsync": better(gbs, rsync, HIGHER),
+                   "rcp_cpu_s_per_gb": c, "ferryd_cpu_s_per_gb": s_, "sum_cpu_s_per_gb": b,
+                   "rcp_cores_for_12_5_gb_s": None if c is None else c * NIC_GBS,
+                   "ferryd_cores_for_12_5_gb_s": None if s_ is None else s_ * NIC_GBS}
+            cost.append(row)
+            if h == want:
+                by[want] = row
+        b3, sha = by.get("blake3"), by.get("sha256")
+        ratio = None
+        if b3 and sha and b3["sum_cpu_s_per_gb"] and sha["sum_cpu_s_per_gb"]:
+            ratio = sha["sum_cpu_s_per_gb"] / b3["sum_cpu_s_per_gb"]
+        vs = b3["vs_rsync"] if b3 else None
+        if b3 or sha:
+            targets.append({"id": rid, "job": labels.get(rid, rid),
+                            "sha256_over_blake3_cpu": ratio,
+                            "cpu_target_held": None if ratio is None else ratio >= SHA_OVER_BLAKE3,
+                            "blake3_vs_rsync": vs,
+                            "rsync_target_held": None if vs is None else vs >= BLAKE3_VS_RSYNC})
+    return {"cpu": cpu, "hash_cost": cost, "hash_targets": targets}
+
+
+def held(v):
+    return {True: "held", False: "**not held**", None: "—"}[v]
+
+
+def cpu_markdown(meta, rep, parts=("cpu", "hash")):
+    """The report's CPU section: a table of CPU-s/GB per copy row ("cpu"), then the hash
+    cost ("hash")."""
+    out = []
+    names = {"ferry": "Ferry (rcp, ferryd)", "ferry_sha256": "Ferry, rcp --hash sha256",
+             "rsync": "rsync (client, daemon)"}
+    if rep["cpu"] and "cpu" in parts:
+        out += ["CPU-seconds per GB copied (GB = 1e9 bytes of file data; median of the runs"
+                " of the first table): the client is the command's own rusage (rcp, the rsync"
+                " client), the server is ferryd's utime + stime (`/proc/PID/stat`), or what"
+                " the rsync daemon's children used (the daemon's cutime + cstime once it"
+                " reaped them), from just before the command to just after the destination's"
+                " sync; kernel threads (the loop device, jbd2, softirq on other CPUs) are in"
+                " neither. Each process's CPU is counted in clock ticks of"
+                f" {1 / os.sysconf('SC_CLK_TCK') * 1000:.0f} ms: ±"
+                f"{1 / os.sysconf('SC_CLK_TCK') / (int(meta.get('size_bytes') or 0) / 1e9 or 1):.3f}"
+                " CPU-s/GB on the big file, more on the smaller trees:", "",
+                "| job | tool | chunk hash | client CPU-s/GB | server CPU-s/GB | both |",
+                "|---|---|---|---:|---:|---:|"]
+        for r in rep["cpu"]:
+            out.append("| " + " | ".join([r["job"], names[r["tool"]], r["hash"] or "—",
+                                          f2(r["client"], ".3f"), f2(r["server"], ".3f"),
+                                          f2(r["sum"], ".3f")]) + " |")
+    cost = rep["hash_cost"] if "hash" in parts else []
+    if cost:
+        hs = {}
+        try:
+            hs = json.loads(meta.get("hash_speed") or "{}")
+        except ValueError:
+            pass
+        out += ["Hash cost and a 100 Gb/s NIC: the big file with each chunk hash, in the"
+                " same run, from the same cache state onto the same fresh file system (MB/s"
+                " and the ratio to the rsync daemon as in the first table, until durable;"
+                f" cores for {NIC_GBS:g} GB/s = CPU-s/GB × {NIC_GBS:g}: what each side"
+                " would keep busy at this machine's per-core speed to fill a 100 Gb/s link,"
+                " if the work spread over that many cores):", "",
+                f"| job | chunk hash | MB/s | vs rsync daemon | rcp CPU-s/GB | ferryd CPU-s/GB"
+                f" | both | rcp cores for {NIC_GBS:g} GB/s | ferryd cores for {NIC_GBS:g} GB/s |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in cost:
+            if "fail" in r:
+                out.append(f"| {r['id']} | {r['hash']} | failed: {r['fail'].replace('|', '/')}"
+                           " | | | | | | |")
+                continue
+            out.append("| " + " | ".join([
+                r["job"], r["hash"] or "—", f2(r["mb_s"], ",.0f"), f2(r["vs_rsync"], ".2f", "×"),
+                f2(r["rcp_cpu_s_per_gb"], ".3f"), f2(r["ferryd_cpu_s_per_gb"], ".3f"),
+                f2(r["sum_cpu_s_per_gb"], ".3f"), f2(r["rcp_cores_for_12_5_gb_s"], ".1f"),
+                f2(r["ferryd_cores_for_12_5_gb_s"], ".1f")]) + " |")
+        if rep["hash_targets"]:
+            out += ["", f"| job | CPU-s/GB of both, sha256 / blake3 | ≥ {SHA_OVER_BLAKE3:g}×"
+                    f" | blake3 vs rsync daemon | ≥ {BLAKE3_VS_RSYNC:g}× |", "|---|---:|---|---:|---|"]
+            for t in rep["hash_targets"]:
+                out.append("| " + " | ".join([
+                    t["job"], f2(t["sha256_over_blake3_cpu"], ".2f", "×"), held(t["cpu_target_held"]),
+                    f2(t["blake3_vs_rsync"], ".2f", "×"), held(t["rsync_target_held"])]) + " |")
+        speeds = []
+        for name in ("blake3", "sha256"):
+            if hs.get(name):
+                speeds.append(f"{name} {hs[name]:.2f} GB/s (`{hs[name + '_tool']}`)")
+            elif hs.get(name + "_note"):
+                speeds.append(f"{name}: not measured ({hs[name + '_note']})")
+        if speeds:
+            out += ["", "One core's raw hash speed here, GB per CPU-second: " + "; ".join(speeds) + "."]
+    return "\n".join(out).strip("\n")
+
+
 def floor_note(meta, res):
     """The round-trip floor of a FUSE miss (bench/rtt.c), with what it bounds; None if
     the run did not measure it."""
@@ -676,6 +922,11 @@ def report(argv):
     floor = floor_note(meta, res)
     if floor:
         md += ["", floor]
+    cpu = cpu_report(meta, res)
+    for part in ("hash", "cpu"):
+        text = cpu_markdown(meta, cpu, (part,))
+        if text:
+            md += ["", text]
     st = alone_table(alone)
     if st:
         md += ["", "The copy jobs again, each run timed to the tool's exit alone (no sync after"
@@ -688,8 +939,8 @@ def report(argv):
     with open(out_base + ".md", "w") as f:
         f.write(md_text)
     with open(out_base + ".json", "w") as f:
-        json.dump({"meta": meta, "rows": table, "rows_tool_alone": alone, "raw": res}, f, indent=1,
-                  ensure_ascii=False)
+        json.dump({"meta": meta, "rows": table, "rows_tool_alone": alone, **cpu, "raw": res}, f,
+                  indent=1, ensure_ascii=False)
         f.write("\n")
     problem = chart(work, out_base + ".png", meta, table)
     if problem:
@@ -707,7 +958,8 @@ def report(argv):
             "",
             markdown_table(table),
             "",
-        ] + ([floor, ""] if floor else []) + [
+        ] + ([floor, ""] if floor else []) + (
+            [hash_md, ""] if (hash_md := cpu_markdown(meta, cpu, ("hash",))) else []) + [
             "![Ferry vs its peers](bench/results/latest.png)" if not problem else "",
         ])
         why = replace_block(readme, block)
@@ -716,6 +968,6 @@ def report(argv):
 
 
 if __name__ == "__main__":
-    {"run": run_timed, "port": free_port, "mktree": mktree, "mkmixed": mkmixed, "change": change,
+    {"run": run_timed, "port": free_port, "hashspeed": hashspeed, "mktree": mktree, "mkmixed": mkmixed, "change": change,
      "treesum": treesum, "fio": fio, "iperf": iperf, "field": field,
      "report": report}[sys.argv[1]](sys.argv[2:])

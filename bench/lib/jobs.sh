@@ -44,21 +44,25 @@ fail() {
 
 # timed ROW TOOL LIMIT_S CMD...: settle the cache, run CMD; sets T (seconds) and TS
 # (seconds until the file system of directory SYNC_FS was synced after it returned,
-# syncfs(2): the destination durable; a whole sync(2) where SYNC_FS is empty). stdout
-# is in $WORK/out. A command cut
+# syncfs(2): the destination durable; a whole sync(2) where SYNC_FS is empty), CPU_C
+# (CPU-seconds of CMD and what it waited for) and CPU_S (CPU-seconds of the server
+# CPU_PID and its reaped children over the same span and the sync; "-" where CPU_PID
+# is empty). stdout is in $WORK/out. A command cut
 # short because the time budget ran out is nobody's failure: it sets OUT_OF_BUDGET,
 # after which timed runs nothing more (run_job stops the job, and skips the rest).
 OUT_OF_BUDGET=0
 SYNC_FS=""
+CPU_PID=""
 timed() {
     local row="$1" tool="$2" own="$3" lim res sync=()
     [ "$OUT_OF_BUDGET" = 0 ] || return 1
     lim="$(limit "$own")"
     shift 3
     [ -z "$SYNC_FS" ] || sync=(--syncfs "$SYNC_FS")
+    [ -z "$CPU_PID" ] || sync+=(--cpu-pid "$CPU_PID")
     settle "${SOURCE[@]}"
     if res="$(python3 "$BENCH_PY" run "$lim" "$WORK/out" "$WORK/err" "${sync[@]}" -- "$@")"; then
-        read -r T TS <<<"$res"
+        read -r T TS CPU_C CPU_S <<<"$res"
         return 0
     fi
     if [ "$lim" -lt "$own" ] && [ "$(budget_left)" -le 0 ]; then
@@ -92,15 +96,24 @@ check() {
 # copy_run ROW TOOL ORIGINAL DEST REP CMD...: one timed copy of ORIGINAL to DEST by
 # CMD onto a fresh destination file system, timed until that file system is synced
 # too; records GB/s (a file) or files/s (a tree; and MB/s of the mixed tree, as
-# ROW.mb), without (ROW) and with the sync (ROW.sync).
+# ROW.mb), without (ROW) and with the sync (ROW.sync). For Ferry (ferry, ferry_sha256)
+# and the rsync daemon it also records the CPU-seconds per GB copied (1e9 bytes of
+# file data) of the client (ROW.cpu_client: rcp, the rsync client), of the server
+# (ROW.cpu_server: ferryd, the rsync daemon's children) and of both (ROW.cpu_sum);
+# for Ferry the chunk-hash algorithm rcp --json names (row ROW.hash, kind "hash").
 copy_run() {
-    local row="$1" tool="$2" orig="$3" dest="$4" rep="$5" amount scale=1 ok=1
+    local row="$1" tool="$2" orig="$3" dest="$4" rep="$5" amount scale=1 ok=1 bytes
     shift 5
     clear_dest "$dest"
     SOURCE=("$orig")
     SYNC_FS="$(dirname "$dest")"
+    CPU_PID=""
+    case "$tool" in
+        ferry*) CPU_PID="$FERRYD_PID" ;;
+        rsync) CPU_PID="${RSYNCD_PID:-}" ;;
+    esac
     timed "$row" "$tool" "$COPY_LIMIT_S" "$@" || ok=0
-    SYNC_FS=""
+    SYNC_FS="" CPU_PID=""
     [ "$ok" = 1 ] || return 0
     if ! check "$row" "$orig" "$dest" "$rep"; then
         [ -n "$DSTFS_DEV" ] || discard "$dest"
@@ -108,16 +121,34 @@ copy_run() {
     fi
     [ -n "$DSTFS_DEV" ] || discard "$dest"
     case "$row" in
-        upload | download) amount="$SIZE_BYTES" scale=1e9 ;;
-        small_*) amount="$SMALL_N" ;;
+        upload | download) amount="$SIZE_BYTES" scale=1e9 bytes="$SIZE_BYTES" ;;
+        small_*) amount="$SMALL_N" bytes=$((SMALL_N * 4096)) ;;
         mixed_*)
-            amount="$MIXED_FILES"
+            amount="$MIXED_FILES" bytes="$MIXED_BYTES"
             record "$row.mb" "$tool" "$(rate "$MIXED_BYTES" "$T" 1e6)"
             record "$row.sync.mb" "$tool" "$(rate "$MIXED_BYTES" "$TS" 1e6)"
             ;;
     esac
     record "$row" "$tool" "$(rate "$amount" "$T" "$scale")"
     record "$row.sync" "$tool" "$(rate "$amount" "$TS" "$scale")"
+    if [ "$tool" = rsync ] || [ "${tool#ferry}" != "$tool" ]; then
+        record_cpu "$row" "$tool" "$bytes"
+    fi
+}
+# record_cpu ROW TOOL BYTES: CPU_C and CPU_S of the last timed run as CPU-s per GB of
+# BYTES (ROW.cpu_client, ROW.cpu_server, ROW.cpu_sum); Ferry's hash from $WORK/out.
+record_cpu() {
+    local row="$1" tool="$2" bytes="$3" hash
+    [ "${bytes:-0}" -gt 0 ] || return 0
+    record "$row.cpu_client" "$tool" "$(awk -v c="$CPU_C" -v b="$bytes" 'BEGIN { printf "%.4f", c / (b / 1e9) }')"
+    if [ "${CPU_S:--}" != - ]; then
+        record "$row.cpu_server" "$tool" "$(awk -v c="$CPU_S" -v b="$bytes" 'BEGIN { printf "%.4f", c / (b / 1e9) }')"
+        record "$row.cpu_sum" "$tool" "$(awk -v c="$CPU_C" -v s="$CPU_S" -v b="$bytes" 'BEGIN { printf "%.4f", (c + s) / (b / 1e9) }')"
+    fi
+    if [ "${tool#ferry}" != "$tool" ]; then
+        hash="$(python3 "$BENCH_PY" field "$WORK/out" hash 2>/dev/null)" || hash="unknown"
+        printf '%s\t%s\thash\t%s\n' "$row.hash" "$tool" "$hash" >>"$WORK/results.tsv"
+    fi
 }
 
 # ceiling_run ROW [-R]: iperf3 -l 1M of SIZE bytes, the raw TCP ceiling, GB/s.
@@ -162,6 +193,8 @@ command_for() {
     fi
     case "$1.$2" in
         upload.ferry) CMD=("${rcp[@]}" "$BIG" "$FERRY_ADDR:bench/dst/up.bin") DEST="$DST/up.bin" ;;
+        upload.ferry_sha256) CMD=("${rcp[@]}" --hash sha256 "$BIG" "$FERRY_ADDR:bench/dst/up.bin") DEST="$DST/up.bin" ;;
+        download.ferry_sha256) CMD=("${rcp[@]}" --hash sha256 "$FERRY_ADDR:bench/big.bin" "$DST/big.bin") DEST="$DST/big.bin" ;;
         upload.rsync) CMD=(rsync -W "$BIG" "$RSYNC_URL/dst/up.bin") DEST="$DST/up.bin" ;;
         upload.scp) CMD=("${scp[@]}" "$BIG" "$SSH_USER_HOST:$DST/up.bin") DEST="$DST/up.bin" ;;
         download.ferry) CMD=("${rcp[@]}" "$FERRY_ADDR:bench/big.bin" "$DST/big.bin") DEST="$DST/big.bin" ;;
@@ -176,10 +209,14 @@ command_for() {
 LOCAL_TREE_COPY='set -o pipefail; mkdir -- "$2" && tar -C "$1" -cf - . | tar -C "$2" -xf -'
 # copy_job ROW ORIGINAL REP: Ferry, then rsync and scp, copy ORIGINAL once each; for a
 # tree, then the local-disk ceiling (tar | tar into the row's own destination: the
-# same removal, settle and check as the others), recorded as ROW's ceiling.
+# same removal, settle and check as the others), recorded as ROW's ceiling. The big
+# file's rows run Ferry twice: rcp as it comes (blake3 chunk hashes by default; tool
+# ferry, the headline) and rcp --hash sha256 (tool ferry_sha256; a failure of that run
+# is recorded in its cells, and the run goes on).
 copy_job() {
-    local tool
-    for tool in ferry rsync scp; do
+    local tool tools=(ferry rsync scp)
+    [ -d "$2" ] || tools=(ferry ferry_sha256 rsync scp)
+    for tool in "${tools[@]}"; do
         [ "$tool" = ferry ] || peer_ok "$1" "$tool" || continue
         command_for "$1" "$tool"
         copy_run "$1" "$tool" "$2" "$DEST" "$3" "${CMD[@]}"

@@ -73,6 +73,7 @@ EOF
         return 1
     fi
     RSYNC_URL="rsync://127.0.0.1:$port/bench"
+    RSYNCD_PID="$pid" # its children's CPU (cutime, cstime) is the daemon side of a copy
     log "rsync daemon on 127.0.0.1:$port (pid $pid), module bench=$SRV"
 }
 

@@ -335,7 +335,15 @@ async fn run(args: Args) -> u8 {
         },
         Err(e) => return fail_early(&args, direction_name(&direction), e, started),
     };
-    let link = Link::of(&client);
+    let mut link = Link::of(&client);
+    if matches!(direction, Direction::Upload(..)) {
+        // What the destination share records this upload's data in (its own setting
+        // may differ from the session's preference). A share that does not exist is
+        // reported by the copy.
+        if let Ok(a) = client.share_hash(&server.share).await {
+            link.hash = Some(a.name());
+        }
+    }
     let show = !args.quiet && !args.json && std::io::stderr().is_terminal();
     if show || args.verbose > 0 {
         let host = if server.host.contains(':') {

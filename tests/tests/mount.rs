@@ -763,9 +763,12 @@ ferrytest!(a_corrupted_chunk_fails_with_eio_and_is_logged, |env| {
     a_corrupted_chunk_fails(&env, "blake3");
 });
 
-ferrytest!(a_corrupted_chunk_fails_with_eio_and_is_logged_sha256, |env| {
-    a_corrupted_chunk_fails(&env, "sha256");
-});
+ferrytest!(
+    a_corrupted_chunk_fails_with_eio_and_is_logged_sha256,
+    |env| {
+        a_corrupted_chunk_fails(&env, "sha256");
+    }
+);
 
 /// A byte flipped in every READ of one chunk of a file, through a mount offering only
 /// the chunk-hash algorithm `hash`.

@@ -444,23 +444,37 @@ impl Client {
     /// Every entry of a directory (all pages).
     pub async fn list_dir(&self, share: &str, path: &str) -> Result<Vec<DirEntry>, ClientError> {
         let mut all = Vec::new();
+        let request = |cursor| Request::ListDir {
+            share: share.into(),
+            path: path.into(),
+            cursor,
+        };
+        self.paged(request, |answer| match answer {
+            Response::Dir { entries, next } => {
+                all.extend(entries);
+                Ok(next)
+            }
+            other => Err(unexpected(other)),
+        })
+        .await?;
+        Ok(all)
+    }
+
+    /// Sends `request(cursor)` from cursor 0 on, handing each answer to `page`, which
+    /// keeps what it holds and returns the next page's cursor (`None` after the last).
+    /// A cursor that does not move forward is a protocol error (a server cannot make
+    /// this loop forever).
+    async fn paged(
+        &self,
+        request: impl Fn(u64) -> Request,
+        mut page: impl FnMut(Response) -> Result<Option<u64>, ClientError>,
+    ) -> Result<(), ClientError> {
         let mut cursor = 0;
         loop {
-            let req = Request::ListDir {
-                share: share.into(),
-                path: path.into(),
-                cursor,
-            };
-            match self.call(req).await? {
-                Response::Dir { entries, next } => {
-                    all.extend(entries);
-                    match next {
-                        Some(n) if n > cursor => cursor = n,
-                        Some(_) => return Err(unexpected(Response::Ok)),
-                        None => return Ok(all),
-                    }
-                }
-                other => return Err(unexpected(other)),
+            match page(self.call(request(cursor)).await?)? {
+                Some(n) if n > cursor => cursor = n,
+                Some(_) => return Err(unexpected(Response::Ok)),
+                None => return Ok(()),
             }
         }
     }
@@ -503,31 +517,28 @@ impl Client {
         self.need_meta()?;
         let mut all = Vec::new();
         let mut dir_owner = None;
-        let mut cursor = 0;
-        loop {
-            let req = Request::ListDirMeta {
-                share: share.into(),
-                path: path.into(),
-                cursor,
-            };
-            match self.call(req).await? {
-                Response::DirMeta {
-                    dir,
-                    entries,
-                    owners,
-                    next,
-                } if owners.len() == entries.len() => {
-                    dir_owner.get_or_insert(dir);
-                    all.extend(entries.into_iter().zip(owners));
-                    match next {
-                        Some(n) if n > cursor => cursor = n,
-                        Some(_) => return Err(unexpected(Response::Ok)),
-                        None => return Ok((dir_owner.unwrap_or(dir), all)),
-                    }
-                }
-                other => return Err(unexpected(other)),
+        let request = |cursor| Request::ListDirMeta {
+            share: share.into(),
+            path: path.into(),
+            cursor,
+        };
+        self.paged(request, |answer| match answer {
+            Response::DirMeta {
+                dir,
+                entries,
+                owners,
+                next,
+            } if owners.len() == entries.len() => {
+                dir_owner.get_or_insert(dir);
+                all.extend(entries.into_iter().zip(owners));
+                Ok(next)
             }
-        }
+            other => Err(unexpected(other)),
+        })
+        .await?;
+        // A listing always has a first page, which names the directory's owner.
+        let dir = dir_owner.ok_or_else(|| unexpected(Response::Ok))?;
+        Ok((dir, all))
     }
 
     /// Sets numeric owners and/or mtimes of existing entries of `share` in one request

@@ -492,12 +492,6 @@ impl Staged {
         Ok(())
     }
 
-    /// Flushes the directory the file is in (after [`Staged::commit`], so that its new
-    /// name survives a crash). Blocking.
-    pub fn sync_dir(&self) -> io::Result<()> {
-        self.dir.sync_all()
-    }
-
     /// Removes the file and its journal: the transfer failed for good. Blocking.
     pub fn discard(&mut self) {
         if self.done {
@@ -822,7 +816,6 @@ mod tests {
         fs::rename(&old, &new).unwrap();
         impostor(&old);
         s.commit(&old.join("f")).unwrap();
-        s.sync_dir().unwrap();
         assert_eq!(&fs::read(new.join("f")).unwrap()[..4], b"mine");
         assert_eq!(temp_entries(&new), vec![]);
         assert!(!old.join("f").exists());

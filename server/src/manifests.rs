@@ -330,6 +330,31 @@ pub fn known_manifest(
     cache: &ManifestCache,
     store: Option<&ManifestStore>,
 ) -> Option<Hashes> {
+    match look_up(key, what, accept, cache, store) {
+        Known::Accepted(found) => Some(found),
+        Known::OtherAlgorithm | Known::Nothing => None,
+    }
+}
+
+/// What the cache and the store know of one file version.
+enum Known {
+    /// Hashes in an accepted algorithm.
+    Accepted(Hashes),
+    /// A record in an algorithm the reader does not accept (kept as it is).
+    OtherAlgorithm,
+    /// No record of this version.
+    Nothing,
+}
+
+/// [`known_manifest`], also telling a record in another algorithm from none at all
+/// (reading the store once).
+fn look_up(
+    key: &ManifestKey,
+    what: &str,
+    accept: Algorithms,
+    cache: &ManifestCache,
+    store: Option<&ManifestStore>,
+) -> Known {
     let cached = HashAlgorithm::SUPPORTED
         .iter()
         .filter(|a| accept.contains(**a))
@@ -338,17 +363,19 @@ pub fn known_manifest(
                 .get(&(*key, algorithm))
                 .map(|hashes| Hashes { algorithm, hashes })
         });
-    if cached.is_some() {
-        return cached;
+    if let Some(found) = cached {
+        return Known::Accepted(found);
     }
-    let (algorithm, hashes) = store?.get(key)?;
+    let Some((algorithm, hashes)) = store.and_then(|s| s.get(key)) else {
+        return Known::Nothing;
+    };
     if !accept.contains(algorithm) {
-        return None;
+        return Known::OtherAlgorithm;
     }
     tracing::debug!(file = %what, bytes = key.size, %algorithm, "manifest from the store");
     let hashes: Arc<[Hash256]> = hashes.into();
     cache.insert((*key, algorithm), hashes.clone());
-    Some(Hashes { algorithm, hashes })
+    Known::Accepted(Hashes { algorithm, hashes })
 }
 
 /// The manifest of `file` in chunks of `chunk_bytes`, in an algorithm of `accept`, and
@@ -382,11 +409,12 @@ pub fn manifest_of(
     let mut before = stat()?;
     for _attempt in 0..2 {
         let key = ManifestKey::of(&before, chunk_bytes);
-        if let Some(found) = known_manifest(&key, what, accept, cache, store) {
-            return Ok((found, before));
-        }
-        // A record in an algorithm the reader does not accept is kept as it is.
-        let recorded = store.and_then(|s| s.get(&key));
+        let recorded = match look_up(&key, what, accept, cache, store) {
+            Known::Accepted(found) => return Ok((found, before)),
+            // A record in an algorithm the reader does not accept is kept as it is.
+            Known::OtherAlgorithm => true,
+            Known::Nothing => false,
+        };
         // A record of this version in the store's own chunk size, when another chunk
         // size is asked for: the bytes are checked against it as they are hashed.
         let check = store.and_then(|s| {
@@ -411,7 +439,7 @@ pub fn manifest_of(
         let after = stat()?;
         if same_version(&before, &after) {
             let hashes: Arc<[Hash256]> = hashes.into();
-            if recorded.is_none() && settled(&key, started, settle) {
+            if !recorded && settled(&key, started, settle) {
                 cache.insert((key, fresh), hashes.clone());
                 if let Some(store) = store {
                     if let Err(e) = store.save(&key, fresh, &hashes) {

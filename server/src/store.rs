@@ -635,21 +635,22 @@ mod tests {
         (0..n).map(|i| [fill.wrapping_add(i as u8); 32]).collect()
     }
 
+    /// Saves a BLAKE3 record of `k`.
+    fn save(store: &ManifestStore, k: &ManifestKey, h: &[Hash256]) {
+        store.save(k, HashAlgorithm::Blake3, h).unwrap();
+    }
+
     #[test]
     fn a_save_over_a_longer_record_leaves_only_the_new_one() {
         let dir = tempfile::tempdir().unwrap();
         let store = ManifestStore::new(dir.path(), C);
         let long = key(0x42, 5 * u64::from(C));
-        store
-            .save(&long, HashAlgorithm::Blake3, &hashes(5, 1))
-            .unwrap();
+        save(&store, &long, &hashes(5, 1));
         let shorter = ManifestKey {
             size: 2 * u64::from(C),
             ..key(0x42, 0)
         };
-        store
-            .save(&shorter, HashAlgorithm::Blake3, &hashes(2, 9))
-            .unwrap();
+        save(&store, &shorter, &hashes(2, 9));
         assert_eq!(store.get_hashes(&shorter), Some(hashes(2, 9)));
         assert!(store.get_hashes(&long).is_none());
         let len = fs::metadata(store.record_path(7, 0x42)).unwrap().len();
@@ -697,9 +698,7 @@ mod tests {
             ctime_ns: 6_000_000_000,
             ..key(0x301, 7)
         };
-        store
-            .save(&newer, HashAlgorithm::Blake3, &hashes(1, 42))
-            .unwrap();
+        save(&store, &newer, &hashes(1, 42));
         assert_eq!(store.get_hashes(&newer), Some(hashes(1, 42)));
         assert!(store.get_hashes(&key(0x301, 1)).is_none());
         assert_eq!(store.get_hashes(&key(0x300, 0)), Some(hashes(0, 0)));
@@ -718,19 +717,13 @@ mod tests {
             ..key(0x55, size)
         };
         let long = at(5_000_000_000, 3 * u64::from(C));
-        store
-            .save(&long, HashAlgorithm::Blake3, &hashes(3, 1))
-            .unwrap();
+        save(&store, &long, &hashes(3, 1));
         let short = at(6_000_000_000, 10);
-        store
-            .save(&short, HashAlgorithm::Blake3, &hashes(1, 2))
-            .unwrap();
+        save(&store, &short, &hashes(1, 2));
         assert_eq!(store.load(7, 0x55).unwrap().key, short);
         assert_eq!(store.get_hashes(&short), Some(hashes(1, 2)));
         let long_again = at(7_000_000_000, 2 * u64::from(C));
-        store
-            .save(&long_again, HashAlgorithm::Blake3, &hashes(2, 3))
-            .unwrap();
+        save(&store, &long_again, &hashes(2, 3));
         assert_eq!(store.load(7, 0x55).unwrap().key, long_again);
         assert_eq!(store.get_hashes(&long_again), Some(hashes(2, 3)));
         assert!(store.get_hashes(&long).is_none());
@@ -760,9 +753,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = ManifestStore::new(dir.path(), C);
         assert!(store.get_hashes(&key(0x1234, 9000)).is_none());
-        store
-            .save(&key(0x1234, 9000), HashAlgorithm::Blake3, &hashes(3, 1))
-            .unwrap();
+        save(&store, &key(0x1234, 9000), &hashes(3, 1));
         assert_eq!(store.get_hashes(&key(0x1234, 9000)).unwrap(), hashes(3, 1));
         let path = dir.path().join(".ferry-state/manifests/34/7-1234");
         assert!(path.is_file(), "{path:?}");
@@ -796,22 +787,18 @@ mod tests {
             ctime_ns: 6_000_000_000,
             ..key(0x1234, 5000)
         };
-        store
-            .save(&newer, HashAlgorithm::Blake3, &hashes(2, 9))
-            .unwrap();
+        save(&store, &newer, &hashes(2, 9));
         assert!(store.get_hashes(&key(0x1234, 9000)).is_none());
         assert_eq!(store.load(7, 0x1234).unwrap().key, newer);
         // Other chunk sizes are not stored; a wrong count is refused.
-        store
-            .save(
-                &ManifestKey {
-                    chunk_bytes: 2 * C,
-                    ..key(9, 9000)
-                },
-                HashAlgorithm::Blake3,
-                &hashes(2, 0),
-            )
-            .unwrap();
+        save(
+            &store,
+            &ManifestKey {
+                chunk_bytes: 2 * C,
+                ..key(9, 9000)
+            },
+            &hashes(2, 0),
+        );
         assert!(store.load(7, 9).is_none());
         assert!(store
             .save(&key(9, 9000), HashAlgorithm::Blake3, &hashes(2, 0))
@@ -839,9 +826,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = ManifestStore::new(dir.path(), C);
         let k = key(0x42, 3 * 4096);
-        store
-            .save(&k, HashAlgorithm::Blake3, &hashes(3, 1))
-            .unwrap();
+        save(&store, &k, &hashes(3, 1));
         let path = store.record_path(7, 0x42);
         let good = fs::read(&path).unwrap();
         // Every single flipped byte, a truncation and an extension are misses.
@@ -870,9 +855,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = ManifestStore::new(dir.path(), C);
         let k = key(0x42, 100);
-        store
-            .save(&k, HashAlgorithm::Blake3, &hashes(1, 1))
-            .unwrap();
+        save(&store, &k, &hashes(1, 1));
         let (page, at) = store.slot_of(7, 0x42);
         let good = fs::read(&page).unwrap();
         let at = at as usize;
@@ -906,9 +889,7 @@ mod tests {
         };
         // No record: nothing to move.
         assert!(!store.rekey(&old, &new).unwrap());
-        store
-            .save(&old, HashAlgorithm::Blake3, &hashes(3, 4))
-            .unwrap();
+        save(&store, &old, &hashes(3, 4));
         let path = store.record_path(7, 0x77);
         let ino_before = fs::metadata(&path).unwrap().ino();
         assert!(store.rekey(&old, &new).unwrap());
@@ -938,9 +919,7 @@ mod tests {
             ..small
         };
         assert!(!store.rekey(&small, &moved).unwrap());
-        store
-            .save(&small, HashAlgorithm::Blake3, &hashes(1, 6))
-            .unwrap();
+        save(&store, &small, &hashes(1, 6));
         assert!(store.rekey(&small, &moved).unwrap());
         assert!(store.get_hashes(&small).is_none());
         assert_eq!(store.get_hashes(&moved).unwrap(), hashes(1, 6));
@@ -956,21 +935,13 @@ mod tests {
         let store = ManifestStore::new(dir.path(), C);
         let big = 2 * u64::from(C);
         // A record file and a slot of the live inode.
-        store
-            .save(&key(ino, big), HashAlgorithm::Blake3, &hashes(2, 1))
-            .unwrap();
-        store
-            .save(&key(ino, 1), HashAlgorithm::Blake3, &hashes(1, 1))
-            .unwrap();
+        save(&store, &key(ino, big), &hashes(2, 1));
+        save(&store, &key(ino, 1), &hashes(1, 1));
         // An inode number no file has, nor any in its page (the kept file's page is
         // thousands of pages away).
         let gone = (ino + 1_000_003) | 1;
-        store
-            .save(&key(gone, big), HashAlgorithm::Blake3, &hashes(2, 2))
-            .unwrap();
-        store
-            .save(&key(gone, 1), HashAlgorithm::Blake3, &hashes(1, 2))
-            .unwrap();
+        save(&store, &key(gone, big), &hashes(2, 2));
+        save(&store, &key(gone, 1), &hashes(1, 2));
         // A stale temporary record.
         let fan = store.record_path(7, gone);
         let tmp = fan.parent().unwrap().join(".tmp.0000000000000001");
@@ -985,12 +956,8 @@ mod tests {
         assert!(!store.slot_of(7, gone).0.exists());
         assert!(!tmp.exists());
         // Records written after the start are kept, whatever the walk saw.
-        store
-            .save(&key(gone, big), HashAlgorithm::Blake3, &hashes(2, 2))
-            .unwrap();
-        store
-            .save(&key(gone, 1), HashAlgorithm::Blake3, &hashes(1, 2))
-            .unwrap();
+        save(&store, &key(gone, big), &hashes(2, 2));
+        save(&store, &key(gone, 1), &hashes(1, 2));
         let r = store.prune(SystemTime::UNIX_EPOCH);
         assert_eq!((r.kept, r.removed), (4, 0));
     }

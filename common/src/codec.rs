@@ -16,7 +16,7 @@ use crate::msg::{
     BATCH_MAX_FILES, BATCH_MAX_PATH_BYTES, LINK_BATCH_MAX, MAX_CAPABILITIES,
     MAX_CAPABILITY_NAME_BYTES, MAX_CAPABILITY_VALUE_BYTES, MAX_DIR_PAGE_ENTRIES,
     MAX_ERROR_MESSAGE_BYTES, MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MAX_NAME_BYTES,
-    MAX_PATH_BYTES, MAX_VERIFY_BAD_CHUNKS, MAX_WINDOW_CHUNKS, META_BATCH_MAX,
+    MAX_PATH_BYTES, MAX_VERIFY_BAD_CHUNKS, MAX_WINDOW_CHUNKS, MAX_WRITE_EXTENTS, META_BATCH_MAX,
 };
 
 /// Largest control frame either side sends or accepts, in bytes.
@@ -183,14 +183,20 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::Remove { share, path, .. }
         | Request::DiskUsage { share, path }
         | Request::Verify { share, path }
-        | Request::ListDirMeta { share, path, .. } => share_and_path(share, path),
+        | Request::ListDirMeta { share, path, .. }
+        | Request::FileOpen { share, path, .. }
+        | Request::SetAttrs { share, path, .. } => share_and_path(share, path),
         Request::UploadOpenBase {
             share, path, base, ..
         } => {
             share_and_path(share, path)?;
             limit("base", base.len(), MAX_PATH_BYTES)
         }
-        Request::Link { share, from, to } | Request::Rename { share, from, to } => {
+        Request::Link { share, from, to }
+        | Request::Rename { share, from, to }
+        | Request::Move {
+            share, from, to, ..
+        } => {
             share_and_path(share, from)?;
             limit("to", to.len(), MAX_PATH_BYTES)
         }
@@ -202,9 +208,10 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
                 limit("to", to.len(), MAX_PATH_BYTES)
             })
         }
-        Request::StatFs { share } | Request::ShareInfo { share } | Request::Auth { share, .. } => {
-            limit("share", share.len(), MAX_NAME_BYTES)
-        }
+        Request::StatFs { share }
+        | Request::ShareInfo { share }
+        | Request::ShareAccess { share }
+        | Request::Auth { share, .. } => limit("share", share.len(), MAX_NAME_BYTES),
         Request::Symlink {
             share,
             path,
@@ -214,6 +221,12 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
             limit("target", target.len(), MAX_PATH_BYTES)
         }
         Request::UploadWindow { hashes, .. } => limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS),
+        Request::FileWrite {
+            extents, hashes, ..
+        } => {
+            limit("extents", extents.len(), MAX_WRITE_EXTENTS)?;
+            limit("hashes", hashes.len(), MAX_WRITE_EXTENTS)
+        }
         Request::UploadBatch { share, files, .. } => {
             limit("share", share.len(), MAX_NAME_BYTES)?;
             batch_paths(files.iter().map(|f| f.path.as_str()), files.len())
@@ -231,7 +244,13 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::DownloadWindow { .. }
         | Request::Close { .. }
         | Request::MapRelease { .. }
-        | Request::Stats => Ok(()),
+        | Request::Stats
+        | Request::FileRead { .. }
+        | Request::FileSetAttr { .. }
+        | Request::FileAllocate { .. }
+        | Request::FileSync { .. }
+        | Request::FileClose { .. }
+        | Request::Counters => Ok(()),
     }
 }
 
@@ -275,7 +294,10 @@ fn validate_entries(entries: &[DirEntry]) -> Result<(), CodecError> {
 fn validate_response(resp: &Response) -> Result<(), CodecError> {
     match resp {
         Response::Attr(a) => validate_attr(a),
-        Response::DownloadOpened { attr, .. } => validate_attr(attr),
+        Response::DownloadOpened { attr, .. } | Response::FileOpened { attr, .. } => {
+            validate_attr(attr)
+        }
+        Response::FileData { hashes, .. } => limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS),
         Response::Dir { entries, .. } => validate_entries(entries),
         Response::DirMeta {
             entries, owners, ..
@@ -321,7 +343,10 @@ fn validate_response(resp: &Response) -> Result<(), CodecError> {
         | Response::Committed { .. }
         | Response::Authenticated { .. }
         | Response::DiskUsage(_)
-        | Response::ShareInfo { .. } => Ok(()),
+        | Response::ShareInfo { .. }
+        | Response::FileWritten { .. }
+        | Response::ShareAccess { .. }
+        | Response::Counters(_) => Ok(()),
     }
 }
 

@@ -71,6 +71,15 @@ pub const BATCH_MAX_FILES: usize = 256;
 /// server's 64 KiB request frame.
 pub const BATCH_MAX_PATH_BYTES: usize = 32 << 10;
 
+/// Most extents one [`Request::FileWrite`] carries.
+pub const MAX_WRITE_EXTENTS: usize = 1024;
+/// Most bytes one [`Request::FileWrite`] or [`Request::FileRead`] moves: as much as one
+/// transfer window of the server's chunk size holds (`MAX_WINDOW_CHUNKS` chunks), and
+/// never more than this.
+pub const MAX_FILE_IO_BYTES: u64 = 64 << 20;
+/// Most file handles one connection may have open ([`Request::FileOpen`]).
+pub const MAX_OPEN_FILES: usize = 1024;
+
 /// Most capabilities one [`Hello`] or [`Welcome`] carries.
 pub const MAX_CAPABILITIES: usize = 32;
 /// Longest capability name, in bytes.
@@ -191,6 +200,54 @@ pub struct MetaEntry {
     pub gid: Option<u32>,
     /// Modification time to give it (the entry's own: a symlink's, not its target's).
     pub mtime: Option<Timestamp>,
+}
+
+/// One extent of a [`Request::FileWrite`]: `len` bytes at file offset `offset`, which
+/// are the next `len` bytes of the request's region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extent {
+    /// File offset of the extent's first byte.
+    pub offset: u64,
+    /// Its length: at least 1, at most the server's chunk size.
+    pub len: u32,
+}
+
+/// Attribute changes of a [`Request::SetAttrs`] or [`Request::FileSetAttr`]; a field
+/// left `None` is left as it is. Applied in the order size, owner, mode, times (so a
+/// chown that clears set-id bits comes before the mode that sets them again, and the
+/// times are the last word).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SetAttrs {
+    /// New size (`ftruncate`): regular files only.
+    pub size: Option<u64>,
+    /// New permission bits (`mode & 0o7777`).
+    pub mode: Option<u32>,
+    /// New numeric owner (a server not running as root refuses a change with
+    /// [`ErrorKind::PermissionDenied`]).
+    pub uid: Option<u32>,
+    /// New numeric group (as `uid`).
+    pub gid: Option<u32>,
+    /// New access time.
+    pub atime: Option<Timestamp>,
+    /// New modification time.
+    pub mtime: Option<Timestamp>,
+}
+
+/// The server's traffic counters, for [`Request::Counters`]: what moved one-sided and
+/// what moved in control messages, since the server started, over every connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Counters {
+    /// Bytes the server pulled from clients' memory with one-sided READs.
+    pub read_bytes: u64,
+    /// Bytes the server pushed into clients' memory with one-sided WRITEs.
+    pub write_bytes: u64,
+    /// Bytes of control messages received (frames, as encoded).
+    pub ctrl_received_bytes: u64,
+    /// Bytes of control messages sent.
+    pub ctrl_sent_bytes: u64,
+    /// File bytes written to disk by [`Request::FileWrite`] (every one of them pulled
+    /// with a one-sided READ and verified against its hash first).
+    pub file_written_bytes: u64,
 }
 
 /// The numeric owner and group of a filesystem object, as the server's `lstat` gives
@@ -742,6 +799,125 @@ pub enum Request {
         /// Share name.
         share: String,
     },
+    /// Open the regular file `path` for writing (and reading back) through a handle;
+    /// answered by [`Response::FileOpened`]. The final component is never followed (a
+    /// symlink there is refused). If the file exists and `truncate` is not set, the
+    /// handle writes in place. If it does not exist (and `create` is set), or
+    /// `truncate` is set, the handle is *staged*: it writes a hidden file beside the
+    /// final name, empty at first, which takes the final name at the first
+    /// [`Request::FileSync`] or [`Request::FileClose`] (fsynced first), so readers see
+    /// the old content or the new, never a mix; after that the handle writes the file
+    /// in place. A connection that ends drops its staged files that never took their
+    /// name. Sent only on a session that negotiated the `write` capability, as are
+    /// every `File*` request, [`Request::Move`], [`Request::SetAttrs`] and
+    /// [`Request::ShareAccess`].
+    FileOpen {
+        /// Share name.
+        share: String,
+        /// Share-relative path of the file.
+        path: String,
+        /// Create the file with these permission bits if it does not exist.
+        create: Option<u32>,
+        /// Fail with [`ErrorKind::Exists`] if it exists (with `create`: `O_EXCL`); a
+        /// staged file made so takes its name only if the name is still free then.
+        exclusive: bool,
+        /// Start from an empty file (`O_TRUNC`).
+        truncate: bool,
+    },
+    /// Write through a handle: the server RDMA-READs `region` (the extents' bytes back
+    /// to back, in order, `region.len` their sum), verifies each extent against its
+    /// hash in `algorithm` (one of the session's), and only then writes the extents
+    /// at their offsets. Answered by [`Response::FileWritten`]. At most
+    /// [`MAX_WRITE_EXTENTS`] extents, each at most the server's chunk size.
+    FileWrite {
+        /// Handle from [`Response::FileOpened`].
+        handle: u64,
+        /// The client's registered, read-only region holding the extents' bytes.
+        region: RegionDesc,
+        /// The algorithm of `hashes`.
+        algorithm: HashAlgorithm,
+        /// Where the bytes go.
+        extents: Vec<Extent>,
+        /// The hash of each extent's bytes, as many as `extents`.
+        hashes: Vec<Hash256>,
+    },
+    /// Read through a handle: the server reads file bytes `offset..offset+region.len`
+    /// (fewer at the end of the file), RDMA-WRITEs them into `region` and answers with
+    /// [`Response::FileData`]: their length and hashes.
+    FileRead {
+        /// Handle.
+        handle: u64,
+        /// File offset of the first byte wanted.
+        offset: u64,
+        /// The client's registered, writable destination buffer.
+        region: RegionDesc,
+    },
+    /// Change attributes through a handle (`ftruncate`, `fchmod`, `fchown`,
+    /// `futimens`); answered by [`Response::Attr`] with the attributes after.
+    FileSetAttr {
+        /// Handle.
+        handle: u64,
+        /// What to change.
+        attrs: SetAttrs,
+    },
+    /// Allocate file space through a handle (`fallocate`; with `keep_size`,
+    /// `FALLOC_FL_KEEP_SIZE`); a filesystem without it fails with
+    /// [`ErrorKind::Unsupported`]. Answered by [`Response::Attr`].
+    FileAllocate {
+        /// Handle.
+        handle: u64,
+        /// First byte.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// Leave the file's size as it is.
+        keep_size: bool,
+    },
+    /// Make what was written through a handle durable (`fsync`, or `fdatasync` with
+    /// `data_only`); a staged file then takes its final name. Answered by
+    /// [`Response::Attr`] once durable.
+    FileSync {
+        /// Handle.
+        handle: u64,
+        /// Data only (`fdatasync`).
+        data_only: bool,
+    },
+    /// [`Request::FileSync`], then forget the handle. Answered by [`Response::Attr`].
+    FileClose {
+        /// Handle.
+        handle: u64,
+    },
+    /// `rename(2)` within `share`: `from` (never followed) takes the name `to`,
+    /// replacing what is there (a file, or an empty directory for a directory) unless
+    /// `no_replace` (`RENAME_NOREPLACE`: then [`ErrorKind::Exists`]).
+    Move {
+        /// Share name.
+        share: String,
+        /// Share-relative path of the entry.
+        from: String,
+        /// Share-relative new path.
+        to: String,
+        /// Fail instead of replacing an existing `to`.
+        no_replace: bool,
+    },
+    /// Change the attributes of `path` (its final component never followed: a
+    /// symlink's own owner and times); answered by [`Response::Attr`] with the
+    /// attributes after. A mode or size on a symlink is refused.
+    SetAttrs {
+        /// Share name.
+        share: String,
+        /// Share-relative path.
+        path: String,
+        /// What to change.
+        attrs: SetAttrs,
+    },
+    /// Whether the session may change `share`; answered by [`Response::ShareAccess`].
+    ShareAccess {
+        /// Share name.
+        share: String,
+    },
+    /// The server's traffic counters ([`Counters`]); allowed as [`Request::Stats`].
+    Counters,
 }
 
 impl Request {
@@ -772,13 +948,24 @@ impl Request {
             | Request::LinkBatch { share, .. }
             | Request::SetMeta { share, .. }
             | Request::ListDirMeta { share, .. }
-            | Request::ShareInfo { share } => Some(share),
+            | Request::ShareInfo { share }
+            | Request::FileOpen { share, .. }
+            | Request::Move { share, .. }
+            | Request::SetAttrs { share, .. }
+            | Request::ShareAccess { share } => Some(share),
             Request::UploadWindow { .. }
             | Request::UploadCommit { .. }
             | Request::DownloadWindow { .. }
             | Request::Close { .. }
             | Request::MapRelease { .. }
-            | Request::Stats => None,
+            | Request::Stats
+            | Request::FileWrite { .. }
+            | Request::FileRead { .. }
+            | Request::FileSetAttr { .. }
+            | Request::FileAllocate { .. }
+            | Request::FileSync { .. }
+            | Request::FileClose { .. }
+            | Request::Counters => None,
         }
     }
 }
@@ -909,6 +1096,39 @@ pub enum Response {
         /// own (`hash` in ferryd's configuration), else the session's.
         algorithm: HashAlgorithm,
     },
+    /// A file was opened for writing ([`Request::FileOpen`]).
+    FileOpened {
+        /// Handle naming the file in later requests.
+        handle: u64,
+        /// Attributes of the file the handle writes (for a staged file, the hidden
+        /// file that will take the name: its inode is the final file's).
+        attr: Attr,
+        /// The handle writes a staged file (see [`Request::FileOpen`]).
+        staged: bool,
+    },
+    /// Every extent of a [`Request::FileWrite`] was verified and written.
+    FileWritten {
+        /// The file's size after the write.
+        size: u64,
+    },
+    /// The bytes of a [`Request::FileRead`] are in the client's region.
+    FileData {
+        /// Bytes placed at the start of the region (fewer than asked at the end of
+        /// the file, 0 past it).
+        len: u64,
+        /// The algorithm of `hashes`: the session's.
+        algorithm: HashAlgorithm,
+        /// The hash of each piece of the data, pieces of the server's chunk size (the
+        /// last one shorter).
+        hashes: Vec<Hash256>,
+    },
+    /// Answer to [`Request::ShareAccess`].
+    ShareAccess {
+        /// The share may be changed (it is not exported read-only).
+        writable: bool,
+    },
+    /// Answer to [`Request::Counters`].
+    Counters(Counters),
 }
 
 /// What a tree holds, as [`Request::DiskUsage`] reports it. Symlinks are counted, never
@@ -1042,6 +1262,19 @@ pub enum ErrorKind {
     /// The file has as many hard links as the server's filesystem allows (`EMLINK`;
     /// 65,000 on ext4): a `Link` to it cannot be made.
     TooManyLinks,
+    /// A directory to remove or replace is not empty (`ENOTEMPTY`). Sent only in
+    /// answer to the requests of the `write` capability, as are the kinds below.
+    NotEmpty,
+    /// The user's disk quota on the server is exhausted (`EDQUOT`).
+    QuotaExceeded,
+    /// The server's filesystem does not support the operation (`EOPNOTSUPP`).
+    Unsupported,
+    /// The file would exceed the largest size the server's filesystem allows
+    /// (`EFBIG`).
+    FileTooBig,
+    /// The server's filesystem refused the arguments (`EINVAL`: a directory moved into
+    /// itself, a negative size).
+    Invalid,
 }
 
 impl ErrorKind {
@@ -1066,6 +1299,11 @@ impl ErrorKind {
             ErrorKind::AuthRequired => "auth_required",
             ErrorKind::AuthFailed => "auth_failed",
             ErrorKind::TooManyLinks => "too_many_links",
+            ErrorKind::NotEmpty => "not_empty",
+            ErrorKind::QuotaExceeded => "quota_exceeded",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::FileTooBig => "file_too_big",
+            ErrorKind::Invalid => "invalid",
         }
     }
 }

@@ -109,7 +109,7 @@ fn attr() -> impl Strategy<Value = Attr> {
         )
 }
 
-const ERROR_KINDS: [ErrorKind; 18] = [
+const ERROR_KINDS: [ErrorKind; 23] = [
     ErrorKind::NotFound,
     ErrorKind::NoSuchShare,
     ErrorKind::PermissionDenied,
@@ -128,6 +128,11 @@ const ERROR_KINDS: [ErrorKind; 18] = [
     ErrorKind::AuthRequired,
     ErrorKind::AuthFailed,
     ErrorKind::TooManyLinks,
+    ErrorKind::NotEmpty,
+    ErrorKind::QuotaExceeded,
+    ErrorKind::Unsupported,
+    ErrorKind::FileTooBig,
+    ErrorKind::Invalid,
 ];
 
 fn remote_error() -> impl Strategy<Value = RemoteError> {
@@ -302,7 +307,94 @@ fn request() -> impl Strategy<Value = Request> {
             }
         }),
         text(MAX_NAME_BYTES).prop_map(|share| Request::ShareInfo { share }),
+        (
+            share_path(),
+            proptest::option::of(any::<u32>()),
+            any::<(bool, bool)>()
+        )
+            .prop_map(
+                |((share, path), create, (exclusive, truncate))| Request::FileOpen {
+                    share,
+                    path,
+                    create,
+                    exclusive,
+                    truncate,
+                }
+            ),
+        (
+            any::<u64>(),
+            region(),
+            algorithm(),
+            vec((any::<u64>(), any::<u32>(), any::<[u8; 32]>()), 0..=16)
+        )
+            .prop_map(|(handle, region, algorithm, ext)| {
+                let (extents, hashes) = ext
+                    .into_iter()
+                    .map(|(offset, len, h)| (Extent { offset, len }, h))
+                    .unzip();
+                Request::FileWrite {
+                    handle,
+                    region,
+                    algorithm,
+                    extents,
+                    hashes,
+                }
+            }),
+        (any::<u64>(), any::<u64>(), region()).prop_map(|(handle, offset, region)| {
+            Request::FileRead {
+                handle,
+                offset,
+                region,
+            }
+        }),
+        (any::<u64>(), set_attrs())
+            .prop_map(|(handle, attrs)| Request::FileSetAttr { handle, attrs }),
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<bool>()).prop_map(
+            |(handle, offset, len, keep_size)| Request::FileAllocate {
+                handle,
+                offset,
+                len,
+                keep_size,
+            }
+        ),
+        (any::<u64>(), any::<bool>())
+            .prop_map(|(handle, data_only)| Request::FileSync { handle, data_only }),
+        any::<u64>().prop_map(|handle| Request::FileClose { handle }),
+        (share_path(), text(MAX_PATH_BYTES), any::<bool>()).prop_map(
+            |((share, from), to, no_replace)| Request::Move {
+                share,
+                from,
+                to,
+                no_replace,
+            }
+        ),
+        (share_path(), set_attrs()).prop_map(|((share, path), attrs)| Request::SetAttrs {
+            share,
+            path,
+            attrs
+        }),
+        text(MAX_NAME_BYTES).prop_map(|share| Request::ShareAccess { share }),
+        Just(Request::Counters),
     ]
+}
+
+fn set_attrs() -> impl Strategy<Value = SetAttrs> {
+    (
+        proptest::option::of(any::<u64>()),
+        proptest::option::of(any::<u32>()),
+        proptest::option::of(any::<u32>()),
+        proptest::option::of(any::<u32>()),
+        proptest::option::of(timestamp()),
+        proptest::option::of(timestamp()),
+    )
+        .prop_map(|(size, mode, uid, gid, atime, mtime)| SetAttrs {
+            size,
+            mode,
+            uid,
+            gid,
+            atime,
+            mtime,
+        })
 }
 
 /// Eight of these stay within the path budget (8 x 4096 bytes).
@@ -508,6 +600,29 @@ fn response() -> impl Strategy<Value = Response> {
                 }
             }),
         algorithm().prop_map(|algorithm| Response::ShareInfo { algorithm }),
+        (any::<u64>(), attr(), any::<bool>()).prop_map(|(handle, attr, staged)| {
+            Response::FileOpened {
+                handle,
+                attr,
+                staged,
+            }
+        }),
+        any::<u64>().prop_map(|size| Response::FileWritten { size }),
+        (any::<u64>(), algorithm(), hashes(MAX_WINDOW_CHUNKS)).prop_map(
+            |(len, algorithm, hashes)| Response::FileData {
+                len,
+                algorithm,
+                hashes,
+            }
+        ),
+        any::<bool>().prop_map(|writable| Response::ShareAccess { writable }),
+        any::<[u64; 5]>().prop_map(|c| Response::Counters(Counters {
+            read_bytes: c[0],
+            write_bytes: c[1],
+            ctrl_received_bytes: c[2],
+            ctrl_sent_bytes: c[3],
+            file_written_bytes: c[4],
+        })),
     ]
 }
 
@@ -629,6 +744,17 @@ fn request_variant(r: &Request) -> usize {
         Request::SetMeta { .. } => 26,
         Request::ListDirMeta { .. } => 27,
         Request::ShareInfo { .. } => 28,
+        Request::FileOpen { .. } => 29,
+        Request::FileWrite { .. } => 30,
+        Request::FileRead { .. } => 31,
+        Request::FileSetAttr { .. } => 32,
+        Request::FileAllocate { .. } => 33,
+        Request::FileSync { .. } => 34,
+        Request::FileClose { .. } => 35,
+        Request::Move { .. } => 36,
+        Request::SetAttrs { .. } => 37,
+        Request::ShareAccess { .. } => 38,
+        Request::Counters => 39,
     }
 }
 
@@ -657,6 +783,11 @@ fn response_variant(r: &Response) -> usize {
         Response::MetaSet { .. } => 19,
         Response::DirMeta { .. } => 20,
         Response::ShareInfo { .. } => 21,
+        Response::FileOpened { .. } => 22,
+        Response::FileWritten { .. } => 23,
+        Response::FileData { .. } => 24,
+        Response::ShareAccess { .. } => 25,
+        Response::Counters(_) => 26,
     }
 }
 
@@ -1115,8 +1246,8 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 29], [false; 22]);
-    for _ in 0..2000 {
+    let (mut requests, mut responses) = ([false; 40], [false; 27]);
+    for _ in 0..4000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,
             Message::Response { body, .. } => responses[response_variant(&body)] = true,

@@ -50,6 +50,14 @@ pub const BATCH: &str = "batch";
 /// The batch modes this build speaks beyond the default (`small`), preferred first.
 pub const BATCH_MODES: &[&str] = &["medium"];
 
+/// Name of the write capability: whether the session may use the requests of a
+/// writable mount (file handles `File*`, `Move`, `SetAttrs`, `ShareAccess`,
+/// `Counters`). Optional like [`META`].
+pub const WRITE: &str = "write";
+
+/// The versions of the write requests this build speaks, preferred first.
+pub const WRITE_VERSIONS: &[&str] = &["1"];
+
 pub use crate::msg::HashAlgorithm;
 
 /// A set of hash algorithms.
@@ -79,6 +87,8 @@ pub struct Offer {
     pub meta: bool,
     /// Whether it offers batches of medium files ([`BATCH`]).
     pub medium_batches: bool,
+    /// Whether it offers the write requests ([`WRITE`]).
+    pub write: bool,
 }
 
 impl Default for Offer {
@@ -88,6 +98,7 @@ impl Default for Offer {
             hashes: HashAlgorithm::SUPPORTED.to_vec(),
             meta: true,
             medium_batches: true,
+            write: true,
         }
     }
 }
@@ -102,6 +113,9 @@ impl Offer {
         }
         if self.medium_batches {
             caps.push(Capability::new(BATCH, &BATCH_MODES.join(",")));
+        }
+        if self.write {
+            caps.push(Capability::new(WRITE, &WRITE_VERSIONS.join(",")));
         }
         caps
     }
@@ -120,6 +134,8 @@ pub struct Negotiated {
     pub meta: bool,
     /// Whether batches may carry medium files ([`BATCH`]).
     pub medium_batches: bool,
+    /// Whether the write requests ([`WRITE`]) may be sent.
+    pub write: bool,
 }
 
 impl Negotiated {
@@ -133,6 +149,9 @@ impl Negotiated {
         if self.medium_batches {
             caps.push(Capability::new(BATCH, BATCH_MODES[0]));
         }
+        if self.write {
+            caps.push(Capability::new(WRITE, WRITE_VERSIONS[0]));
+        }
         caps
     }
 
@@ -142,6 +161,21 @@ impl Negotiated {
     pub fn permits(&self, req: &Request) -> Result<(), &'static str> {
         match req {
             Request::SetMeta { .. } | Request::ListDirMeta { .. } if !self.meta => Err(META),
+            Request::FileOpen { .. }
+            | Request::FileWrite { .. }
+            | Request::FileRead { .. }
+            | Request::FileSetAttr { .. }
+            | Request::FileAllocate { .. }
+            | Request::FileSync { .. }
+            | Request::FileClose { .. }
+            | Request::Move { .. }
+            | Request::SetAttrs { .. }
+            | Request::ShareAccess { .. }
+            | Request::Counters
+                if !self.write =>
+            {
+                Err(WRITE)
+            }
             _ => Ok(()),
         }
     }
@@ -184,11 +218,14 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
         find(offered, META).is_some_and(|list| list.split(',').any(|v| META_VERSIONS.contains(&v)));
     let medium_batches =
         find(offered, BATCH).is_some_and(|list| list.split(',').any(|v| BATCH_MODES.contains(&v)));
+    let write = find(offered, WRITE)
+        .is_some_and(|list| list.split(',').any(|v| WRITE_VERSIONS.contains(&v)));
     Ok(Negotiated {
         hash,
         accepted,
         meta,
         medium_batches,
+        write,
     })
 }
 
@@ -224,11 +261,22 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
             ))
         }
     };
+    let write = match find(chosen, WRITE) {
+        None => false,
+        Some(v) if offer.write && WRITE_VERSIONS.contains(&v) => true,
+        Some(v) => {
+            return Err(format!(
+                "the server chose write version '{}', which this client did not offer",
+                v.escape_debug()
+            ))
+        }
+    };
     Ok(Negotiated {
         hash,
         accepted: Algorithms::of(&offer.hashes),
         meta,
         medium_batches,
+        write,
     })
 }
 
@@ -321,7 +369,8 @@ mod tests {
             vec![
                 Capability::new(HASH, "blake3,sha256"),
                 Capability::new(META, "1"),
-                Capability::new(BATCH, "medium")
+                Capability::new(BATCH, "medium"),
+                Capability::new(WRITE, "1")
             ]
         );
     }
@@ -382,6 +431,43 @@ mod tests {
         let e = accept(&[Capability::new(META, "1")], &no_meta).unwrap_err();
         assert!(e.contains("did not offer"), "{e}");
         let e = accept(&[Capability::new(META, "9")], &Offer::default()).unwrap_err();
+        assert!(e.contains("did not offer"), "{e}");
+    }
+
+    #[test]
+    fn write_requests_only_when_both_peers_speak_them() {
+        let n = choose(
+            &Offer::default().to_capabilities(),
+            HashAlgorithm::SUPPORTED,
+        )
+        .unwrap();
+        assert!(n.write);
+        assert_eq!(accept(&n.to_capabilities(), &Offer::default()).unwrap(), n);
+        let open = Request::FileOpen {
+            share: "s".into(),
+            path: "f".into(),
+            create: Some(0o644),
+            exclusive: false,
+            truncate: false,
+        };
+        assert_eq!(n.permits(&open), Ok(()));
+        // An older client (rcp of the previous release) offers no `write`: the server
+        // says nothing of it and refuses the write requests.
+        let old_client = vec![
+            Capability::new(HASH, "blake3,sha256"),
+            Capability::new(META, "1"),
+        ];
+        let n = choose(&old_client, HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.write);
+        assert!(find(&n.to_capabilities(), WRITE).is_none());
+        assert_eq!(n.permits(&open), Err(WRITE));
+        assert_eq!(n.permits(&Request::Counters), Err(WRITE));
+        assert_eq!(n.permits(&Request::FileClose { handle: 1 }), Err(WRITE));
+        // An older server welcomes without it: off, so a mount knows to stay read-only.
+        let n = accept(&[Capability::new(HASH, "blake3")], &Offer::default()).unwrap();
+        assert!(!n.write);
+        // A server may not choose a version that was not offered.
+        let e = accept(&[Capability::new(WRITE, "2")], &Offer::default()).unwrap_err();
         assert!(e.contains("did not offer"), "{e}");
     }
 

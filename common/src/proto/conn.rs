@@ -17,7 +17,10 @@
 use std::collections::HashMap;
 
 use super::batch::{batch_capacity, batch_file_max, check_upload_batch};
-use crate::msg::{ErrorKind, RemoteError, Request, Response};
+use crate::msg::{
+    ErrorKind, Extent, Hash256, RegionDesc, RemoteError, Request, Response, MAX_FILE_IO_BYTES,
+    MAX_OPEN_FILES, MAX_WINDOW_CHUNKS, MAX_WRITE_EXTENTS,
+};
 
 /// Most transfers one connection may have open (or opening) at once.
 pub const MAX_OPEN_TRANSFERS: usize = 1024;
@@ -55,6 +58,8 @@ pub enum Family {
     Batch,
     /// Mapped files and manifests, for one-sided reads of server memory.
     Map,
+    /// Files open for writing through handles (a writable mount).
+    File,
     /// The share's namespace: attributes (owners included), listings, directories,
     /// links, renames.
     Namespace,
@@ -91,8 +96,18 @@ impl Family {
             | Request::DiskUsage { .. }
             | Request::SetMeta { .. }
             | Request::ListDirMeta { .. }
-            | Request::ShareInfo { .. } => Family::Namespace,
-            Request::Stats | Request::Verify { .. } => Family::Admin,
+            | Request::ShareInfo { .. }
+            | Request::Move { .. }
+            | Request::SetAttrs { .. }
+            | Request::ShareAccess { .. } => Family::Namespace,
+            Request::FileOpen { .. }
+            | Request::FileWrite { .. }
+            | Request::FileRead { .. }
+            | Request::FileSetAttr { .. }
+            | Request::FileAllocate { .. }
+            | Request::FileSync { .. }
+            | Request::FileClose { .. } => Family::File,
+            Request::Stats | Request::Verify { .. } | Request::Counters => Family::Admin,
         }
     }
 }
@@ -108,6 +123,9 @@ pub enum Grant {
     /// The mapped file with this handle: a new one for `MapOpen`, else the one being
     /// released.
     Map(u64),
+    /// The file handle with this id: a new one for `FileOpen`, else an open one (for
+    /// `FileClose`, already out of the table).
+    File(u64),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +140,7 @@ enum Pending {
     OpenTransfer(u64),
     Commit(u64),
     OpenMap(u64),
+    OpenFile(u64),
 }
 
 /// A connection's tables; see the module docs.
@@ -135,6 +154,9 @@ pub struct ConnState {
     /// Mapped files: `false` while opening, `true` once open.
     maps: HashMap<u64, bool>,
     next_map: u64,
+    /// File handles: `false` while opening, `true` once open.
+    files: HashMap<u64, bool>,
+    next_file: u64,
     pending: HashMap<u64, Pending>,
 }
 
@@ -162,6 +184,8 @@ impl ConnState {
             next_transfer: 1,
             maps: HashMap::new(),
             next_map: 1,
+            files: HashMap::new(),
+            next_file: 1,
             pending: HashMap::new(),
         }
     }
@@ -213,6 +237,52 @@ impl ConnState {
                 }
                 _ => Err(protocol(format!("no mapped file {handle}"))),
             },
+            Request::FileOpen { .. } => {
+                if self.files.len() >= MAX_OPEN_FILES {
+                    return Err(RemoteError::new(
+                        ErrorKind::Busy,
+                        format!(
+                            "more than {MAX_OPEN_FILES} files open for writing on one \
+                             connection: close some first"
+                        ),
+                    ));
+                }
+                let handle = self.next_file;
+                self.next_file += 1;
+                self.files.insert(handle, false);
+                self.pending.insert(id, Pending::OpenFile(handle));
+                Ok(Grant::File(handle))
+            }
+            Request::FileWrite {
+                handle,
+                region,
+                extents,
+                hashes,
+                ..
+            } => {
+                let grant = self.open_file(*handle)?;
+                check_file_write(region, extents, hashes, self.chunk_bytes)?;
+                Ok(grant)
+            }
+            Request::FileRead { handle, region, .. } => {
+                let grant = self.open_file(*handle)?;
+                let most = file_io_max(self.chunk_bytes);
+                if region.len == 0 || region.len > most {
+                    return Err(protocol(format!(
+                        "a file read of {} bytes: it must move 1 to {most}",
+                        region.len
+                    )));
+                }
+                Ok(grant)
+            }
+            Request::FileSetAttr { handle, .. }
+            | Request::FileAllocate { handle, .. }
+            | Request::FileSync { handle, .. } => self.open_file(*handle),
+            Request::FileClose { handle } => {
+                let grant = self.open_file(*handle)?;
+                self.files.remove(handle);
+                Ok(grant)
+            }
             Request::UploadBatch { region, files, .. } => {
                 check_upload_batch(
                     files,
@@ -223,6 +293,13 @@ impl ConnState {
                 Ok(Grant::None)
             }
             _ => Ok(Grant::None),
+        }
+    }
+
+    fn open_file(&self, handle: u64) -> Result<Grant, RemoteError> {
+        match self.files.get(&handle) {
+            Some(true) => Ok(Grant::File(handle)),
+            _ => Err(protocol(format!("no open file handle {handle}"))),
         }
     }
 
@@ -273,6 +350,13 @@ impl ConnState {
                     self.maps.remove(&handle);
                 }
             }
+            Some(Pending::OpenFile(handle)) => {
+                if ok {
+                    self.files.insert(handle, true);
+                } else {
+                    self.files.remove(&handle);
+                }
+            }
             Some(Pending::Commit(_)) | None => {}
         }
     }
@@ -288,6 +372,9 @@ impl ConnState {
                 Pending::OpenMap(h) => {
                     self.maps.remove(&h);
                 }
+                Pending::OpenFile(h) => {
+                    self.files.remove(&h);
+                }
                 Pending::Commit(_) => {}
             }
         }
@@ -302,6 +389,73 @@ impl ConnState {
     pub fn maps(&self) -> usize {
         self.maps.len()
     }
+
+    /// File handles open or opening.
+    pub fn files(&self) -> usize {
+        self.files.len()
+    }
+}
+
+/// Most bytes one `FileWrite` or `FileRead` of a connection whose chunk buffers hold
+/// `chunk_bytes` may move.
+pub fn file_io_max(chunk_bytes: u32) -> u64 {
+    (MAX_WINDOW_CHUNKS as u64 * u64::from(chunk_bytes)).min(MAX_FILE_IO_BYTES)
+}
+
+/// Checks a `FileWrite`'s shape: 1 to [`MAX_WRITE_EXTENTS`] extents, each of 1 to
+/// `chunk_bytes` bytes ending at most at `i64::MAX`, one hash each, their lengths adding
+/// up to the region's, which is at most [`file_io_max`].
+pub fn check_file_write(
+    region: &RegionDesc,
+    extents: &[Extent],
+    hashes: &[Hash256],
+    chunk_bytes: u32,
+) -> Result<(), RemoteError> {
+    if extents.is_empty() || extents.len() > MAX_WRITE_EXTENTS {
+        return Err(protocol(format!(
+            "a file write of {} extents: it must have 1 to {MAX_WRITE_EXTENTS}",
+            extents.len()
+        )));
+    }
+    if hashes.len() != extents.len() {
+        return Err(protocol(format!(
+            "a file write of {} extents carries {} hashes",
+            extents.len(),
+            hashes.len()
+        )));
+    }
+    let mut sum = 0u64;
+    for e in extents {
+        if e.len == 0 || e.len > chunk_bytes {
+            return Err(protocol(format!(
+                "a write extent of {} bytes: extents hold 1 to {chunk_bytes} bytes",
+                e.len
+            )));
+        }
+        if e.offset
+            .checked_add(u64::from(e.len))
+            .is_none_or(|end| end > i64::MAX as u64)
+        {
+            return Err(protocol(format!(
+                "a write extent at offset {} ends past the largest file offset",
+                e.offset
+            )));
+        }
+        sum += u64::from(e.len);
+    }
+    if sum != region.len {
+        return Err(protocol(format!(
+            "a file write's extents hold {sum} bytes but its region {}",
+            region.len
+        )));
+    }
+    let most = file_io_max(chunk_bytes);
+    if sum > most {
+        return Err(protocol(format!(
+            "a file write of {sum} bytes: at most {most} move at once"
+        )));
+    }
+    Ok(())
 }
 
 fn no_transfer(transfer: u64) -> RemoteError {

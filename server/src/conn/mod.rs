@@ -342,6 +342,7 @@ impl Conn {
             accepted: Algorithms::of(&[HashAlgorithm::Sha256]),
             meta: false,
             medium_batches: false,
+            write: false,
         });
         let fresh = share.hash().unwrap_or(n.hash);
         if !n.accepted.contains(fresh) {
@@ -382,6 +383,7 @@ impl Conn {
             Family::Map => map::perform(self, body, grant).await,
             Family::Namespace => namespace::perform(self, body).await,
             Family::Admin => admin::perform(self, body).await,
+            Family::File => Err(misrouted(&body).into()),
             // The session answers these itself; one reaching here is a bug there.
             Family::Session => Err(misrouted(&body).into()),
         }

@@ -821,7 +821,7 @@ pub(crate) fn unexpected(r: Response) -> ClientError {
     )))
 }
 
-fn expect_ok(r: Response) -> Result<(), ClientError> {
+pub(crate) fn expect_ok(r: Response) -> Result<(), ClientError> {
     match r {
         Response::Ok => Ok(()),
         other => Err(unexpected(other)),

@@ -47,6 +47,7 @@ pub mod batch;
 pub mod client;
 pub mod copy;
 pub mod error;
+pub mod files;
 pub mod filter;
 pub mod links;
 pub mod location;

@@ -27,6 +27,7 @@ use crate::nodes::{join, Nodes, ROOT};
 use crate::options::MountOptions;
 use crate::reader::{auto_chunk, OpenFile, Reader};
 use crate::remote::{lock, OpError, Remote};
+use crate::writer::WriteFile;
 
 /// The mounted share.
 pub struct FerryFs {
@@ -50,8 +51,26 @@ struct Inner {
     /// only when the next open finds the same version.
     versions: Mutex<HashMap<u64, FileVersion>>,
     next_fh: AtomicU64,
-    /// fuser threads now blocked in a read (see [`ThreadClaim`]).
+    /// fuser threads now blocked in a read or write (see [`ThreadClaim`]).
     blocked_reads: AtomicUsize,
+    /// The mount may write (see `options::Write`).
+    writable: bool,
+    /// Files open for writing, by node: every descriptor of a node shares one.
+    wfiles: Mutex<HashMap<u64, Arc<WriteFile>>>,
+    /// Writable descriptors: node and file.
+    wfhs: Mutex<HashMap<u64, (u64, Arc<WriteFile>)>>,
+    /// Created or truncated files that have not taken their name on the server yet,
+    /// by mount-relative path: lookups and listings show them.
+    staged: Mutex<HashMap<String, (u64, Arc<WriteFile>)>>,
+    /// Write generation of each node written through this mount: a read descriptor
+    /// opened at an older one maps the file again, so it never reads bytes older than
+    /// this mount's writes.
+    gens: Mutex<HashMap<u64, u64>>,
+    /// The node and write generation each read descriptor was opened at.
+    read_gens: Mutex<HashMap<u64, (u64, u64)>>,
+    /// Held while a descriptor is opened for writing, so two opens of one node make one
+    /// server handle.
+    open_lock: tokio::sync::Mutex<()>,
 }
 
 /// One of the fuser threads blocked in a read until this drops.
@@ -85,6 +104,7 @@ impl FerryFs {
         share: String,
         root: String,
         opts: MountOptions,
+        writable: bool,
     ) -> FerryFs {
         let reader = Reader::new(remote.clone(), opts.cache_bytes, opts.readahead_chunks);
         FerryFs {
@@ -102,6 +122,13 @@ impl FerryFs {
                 versions: Mutex::new(HashMap::new()),
                 next_fh: AtomicU64::new(1),
                 blocked_reads: AtomicUsize::new(0),
+                writable,
+                wfiles: Mutex::new(HashMap::new()),
+                wfhs: Mutex::new(HashMap::new()),
+                staged: Mutex::new(HashMap::new()),
+                gens: Mutex::new(HashMap::new()),
+                read_gens: Mutex::new(HashMap::new()),
+                open_lock: tokio::sync::Mutex::new(()),
             }),
             rt,
         }
@@ -207,9 +234,14 @@ impl Inner {
             .to_str()
             .ok_or_else(|| OpError::new(Errno::ENOENT, "name is not UTF-8"))?;
         let path = join(&self.path_of(parent)?, name);
-        let attr = self
-            .attr(&path, self.opts.entry_ttl.min(self.opts.attr_ttl))
-            .await?;
+        let staged = lock(&self.staged).get(&path).map(|(_, wf)| wf.clone());
+        let attr = match staged {
+            Some(wf) => wf.attr(),
+            None => {
+                self.attr(&path, self.opts.entry_ttl.min(self.opts.attr_ttl))
+                    .await?
+            }
+        };
         let ino = lock(&self.nodes).remember(&path, (attr.dev, attr.ino));
         Ok((ino, attr))
     }
@@ -230,8 +262,29 @@ impl Inner {
         lock(&self.nodes).store_attr(&path, file.attr(), Instant::now());
         let keep = lock(&self.versions).insert(ino.0, version) == Some(version);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.read_gens).insert(fh, (ino.0, self.gen_of(ino.0)));
         lock(&self.files).insert(fh, Arc::new(file));
         Ok((fh, keep))
+    }
+
+    /// Maps node `ino` again for read descriptor `fh` (it was written through this
+    /// mount since `fh` mapped it).
+    async fn reopen(&self, ino: INodeNo, fh: u64) -> Result<Arc<OpenFile>, OpError> {
+        let gen = self.gen_of(ino.0);
+        let path = self.path_of(ino)?;
+        let sp = self.share_path(&path);
+        let chunk_bytes = self.opts.chunk_bytes.unwrap_or_else(|| {
+            let size = lock(&self.nodes)
+                .attr(&path, Instant::now(), Duration::MAX)
+                .map_or(0, |a| a.size);
+            auto_chunk(size)
+        });
+        let file = Arc::new(self.reader.open(&self.share, &sp, chunk_bytes).await?);
+        if let Some(old) = lock(&self.files).insert(fh, file.clone()) {
+            old.release();
+        }
+        lock(&self.read_gens).insert(fh, (ino.0, gen));
+        Ok(file)
     }
 
     async fn list(&self, ino: INodeNo) -> Result<u64, OpError> {
@@ -251,9 +304,402 @@ impl Inner {
                 nodes.store_attr(&join(&path, &e.name), e.attr.clone(), now);
             }
         }
+        let mut entries = entries;
+        for (p, (_, wf)) in lock(&self.staged).iter() {
+            let (dir, name) = match p.rsplit_once('/') {
+                Some((d, n)) => (d, n),
+                None => ("", p.as_str()),
+            };
+            if dir == path && !entries.iter().any(|e| e.name == name) {
+                entries.push(DirEntry {
+                    name: name.to_string(),
+                    attr: wf.attr(),
+                });
+            }
+        }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.dirs).insert(fh, Arc::new(entries));
         Ok(fh)
+    }
+}
+
+/// The errno for a change asked of a read-only mount.
+fn read_only() -> OpError {
+    OpError::new(Errno::EROFS, "the mount is read-only")
+}
+
+fn timestamp(t: fuser::TimeOrNow) -> Timestamp {
+    match t {
+        fuser::TimeOrNow::SpecificTime(t) => Timestamp::from_system(t),
+        fuser::TimeOrNow::Now => Timestamp::from_system(SystemTime::now()),
+    }
+}
+
+/// What a writable open asks of the server.
+#[derive(Debug, Clone, Copy)]
+struct WriteOpen {
+    create: Option<u32>,
+    exclusive: bool,
+    truncate: bool,
+}
+
+impl Inner {
+    fn gen_of(&self, ino: u64) -> u64 {
+        lock(&self.gens).get(&ino).copied().unwrap_or(0)
+    }
+
+    /// The node's content changed on the server through this mount.
+    fn bump(&self, ino: u64) {
+        *lock(&self.gens).entry(ino).or_insert(0) += 1;
+    }
+
+    fn wfile(&self, ino: u64) -> Option<Arc<WriteFile>> {
+        lock(&self.wfiles).get(&ino).cloned()
+    }
+
+    /// Records what the server said of `path` after a change through this mount.
+    fn settled(&self, ino: u64, path: &str, attr: &Attr) {
+        lock(&self.nodes).store_attr(path, attr.clone(), Instant::now());
+        lock(&self.staged).remove(path);
+        self.bump(ino);
+    }
+
+    /// Gives a staged file written through this mount its name now (a namespace
+    /// change is about to name it), so the server's namespace is what this mount shows.
+    async fn name_staged(&self, path: &str) -> Result<(), OpError> {
+        let staged = lock(&self.staged).get(path).cloned();
+        if let Some((ino, wf)) = staged {
+            let attr = wf.sync(false).await?;
+            self.settled(ino, path, &attr);
+        }
+        Ok(())
+    }
+
+    /// Opens node `ino` (at mount-relative `path`) for writing: a new server handle,
+    /// or one more descriptor of the node's open one. Returns the descriptor.
+    async fn open_write(
+        &self,
+        ino: u64,
+        path: &str,
+        how: WriteOpen,
+    ) -> Result<(u64, Attr), OpError> {
+        if !self.writable {
+            return Err(read_only());
+        }
+        let _one = self.open_lock.lock().await;
+        let wf = match self.wfile(ino) {
+            Some(wf) => {
+                wf.add_ref();
+                if how.truncate {
+                    let attrs = ferry_common::msg::SetAttrs {
+                        size: Some(0),
+                        ..Default::default()
+                    };
+                    if let Err(e) = wf.set_attr(attrs).await {
+                        wf.drop_ref();
+                        return Err(e);
+                    }
+                }
+                wf
+            }
+            None => {
+                let sp = self.share_path(path);
+                let share = self.share.clone();
+                let label = format!("{share}/{sp}");
+                let (conn, opened) = self
+                    .remote
+                    .call(&format!("open {label}"), |c| async move {
+                        let o = c
+                            .client
+                            .file_open(&share, &sp, how.create, how.exclusive, how.truncate)
+                            .await?;
+                        Ok((c, o))
+                    })
+                    .await?;
+                let staged = opened.staged;
+                let wf = WriteFile::new(self.remote.clone(), conn, label, opened)?;
+                lock(&self.wfiles).insert(ino, wf.clone());
+                if staged {
+                    lock(&self.staged).insert(path.to_string(), (ino, wf.clone()));
+                }
+                lock(&self.nodes).changed(path);
+                wf
+            }
+        };
+        let attr = wf.attr();
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.wfhs).insert(fh, (ino, wf));
+        Ok((fh, attr))
+    }
+
+    async fn create(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+    ) -> Result<(u64, u64, Attr), OpError> {
+        if !self.writable {
+            return Err(read_only());
+        }
+        let name = name
+            .to_str()
+            .ok_or_else(|| OpError::new(Errno::EINVAL, "name is not UTF-8"))?;
+        let path = join(&self.path_of(parent)?, name);
+        let sp = self.share_path(&path);
+        let share = self.share.clone();
+        let label = format!("{share}/{sp}");
+        let how = WriteOpen {
+            create: Some(mode & 0o7777),
+            exclusive: flags & nix::libc::O_EXCL != 0,
+            truncate: flags & nix::libc::O_TRUNC != 0,
+        };
+        let _one = self.open_lock.lock().await;
+        let (conn, opened) = self
+            .remote
+            .call(&format!("create {label}"), |c| async move {
+                let o = c
+                    .client
+                    .file_open(&share, &sp, how.create, how.exclusive, how.truncate)
+                    .await?;
+                Ok((c, o))
+            })
+            .await?;
+        let attr = opened.attr.clone();
+        let staged = opened.staged;
+        let ino = lock(&self.nodes).remember(&path, (attr.dev, attr.ino));
+        let wf = WriteFile::new(self.remote.clone(), conn, label, opened)?;
+        lock(&self.wfiles).insert(ino, wf.clone());
+        if staged {
+            lock(&self.staged).insert(path.clone(), (ino, wf.clone()));
+        }
+        lock(&self.nodes).changed(&path);
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.wfhs).insert(fh, (ino, wf));
+        Ok((ino, fh, attr))
+    }
+
+    /// The last descriptor of a written node is gone: the server handle is closed (a
+    /// staged file takes its name, if no `flush` gave it one).
+    async fn release_write(&self, ino: u64, wf: Arc<WriteFile>) {
+        if !wf.drop_ref() {
+            return;
+        }
+        {
+            let mut files = lock(&self.wfiles);
+            if files.get(&ino).is_some_and(|f| Arc::ptr_eq(f, &wf)) {
+                files.remove(&ino);
+            }
+        }
+        let path = self.path_of(INodeNo(ino)).ok();
+        match wf.close().await {
+            Ok(attr) => {
+                if let Some(p) = &path {
+                    self.settled(ino, p, &attr);
+                }
+            }
+            Err(e) => {
+                tracing::warn!("close: {}", e.message);
+                lock(&self.staged).retain(|_, (_, f)| !Arc::ptr_eq(f, &wf));
+                self.bump(ino);
+            }
+        }
+    }
+
+    async fn setattr(
+        &self,
+        ino: INodeNo,
+        attrs: ferry_common::msg::SetAttrs,
+    ) -> Result<Attr, OpError> {
+        if !self.writable {
+            return Err(read_only());
+        }
+        let path = self.path_of(ino)?;
+        let attr = if let Some(wf) = self.wfile(ino.0) {
+            wf.set_attr(attrs).await?
+        } else if attrs.size.is_some() {
+            // A size change with no descriptor open (truncate(2)): through a handle
+            // opened for it, in place.
+            let how = WriteOpen {
+                create: None,
+                exclusive: false,
+                truncate: false,
+            };
+            let (fh, _) = self.open_write(ino.0, &path, how).await?;
+            let wf = lock(&self.wfhs).remove(&fh).map(|(_, wf)| wf);
+            let got = match &wf {
+                Some(wf) => wf.set_attr(attrs).await,
+                None => Err(OpError::new(Errno::EIO, "descriptor vanished")),
+            };
+            if let Some(wf) = wf {
+                self.release_write(ino.0, wf).await;
+            }
+            got?
+        } else {
+            let sp = self.share_path(&path);
+            let share = self.share.clone();
+            self.remote
+                .call(&format!("setattr {share}/{sp}"), |c| async move {
+                    c.client.set_attrs(&share, &sp, attrs).await
+                })
+                .await?
+        };
+        lock(&self.nodes).store_attr(&path, attr.clone(), Instant::now());
+        if attrs.size.is_some() {
+            self.bump(ino.0);
+        }
+        Ok(attr)
+    }
+
+    /// Runs a namespace change on the server: `what` for messages, `f` the call.
+    async fn change<T, F, Fut>(&self, what: String, f: F) -> Result<T, OpError>
+    where
+        F: FnOnce(Arc<crate::remote::Conn>, String) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ferry_client::ClientError>>,
+    {
+        if !self.writable {
+            return Err(read_only());
+        }
+        let share = self.share.clone();
+        self.remote
+            .call(&what, |c| async move { f(c, share).await })
+            .await
+    }
+
+    /// The attributes of a name just made, as an entry for the kernel.
+    async fn made(&self, path: &str) -> Result<(u64, Attr), OpError> {
+        lock(&self.nodes).changed(path);
+        let attr = self.attr(path, Duration::ZERO).await?;
+        let ino = lock(&self.nodes).remember(path, (attr.dev, attr.ino));
+        Ok((ino, attr))
+    }
+
+    fn child(&self, parent: INodeNo, name: &OsStr) -> Result<String, OpError> {
+        let name = name
+            .to_str()
+            .ok_or_else(|| OpError::new(Errno::EINVAL, "name is not UTF-8"))?;
+        Ok(join(&self.path_of(parent)?, name))
+    }
+
+    async fn mkdir(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+    ) -> Result<(u64, Attr), OpError> {
+        let path = self.child(parent, name)?;
+        let sp = self.share_path(&path);
+        self.change(format!("mkdir {sp}"), |c, share| async move {
+            c.client.mkdir(&share, &sp, mode & 0o7777, false).await
+        })
+        .await?;
+        self.made(&path).await
+    }
+
+    async fn symlink(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        target: &Path,
+    ) -> Result<(u64, Attr), OpError> {
+        let path = self.child(parent, name)?;
+        let target = target
+            .to_str()
+            .ok_or_else(|| OpError::new(Errno::EINVAL, "symlink target is not UTF-8"))?
+            .to_string();
+        let sp = self.share_path(&path);
+        self.change(format!("symlink {sp}"), |c, share| async move {
+            c.client.symlink(&share, &sp, &target).await
+        })
+        .await?;
+        self.made(&path).await
+    }
+
+    async fn link(
+        &self,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+    ) -> Result<(u64, Attr), OpError> {
+        let from = self.path_of(ino)?;
+        self.name_staged(&from).await?;
+        let to = self.child(newparent, newname)?;
+        let (sf, st) = (self.share_path(&from), self.share_path(&to));
+        self.change(format!("link {sf} to {st}"), |c, share| async move {
+            c.client.link(&share, &sf, &st).await
+        })
+        .await?;
+        lock(&self.nodes).changed(&from);
+        self.made(&to).await
+    }
+
+    /// unlink (`dir` false) or rmdir (`dir` true).
+    async fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool) -> Result<(), OpError> {
+        let path = self.child(parent, name)?;
+        self.name_staged(&path).await?;
+        let attr = self.attr(&path, Duration::ZERO).await?;
+        match (dir, attr.kind == FileKind::Dir) {
+            (false, true) => {
+                return Err(OpError::new(
+                    Errno::EISDIR,
+                    format!("{path}: is a directory"),
+                ))
+            }
+            (true, false) => {
+                return Err(OpError::new(
+                    Errno::ENOTDIR,
+                    format!("{path}: not a directory"),
+                ))
+            }
+            _ => {}
+        }
+        let sp = self.share_path(&path);
+        let got = self
+            .change(format!("remove {sp}"), |c, share| async move {
+                c.client.remove(&share, &sp, false).await
+            })
+            .await;
+        match got {
+            // `Remove` reports a directory that is not empty as existing.
+            Err(e) if dir && e.errno == Errno::EEXIST => {
+                Err(OpError::new(Errno::ENOTEMPTY, e.message))
+            }
+            Err(e) => Err(e),
+            Ok(()) => {
+                lock(&self.nodes).removed(&path, Instant::now());
+                Ok(())
+            }
+        }
+    }
+
+    async fn rename(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+    ) -> Result<(), OpError> {
+        if flags.contains(fuser::RenameFlags::RENAME_EXCHANGE)
+            || flags.contains(fuser::RenameFlags::RENAME_WHITEOUT)
+        {
+            return Err(OpError::new(
+                Errno::EINVAL,
+                "rename: only RENAME_NOREPLACE is supported",
+            ));
+        }
+        let from = self.child(parent, name)?;
+        let to = self.child(newparent, newname)?;
+        self.name_staged(&from).await?;
+        self.name_staged(&to).await?;
+        let no_replace = flags.contains(fuser::RenameFlags::RENAME_NOREPLACE);
+        let (sf, st) = (self.share_path(&from), self.share_path(&to));
+        self.change(format!("rename {sf} to {st}"), |c, share| async move {
+            c.client.move_entry(&share, &sf, &st, no_replace).await
+        })
+        .await?;
+        lock(&self.nodes).renamed(&from, &to, Instant::now());
+        Ok(())
     }
 }
 
@@ -282,6 +728,12 @@ impl fuser::Filesystem for FerryFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Let the kernel read ahead in large requests; Ferry's own readahead runs on top.
         let _ = config.set_max_readahead(1 << 20);
+        // Writes of up to 1 MiB per request; O_TRUNC reaches `open` (not a separate
+        // size change before it), so a truncating open is staged like a new file.
+        let _ = config.set_max_write(1 << 20);
+        if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC) {
+            tracing::warn!("the kernel lacks {missing:?}: O_TRUNC truncates in place");
+        }
         Ok(())
     }
 
@@ -305,6 +757,10 @@ impl fuser::Filesystem for FerryFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        if let Some(wf) = self.inner.wfile(ino.0) {
+            let a = wf.attr();
+            return reply.attr(&Duration::ZERO, &self.inner.file_attr(ino.0, &a));
+        }
         self.spawn(|fs| async move {
             let got = match fs.path_of(ino) {
                 Ok(path) => fs.attr(&path, fs.opts.attr_ttl).await,
@@ -336,8 +792,25 @@ impl fuser::Filesystem for FerryFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let acc = flags.0 & nix::libc::O_ACCMODE;
-        if acc != nix::libc::O_RDONLY || flags.0 & nix::libc::O_TRUNC != 0 {
-            reply.error(Errno::EROFS);
+        let writing = self.inner.wfile(ino.0).is_some();
+        // A reader of a node open for writing on this mount shares its handle: the
+        // file may not have its name on the server yet, and it must see those writes.
+        if acc != nix::libc::O_RDONLY || flags.0 & nix::libc::O_TRUNC != 0 || writing {
+            let how = WriteOpen {
+                create: None,
+                exclusive: false,
+                truncate: flags.0 & nix::libc::O_TRUNC != 0,
+            };
+            self.spawn(|fs| async move {
+                let got = match fs.path_of(ino) {
+                    Ok(path) => fs.open_write(ino.0, &path, how).await,
+                    Err(e) => Err(e),
+                };
+                match got {
+                    Ok((fh, _)) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                    Err(e) => reply.error(fail("open", e)),
+                }
+            });
             return;
         }
         self.spawn(|fs| async move {
@@ -358,7 +831,7 @@ impl fuser::Filesystem for FerryFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -366,6 +839,31 @@ impl fuser::Filesystem for FerryFs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
+        // A node open for writing on this mount is read through its handle, after its
+        // cached writes went back.
+        if let Some(wf) = self.inner.wfile(ino.0) {
+            self.spawn(|_| async move {
+                match wf.read(offset, size).await {
+                    Ok(data) => reply.data(&data),
+                    Err(e) => reply.error(fail("read", e)),
+                }
+            });
+            return;
+        }
+        let stale = lock(&self.inner.read_gens)
+            .get(&fh.0)
+            .is_some_and(|&(node, gen)| gen != self.inner.gen_of(node));
+        if stale {
+            // Written through this mount since this descriptor mapped it: map again.
+            self.spawn(|fs| async move {
+                let got = match fs.reopen(ino, fh.0).await {
+                    Ok(file) => file.read(&fs.reader, offset, size).await,
+                    Err(e) => Err(e),
+                };
+                answer_read(&fs.reader, reply, got);
+            });
+            return;
+        }
         let Some(file) = lock(&self.inner.files).get(&fh.0).cloned() else {
             reply.error(Errno::EBADF);
             return;
@@ -401,9 +899,15 @@ impl fuser::Filesystem for FerryFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        lock(&self.inner.read_gens).remove(&fh.0);
         if let Some(file) = lock(&self.inner.files).remove(&fh.0) {
             let _guard = self.rt.enter();
             file.release();
+        }
+        let written = lock(&self.inner.wfhs).remove(&fh.0);
+        if let Some((ino, wf)) = written {
+            // Errors were reported by `flush` (close); what is left is logged.
+            self.spawn(|fs| async move { fs.release_write(ino, wf).await });
         }
         reply.ok();
     }
@@ -495,12 +999,92 @@ impl fuser::Filesystem for FerryFs {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Nothing is ever written, so there is nothing to flush.
+        let Some((ino, wf)) = lock(&self.inner.wfhs).get(&fh.0).cloned() else {
+            // A read descriptor: nothing to write back.
+            return reply.ok();
+        };
+        // close(2): written back, durable and named (close-to-open); errors reach close.
+        self.spawn(|fs| async move {
+            let got = wf.flush().await;
+            match got {
+                Ok(attr) => {
+                    if let Ok(path) = fs.path_of(INodeNo(ino)) {
+                        fs.settled(ino, &path, &attr);
+                    }
+                    reply.ok()
+                }
+                Err(e) => reply.error(fail("close", e)),
+            }
+        });
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some((ino, wf)) = lock(&self.inner.wfhs).get(&fh.0).cloned() else {
+            return reply.ok();
+        };
+        self.spawn(|fs| async move {
+            match wf.sync(datasync).await {
+                Ok(attr) => {
+                    if let Ok(path) = fs.path_of(INodeNo(ino)) {
+                        fs.settled(ino, &path, &attr);
+                    }
+                    reply.ok()
+                }
+                Err(e) => reply.error(fail("fsync", e)),
+            }
+        });
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // The server makes every directory change durable before answering it.
         reply.ok();
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let keep_size = match mode {
+            0 => false,
+            nix::libc::FALLOC_FL_KEEP_SIZE => true,
+            _ => return reply.error(Errno::EOPNOTSUPP),
+        };
+        let Some((ino, wf)) = lock(&self.inner.wfhs).get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        self.spawn(|fs| async move {
+            match wf.allocate(offset, length, keep_size).await {
+                Ok(_) => {
+                    fs.bump(ino);
+                    reply.ok()
+                }
+                Err(e) => reply.error(fail("fallocate", e)),
+            }
+        });
     }
 
     fn getxattr(
@@ -523,19 +1107,16 @@ impl fuser::Filesystem for FerryFs {
         }
     }
 
-    // Every change is refused: the mount is read-only (the kernel refuses most of
-    // these already because it is mounted `ro`).
-
     fn setattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        _size: Option<u64>,
-        _atime: Option<fuser::TimeOrNow>,
-        _mtime: Option<fuser::TimeOrNow>,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<fuser::TimeOrNow>,
+        mtime: Option<fuser::TimeOrNow>,
         _ctime: Option<SystemTime>,
         _fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
@@ -544,102 +1125,212 @@ impl fuser::Filesystem for FerryFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        reply.error(Errno::EROFS);
+        let attrs = ferry_common::msg::SetAttrs {
+            size,
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            atime: atime.map(timestamp),
+            mtime: mtime.map(timestamp),
+        };
+        self.spawn(|fs| async move {
+            match fs.setattr(ino, attrs).await {
+                Ok(a) => {
+                    let a = fs.wfile(ino.0).map_or(a, |wf| wf.attr());
+                    reply.attr(&Duration::ZERO, &fs.file_attr(ino.0, &a))
+                }
+                Err(e) => reply.error(fail("setattr", e)),
+            }
+        });
     }
 
     fn mknod(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        if mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
+            // FIFOs, sockets and devices are not kept on a share.
+            return reply.error(Errno::EPERM);
+        }
+        let name = name.to_owned();
+        self.spawn(|fs| async move {
+            let made = async {
+                let flags = nix::libc::O_EXCL;
+                let (ino, fh, _) = fs.create(parent, &name, mode & !umask, flags).await?;
+                let wf = lock(&fs.wfhs).remove(&fh).map(|(_, wf)| wf);
+                if let Some(wf) = wf {
+                    fs.release_write(ino, wf).await;
+                }
+                let path = fs.child(parent, &name)?;
+                fs.made(&path).await
+            };
+            match made.await {
+                Ok((ino, attr)) => {
+                    reply.entry(&fs.opts.entry_ttl, &fs.file_attr(ino, &attr), Generation(0))
+                }
+                Err(e) => reply.error(fail("mknod", e)),
+            }
+        });
     }
 
     fn mkdir(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        let name = name.to_owned();
+        self.spawn(|fs| async move {
+            match fs.mkdir(parent, &name, mode & !umask).await {
+                Ok((ino, attr)) => {
+                    reply.entry(&fs.opts.entry_ttl, &fs.file_attr(ino, &attr), Generation(0))
+                }
+                Err(e) => reply.error(fail("mkdir", e)),
+            }
+        });
     }
 
-    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.to_owned();
+        self.spawn(|fs| async move {
+            match fs.remove(parent, &name, false).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("unlink", e)),
+            }
+        });
     }
 
-    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.to_owned();
+        self.spawn(|fs| async move {
+            match fs.remove(parent, &name, true).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("rmdir", e)),
+            }
+        });
     }
 
     fn symlink(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _link_name: &OsStr,
-        _target: &Path,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        let (name, target) = (link_name.to_owned(), target.to_owned());
+        self.spawn(|fs| async move {
+            match fs.symlink(parent, &name, &target).await {
+                Ok((ino, attr)) => {
+                    reply.entry(&fs.opts.entry_ttl, &fs.file_attr(ino, &attr), Generation(0))
+                }
+                Err(e) => reply.error(fail("symlink", e)),
+            }
+        });
     }
 
     fn rename(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        _flags: fuser::RenameFlags,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::EROFS);
+        let (name, newname) = (name.to_owned(), newname.to_owned());
+        self.spawn(|fs| async move {
+            match fs.rename(parent, &name, newparent, &newname, flags).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("rename", e)),
+            }
+        });
     }
 
     fn link(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _newparent: INodeNo,
-        _newname: &OsStr,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        let newname = newname.to_owned();
+        self.spawn(|fs| async move {
+            match fs.link(ino, newparent, &newname).await {
+                Ok((ino, attr)) => {
+                    reply.entry(&fs.opts.entry_ttl, &fs.file_attr(ino, &attr), Generation(0))
+                }
+                Err(e) => reply.error(fail("link", e)),
+            }
+        });
     }
 
     fn write(
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _data: &[u8],
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
         _write_flags: fuser::WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<fuser::LockOwner>,
         reply: fuser::ReplyWrite,
     ) {
-        reply.error(Errno::EROFS);
+        let Some((_, wf)) = lock(&self.inner.wfhs).get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        let len = data.len() as u32;
+        // The bytes are copied into the write-back cache on this thread while another
+        // stays free for the kernel; past that, on the runtime.
+        if let Some(_held) = ThreadClaim::take(&self.inner.blocked_reads, self.inner.opts.threads) {
+            return match self.rt.block_on(wf.write(offset, data)) {
+                Ok(()) => reply.written(len),
+                Err(e) => reply.error(fail("write", e)),
+            };
+        }
+        let data = data.to_vec();
+        self.spawn(|_| async move {
+            match wf.write(offset, &data).await {
+                Ok(()) => reply.written(len),
+                Err(e) => reply.error(fail("write", e)),
+            }
+        });
     }
 
     fn create(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        _flags: i32,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
         reply: fuser::ReplyCreate,
     ) {
-        reply.error(Errno::EROFS);
+        let name = name.to_owned();
+        self.spawn(|fs| async move {
+            match fs.create(parent, &name, mode & !umask, flags).await {
+                Ok((ino, fh, attr)) => reply.created(
+                    &Duration::ZERO,
+                    &fs.file_attr(ino, &attr),
+                    Generation(0),
+                    FileHandle(fh),
+                    FopenFlags::empty(),
+                ),
+                Err(e) => reply.error(fail("create", e)),
+            }
+        });
     }
 }

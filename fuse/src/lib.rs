@@ -26,3 +26,4 @@ pub mod nodes;
 pub mod options;
 pub mod reader;
 pub mod remote;
+pub mod writer;

@@ -18,7 +18,7 @@ use ferry_common::transport::{TransportChoice, TransportKind};
 use ferry_common::DEFAULT_PORT;
 use ferry_fuse::fs::FerryFs;
 use ferry_fuse::mount::Unmounter;
-use ferry_fuse::options::{Access, MountOptions};
+use ferry_fuse::options::{Access, MountOptions, WriteMode};
 use ferry_fuse::remote::Remote;
 use fuser::{Config, MountOption, Session, SessionACL};
 
@@ -39,8 +39,9 @@ const NOTIFY_ENV: &str = "FERRY_MOUNT_NOTIFY";
 #[command(
     name = "ferry-mount",
     version,
-    about = "Mount a Ferry share read-only: file reads are one-sided RDMA READs of the \
-             server's memory, every chunk checked against its SHA-256",
+    about = "Mount a Ferry share: file reads are one-sided RDMA READs of the server's \
+             memory and written data is pulled by the server with one-sided READs, every \
+             chunk checked against its hash",
     after_help = "\
 Examples:
   ferry-mount storage1:data /mnt/data                 detach once mounted
@@ -50,7 +51,12 @@ Unmount with `umount MOUNTPOINT`, `fusermount3 -u MOUNTPOINT`, or SIGINT/SIGTERM
 ferry-mount.
 
 Mount options (-o, comma-separated):
-  ro                     read-only (the default and only mode; writes give EROFS)
+  ro                     read-only: writes give EROFS
+  rw                     read-write or fail (default: read-write when the server
+                         supports writes and the share is not exported :ro, else
+                         read-only with a warning)
+  writeback=MIB          written data held before the server has pulled it, in
+                         registered buffers (default 64); a writer waits beyond it
   allow_other            let every user use the mount (allow_root: root as well)
   default_permissions    let the kernel check permission bits
   attr_timeout=SECS      trust attributes this long (default 1)
@@ -156,14 +162,19 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
         args.transport,
         credentials,
         opts.timeout,
+        if opts.write == WriteMode::ReadOnly {
+            0
+        } else {
+            opts.writeback_bytes
+        },
     ));
-    let via = rt.block_on(check_share(&link, &remote, opts.timeout))?;
+    let (via, writable) = rt.block_on(check_share(&link, &remote, &opts))?;
 
     let fsname = opts
         .fsname
         .clone()
         .unwrap_or_else(|| format!("ferry:{}", remote.display()));
-    let config = fuse_config(&opts, &fsname);
+    let config = fuse_config(&opts, &fsname, writable);
     let readahead_kib = opts.max_readahead_kib;
     // Resolved before mounting: afterwards, resolving the path would call into the
     // mount, whose session is not running yet.
@@ -178,6 +189,7 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
         remote.share.clone(),
         remote.path.clone(),
         opts,
+        writable,
     );
     let (session, unmounter) = ferry_fuse::mount::mount(fs, &args.mountpoint, &fsname, &config)
         .map_err(|e| {
@@ -192,9 +204,10 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
     let unmounting = unmount_on_signal(&rt, args.mountpoint.clone(), unmounter);
 
     tracing::info!(
-        "mounted {} on {} over {via}",
+        "mounted {} on {} over {via}, {}",
         remote.display(),
-        args.mountpoint.display()
+        args.mountpoint.display(),
+        if writable { "read-write" } else { "read-only" }
     );
     if notify {
         println!("ready");
@@ -254,11 +267,14 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 /// Connects, proves the secret and stats the share's root before mounting, so a
 /// server that cannot be reached, a wrong or missing secret, or a root that is not a
 /// directory fails the mount itself. Returns the transport in use, for the log.
+/// Connects, checks the share's root is a directory and decides whether the mount
+/// writes; returns how it is connected and that.
 async fn check_share(
     link: &Remote,
     remote: &location::Remote,
-    timeout: Duration,
-) -> Result<String, Failure> {
+    opts: &MountOptions,
+) -> Result<(String, bool), Failure> {
+    let timeout = opts.timeout;
     let (transport, device, root_attr) =
         connect_and_stat(link, remote, timeout)
             .await
@@ -276,10 +292,60 @@ async fn check_share(
             anyhow::anyhow!("{}: not a directory", remote.display()),
         ));
     }
-    Ok(match device {
+    let via = match device {
         Some(d) => format!("{} ({d})", transport.as_str()),
         None => transport.as_str().to_string(),
-    })
+    };
+    let writable = match opts.write {
+        WriteMode::ReadOnly => false,
+        wanted => {
+            let why_not = why_read_only(link, remote, timeout).await?;
+            match (why_not, wanted) {
+                (None, _) => true,
+                (Some(why), WriteMode::ReadWrite) => {
+                    return Err((
+                        exit::MOUNT,
+                        anyhow::anyhow!("{}: cannot mount read-write: {why}", remote.display()),
+                    ))
+                }
+                (Some(why), _) => {
+                    tracing::warn!("mounting {} read-only: {why}", remote.display());
+                    false
+                }
+            }
+        }
+    };
+    Ok((via, writable))
+}
+
+/// Why the share cannot be mounted read-write, if it cannot.
+async fn why_read_only(
+    link: &Remote,
+    remote: &location::Remote,
+    timeout: Duration,
+) -> Result<Option<String>, Failure> {
+    let conn = link.conn().await.map_err(|e| {
+        (
+            exit::CONNECT,
+            anyhow::anyhow!("{}: {}", remote.addr(), e.message),
+        )
+    })?;
+    if !conn.client.can_write() {
+        return Ok(Some(format!(
+            "the server at {} does not support writes (an older ferryd)",
+            remote.addr()
+        )));
+    }
+    let writable = tokio::time::timeout(timeout, conn.client.share_access(&remote.share))
+        .await
+        .map_err(|_| {
+            (
+                exit::CONNECT,
+                anyhow::anyhow!("{}: no answer within {timeout:?}", remote.addr()),
+            )
+        })?
+        .map_err(|e| (exit::MOUNT, anyhow::anyhow!("{}: {e}", remote.display())))?;
+    Ok((!writable).then(|| "the share is exported read-only".to_string()))
 }
 
 /// The transport, its device and the root's attributes; on failure the exit code and
@@ -318,10 +384,14 @@ fn auth_failure(e: ferry_client::ClientError) -> (u8, String) {
 }
 
 /// The FUSE session's settings: read-only, no devices or setuid, who may use it.
-fn fuse_config(opts: &MountOptions, fsname: &str) -> Config {
+fn fuse_config(opts: &MountOptions, fsname: &str, writable: bool) -> Config {
     let mut config = Config::default();
     config.mount_options = vec![
-        MountOption::RO,
+        if writable {
+            MountOption::RW
+        } else {
+            MountOption::RO
+        },
         MountOption::NoDev,
         MountOption::NoSuid,
         MountOption::FSName(fsname.to_string()),

@@ -185,6 +185,46 @@ impl Nodes {
         self.missing.insert(path.to_string(), now);
     }
 
+    /// `from` was renamed to `to` (on the server): the nodes at or below `from` take
+    /// their paths below `to`; a node that had `to` loses it (it was replaced); cached
+    /// attributes and negative entries at or below either path are dropped.
+    pub fn renamed(&mut self, from: &str, to: &str, now: Instant) {
+        let under = |p: &str, top: &str| {
+            p == top
+                || (p.len() > top.len() && p.starts_with(top) && p.as_bytes()[top.len()] == b'/')
+        };
+        self.by_path.retain(|p, _| !under(p, to));
+        let mut moved = Vec::new();
+        for (&id, node) in self.nodes.iter_mut() {
+            if id != ROOT && under(&node.path, from) {
+                let new = format!("{to}{}", &node.path[from.len()..]);
+                moved.push((std::mem::replace(&mut node.path, new.clone()), new, id));
+            }
+        }
+        for (old, new, id) in moved {
+            if self.by_path.get(&old) == Some(&id) {
+                self.by_path.remove(&old);
+            }
+            self.by_path.insert(new, id);
+        }
+        self.attrs.retain(|p, _| !under(p, from) && !under(p, to));
+        self.missing.retain(|p, _| !under(p, to));
+        self.store_missing(from, now);
+    }
+
+    /// `path` was removed (on the server): its cached attributes go and it is
+    /// remembered as missing; its node keeps its id until the kernel forgets it.
+    pub fn removed(&mut self, path: &str, now: Instant) {
+        self.by_path.remove(path);
+        self.store_missing(path, now);
+    }
+
+    /// Forgets the cached attributes of `path` (it changed).
+    pub fn changed(&mut self, path: &str) {
+        self.attrs.remove(path);
+        self.missing.remove(path);
+    }
+
     /// Drops entries older than an hour (TTLs are far shorter in practice); keeps the
     /// caches bounded when a huge tree is walked.
     fn prune(&mut self, now: Instant) {
@@ -246,6 +286,35 @@ mod tests {
         n.forget(ROOT, 100);
         assert_eq!(n.path(ROOT).as_deref(), Some(""));
         assert_eq!(n.remember("", (5, 2)), ROOT);
+    }
+
+    #[test]
+    fn a_rename_moves_the_nodes_below_and_forgets_the_replaced_name() {
+        let mut n = Nodes::new();
+        let now = Instant::now();
+        let d = n.remember("d", (5, 10));
+        let f = n.remember("d/f", (5, 11));
+        let dx = n.remember("dx", (5, 12));
+        let old = n.remember("e", (5, 13));
+        n.store_attr("d/f", attr(3), now);
+        n.renamed("d", "e", now);
+        assert_eq!(n.path(d).as_deref(), Some("e"));
+        assert_eq!(n.path(f).as_deref(), Some("e/f"));
+        assert_eq!(
+            n.path(dx).as_deref(),
+            Some("dx"),
+            "a sibling sharing the prefix"
+        );
+        assert_eq!(n.id_of("e"), Some(d));
+        assert_eq!(n.id_of("d"), None);
+        assert_eq!(n.id_of("d/f"), None);
+        assert_eq!(n.path(old).as_deref(), Some("e"), "kept until forgotten");
+        assert!(n.attr("d/f", now, Duration::MAX).is_none());
+        assert!(n.attr("e/f", now, Duration::MAX).is_none());
+        assert!(n.is_missing("d", now, Duration::from_secs(1)));
+        n.removed("e/f", now);
+        assert_eq!(n.id_of("e/f"), None);
+        assert!(n.is_missing("e/f", now, Duration::from_secs(1)));
     }
 
     #[test]

@@ -19,6 +19,19 @@ pub enum Access {
     All,
 }
 
+/// Whether the mount may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WriteMode {
+    /// Read-write when the server supports writes and the share is writable, else
+    /// read-only (with a notice).
+    #[default]
+    Auto,
+    /// `rw`: read-write, or no mount at all.
+    ReadWrite,
+    /// `ro`: read-only.
+    ReadOnly,
+}
+
 /// Everything `-o` can set. Invariant after [`MountOptions::parse_into`]: `chunk_bytes`,
 /// if set, is a power of two within the protocol's bounds, `cache_bytes >= 2 * fetch bytes`,
 /// `threads >= 1`, `timeout > 0`.
@@ -26,6 +39,11 @@ pub enum Access {
 pub struct MountOptions {
     /// Who may use the mount.
     pub access: Access,
+    /// Whether it may write.
+    pub write: WriteMode,
+    /// Bytes written but not yet pulled by the server, at most (`writeback=MIB`): the
+    /// registered write-back buffers of each connection.
+    pub writeback_bytes: u64,
     /// Let the kernel check permission bits (`default_permissions`).
     pub default_permissions: bool,
     /// How long the kernel (and this client) may trust attributes.
@@ -58,6 +76,8 @@ impl Default for MountOptions {
     fn default() -> Self {
         MountOptions {
             access: Access::Owner,
+            write: WriteMode::Auto,
+            writeback_bytes: 64 << 20,
             default_permissions: false,
             attr_ttl: Duration::from_secs(1),
             entry_ttl: Duration::from_secs(1),
@@ -75,7 +95,8 @@ impl Default for MountOptions {
 }
 
 /// The option names `-o` accepts, for `--help` and error messages.
-pub const KNOWN: &str = "ro, allow_other, allow_root, default_permissions, attr_timeout=SECS, \
+pub const KNOWN: &str =
+    "ro, rw, writeback=MIB, allow_other, allow_root, default_permissions, attr_timeout=SECS, \
      entry_timeout=SECS, negative_timeout=SECS, cache_size=MIB, chunk_size=BYTES, \
      readahead=CHUNKS, max_readahead=KIB, timeout=SECS, threads=N, fsname=NAME, \
      secret_file=PATH";
@@ -97,12 +118,20 @@ impl MountOptions {
                 Some(_) => Err(format!("option '{key}' takes no value")),
             };
             match key {
-                "ro" => flag(value)?,
+                "ro" => {
+                    flag(value)?;
+                    self.write = WriteMode::ReadOnly;
+                }
                 "rw" => {
-                    return Err(
-                        "the mount is read-only: 'rw' is not supported (writes return EROFS)"
-                            .into(),
-                    )
+                    flag(value)?;
+                    self.write = WriteMode::ReadWrite;
+                }
+                "writeback" => {
+                    let mib: u64 = number(key, need(value)?)?;
+                    if !(8..=65_536).contains(&mib) {
+                        return Err("writeback must be from 8 to 65536 (MiB)".into());
+                    }
+                    self.writeback_bytes = mib << 20;
                 }
                 "allow_other" => {
                     flag(value)?;
@@ -227,7 +256,8 @@ mod tests {
     #[test]
     fn bad_options_say_why() {
         for (arg, want) in [
-            ("rw", "read-only"),
+            ("rw=1", "takes no value"),
+            ("writeback=4", "writeback must be"),
             ("bogus", "unknown mount option 'bogus'"),
             ("attr_timeout", "needs a value"),
             ("attr_timeout=-1", "out of range"),

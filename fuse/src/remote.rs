@@ -19,6 +19,8 @@ use ferry_common::transport::{
 use fuser::Errno;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::writer::WriteBufs;
+
 /// Most bytes one RDMA READ fetches: a run of consecutive chunks, or one chunk. Also
 /// the size of each registered fetch buffer, and so the largest chunk size a mount uses.
 pub const FETCH_BYTES: usize = 1 << 20;
@@ -60,6 +62,11 @@ pub fn errno_of(e: &ClientError) -> Errno {
             ErrorKind::Exists => Errno::EEXIST,
             ErrorKind::Busy => Errno::EBUSY,
             ErrorKind::TooManyLinks => Errno::EMLINK,
+            ErrorKind::NotEmpty => Errno::ENOTEMPTY,
+            ErrorKind::QuotaExceeded => Errno::EDQUOT,
+            ErrorKind::Unsupported => Errno::EOPNOTSUPP,
+            ErrorKind::FileTooBig => Errno::EFBIG,
+            ErrorKind::Invalid => Errno::EINVAL,
             ErrorKind::AuthRequired | ErrorKind::AuthFailed => Errno::EACCES,
             _ => Errno::EIO,
         },
@@ -69,7 +76,7 @@ pub fn errno_of(e: &ClientError) -> Errno {
 }
 
 /// True if the error means the connection is gone (so the next call reconnects).
-fn is_fatal(e: &ClientError) -> bool {
+pub fn is_fatal(e: &ClientError) -> bool {
     matches!(
         e,
         ClientError::Disconnected(_)
@@ -84,6 +91,8 @@ fn is_fatal(e: &ClientError) -> bool {
 pub struct Conn {
     /// The session.
     pub client: Client,
+    /// Write-back buffers; `None` on a read-only mount.
+    wbufs: Option<Arc<WriteBufs>>,
     bufs: Vec<(Arc<Buffer>, Registration)>,
     free: Mutex<Vec<usize>>,
     slots: Arc<Semaphore>,
@@ -115,7 +124,21 @@ impl Drop for Lease<'_> {
 }
 
 impl Conn {
-    fn new(client: Client) -> Result<Conn, String> {
+    /// The write-back buffers, on a writable mount.
+    pub fn write_bufs(&self) -> Option<&Arc<WriteBufs>> {
+        self.wbufs.as_ref()
+    }
+
+    fn new(client: Client, writeback_bytes: u64) -> Result<Conn, String> {
+        let wbufs = if writeback_bytes > 0 && client.can_write() {
+            Some(WriteBufs::new(
+                client.transport(),
+                writeback_bytes,
+                client.welcome().chunk_bytes,
+            )?)
+        } else {
+            None
+        };
         let mut bufs = Vec::with_capacity(FETCH_BUFFERS);
         for _ in 0..FETCH_BUFFERS {
             let buf = Buffer::new(FETCH_BYTES).map_err(|e| format!("buffer: {e}"))?;
@@ -127,6 +150,7 @@ impl Conn {
         }
         Ok(Conn {
             client,
+            wbufs,
             bufs,
             free: Mutex::new((0..FETCH_BUFFERS).collect()),
             slots: Arc::new(Semaphore::new(FETCH_BUFFERS)),
@@ -174,18 +198,22 @@ pub struct Remote {
     choice: TransportChoice,
     credentials: Credentials,
     timeout: Duration,
+    /// Bytes of write-back buffers each connection registers (0: a read-only mount).
+    writeback_bytes: u64,
     current: Mutex<Option<Arc<Conn>>>,
     connecting: tokio::sync::Mutex<()>,
 }
 
 impl Remote {
-    /// A remote, not yet connected; every connection proves `credentials`.
+    /// A remote, not yet connected; every connection proves `credentials` and, on a
+    /// writable mount, registers `writeback_bytes` of write-back buffers.
     pub fn new(
         host: String,
         port: u16,
         choice: TransportChoice,
         credentials: Credentials,
         timeout: Duration,
+        writeback_bytes: u64,
     ) -> Remote {
         Remote {
             host,
@@ -193,6 +221,7 @@ impl Remote {
             choice,
             credentials,
             timeout,
+            writeback_bytes,
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
         }
@@ -233,7 +262,9 @@ impl Remote {
             )
         })?
         .map_err(|e| OpError::new(Errno::ENOTCONN, e.to_string()))?;
-        let conn = Arc::new(Conn::new(client).map_err(|e| OpError::new(Errno::EIO, e))?);
+        let conn = Arc::new(
+            Conn::new(client, self.writeback_bytes).map_err(|e| OpError::new(Errno::EIO, e))?,
+        );
         let kind = conn.client.transport().kind().as_str();
         match conn.client.transport().device() {
             Some(dev) => tracing::info!("connected to {} over {kind} ({dev})", self.addr()),

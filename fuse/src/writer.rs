@@ -1,0 +1,626 @@
+//! Files open for writing: a bounded write-back cache in registered buffers, pulled by
+//! the server with one-sided READs and verified chunk by chunk before it touches disk.
+//!
+//! A [`WriteFile`] stands for one server file handle (`FileOpen`), shared by every
+//! writable descriptor of one node on this mount. `write` copies the bytes into the
+//! buffer being filled (one of the connection's [`WriteBufs`], registered for the
+//! server's READs) and returns; a full buffer is *submitted*: its extents are hashed and
+//! a `FileWrite` names them, and the server pulls, verifies and writes them. Reads of a
+//! file open for writing go through the same handle (`FileRead`: the server pushes the
+//! bytes into a registered buffer with a one-sided WRITE, with their hashes), after the
+//! cache has been written back, so this mount never reads bytes older than its own
+//! writes.
+//!
+//! Invariants:
+//! - **Bounded**: the bytes not yet written back are at most the connection's buffers
+//!   (`-o writeback=MIB`); a writer finding them all in flight waits.
+//! - **Ordered**: two submissions of one file whose extents overlap are never in flight
+//!   at once (the later waits), so the server applies overlapping writes in the order
+//!   they were made; submissions that do not overlap run concurrently.
+//! - **Never silent**: a failed submission leaves its error on the file; every later
+//!   `write`, `read`, `fsync`, `flush` (close) of the file fails with it. Nothing is
+//!   retried on another connection: the server dropped the handle (and a staged file
+//!   that never took its name) with the old connection.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_client::error::ClientError;
+use ferry_client::files::OpenedFile;
+use ferry_common::chunk::hash_chunk;
+use ferry_common::msg::{Attr, Extent, HashAlgorithm, RegionDesc, SetAttrs, MAX_WRITE_EXTENTS};
+use ferry_common::proto::conn::file_io_max;
+use ferry_common::transport::{Access, Buffer, Memory, Registration, SharedTransport};
+use fuser::Errno;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::remote::{errno_of, lock, Conn, OpError, Remote};
+
+/// Size of one write-back buffer: the most one `FileWrite` (or one `FileRead` through a
+/// handle) moves, unless the server's chunk size makes that smaller.
+pub const WRITE_BUF_BYTES: usize = 4 << 20;
+
+/// The registered buffers one connection lends to written data.
+pub struct WriteBufs {
+    bufs: Vec<(Arc<Buffer>, Registration)>,
+    free: Mutex<Vec<usize>>,
+    slots: Arc<Semaphore>,
+    /// Files holding a buffer they are filling, by address: when a writer finds no
+    /// free buffer it has them submit theirs, so buffers held by files that stopped
+    /// writing cannot starve it.
+    fillers: Mutex<HashMap<usize, std::sync::Weak<WriteFile>>>,
+    /// Bytes of each buffer used: `WRITE_BUF_BYTES`, or less for a server with small
+    /// chunks ([`file_io_max`]).
+    cap: usize,
+}
+
+/// A write-back buffer lent out of a [`WriteBufs`]; returned on drop.
+pub struct WLease {
+    bufs: Arc<WriteBufs>,
+    index: usize,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl WLease {
+    fn buffer(&self) -> &Arc<Buffer> {
+        &self.bufs.bufs[self.index].0
+    }
+
+    /// The first `len` bytes of the buffer, as the server may address them.
+    fn region(&self, len: usize) -> RegionDesc {
+        let mut r = self.bufs.bufs[self.index].1.desc();
+        r.len = len as u64;
+        r
+    }
+}
+
+impl Drop for WLease {
+    fn drop(&mut self) {
+        lock(&self.bufs.free).push(self.index);
+    }
+}
+
+impl WriteBufs {
+    /// `bytes` worth of buffers (at least two) registered on `transport` for the peer
+    /// to READ and WRITE, each of at most `file_io_max(chunk_bytes)` bytes.
+    pub fn new(
+        transport: &SharedTransport,
+        bytes: u64,
+        chunk_bytes: u32,
+    ) -> Result<Arc<WriteBufs>, String> {
+        let cap = WRITE_BUF_BYTES.min(file_io_max(chunk_bytes) as usize);
+        let count = (bytes / cap as u64).max(2) as usize;
+        let mut bufs = Vec::with_capacity(count);
+        for _ in 0..count {
+            let buf = Buffer::new(cap).map_err(|e| format!("buffer: {e}"))?;
+            let reg = transport
+                .register(Memory::Buffer(buf.clone()), Access::RemoteWrite)
+                .map_err(|e| format!("cannot register a write-back buffer: {e}"))?;
+            bufs.push((buf, reg));
+        }
+        Ok(Arc::new(WriteBufs {
+            bufs,
+            free: Mutex::new((0..count).collect()),
+            slots: Arc::new(Semaphore::new(count)),
+            fillers: Mutex::new(HashMap::new()),
+            cap,
+        }))
+    }
+
+    fn lent(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> WLease {
+        let index = lock(&self.free)
+            .pop()
+            .expect("a permit guarantees a free buffer");
+        WLease {
+            bufs: self.clone(),
+            index,
+            _permit: permit,
+        }
+    }
+
+    /// A free buffer for `me`. When there is none, every other file filling one
+    /// submits it first (a writer waiting here holds no buffer it is filling, so
+    /// buffers held by fillers always come back).
+    async fn lease(self: &Arc<Self>, me: &Arc<WriteFile>) -> WLease {
+        if let Ok(permit) = self.slots.clone().try_acquire_owned() {
+            return self.lent(permit);
+        }
+        let others: Vec<Arc<WriteFile>> = lock(&self.fillers)
+            .values()
+            .filter_map(std::sync::Weak::upgrade)
+            .filter(|f| !Arc::ptr_eq(f, me))
+            .collect();
+        for f in others {
+            tokio::spawn(async move {
+                let mut st = f.state.lock().await;
+                f.submit(&mut st).await;
+            });
+        }
+        let permit = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        self.lent(permit)
+    }
+}
+
+/// The buffer being filled and the extents in it, in the order they were written.
+struct Filling {
+    lease: WLease,
+    used: usize,
+    extents: Vec<Extent>,
+}
+
+/// What is known of the file, for `getattr` while it is open.
+#[derive(Clone)]
+struct View {
+    attr: Attr,
+    /// The size as this mount's writes left it (written-back or not).
+    size: u64,
+}
+
+struct State {
+    filling: Option<Filling>,
+    /// Not yet given its name (see `Request::FileOpen`).
+    staged: bool,
+    /// Written since the last sync.
+    dirty: bool,
+    closed: bool,
+}
+
+/// Submissions in flight: the byte ranges of each.
+#[derive(Default)]
+struct Flight {
+    next: u64,
+    live: HashMap<u64, Vec<(u64, u64)>>,
+}
+
+impl Flight {
+    fn overlaps(&self, ranges: &[(u64, u64)]) -> bool {
+        self.live
+            .values()
+            .flatten()
+            .any(|&(s, e)| ranges.iter().any(|&(s2, e2)| s2 < e && s < e2))
+    }
+}
+
+/// One server file handle, shared by the writable descriptors of one node.
+pub struct WriteFile {
+    remote: Arc<Remote>,
+    conn: Arc<Conn>,
+    bufs: Arc<WriteBufs>,
+    handle: u64,
+    /// `share/path` at open, for messages.
+    label: String,
+    /// Largest extent: the server's chunk size.
+    extent_max: u32,
+    algorithm: HashAlgorithm,
+    timeout: Duration,
+    state: tokio::sync::Mutex<State>,
+    view: Mutex<View>,
+    flight: Mutex<Flight>,
+    landed: Notify,
+    error: Mutex<Option<(Errno, String)>>,
+    /// Descriptors of the node using this file.
+    refs: AtomicUsize,
+}
+
+fn op_error(what: &str, e: &ClientError) -> OpError {
+    OpError::new(errno_of(e), format!("{what}: {e}"))
+}
+
+impl WriteFile {
+    /// The file `opened` on `conn` (one descriptor).
+    pub fn new(
+        remote: Arc<Remote>,
+        conn: Arc<Conn>,
+        label: String,
+        opened: OpenedFile,
+    ) -> Result<Arc<Self>, OpError> {
+        let welcome = conn.client.welcome();
+        let algorithm = conn
+            .client
+            .negotiated()
+            .map_or(HashAlgorithm::Sha256, |n| n.hash);
+        let bufs = conn.write_bufs().cloned().ok_or_else(|| {
+            OpError::new(Errno::EROFS, format!("{label}: the mount is read-only"))
+        })?;
+        Ok(Arc::new(WriteFile {
+            timeout: remote.timeout(),
+            remote,
+            bufs,
+            handle: opened.handle,
+            label,
+            extent_max: welcome.chunk_bytes.max(1),
+            algorithm,
+            state: tokio::sync::Mutex::new(State {
+                filling: None,
+                staged: opened.staged,
+                dirty: false,
+                closed: false,
+            }),
+            view: Mutex::new(View {
+                size: opened.attr.size,
+                attr: opened.attr,
+            }),
+            flight: Mutex::new(Flight::default()),
+            landed: Notify::new(),
+            error: Mutex::new(None),
+            refs: AtomicUsize::new(1),
+            conn,
+        }))
+    }
+
+    /// The file's key in [`WriteBufs::fillers`].
+    fn key(&self) -> usize {
+        self as *const WriteFile as usize
+    }
+
+    /// One more descriptor uses the file.
+    pub fn add_ref(&self) {
+        self.refs.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// One descriptor fewer; true when it was the last.
+    pub fn drop_ref(&self) -> bool {
+        self.refs.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// The attributes as this mount sees them now (its unwritten bytes counted).
+    pub fn attr(&self) -> Attr {
+        let v = lock(&self.view).clone();
+        let mut a = v.attr;
+        a.size = v.size;
+        a.blocks = a.blocks.max(v.size.div_ceil(512));
+        a
+    }
+
+    /// Whether the file has not yet taken its name.
+    pub async fn is_staged(&self) -> bool {
+        self.state.lock().await.staged
+    }
+
+    fn check(&self) -> Result<(), OpError> {
+        match &*lock(&self.error) {
+            Some((errno, message)) => Err(OpError::new(*errno, message.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&self, e: OpError) -> OpError {
+        let mut slot = lock(&self.error);
+        if slot.is_none() {
+            *slot = Some((e.errno, e.message.clone()));
+        }
+        e
+    }
+
+    /// Runs one request on the file's connection within the timeout; a lost
+    /// connection is dropped (the next operation elsewhere reconnects) and, like every
+    /// failure, left on the file.
+    async fn call<T, F, Fut>(&self, what: &str, f: F) -> Result<T, OpError>
+    where
+        F: FnOnce(Arc<Conn>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        match tokio::time::timeout(self.timeout, f(self.conn.clone())).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                let mut err = op_error(&format!("{what} {}", self.label), &e);
+                if crate::remote::is_fatal(&e) {
+                    // The server's handle went with the connection: what was written
+                    // and not yet made durable is lost, which is an I/O error.
+                    self.remote.drop_conn(&self.conn, &e.to_string());
+                    err.errno = Errno::EIO;
+                }
+                Err(self.fail(err))
+            }
+            Err(_) => {
+                self.remote
+                    .drop_conn(&self.conn, "no answer within the timeout");
+                Err(self.fail(OpError::new(
+                    Errno::EIO,
+                    format!(
+                        "{what} {}: no answer from {} within {:?}",
+                        self.label,
+                        self.remote.addr(),
+                        self.timeout
+                    ),
+                )))
+            }
+        }
+    }
+
+    /// Copies `data` into the write-back cache at file offset `offset`.
+    pub async fn write(self: &Arc<Self>, offset: u64, data: &[u8]) -> Result<(), OpError> {
+        self.check()?;
+        let mut st = self.state.lock().await;
+        if st.closed {
+            return Err(OpError::new(
+                Errno::EBADF,
+                format!("{}: closed", self.label),
+            ));
+        }
+        let mut done = 0usize;
+        while done < data.len() {
+            if st.filling.is_none() {
+                let lease = self.bufs.lease(self).await;
+                lock(&self.bufs.fillers).insert(self.key(), Arc::downgrade(self));
+                st.filling = Some(Filling {
+                    lease,
+                    used: 0,
+                    extents: Vec::new(),
+                });
+            }
+            let f = st.filling.as_mut().expect("just filled");
+            let n = (self.bufs.cap - f.used).min(data.len() - done);
+            {
+                let mut buf = f.lease.buffer().write().await;
+                buf[f.used..f.used + n].copy_from_slice(&data[done..done + n]);
+            }
+            let mut at = offset + done as u64;
+            let mut left = n as u64;
+            while left > 0 {
+                let extend = f.extents.last_mut().filter(|last| {
+                    last.offset + u64::from(last.len) == at && last.len < self.extent_max
+                });
+                let take = match extend {
+                    Some(last) => {
+                        let take = left.min(u64::from(self.extent_max - last.len));
+                        last.len += take as u32;
+                        take
+                    }
+                    None => {
+                        let take = left.min(u64::from(self.extent_max));
+                        f.extents.push(Extent {
+                            offset: at,
+                            len: take as u32,
+                        });
+                        take
+                    }
+                };
+                at += take;
+                left -= take;
+            }
+            f.used += n;
+            done += n;
+            if f.used == self.bufs.cap || f.extents.len() >= MAX_WRITE_EXTENTS - 1 {
+                self.submit(&mut st).await;
+            }
+        }
+        st.dirty = true;
+        let mut v = lock(&self.view);
+        v.size = v.size.max(offset + data.len() as u64);
+        Ok(())
+    }
+
+    /// Sends the buffer being filled, once no submission in flight overlaps it; the
+    /// write-back itself goes on in a task.
+    async fn submit(self: &Arc<Self>, st: &mut State) {
+        let Some(f) = st.filling.take() else {
+            return;
+        };
+        lock(&self.bufs.fillers).remove(&self.key());
+        let ranges: Vec<(u64, u64)> = f
+            .extents
+            .iter()
+            .map(|e| (e.offset, e.offset + u64::from(e.len)))
+            .collect();
+        let id = loop {
+            let landed = self.landed.notified();
+            tokio::pin!(landed);
+            landed.as_mut().enable();
+            {
+                let mut flight = lock(&self.flight);
+                if !flight.overlaps(&ranges) {
+                    let id = flight.next;
+                    flight.next += 1;
+                    flight.live.insert(id, ranges);
+                    break id;
+                }
+            }
+            landed.await;
+        };
+        let me = self.clone();
+        tokio::spawn(async move {
+            let _ = me.write_back(f).await;
+            lock(&me.flight).live.remove(&id);
+            me.landed.notify_waiters();
+        });
+    }
+
+    async fn write_back(&self, f: Filling) -> Result<(), OpError> {
+        if self.check().is_err() {
+            return Ok(());
+        }
+        let region = f.lease.region(f.used);
+        let hashes = {
+            let buf = f.lease.buffer().read().await;
+            let mut at = 0usize;
+            f.extents
+                .iter()
+                .map(|e| {
+                    let h = hash_chunk(self.algorithm, &buf[at..at + e.len as usize]);
+                    at += e.len as usize;
+                    h
+                })
+                .collect::<Vec<_>>()
+        };
+        let (handle, algorithm, extents) = (self.handle, self.algorithm, f.extents);
+        let size = self
+            .call("write", |c| async move {
+                c.client
+                    .file_write(handle, region, algorithm, extents, hashes)
+                    .await
+            })
+            .await?;
+        drop(f.lease);
+        let mut v = lock(&self.view);
+        v.attr.size = size;
+        Ok(())
+    }
+
+    /// Waits until every submission has landed.
+    async fn drain(&self) {
+        loop {
+            let landed = self.landed.notified();
+            tokio::pin!(landed);
+            landed.as_mut().enable();
+            if lock(&self.flight).live.is_empty() {
+                return;
+            }
+            landed.await;
+        }
+    }
+
+    /// Writes back everything cached; fails with the first write-back error.
+    async fn write_all_back(self: &Arc<Self>, st: &mut State) -> Result<(), OpError> {
+        self.submit(st).await;
+        self.drain().await;
+        self.check()
+    }
+
+    fn settle(&self, attr: Attr) -> Attr {
+        let mut v = lock(&self.view);
+        v.size = attr.size;
+        v.attr = attr;
+        drop(v);
+        self.attr()
+    }
+
+    /// `fsync`: everything written back and durable on the server (a staged file then
+    /// has its name). Returns the attributes after.
+    pub async fn sync(self: &Arc<Self>, data_only: bool) -> Result<Attr, OpError> {
+        self.check()?;
+        let mut st = self.state.lock().await;
+        self.write_all_back(&mut st).await?;
+        let handle = self.handle;
+        let attr = self
+            .call("fsync", |c| async move {
+                c.client.file_sync(handle, data_only).await
+            })
+            .await?;
+        st.staged = false;
+        st.dirty = false;
+        Ok(self.settle(attr))
+    }
+
+    /// `close` of one descriptor (FUSE `flush`): close-to-open, as NFS gives it.
+    /// Everything is written back and made durable if anything was written since the
+    /// last sync, and a staged file takes its name. Returns the attributes after.
+    pub async fn flush(self: &Arc<Self>) -> Result<Attr, OpError> {
+        self.check()?;
+        let needed = {
+            let st = self.state.lock().await;
+            st.dirty || st.staged || st.filling.is_some()
+        };
+        if !needed {
+            return Ok(self.attr());
+        }
+        self.sync(true).await
+    }
+
+    /// The last descriptor is gone: writes back what is left and forgets the handle
+    /// on the server (a staged file takes its name).
+    pub async fn close(self: &Arc<Self>) -> Result<Attr, OpError> {
+        self.check()?;
+        let mut st = self.state.lock().await;
+        st.closed = true;
+        self.write_all_back(&mut st).await?;
+        let handle = self.handle;
+        let attr = self
+            .call(
+                "close",
+                |c| async move { c.client.file_close(handle).await },
+            )
+            .await?;
+        st.staged = false;
+        Ok(self.settle(attr))
+    }
+
+    /// Changes attributes through the handle, after writing back what is cached (so a
+    /// size or time set now is not undone by an older write).
+    pub async fn set_attr(self: &Arc<Self>, attrs: SetAttrs) -> Result<Attr, OpError> {
+        self.check()?;
+        let mut st = self.state.lock().await;
+        self.write_all_back(&mut st).await?;
+        let handle = self.handle;
+        let attr = self
+            .call("setattr", |c| async move {
+                c.client.file_set_attr(handle, attrs).await
+            })
+            .await?;
+        st.dirty = true;
+        Ok(self.settle(attr))
+    }
+
+    /// `fallocate` through the handle.
+    pub async fn allocate(
+        self: &Arc<Self>,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    ) -> Result<Attr, OpError> {
+        self.check()?;
+        let mut st = self.state.lock().await;
+        self.write_all_back(&mut st).await?;
+        let handle = self.handle;
+        let attr = self
+            .call("fallocate", |c| async move {
+                c.client.file_allocate(handle, offset, len, keep_size).await
+            })
+            .await?;
+        st.dirty = true;
+        Ok(self.settle(attr))
+    }
+
+    /// Reads `size` bytes at `offset` (fewer at the end of the file) through the
+    /// handle, after writing back what is cached; every piece is checked against the
+    /// hash the server sent with it.
+    pub async fn read(self: &Arc<Self>, offset: u64, size: u32) -> Result<Vec<u8>, OpError> {
+        self.check()?;
+        {
+            let mut st = self.state.lock().await;
+            self.write_all_back(&mut st).await?;
+        }
+        let mut out = Vec::with_capacity(size as usize);
+        let piece = u64::from(self.extent_max);
+        while out.len() < size as usize {
+            let at = offset + out.len() as u64;
+            let want = (size as usize - out.len()).min(self.bufs.cap);
+            let lease = self.bufs.lease(self).await;
+            let region = lease.region(want);
+            let handle = self.handle;
+            let got = self
+                .call("read", |c| async move {
+                    c.client.file_read(handle, at, region).await
+                })
+                .await?;
+            let buf = lease.buffer().read().await;
+            let data = &buf[..got.len as usize];
+            let pieces = data.chunks(piece as usize);
+            if pieces.len() != got.hashes.len()
+                || pieces
+                    .zip(&got.hashes)
+                    .any(|(p, h)| hash_chunk(got.algorithm, p) != *h)
+            {
+                return Err(OpError::new(
+                    Errno::EIO,
+                    format!(
+                        "read {}: bytes at {at} do not match the hashes the server sent",
+                        self.label
+                    ),
+                ));
+            }
+            out.extend_from_slice(data);
+            if (got.len as usize) < want {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}

@@ -188,6 +188,34 @@ impl Flight {
     }
 }
 
+/// Records `len` bytes written at file offset `at`, which follow the bytes of
+/// `extents` in the buffer: the last extent grows when they continue it, else new
+/// extents start; none exceeds `max` bytes.
+fn append_extent(extents: &mut Vec<Extent>, mut at: u64, mut len: u64, max: u32) {
+    while len > 0 {
+        let extend = extents
+            .last_mut()
+            .filter(|last| last.offset + u64::from(last.len) == at && last.len < max);
+        let take = match extend {
+            Some(last) => {
+                let take = len.min(u64::from(max - last.len));
+                last.len += take as u32;
+                take
+            }
+            None => {
+                let take = len.min(u64::from(max));
+                extents.push(Extent {
+                    offset: at,
+                    len: take as u32,
+                });
+                take
+            }
+        };
+        at += take;
+        len -= take;
+    }
+}
+
 /// One server file handle, shared by the writable descriptors of one node.
 pub struct WriteFile {
     remote: Arc<Remote>,
@@ -362,30 +390,12 @@ impl WriteFile {
                 let mut buf = f.lease.buffer().write().await;
                 buf[f.used..f.used + n].copy_from_slice(&data[done..done + n]);
             }
-            let mut at = offset + done as u64;
-            let mut left = n as u64;
-            while left > 0 {
-                let extend = f.extents.last_mut().filter(|last| {
-                    last.offset + u64::from(last.len) == at && last.len < self.extent_max
-                });
-                let take = match extend {
-                    Some(last) => {
-                        let take = left.min(u64::from(self.extent_max - last.len));
-                        last.len += take as u32;
-                        take
-                    }
-                    None => {
-                        let take = left.min(u64::from(self.extent_max));
-                        f.extents.push(Extent {
-                            offset: at,
-                            len: take as u32,
-                        });
-                        take
-                    }
-                };
-                at += take;
-                left -= take;
-            }
+            append_extent(
+                &mut f.extents,
+                offset + done as u64,
+                n as u64,
+                self.extent_max,
+            );
             f.used += n;
             done += n;
             if f.used == self.bufs.cap || f.extents.len() >= MAX_WRITE_EXTENTS - 1 {
@@ -622,5 +632,49 @@ impl WriteFile {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ext(offset: u64, len: u32) -> Extent {
+        Extent { offset, len }
+    }
+
+    #[test]
+    fn consecutive_writes_grow_one_extent_up_to_the_chunk_size() {
+        let mut e = Vec::new();
+        append_extent(&mut e, 0, 4096, 1 << 20);
+        append_extent(&mut e, 4096, 4096, 1 << 20);
+        assert_eq!(e, vec![ext(0, 8192)]);
+        // Past the chunk size a new extent starts.
+        append_extent(&mut e, 8192, (1 << 20) - 8192 + 10, 1 << 20);
+        assert_eq!(e, vec![ext(0, 1 << 20), ext(1 << 20, 10)]);
+        // A write elsewhere (or backwards) is an extent of its own, even over the
+        // same bytes: the server applies them in order.
+        append_extent(&mut e, 0, 3, 1 << 20);
+        assert_eq!(e.last(), Some(&ext(0, 3)));
+        assert_eq!(e.len(), 3);
+        // One large write is cut at the chunk size.
+        let mut big = Vec::new();
+        append_extent(&mut big, 100, 2500, 1000);
+        assert_eq!(big, vec![ext(100, 1000), ext(1100, 1000), ext(2100, 500)]);
+    }
+
+    #[test]
+    fn only_overlapping_write_backs_wait_for_each_other() {
+        let mut f = Flight::default();
+        f.live.insert(0, vec![(0, 4096), (8192, 12288)]);
+        assert!(!f.overlaps(&[(4096, 8192)]), "the gap between two extents");
+        assert!(
+            !f.overlaps(&[(12288, 20000)]),
+            "touching is not overlapping"
+        );
+        assert!(f.overlaps(&[(4095, 4097)]));
+        assert!(f.overlaps(&[(100_000, 100_001), (9000, 9001)]));
+        f.live.clear();
+        assert!(!f.overlaps(&[(0, u64::MAX)]));
     }
 }

@@ -1160,6 +1160,45 @@ mod tests {
     }
 
     #[test]
+    fn a_change_through_a_handle_forgets_the_files_manifests_even_under_the_same_key() {
+        use crate::filekey::ManifestKey;
+        let (dir, share, cache) = setup();
+        fs::write(dir.path().join("f"), vec![7u8; 100]).unwrap();
+        let store = share.store().unwrap().clone();
+        let chunk = store.chunk_bytes();
+        // Records of the file's version as it will be after the change: a key that did
+        // not move (a change within one timestamp tick) must not keep them alive.
+        let record = |f: &OpenFile| {
+            let key = ManifestKey::of(&f.file.metadata().unwrap(), chunk);
+            let hashes = vec![[1u8; 32]];
+            store.save(&key, HashAlgorithm::Blake3, &hashes).unwrap();
+            cache.insert((key, HashAlgorithm::Blake3), hashes.into());
+            key
+        };
+        let f = open(share.clone(), "f", None, false, false, chunk, cache.clone()).unwrap();
+        let same_size = SetAttrs {
+            size: Some(100),
+            ..SetAttrs::default()
+        };
+        let changes: [&dyn Fn(&OpenFile); 2] =
+            [&|f| drop(f.set_attrs(&same_size).unwrap()), &|f| {
+                drop(f.allocate(0, 100, true).unwrap())
+            }];
+        for change in changes {
+            change(&f);
+            let key = record(&f);
+            change(&f);
+            assert!(store.load(key.dev, key.ino).is_none());
+            assert!(cache.is_empty());
+        }
+        // And a path's size change.
+        let key = record(&f);
+        set_attrs(&share, "f", &same_size, &cache).unwrap();
+        assert!(store.load(key.dev, key.ino).is_none());
+        assert!(cache.is_empty());
+    }
+
+    #[test]
     fn move_replaces_unless_told_not_to_and_refuses_a_non_empty_directory() {
         let (dir, share, _) = setup();
         fs::write(dir.path().join("a"), b"a").unwrap();

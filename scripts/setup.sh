@@ -43,6 +43,9 @@ PACKAGES=(
     iperf3
     fio
     gnuplot-nox
+    # test: tools the read-write mount tests drive (tests/tests/mount_write.rs)
+    sqlite3
+    git
 )
 
 # Commands needed by the scripts, as COMMAND:PACKAGE. The package is installed

@@ -20,7 +20,8 @@ Subcommands (python3 bench/lib/bench.py CMD ARGS...):
   mkmixed DIR FILES SEED    a mixed-size tree of about FILES files (see MIXED_SIZES)
   change DIR                change one byte of every 100th file (1 %), keeping sizes
   treesum DIR               SHA-256 over the relative names and contents of the tree
-  fio JSON                  "p50_us p99_us iops" of fio's single job
+  fio JSON [read|write]     "p50_us p99_us iops" of fio's single job, of its reads
+                            (the default) or writes
   iperf JSON                bytes/s the iperf3 receiver got
   field JSON KEY...         a value of rcp's --json output (KEY path into the object)
   report WORK OUT_BASE README  the markdown table, JSON and PNG chart of a run
@@ -338,12 +339,14 @@ def load_json(path):
 
 def fio(argv):
     job = load_json(argv[0])["jobs"][0]
+    what = argv[1] if len(argv) > 1 else "read"
     if job.get("error", 0):
         sys.exit(f"fio job error {job['error']}")
-    rd = job["read"]
+    rd = job[what]
     if rd["total_ios"] <= 0:
-        sys.exit("fio completed no reads")
-    # lat = submission + completion; for psync, the whole pread().
+        sys.exit(f"fio completed no {what}s")
+    # lat = submission + completion; for psync, the whole pread() or pwrite(). iops is
+    # over the job's runtime, which includes an --end_fsync.
     lat = rd.get("lat_ns", {}).get("percentile") or rd["clat_ns"]["percentile"]
     p = {float(k): v for k, v in lat.items()}
     print(f"{p[50.0] / 1e3:.3f} {p[99.0] / 1e3:.3f} {rd['iops']:.3f}")
@@ -378,6 +381,10 @@ CEILING_SOURCE = {
     "fuse_seq": "local disk: dd bs=1M of the file itself",
     "fuse_iops": LOCAL_FIO, "fuse_p50": LOCAL_FIO, "fuse_p99": LOCAL_FIO,
     "rdma_up": "ib_read_bw (perftest)", "rdma_down": "ib_write_bw (perftest)",
+    "fusew_seq": "local disk: the same dd onto the destination file system",
+    "fusew_tar": "local disk: the same tar x and sync -f on the destination file system",
+    "fusew_qd1": "local disk: the same fio job on the destination file system",
+    "fusew_qd16": "local disk: the same fio job on the destination file system",
 }
 TOOL_NAMES = dict(PEERS, ferry="Ferry")
 HIGHER, LOWER = "higher", "lower"
@@ -416,6 +423,16 @@ def rows(meta):
          ("ceiling", 0.8), "≥ 80% of ib_read_bw"),
         ("rdma_down", "rcp download over Soft-RoCE (server RDMA WRITE)", "MiB/s", HIGHER,
          ("ceiling", 0.8), "≥ 80% of ib_write_bw"),
+        # Issue 21: writes through the mount; ("disk", peer, factor): the target against
+        # peer, with the fraction of the local disk's speed shown beside it.
+        ("fusew_seq", f"FUSE sequential write, {size} (dd bs=1M conv=fsync)", "MB/s", HIGHER,
+         ("disk", "sshfs", 2.0), g(2, "sshfs")),
+        ("fusew_tar", f"FUSE tar x of {small}, then sync -f", "files/s", HIGHER,
+         ("disk", "sshfs", 2.0), g(2, "sshfs")),
+        ("fusew_qd1", "FUSE 4 KiB random write QD1 (fio, end fsync)", "IOPS", HIGHER,
+         ("disk", "sshfs", 2.0), g(2, "sshfs")),
+        ("fusew_qd16", "FUSE 4 KiB random write QD16 (fio, end fsync)", "IOPS", HIGHER,
+         ("disk", "sshfs", 2.0), g(2, "sshfs")),
     ]
 
 
@@ -520,6 +537,17 @@ def evaluate(meta, res, only=None):
                 mets.append(None if r is None else r >= factor)
             ratio_text = ", ".join(texts)
             met = None if None in mets else all(mets)
+        elif target and target[0] == "disk":
+            _, peer, factor = target
+            ratio = better(ferry, cells[peer][1], direction)
+            disk = better(ferry, cells["ceiling"][1], direction)
+            texts = []
+            if ratio is not None:
+                met = ratio >= factor
+                texts.append(f"{ratio:.2f}× {TOOL_NAMES[peer].split()[0]}")
+            if disk is not None:
+                texts.append(f"{disk:.0%} of local disk")
+            ratio_text = ", ".join(texts) or "—"
         elif target and target[0] == "abs":
             met = None if ferry is None else ferry <= target[2]
             ratio = better(ferry, cells["sshfs"][1], direction)
@@ -540,6 +568,7 @@ def evaluate(meta, res, only=None):
             "best_peer": None if best is None else TOOL_NAMES[best[0]],
             "best_text": "—" if best is None else f"{TOOL_NAMES[best[0]]} {fmt(best[1], unit)}",
             "ratio": ratio, "ratio_text": ratio_text,
+            "vs_ceiling": better(ferry, cells["ceiling"][1], direction),
             "met": met, "met_text": {True: "yes", False: "**no**", None: "—"}[met],
         })
         mb = res.get(rid + ".mb")
@@ -627,7 +656,53 @@ def header(meta):
         " for times and latencies the peer's value / Ferry's); the mixed tree's rows show it"
         " over the rsync daemon and over tar | tar (both targets must be met). Their MB/s are"
         " in the JSON (`mb_s` of each row)",
-    ] + [f"- {n}" for n in m.get("notes", "").split("\x1f") if n])
+    ] + ([fusew_bullet(m)] if m.get("fusew_mib") else [])
+        + [f"- {n}" for n in m.get("notes", "").split("\x1f") if n])
+
+
+def fusew_bullet(m):
+    """The header's account of the FUSE write rows (issue 21)."""
+    return (
+        "- FUSE writes (issue 21): ferry-mount mounted read-write, sshfs (writable, through"
+        " the same sshd) and, as the ceiling, the local disk: the same command on the"
+        " destination file system itself. Each run writes onto a fresh destination file"
+        " system (`dst/` in each mount) with the client freshly mounted, is timed until that"
+        " file system (the server's disk) is synced after the command (syncfs), and what it"
+        " wrote is read back from that disk, not through the mount, before the client is"
+        " unmounted (cmp or the tree's SHA-256 in the first run, sizes in the others)."
+        f" `dd if=BIG of=DIR/wseq.bin bs=1M conv=fsync` of the {m['size_label']} file, read"
+        " from the page cache (MB/s); `mkdir DIR/wtar && tar --no-same-owner -C DIR/wtar -xf"
+        f" small.tar && sync -f DIR/wtar`, a tar of the {small_label(m)} made once and read"
+        " from the page cache (files/s: ferry-mount makes each file durable as it is closed;"
+        " sshfs and the local disk pay their write-back in the syncs); fio 4 KiB buffered"
+        f" (`--direct=0`) random writes into a file of {m['fusew_mib']} MiB written beforehand,"
+        f" {m['fio_s']} s, `--end_fsync=1`, at QD1 (psync) and QD16 ({m.get('fusew_engine')}),"
+        " IOPS over fio's runtime, which includes the end fsync. Ferry vs target: the"
+        " speed-up over sshfs, then the fraction of the local disk's speed"
+    )
+
+
+def write_note(meta, res):
+    """The FUSE write rows' details under the table: tar x's seconds and the random
+    writes' latencies (medians); None if the run has none."""
+    names = [("ferry", "ferry-mount"), ("sshfs", "sshfs"), ("ceiling", "local disk")]
+    parts = []
+    secs = [f"{n} {v:.2f} s" for t, n in names if (v := med(res, "fusew_tar.s", t)) is not None]
+    if secs:
+        parts.append(f"tar x of {small_label(meta)} and its syncs took " + ", ".join(secs))
+    for rid, q in (("fusew_qd1", "QD1 (psync)"), ("fusew_qd16", f"QD16 ({meta.get('fusew_engine')})")):
+        lat = [f"{n} {p50:,.1f} / {p99:,.1f} µs" for t, n in names
+               if (p50 := med(res, rid + ".p50", t)) is not None
+               and (p99 := med(res, rid + ".p99", t)) is not None]
+        if lat:
+            parts.append(f"a 4 KiB random write at {q} took at p50 / p99 " + ", ".join(lat))
+        rt = [f"{n} {v:.1f} s" for t, n in names if (v := med(res, rid + ".runtime_s", t)) is not None]
+        if rt:
+            parts.append(f"fio's runtime at {q.split()[0]}, its end fsync included, was"
+                         f" {', '.join(rt)} for {meta.get('fio_s')} s of writes")
+    if not parts:
+        return None
+    return "FUSE writes (medians of the runs): " + "; ".join(parts) + "."
 
 
 def chart(work, out_png, meta, table):
@@ -639,14 +714,17 @@ def chart(work, out_png, meta, table):
              "mixed_down": "mixed tree\\ndownload", "fuse_seq": "FUSE\\nsequential read",
              "fuse_iops": "FUSE 4 KiB\\nrandom read", "backup_inc": "incremental\\nbackup",
              "backup_full": "full\\nbackup", "rdma_up": "Soft-RoCE\\nupload",
-             "rdma_down": "Soft-RoCE\\ndownload"}
+             "rdma_down": "Soft-RoCE\\ndownload", "fusew_seq": "FUSE\\nsequential write",
+             "fusew_tar": "FUSE\\ntar x", "fusew_qd1": "FUSE 4 KiB\\nrandom write QD1",
+             "fusew_qd16": "FUSE 4 KiB\\nrandom write QD16"}
     thr = [r for r in table if r["id"] in short and r["ferry"] is not None]
     series = ["ferry", "rsync", "scp", "sshfs", "ceiling"]
     dat = os.path.join(work, "throughput.dat")
     with open(dat, "w") as f:
         f.write("# job " + " ".join(series) + " target\n")
         for r in thr:
-            ref_tool = {"fuse_seq": "sshfs", "fuse_iops": "sshfs",
+            ref_tool = {"fuse_seq": "sshfs", "fuse_iops": "sshfs", "fusew_seq": "sshfs",
+                        "fusew_tar": "sshfs", "fusew_qd1": "sshfs", "fusew_qd16": "sshfs",
                         "rdma_up": "ceiling", "rdma_down": "ceiling"}.get(r["id"], "rsync")
             ref = r["peers"][ref_tool]["median"]
             vals = [r["ferry"]] + [r["peers"][t]["median"] for t in series[1:]]
@@ -655,11 +733,13 @@ def chart(work, out_png, meta, table):
                 norm = [None if v is None or not ref else v / ref for v in vals]
             factor = {"upload": 2, "download": 2, "small_up": 3, "small_down": 3, "mixed_up": 1.5,
                       "mixed_down": 1.5, "fuse_seq": 5,
-                      "fuse_iops": 3, "backup_inc": 1, "rdma_up": 0.8, "rdma_down": 0.8}.get(r["id"])
+                      "fuse_iops": 3, "backup_inc": 1, "rdma_up": 0.8, "rdma_down": 0.8,
+                      "fusew_seq": 2, "fusew_tar": 2, "fusew_qd1": 2, "fusew_qd16": 2}.get(r["id"])
             label = f"{short[r['id']]}\\nFerry {fmt(r['ferry'], r['unit'])} {r['unit']}"
             cells = ["NaN" if v is None else f"{v:.4f}" for v in norm]
             f.write(f'"{label}" ' + " ".join(cells) + f" {factor if factor else 'NaN'}\n")
     lat = os.path.join(work, "latency.dat")
+    lat_rows = 0
     with open(lat, "w") as f:
         f.write("# percentile ferry sshfs local-disk\n")
         for rid, name in (("fuse_p50", "p50"), ("fuse_p99", "p99")):
@@ -668,6 +748,20 @@ def chart(work, out_png, meta, table):
                 continue
             v = [r["ferry"], r["peers"]["sshfs"]["median"], r["peers"]["ceiling"]["median"]]
             f.write(f"{name} " + " ".join("NaN" if x is None else f"{x:.2f}" for x in v) + "\n")
+            lat_rows += 1
+    # The latency panel only where the run has the FUSE read latencies (the mount job);
+    # without them the speed panel takes the whole width.
+    latency_panel = f"""
+set size 0.3,1
+set origin 0.7,0
+set title "FUSE 4 KiB random read QD1 latency, µs; lower is better"
+set yrange [1:*]
+set arrow 1 from graph 0, first 60 to graph 1, first 60 nohead dt 2 lc rgb "#2ca02c" lw 2
+set label 1 "p50 target 60 µs" at graph 0.02, first 48 tc rgb "#2ca02c" front
+plot "{lat}" using 2:xtic(1) title "ferry-mount" lc rgb "#1f77b4", \\
+     "" using 3 title "sshfs" lc rgb "#9467bd", \\
+     "" using 4 title "local disk" lc rgb "#7f7f7f"
+""" if lat_rows else ""
     gp = os.path.join(work, "chart.gp")
     with open(gp, "w") as f:
         f.write(f"""
@@ -681,7 +775,7 @@ set key top left
 set grid ytics
 set tmargin 4
 set multiplot layout 1,2 title "Ferry vs its peers on loopback, {meta['date']} ({meta['cores']} cores, {meta['mode']})"
-set size 0.7,1
+set size {0.7 if lat_rows else 1},1
 set origin 0,0
 set title "speed relative to the issue's target peer (= 1; rsync daemon, sshfs, or the verbs ceiling for RDMA); higher is better"
 set logscale y
@@ -694,16 +788,7 @@ plot "{dat}" using 2:xtic(1) title "Ferry" lc rgb "#1f77b4", \\
      "" using 4 title "scp" lc rgb "#d62728", \\
      "" using 5 title "sshfs" lc rgb "#9467bd", \\
      "" using 6 title "ceiling (iperf3 / perftest / local disk)" lc rgb "#7f7f7f"
-set size 0.3,1
-set origin 0.7,0
-set title "FUSE 4 KiB random read QD1 latency, µs; lower is better"
-set yrange [1:*]
-set arrow 1 from graph 0, first 60 to graph 1, first 60 nohead dt 2 lc rgb "#2ca02c" lw 2
-set label 1 "p50 target 60 µs" at graph 0.02, first 48 tc rgb "#2ca02c" front
-plot "{lat}" using 2:xtic(1) title "ferry-mount" lc rgb "#1f77b4", \\
-     "" using 3 title "sshfs" lc rgb "#9467bd", \\
-     "" using 4 title "local disk" lc rgb "#7f7f7f"
-unset multiplot
+{latency_panel}unset multiplot
 """)
     p = subprocess.run([gnuplot, gp], capture_output=True, text=True)
     if p.returncode != 0:
@@ -922,6 +1007,9 @@ def report(argv):
     floor = floor_note(meta, res)
     if floor:
         md += ["", floor]
+    wnote = write_note(meta, res)
+    if wnote:
+        md += ["", wnote]
     cpu = cpu_report(meta, res)
     for part in ("hash", "cpu"):
         text = cpu_markdown(meta, cpu, (part,))
@@ -958,7 +1046,7 @@ def report(argv):
             "",
             markdown_table(table),
             "",
-        ] + ([floor, ""] if floor else []) + (
+        ] + ([floor, ""] if floor else []) + ([wnote, ""] if wnote else []) + (
             [hash_md, ""] if (hash_md := cpu_markdown(meta, cpu, ("hash",))) else []) + [
             "![Ferry vs its peers](bench/results/latest.png)" if not problem else "",
         ])

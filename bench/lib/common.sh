@@ -205,7 +205,10 @@ limit() {
 # --- caches ------------------------------------------------------------------
 # CACHE=cold: write back and drop the page cache before each run (needs a writable
 # /proc/sys/vm/drop_caches); CACHE=warm: read the run's source into it instead.
-# settle SOURCE...: bring the page cache into the run's starting state.
+# settle SOURCE...: bring the page cache into the run's starting state. The files in
+# PRELOAD are read into it last, in both modes: a write job's input, held in memory so
+# that what is measured is the writing.
+PRELOAD=()
 settle() {
     sync
     if [ "$CACHE" = cold ]; then
@@ -213,6 +216,7 @@ settle() {
     elif [ $# -gt 0 ]; then
         find "$@" -type f -exec cat {} + >/dev/null
     fi
+    [ "${#PRELOAD[@]}" -eq 0 ] || cat -- "${PRELOAD[@]}" >/dev/null
 }
 
 # --- results -----------------------------------------------------------------

@@ -29,9 +29,12 @@ peer_ok() {
     return 1
 }
 
-# fail ROW TOOL REASON: Ferry's failure ends the run (exit 1); a peer's is recorded.
+# fail ROW TOOL REASON: Ferry's failure ends the run (exit 1); a peer's is recorded,
+# and so is Ferry's while FERRY_SOFT=1 (the mountwrite job: a ferry-mount that cannot
+# write yet gets "failed: ..." cells, the run goes on).
+FERRY_SOFT=0
 fail() {
-    if [ "$2" = ferry ]; then
+    if [ "$2" = ferry ] && [ "$FERRY_SOFT" = 0 ]; then
         [ ! -s "$WORK/err" ] || { echo "[bench] its stderr:" >&2; tail -n 20 "$WORK/err" >&2; }
         die "$1: Ferry failed: $3"
     fi
@@ -354,6 +357,216 @@ rtt_floor() {
     record rtt one "$one"
     record rtt any_p99 "$any99"
     record rtt one_p99 "$one99"
+}
+
+# --- (d') FUSE writes (issue 21): ferry-mount read-write, sshfs, the local disk ----------
+# Four rows, each run by ferry-mount (mounted read-write: no -o ro), by sshfs (the
+# private sshd; writable) and directly on the destination file system as the local-disk
+# ceiling (tool "ceiling"). Every run writes under $DST (dst/ in both mounts): a fresh
+# file system (clear_dest), the client freshly mounted just before it and unmounted
+# after it; SYNC_FS=$DST, so each time also covers a syncfs of that file system (the
+# server's disk) after the command. What a run writes is read back from $DST itself,
+# not through the mount, before the client is unmounted: a client that still held it
+# in a cache would fail.
+#   fusew_seq   dd if=BIG of=DIR/wseq.bin bs=1M conv=fsync; BIG is held in the page
+#               cache (PRELOAD, read after the cache is dropped): MB/s
+#   fusew_tar   mkdir DIR/wtar && tar --no-same-owner -C DIR/wtar -xf $WTAR && sync -f
+#               DIR/wtar, $WTAR (the small-file tree, tarred once) in the page cache:
+#               files/s, and the seconds as fusew_tar.s
+#   fusew_qd1   fio 4 KiB buffered random writes (--direct=0) into DIR/wrand.bin, a file
+#   fusew_qd16  of FIOW_MIB MiB written (and synced) on $DST before the client mounts,
+#               for FIO_S s, --end_fsync=1; psync at QD1, $FIOW_ENGINE at QD16: IOPS
+#               (fio's, over its runtime, which includes the end fsync; that runtime
+#               as ROW.runtime_s) and p50/p99 of each write (ROW.p50, ROW.p99, µs)
+# DIR is $MNT_FERRY/dst, $MNT_SSHFS/dst or $DST. Ferry's failures are recorded, not
+# fatal (FERRY_SOFT): an older ferry-mount is read-only, and its cells say why.
+FUSEW_ROWS=(fusew_seq fusew_tar fusew_qd1 fusew_qd16)
+FUSEW_TOOLS=(ferry sshfs ceiling)
+# shellcheck disable=SC2016 # expanded by that bash, not this one
+WTAR_X='mkdir -- "$1" && tar --no-same-owner -C "$1" -xf "$2" && sync -f "$1"'
+# fusew_fail ROW... TOOL REASON: TOOL fails in every ROW, with REASON in its cells.
+fusew_fail() {
+    local args=("$@") n=$(($# - 2)) row
+    for row in "${args[@]:0:n}"; do
+        record_fail "$row" "${args[n]}" "${args[n + 1]//"$WORK/"/}"
+        DEAD[$row.${args[n]}]=1
+    done
+}
+# unmount_ferry_soft: unmount_ferry, but a failure returns 1 with REASON instead of
+# ending the run (a mount it left behind goes lazily).
+unmount_ferry_soft() {
+    local rc=0
+    REASON=""
+    kill -TERM "$FERRY_MOUNT_PID" 2>/dev/null || true
+    if ! wait_exit "$FERRY_MOUNT_PID" 30; then
+        kill -KILL "$FERRY_MOUNT_PID" 2>/dev/null || true
+        REASON="ferry-mount did not exit within 30 s of SIGTERM"
+    fi
+    wait "$FERRY_MOUNT_PID" 2>/dev/null || rc=$?
+    untrack "$FERRY_MOUNT_PID"
+    if [ -n "$(fstype_at "$MNT_FERRY")" ]; then
+        fusermount3 -u -z "$MNT_FERRY" 2>/dev/null || umount -l "$MNT_FERRY" 2>/dev/null || true
+        REASON="${REASON:-ferry-mount exited (status $rc) on SIGTERM but left its mount behind}"
+    fi
+    if [ -z "$REASON" ] && [ "$rc" -ne 0 ]; then REASON="ferry-mount exited with status $rc on SIGTERM"; fi
+    [ -z "$REASON" ]
+}
+# setup_mountwrite: the mount points; whether ferry-mount can write at all (a file
+# made and removed through it: if not, every Ferry cell of the job says why); fio's
+# engine for QD16.
+setup_mountwrite() {
+    local out row m
+    MNT_FERRY="$WORK/mnt-ferry"
+    MNT_SSHFS="$WORK/mnt-sshfs"
+    mkdir -p "$MNT_FERRY" "$MNT_SSHFS"
+    for m in "$MNT_FERRY" "$MNT_SSHFS"; do
+        case " ${MOUNTS[*]} " in *" $m "*) ;; *) MOUNTS+=("$m") ;; esac
+    done
+    FERRY_SOFT=1
+    clear_dest "$DST/.ferry-write-probe"
+    mount_ferry
+    log "ferry-mount (read-write): $FERRY_ADDR:bench on $MNT_FERRY"
+    # shellcheck disable=SC2016 # expanded by that sh
+    if ! out="$(timeout -s KILL 30 sh -c 'printf x >"$1" && rm -- "$1"' probe "$MNT_FERRY/dst/.ferry-write-probe" 2>&1)"; then
+        out="$(printf '%s' "${out:-killed after 30 s}" | tail -n 1)"
+        fusew_fail "${FUSEW_ROWS[@]}" ferry "ferry-mount is not writable: $out"
+        warn "ferry-mount is not writable ($out): its mountwrite cells say so; the run goes on"
+    fi
+    unmount_ferry_soft || fusew_fail "${FUSEW_ROWS[@]}" ferry "$REASON"
+    if [ "$FIO_OK" = 0 ]; then
+        for row in fusew_qd1 fusew_qd16; do
+            record_skip "$row" ferry "fio not installed"
+            record_skip "$row" ceiling "fio not installed"
+            DEAD[$row.ferry]=1 DEAD[$row.ceiling]=1 DEAD[$row.sshfs]=1
+        done
+        return 0
+    fi
+    # io_uring runs buffered writes at their queue depth (io-wq workers take those that
+    # would block); buffered libaio writes complete inside io_submit, one at a time.
+    FIOW_ENGINE=io_uring
+    if ! fio --name=probe --filename="$WORK/fio-probe" --size=1m --rw=randwrite --bs=4k \
+        --ioengine=io_uring --iodepth=16 --direct=0 --output="$WORK/fio-probe.out" \
+        >>"$WORK/logs/fio-probe.log" 2>&1; then
+        FIOW_ENGINE=libaio
+        NOTES+=("mountwrite: fio's io_uring engine does not run here (logs/fio-probe.log): QD16 uses libaio, whose buffered writes complete inside io_submit, so that row is close to QD1")
+        warn "${NOTES[-1]}"
+    fi
+    rm -f "$WORK/fio-probe" "$WORK/fio-probe.out"
+}
+teardown_mountwrite() { FERRY_SOFT=0; }
+# fusew_start ROW TOOL NAME: ready for TOOL's run in ROW, which writes NAME: TOOL has
+# not failed in ROW (a peer: can run at all), $DST is fresh (for the fio rows with
+# NAME written on it), TOOL's client is freshly mounted; sets TGT, the directory TOOL
+# writes NAME into. Fails (1) when TOOL does not run.
+fusew_start() {
+    local row="$1" tool="$2" name="$3"
+    [ "$OUT_OF_BUDGET" = 0 ] || return 1
+    [ -z "${DEAD[$row.$tool]:-}" ] || return 1
+    [ "$tool" != sshfs ] || peer_ok "$row" sshfs || return 1
+    clear_dest "$DST/$name"
+    case "$row" in
+        fusew_qd*)
+            dd if="$BIG" of="$DST/$name" bs=1M count="$FIOW_MIB" conv=fsync status=none ||
+                die "$row: cannot write its $FIOW_MIB MiB file on $DST"
+            ;;
+    esac
+    case "$tool" in
+        ferry) mount_ferry && TGT="$MNT_FERRY/dst" ;;
+        sshfs)
+            if ! mount_sshfs; then
+                warn "sshfs: $REASON (its cells say so; the run goes on)"
+                UNAVAIL[sshfs]="fail:$REASON"
+                local r
+                for r in "${FUSEW_ROWS[@]}"; do peer_ok "$r" sshfs || true; done
+                return 1
+            fi
+            TGT="$MNT_SSHFS/dst"
+            ;;
+        *) TGT="$DST" ;;
+    esac
+}
+# fusew_end ROW TOOL: unmount TOOL's client; fails (1), its cell failed, if that did
+# not go cleanly.
+fusew_end() {
+    case "$2" in
+        ferry) unmount_ferry_soft || { fusew_fail "$1" ferry "$REASON"; return 1; } ;;
+        sshfs)
+            if ! unmount_sshfs; then
+                UNAVAIL[sshfs]="fail:$REASON"
+                fail "$1" sshfs "$REASON" || return 1
+            fi
+            ;;
+    esac
+}
+# fusew_seq TOOL REP: the sequential write of the big file.
+fusew_seq() {
+    local tool="$1" rep="$2" ok=1
+    fusew_start fusew_seq "$tool" wseq.bin || return 0
+    SOURCE=() PRELOAD=("$BIG") SYNC_FS="$DST"
+    timed fusew_seq "$tool" "$COPY_LIMIT_S" dd if="$BIG" of="$TGT/wseq.bin" bs=1M conv=fsync status=none || ok=0
+    PRELOAD=() SYNC_FS=""
+    if [ "$ok" = 1 ] && ! check fusew_seq "$BIG" "$DST/wseq.bin" "$rep"; then
+        fail fusew_seq "$tool" "the file on the server's disk differs from its source" || ok=0
+    fi
+    [ -n "$DSTFS_DEV" ] || rm -f "$DST/wseq.bin"
+    fusew_end fusew_seq "$tool" || ok=0
+    [ "$ok" = 1 ] || return 0
+    record fusew_seq "$tool" "$(rate "$SIZE_BYTES" "$TS" 1e6)"
+}
+# fusew_tar TOOL REP: tar x of the small-file tree, then sync -f.
+fusew_tar() {
+    local tool="$1" rep="$2" ok=1
+    fusew_start fusew_tar "$tool" wtar || return 0
+    SOURCE=() PRELOAD=("$WTAR") SYNC_FS="$DST"
+    timed fusew_tar "$tool" "$COPY_LIMIT_S" bash -c "$WTAR_X" tar-x "$TGT/wtar" "$WTAR" || ok=0
+    PRELOAD=() SYNC_FS=""
+    if [ "$ok" = 1 ] && ! check fusew_tar "$WTREE" "$DST/wtar" "$rep"; then
+        fail fusew_tar "$tool" "the tree on the server's disk differs from the tar's" || ok=0
+    fi
+    [ -n "$DSTFS_DEV" ] || discard "$DST/wtar"
+    fusew_end fusew_tar "$tool" || ok=0
+    [ "$ok" = 1 ] || return 0
+    record fusew_tar "$tool" "$(rate "$SMALL_N" "$TS")"
+    record fusew_tar.s "$tool" "$TS"
+}
+# fusew_fio ROW TOOL: 4 KiB random writes at ROW's queue depth.
+fusew_fio() {
+    local row="$1" tool="$2" ok=1 depth=1 engine=psync out p50 p99 iops file size rt
+    if [ "$row" = fusew_qd16 ]; then depth=16 engine="$FIOW_ENGINE"; fi
+    fusew_start "$row" "$tool" wrand.bin || return 0
+    file="$TGT/wrand.bin"
+    SOURCE=() SYNC_FS="$DST"
+    # fio splits --filename at ':'; escape it.
+    timed "$row" "$tool" $((FIO_S + 120)) fio --name=randwrite --filename="${file//:/\\:}" \
+        --rw=randwrite --bs=4k --size="${FIOW_MIB}m" --ioengine="$engine" --iodepth="$depth" \
+        --direct=0 --end_fsync=1 --numjobs=1 --time_based --runtime="$FIO_S" --randrepeat=0 \
+        --lat_percentiles=1 --percentile_list=50:99 \
+        --output-format=json --output="$WORK/fio.json" || ok=0
+    SYNC_FS=""
+    if [ "$ok" = 1 ]; then
+        if ! out="$(python3 "$BENCH_PY" fio "$WORK/fio.json" write 2>&1)"; then
+            fail "$row" "$tool" "$out" || ok=0
+        elif size="$(stat -c %s "$DST/wrand.bin" 2>/dev/null)" && [ "$size" = "$FIOW_BYTES" ]; then
+            read -r p50 p99 iops <<<"$out"
+            # fio's runtime, its end fsync included (FIO_S asked): what the fsync took.
+            rt="$(python3 "$BENCH_PY" field "$WORK/fio.json" jobs 0 job_runtime 2>/dev/null)" || rt=""
+        else
+            fail "$row" "$tool" "the file on the server's disk is ${size:-gone}, not $FIOW_BYTES bytes" || ok=0
+        fi
+    fi
+    fusew_end "$row" "$tool" || ok=0
+    [ "$ok" = 1 ] || return 0
+    record "$row" "$tool" "$iops"
+    record "$row.p50" "$tool" "$p50"
+    record "$row.p99" "$tool" "$p99"
+    [ -z "$rt" ] || record "$row.runtime_s" "$tool" "$(rate "$rt" 1000)"
+}
+job_mountwrite() {
+    local t
+    for t in "${FUSEW_TOOLS[@]}"; do fusew_seq "$t" "$1"; done
+    for t in "${FUSEW_TOOLS[@]}"; do fusew_tar "$t" "$1"; done
+    for t in "${FUSEW_TOOLS[@]}"; do fusew_fio fusew_qd1 "$t"; done
+    for t in "${FUSEW_TOOLS[@]}"; do fusew_fio fusew_qd16 "$t"; done
 }
 
 # --- (e) incremental backup -------------------------------------------------------------

@@ -16,6 +16,7 @@ use ferry_common::path::PathError;
 use crate::batch::BatchError;
 use crate::conn::ConnError;
 use crate::fdtree::TreeError;
+use crate::files::FileError;
 use crate::fsops::FsError;
 use crate::links::LinkError;
 use crate::manifests::ManifestError;
@@ -49,6 +50,44 @@ fn kind_of(e: &io::Error) -> ErrorKind {
         io::ErrorKind::InvalidFilename => ErrorKind::InvalidPath,
         _ => ErrorKind::Io,
     }
+}
+
+/// The error kind for an OS error in answer to a request of the `write` capability,
+/// whose clients know the kinds older ones cannot decode: `ENOTEMPTY`, `EDQUOT`,
+/// `EOPNOTSUPP`, `EFBIG` and `EINVAL` get kinds of their own, and `ELOOP` (a symlink
+/// where these requests never follow one, or too many on the way) is `InvalidPath`.
+/// Everything else as [`kind_of`].
+fn write_kind_of(e: &io::Error) -> ErrorKind {
+    use nix::libc;
+    match e.raw_os_error() {
+        Some(libc::ENOTEMPTY) => ErrorKind::NotEmpty,
+        Some(libc::EDQUOT) => ErrorKind::QuotaExceeded,
+        Some(libc::EOPNOTSUPP) => ErrorKind::Unsupported,
+        Some(libc::EFBIG) => ErrorKind::FileTooBig,
+        Some(libc::EINVAL) => ErrorKind::Invalid,
+        Some(libc::ENOSPC) => ErrorKind::NoSpace,
+        Some(libc::ELOOP) => ErrorKind::InvalidPath,
+        _ => kind_of(e),
+    }
+}
+
+/// [`io_error`] for the requests of the `write` capability ([`write_kind_of`]).
+fn write_io_error(op: &str, what: &str, e: &io::Error) -> RemoteError {
+    let kind = write_kind_of(e);
+    let cause = match kind {
+        ErrorKind::NotEmpty => format!("cannot {op}: directory not empty"),
+        ErrorKind::QuotaExceeded => format!("cannot {op}: disk quota exceeded on the server"),
+        ErrorKind::Unsupported => {
+            format!("cannot {op}: not supported by the server's file system")
+        }
+        ErrorKind::FileTooBig => {
+            format!("cannot {op}: file too large for the server's file system")
+        }
+        ErrorKind::Invalid => format!("cannot {op}: invalid argument"),
+        ErrorKind::InvalidPath => format!("cannot {op}: a symlink is in the way (never followed)"),
+        _ => return io_error(op, what, e),
+    };
+    RemoteError::new(kind, format!("{what}: {cause}"))
 }
 
 /// `e` as the client sees it: its message followed by its cause's, as `e: cause`.
@@ -113,6 +152,7 @@ impl From<ConnError> for RemoteError {
             }
             e @ (ConnError::Misrouted(_)
             | ConnError::NoState { .. }
+            | ConnError::NoFile { .. }
             | ConnError::WrongKind { .. }) => RemoteError::new(ErrorKind::Protocol, e.to_string()),
             e @ ConnError::Task(_) => with_cause(ErrorKind::Io, &e),
         }
@@ -144,6 +184,37 @@ impl From<FsError> for RemoteError {
             FsError::Rename { path, source } => io_error("rename", &path, &source),
             FsError::Fsync { path, source } => io_error("fsync", &path, &source),
             FsError::StatFs { path, source } => io_error("statfs", &path, &source),
+        }
+    }
+}
+
+impl From<FileError> for RemoteError {
+    fn from(e: FileError) -> RemoteError {
+        match e {
+            FileError::Share(e) => e.into(),
+            FileError::Fs(e) => e.into(),
+            FileError::Pool(e) => e.into(),
+            FileError::Io { path, op, source } => write_io_error(op.verb(), &path, &source),
+            e @ (FileError::Reserved { .. }
+            | FileError::Symlink { .. }
+            | FileError::AttrRefused { .. }) => {
+                RemoteError::new(ErrorKind::InvalidPath, e.to_string())
+            }
+            e @ FileError::Exists { .. } => RemoteError::new(ErrorKind::Exists, e.to_string()),
+            e @ FileError::NotFound { .. } => RemoteError::new(ErrorKind::NotFound, e.to_string()),
+            e @ FileError::NotRoot { .. } => {
+                RemoteError::new(ErrorKind::PermissionDenied, e.to_string())
+            }
+            e @ (FileError::Algorithm { .. } | FileError::OutsideRegion { .. }) => {
+                RemoteError::new(ErrorKind::Protocol, e.to_string())
+            }
+            e @ FileError::Integrity { .. } => {
+                RemoteError::new(ErrorKind::Integrity, e.to_string())
+            }
+            e @ FileError::Shrank { .. } => RemoteError::new(ErrorKind::Changed, e.to_string()),
+            e @ (FileError::Transport { .. } | FileError::Task { .. }) => {
+                with_cause(ErrorKind::Io, &e)
+            }
         }
     }
 }
@@ -345,6 +416,47 @@ mod tests {
         assert_eq!(
             r.message,
             "data/x: cannot write: no space left on the server's device"
+        );
+    }
+
+    #[test]
+    fn write_requests_get_the_new_kinds_and_older_ones_keep_theirs() {
+        use nix::libc;
+        let cases = [
+            (libc::ENOTEMPTY, ErrorKind::NotEmpty, ErrorKind::Exists),
+            (libc::EDQUOT, ErrorKind::QuotaExceeded, ErrorKind::NoSpace),
+            (libc::EOPNOTSUPP, ErrorKind::Unsupported, ErrorKind::Io),
+            (libc::EFBIG, ErrorKind::FileTooBig, ErrorKind::Io),
+            (libc::EINVAL, ErrorKind::Invalid, ErrorKind::Io),
+            (libc::ENOSPC, ErrorKind::NoSpace, ErrorKind::NoSpace),
+            (libc::ELOOP, ErrorKind::InvalidPath, ErrorKind::Io),
+            (libc::ENOENT, ErrorKind::NotFound, ErrorKind::NotFound),
+        ];
+        for (errno, new, old) in cases {
+            let e = io::Error::from_raw_os_error(errno);
+            assert_eq!(write_kind_of(&e), new, "{e}");
+            assert_eq!(kind_of(&e), old, "{e}");
+        }
+        let r: RemoteError = FileError::Io {
+            path: "s/d".into(),
+            op: crate::files::FileOp::Rename,
+            source: io::Error::from_raw_os_error(libc::ENOTEMPTY),
+        }
+        .into();
+        assert_eq!(r.kind, ErrorKind::NotEmpty);
+        assert_eq!(r.message, "s/d: cannot rename: directory not empty");
+        let r: RemoteError = FileError::Integrity {
+            path: "s/f".into(),
+            algorithm: ferry_common::msg::HashAlgorithm::Blake3,
+            offset: 4096,
+            len: 10,
+        }
+        .into();
+        assert_eq!(r.kind, ErrorKind::Integrity);
+        assert!(
+            r.message.starts_with("s/f: the extent at offset 4096"),
+            "{}",
+            r.message
         );
     }
 

@@ -51,6 +51,7 @@ pub(crate) mod du;
 pub(crate) mod error;
 pub(crate) mod fdtree;
 pub(crate) mod filekey;
+pub(crate) mod files;
 pub(crate) mod fsops;
 pub(crate) mod gauge;
 pub(crate) mod links;
@@ -61,6 +62,7 @@ pub(crate) mod pool;
 pub(crate) mod remove;
 pub(crate) mod share;
 pub(crate) mod store;
+pub(crate) mod traffic;
 pub(crate) mod transfer;
 pub(crate) mod verify;
 
@@ -118,6 +120,9 @@ pub struct Server {
     transfers: Gauge,
     /// Requests dispatched since start, over every connection.
     requests: AtomicU64,
+    /// Bytes moved (one-sided, in control frames, written by file handles) since
+    /// start, over every connection.
+    traffic: Arc<traffic::Traffic>,
     /// Chunk manifests of mapped files, shared by every connection.
     manifests: Arc<ManifestCache>,
     /// Registered mapped-file bytes and open mapped files, over every connection.
@@ -157,6 +162,7 @@ impl Server {
             registrations: Gauge::new(),
             transfers: Gauge::new(),
             requests: AtomicU64::new(0),
+            traffic: Arc::default(),
             manifests: Arc::new(ManifestCache::new(MANIFEST_CACHE_BYTES)),
             map_budget: MapBudget::new(config.max_mapped_bytes),
             started: SystemTime::now(),

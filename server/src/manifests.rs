@@ -98,12 +98,27 @@ struct Slot {
 }
 
 /// Invariants: `order` holds exactly one stamp per key of `map` (its slot's stamp);
+/// `inodes` lists, under each `(dev, ino)`, exactly the keys of `map` of that inode;
 /// `bytes` is the sum of [`entry_cost`] over `map`, and at most the capacity.
 struct Lru {
     map: HashMap<CacheKey, Slot>,
     order: BTreeMap<u64, CacheKey>,
+    inodes: HashMap<(u64, u64), Vec<CacheKey>>,
     next_stamp: u64,
     bytes: usize,
+}
+
+impl Lru {
+    /// Drops `key` (just removed from `map`) from its inode's list.
+    fn unindex(&mut self, key: &CacheKey) {
+        let inode = (key.0.dev, key.0.ino);
+        if let Some(keys) = self.inodes.get_mut(&inode) {
+            keys.retain(|k| k != key);
+            if keys.is_empty() {
+                self.inodes.remove(&inode);
+            }
+        }
+    }
 }
 
 /// A least-recently-used cache of chunk manifests, bounded by bytes, shared by every
@@ -121,6 +136,7 @@ impl ManifestCache {
             inner: Mutex::new(Lru {
                 map: HashMap::new(),
                 order: BTreeMap::new(),
+                inodes: HashMap::new(),
                 next_stamp: 0,
                 bytes: 0,
             }),
@@ -158,6 +174,7 @@ impl ManifestCache {
         if let Some(old) = lru.map.remove(&key) {
             lru.order.remove(&old.stamp);
             lru.bytes -= entry_cost(old.hashes.len());
+            lru.unindex(&key);
         }
         while lru.bytes + cost > self.capacity_bytes {
             let Some((_, victim)) = lru.order.pop_first() else {
@@ -165,13 +182,31 @@ impl ManifestCache {
             };
             if let Some(gone) = lru.map.remove(&victim) {
                 lru.bytes -= entry_cost(gone.hashes.len());
+                lru.unindex(&victim);
             }
         }
         let stamp = lru.next_stamp;
         lru.next_stamp += 1;
         lru.order.insert(stamp, key);
         lru.map.insert(key, Slot { hashes, stamp });
+        lru.inodes
+            .entry((key.0.dev, key.0.ino))
+            .or_default()
+            .push(key);
         lru.bytes += cost;
+    }
+
+    /// Forgets every manifest cached of inode `ino` on `dev`, whatever its version: for
+    /// a file changed in place by a client, whose key may not have moved (a change
+    /// within the same timestamp tick).
+    pub fn forget(&self, dev: u64, ino: u64) {
+        let mut lru = self.lock();
+        for key in lru.inodes.remove(&(dev, ino)).unwrap_or_default() {
+            if let Some(gone) = lru.map.remove(&key) {
+                lru.order.remove(&gone.stamp);
+                lru.bytes -= entry_cost(gone.hashes.len());
+            }
+        }
     }
 
     /// Number of cached manifests.
@@ -521,6 +556,27 @@ mod tests {
         assert_eq!(c.len(), 1);
         assert_eq!(c.bytes(), entry_cost(5));
         assert_eq!(c.get(&k(1)).unwrap()[0], [2; 32]);
+    }
+
+    #[test]
+    fn forget_drops_every_version_of_one_inode_and_keeps_the_accounting() {
+        let c = ManifestCache::new(1 << 20);
+        let newer = ManifestKey {
+            ctime_ns: 99,
+            ..key(1)
+        };
+        c.insert(k(1), hashes(3, 1));
+        c.insert((newer, SHA), hashes(3, 2));
+        c.insert(k(1), hashes(3, 3));
+        c.insert(k(2), hashes(4, 4));
+        c.forget(1, 1);
+        assert!(c.get(&k(1)).is_none());
+        assert!(c.get(&(newer, SHA)).is_none());
+        assert_eq!(c.len(), 1);
+        assert_eq!(c.bytes(), entry_cost(4));
+        assert!(c.get(&k(2)).is_some());
+        c.forget(1, 1);
+        assert_eq!(c.len(), 1);
     }
 
     #[test]

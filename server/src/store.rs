@@ -276,6 +276,25 @@ impl ManifestStore {
         self.load_file(key.dev, key.ino).and_then(exact)
     }
 
+    /// Forgets every record of inode `ino` on `dev`, whatever version it was taken of:
+    /// its slot is zeroed (if it holds a record of this inode) and its record file
+    /// removed. For a file changed in place by a client (`FileWrite` and the other
+    /// handle requests): its ctime may not have moved (a change within the same
+    /// timestamp tick), so its old record could otherwise still match its key.
+    /// Blocking.
+    pub fn forget(&self, dev: u64, ino: u64) -> io::Result<()> {
+        let (path, at) = self.slot_of(dev, ino);
+        if let Some(file) = open_record(&path, true) {
+            if read_slot(&file, at, dev, ino).is_some() {
+                file.write_all_at(&[0u8; SLOT_BYTES], at)?;
+            }
+        }
+        match fs::remove_file(self.record_path(dev, ino)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     #[cfg(test)]
     fn get_hashes(&self, key: &ManifestKey) -> Option<Vec<Hash256>> {
         self.get(key).map(|(_, h)| h)
@@ -638,6 +657,26 @@ mod tests {
     /// Saves a BLAKE3 record of `k`.
     fn save(store: &ManifestStore, k: &ManifestKey, h: &[Hash256]) {
         store.save(k, HashAlgorithm::Blake3, h).unwrap();
+    }
+
+    #[test]
+    fn forget_drops_slot_and_file_records_of_one_inode_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ManifestStore::new(dir.path(), C);
+        let small = key(0x300, 100);
+        let neighbour = key(0x301, 100);
+        let big = key(0x302, 3 * u64::from(C));
+        save(&store, &small, &hashes(1, 1));
+        save(&store, &neighbour, &hashes(1, 2));
+        save(&store, &big, &hashes(3, 3));
+        store.forget(7, 0x300).unwrap();
+        store.forget(7, 0x302).unwrap();
+        assert!(store.get_hashes(&small).is_none());
+        assert!(store.get_hashes(&big).is_none());
+        assert!(store.load(7, 0x302).is_none());
+        assert_eq!(store.get_hashes(&neighbour), Some(hashes(1, 2)));
+        // Nothing recorded: nothing to do.
+        store.forget(7, 0x999).unwrap();
     }
 
     #[test]

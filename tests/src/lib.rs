@@ -56,6 +56,7 @@ mod secret;
 mod server;
 mod session;
 mod tmpfs;
+mod tools;
 mod tree;
 mod user;
 mod wire_proxy;
@@ -68,8 +69,8 @@ pub use files::{
 };
 pub use loopfs::LoopExt4;
 pub use mount::{
-    ferry_mount, is_fuse_type, mount_type, send_signal, Mount, MountBuilder, MountFailed,
-    MountOutput, Stopped, FSTYPE, MOUNT_TIMEOUT, UNMOUNT_TIMEOUT,
+    ferry_mount, fuse_unavailable, is_fuse_type, mount_type, send_signal, skip_without_fuse, Mount,
+    MountBuilder, MountFailed, MountOutput, Stopped, FSTYPE, MOUNT_TIMEOUT, UNMOUNT_TIMEOUT,
 };
 pub use prev::{PrevRelease, PREV_BIN_DIR_VAR};
 pub use procfs::{open_fds, proc_status};
@@ -85,9 +86,10 @@ pub use secret::{connect_to, credentials, test_secret, write_secret_file, TEST_S
 pub use server::{bin, bin_dir, Server, ServerOptions, Share, STARTUP_TIMEOUT};
 pub use session::{connect, hello, raw_greet, raw_handshake, raw_socket};
 pub use tmpfs::Tmpfs;
+pub use tools::{program_on_path, python, run_tool, sh, skip_without_tool, ToolOutput};
 pub use tree::{
-    assert_trees_equal, assert_trees_identical, make_many_small_files, make_small_tree, make_tree,
-    TreeStats,
+    assert_trees_equal, assert_trees_identical, make_many_small_files, make_medium_tree,
+    make_small_tree, make_tree, TreeStats,
 };
 pub use user::User;
 pub use wire_proxy::{Corruption, Direction, Flip, ReadInfo, ReadTarget, WireProxy};

@@ -110,6 +110,37 @@ pub fn send_signal(pid: u32, signal: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// Why FUSE mounts cannot be made here (`/dev/fuse` missing or not openable for
+/// reading and writing, as in some containers), or `None` when they can. Probed once;
+/// a test prints the reason when it skips.
+pub fn fuse_unavailable() -> Option<String> {
+    static PROBE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            match fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/fuse")
+            {
+                Ok(_) => None,
+                Err(e) => Some(format!("FUSE is unavailable: /dev/fuse: {e}")),
+            }
+        })
+        .clone()
+}
+
+/// Prints why `test` is skipped and returns true when FUSE is unavailable
+/// ([`fuse_unavailable`]).
+pub fn skip_without_fuse(test: &str) -> bool {
+    match fuse_unavailable() {
+        None => false,
+        Some(why) => {
+            eprintln!("{test}: skipped: {why}");
+            true
+        }
+    }
+}
+
 /// What [`Mount::builder`] starts `ferry-mount` with.
 #[derive(Debug, Clone)]
 pub struct MountBuilder {

@@ -175,6 +175,41 @@ pub fn make_small_tree(root: &Path, seed: u64) -> TreeStats {
     b.finish()
 }
 
+/// Generates a tree of about fifty files (about 7 MiB) under `root` (created if
+/// missing), for copying with real tools into a mount:
+///
+/// - directories `a`, `a/b`, `a/b/c`, `d` and an empty `e`;
+/// - 46 files of 0 B to 64 KiB (the edges 0, 1, 4095, 4096, 4097 and 65536 among them),
+///   three of about 1-2 MiB and one of exactly 3 MiB, a name with a space;
+/// - modes and mtimes as in [`make_tree`] (directories' set last);
+/// - symlinks: a relative one to a file across directories, one to a directory, and a
+///   dangling one.
+///
+/// The same `seed` always gives the same tree.
+pub fn make_medium_tree(root: &Path, seed: u64) -> TreeStats {
+    let mut b = Builder::new(root, seed);
+    for dir in ["a", "a/b", "a/b/c", "d", "e"] {
+        b.dir(dir);
+    }
+    let edges = [0, 1, 4095, 4096, 4097, 65536];
+    let places = ["", "a/", "a/b/", "a/b/c/", "d/"];
+    for i in 0..46usize {
+        let len = match edges.get(i) {
+            Some(&len) => len,
+            None => b.rng.gen_range(2..=64 << 10),
+        };
+        b.file(&format!("{}f{i:02}.dat", places[i % places.len()]), len);
+    }
+    b.file("a/one and a bit.bin", MIB + 17);
+    b.file("a/b/half.bin", (MIB >> 1) + 3);
+    b.file("d/two.bin", 2 * MIB - 1);
+    b.file("d/three.bin", 3 * MIB);
+    b.symlink("a/b/link_to_file", "../../d/f04.dat");
+    b.symlink("link_to_dir", "a/b");
+    b.symlink("d/dangling", "no/such/file");
+    b.finish()
+}
+
 /// Generates a tree of many small files under `root` (created if missing): `dirs`
 /// directories `dNN` of `per_dir` files each, of 0 B to 8 KiB (seeded), plus, at the
 /// top, files of exactly 64 KiB and 64 KiB + 1 (either side of the batching

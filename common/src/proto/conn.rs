@@ -461,3 +461,205 @@ pub fn check_file_write(
 fn no_transfer(transfer: u64) -> RemoteError {
     protocol(format!("no open transfer {transfer}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::{Attr, HashAlgorithm};
+
+    const CHUNK: u32 = 1 << 20;
+
+    fn open_req() -> Request {
+        Request::FileOpen {
+            share: "s".into(),
+            path: "f".into(),
+            create: Some(0o644),
+            exclusive: false,
+            truncate: false,
+        }
+    }
+
+    fn region_of(len: u64) -> RegionDesc {
+        RegionDesc {
+            addr: 0x1000,
+            len,
+            rkey: 7,
+        }
+    }
+
+    fn write_req(handle: u64, extents: Vec<Extent>) -> Request {
+        let len = extents.iter().map(|e| u64::from(e.len)).sum();
+        Request::FileWrite {
+            handle,
+            region: region_of(len),
+            algorithm: HashAlgorithm::Blake3,
+            hashes: vec![[0; 32]; extents.len()],
+            extents,
+        }
+    }
+
+    fn opened(handle: u64) -> Response {
+        Response::FileOpened {
+            handle,
+            attr: Attr::test_file(0),
+            staged: true,
+        }
+    }
+
+    /// Opens a file handle as request `id`; returns its handle.
+    fn open(c: &mut ConnState, id: u64) -> u64 {
+        let Ok(Grant::File(h)) = c.admit(id, &open_req()) else {
+            panic!("FileOpen refused");
+        };
+        c.handle_response(id, &opened(h));
+        h
+    }
+
+    fn one(offset: u64, len: u32) -> Vec<Extent> {
+        vec![Extent { offset, len }]
+    }
+
+    #[test]
+    fn an_open_handle_admits_its_requests_until_it_is_closed() {
+        let mut c = ConnState::new(CHUNK);
+        let h = open(&mut c, 1);
+        assert_eq!(c.files(), 1);
+        assert_eq!(c.admit(2, &write_req(h, one(0, 10))), Ok(Grant::File(h)));
+        let read = Request::FileRead {
+            handle: h,
+            offset: 0,
+            region: region_of(10),
+        };
+        assert_eq!(c.admit(3, &read), Ok(Grant::File(h)));
+        let sync = Request::FileSync {
+            handle: h,
+            data_only: true,
+        };
+        assert_eq!(c.admit(4, &sync), Ok(Grant::File(h)));
+        // An unknown handle is refused.
+        let e = c.admit(5, &write_req(h + 1, one(0, 10))).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Protocol);
+        // Close takes it out of the table at once: a later write is refused.
+        assert_eq!(
+            c.admit(6, &Request::FileClose { handle: h }),
+            Ok(Grant::File(h))
+        );
+        assert_eq!(c.files(), 0);
+        let e = c.admit(7, &write_req(h, one(0, 10))).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Protocol);
+        let e = c.admit(8, &Request::FileClose { handle: h }).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Protocol);
+    }
+
+    #[test]
+    fn a_handle_being_opened_admits_nothing_and_a_failed_open_frees_it() {
+        let mut c = ConnState::new(CHUNK);
+        let Ok(Grant::File(h)) = c.admit(1, &open_req()) else {
+            panic!("FileOpen refused");
+        };
+        assert!(c.admit(2, &write_req(h, one(0, 1))).is_err());
+        c.handle_response(
+            1,
+            &Response::Error(RemoteError::new(ErrorKind::NotFound, "s/f: no")),
+        );
+        assert_eq!(c.files(), 0);
+        // A fresh handle, never the failed one again.
+        assert_ne!(open(&mut c, 3), h);
+    }
+
+    #[test]
+    fn file_writes_of_the_wrong_shape_are_refused() {
+        let mut c = ConnState::new(CHUNK);
+        let h = open(&mut c, 1);
+        let refused = |c: &mut ConnState, req: Request| {
+            let e = c.admit(9, &req).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Protocol, "{req:?}");
+            e.message
+        };
+        // Empty.
+        refused(&mut c, write_req(h, vec![]));
+        // Too many extents.
+        let many = (0..=MAX_WRITE_EXTENTS as u64)
+            .map(|i| Extent { offset: i, len: 1 })
+            .collect();
+        refused(&mut c, write_req(h, many));
+        // A hash count that does not match.
+        let Request::FileWrite {
+            region, extents, ..
+        } = write_req(h, one(0, 4))
+        else {
+            unreachable!()
+        };
+        let m = refused(
+            &mut c,
+            Request::FileWrite {
+                handle: h,
+                region,
+                algorithm: HashAlgorithm::Blake3,
+                extents,
+                hashes: vec![[0; 32]; 2],
+            },
+        );
+        assert!(m.contains("2 hashes"), "{m}");
+        // An extent larger than a chunk, or empty.
+        refused(&mut c, write_req(h, one(0, CHUNK + 1)));
+        refused(&mut c, write_req(h, one(0, 0)));
+        // Extents that do not add up to the region.
+        let Request::FileWrite {
+            extents, hashes, ..
+        } = write_req(h, one(0, 4))
+        else {
+            unreachable!()
+        };
+        refused(
+            &mut c,
+            Request::FileWrite {
+                handle: h,
+                region: region_of(5),
+                algorithm: HashAlgorithm::Blake3,
+                extents,
+                hashes,
+            },
+        );
+        // An extent ending past the largest file offset.
+        refused(&mut c, write_req(h, one(i64::MAX as u64 - 1, 2)));
+        refused(&mut c, write_req(h, one(u64::MAX, 2)));
+        // More than a request may move.
+        let most = file_io_max(CHUNK);
+        let over = (0..=most / u64::from(CHUNK))
+            .map(|i| Extent {
+                offset: i * u64::from(CHUNK),
+                len: CHUNK,
+            })
+            .collect();
+        refused(&mut c, write_req(h, over));
+        // Reads of nothing or of too much.
+        for len in [0, most + 1] {
+            refused(
+                &mut c,
+                Request::FileRead {
+                    handle: h,
+                    offset: 0,
+                    region: region_of(len),
+                },
+            );
+        }
+        // And the right shape passes.
+        assert!(c
+            .admit(10, &write_req(h, one(i64::MAX as u64 - 2, 2)))
+            .is_ok());
+    }
+
+    #[test]
+    fn opening_slots_are_bounded_and_freed_when_the_session_closes() {
+        let mut c = ConnState::new(CHUNK);
+        for id in 0..MAX_OPEN_FILES as u64 {
+            assert!(c.admit(id, &open_req()).is_ok());
+        }
+        let e = c.admit(u64::MAX, &open_req()).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Busy);
+        c.handle_closed();
+        assert_eq!(c.files(), 0);
+        assert!(c.admit(1, &open_req()).is_ok());
+    }
+}

@@ -13,6 +13,7 @@ use crate::verify;
 pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response, RemoteError> {
     match body {
         Request::Stats => Ok(Response::Stats(conn.server.stats())),
+        Request::Counters => Ok(Response::Counters(conn.server.traffic.counters())),
         Request::Verify { share, path } => {
             let share = conn.share(&share)?;
             blocking(move || verify::verify(&share, &path)).await

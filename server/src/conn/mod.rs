@@ -6,15 +6,17 @@
 //!
 //! Each request family has its own module, which performs its requests:
 //! [`transfer`] (windowed uploads and downloads), [`batch`] (batches of small files),
-//! [`map`] (mapped files and manifests), [`namespace`] (attributes, listings,
-//! directories, links) and [`admin`] (counters, verification). Session requests
-//! (authentication) never leave the session.
+//! [`map`] (mapped files and manifests), [`file`] (files open for writing through
+//! handles), [`namespace`] (attributes, listings, directories, links, moves) and
+//! [`admin`] (counters, verification). Session requests (authentication) never leave
+//! the session.
 //!
 //! Teardown invariant: when the connection ends, the driver closes the transport (so
 //! every outstanding one-sided operation fails promptly), waits for every request task
 //! to finish, then drops the open transfers (an unfinished upload's scratch file is
 //! removed, its resumable partial and journal are kept for a later upload to resume),
-//! and the open mapped files, which revokes their registrations.
+//! the open file handles (a staged file that never took its name is removed) and the
+//! open mapped files, which revokes their registrations.
 //!
 //! Bound: at most [`MAX_INFLIGHT_REQUESTS`] request tasks live at once, counted from
 //! dispatch until their answer has been handed to the transport (which queues at most
@@ -41,16 +43,19 @@ use ferry_common::transport::SharedTransport;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 
+use crate::files::OpenFile;
 use crate::gauge::Held;
 use crate::map::MapTable;
 use crate::pool::Pool;
 use crate::share::Share;
+use crate::traffic::Counted;
 use crate::transfer::Transfer;
 use crate::{Server, SOFTWARE};
 
 mod admin;
 mod batch;
 mod blocking;
+mod file;
 mod map;
 mod namespace;
 mod transfer;
@@ -71,6 +76,8 @@ struct Conn {
     session: Mutex<ServerSession>,
     /// The I/O state of each transfer the session's tables hold open, by id.
     transfers: Mutex<HashMap<u64, Arc<OpenTransfer>>>,
+    /// The I/O state of each file handle the session's tables hold open, by handle.
+    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     pool: Arc<Pool>,
     maps: MapTable,
     /// One permit per live request task ([`MAX_INFLIGHT_REQUESTS`]), held until its
@@ -113,6 +120,13 @@ pub(crate) enum ConnError {
         /// The transfer's id.
         transfer: u64,
     },
+    /// A file handle the session's tables hold but the driver has no state for: a
+    /// bug, answered rather than panicking.
+    #[error("no open file handle {handle}")]
+    NoFile {
+        /// The handle.
+        handle: u64,
+    },
     /// A transfer whose I/O state is not of the kind the session's tables admitted
     /// the request for: a bug, answered rather than panicking.
     #[error("transfer {transfer} is not of the kind its request needs")]
@@ -145,6 +159,8 @@ pub(crate) async fn run(
     // Bound first, dropped last: the connection is counted until everything it held
     // (pool, transfers, mapped files, transport) is gone.
     let _live = live;
+    // Every one-sided operation and control frame of the connection is counted.
+    let transport = Counted::wrap(transport, server.traffic.clone());
     let peer = transport.peer();
     let params = ServerParams {
         software: SOFTWARE.into(),
@@ -167,6 +183,7 @@ pub(crate) async fn run(
         transport,
         peer,
         transfers: Mutex::new(HashMap::new()),
+        files: Mutex::new(HashMap::new()),
         pool,
         maps: MapTable::new(),
         request_slots: Arc::new(Semaphore::new(MAX_INFLIGHT_REQUESTS as usize)),
@@ -182,6 +199,12 @@ pub(crate) async fn run(
         tracing::info!(peer = %conn.peer, "dropping {} unfinished transfers", open.len());
     }
     drop(open);
+    let files = std::mem::take(&mut *conn.files());
+    if !files.is_empty() {
+        tracing::info!(peer = %conn.peer, "dropping {} open file handles", files.len());
+    }
+    // Removing staged files is filesystem work: off the async threads.
+    let _ = tokio::task::spawn_blocking(move || drop(files)).await;
     let maps = conn.maps.take_all();
     if !maps.is_empty() {
         tracing::info!(peer = %conn.peer, "releasing {} mapped files", maps.len());
@@ -200,6 +223,10 @@ impl Conn {
 
     fn transfers(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenTransfer>>> {
         self.transfers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn files(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenFile>>> {
+        self.files.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Runs until the connection ends; returns why.
@@ -383,7 +410,7 @@ impl Conn {
             Family::Map => map::perform(self, body, grant).await,
             Family::Namespace => namespace::perform(self, body).await,
             Family::Admin => admin::perform(self, body).await,
-            Family::File => Err(misrouted(&body).into()),
+            Family::File => file::perform(self, body, grant).await,
             // The session answers these itself; one reaching here is a bug there.
             Family::Session => Err(misrouted(&body).into()),
         }

@@ -1,6 +1,7 @@
 //! Namespace requests: attributes (owners and symlink mtimes included), listings,
 //! directories, symlinks, links, renames, removals and space, each one blocking
-//! filesystem call (or one batch of them) in the share.
+//! filesystem call (or one batch of them) in the share; and those of the `write`
+//! capability that name paths (`Move`, `SetAttrs`, `ShareAccess`).
 
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use ferry_common::msg::{RemoteError, Request, Response};
 
 use super::blocking::blocking;
 use super::{misrouted, Conn};
-use crate::{du, fsops, links, meta, remove};
+use crate::{du, files, fsops, links, meta, remove};
 
 /// Performs one namespace request.
 pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response, RemoteError> {
@@ -21,6 +22,12 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
             algorithm: conn.hashing(&share)?.fresh,
         });
     }
+    if let Request::ShareAccess { .. } = body {
+        return Ok(Response::ShareAccess {
+            writable: !share.read_only(),
+        });
+    }
+    let manifests = conn.server.manifests.clone();
     blocking(move || -> Result<Response, RemoteError> {
         Ok(match body {
             Request::Stat { path, follow, .. } => fsops::stat(&share, &path, follow)?,
@@ -57,6 +64,15 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
             } => remove::remove(&share, &path, recursive)?,
             Request::StatFs { .. } => fsops::statfs(&share)?,
             Request::DiskUsage { path, .. } => du::disk_usage(&share, &path)?,
+            Request::Move {
+                from,
+                to,
+                no_replace,
+                ..
+            } => files::move_entry(&share, &from, &to, no_replace)?,
+            Request::SetAttrs { path, attrs, .. } => {
+                files::set_attrs(&share, &path, &attrs, &manifests)?
+            }
             other => return Err(misrouted(&other).into()),
         })
     })

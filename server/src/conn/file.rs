@@ -1,0 +1,140 @@
+//! File-handle requests (the `write` capability): each finds the handle's I/O state
+//! in the connection's table ([`crate::files::OpenFile`], by the handle the session
+//! granted) and runs the request in [`crate::files`].
+//!
+//! A `FileOpen`'s handle enters the table before its answer is queued, so a request
+//! naming it (which the session admits only after the answer) always finds it. A
+//! `FileClose` takes the handle out of the table before it syncs: the session has
+//! already forgotten the handle, and a staged file whose commit fails is removed when
+//! the last request using it lets go.
+
+use std::sync::Arc;
+
+use ferry_common::msg::{HashAlgorithm, RemoteError, Request, Response};
+use ferry_common::proto::conn::Grant;
+
+use super::blocking::blocking;
+use super::{misrouted, Conn, ConnError};
+use crate::files::{self, OpenFile};
+
+/// Performs one file-handle request, under the handle `grant` names.
+pub(super) async fn perform(
+    conn: &Arc<Conn>,
+    body: Request,
+    grant: Grant,
+) -> Result<Response, RemoteError> {
+    let Grant::File(handle) = grant else {
+        return Err(misrouted(&body).into());
+    };
+    match body {
+        Request::FileOpen {
+            share,
+            path,
+            create,
+            exclusive,
+            truncate,
+        } => {
+            let share = conn.share(&share)?;
+            let (chunk_bytes, manifests) = (conn.server.chunk_bytes, conn.server.manifests.clone());
+            let opened = blocking(move || {
+                let f = files::open(
+                    share,
+                    &path,
+                    create,
+                    exclusive,
+                    truncate,
+                    chunk_bytes,
+                    manifests,
+                )?;
+                let attr = f.attr()?;
+                Ok::<_, files::FileError>((f, attr))
+            })
+            .await?;
+            let (file, attr) = opened;
+            let staged = file.staged();
+            conn.files().insert(handle, Arc::new(file));
+            Ok(Response::FileOpened {
+                handle,
+                attr,
+                staged,
+            })
+        }
+        Request::FileWrite {
+            region,
+            algorithm,
+            extents,
+            hashes,
+            ..
+        } => {
+            let file = conn.file(handle)?;
+            if !accepts(conn, algorithm) {
+                return Err(files::FileError::Algorithm {
+                    path: file.what().into(),
+                    algorithm,
+                }
+                .into());
+            }
+            let traffic = conn.server.traffic.clone();
+            Ok(file
+                .write(
+                    &conn.transport,
+                    &conn.pool,
+                    &traffic,
+                    region,
+                    algorithm,
+                    extents,
+                    hashes,
+                )
+                .await?)
+        }
+        Request::FileRead { offset, region, .. } => {
+            let file = conn.file(handle)?;
+            let algorithm = conn.hashing(file.share())?.fresh;
+            Ok(file
+                .read(&conn.transport, &conn.pool, offset, region, algorithm)
+                .await?)
+        }
+        Request::FileSetAttr { attrs, .. } => {
+            let file = conn.file(handle)?;
+            blocking(move || file.set_attrs(&attrs)).await
+        }
+        Request::FileAllocate {
+            offset,
+            len,
+            keep_size,
+            ..
+        } => {
+            let file = conn.file(handle)?;
+            blocking(move || file.allocate(offset, len, keep_size)).await
+        }
+        Request::FileSync { data_only, .. } => {
+            let file = conn.file(handle)?;
+            blocking(move || file.sync(data_only)).await
+        }
+        Request::FileClose { .. } => {
+            let file = conn
+                .files()
+                .remove(&handle)
+                .ok_or(ConnError::NoFile { handle })?;
+            blocking(move || file.sync(false)).await
+        }
+        other => Err(misrouted(&other).into()),
+    }
+}
+
+/// Whether the session negotiated `algorithm` (a `FileWrite`'s hashes must be in one
+/// of its algorithms).
+fn accepts(conn: &Conn, algorithm: HashAlgorithm) -> bool {
+    conn.session()
+        .negotiated()
+        .is_some_and(|n| n.accepted.contains(algorithm))
+}
+
+impl Conn {
+    fn file(&self, handle: u64) -> Result<Arc<OpenFile>, ConnError> {
+        self.files()
+            .get(&handle)
+            .cloned()
+            .ok_or(ConnError::NoFile { handle })
+    }
+}

@@ -756,15 +756,31 @@ impl fuser::Filesystem for FerryFs {
         lock(&self.inner.nodes).forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         if let Some(wf) = self.inner.wfile(ino.0) {
             let a = wf.attr();
             return reply.attr(&Duration::ZERO, &self.inner.file_attr(ino.0, &a));
+        }
+        // fstat of a read descriptor: the version it reads (its name may hold another
+        // file by now).
+        let open = fh.and_then(|fh| lock(&self.inner.files).get(&fh.0).cloned());
+        if let Some(file) = open {
+            return reply.attr(&self.inner.opts.attr_ttl, &self.inner.file_attr(ino.0, &file.attr()));
         }
         self.spawn(|fs| async move {
             let got = match fs.path_of(ino) {
                 Ok(path) => fs.attr(&path, fs.opts.attr_ttl).await,
                 Err(e) => Err(e),
+            };
+            // The node's name now holds another file (replaced by a rename): this node
+            // is stale, and the kernel looks the name up again.
+            let key = lock(&fs.nodes).key(ino.0);
+            let got = match got {
+                Ok(a) if key.is_some_and(|k| k != (a.dev, a.ino)) => Err(OpError::new(
+                    Errno::ESTALE,
+                    format!("inode {}: its name now holds another file", ino.0),
+                )),
+                other => other,
             };
             match got {
                 Ok(a) => reply.attr(&fs.opts.attr_ttl, &fs.file_attr(ino.0, &a)),

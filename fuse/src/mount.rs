@@ -86,7 +86,10 @@ pub fn mount<FS: Filesystem>(
     {
         data.push_str(",default_permissions");
     }
-    let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if config.mount_options.contains(&MountOption::RO) {
+        flags |= MsFlags::MS_RDONLY;
+    }
     match nix::mount::mount(
         Some(fsname),
         mountpoint,

@@ -121,6 +121,11 @@ impl Nodes {
         id
     }
 
+    /// The server file node `ino` stands for (`None` for the root or an unknown id).
+    pub fn key(&self, ino: u64) -> Option<FileKey> {
+        self.nodes.get(&ino).and_then(|n| n.key)
+    }
+
     /// The node id `path` has now, if any (no reference taken).
     pub fn id_of(&self, path: &str) -> Option<u64> {
         self.by_path.get(path).copied()

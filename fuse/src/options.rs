@@ -128,8 +128,8 @@ impl MountOptions {
                 }
                 "writeback" => {
                     let mib: u64 = number(key, need(value)?)?;
-                    if !(8..=65_536).contains(&mib) {
-                        return Err("writeback must be from 8 to 65536 (MiB)".into());
+                    if !(1..=65_536).contains(&mib) {
+                        return Err("writeback must be from 1 to 65536 (MiB)".into());
                     }
                     self.writeback_bytes = mib << 20;
                 }
@@ -257,7 +257,7 @@ mod tests {
     fn bad_options_say_why() {
         for (arg, want) in [
             ("rw=1", "takes no value"),
-            ("writeback=4", "writeback must be"),
+            ("writeback=0", "writeback must be"),
             ("bogus", "unknown mount option 'bogus'"),
             ("attr_timeout", "needs a value"),
             ("attr_timeout=-1", "out of range"),

@@ -16,7 +16,7 @@
 //! | changes seen at the next open; old handles never mix versions | `a_file_changed_on_the_server_*`, `a_handle_opened_before_*`, `a_file_truncated_*` |
 //! | chunk verification: EIO, log line, no unverified byte | `a_corrupted_chunk_*`, `a_single_flipped_read_*` |
 //! | server killed: bounded failure, unmount works | `server_killed_*`, `restarted_server_*` |
-//! | read-only: EROFS | `writes_fail_with_erofs` |
+//! | `-o ro`: EROFS | `writes_fail_with_erofs` (writes: `mount_write.rs`) |
 //! | one-sided reads of an open file | `reads_of_an_open_file_are_one_sided` |
 //! | `SHARE/SUBDIR` mounts | `subdir_mount_*` |
 //! | `fuse.ferry` in mountinfo; exit codes 2 and 3; SIGTERM / SIGINT / umount / fusermount3 -u; detaching | `the_mount_shows_as_fuse_ferry_in_mountinfo`, `bad_arguments_*`, `a_missing_mount_point_*`, `unreachable_server_exits_3`, `sigint_*`, `external_unmount_*`, `detached_*`; SIGTERM in every test (`assert_clean_unmount`) |
@@ -968,7 +968,7 @@ ferrytest!(writes_fail_with_erofs, |env| {
     fs::create_dir(env.share("d")).unwrap();
     fs::create_dir(env.share("empty")).unwrap();
     fs::write(env.share("f"), b"original").unwrap();
-    let mount = mount_share(&env);
+    let mount = Mount::builder(env.remote("")).opt("ro").start();
     let m = |rel: &str| mount.join(rel);
     assert_fails(
         OpenOptions::new().write(true).open(m("f")),
@@ -1073,8 +1073,8 @@ ferrytest!(bad_arguments_exit_2_with_a_clear_message, |env| {
         (vec![], &["usage"]),
         (vec![remote.clone()], &["usage", "mountpoint", "MOUNTPOINT"]),
         (
-            vec!["-o".into(), "rw".into(), remote.clone(), mnt.clone()],
-            &["rw", "read-only"],
+            vec!["-o".into(), "writeback=0".into(), remote.clone(), mnt.clone()],
+            &["writeback"],
         ),
         (
             vec!["-o".into(), "nosuchopt".into(), remote.clone(), mnt.clone()],

@@ -15,7 +15,10 @@
 //! read-only, with its chunk manifest (`manifests`, cached server-wide), so a client
 //! reads any part of it with one-sided READs and no request per read. Writable shares
 //! keep manifests across restarts in a persistent store (`store`), which `Verify`
-//! (`verify`) compares a file's bytes with.
+//! (`verify`) compares a file's bytes with. A writable mount writes files through
+//! handles (`files`: staged or in place, every extent pulled with a one-sided READ and
+//! verified before it is written) and moves and changes entries in place; every
+//! connection's transport is wrapped to count what it moves (`traffic`).
 //!
 //! Uploads of several chunks are resumable: an interrupted one leaves a partial file and
 //! its journal ([`ferry_common::staging`]), which the next upload of the same name

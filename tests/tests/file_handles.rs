@@ -140,6 +140,10 @@ fn a_staged_file_takes_its_name_at_close_with_exactly_its_bytes() {
         assert!(c.counters().await.unwrap().write_bytes >= after.write_bytes + n);
         c.file_close(f.handle).await.unwrap();
 
+        // A symlink is never followed.
+        std::os::unix::fs::symlink("new.bin", env.share("link")).unwrap();
+        let e = c.file_open(S, "link", None, false, false).await;
+        assert_eq!(kind(e), ErrorKind::InvalidPath);
         // Exclusive of a name that exists.
         let e = c.file_open(S, "new.bin", Some(0o600), true, false).await;
         assert_eq!(kind(e), ErrorKind::Exists);
@@ -186,6 +190,22 @@ fn a_file_written_in_place_and_a_wrong_hash_that_changes_nothing() {
         assert_eq!(fs::read(env.share("f")).unwrap(), want);
 
         // Truncation through the handle.
+        let attr = c
+            .file_set_attr(
+                f.handle,
+                SetAttrs {
+                    size: Some(500),
+                    ..SetAttrs::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(attr.size, 500);
+        // Space allocated past the end: kept size, or grown.
+        let attr = c.file_allocate(f.handle, 0, 8192, true).await.unwrap();
+        assert_eq!(attr.size, 500);
+        let attr = c.file_allocate(f.handle, 500, 100, false).await.unwrap();
+        assert_eq!(attr.size, 600);
         let attr = c
             .file_set_attr(
                 f.handle,

@@ -204,6 +204,14 @@ impl Client {
         expect_attr(self.call_write(Request::FileClose { handle }).await?)
     }
 
+    /// Forgets `handle` without syncing it: a staged file that has not taken its name
+    /// is removed.
+    pub async fn file_discard(&self, handle: u64) -> Result<(), ClientError> {
+        self.call_write(Request::FileDiscard { handle })
+            .await
+            .and_then(expect_ok)
+    }
+
     /// `rename(2)` of `from` to `to` in `share`, replacing `to` unless `no_replace`.
     pub async fn move_entry(
         &self,

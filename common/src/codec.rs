@@ -250,6 +250,7 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::FileAllocate { .. }
         | Request::FileSync { .. }
         | Request::FileClose { .. }
+        | Request::FileDiscard { .. }
         | Request::Counters => Ok(()),
     }
 }

@@ -918,6 +918,13 @@ pub enum Request {
     },
     /// The server's traffic counters ([`Counters`]); allowed as [`Request::Stats`].
     Counters,
+    /// Forget a handle without syncing it: a staged file that has not taken its name
+    /// is removed (what was written in place stays). Answered by [`Response::Ok`]. A
+    /// client whose write-back failed sends it, so nothing half-written takes a name.
+    FileDiscard {
+        /// Handle.
+        handle: u64,
+    },
 }
 
 impl Request {
@@ -965,6 +972,7 @@ impl Request {
             | Request::FileAllocate { .. }
             | Request::FileSync { .. }
             | Request::FileClose { .. }
+            | Request::FileDiscard { .. }
             | Request::Counters => None,
         }
     }

@@ -375,6 +375,7 @@ fn request() -> impl Strategy<Value = Request> {
         }),
         text(MAX_NAME_BYTES).prop_map(|share| Request::ShareAccess { share }),
         Just(Request::Counters),
+        any::<u64>().prop_map(|handle| Request::FileDiscard { handle }),
     ]
 }
 
@@ -755,6 +756,7 @@ fn request_variant(r: &Request) -> usize {
         Request::SetAttrs { .. } => 37,
         Request::ShareAccess { .. } => 38,
         Request::Counters => 39,
+        Request::FileDiscard { .. } => 40,
     }
 }
 
@@ -1246,7 +1248,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 40], [false; 27]);
+    let (mut requests, mut responses) = ([false; 41], [false; 27]);
     for _ in 0..4000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

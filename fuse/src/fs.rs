@@ -59,6 +59,10 @@ struct Inner {
     wfiles: Mutex<HashMap<u64, Arc<WriteFile>>>,
     /// Writable descriptors: node and file.
     wfhs: Mutex<HashMap<u64, (u64, Arc<WriteFile>)>>,
+    /// The process (thread group) that opened each writable descriptor: its `close`
+    /// gives a staged file its name; a close by another process sharing the
+    /// descriptor (a child's close-on-exec after fork) only writes back.
+    openers: Mutex<HashMap<u64, u32>>,
     /// Created or truncated files that have not taken their name on the server yet,
     /// by mount-relative path: lookups and listings show them.
     staged: Mutex<HashMap<String, (u64, Arc<WriteFile>)>>,
@@ -125,6 +129,7 @@ impl FerryFs {
                 writable,
                 wfiles: Mutex::new(HashMap::new()),
                 wfhs: Mutex::new(HashMap::new()),
+                openers: Mutex::new(HashMap::new()),
                 staged: Mutex::new(HashMap::new()),
                 gens: Mutex::new(HashMap::new()),
                 read_gens: Mutex::new(HashMap::new()),
@@ -323,6 +328,20 @@ impl Inner {
     }
 }
 
+/// The process (thread group) of thread `tid`, from `/proc`.
+fn tgid_of(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The directory holding mount-relative `path` ("" for the root).
+fn parent_of(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(dir, _)| dir)
+}
+
 /// The errno for a change asked of a read-only mount.
 fn read_only() -> OpError {
     OpError::new(Errno::EROFS, "the mount is read-only")
@@ -357,9 +376,13 @@ impl Inner {
         lock(&self.wfiles).get(&ino).cloned()
     }
 
-    /// Records what the server said of `path` after a change through this mount.
+    /// Records what the server said of `path` after a change through this mount (a
+    /// staged file taking its name changed its directory too).
     fn settled(&self, ino: u64, path: &str, attr: &Attr) {
-        lock(&self.nodes).store_attr(path, attr.clone(), Instant::now());
+        let mut nodes = lock(&self.nodes);
+        nodes.store_attr(path, attr.clone(), Instant::now());
+        nodes.changed(parent_of(path));
+        drop(nodes);
         lock(&self.staged).remove(path);
         self.bump(ino);
     }
@@ -473,7 +496,11 @@ impl Inner {
         if staged {
             lock(&self.staged).insert(path.clone(), (ino, wf.clone()));
         }
-        lock(&self.nodes).changed(&path);
+        {
+            let mut nodes = lock(&self.nodes);
+            nodes.changed(&path);
+            nodes.changed(parent_of(&path));
+        }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.wfhs).insert(fh, (ino, wf));
         Ok((ino, fh, attr))
@@ -568,7 +595,11 @@ impl Inner {
 
     /// The attributes of a name just made, as an entry for the kernel.
     async fn made(&self, path: &str) -> Result<(u64, Attr), OpError> {
-        lock(&self.nodes).changed(path);
+        {
+            let mut nodes = lock(&self.nodes);
+            nodes.changed(path);
+            nodes.changed(parent_of(path));
+        }
         let attr = self.attr(path, Duration::ZERO).await?;
         let ino = lock(&self.nodes).remember(path, (attr.dev, attr.ino));
         Ok((ino, attr))
@@ -666,7 +697,9 @@ impl Inner {
             }
             Err(e) => Err(e),
             Ok(()) => {
-                lock(&self.nodes).removed(&path, Instant::now());
+                let mut nodes = lock(&self.nodes);
+                nodes.removed(&path, Instant::now());
+                nodes.changed(parent_of(&path));
                 Ok(())
             }
         }
@@ -698,7 +731,10 @@ impl Inner {
             c.client.move_entry(&share, &sf, &st, no_replace).await
         })
         .await?;
-        lock(&self.nodes).renamed(&from, &to, Instant::now());
+        let mut nodes = lock(&self.nodes);
+        nodes.renamed(&from, &to, Instant::now());
+        nodes.changed(parent_of(&from));
+        nodes.changed(parent_of(&to));
         Ok(())
     }
 }
@@ -765,7 +801,10 @@ impl fuser::Filesystem for FerryFs {
         // file by now).
         let open = fh.and_then(|fh| lock(&self.inner.files).get(&fh.0).cloned());
         if let Some(file) = open {
-            return reply.attr(&self.inner.opts.attr_ttl, &self.inner.file_attr(ino.0, &file.attr()));
+            return reply.attr(
+                &self.inner.opts.attr_ttl,
+                &self.inner.file_attr(ino.0, &file.attr()),
+            );
         }
         self.spawn(|fs| async move {
             let got = match fs.path_of(ino) {
@@ -806,7 +845,7 @@ impl fuser::Filesystem for FerryFs {
         });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let acc = flags.0 & nix::libc::O_ACCMODE;
         let writing = self.inner.wfile(ino.0).is_some();
         // A reader of a node open for writing on this mount shares its handle: the
@@ -817,13 +856,19 @@ impl fuser::Filesystem for FerryFs {
                 exclusive: false,
                 truncate: flags.0 & nix::libc::O_TRUNC != 0,
             };
+            let opener = tgid_of(req.pid());
             self.spawn(|fs| async move {
                 let got = match fs.path_of(ino) {
                     Ok(path) => fs.open_write(ino.0, &path, how).await,
                     Err(e) => Err(e),
                 };
                 match got {
-                    Ok((fh, _)) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                    Ok((fh, _)) => {
+                        if let Some(tgid) = opener {
+                            lock(&fs.openers).insert(fh, tgid);
+                        }
+                        reply.opened(FileHandle(fh), FopenFlags::empty())
+                    }
                     Err(e) => reply.error(fail("open", e)),
                 }
             });
@@ -920,6 +965,7 @@ impl fuser::Filesystem for FerryFs {
             let _guard = self.rt.enter();
             file.release();
         }
+        lock(&self.inner.openers).remove(&fh.0);
         let written = lock(&self.inner.wfhs).remove(&fh.0);
         if let Some((ino, wf)) = written {
             // Errors were reported by `flush` (close); what is left is logged.
@@ -1013,7 +1059,7 @@ impl fuser::Filesystem for FerryFs {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _lock_owner: fuser::LockOwner,
@@ -1023,9 +1069,16 @@ impl fuser::Filesystem for FerryFs {
             // A read descriptor: nothing to write back.
             return reply.ok();
         };
-        // close(2): written back, durable and named (close-to-open); errors reach close.
+        let opener = lock(&self.inner.openers).get(&fh.0).copied();
+        let by_opener = opener.is_some() && opener == tgid_of(req.pid());
+        // close(2) by the opener: written back, durable and named (close-to-open);
+        // by another process: written back. Errors reach close either way.
         self.spawn(|fs| async move {
-            let got = wf.flush().await;
+            let got = if by_opener {
+                wf.flush().await
+            } else {
+                wf.write_back().await
+            };
             match got {
                 Ok(attr) => {
                     if let Ok(path) = fs.path_of(INodeNo(ino)) {
@@ -1327,7 +1380,7 @@ impl fuser::Filesystem for FerryFs {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -1336,15 +1389,21 @@ impl fuser::Filesystem for FerryFs {
         reply: fuser::ReplyCreate,
     ) {
         let name = name.to_owned();
+        let opener = tgid_of(req.pid());
         self.spawn(|fs| async move {
             match fs.create(parent, &name, mode & !umask, flags).await {
-                Ok((ino, fh, attr)) => reply.created(
-                    &Duration::ZERO,
-                    &fs.file_attr(ino, &attr),
-                    Generation(0),
-                    FileHandle(fh),
-                    FopenFlags::empty(),
-                ),
+                Ok((ino, fh, attr)) => {
+                    if let Some(tgid) = opener {
+                        lock(&fs.openers).insert(fh, tgid);
+                    }
+                    reply.created(
+                        &Duration::ZERO,
+                        &fs.file_attr(ino, &attr),
+                        Generation(0),
+                        FileHandle(fh),
+                        FopenFlags::empty(),
+                    )
+                }
                 Err(e) => reply.error(fail("create", e)),
             }
         });

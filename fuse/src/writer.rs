@@ -437,13 +437,13 @@ impl WriteFile {
         };
         let me = self.clone();
         tokio::spawn(async move {
-            let _ = me.write_back(f).await;
+            let _ = me.send(f).await;
             lock(&me.flight).live.remove(&id);
             me.landed.notify_waiters();
         });
     }
 
-    async fn write_back(&self, f: Filling) -> Result<(), OpError> {
+    async fn send(&self, f: Filling) -> Result<(), OpError> {
         if self.check().is_err() {
             return Ok(());
         }
@@ -534,13 +534,31 @@ impl WriteFile {
         self.sync(true).await
     }
 
+    /// Writes back everything cached (a close by a process other than the opener);
+    /// returns the attributes as this mount sees them.
+    pub async fn write_back(self: &Arc<Self>) -> Result<Attr, OpError> {
+        self.check()?;
+        let mut st = self.state.lock().await;
+        self.write_all_back(&mut st).await?;
+        Ok(self.attr())
+    }
+
     /// The last descriptor is gone: writes back what is left and forgets the handle
     /// on the server (a staged file takes its name).
     pub async fn close(self: &Arc<Self>) -> Result<Attr, OpError> {
-        self.check()?;
         let mut st = self.state.lock().await;
         st.closed = true;
-        self.write_all_back(&mut st).await?;
+        if let Err(e) = self.write_all_back(&mut st).await {
+            // Nothing half-written takes a name: the server drops a staged file.
+            let handle = self.handle;
+            let _ = self
+                .call(
+                    "discard",
+                    |c| async move { c.client.file_discard(handle).await },
+                )
+                .await;
+            return Err(e);
+        }
         let handle = self.handle;
         let attr = self
             .call(

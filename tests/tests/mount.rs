@@ -1073,7 +1073,12 @@ ferrytest!(bad_arguments_exit_2_with_a_clear_message, |env| {
         (vec![], &["usage"]),
         (vec![remote.clone()], &["usage", "mountpoint", "MOUNTPOINT"]),
         (
-            vec!["-o".into(), "writeback=0".into(), remote.clone(), mnt.clone()],
+            vec![
+                "-o".into(),
+                "writeback=0".into(),
+                remote.clone(),
+                mnt.clone(),
+            ],
             &["writeback"],
         ),
         (

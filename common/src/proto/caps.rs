@@ -168,6 +168,7 @@ impl Negotiated {
             | Request::FileAllocate { .. }
             | Request::FileSync { .. }
             | Request::FileClose { .. }
+            | Request::FileDiscard { .. }
             | Request::Move { .. }
             | Request::SetAttrs { .. }
             | Request::ShareAccess { .. }

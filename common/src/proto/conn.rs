@@ -106,7 +106,8 @@ impl Family {
             | Request::FileSetAttr { .. }
             | Request::FileAllocate { .. }
             | Request::FileSync { .. }
-            | Request::FileClose { .. } => Family::File,
+            | Request::FileClose { .. }
+            | Request::FileDiscard { .. } => Family::File,
             Request::Stats | Request::Verify { .. } | Request::Counters => Family::Admin,
         }
     }
@@ -278,7 +279,7 @@ impl ConnState {
             Request::FileSetAttr { handle, .. }
             | Request::FileAllocate { handle, .. }
             | Request::FileSync { handle, .. } => self.open_file(*handle),
-            Request::FileClose { handle } => {
+            Request::FileClose { handle } | Request::FileDiscard { handle } => {
                 let grant = self.open_file(*handle)?;
                 self.files.remove(handle);
                 Ok(grant)

@@ -118,6 +118,19 @@ pub(super) async fn perform(
                 .ok_or(ConnError::NoFile { handle })?;
             blocking(move || file.sync(false)).await
         }
+        Request::FileDiscard { .. } => {
+            let file = conn
+                .files()
+                .remove(&handle)
+                .ok_or(ConnError::NoFile { handle })?;
+            // The last reference drops off the async threads: a staged file is
+            // unlinked then.
+            blocking(move || {
+                drop(file);
+                Ok::<_, ConnError>(Response::Ok)
+            })
+            .await
+        }
         other => Err(misrouted(&other).into()),
     }
 }

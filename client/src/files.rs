@@ -7,7 +7,7 @@
 //! until the call returns (the server reads or writes it meanwhile).
 
 use ferry_common::msg::{
-    Attr, Counters, Extent, Hash256, HashAlgorithm, RegionDesc, Request, Response, SetAttrs,
+    Attr, Counters, Extent, Hash256, HashAlgorithm, Owner, RegionDesc, Request, Response, SetAttrs,
 };
 use ferry_common::proto::caps::WRITE;
 use ferry_common::proto::ProtoError;
@@ -243,6 +243,24 @@ impl Client {
             attrs,
         };
         expect_attr(self.call_write(req).await?)
+    }
+
+    /// Attributes and owner of `path` (see [`Request::StatMeta`]).
+    pub async fn stat_meta(
+        &self,
+        share: &str,
+        path: &str,
+        follow: bool,
+    ) -> Result<(Attr, Owner), ClientError> {
+        let req = Request::StatMeta {
+            share: share.into(),
+            path: path.into(),
+            follow,
+        };
+        match self.call_write(req).await? {
+            Response::AttrMeta { attr, owner } => Ok((attr, owner)),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// The server's traffic counters.

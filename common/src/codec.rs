@@ -185,7 +185,8 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::Verify { share, path }
         | Request::ListDirMeta { share, path, .. }
         | Request::FileOpen { share, path, .. }
-        | Request::SetAttrs { share, path, .. } => share_and_path(share, path),
+        | Request::SetAttrs { share, path, .. }
+        | Request::StatMeta { share, path, .. } => share_and_path(share, path),
         Request::UploadOpenBase {
             share, path, base, ..
         } => {
@@ -295,9 +296,9 @@ fn validate_entries(entries: &[DirEntry]) -> Result<(), CodecError> {
 fn validate_response(resp: &Response) -> Result<(), CodecError> {
     match resp {
         Response::Attr(a) => validate_attr(a),
-        Response::DownloadOpened { attr, .. } | Response::FileOpened { attr, .. } => {
-            validate_attr(attr)
-        }
+        Response::DownloadOpened { attr, .. }
+        | Response::FileOpened { attr, .. }
+        | Response::AttrMeta { attr, .. } => validate_attr(attr),
         Response::FileData { hashes, .. } => limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS),
         Response::Dir { entries, .. } => validate_entries(entries),
         Response::DirMeta {

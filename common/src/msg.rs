@@ -918,6 +918,16 @@ pub enum Request {
     },
     /// The server's traffic counters ([`Counters`]); allowed as [`Request::Stats`].
     Counters,
+    /// [`Request::Stat`] with the owner (symlinks followed within the share as
+    /// `follow` says); answered by [`Response::AttrMeta`].
+    StatMeta {
+        /// Share name.
+        share: String,
+        /// Share-relative path.
+        path: String,
+        /// Follow a symlink in the final component.
+        follow: bool,
+    },
     /// Forget a handle without syncing it: a staged file that has not taken its name
     /// is removed (what was written in place stays). Answered by [`Response::Ok`]. A
     /// client whose write-back failed sends it, so nothing half-written takes a name.
@@ -959,7 +969,8 @@ impl Request {
             | Request::FileOpen { share, .. }
             | Request::Move { share, .. }
             | Request::SetAttrs { share, .. }
-            | Request::ShareAccess { share } => Some(share),
+            | Request::ShareAccess { share }
+            | Request::StatMeta { share, .. } => Some(share),
             Request::UploadWindow { .. }
             | Request::UploadCommit { .. }
             | Request::DownloadWindow { .. }
@@ -1137,6 +1148,13 @@ pub enum Response {
     },
     /// Answer to [`Request::Counters`].
     Counters(Counters),
+    /// Answer to [`Request::StatMeta`].
+    AttrMeta {
+        /// The attributes.
+        attr: Attr,
+        /// The numeric owner and group.
+        owner: Owner,
+    },
 }
 
 /// What a tree holds, as [`Request::DiskUsage`] reports it. Symlinks are counted, never

@@ -376,6 +376,11 @@ fn request() -> impl Strategy<Value = Request> {
         text(MAX_NAME_BYTES).prop_map(|share| Request::ShareAccess { share }),
         Just(Request::Counters),
         any::<u64>().prop_map(|handle| Request::FileDiscard { handle }),
+        (share_path(), any::<bool>()).prop_map(|((share, path), follow)| Request::StatMeta {
+            share,
+            path,
+            follow
+        }),
     ]
 }
 
@@ -624,6 +629,7 @@ fn response() -> impl Strategy<Value = Response> {
             ctrl_sent_bytes: c[3],
             file_written_bytes: c[4],
         })),
+        (attr(), owner()).prop_map(|(attr, owner)| Response::AttrMeta { attr, owner }),
     ]
 }
 
@@ -757,6 +763,7 @@ fn request_variant(r: &Request) -> usize {
         Request::ShareAccess { .. } => 38,
         Request::Counters => 39,
         Request::FileDiscard { .. } => 40,
+        Request::StatMeta { .. } => 41,
     }
 }
 
@@ -790,6 +797,7 @@ fn response_variant(r: &Response) -> usize {
         Response::FileData { .. } => 24,
         Response::ShareAccess { .. } => 25,
         Response::Counters(_) => 26,
+        Response::AttrMeta { .. } => 27,
     }
 }
 
@@ -1248,7 +1256,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 41], [false; 27]);
+    let (mut requests, mut responses) = ([false; 42], [false; 28]);
     for _ in 0..4000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

@@ -75,7 +75,15 @@ struct Inner {
     /// Held while a descriptor is opened for writing, so two opens of one node make one
     /// server handle.
     open_lock: tokio::sync::Mutex<()>,
+    /// Show the server's numeric owners (a writable mount run by root, as
+    /// `sshfs -o idmap=none`); otherwise every file shows as the mounting user's.
+    show_owners: bool,
+    /// The owners the server reported, by server file.
+    owners: Mutex<HashMap<(u64, u64), ferry_common::msg::Owner>>,
 }
+
+/// Owners remembered before the table is emptied (it refills from the next lookups).
+const OWNERS_KEPT: usize = 200_000;
 
 /// One of the fuser threads blocked in a read until this drops.
 ///
@@ -134,6 +142,8 @@ impl FerryFs {
                 gens: Mutex::new(HashMap::new()),
                 read_gens: Mutex::new(HashMap::new()),
                 open_lock: tokio::sync::Mutex::new(()),
+                show_owners: writable && nix::unistd::getuid().is_root(),
+                owners: Mutex::new(HashMap::new()),
             }),
             rt,
         }
@@ -169,7 +179,22 @@ impl Inner {
             .ok_or_else(|| OpError::new(Errno::ESTALE, format!("unknown inode {}", ino.0)))
     }
 
+    fn remember_owner(&self, a: &Attr, owner: ferry_common::msg::Owner) {
+        if self.show_owners {
+            let mut owners = lock(&self.owners);
+            if owners.len() >= OWNERS_KEPT {
+                owners.clear();
+            }
+            owners.insert((a.dev, a.ino), owner);
+        }
+    }
+
     fn file_attr(&self, ino: u64, a: &Attr) -> FileAttr {
+        let owner = if self.show_owners {
+            lock(&self.owners).get(&(a.dev, a.ino)).copied()
+        } else {
+            None
+        };
         let kind = match a.kind {
             FileKind::Dir => FileType::Directory,
             FileKind::Symlink => FileType::Symlink,
@@ -186,8 +211,8 @@ impl Inner {
             kind,
             perm: (a.mode & 0o7777) as u16,
             nlink: a.nlink.max(1),
-            uid: self.uid,
-            gid: self.gid,
+            uid: owner.map_or(self.uid, |o| o.uid),
+            gid: owner.map_or(self.gid, |o| o.gid),
             rdev: 0,
             blksize: 4096,
             flags: 0,
@@ -213,12 +238,26 @@ impl Inner {
         }
         let sp = self.share_path(path);
         let share = self.share.clone();
+        let meta = self.show_owners;
         let got = self
             .remote
             .call(&format!("stat {share}/{sp}"), |c| async move {
-                c.client.stat(&share, &sp, false).await
+                if meta {
+                    c.client
+                        .stat_meta(&share, &sp, false)
+                        .await
+                        .map(|(a, o)| (a, Some(o)))
+                } else {
+                    c.client.stat(&share, &sp, false).await.map(|a| (a, None))
+                }
             })
             .await;
+        let got = got.map(|(a, owner)| {
+            if let Some(o) = owner {
+                self.remember_owner(&a, o);
+            }
+            a
+        });
         let now = Instant::now();
         match got {
             Ok(a) => {
@@ -248,6 +287,9 @@ impl Inner {
             }
         };
         let ino = lock(&self.nodes).remember(&path, (attr.dev, attr.ino));
+        // A node open for writing here: its size and times as this mount's writes
+        // left them (the server has not seen all of them yet).
+        let attr = self.wfile(ino).map_or(attr, |wf| wf.attr());
         Ok((ino, attr))
     }
 
@@ -296,12 +338,28 @@ impl Inner {
         let path = self.path_of(ino)?;
         let sp = self.share_path(&path);
         let share = self.share.clone();
-        let entries = self
+        let meta = self.show_owners;
+        let listed = self
             .remote
             .call(&format!("list {share}/{sp}"), |c| async move {
-                c.client.list_dir(&share, &sp).await
+                if meta && c.client.has_meta() {
+                    let (_, page) = c.client.list_dir_meta(&share, &sp).await?;
+                    Ok(page.into_iter().map(|(e, o)| (e, Some(o))).collect())
+                } else {
+                    let page = c.client.list_dir(&share, &sp).await?;
+                    Ok(page.into_iter().map(|e| (e, None)).collect::<Vec<_>>())
+                }
             })
             .await?;
+        let entries: Vec<DirEntry> = listed
+            .into_iter()
+            .map(|(e, owner)| {
+                if let Some(o) = owner {
+                    self.remember_owner(&e.attr, o);
+                }
+                e
+            })
+            .collect();
         let now = Instant::now();
         {
             let mut nodes = lock(&self.nodes);
@@ -380,7 +438,11 @@ impl Inner {
     /// staged file taking its name changed its directory too).
     fn settled(&self, ino: u64, path: &str, attr: &Attr) {
         let mut nodes = lock(&self.nodes);
-        nodes.store_attr(path, attr.clone(), Instant::now());
+        // Only while `path` still names the node: a rename or unlink meanwhile must
+        // not be undone in the cache.
+        if nodes.id_of(path) == Some(ino) {
+            nodes.store_attr(path, attr.clone(), Instant::now());
+        }
         nodes.changed(parent_of(path));
         drop(nodes);
         lock(&self.staged).remove(path);
@@ -518,8 +580,9 @@ impl Inner {
                 files.remove(&ino);
             }
         }
+        let closed = wf.close().await;
         let path = self.path_of(INodeNo(ino)).ok();
-        match wf.close().await {
+        match closed {
             Ok(attr) => {
                 if let Some(p) = &path {
                     self.settled(ino, p, &attr);
@@ -574,6 +637,20 @@ impl Inner {
         lock(&self.nodes).store_attr(&path, attr.clone(), Instant::now());
         if attrs.size.is_some() {
             self.bump(ino.0);
+        }
+        if attrs.uid.is_some() || attrs.gid.is_some() {
+            let known = lock(&self.owners).get(&(attr.dev, attr.ino)).copied();
+            let was = known.unwrap_or(ferry_common::msg::Owner {
+                uid: self.uid,
+                gid: self.gid,
+            });
+            self.remember_owner(
+                &attr,
+                ferry_common::msg::Owner {
+                    uid: attrs.uid.unwrap_or(was.uid),
+                    gid: attrs.gid.unwrap_or(was.gid),
+                },
+            );
         }
         Ok(attr)
     }
@@ -1154,6 +1231,12 @@ impl fuser::Filesystem for FerryFs {
                 Err(e) => reply.error(fail("fallocate", e)),
             }
         });
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        // Permission bits are the kernel's business (`default_permissions`) and the
+        // server's, which checks every change against its own credentials.
+        reply.ok();
     }
 
     fn getxattr(

@@ -199,6 +199,13 @@ pub fn stat(share: &Share, rel: &str, follow: bool) -> Result<Response, FsError>
     Ok(Response::Attr(lstat(&path, share, rel)?))
 }
 
+/// `StatMeta`: `Stat` with the owner.
+pub fn stat_meta(share: &Share, rel: &str, follow: bool) -> Result<Response, FsError> {
+    let path = share.resolve(rel, follow)?;
+    let (attr, owner) = lstat_owned(&path, share, rel)?;
+    Ok(Response::AttrMeta { attr, owner })
+}
+
 /// `ListDir`: the page of entries starting at index `cursor` in name order. Temporary
 /// transfer files are not listed, nor the server's state directory at the root.
 pub fn list_dir(share: &Share, rel: &str, cursor: u64) -> Result<Response, FsError> {

@@ -99,7 +99,8 @@ impl Family {
             | Request::ShareInfo { .. }
             | Request::Move { .. }
             | Request::SetAttrs { .. }
-            | Request::ShareAccess { .. } => Family::Namespace,
+            | Request::ShareAccess { .. }
+            | Request::StatMeta { .. } => Family::Namespace,
             Request::FileOpen { .. }
             | Request::FileWrite { .. }
             | Request::FileRead { .. }

@@ -31,6 +31,7 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
     blocking(move || -> Result<Response, RemoteError> {
         Ok(match body {
             Request::Stat { path, follow, .. } => fsops::stat(&share, &path, follow)?,
+            Request::StatMeta { path, follow, .. } => fsops::stat_meta(&share, &path, follow)?,
             Request::ListDir { path, cursor, .. } => fsops::list_dir(&share, &path, cursor)?,
             Request::ListDirMeta { path, cursor, .. } => {
                 fsops::list_dir_meta(&share, &path, cursor)?

@@ -239,6 +239,7 @@ impl World {
             last_download: None,
             last_transfer: None,
             last_map: None,
+            last_file: None,
             welcome_nonce: [0; 32],
         };
         c.hello().await;
@@ -311,7 +312,10 @@ impl World {
             );
         };
         match resp {
-            Response::Attr(a) | Response::DownloadOpened { attr: a, .. } => attr_ok(a),
+            Response::Attr(a)
+            | Response::DownloadOpened { attr: a, .. }
+            | Response::FileOpened { attr: a, .. }
+            | Response::AttrMeta { attr: a, .. } => attr_ok(a),
             Response::Mapped(m) => attr_ok(&m.attr),
             Response::DownloadedBatch { files } => {
                 for f in files {
@@ -404,6 +408,8 @@ struct Client<'w> {
     last_download: Option<u64>,
     last_transfer: Option<u64>,
     last_map: Option<u64>,
+    /// The handle of the last file opened for writing.
+    last_file: Option<u64>,
     /// The server's nonce from its welcome.
     welcome_nonce: Nonce,
 }
@@ -425,7 +431,12 @@ impl Client<'_> {
             max_version: PROTOCOL_VERSION,
             software: "ferry-fuzz".into(),
             nonce: CLIENT_NONCE,
-            capabilities: vec![],
+            // SHA-256 (as before BLAKE3, so the harness's hashes match), and the write
+            // requests, so they are fuzzed too.
+            capabilities: vec![ferry_common::msg::Capability::new(
+                ferry_common::proto::caps::WRITE,
+                "1",
+            )],
         });
         self.tcp
             .send(codec::encode(&hello).expect("encode"))
@@ -502,6 +513,11 @@ impl Client<'_> {
             | Request::SetMeta { share, .. }
             | Request::ListDirMeta { share, .. }
             | Request::ShareInfo { share }
+            | Request::FileOpen { share, .. }
+            | Request::Move { share, .. }
+            | Request::SetAttrs { share, .. }
+            | Request::ShareAccess { share }
+            | Request::StatMeta { share, .. }
             | Request::StatFs { share } => match flags & (F_DATA | F_RO) {
                 F_DATA => *share = "data".into(),
                 F_RO => *share = "ro".into(),
@@ -586,7 +602,43 @@ impl Client<'_> {
             }
             Request::Close { transfer } => latest(transfer, self.last_transfer),
             Request::MapRelease { handle } => latest(handle, self.last_map),
-            Request::Stats => {}
+            Request::FileWrite {
+                handle,
+                region,
+                algorithm,
+                extents,
+                hashes,
+            } => {
+                latest(handle, self.last_file);
+                if flags & F_REGION != 0 {
+                    // One extent of the source buffer's first bytes, at a fuzzed offset.
+                    let len = region.len.clamp(1, BUFFER_BYTES as u64);
+                    let offset = extents.first().map_or(0, |e| e.offset % (1 << 30));
+                    *region = self.src.desc();
+                    region.len = len;
+                    *extents = vec![ferry_common::msg::Extent {
+                        offset,
+                        len: len as u32,
+                    }];
+                    *algorithm = HashAlgorithm::Sha256;
+                    *hashes = vec![hash_chunk(
+                        HashAlgorithm::Sha256,
+                        &self.world.src_bytes[..len as usize],
+                    )];
+                }
+            }
+            Request::FileRead { handle, region, .. } => {
+                latest(handle, self.last_file);
+                if flags & F_REGION != 0 {
+                    *region = self.dst.desc();
+                }
+            }
+            Request::FileSetAttr { handle, .. }
+            | Request::FileAllocate { handle, .. }
+            | Request::FileSync { handle, .. }
+            | Request::FileClose { handle }
+            | Request::FileDiscard { handle } => latest(handle, self.last_file),
+            Request::Stats | Request::Counters => {}
             // A wrong proof ends the connection, which the harness does not model:
             // proofs for the real shares are made valid (re-proving is allowed).
             Request::Auth { share, proof } => {
@@ -668,6 +720,9 @@ impl Client<'_> {
                 self.last_transfer = Some(*transfer);
             }
             (Request::MapOpen { .. }, Response::Mapped(m)) => self.last_map = Some(m.handle),
+            (Request::FileOpen { .. }, Response::FileOpened { handle, .. }) => {
+                self.last_file = Some(*handle)
+            }
             (Request::UploadCommit { transfer, manifest }, Response::Committed { size }) => {
                 // Known unless its open was pipelined and is still unanswered.
                 if let Some((announced, path)) = self.uploads.get(transfer) {

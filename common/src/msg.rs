@@ -874,7 +874,9 @@ pub enum Request {
         keep_size: bool,
     },
     /// Make what was written through a handle durable (`fsync`, or `fdatasync` with
-    /// `data_only`); a staged file then takes its final name. Answered by
+    /// `data_only`); a staged file then takes its final name, its data durable before
+    /// the rename (with `data_only` the directory is not flushed: after a crash the
+    /// name may be missing, never on a half-written file). Answered by
     /// [`Response::Attr`] once durable.
     FileSync {
         /// Handle.
@@ -882,7 +884,9 @@ pub enum Request {
         /// Data only (`fdatasync`).
         data_only: bool,
     },
-    /// [`Request::FileSync`], then forget the handle. Answered by [`Response::Attr`].
+    /// Forget the handle: a staged file takes its name first (as by a `FileSync` with
+    /// `data_only`), and a file changed through the handle since its last sync is
+    /// synced (`fsync`). Answered by [`Response::Attr`].
     FileClose {
         /// Handle.
         handle: u64,

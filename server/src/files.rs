@@ -33,6 +33,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -269,6 +270,9 @@ pub struct OpenFile {
     stage: Mutex<Stage>,
     chunk_bytes: u32,
     manifests: Arc<ManifestCache>,
+    /// Changed through the handle since its last sync (so a close has something to
+    /// make durable).
+    dirty: std::sync::atomic::AtomicBool,
 }
 
 /// `FileOpen` of `rel` in `share` (see [`ferry_common::msg::Request::FileOpen`] and
@@ -298,6 +302,7 @@ pub fn open(
         stage: Mutex::new(stage),
         chunk_bytes,
         manifests: manifests.clone(),
+        dirty: std::sync::atomic::AtomicBool::new(false),
     };
     let (mode, owner) = match &existing {
         Some(_) if exclusive => return Err(FileError::Exists { path: what }),
@@ -513,6 +518,7 @@ impl OpenFile {
                 pieces.push((piece, extent.offset));
                 at += extent.len as usize;
             }
+            this.touched();
             for (piece, offset) in pieces {
                 this.file
                     .write_all_at(piece, offset)
@@ -610,6 +616,7 @@ impl OpenFile {
 
     /// `FileSetAttr`: see [`SetAttrs`] for the order. Blocking.
     pub fn set_attrs(&self, attrs: &SetAttrs) -> Result<Response, FileError> {
+        self.touched();
         let r = apply(Target::Fd(&self.file), attrs, &self.what);
         if attrs.size.is_some() {
             self.forget_manifests();
@@ -631,6 +638,7 @@ impl OpenFile {
         } else {
             FallocateFlags::empty()
         };
+        self.touched();
         let r = nix::fcntl::fallocate(self.file.as_raw_fd(), flags, offset, len)
             .map_err(errno(what, FileOp::Allocate));
         self.forget_manifests();
@@ -643,20 +651,51 @@ impl OpenFile {
     /// with the attributes after. `FileClose` is this, then the handle is dropped.
     /// Blocking.
     pub fn sync(&self, data_only: bool) -> Result<Response, FileError> {
-        if !self.commit()? {
+        let dirty = self.dirty.swap(false, Ordering::AcqRel);
+        let synced = self.commit(data_only).and_then(|committed| {
+            if committed {
+                return Ok(());
+            }
             let r = if data_only {
                 self.file.sync_data()
             } else {
                 self.file.sync_all()
             };
-            r.map_err(FileError::io(&self.what, FileOp::Fsync))?;
+            r.map_err(FileError::io(&self.what, FileOp::Fsync))
+        });
+        if synced.is_err() && dirty {
+            self.touched();
         }
+        synced?;
         Ok(Response::Attr(self.attr()?))
+    }
+
+    /// `FileClose`: a staged file takes its name (its data made durable first, as by
+    /// `fdatasync`); a file changed since its last sync is synced (`fsync`); one
+    /// synced since (a close after the client's own sync at `close(2)`) costs no
+    /// flush of the disk. Blocking.
+    pub fn close(&self) -> Result<Response, FileError> {
+        if self.staged() || self.dirty.load(Ordering::Acquire) {
+            self.sync(self.staged())
+        } else {
+            Ok(Response::Attr(self.attr()?))
+        }
+    }
+
+    /// Marks the file changed since its last sync.
+    fn touched(&self) {
+        self.dirty.store(true, Ordering::Release);
     }
 
     /// Gives a staged file its final name (see the module docs); returns whether there
     /// was one to commit. Blocking.
-    fn commit(&self) -> Result<bool, FileError> {
+    ///
+    /// The data is made durable before the rename (`fdatasync` with `data_only`, else
+    /// `fsync`), so no crash leaves a name on a half-written file; with `data_only`
+    /// (the client's `close`, or `fdatasync`) the directory is not flushed, so after a
+    /// crash the name may be missing (as on a local file system without an fsync of the
+    /// directory); a full `fsync` flushes the directory too.
+    fn commit(&self, data_only: bool) -> Result<bool, FileError> {
         let mut stage = self.stage();
         let Stage::Staged {
             tmp,
@@ -668,9 +707,12 @@ impl OpenFile {
             return Ok(false);
         };
         let what = &self.what;
-        self.file
-            .sync_all()
-            .map_err(FileError::io(what, FileOp::Fsync))?;
+        if data_only {
+            self.file.sync_data()
+        } else {
+            self.file.sync_all()
+        }
+        .map_err(FileError::io(what, FileOp::Fsync))?;
         if *exclusive {
             renameat2(None, tmp, None, final_path, RenameFlags::RENAME_NOREPLACE)
                 .map_err(errno(what, FileOp::Rename))?;
@@ -684,7 +726,7 @@ impl OpenFile {
         *stage = Stage::InPlace;
         drop(stage);
         self.forget_manifests();
-        if let Some(dir) = dir {
+        if let (Some(dir), false) = (dir, data_only) {
             sync_dir(&dir, what)?;
         }
         Ok(true)

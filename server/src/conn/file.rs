@@ -116,7 +116,7 @@ pub(super) async fn perform(
                 .files()
                 .remove(&handle)
                 .ok_or(ConnError::NoFile { handle })?;
-            blocking(move || file.sync(false)).await
+            blocking(move || file.close()).await
         }
         Request::FileDiscard { .. } => {
             let file = conn

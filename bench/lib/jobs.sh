@@ -423,11 +423,11 @@ setup_mountwrite() {
         case " ${MOUNTS[*]} " in *" $m "*) ;; *) MOUNTS+=("$m") ;; esac
     done
     FERRY_SOFT=1
-    clear_dest "$DST/.ferry-write-probe"
+    clear_dest "$DST/.bench-write-probe"
     mount_ferry
     log "ferry-mount (read-write): $FERRY_ADDR:bench on $MNT_FERRY"
     # shellcheck disable=SC2016 # expanded by that sh
-    if ! out="$(timeout -s KILL 30 sh -c 'printf x >"$1" && rm -- "$1"' probe "$MNT_FERRY/dst/.ferry-write-probe" 2>&1)"; then
+    if ! out="$(timeout -s KILL 30 sh -c 'printf x >"$1" && rm -- "$1"' probe "$MNT_FERRY/dst/.bench-write-probe" 2>&1)"; then
         out="$(printf '%s' "${out:-killed after 30 s}" | tail -n 1)"
         fusew_fail "${FUSEW_ROWS[@]}" ferry "ferry-mount is not writable: $out"
         warn "ferry-mount is not writable ($out): its mountwrite cells say so; the run goes on"

@@ -199,7 +199,13 @@ impl Client {
         )
     }
 
-    /// [`Client::file_sync`], then forgets the handle.
+    /// Gives a staged file its name now, without making it durable; returns the
+    /// attributes after.
+    pub async fn file_commit(&self, handle: u64) -> Result<Attr, ClientError> {
+        expect_attr(self.call_write(Request::FileCommit { handle }).await?)
+    }
+
+    /// Forgets the handle (a staged file takes its name first, not made durable).
     pub async fn file_close(&self, handle: u64) -> Result<Attr, ClientError> {
         expect_attr(self.call_write(Request::FileClose { handle }).await?)
     }

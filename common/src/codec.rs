@@ -252,6 +252,7 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::FileSync { .. }
         | Request::FileClose { .. }
         | Request::FileDiscard { .. }
+        | Request::FileCommit { .. }
         | Request::Counters => Ok(()),
     }
 }

@@ -884,9 +884,9 @@ pub enum Request {
         /// Data only (`fdatasync`).
         data_only: bool,
     },
-    /// Forget the handle: a staged file takes its name first (as by a `FileSync` with
-    /// `data_only`), and a file changed through the handle since its last sync is
-    /// synced (`fsync`). Answered by [`Response::Attr`].
+    /// Forget the handle: a staged file takes its name first (as by a
+    /// [`Request::FileCommit`]; nothing is made durable that a `FileSync` did not).
+    /// Answered by [`Response::Attr`].
     FileClose {
         /// Handle.
         handle: u64,
@@ -922,6 +922,14 @@ pub enum Request {
     },
     /// The server's traffic counters ([`Counters`]); allowed as [`Request::Stats`].
     Counters,
+    /// Give a staged file its final name now (see [`Request::FileOpen`]), without
+    /// making it durable (that is [`Request::FileSync`]'s job): other clients see it
+    /// from now on. A handle already in place has nothing to do. Answered by
+    /// [`Response::Attr`]. A mount sends it at `close(2)`.
+    FileCommit {
+        /// Handle.
+        handle: u64,
+    },
     /// [`Request::Stat`] with the owner (symlinks followed within the share as
     /// `follow` says); answered by [`Response::AttrMeta`].
     StatMeta {
@@ -988,6 +996,7 @@ impl Request {
             | Request::FileSync { .. }
             | Request::FileClose { .. }
             | Request::FileDiscard { .. }
+            | Request::FileCommit { .. }
             | Request::Counters => None,
         }
     }

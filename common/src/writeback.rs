@@ -98,7 +98,9 @@ impl Writeback {
         synced
     }
 
-    fn take_error(&self) -> std::io::Result<()> {
+    /// The first error of a background flush since the last call, if any (a caller
+    /// making the file durable by its own means reports it).
+    pub fn take_error(&self) -> std::io::Result<()> {
         match self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
             Some(e) => Err(e),
             None => Ok(()),

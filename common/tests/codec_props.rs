@@ -376,6 +376,7 @@ fn request() -> impl Strategy<Value = Request> {
         text(MAX_NAME_BYTES).prop_map(|share| Request::ShareAccess { share }),
         Just(Request::Counters),
         any::<u64>().prop_map(|handle| Request::FileDiscard { handle }),
+        any::<u64>().prop_map(|handle| Request::FileCommit { handle }),
         (share_path(), any::<bool>()).prop_map(|((share, path), follow)| Request::StatMeta {
             share,
             path,
@@ -764,6 +765,7 @@ fn request_variant(r: &Request) -> usize {
         Request::Counters => 39,
         Request::FileDiscard { .. } => 40,
         Request::StatMeta { .. } => 41,
+        Request::FileCommit { .. } => 42,
     }
 }
 
@@ -1256,7 +1258,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 42], [false; 28]);
+    let (mut requests, mut responses) = ([false; 43], [false; 28]);
     for _ in 0..4000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

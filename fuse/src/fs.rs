@@ -1152,7 +1152,7 @@ impl fuser::Filesystem for FerryFs {
         // by another process: written back. Errors reach close either way.
         self.spawn(|fs| async move {
             let got = if by_opener {
-                wf.flush().await
+                wf.flush(fs.opts.sync_close).await
             } else {
                 wf.write_back().await
             };

@@ -57,6 +57,9 @@ Mount options (-o, comma-separated):
                          read-only with a warning)
   writeback=MIB          written data held before the server has pulled it, in
                          registered buffers (default 64); a writer waits beyond it
+  sync_close             close(2) returns once the data is durable on the server (as
+                         NFS's COMMIT); by default close makes it visible everywhere
+                         and fsync makes it durable, as on a local file system
   allow_other            let every user use the mount (allow_root: root as well)
   default_permissions    let the kernel check permission bits
   attr_timeout=SECS      trust attributes this long (default 1)

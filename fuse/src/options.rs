@@ -41,6 +41,9 @@ pub struct MountOptions {
     pub access: Access,
     /// Whether it may write.
     pub write: WriteMode,
+    /// `close` makes the data durable on the server (`sync_close`), as NFS's COMMIT;
+    /// otherwise `fsync` does, as on a local file system.
+    pub sync_close: bool,
     /// Bytes written but not yet pulled by the server, at most (`writeback=MIB`): the
     /// registered write-back buffers of each connection.
     pub writeback_bytes: u64,
@@ -77,6 +80,7 @@ impl Default for MountOptions {
         MountOptions {
             access: Access::Owner,
             write: WriteMode::Auto,
+            sync_close: false,
             writeback_bytes: 64 << 20,
             default_permissions: false,
             attr_ttl: Duration::from_secs(1),
@@ -96,7 +100,7 @@ impl Default for MountOptions {
 
 /// The option names `-o` accepts, for `--help` and error messages.
 pub const KNOWN: &str =
-    "ro, rw, writeback=MIB, allow_other, allow_root, default_permissions, attr_timeout=SECS, \
+    "ro, rw, writeback=MIB, sync_close, allow_other, allow_root, default_permissions, attr_timeout=SECS, \
      entry_timeout=SECS, negative_timeout=SECS, cache_size=MIB, chunk_size=BYTES, \
      readahead=CHUNKS, max_readahead=KIB, timeout=SECS, threads=N, fsname=NAME, \
      secret_file=PATH";
@@ -125,6 +129,10 @@ impl MountOptions {
                 "rw" => {
                     flag(value)?;
                     self.write = WriteMode::ReadWrite;
+                }
+                "sync_close" => {
+                    flag(value)?;
+                    self.sync_close = true;
                 }
                 "writeback" => {
                     let mib: u64 = number(key, need(value)?)?;
@@ -249,6 +257,12 @@ mod tests {
         assert_eq!(o.threads, 2);
         assert_eq!(parse("chunk_size=1M").unwrap().chunk_bytes, Some(1 << 20));
         assert_eq!(parse("ro").unwrap().chunk_bytes, None);
+        assert_eq!(parse("ro").unwrap().write, WriteMode::ReadOnly);
+        assert_eq!(parse("").unwrap().write, WriteMode::Auto);
+        let w = parse("rw,sync_close,writeback=16").unwrap();
+        assert_eq!(w.write, WriteMode::ReadWrite);
+        assert!(w.sync_close && !parse("rw").unwrap().sync_close);
+        assert_eq!(w.writeback_bytes, 16 << 20);
         assert_eq!(parse("cache_size=64").unwrap().cache_bytes, 64 << 20);
         assert_eq!(parse("").unwrap(), MountOptions::default());
     }

@@ -519,19 +519,34 @@ impl WriteFile {
         Ok(self.settle(attr))
     }
 
-    /// `close` of one descriptor (FUSE `flush`): close-to-open, as NFS gives it.
-    /// Everything is written back and made durable if anything was written since the
-    /// last sync, and a staged file takes its name. Returns the attributes after.
-    pub async fn flush(self: &Arc<Self>) -> Result<Attr, OpError> {
+    /// `close` of one descriptor by its opener (FUSE `flush`): close-to-open, as NFS
+    /// gives it. Everything is written back and a staged file takes its name; with
+    /// `durable` (`-o sync_close`) the data is made durable first, as NFS's COMMIT
+    /// does. Returns the attributes after.
+    pub async fn flush(self: &Arc<Self>, durable: bool) -> Result<Attr, OpError> {
         self.check()?;
-        let needed = {
-            let st = self.state.lock().await;
-            st.dirty || st.staged || st.filling.is_some()
-        };
-        if !needed {
+        let mut st = self.state.lock().await;
+        self.write_all_back(&mut st).await?;
+        let handle = self.handle;
+        let attr = if durable && (st.dirty || st.staged) {
+            let attr = self
+                .call("close", |c| async move {
+                    c.client.file_sync(handle, true).await
+                })
+                .await?;
+            st.dirty = false;
+            attr
+        } else if st.staged {
+            self.call(
+                "close",
+                |c| async move { c.client.file_commit(handle).await },
+            )
+            .await?
+        } else {
             return Ok(self.attr());
-        }
-        self.sync(true).await
+        };
+        st.staged = false;
+        Ok(self.settle(attr))
     }
 
     /// Writes back everything cached (a close by a process other than the opener);

@@ -44,6 +44,7 @@ use ferry_common::msg::{
 };
 use ferry_common::staging::{lock, scratch_path};
 use ferry_common::transport::{RemoteSlice, SharedTransport, TransportError};
+use ferry_common::writeback::Writeback;
 use nix::fcntl::{renameat2, FallocateFlags, RenameFlags};
 use nix::sys::stat::{futimens, utimensat, UtimensatFlags};
 use nix::sys::time::TimeSpec;
@@ -262,11 +263,26 @@ enum Stage {
     },
 }
 
+/// What a commit makes durable before the rename.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// Nothing (`FileCommit`, `FileClose`).
+    None,
+    /// The data (`fdatasync`): no name on a half-written file after a crash.
+    Data,
+    /// Data and metadata, and the directory after the rename (`fsync`).
+    All,
+}
+
 /// A file open for writing through a handle.
 pub struct OpenFile {
     what: String,
     share: Arc<Share>,
-    file: File,
+    file: Arc<File>,
+    /// Flushes a file being written in the background (every
+    /// `WRITEBACK_STEP_BYTES`), so an `fsync` after a big write has little left to
+    /// do; its errors are returned by the next sync.
+    writeback: Writeback,
     stage: Mutex<Stage>,
     chunk_bytes: u32,
     manifests: Arc<ManifestCache>,
@@ -295,14 +311,18 @@ pub fn open(
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(FileError::io(&what, FileOp::Stat)(e)),
     };
-    let new = |file: File, stage: Stage| OpenFile {
-        what: what.clone(),
-        share: share.clone(),
-        file,
-        stage: Mutex::new(stage),
-        chunk_bytes,
-        manifests: manifests.clone(),
-        dirty: std::sync::atomic::AtomicBool::new(false),
+    let new = |file: File, stage: Stage| {
+        let file = Arc::new(file);
+        OpenFile {
+            what: what.clone(),
+            share: share.clone(),
+            writeback: Writeback::new(file.clone()),
+            file,
+            stage: Mutex::new(stage),
+            chunk_bytes,
+            manifests: manifests.clone(),
+            dirty: std::sync::atomic::AtomicBool::new(false),
+        }
     };
     let (mode, owner) = match &existing {
         Some(_) if exclusive => return Err(FileError::Exists { path: what }),
@@ -524,6 +544,7 @@ impl OpenFile {
                     .write_all_at(piece, offset)
                     .map_err(FileError::io(&this.what, FileOp::Write))?;
             }
+            this.writeback.wrote(u64::from(group.len));
             Ok(u64::from(group.len))
         })
         .await?
@@ -652,7 +673,12 @@ impl OpenFile {
     /// Blocking.
     pub fn sync(&self, data_only: bool) -> Result<Response, FileError> {
         let dirty = self.dirty.swap(false, Ordering::AcqRel);
-        let synced = self.commit(data_only).and_then(|committed| {
+        let durability = if data_only {
+            Durability::Data
+        } else {
+            Durability::All
+        };
+        let synced = self.commit(durability).and_then(|committed| {
             if committed {
                 return Ok(());
             }
@@ -663,6 +689,11 @@ impl OpenFile {
             };
             r.map_err(FileError::io(&self.what, FileOp::Fsync))
         });
+        let synced = synced.and_then(|()| {
+            self.writeback
+                .take_error()
+                .map_err(FileError::io(&self.what, FileOp::Fsync))
+        });
         if synced.is_err() && dirty {
             self.touched();
         }
@@ -670,16 +701,17 @@ impl OpenFile {
         Ok(Response::Attr(self.attr()?))
     }
 
-    /// `FileClose`: a staged file takes its name (its data made durable first, as by
-    /// `fdatasync`); a file changed since its last sync is synced (`fsync`); one
-    /// synced since (a close after the client's own sync at `close(2)`) costs no
-    /// flush of the disk. Blocking.
+    /// `FileClose`: a staged file takes its name (as by `FileCommit`); nothing is
+    /// flushed that the client did not ask to be with a `FileSync`. Blocking.
     pub fn close(&self) -> Result<Response, FileError> {
-        if self.staged() || self.dirty.load(Ordering::Acquire) {
-            self.sync(self.staged())
-        } else {
-            Ok(Response::Attr(self.attr()?))
-        }
+        self.publish()
+    }
+
+    /// `FileCommit`: a staged file takes its name now, not made durable (see
+    /// [`OpenFile::commit`]). Blocking.
+    pub fn publish(&self) -> Result<Response, FileError> {
+        self.commit(Durability::None)?;
+        Ok(Response::Attr(self.attr()?))
     }
 
     /// Marks the file changed since its last sync.
@@ -695,7 +727,9 @@ impl OpenFile {
     /// (the client's `close`, or `fdatasync`) the directory is not flushed, so after a
     /// crash the name may be missing (as on a local file system without an fsync of the
     /// directory); a full `fsync` flushes the directory too.
-    fn commit(&self, data_only: bool) -> Result<bool, FileError> {
+    /// With [`Durability::None`] (`FileCommit`, `FileClose`) nothing is flushed: the
+    /// rename is as durable as the file system makes it by itself.
+    fn commit(&self, durability: Durability) -> Result<bool, FileError> {
         let mut stage = self.stage();
         let Stage::Staged {
             tmp,
@@ -707,10 +741,10 @@ impl OpenFile {
             return Ok(false);
         };
         let what = &self.what;
-        if data_only {
-            self.file.sync_data()
-        } else {
-            self.file.sync_all()
+        match durability {
+            Durability::None => Ok(()),
+            Durability::Data => self.file.sync_data(),
+            Durability::All => self.file.sync_all(),
         }
         .map_err(FileError::io(what, FileOp::Fsync))?;
         if *exclusive {
@@ -726,7 +760,7 @@ impl OpenFile {
         *stage = Stage::InPlace;
         drop(stage);
         self.forget_manifests();
-        if let (Some(dir), false) = (dir, data_only) {
+        if let (Some(dir), Durability::All) = (dir, durability) {
             sync_dir(&dir, what)?;
         }
         Ok(true)

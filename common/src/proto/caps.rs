@@ -169,6 +169,7 @@ impl Negotiated {
             | Request::FileSync { .. }
             | Request::FileClose { .. }
             | Request::FileDiscard { .. }
+            | Request::FileCommit { .. }
             | Request::StatMeta { .. }
             | Request::Move { .. }
             | Request::SetAttrs { .. }

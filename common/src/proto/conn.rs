@@ -108,7 +108,8 @@ impl Family {
             | Request::FileAllocate { .. }
             | Request::FileSync { .. }
             | Request::FileClose { .. }
-            | Request::FileDiscard { .. } => Family::File,
+            | Request::FileDiscard { .. }
+            | Request::FileCommit { .. } => Family::File,
             Request::Stats | Request::Verify { .. } | Request::Counters => Family::Admin,
         }
     }
@@ -279,7 +280,8 @@ impl ConnState {
             }
             Request::FileSetAttr { handle, .. }
             | Request::FileAllocate { handle, .. }
-            | Request::FileSync { handle, .. } => self.open_file(*handle),
+            | Request::FileSync { handle, .. }
+            | Request::FileCommit { handle } => self.open_file(*handle),
             Request::FileClose { handle } | Request::FileDiscard { handle } => {
                 let grant = self.open_file(*handle)?;
                 self.files.remove(handle);

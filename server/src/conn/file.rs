@@ -118,6 +118,10 @@ pub(super) async fn perform(
                 .ok_or(ConnError::NoFile { handle })?;
             blocking(move || file.close()).await
         }
+        Request::FileCommit { .. } => {
+            let file = conn.file(handle)?;
+            blocking(move || file.publish()).await
+        }
         Request::FileDiscard { .. } => {
             let file = conn
                 .files()

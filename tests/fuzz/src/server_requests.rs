@@ -637,7 +637,8 @@ impl Client<'_> {
             | Request::FileAllocate { handle, .. }
             | Request::FileSync { handle, .. }
             | Request::FileClose { handle }
-            | Request::FileDiscard { handle } => latest(handle, self.last_file),
+            | Request::FileDiscard { handle }
+            | Request::FileCommit { handle } => latest(handle, self.last_file),
             Request::Stats | Request::Counters => {}
             // A wrong proof ends the connection, which the harness does not model:
             // proofs for the real shares are made valid (re-proving is allowed).

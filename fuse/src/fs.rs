@@ -78,6 +78,11 @@ struct Inner {
     /// Show the server's numeric owners (a writable mount run by root, as
     /// `sshfs -o idmap=none`); otherwise every file shows as the mounting user's.
     show_owners: bool,
+    /// Directories this mount made, and when: for `negative_timeout` after, a name in
+    /// one that this mount did not put there is missing without asking the server (as
+    /// if a listing had just shown it empty), which spares unpacking a tree one round
+    /// trip a file.
+    fresh_dirs: Mutex<HashMap<String, Instant>>,
     /// The owners the server reported, by server file.
     owners: Mutex<HashMap<(u64, u64), ferry_common::msg::Owner>>,
 }
@@ -144,6 +149,7 @@ impl FerryFs {
                 open_lock: tokio::sync::Mutex::new(()),
                 show_owners: writable && nix::unistd::getuid().is_root(),
                 owners: Mutex::new(HashMap::new()),
+                fresh_dirs: Mutex::new(HashMap::new()),
             }),
             rt,
         }
@@ -277,8 +283,15 @@ impl Inner {
         let name = name
             .to_str()
             .ok_or_else(|| OpError::new(Errno::ENOENT, "name is not UTF-8"))?;
-        let path = join(&self.path_of(parent)?, name);
+        let dir = self.path_of(parent)?;
+        let path = join(&dir, name);
         let staged = lock(&self.staged).get(&path).map(|(_, wf)| wf.clone());
+        if staged.is_none() && self.fresh_and_unknown(&dir, &path) {
+            return Err(OpError::new(
+                Errno::ENOENT,
+                format!("{path}: not found (a directory this mount just made)"),
+            ));
+        }
         let attr = match staged {
             Some(wf) => wf.attr(),
             None => {
@@ -689,6 +702,23 @@ impl Inner {
         Ok(join(&self.path_of(parent)?, name))
     }
 
+    /// Whether `path` in directory `dir` is missing by [`Inner::fresh_dirs`]: `dir` was
+    /// made by this mount less than `negative_timeout` ago and `path` is no node and
+    /// has no cached attributes.
+    fn fresh_and_unknown(&self, dir: &str, path: &str) -> bool {
+        let now = Instant::now();
+        let fresh = {
+            let mut dirs = lock(&self.fresh_dirs);
+            dirs.retain(|_, at| now.saturating_duration_since(*at) < self.opts.negative_ttl);
+            dirs.contains_key(dir)
+        };
+        if !fresh {
+            return false;
+        }
+        let nodes = lock(&self.nodes);
+        nodes.id_of(path).is_none() && nodes.attr(path, now, Duration::MAX).is_none()
+    }
+
     async fn mkdir(
         &self,
         parent: INodeNo,
@@ -701,7 +731,11 @@ impl Inner {
             c.client.mkdir(&share, &sp, mode & 0o7777, false).await
         })
         .await?;
-        self.made(&path).await
+        let made = self.made(&path).await?;
+        if !self.opts.negative_ttl.is_zero() {
+            lock(&self.fresh_dirs).insert(path, Instant::now());
+        }
+        Ok(made)
     }
 
     async fn symlink(
@@ -1479,8 +1513,10 @@ impl fuser::Filesystem for FerryFs {
                     if let Some(tgid) = opener {
                         lock(&fs.openers).insert(fh, tgid);
                     }
+                    // The size is the kernel's to track while it writes; other
+                    // attributes come back from the server at close.
                     reply.created(
-                        &Duration::ZERO,
+                        &fs.opts.entry_ttl,
                         &fs.file_attr(ino, &attr),
                         Generation(0),
                         FileHandle(fh),

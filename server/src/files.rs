@@ -915,7 +915,14 @@ pub fn set_attrs(
     manifests: &ManifestCache,
 ) -> Result<Response, FileError> {
     let what = share.display(rel);
-    let path = resolve(share, rel)?;
+    // The share root's own mode, owner and times may be set (a tree unpacked into a
+    // mount sets them), never its size; everything else resolves as a write target.
+    let path = if rel.split('/').all(|c| c.is_empty() || c == ".") && attrs.size.is_none() {
+        share.check_writable()?;
+        share.root().to_path_buf()
+    } else {
+        resolve(share, rel)?
+    };
     let before = fs::symlink_metadata(&path).map_err(FileError::io(&what, FileOp::Stat))?;
     let r = apply(Target::Path(&path), attrs, &what);
     if attrs.size.is_some() {

@@ -1137,6 +1137,25 @@ mount_test!(ops_fallocate, |env| {
     assert_clean_unmount(mount);
 });
 
+mount_test!(the_mount_root_takes_times_and_modes, |env| {
+    // `tar x` and `cp -a` into a mount's root set its times and mode last.
+    let mount = mount_rw(&env);
+    run_ok(
+        Command::new("touch")
+            .args(["-d", "2011-03-04 05:06:07"])
+            .arg(mount.path()),
+        "touch -d of the mount root",
+    );
+    run_ok(
+        Command::new("chmod").arg("0750").arg(mount.path()),
+        "chmod of the mount root",
+    );
+    let root = fs::metadata(env.share("")).unwrap();
+    assert_eq!(root.mtime(), 1_299_215_167, "the share root's mtime");
+    assert_eq!(root.mode() & 0o7777, 0o750, "the share root's mode");
+    assert_clean_unmount(mount);
+});
+
 /// Total and available bytes of the file system holding `path`.
 fn space(path: &Path) -> (u64, u64) {
     let st = nix::sys::statvfs::statvfs(path)

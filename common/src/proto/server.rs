@@ -334,7 +334,7 @@ impl ServerSession {
         let share = match (body.share(), body) {
             (Some(share), _) if usable(self, share) => return None,
             (Some(share), _) => share.to_string(),
-            (None, Request::Stats) => {
+            (None, Request::Stats | Request::Counters) => {
                 let any_open = self
                     .params
                     .access

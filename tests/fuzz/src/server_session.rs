@@ -27,7 +27,8 @@ use ferry_common::auth::{Nonce, Secret, ShareAccess};
 use ferry_common::codec;
 use ferry_common::msg::{
     Capability, ErrorKind, Message, Request, Response, BATCH_MAX_BYTES, HELLO_MAGIC,
-    MAX_WINDOW_CHUNKS, PROTOCOL_VERSION, SMALL_FILE_MAX_BYTES,
+    MAX_FILE_IO_BYTES, MAX_OPEN_FILES, MAX_WINDOW_CHUNKS, MAX_WRITE_EXTENTS, PROTOCOL_VERSION,
+    SMALL_FILE_MAX_BYTES,
 };
 use ferry_common::proto::conn::{MAX_OPEN_MAPS, MAX_OPEN_TRANSFERS};
 use ferry_common::proto::server::{AccessTable, ServerEvent, ServerParams, ServerSession};
@@ -69,6 +70,7 @@ pub fn server_session(data: &[u8]) {
         meta: false,
         hash: "sha256",
         medium: false,
+        write: false,
         closed: false,
         outstanding: Vec::new(),
         authenticated: HashSet::new(),
@@ -112,6 +114,35 @@ fn offers_meta(caps: &[Capability]) -> bool {
         .is_some_and(|c| c.value.split(',').any(|v| v == "1"))
 }
 
+/// Whether a hello turns the `write` capability on: its first `write` capability
+/// lists `1`; otherwise the requests of a writable mount are refused.
+fn offers_write(caps: &[Capability]) -> bool {
+    caps.iter()
+        .find(|c| c.name == "write")
+        .is_some_and(|c| c.value.split(',').any(|v| v == "1"))
+}
+
+/// Whether `body` is one of the requests of the `write` capability.
+fn needs_write(body: &Request) -> bool {
+    matches!(
+        body,
+        Request::FileOpen { .. }
+            | Request::FileWrite { .. }
+            | Request::FileRead { .. }
+            | Request::FileSetAttr { .. }
+            | Request::FileAllocate { .. }
+            | Request::FileSync { .. }
+            | Request::FileClose { .. }
+            | Request::FileDiscard { .. }
+            | Request::FileCommit { .. }
+            | Request::Move { .. }
+            | Request::SetAttrs { .. }
+            | Request::ShareAccess { .. }
+            | Request::StatMeta { .. }
+            | Request::Counters
+    )
+}
+
 /// Whether a hello turns medium batches on: its first `batch` capability lists
 /// `medium`; otherwise a batched file may hold at most `SMALL_FILE_MAX_BYTES`.
 fn offers_medium(caps: &[Capability]) -> bool {
@@ -153,6 +184,8 @@ struct Harness {
     hash: &'static str,
     /// The session negotiated medium batches.
     medium: bool,
+    /// The session negotiated `write`.
+    write: bool,
     closed: bool,
     outstanding: Vec<u64>,
     authenticated: HashSet<String>,
@@ -168,6 +201,7 @@ enum Pending {
     OpenTransfer(u64),
     Commit(u64),
     OpenMap(u64),
+    OpenFile(u64),
 }
 
 /// The model of the connection's tables (`docs/protocol.md` section 2): transfer id →
@@ -178,6 +212,9 @@ struct Tables {
     next_transfer: u64,
     maps: HashMap<u64, bool>,
     next_map: u64,
+    /// File handle → is open.
+    files: HashMap<u64, bool>,
+    next_file: u64,
     pending: HashMap<u64, Pending>,
 }
 
@@ -188,8 +225,18 @@ impl Default for Tables {
             next_transfer: 1,
             maps: HashMap::new(),
             next_map: 1,
+            files: HashMap::new(),
+            next_file: 1,
             pending: HashMap::new(),
         }
+    }
+}
+
+/// A request naming file handle `handle` is admitted only while it is open.
+fn file_open(t: &Tables, handle: &u64) -> Result<(), ErrorKind> {
+    match t.files.get(handle) {
+        Some(true) => Ok(()),
+        _ => Err(ErrorKind::Protocol),
     }
 }
 
@@ -246,6 +293,65 @@ impl Tables {
                 }
                 _ => Err(ErrorKind::Protocol),
             },
+            Request::FileOpen { .. } => {
+                if self.files.len() >= MAX_OPEN_FILES {
+                    return Err(ErrorKind::Busy);
+                }
+                let h = self.next_file;
+                self.next_file += 1;
+                self.files.insert(h, false);
+                self.pending.insert(id, Pending::OpenFile(h));
+                Ok(())
+            }
+            Request::FileWrite {
+                handle,
+                region,
+                extents,
+                hashes,
+                ..
+            } => {
+                file_open(self, handle)?;
+                // The limits of docs/protocol.md section 8, written out again.
+                let most =
+                    (MAX_WINDOW_CHUNKS as u64 * u64::from(CHUNK_BYTES)).min(MAX_FILE_IO_BYTES);
+                let sum: u64 = extents.iter().map(|e| u64::from(e.len)).sum();
+                let bad = extents.is_empty()
+                    || extents.len() > MAX_WRITE_EXTENTS
+                    || hashes.len() != extents.len()
+                    || extents.iter().any(|e| {
+                        e.len == 0
+                            || e.len > CHUNK_BYTES
+                            || e.offset
+                                .checked_add(u64::from(e.len))
+                                .is_none_or(|end| end > i64::MAX as u64)
+                    })
+                    || sum != region.len
+                    || sum > most;
+                if bad {
+                    Err(ErrorKind::Protocol)
+                } else {
+                    Ok(())
+                }
+            }
+            Request::FileRead { handle, region, .. } => {
+                file_open(self, handle)?;
+                let most =
+                    (MAX_WINDOW_CHUNKS as u64 * u64::from(CHUNK_BYTES)).min(MAX_FILE_IO_BYTES);
+                if region.len == 0 || region.len > most {
+                    Err(ErrorKind::Protocol)
+                } else {
+                    Ok(())
+                }
+            }
+            Request::FileSetAttr { handle, .. }
+            | Request::FileAllocate { handle, .. }
+            | Request::FileSync { handle, .. }
+            | Request::FileCommit { handle } => file_open(self, handle),
+            Request::FileClose { handle } | Request::FileDiscard { handle } => {
+                file_open(self, handle)?;
+                self.files.remove(handle);
+                Ok(())
+            }
             Request::UploadBatch { region, files, .. } => {
                 let capacity = BATCH_MAX_BYTES.min(u64::from(CHUNK_BYTES));
                 let file_max = if medium {
@@ -290,6 +396,13 @@ impl Tables {
                     self.maps.remove(&h);
                 }
             }
+            Some(Pending::OpenFile(h)) => {
+                if ok {
+                    self.files.insert(h, true);
+                } else {
+                    self.files.remove(&h);
+                }
+            }
             Some(Pending::Commit(_)) | None => {}
         }
     }
@@ -303,6 +416,9 @@ impl Tables {
                 }
                 Pending::OpenMap(h) => {
                     self.maps.remove(&h);
+                }
+                Pending::OpenFile(h) => {
+                    self.files.remove(&h);
                 }
                 Pending::Commit(_) => {}
             }
@@ -375,6 +491,11 @@ impl Harness {
             }
             return Ok(());
         }
+        if needs_write(&body) && !self.write {
+            self.transmits
+                .push_back(Transmit::Error(id, ErrorKind::Protocol));
+            return Ok(());
+        }
         if matches!(body, Request::SetMeta { .. } | Request::ListDirMeta { .. }) && !self.meta {
             self.transmits
                 .push_back(Transmit::Error(id, ErrorKind::Protocol));
@@ -416,6 +537,7 @@ impl Harness {
                     self.hash = chosen_hash(&h.capabilities).unwrap_or("sha256");
                     self.meta = offers_meta(&h.capabilities);
                     self.medium = offers_medium(&h.capabilities);
+                    self.write = offers_write(&h.capabilities);
                     self.transmits.push_back(Transmit::Welcome);
                     self.events.push_back(Event::Ready(h.software));
                     Ok(())
@@ -517,6 +639,9 @@ impl Harness {
                     }
                     if self.medium {
                         caps.push(Capability::new("batch", "medium"));
+                    }
+                    if self.write {
+                        caps.push(Capability::new("write", "1"));
                     }
                     assert_eq!(w.capabilities, caps);
                 }

@@ -922,11 +922,10 @@ pub enum Request {
     },
     /// The server's traffic counters ([`Counters`]); allowed as [`Request::Stats`].
     Counters,
-    /// Give a staged file its final name now (see [`Request::FileOpen`]), without
-    /// making it durable (that is [`Request::FileSync`]'s job): other clients see it
-    /// from now on. A handle already in place has nothing to do. Answered by
-    /// [`Response::Attr`]. A mount sends it at `close(2)`.
-    FileCommit {
+    /// Forget a handle without syncing it: a staged file that has not taken its name
+    /// is removed (what was written in place stays). Answered by [`Response::Ok`]. A
+    /// client whose write-back failed sends it, so nothing half-written takes a name.
+    FileDiscard {
         /// Handle.
         handle: u64,
     },
@@ -940,10 +939,11 @@ pub enum Request {
         /// Follow a symlink in the final component.
         follow: bool,
     },
-    /// Forget a handle without syncing it: a staged file that has not taken its name
-    /// is removed (what was written in place stays). Answered by [`Response::Ok`]. A
-    /// client whose write-back failed sends it, so nothing half-written takes a name.
-    FileDiscard {
+    /// Give a staged file its final name now (see [`Request::FileOpen`]), without
+    /// making it durable (that is [`Request::FileSync`]'s job): other clients see it
+    /// from now on. A handle already in place has nothing to do. Answered by
+    /// [`Response::Attr`]. A mount sends it at `close(2)`.
+    FileCommit {
         /// Handle.
         handle: u64,
     },

@@ -1,6 +1,7 @@
-//! `ferry-mount`: a read-only FUSE share whose file reads are one-sided RDMA READs of
-//! the server's memory, each chunk verified against its SHA-256 before any byte of it
-//! reaches a reader.
+//! `ferry-mount`: a FUSE share whose file reads are one-sided RDMA READs of the
+//! server's memory, each chunk verified against its hash before any byte of it reaches
+//! a reader, and whose writes wait in registered buffers until the server pulls them
+//! with one-sided READs and verifies them.
 //!
 //! - [`fs`]: the FUSE filesystem (fuser), handing every request to tokio tasks.
 //! - [`nodes`]: node ids, the attribute cache and the negative cache.
@@ -10,6 +11,7 @@
 //! - [`cache`]: the bounded cache of verified chunks.
 //! - [`bufs`]: reply buffers reused across reads.
 //! - [`remote`]: the connection, reconnection, timeouts and registered fetch buffers.
+//! - [`writer`]: files open for writing — the write-back cache, staged files, syncs.
 //! - [`options`]: `-o` parsing.
 //! - [`mount`]: mount(2) as `fuse.ferry`, and unmounting.
 //!

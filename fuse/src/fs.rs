@@ -462,6 +462,20 @@ impl Inner {
         self.bump(ino);
     }
 
+    /// Answers a close or fsync of node `ino`: what the server said of it is
+    /// recorded under the name the node has now.
+    fn answer_sync(&self, ino: u64, got: Result<Attr, OpError>, op: &str, reply: ReplyEmpty) {
+        match got {
+            Ok(attr) => {
+                if let Ok(path) = self.path_of(INodeNo(ino)) {
+                    self.settled(ino, &path, &attr);
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(fail(op, e)),
+        }
+    }
+
     /// Gives a staged file written through this mount its name now (a namespace
     /// change is about to name it), so the server's namespace is what this mount shows.
     async fn name_staged(&self, path: &str) -> Result<(), OpError> {
@@ -1190,15 +1204,7 @@ impl fuser::Filesystem for FerryFs {
             } else {
                 wf.write_back().await
             };
-            match got {
-                Ok(attr) => {
-                    if let Ok(path) = fs.path_of(INodeNo(ino)) {
-                        fs.settled(ino, &path, &attr);
-                    }
-                    reply.ok()
-                }
-                Err(e) => reply.error(fail("close", e)),
-            }
+            fs.answer_sync(ino, got, "close", reply);
         });
     }
 
@@ -1214,15 +1220,8 @@ impl fuser::Filesystem for FerryFs {
             return reply.ok();
         };
         self.spawn(|fs| async move {
-            match wf.sync(datasync).await {
-                Ok(attr) => {
-                    if let Ok(path) = fs.path_of(INodeNo(ino)) {
-                        fs.settled(ino, &path, &attr);
-                    }
-                    reply.ok()
-                }
-                Err(e) => reply.error(fail("fsync", e)),
-            }
+            let got = wf.sync(datasync).await;
+            fs.answer_sync(ino, got, "fsync", reply);
         });
     }
 

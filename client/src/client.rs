@@ -15,10 +15,12 @@ use ferry_common::msg::{
     MetaEntry, Owner, RemoteError, Request, Response, ServerStats, Timestamp, VerifyReport,
     Welcome, BATCH_MAX_PATH_BYTES, LINK_BATCH_MAX, META_BATCH_MAX,
 };
-use ferry_common::proto::caps::{Negotiated, Offer};
+use ferry_common::proto::caps::{EncryptOffer, Negotiated, Offer};
 use ferry_common::proto::client::{ClientEvent, ClientSession};
 use ferry_common::proto::manifest::{ManifestError, ManifestReader};
 use ferry_common::proto::ProtoError;
+use ferry_common::seal::{Encryption, KeyShare, Suite};
+use ferry_common::transport::sealed::Sealed;
 use ferry_common::transport::tcp::Tcp;
 use ferry_common::transport::{Buffer, SharedTransport, TransportChoice, TransportError};
 use tokio::sync::{oneshot, OnceCell};
@@ -43,6 +45,10 @@ struct Waiters {
 
 struct Inner {
     transport: SharedTransport,
+    /// The encryption layer (`transport` itself), armed when the welcome agrees.
+    sealed: Arc<Sealed>,
+    /// The client's key share until the welcome uses it.
+    key_share: Mutex<Option<KeyShare>>,
     session: Mutex<ClientSession>,
     waiters: Mutex<Waiters>,
     connected: Mutex<Option<oneshot::Sender<Result<Welcome, String>>>>,
@@ -71,6 +77,8 @@ pub struct Credentials {
     /// The one chunk-hash algorithm to offer (`--hash`), instead of every one this
     /// build supports.
     hash_only: Option<HashAlgorithm>,
+    /// Whether to offer (or require) encryption (`--encryption`).
+    encryption: Encryption,
 }
 
 impl Credentials {
@@ -85,6 +93,7 @@ impl Credentials {
             default: Some(secret),
             shares: HashMap::new(),
             hash_only: None,
+            encryption: Encryption::default(),
         }
     }
 
@@ -96,13 +105,31 @@ impl Credentials {
         self
     }
 
-    /// What the client offers in its hello.
-    fn offer(&self) -> Offer {
+    /// Offers (`preferred`, the default), requires or leaves out encryption
+    /// (`rcp --encryption`, `ferry-mount -o encryption=`).
+    pub fn with_encryption(mut self, encryption: Encryption) -> Credentials {
+        self.encryption = encryption;
+        self
+    }
+
+    /// The encryption policy.
+    pub fn encryption(&self) -> Encryption {
+        self.encryption
+    }
+
+    /// What the client offers in its hello, with `key` as its key share when it
+    /// offers encryption.
+    fn offer(&self, key: Option<&KeyShare>) -> Offer {
         Offer {
             hashes: match self.hash_only {
                 Some(a) => vec![a],
                 None => HashAlgorithm::SUPPORTED.to_vec(),
             },
+            encrypt: key.map(|k| EncryptOffer {
+                suites: Suite::preferred().to_vec(),
+                key: k.public(),
+                required: self.encryption == Encryption::Required,
+            }),
             ..Offer::default()
         }
     }
@@ -219,9 +246,19 @@ impl Client {
     ) -> Result<Client, ClientError> {
         let (tx, rx) = oneshot::channel();
         let nonce = ferry_common::auth::fresh_nonce();
-        let offer = credentials.offer();
+        let key_share = match credentials.encryption {
+            Encryption::Off => None,
+            _ => Some(KeyShare::generate().map_err(|e| ClientError::Handshake {
+                addr: addr.clone(),
+                cause: e.to_string(),
+            })?),
+        };
+        let offer = credentials.offer(key_share.as_ref());
+        let sealed = Sealed::new(transport);
         let inner = Arc::new(Inner {
-            transport,
+            transport: sealed.clone(),
+            sealed,
+            key_share: Mutex::new(key_share),
             session: Mutex::new(ClientSession::with_offer(
                 Instant::now(),
                 SOFTWARE,
@@ -263,6 +300,12 @@ impl Client {
 
     /// What the handshake agreed on (`None` only if the session ended during the
     /// handshake's last step).
+    /// The cipher suite protecting the session, if it is encrypted.
+    pub fn encryption(&self) -> Option<Suite> {
+        self.inner.sealed.suite()
+    }
+
+    /// What the handshake agreed on.
     pub fn negotiated(&self) -> Option<Negotiated> {
         *lock(&self.inner.negotiated)
     }
@@ -897,12 +940,34 @@ async fn drive(inner: Arc<Inner>) {
     }
 }
 
+/// Arms the encryption layer if the welcome agreed to encrypt.
+fn secure(inner: &Inner) -> Result<(), String> {
+    let key_share = lock(&inner.key_share).take();
+    let (negotiated, transcript) = {
+        let s = lock(&inner.session);
+        (s.negotiated(), s.transcript())
+    };
+    let (Some(e), Some(t)) = (negotiated.and_then(|n| n.encryption), transcript) else {
+        return Ok(());
+    };
+    let k = key_share.ok_or("no key share for an encrypted welcome")?;
+    let keys = k.agree(&e.server_key, &t, e.suite, true).map_err(|e| e.to_string())?;
+    inner.sealed.arm(keys).map_err(|e| e.to_string())
+}
+
 /// Acts on session events; returns a reason once the session closed.
 fn pump(inner: &Inner) -> Option<ProtoError> {
     loop {
         let event = lock(&inner.session).poll_event()?;
         match event {
             ClientEvent::Connected(w) => {
+                // Sealed from the first message after the welcome: armed before
+                // anyone may send.
+                if let Err(e) = secure(inner) {
+                    return Some(ProtoError::Incompatible(format!(
+                        "cannot encrypt the session: {e}"
+                    )));
+                }
                 if let Some(tx) = lock(&inner.connected).take() {
                     let _ = tx.send(Ok(w));
                 }

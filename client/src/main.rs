@@ -18,6 +18,7 @@ use ferry_client::location::{self, Location, Remote};
 use ferry_client::progress::Progress;
 use ferry_client::{Client, Credentials};
 use ferry_common::msg::HashAlgorithm;
+use ferry_common::seal::Encryption;
 use ferry_common::transport::TransportChoice;
 
 /// The end of `rcp --help`.
@@ -122,6 +123,20 @@ struct Args {
     /// their own algorithm. Shown in `--json` as `hash`.
     #[arg(long, value_name = "blake3|sha256", env = "FERRY_HASH")]
     hash: Option<HashAlgorithm>,
+
+    /// Encryption of the session (control messages and every byte of file data):
+    /// `preferred` encrypts whenever the server supports it (AES-256-GCM, or
+    /// ChaCha20-Poly1305 without AES instructions); `required` refuses a server that
+    /// does not (an older one, or a middlebox stripping the offer); `off` asks for
+    /// none (a share that requires it then refuses the copy). Shown on the
+    /// connection line and in `--json` as `encryption`.
+    #[arg(
+        long,
+        value_name = "preferred|required|off",
+        default_value = "preferred",
+        env = "FERRY_ENCRYPTION"
+    )]
+    encryption: Encryption,
 
     /// More log output on stderr (repeat for more). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
@@ -319,7 +334,7 @@ async fn run(args: Args) -> u8 {
         Direction::Download(rs, _) => rs[0].clone(),
     };
     let credentials = match Credentials::from_file_or_env(args.secret_file.as_deref()) {
-        Ok(c) => c.with_hash(args.hash),
+        Ok(c) => c.with_hash(args.hash).with_encryption(args.encryption),
         Err(e) => return fail_early(&args, direction_name(&direction), e, started),
     };
     let connected =
@@ -487,6 +502,8 @@ struct Link {
     device: Option<String>,
     /// The session's chunk-hash algorithm for new data.
     hash: Option<&'static str>,
+    /// The cipher suite protecting the session, if it is encrypted.
+    encryption: Option<&'static str>,
 }
 
 impl Link {
@@ -495,6 +512,7 @@ impl Link {
             kind: client.transport().kind().as_str(),
             device: client.transport().device(),
             hash: client.negotiated().map(|n| n.hash.name()),
+            encryption: client.encryption().map(|s| s.name()),
         }
     }
 }
@@ -502,8 +520,12 @@ impl Link {
 impl std::fmt::Display for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.device {
-            Some(d) => write!(f, "{} ({d})", self.kind),
-            None => f.write_str(self.kind),
+            Some(d) => write!(f, "{} ({d})", self.kind)?,
+            None => f.write_str(self.kind)?,
+        }
+        match self.encryption {
+            Some(suite) => write!(f, ", encrypted with {suite}"),
+            None => f.write_str(", NOT encrypted"),
         }
     }
 }
@@ -526,6 +548,8 @@ fn print_json(direction: &str, link: Option<&Link>, report: &Report, seconds: f6
         "transport": link.map(|l| l.kind),
         "device": link.and_then(|l| l.device.clone()),
         "hash": link.and_then(|l| l.hash),
+        "encrypted": link.map(|l| l.encryption.is_some()),
+        "encryption": link.and_then(|l| l.encryption),
         "direction": direction,
         "files": report.files,
         "dirs": report.dirs,

@@ -217,6 +217,20 @@ impl Secret {
     }
 }
 
+/// The value an encrypted session's proofs use in place of the server's nonce:
+/// SHA-256 over a label, the server's nonce and the session's handshake transcript
+/// ([`crate::seal::transcript`]). Proofs over it are valid only for the session whose
+/// key exchange produced that transcript (channel binding), so a man in the middle
+/// who ran a separate exchange with each side cannot pass either side's proof on.
+pub fn bind_to_transcript(server: &Nonce, transcript: &[u8; 32]) -> Nonce {
+    use sha2::Digest;
+    let mut h = Sha256::new();
+    h.update(b"ferry-auth-v2 channel binding");
+    h.update(server);
+    h.update(transcript);
+    h.finalize().into()
+}
+
 /// A fresh nonce from the operating system's random generator.
 pub fn fresh_nonce() -> Nonce {
     use rand::RngCore;

@@ -34,6 +34,7 @@ pub mod direct;
 pub mod journal;
 pub mod msg;
 pub mod path;
+pub mod seal;
 pub mod proto;
 pub mod readahead;
 pub mod space;

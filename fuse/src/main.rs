@@ -57,6 +57,7 @@ Mount options (-o, comma-separated):
                          read-only with a warning)
   writeback=MIB          written data held before the server has pulled it, in
                          registered buffers (default 64); a writer waits beyond it
+  encryption=POLICY      preferred (default), required or off, as --encryption
   sync_close             close(2) returns once the data is durable on the server (as
                          NFS's COMMIT); by default close makes it visible everywhere
                          and fsync makes it durable, as on a local file system
@@ -103,6 +104,15 @@ struct Args {
     /// when the file was written, in their own algorithm where the mount offers it.
     #[arg(long, value_name = "blake3|sha256", env = "FERRY_HASH")]
     hash: Option<HashAlgorithm>,
+    /// Encryption of the session: preferred (whenever the server supports it),
+    /// required (refuse a server that does not) or off.
+    #[arg(
+        long,
+        value_name = "preferred|required|off",
+        default_value = "preferred",
+        env = "FERRY_ENCRYPTION"
+    )]
+    encryption: ferry_common::seal::Encryption,
     /// More logging on stderr (-v: debug, -vv: trace).
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -158,7 +168,8 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
     let secret_file = opts.secret_file.clone().or(args.secret_file.clone());
     let credentials = Credentials::from_file_or_env(secret_file.as_deref())
         .map_err(|e| (exit::AUTH, anyhow::anyhow!("{e}")))?
-        .with_hash(args.hash);
+        .with_hash(args.hash)
+        .with_encryption(opts.encryption.unwrap_or(args.encryption));
     let link = Arc::new(Remote::new(
         remote.host.clone(),
         remote.port,

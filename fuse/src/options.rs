@@ -73,6 +73,8 @@ pub struct MountOptions {
     pub fsname: Option<String>,
     /// File holding the share's secret (`secret_file=PATH`).
     pub secret_file: Option<std::path::PathBuf>,
+    /// Encryption policy (`encryption=preferred|required|off`), over `--encryption`.
+    pub encryption: Option<ferry_common::seal::Encryption>,
 }
 
 impl Default for MountOptions {
@@ -94,13 +96,14 @@ impl Default for MountOptions {
             threads: 4,
             fsname: None,
             secret_file: None,
+            encryption: None,
         }
     }
 }
 
 /// The option names `-o` accepts, for `--help` and error messages.
 pub const KNOWN: &str =
-    "ro, rw, writeback=MIB, sync_close, allow_other, allow_root, default_permissions, attr_timeout=SECS, \
+    "ro, rw, writeback=MIB, sync_close, encryption=preferred|required|off, allow_other, allow_root, default_permissions, attr_timeout=SECS, \
      entry_timeout=SECS, negative_timeout=SECS, cache_size=MIB, chunk_size=BYTES, \
      readahead=CHUNKS, max_readahead=KIB, timeout=SECS, threads=N, fsname=NAME, \
      secret_file=PATH";
@@ -196,6 +199,7 @@ impl MountOptions {
                 }
                 "fsname" => self.fsname = Some(need(value)?.to_string()),
                 "secret_file" => self.secret_file = Some(need(value)?.into()),
+                "encryption" => self.encryption = Some(need(value)?.parse()?),
                 other => return Err(format!("unknown mount option '{other}' (known: {KNOWN})")),
             }
         }

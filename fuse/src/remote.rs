@@ -266,9 +266,13 @@ impl Remote {
             Conn::new(client, self.writeback_bytes).map_err(|e| OpError::new(Errno::EIO, e))?,
         );
         let kind = conn.client.transport().kind().as_str();
+        let sealed = match conn.client.encryption() {
+            Some(suite) => format!("encrypted with {suite}"),
+            None => "NOT encrypted".into(),
+        };
         match conn.client.transport().device() {
-            Some(dev) => tracing::info!("connected to {} over {kind} ({dev})", self.addr()),
-            None => tracing::info!("connected to {} over {kind}", self.addr()),
+            Some(dev) => tracing::info!("connected to {} over {kind} ({dev}), {sealed}", self.addr()),
+            None => tracing::info!("connected to {} over {kind}, {sealed}", self.addr()),
         }
         *lock(&self.current) = Some(conn.clone());
         Ok(conn)

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ferry_common::msg::HashAlgorithm;
+use ferry_common::seal::Encryption;
 use serde::Deserialize;
 
 /// Default number of chunks in flight per connection.
@@ -18,6 +19,10 @@ pub const DEFAULT_MAX_MAPPED_BYTES: u64 = 64 << 30;
 
 /// Default age beyond which the startup cleanup removes a resumable partial upload.
 pub const DEFAULT_PARTIAL_TTL: Duration = Duration::from_secs(24 * 3600);
+/// The encryption policy of a share that sets none, unless the configuration file
+/// or `--encryption` says otherwise.
+pub const DEFAULT_ENCRYPTION: Encryption = Encryption::Required;
+
 /// Default most connections served at once (TCP and RDMA together).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
@@ -125,6 +130,10 @@ pub struct ShareConfig {
     /// recorded hashes.
     #[serde(default, deserialize_with = "hash_name")]
     pub hash: Option<HashAlgorithm>,
+    /// Whether sessions using the share must be encrypted (`encryption = "required"`,
+    /// `"preferred"` or `"off"`); unset: the server's default ([`Config::encryption`]).
+    #[serde(default)]
+    pub encryption: Option<Encryption>,
 }
 
 /// Reads a hash algorithm's name (`"blake3"`, `"sha256"`).
@@ -154,6 +163,9 @@ pub struct Config {
     /// Most connections served at once, TCP and RDMA together, counted from accept
     /// (a connection still in its handshake counts); one more is refused as busy.
     pub max_connections: usize,
+    /// The encryption policy of shares that set none (`encryption = ...` at the top
+    /// of the file, or `--encryption`; default [`DEFAULT_ENCRYPTION`]).
+    pub encryption: Encryption,
 }
 
 #[derive(Debug, Deserialize)]
@@ -164,6 +176,7 @@ struct FileConfig {
     max_mapped_bytes: Option<u64>,
     partial_ttl: Option<String>,
     max_connections: Option<usize>,
+    encryption: Option<Encryption>,
     #[serde(default)]
     share: Vec<ShareConfig>,
 }
@@ -204,6 +217,7 @@ impl Config {
                 max_mapped_bytes: None,
                 partial_ttl: None,
                 max_connections: None,
+                encryption: None,
                 share: Vec::new(),
             },
         };
@@ -242,6 +256,7 @@ impl Config {
             insecure_no_auth: false,
             partial_ttl,
             max_connections,
+            encryption: parsed.encryption.unwrap_or(DEFAULT_ENCRYPTION),
         })
     }
 
@@ -297,6 +312,7 @@ impl Config {
             insecure_no_auth: false,
             partial_ttl: DEFAULT_PARTIAL_TTL,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            encryption: DEFAULT_ENCRYPTION,
         }
     }
 }
@@ -369,6 +385,7 @@ pub fn parse_share_spec(spec: &str) -> Result<ShareConfig, ConfigError> {
         secret_file: None,
         secret_env: None,
         hash: None,
+        encryption: None,
     })
 }
 
@@ -402,6 +419,7 @@ mod tests {
                 secret_file: None,
                 secret_env: None,
                 hash: None,
+                encryption: None,
             }
         );
         assert!(parse_share_spec("ro=/srv/x:ro").unwrap().read_only);

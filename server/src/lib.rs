@@ -80,6 +80,7 @@ use ferry_common::codec::MAX_REQUEST_FRAME_BYTES;
 use ferry_common::msg::{ErrorKind, RemoteError, ServerStats};
 use ferry_common::proto::server::AccessTable;
 use ferry_common::proto::HANDSHAKE_TIMEOUT;
+use ferry_common::seal::Encryption;
 use ferry_common::transport::tcp::Tcp;
 use ferry_common::transport::{SharedTransport, TransportError};
 use tokio::net::TcpListener;
@@ -107,6 +108,8 @@ pub struct Server {
     shares: HashMap<String, Arc<Share>>,
     /// How each share is guarded; every session checks its requests against it.
     access: Arc<AccessTable>,
+    /// Each share's encryption policy.
+    policies: Arc<HashMap<String, Encryption>>,
     queue_depth: usize,
     chunk_bytes: u32,
     stop: watch::Sender<bool>,
@@ -143,7 +146,9 @@ impl Server {
     pub fn new(config: &Config) -> Result<Arc<Server>, ConfigError> {
         let mut shares = HashMap::new();
         let mut access = AccessTable::new();
+        let mut policies = HashMap::new();
         for s in &config.shares {
+            policies.insert(s.name.clone(), s.encryption.unwrap_or(config.encryption));
             let share = Share::open(s)?;
             if shares.insert(s.name.clone(), Arc::new(share)).is_some() {
                 return Err(ConfigError::DuplicateShare(s.name.clone()));
@@ -156,6 +161,7 @@ impl Server {
         Ok(Arc::new(Server {
             shares,
             access: Arc::new(access),
+            policies: Arc::new(policies),
             queue_depth: config.queue_depth,
             chunk_bytes: ferry_common::msg::DEFAULT_CHUNK_BYTES,
             stop: watch::channel(false).0,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use ferry_common::msg::HashAlgorithm;
+use ferry_common::seal::Encryption;
 use ferry_common::transport::TransportChoice;
 use ferry_server::{Config, Server};
 
@@ -34,14 +35,21 @@ CONFIG FILE (TOML):
   max_mapped_bytes = 68719476736
   partial_ttl = \"24h\"
   max_connections = 1024
+  encryption = \"required\"                # default for shares: required|preferred|off
   [[share]]
   name = \"data\"
   path = \"/srv/data\"
   read_only = false
   secret_file = \"/etc/ferry/data.secret\"   # or: secret_env = \"DATA_SECRET\"
+  encryption = \"required\"                # this share's own policy
 
-The secret proves who may use a share; it does not encrypt: file data and names
-cross the network in the clear (see docs/security.md).";
+ENCRYPTION:
+  Sessions are encrypted and authenticated (X25519 key exchange with fresh keys per
+  session, bound to the share's secret; AES-256-GCM, or ChaCha20-Poly1305 on CPUs
+  without AES instructions): control messages and every byte of file data, on TCP
+  and RDMA. Per share: required (the default: a client that does not encrypt is
+  refused), preferred (encrypted when the client supports it) or off (ferryd does
+  not ask for it; a client that requires it still gets it). See docs/security.md.";
 
 /// Environment variable holding the secret of every share that has no other.
 const DEFAULT_SECRET_ENV: &str = "FERRYD_SECRET";
@@ -117,6 +125,13 @@ struct Args {
     /// it has it). Files recorded in either are always verified with their own.
     #[arg(long, value_name = "blake3|sha256")]
     hash: Option<HashAlgorithm>,
+
+    /// Encryption policy of every share without its own `encryption` setting:
+    /// `required` (clients that do not encrypt are refused), `preferred` (encrypted
+    /// when the client supports it; older clients in the clear) or `off` (never asked
+    /// for) [default: required, or the config file's top-level `encryption`].
+    #[arg(long, value_name = "required|preferred|off")]
+    encryption: Option<Encryption>,
 
     /// Transports to serve: `auto` serves TCP and, where an RDMA device exists, RDMA
     /// on the same address and port; `rdma` serves RDMA only (and fails without a
@@ -200,6 +215,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     for share in config.shares.iter_mut().filter(|s| s.hash.is_none()) {
         share.hash = args.hash;
     }
+    if let Some(e) = args.encryption {
+        config.encryption = e;
+    }
     let server = Server::new(&config)?;
     // Stale hidden files of a killed ferryd go in the background: a large share must
     // not delay serving, and nothing a live transfer uses is touched.
@@ -213,6 +231,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             path = %s.path.display(),
             read_only = s.read_only,
             hash = s.hash.map_or("client's choice", |h| h.name()),
+            encryption = s.encryption.unwrap_or(config.encryption).as_str(),
             secret = !server.is_open(&s.name),
             "exporting share"
         );

@@ -439,6 +439,7 @@ pub(crate) fn test_share(name: &str, path: &Path, read_only: bool) -> Share {
         secret_file: None,
         secret_env: None,
         hash: None,
+        encryption: None,
     })
     .unwrap()
 }

@@ -41,6 +41,10 @@ async fn faulty_server_handle(
             secret_file: Some(secret),
             secret_env: None,
             hash: Some(alg),
+            // The faults are injected under the encryption layer: in the clear, so
+            // that they reach the hash checks this file is about (an encrypted
+            // session ends at the first forged piece, tests/tests/encryption.rs).
+            encryption: Some(ferry_common::seal::Encryption::Off),
         }],
     );
     config.queue_depth = 4;

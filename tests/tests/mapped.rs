@@ -356,6 +356,7 @@ async fn budget_server(root: &Path, max_mapped_bytes: u64) -> (Arc<Server>, Stri
             secret_file: Some(ferry_tests::write_secret_file(root)),
             secret_env: None,
             hash: None,
+            encryption: None,
         }],
     );
     config.max_mapped_bytes = max_mapped_bytes;

@@ -3,7 +3,6 @@
 
 use ferry_client::backup::admin::{self, PruneReport, SnapshotInfo};
 use ferry_client::error::ClientError;
-use ferry_common::transport::TransportChoice;
 
 use super::exit;
 use super::target;
@@ -13,13 +12,13 @@ use super::target;
 pub async fn list(
     target: &str,
     json: bool,
-    transport: TransportChoice,
+    connect: target::Connect,
     secret_file: Option<&std::path::Path>,
 ) -> u8 {
     let listed = async {
         let wanted = "the destination must be HOST[:PORT]:SHARE/PREFIX";
         let (client, share, prefix) =
-            target::open(target, wanted, (transport, None), secret_file).await?;
+            target::open(target, wanted, connect, secret_file).await?;
         admin::list(&client, &share, &prefix).await
     };
     match listed.await {

@@ -15,6 +15,7 @@ use ferry_client::error::ClientError;
 use ferry_client::filter::{Filter, Rule, RuleKind};
 use ferry_client::progress::Progress;
 use ferry_common::msg::HashAlgorithm;
+use ferry_common::seal::Encryption;
 use ferry_common::transport::TransportChoice;
 
 use super::admin::prune_json;
@@ -141,6 +142,15 @@ pub struct BackupArgs {
     #[arg(long, value_name = "FILE", env = "FERRY_SECRET_FILE")]
     secret_file: Option<PathBuf>,
 
+    /// Encryption (as for a copy): `preferred`, `required` or `off`.
+    #[arg(
+        long,
+        value_name = "preferred|required|off",
+        default_value = "preferred",
+        env = "FERRY_ENCRYPTION"
+    )]
+    encryption: Encryption,
+
     /// Chunk-hash algorithm of what this backup writes (as for a copy): `blake3`, the
     /// default where the server has it, or `sha256`. Snapshots written in either are
     /// verified, and serve as the base of the next, in their own.
@@ -196,11 +206,21 @@ fn valid_glob(glob: &str) -> Result<String, String> {
 /// [`exit::SOME_TARGETS_FAILED`] when targets disagree.
 pub async fn run(args: BackupArgs) -> u8 {
     let secret_file = args.secret_file.as_deref();
+    let connect = target::Connect {
+        transport: args.transport,
+        hash: args.hash,
+        encryption: args.encryption,
+    };
+    // Listing and verifying write nothing: they accept every hash.
+    let reading = target::Connect {
+        hash: None,
+        ..connect
+    };
     if let Some(target) = &args.list {
-        return super::admin::list(target, args.json, args.transport, secret_file).await;
+        return super::admin::list(target, args.json, reading, secret_file).await;
     }
     if let Some(target) = &args.verify {
-        return verify::run(target, args.json, args.transport, secret_file).await;
+        return verify::run(target, args.json, reading, secret_file).await;
     }
     let (Some(src), Some(dest)) = (args.src.clone(), args.dest.clone()) else {
         eprintln!("rcp: backup needs SRC_DIR and HOST[:PORT]:SHARE/PREFIX");
@@ -261,7 +281,12 @@ async fn back_up_all(
     let mut tasks = tokio::task::JoinSet::new();
     for (i, dest) in targets.iter().enumerate() {
         let (dest, src) = (dest.clone(), src.to_path_buf());
-        let (transport, secret_file) = ((args.transport, args.hash), args.secret_file.clone());
+        let connect = target::Connect {
+            transport: args.transport,
+            hash: args.hash,
+            encryption: args.encryption,
+        };
+        let (transport, secret_file) = (connect, args.secret_file.clone());
         let (opts, progress) = ((opts.clone(), retention), progress.clone());
         tasks.spawn(async move {
             let secret_file = secret_file.as_deref();
@@ -324,7 +349,7 @@ fn print_prune_errors(dest: &str, prune: &PruneReport) {
 async fn snapshot(
     dest: &str,
     src: &Path,
-    transport: (TransportChoice, Option<HashAlgorithm>),
+    transport: target::Connect,
     secret_file: Option<&Path>,
     now: SystemTime,
     (opts, retention): &(BackupOptions, Retention),

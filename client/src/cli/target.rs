@@ -6,23 +6,41 @@ use ferry_client::error::ClientError;
 use ferry_client::location::{self, Location};
 use ferry_client::{Client, Credentials};
 use ferry_common::msg::HashAlgorithm;
+use ferry_common::seal::Encryption;
 use ferry_common::transport::TransportChoice;
 
 /// Connects to `target` over `transport`, offering only `hash` if given, and
 /// authenticates; returns the client, the share and the
 /// path. A target without a path is a usage error saying `wanted` (what the option
 /// takes, e.g. `the destination must be HOST[:PORT]:SHARE/PREFIX`).
+/// How a subcommand connects: `--transport`, `--hash` and `--encryption`.
+#[derive(Debug, Clone, Copy)]
+pub struct Connect {
+    /// The transport asked for.
+    pub transport: TransportChoice,
+    /// The one hash algorithm to offer, if one was named.
+    pub hash: Option<HashAlgorithm>,
+    /// The encryption policy.
+    pub encryption: Encryption,
+}
+
 pub async fn open(
     target: &str,
     wanted: &str,
-    (transport, hash): (TransportChoice, Option<HashAlgorithm>),
+    Connect {
+        transport,
+        hash,
+        encryption,
+    }: Connect,
     secret_file: Option<&Path>,
 ) -> Result<(Client, String, String), ClientError> {
     let remote = match location::parse(target, ferry_common::DEFAULT_PORT)? {
         Location::Remote(r) if !r.path.is_empty() => r,
         _ => return Err(ClientError::Usage(format!("{target}: {wanted}"))),
     };
-    let credentials = Credentials::from_file_or_env(secret_file)?.with_hash(hash);
+    let credentials = Credentials::from_file_or_env(secret_file)?
+        .with_hash(hash)
+        .with_encryption(encryption);
     let client = Client::connect_with(&remote.host, remote.port, transport, credentials).await?;
     client.authenticate(&remote.share).await?;
     Ok((client, remote.share, remote.path))

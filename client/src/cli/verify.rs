@@ -9,7 +9,6 @@ use std::time::Instant;
 use ferry_client::backup::verify::{resolve_snapshot, verify_snapshot, Damaged, VerifyOutcome};
 use ferry_client::error::ClientError;
 use ferry_common::msg::VerifyRecord;
-use ferry_common::transport::TransportChoice;
 
 use super::admin::error_json;
 use super::exit;
@@ -19,11 +18,11 @@ use super::target;
 pub async fn run(
     target: &str,
     json: bool,
-    transport: TransportChoice,
+    connect: target::Connect,
     secret_file: Option<&Path>,
 ) -> u8 {
     let started = Instant::now();
-    let outcome = connect_and_verify(target, transport, secret_file).await;
+    let outcome = connect_and_verify(target, connect, secret_file).await;
     let seconds = started.elapsed().as_secs_f64();
     let code = match &outcome {
         Ok(o) => exit_code(o),
@@ -52,12 +51,12 @@ fn exit_code(o: &VerifyOutcome) -> u8 {
 
 async fn connect_and_verify(
     target: &str,
-    transport: TransportChoice,
+    connect: target::Connect,
     secret_file: Option<&Path>,
 ) -> Result<VerifyOutcome, ClientError> {
     let wanted = "--verify takes HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]";
     let (client, share, path) =
-        target::open(target, wanted, (transport, None), secret_file).await?;
+        target::open(target, wanted, connect, secret_file).await?;
     let snapshot = resolve_snapshot(&client, &share, &path).await?;
     Ok(verify_snapshot(&client, &share, &snapshot).await)
 }

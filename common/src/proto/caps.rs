@@ -24,6 +24,13 @@
 //! - [`BATCH`]: which files a batch may carry (default `small`: up to
 //!   [`crate::msg::SMALL_FILE_MAX_BYTES`]; `medium`: any file that fits the batch's
 //!   capacity, [`crate::proto::batch::batch_capacity`]). Optional like [`META`].
+//! - [`ENCRYPT`], [`ENCRYPT_KEY`], [`ENCRYPT_POLICY`]: session encryption
+//!   ([`crate::seal`]). The client offers the AEAD suites it accepts (fastest on its
+//!   CPU first), its X25519 key share and whether it requires encryption; a server
+//!   that encrypts the session answers with one suite and its own key share. The
+//!   server encrypts when the client offers it and either requires it or any of the
+//!   server's shares is not `off`; a client that requires encryption refuses a welcome
+//!   without it (an older server, or a middlebox that removed the offer).
 
 use crate::msg::{Capability, Request};
 
@@ -58,7 +65,49 @@ pub const WRITE: &str = "write";
 /// The versions of the write requests this build speaks, preferred first.
 pub const WRITE_VERSIONS: &[&str] = &["1"];
 
+/// Name of the encryption capability: the AEAD suites a client accepts, preferred
+/// first; in a welcome, the one the session uses.
+pub const ENCRYPT: &str = "encrypt";
+
+/// Name of the key-share capability: the side's X25519 public key, in hex.
+pub const ENCRYPT_KEY: &str = "encrypt-key";
+
+/// Name of the client's encryption policy capability (`required` or `preferred`).
+pub const ENCRYPT_POLICY: &str = "encrypt-policy";
+
 pub use crate::msg::HashAlgorithm;
+use crate::seal::{from_hex, to_hex, Suite, PUBLIC_KEY_BYTES};
+
+/// A client's offer to encrypt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncryptOffer {
+    /// Suites it accepts, preferred first (not empty).
+    pub suites: Vec<Suite>,
+    /// Its X25519 key share.
+    pub key: [u8; PUBLIC_KEY_BYTES],
+    /// Whether it refuses a session in the clear.
+    pub required: bool,
+}
+
+/// The encryption a session agreed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Encrypted {
+    /// The AEAD suite.
+    pub suite: Suite,
+    /// The client's key share.
+    pub client_key: [u8; PUBLIC_KEY_BYTES],
+    /// The server's key share.
+    pub server_key: [u8; PUBLIC_KEY_BYTES],
+}
+
+/// What a server brings to the encryption negotiation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerEncryption {
+    /// Whether it asks for encryption itself (some share is not `off`).
+    pub wants: bool,
+    /// Its key share for this session.
+    pub key: [u8; PUBLIC_KEY_BYTES],
+}
 
 /// A set of hash algorithms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -89,6 +138,8 @@ pub struct Offer {
     pub medium_batches: bool,
     /// Whether it offers the write requests ([`WRITE`]).
     pub write: bool,
+    /// Its offer to encrypt, if it makes one ([`ENCRYPT`]).
+    pub encrypt: Option<EncryptOffer>,
 }
 
 impl Default for Offer {
@@ -99,6 +150,7 @@ impl Default for Offer {
             meta: true,
             medium_batches: true,
             write: true,
+            encrypt: None,
         }
     }
 }
@@ -116,6 +168,13 @@ impl Offer {
         }
         if self.write {
             caps.push(Capability::new(WRITE, &WRITE_VERSIONS.join(",")));
+        }
+        if let Some(e) = &self.encrypt {
+            let suites: Vec<&str> = e.suites.iter().map(|s| s.name()).collect();
+            caps.push(Capability::new(ENCRYPT, &suites.join(",")));
+            caps.push(Capability::new(ENCRYPT_KEY, &to_hex(&e.key)));
+            let policy = if e.required { "required" } else { "preferred" };
+            caps.push(Capability::new(ENCRYPT_POLICY, policy));
         }
         caps
     }
@@ -136,6 +195,8 @@ pub struct Negotiated {
     pub medium_batches: bool,
     /// Whether the write requests ([`WRITE`]) may be sent.
     pub write: bool,
+    /// The session's encryption, if it is encrypted ([`ENCRYPT`]).
+    pub encryption: Option<Encrypted>,
 }
 
 impl Negotiated {
@@ -151,6 +212,10 @@ impl Negotiated {
         }
         if self.write {
             caps.push(Capability::new(WRITE, WRITE_VERSIONS[0]));
+        }
+        if let Some(e) = &self.encryption {
+            caps.push(Capability::new(ENCRYPT, e.suite.name()));
+            caps.push(Capability::new(ENCRYPT_KEY, &to_hex(&e.server_key)));
         }
         caps
     }
@@ -229,7 +294,84 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
         meta,
         medium_batches,
         write,
+        encryption: None,
     })
+}
+
+/// The server's encryption decision for a client's `offered` capabilities, given what
+/// the server brings (`None`: it cannot encrypt this session). Encrypts when the
+/// client offers and either requires it or the server wants it; picks the client's
+/// most preferred suite, unless this CPU lacks AES instructions and the client also
+/// accepts ChaCha20-Poly1305. Fails when the client requires encryption and it cannot
+/// be had, or its offer is malformed.
+pub fn choose_encryption(
+    offered: &[Capability],
+    server: Option<ServerEncryption>,
+) -> Result<Option<Encrypted>, String> {
+    let Some(list) = find(offered, ENCRYPT) else {
+        return Ok(None);
+    };
+    let required = find(offered, ENCRYPT_POLICY) == Some("required");
+    let Some(server) = server else {
+        return if required {
+            Err("the client requires encryption, which this server cannot provide".into())
+        } else {
+            Ok(None)
+        };
+    };
+    if !required && !server.wants {
+        return Ok(None);
+    }
+    let suites: Vec<Suite> = list.split(',').filter_map(Suite::from_name).collect();
+    let suite = if !crate::seal::aes_hardware() && suites.contains(&Suite::ChaCha20Poly1305) {
+        Some(Suite::ChaCha20Poly1305)
+    } else {
+        suites.first().copied()
+    };
+    let key = find(offered, ENCRYPT_KEY).and_then(from_hex::<PUBLIC_KEY_BYTES>);
+    match (suite, key) {
+        (Some(suite), Some(client_key)) => Ok(Some(Encrypted {
+            suite,
+            client_key,
+            server_key: server.key,
+        })),
+        _ if required => Err(format!(
+            "the client requires encryption but offers no usable suite and key share (suites '{}')",
+            list.escape_debug()
+        )),
+        _ => Ok(None),
+    }
+}
+
+/// Checks the server's encryption choice in `chosen` against the client's `offer`:
+/// the suite must be one offered and the key share well formed; a client that
+/// requires encryption refuses a welcome without it.
+pub fn accept_encryption(chosen: &[Capability], offer: &Offer) -> Result<Option<Encrypted>, String> {
+    let Some(name) = find(chosen, ENCRYPT) else {
+        return match &offer.encrypt {
+            Some(e) if e.required => Err(
+                "this client requires encryption (--encryption required), and the server's \
+                 welcome does not encrypt the session: the server is older than encryption, or \
+                 something on the path removed the offer"
+                    .into(),
+            ),
+            _ => Ok(None),
+        };
+    };
+    let Some(mine) = &offer.encrypt else {
+        return Err("the server chose encryption, which this client did not offer".into());
+    };
+    let suite = Suite::from_name(name)
+        .filter(|s| mine.suites.contains(s))
+        .ok_or_else(|| format!("the server chose cipher suite '{}', which this client did not offer", name.escape_debug()))?;
+    let server_key = find(chosen, ENCRYPT_KEY)
+        .and_then(from_hex::<PUBLIC_KEY_BYTES>)
+        .ok_or("the server's welcome encrypts the session but has no valid key share")?;
+    Ok(Some(Encrypted {
+        suite,
+        client_key: mine.key,
+        server_key,
+    }))
 }
 
 /// Checks the server's `chosen` capabilities against the client's `offer`: each choice
@@ -280,6 +422,7 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
         meta,
         medium_batches,
         write,
+        encryption: accept_encryption(chosen, offer)?,
     })
 }
 

@@ -54,6 +54,13 @@ pub struct ClientSession {
     /// `Auth` requests outstanding: the share and the secret whose server proof the
     /// answer must carry.
     proving: HashMap<u64, (String, Secret)>,
+    /// The hello sent, kept for the transcript.
+    hello: Hello,
+    /// The transcript of the handshake, once connected.
+    transcript: Option<[u8; 32]>,
+    /// What proofs use as the server's nonce: the welcome's, bound to the transcript
+    /// on an encrypted session ([`crate::auth::bind_to_transcript`]).
+    proof_nonce: Nonce,
 }
 
 impl ClientSession {
@@ -77,7 +84,10 @@ impl ClientSession {
         };
         ClientSession {
             state: State::AwaitWelcome,
-            transmit: VecDeque::from([Message::Hello(hello)]),
+            transmit: VecDeque::from([Message::Hello(hello.clone())]),
+            hello,
+            transcript: None,
+            proof_nonce: [0; 32],
             events: VecDeque::new(),
             outstanding: HashSet::new(),
             queued: VecDeque::new(),
@@ -116,13 +126,13 @@ impl ClientSession {
     /// request of the share ever reaches an impostor; an open share is answered
     /// without one.
     pub fn authenticate(&mut self, share: &str, secret: &Secret) -> Result<u64, ProtoError> {
-        let State::Ready(w, _) = &self.state else {
+        let State::Ready(..) = &self.state else {
             return Err(ProtoError::Unexpected {
                 got: "authentication",
                 state: "not connected",
             });
         };
-        let proof = secret.client_proof(share, &self.nonce, &w.nonce);
+        let proof = secret.client_proof(share, &self.nonce, &self.proof_nonce);
         let id = self.request(Request::Auth {
             share: share.to_string(),
             proof,
@@ -133,13 +143,13 @@ impl ClientSession {
 
     /// Checks the answer to an `Auth` request: a server proof must match the secret.
     fn check_server_proof(&mut self, id: u64, body: &Response) -> Result<(), ProtoError> {
-        let (Some((share, secret)), State::Ready(w, _)) = (self.proving.remove(&id), &self.state)
+        let (Some((share, secret)), State::Ready(..)) = (self.proving.remove(&id), &self.state)
         else {
             return Ok(());
         };
         match body {
             Response::Authenticated { proof: Some(p) }
-                if !secret.check_server_proof(&share, &self.nonce, &w.nonce, p) =>
+                if !secret.check_server_proof(&share, &self.nonce, &self.proof_nonce, p) =>
             {
                 Err(ProtoError::ServerNotAuthentic(share))
             }
@@ -182,6 +192,12 @@ impl ClientSession {
                 }
                 let negotiated =
                     caps::accept(&w.capabilities, &self.offer).map_err(ProtoError::Incompatible)?;
+                let transcript = handshake_transcript(&self.hello, &w)?;
+                self.transcript = Some(transcript);
+                self.proof_nonce = match negotiated.encryption {
+                    Some(_) => crate::auth::bind_to_transcript(&w.nonce, &transcript),
+                    None => w.nonce,
+                };
                 self.timers.stop(Timer::Handshake);
                 self.events.push_back(ClientEvent::Connected(w.clone()));
                 self.state = State::Ready(w, negotiated);
@@ -251,6 +267,12 @@ impl ClientSession {
         }
     }
 
+    /// The handshake's transcript ([`crate::seal::transcript`]), once connected: what
+    /// an encrypted session's keys and proofs are bound to.
+    pub fn transcript(&self) -> Option<[u8; 32]> {
+        self.transcript
+    }
+
     /// What the handshake agreed on, once connected.
     pub fn negotiated(&self) -> Option<Negotiated> {
         match &self.state {
@@ -279,4 +301,11 @@ pub fn message_name(msg: &Message) -> &'static str {
         Message::Request { .. } => "Request",
         Message::Response { .. } => "Response",
     }
+}
+
+/// The transcript of a handshake: its hello and welcome, as encoded.
+pub(crate) fn handshake_transcript(hello: &Hello, welcome: &Welcome) -> Result<[u8; 32], ProtoError> {
+    let hello = crate::codec::encode(&Message::Hello(hello.clone()))?;
+    let welcome = crate::codec::encode(&Message::Welcome(welcome.clone()))?;
+    Ok(crate::seal::transcript(&hello, &welcome))
 }

@@ -22,13 +22,14 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::caps::{self, HashAlgorithm, Negotiated};
-use super::client::message_name;
+use super::caps::{self, HashAlgorithm, Negotiated, ServerEncryption};
+use super::client::{handshake_transcript, message_name};
 use super::conn::{ConnState, Grant};
 use super::timer::{Timer, TimerTable};
 use super::{ProtoError, HANDSHAKE_TIMEOUT, MAX_INFLIGHT_REQUESTS};
 use crate::auth::{Nonce, ShareAccess};
 use crate::codec::{self, CodecError};
+use crate::seal::{Encryption, PUBLIC_KEY_BYTES};
 use crate::msg::{
     ErrorKind, Message, RemoteError, Request, Response, Welcome, HELLO_MAGIC, MAX_WINDOW_CHUNKS,
     PROTOCOL_VERSION,
@@ -47,6 +48,20 @@ pub struct ServerParams {
     pub chunk_bytes: u32,
     /// The secret (or openness) of every share.
     pub access: Arc<AccessTable>,
+    /// Each share's encryption policy; a share missing from it is `preferred`.
+    pub policies: Arc<HashMap<String, Encryption>>,
+}
+
+impl ServerParams {
+    /// The encryption policy of `share`.
+    pub fn policy(&self, share: &str) -> Encryption {
+        self.policies.get(share).copied().unwrap_or_default()
+    }
+
+    /// Whether the server asks for encryption itself: some share is not `off`.
+    pub fn wants_encryption(&self) -> bool {
+        self.access.keys().any(|s| self.policy(s) != Encryption::Off)
+    }
 }
 
 /// What the driver must act on.
@@ -90,6 +105,9 @@ enum State {
     Ready {
         client_nonce: Nonce,
         negotiated: Negotiated,
+        /// What proofs use as the server nonce (bound to the transcript on an
+        /// encrypted session).
+        proof_nonce: Nonce,
     },
     Closed,
 }
@@ -110,6 +128,10 @@ pub struct ServerSession {
     denied: HashSet<String>,
     /// Open transfers and mapped files, and the admission of requests naming them.
     conn: ConnState,
+    /// This session's X25519 key share, if the driver can encrypt it.
+    key_share: Option<[u8; PUBLIC_KEY_BYTES]>,
+    /// The handshake's transcript, once the welcome is queued.
+    transcript: Option<[u8; 32]>,
 }
 
 impl ServerSession {
@@ -129,7 +151,22 @@ impl ServerSession {
             nonce,
             authenticated: HashSet::new(),
             denied: HashSet::new(),
+            key_share: None,
+            transcript: None,
         }
+    }
+
+    /// Lets the session be encrypted with `public` as the server's key share (the
+    /// driver holds the private half, [`crate::seal::KeyShare`]). Call before the
+    /// hello is handled; without it the session stays in the clear.
+    pub fn set_key_share(&mut self, public: [u8; PUBLIC_KEY_BYTES]) {
+        self.key_share = Some(public);
+    }
+
+    /// The handshake's transcript ([`crate::seal::transcript`]), once the welcome is
+    /// queued.
+    pub fn transcript(&self) -> Option<[u8; 32]> {
+        self.transcript
     }
 
     /// Feeds one received message in. An error closes the session (also reported as
@@ -145,19 +182,21 @@ impl ServerSession {
     fn on_message(&mut self, msg: Message) -> Result<(), ProtoError> {
         match (&self.state, msg) {
             (State::AwaitHello, Message::Hello(h)) => {
-                let negotiated = self
+                let mut negotiated = self
                     .check_hello(h.magic, h.min_version, h.max_version)
                     .and_then(|()| {
                         caps::choose(&h.capabilities, HashAlgorithm::SUPPORTED)
                             .map_err(|m| self.refuse(m))
                     })?;
+                let server = self.key_share.map(|key| ServerEncryption {
+                    wants: self.params.wants_encryption(),
+                    key,
+                });
+                negotiated.encryption = caps::choose_encryption(&h.capabilities, server)
+                    .map_err(|m| self.refuse(m))?;
                 self.timers.stop(Timer::Handshake);
                 self.conn.set_medium_batches(negotiated.medium_batches);
-                self.state = State::Ready {
-                    client_nonce: h.nonce,
-                    negotiated,
-                };
-                self.transmit.push_back(Message::Welcome(Welcome {
+                let welcome = Welcome {
                     version: PROTOCOL_VERSION,
                     software: self.params.software.clone(),
                     chunk_bytes: self.params.chunk_bytes,
@@ -165,7 +204,19 @@ impl ServerSession {
                     max_inflight_requests: MAX_INFLIGHT_REQUESTS,
                     nonce: self.nonce,
                     capabilities: negotiated.to_capabilities(),
-                }));
+                };
+                let transcript = handshake_transcript(&h, &welcome)?;
+                self.transcript = Some(transcript);
+                let proof_nonce = match negotiated.encryption {
+                    Some(_) => crate::auth::bind_to_transcript(&self.nonce, &transcript),
+                    None => self.nonce,
+                };
+                self.state = State::Ready {
+                    client_nonce: h.nonce,
+                    negotiated,
+                    proof_nonce,
+                };
+                self.transmit.push_back(Message::Welcome(welcome));
                 self.events.push_back(ServerEvent::Ready {
                     software: h.software,
                 });
@@ -175,6 +226,7 @@ impl ServerSession {
                 &State::Ready {
                     client_nonce,
                     negotiated,
+                    proof_nonce,
                 },
                 Message::Request { id, body },
             ) => {
@@ -185,7 +237,9 @@ impl ServerSession {
                     return Err(ProtoError::TooManyRequests(MAX_INFLIGHT_REQUESTS));
                 }
                 if let Request::Auth { share, proof } = &body {
-                    return self.authenticate(id, share, proof, &client_nonce);
+                    let nonces = (client_nonce, proof_nonce);
+                    let encrypted = negotiated.encryption.is_some();
+                    return self.authenticate(id, share, proof, nonces, encrypted);
                 }
                 if let Err(cap) = negotiated.permits(&body) {
                     let refusal = RemoteError::new(
@@ -198,7 +252,7 @@ impl ServerSession {
                     });
                     return Ok(());
                 }
-                if let Some(refusal) = self.refusal(&body) {
+                if let Some(refusal) = self.refusal(&body, negotiated.encryption.is_some()) {
                     self.transmit.push_back(Message::Response {
                         id,
                         body: Response::Error(refusal),
@@ -283,22 +337,27 @@ impl ServerSession {
         id: u64,
         share: &str,
         proof: &[u8; 32],
-        client_nonce: &Nonce,
+        (client_nonce, server_nonce): (Nonce, Nonce),
+        encrypted: bool,
     ) -> Result<(), ProtoError> {
+        let (client_nonce, server_nonce) = (&client_nonce, &server_nonce);
         let answer = match self.params.access.get(share) {
             None => Response::Error(RemoteError::new(
                 ErrorKind::NoSuchShare,
                 format!("no such share '{}'", share.escape_debug()),
             )),
+            Some(_) if !encrypted && self.params.policy(share) == Encryption::Required => {
+                Response::Error(self.needs_encryption(share))
+            }
             Some(ShareAccess::Open) => Response::Authenticated { proof: None },
             Some(ShareAccess::Secret(secret)) => {
-                if secret.check_client_proof(share, client_nonce, &self.nonce, proof) {
+                if secret.check_client_proof(share, client_nonce, server_nonce, proof) {
                     self.authenticated.insert(share.to_string());
                     self.events.push_back(ServerEvent::Authenticated {
                         share: share.to_string(),
                     });
                     Response::Authenticated {
-                        proof: Some(secret.server_proof(share, client_nonce, &self.nonce)),
+                        proof: Some(secret.server_proof(share, client_nonce, server_nonce)),
                     }
                 } else {
                     let message = format!(
@@ -325,8 +384,33 @@ impl ServerSession {
         Ok(())
     }
 
+    /// The refusal of a share that requires encryption to a session in the clear.
+    fn needs_encryption(&mut self, share: &str) -> RemoteError {
+        if self.denied.insert(share.to_string()) {
+            self.events.push_back(ServerEvent::Denied {
+                share: share.to_string(),
+                reason: "session not encrypted".into(),
+            });
+        }
+        RemoteError::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "share '{}' requires an encrypted session, and this one is not encrypted: \
+                 the client is older than encryption or ran with --encryption off, or \
+                 something on the path removed its offer",
+                share.escape_debug()
+            ),
+        )
+    }
+
     /// Why `body` may not run on this session yet, if it may not.
-    fn refusal(&mut self, body: &Request) -> Option<RemoteError> {
+    fn refusal(&mut self, body: &Request, encrypted: bool) -> Option<RemoteError> {
+        if let Some(share) = body.share() {
+            if !encrypted && self.params.policy(share) == Encryption::Required {
+                let share = share.to_string();
+                return Some(self.needs_encryption(&share));
+            }
+        }
         let usable = |s: &ServerSession, share: &str| {
             s.authenticated.contains(share)
                 || !matches!(s.params.access.get(share), Some(ShareAccess::Secret(_)))

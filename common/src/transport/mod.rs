@@ -24,6 +24,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub mod sys;
+pub mod sealed;
 pub mod tcp;
 
 #[cfg(feature = "rdma")]

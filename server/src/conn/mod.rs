@@ -39,6 +39,8 @@ use ferry_common::proto::caps::{Algorithms, Negotiated};
 use ferry_common::proto::conn::{Family, Grant};
 use ferry_common::proto::server::{ServerEvent, ServerParams, ServerSession};
 use ferry_common::proto::MAX_INFLIGHT_REQUESTS;
+use ferry_common::seal::KeyShare;
+use ferry_common::transport::sealed::Sealed;
 use ferry_common::transport::SharedTransport;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
@@ -72,6 +74,11 @@ pub(crate) struct Hashing {
 struct Conn {
     server: Arc<Server>,
     transport: SharedTransport,
+    /// The encryption layer under `transport`, armed once the welcome is sent on an
+    /// encrypted session.
+    sealed: Arc<Sealed>,
+    /// This session's key share until the handshake uses it.
+    key_share: Mutex<Option<KeyShare>>,
     peer: String,
     session: Mutex<ServerSession>,
     /// The I/O state of each transfer the session's tables hold open, by id.
@@ -159,14 +166,28 @@ pub(crate) async fn run(
     // Bound first, dropped last: the connection is counted until everything it held
     // (pool, transfers, mapped files, transport) is gone.
     let _live = live;
+    // Encryption sits under the counters: they count what the application moved.
+    let sealed = Sealed::new(transport);
     // Every one-sided operation and control frame of the connection is counted.
-    let transport = Counted::wrap(transport, server.traffic.clone());
+    let transport = Counted::wrap(sealed.clone(), server.traffic.clone());
     let peer = transport.peer();
     let params = ServerParams {
         software: SOFTWARE.into(),
         chunk_bytes: server.chunk_bytes,
         access: server.access.clone(),
+        policies: server.policies.clone(),
     };
+    let key_share = match KeyShare::generate() {
+        Ok(k) => Some(k),
+        Err(e) => {
+            tracing::error!(peer = %peer, "cannot encrypt this session: {e}");
+            None
+        }
+    };
+    let mut session = ServerSession::new(accepted, params, ferry_common::auth::fresh_nonce());
+    if let Some(k) = &key_share {
+        session.set_key_share(k.public());
+    }
     let pool = Pool::new(
         transport.clone(),
         server.chunk_bytes as usize,
@@ -174,13 +195,11 @@ pub(crate) async fn run(
         server.registrations.clone(),
     );
     let conn = Arc::new(Conn {
-        session: Mutex::new(ServerSession::new(
-            accepted,
-            params,
-            ferry_common::auth::fresh_nonce(),
-        )),
+        session: Mutex::new(session),
         server,
         transport,
+        sealed,
+        key_share: Mutex::new(key_share),
         peer,
         transfers: Mutex::new(HashMap::new()),
         files: Mutex::new(HashMap::new()),
@@ -301,6 +320,12 @@ impl Conn {
                 None => break,
                 Some(ServerEvent::Ready { software }) => {
                     tracing::debug!(peer = %self.peer, client = %software, "session ready");
+                    // The welcome goes out in the clear; everything after it sealed.
+                    self.flush().await;
+                    if let Err(e) = self.secure() {
+                        closed = Some(format!("cannot encrypt the session: {e}"));
+                        break;
+                    }
                 }
                 Some(ServerEvent::Authenticated { share }) => {
                     tracing::info!(peer = %self.peer, share = %share.escape_debug(), "authenticated");
@@ -338,6 +363,29 @@ impl Conn {
         closed
     }
 
+    /// Arms the encryption layer if the handshake agreed to encrypt (the welcome must
+    /// have been sent, and nothing else after it).
+    fn secure(&self) -> Result<(), String> {
+        let key_share = self.key_share.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let (negotiated, transcript) = {
+            let s = self.session();
+            (s.negotiated(), s.transcript())
+        };
+        let (Some(e), Some(t), Some(k)) = (
+            negotiated.and_then(|n| n.encryption),
+            transcript,
+            key_share,
+        ) else {
+            return Ok(());
+        };
+        let keys = k
+            .agree(&e.client_key, &t, e.suite, false)
+            .map_err(|e| e.to_string())?;
+        self.sealed.arm(keys).map_err(|e| e.to_string())?;
+        tracing::info!(peer = %self.peer, suite = e.suite.name(), "session encrypted");
+        Ok(())
+    }
+
     /// Sends every message the session has queued (waiting for the sender before,
     /// so a message queued now is sent before this returns).
     async fn flush(&self) {
@@ -370,6 +418,7 @@ impl Conn {
             meta: false,
             medium_batches: false,
             write: false,
+            encryption: None,
         });
         let fresh = share.hash().unwrap_or(n.hash);
         if !n.accepted.contains(fresh) {

@@ -61,6 +61,7 @@ pub fn server_session(data: &[u8]) {
                 software: SOFTWARE.into(),
                 chunk_bytes: CHUNK_BYTES,
                 access: Arc::new(access),
+                policies: Arc::default(),
             },
             SERVER_NONCE,
         ),

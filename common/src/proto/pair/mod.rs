@@ -80,6 +80,7 @@ impl Pair {
                     software: "test-server".into(),
                     chunk_bytes,
                     access: Arc::new(access),
+                    policies: Arc::default(),
                 },
                 [2; 32],
             ),

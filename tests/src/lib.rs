@@ -31,6 +31,11 @@
 //!   files and trees, and compare files and trees byte for byte, with modes, mtimes and
 //!   symlink targets; [`assert_only_resumable_temp_files`] and [`journaled_bytes`] look
 //!   at what an interrupted copy left for a resumed one.
+//! - Proxies for the tcp transport, between a client and ferryd: [`WireProxy`] flips
+//!   bits in the READ data it can place in a mapped file; [`TamperProxy`] records every
+//!   byte and applies one [`Fault`] (a flipped, dropped, repeated or reordered control
+//!   frame, or a flipped data bit) without decoding control payloads, and [`replay`]
+//!   sends a recorded client stream to ferryd again.
 //! - [`Server::restart`] SIGKILLs ferryd and starts another on the same shares.
 //! - Another release's binaries (the compatibility tests): [`PrevRelease`] finds the
 //!   previous release's in `$FERRY_PREV_BIN_DIR`; [`EnvBuilder::server_binary`] and
@@ -52,9 +57,11 @@ mod prev;
 mod procfs;
 mod raw;
 mod rcp;
+mod relay;
 mod secret;
 mod server;
 mod session;
+mod tamper;
 mod tmpfs;
 mod tools;
 mod tree;
@@ -82,9 +89,13 @@ pub use rcp::{
     rcp, rcp_binary, rcp_env, spawn_rcp, spawn_rcp_as, spawn_rcp_binary, spawn_rcp_env, RcpChild,
     RcpOutput, RCP_TIMEOUT,
 };
+pub use relay::Direction;
 pub use secret::{connect_to, credentials, test_secret, write_secret_file, TEST_SECRET};
 pub use server::{bin, bin_dir, Server, ServerOptions, Share, STARTUP_TIMEOUT};
 pub use session::{connect, hello, raw_greet, raw_handshake, raw_socket};
+pub use tamper::{
+    replay, Fault, FaultKind, ReplayOutcome, TamperProxy, RECORDING_CAP_BYTES, SWAP_WAIT,
+};
 pub use tmpfs::Tmpfs;
 pub use tools::{program_on_path, python, run_tool, sh, skip_without_tool, ToolOutput};
 pub use tree::{
@@ -92,7 +103,7 @@ pub use tree::{
     make_small_tree, make_tree, TreeStats,
 };
 pub use user::User;
-pub use wire_proxy::{Corruption, Direction, Flip, ReadInfo, ReadTarget, WireProxy};
+pub use wire_proxy::{Corruption, Flip, ReadInfo, ReadTarget, WireProxy};
 
 /// Declares a `#[test]` that runs `$body` with a fresh [`Env`] bound to `$env`.
 ///

@@ -19,45 +19,24 @@
 //! client ◀── proxy ◀── ferryd        READ_RESP matched, maybe one bit flipped
 //! ```
 //!
-//! Each accepted connection runs two forwarding threads; dropping the [`WireProxy`]
-//! closes every socket and joins every thread. A frame the proxy cannot parse ends
+//! The framing, the threads and the teardown are the relay's (`relay.rs`, shared with
+//! the [`TamperProxy`](crate::TamperProxy)): each accepted connection runs two
+//! forwarding threads; dropping the [`WireProxy`] closes every socket and joins every
+//! thread. A frame the proxy cannot parse ends
 //! that connection (both sockets are shut down), and is counted in
 //! [`WireProxy::parse_errors`].
 
 use std::collections::HashMap;
-use std::io::{self, BufReader, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::io::{self, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use ferry_common::codec;
 use ferry_common::msg::{Message, Response};
-use ferry_common::transport::tcp::wire::{
-    CTRL, GREETING, READ_REQ, READ_RESP, STATUS_OK, WRITE_REQ, WRITE_RESP,
-};
+use ferry_common::transport::tcp::wire::STATUS_OK;
 
-/// How often the accept loop looks at the stop flag.
-const ACCEPT_POLL: Duration = Duration::from_millis(10);
-
-/// Read buffer per direction.
-const READ_BUF_BYTES: usize = 256 << 10;
-
-/// Largest payload the proxy accepts in one frame (a READ or WRITE of one window is
-/// far smaller); a bigger length is treated as a parse error, not allocated.
-const MAX_FRAME_PAYLOAD_BYTES: u32 = 1 << 30;
-
-/// Which way a frame travels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Direction {
-    /// From the server to the client: the answers to READs the client issued against
-    /// the server's memory (a mount's or a download's reads of mapped files).
-    ServerToClient,
-    /// From the client to the server: the answers to READs the server issued against
-    /// the client's memory (an upload: the server pulls the client's source window).
-    ClientToServer,
-}
+use crate::relay::{lock, relay_accessors, Direction, Forward, Frame, Head, Relay};
 
 /// What a READ covered, as far as the proxy could tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,27 +159,16 @@ impl Corruption {
 /// port and forwards each connection to the upstream address.
 #[derive(Debug)]
 pub struct WireProxy {
-    addr: SocketAddr,
-    shared: Arc<Shared>,
-    accept: Option<JoinHandle<()>>,
+    relay: Relay,
+    state: Arc<State>,
 }
 
+/// What the proxy's threads share besides the relay.
 #[derive(Debug)]
-struct Shared {
-    upstream: SocketAddr,
+struct State {
     corruption: Option<Corruption>,
-    stop: AtomicBool,
-    connections: AtomicU64,
     read_responses: AtomicU64,
-    parse_errors: AtomicU64,
     flips: Mutex<Vec<Flip>>,
-    /// Clones of every socket, so drop can shut them down and wake the pumps.
-    sockets: Mutex<Vec<TcpStream>>,
-    pumps: Mutex<Vec<JoinHandle<()>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
 impl WireProxy {
@@ -208,114 +176,43 @@ impl WireProxy {
     /// listening on the same host with an ephemeral port. `corruption` `None` forwards
     /// everything unchanged.
     pub fn start(upstream: &str, corruption: Option<Corruption>) -> WireProxy {
-        let upstream: SocketAddr = upstream
-            .parse()
-            .unwrap_or_else(|e| panic!("proxy upstream {upstream:?} is not HOST:PORT: {e}"));
-        let listener = TcpListener::bind(SocketAddr::new(upstream.ip(), 0))
-            .unwrap_or_else(|e| panic!("proxy cannot listen on {}: {e}", upstream.ip()));
-        listener
-            .set_nonblocking(true)
-            .expect("set the proxy's listener non-blocking");
-        let addr = listener.local_addr().expect("proxy's local address");
-        let shared = Arc::new(Shared {
-            upstream,
+        let state = Arc::new(State {
             corruption,
-            stop: AtomicBool::new(false),
-            connections: AtomicU64::new(0),
             read_responses: AtomicU64::new(0),
-            parse_errors: AtomicU64::new(0),
             flips: Mutex::new(Vec::new()),
-            sockets: Mutex::new(Vec::new()),
-            pumps: Mutex::new(Vec::new()),
         });
-        let accept = {
-            let shared = shared.clone();
-            thread::Builder::new()
-                .name("wire-proxy-accept".into())
-                .spawn(move || accept_loop(listener, shared))
-                .expect("spawn the proxy's accept thread")
+        let relay = {
+            let state = state.clone();
+            Relay::start("wire proxy", upstream, move |_| {
+                let conn = Arc::new(Conn::default());
+                [Direction::ClientToServer, Direction::ServerToClient].map(|direction| {
+                    Box::new(Pump {
+                        direction,
+                        state: state.clone(),
+                        conn: conn.clone(),
+                    }) as Box<dyn Forward>
+                })
+            })
         };
-        WireProxy {
-            addr,
-            shared,
-            accept: Some(accept),
-        }
+        WireProxy { relay, state }
     }
 
-    /// The address clients connect to, e.g. `127.0.0.1:41235`.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// The remote argument for `path` in `share` through the proxy:
-    /// `HOST:PORT:share/path` (`HOST:PORT:share` when `path` is empty).
-    pub fn remote(&self, share: &str, path: &str) -> String {
-        if path.is_empty() {
-            format!("{}:{share}", self.addr)
-        } else {
-            format!("{}:{share}/{path}", self.addr)
-        }
-    }
-
-    /// Connections accepted so far.
-    pub fn connections(&self) -> u64 {
-        self.shared.connections.load(Ordering::SeqCst)
-    }
+    relay_accessors!();
 
     /// READ responses seen so far travelling in the corruption's direction (both
     /// directions when there is no corruption).
     pub fn read_responses(&self) -> u64 {
-        self.shared.read_responses.load(Ordering::SeqCst)
-    }
-
-    /// Connections ended because a frame could not be parsed.
-    pub fn parse_errors(&self) -> u64 {
-        self.shared.parse_errors.load(Ordering::SeqCst)
+        self.state.read_responses.load(Ordering::SeqCst)
     }
 
     /// Every flip made so far, in order.
     pub fn flips(&self) -> Vec<Flip> {
-        lock(&self.shared.flips).clone()
+        lock(&self.state.flips).clone()
     }
 
     /// How many flips were made so far.
     pub fn flip_count(&self) -> u64 {
-        lock(&self.shared.flips).len() as u64
-    }
-}
-
-impl Drop for WireProxy {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        if let Some(accept) = self.accept.take() {
-            // A panic in the accept thread was already reported by the thread itself.
-            let _ = accept.join();
-        }
-        for socket in lock(&self.shared.sockets).drain(..) {
-            // Wakes a pump blocked in read; the socket may be closed already.
-            let _ = socket.shutdown(Shutdown::Both);
-        }
-        let pumps: Vec<JoinHandle<()>> = lock(&self.shared.pumps).drain(..).collect();
-        for pump in pumps {
-            let _ = pump.join();
-        }
-    }
-}
-
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    while !shared.stop.load(Ordering::SeqCst) {
-        match listener.accept() {
-            Ok((client, _)) => {
-                if let Err(e) = start_connection(client, &shared) {
-                    eprintln!("wire proxy: cannot connect to {}: {e}", shared.upstream);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(ACCEPT_POLL),
-            Err(e) => {
-                eprintln!("wire proxy: accept failed: {e}");
-                thread::sleep(ACCEPT_POLL);
-            }
-        }
+        lock(&self.state.flips).len() as u64
     }
 }
 
@@ -338,135 +235,40 @@ struct MappedRegion {
     file_offset: Option<u64>,
 }
 
-fn start_connection(client: TcpStream, shared: &Arc<Shared>) -> io::Result<()> {
-    client.set_nonblocking(false)?;
-    let server = TcpStream::connect_timeout(&shared.upstream, Duration::from_secs(10))?;
-    for s in [&client, &server] {
-        s.set_nodelay(true)?;
-    }
-    shared.connections.fetch_add(1, Ordering::SeqCst);
-    {
-        let mut sockets = lock(&shared.sockets);
-        sockets.push(client.try_clone()?);
-        sockets.push(server.try_clone()?);
-    }
-    let conn = Arc::new(Conn::default());
-    let mut pumps = Vec::new();
-    for (direction, from, to) in [
-        (
-            Direction::ClientToServer,
-            client.try_clone()?,
-            server.try_clone()?,
-        ),
-        (Direction::ServerToClient, server, client),
-    ] {
-        let (shared, conn) = (shared.clone(), conn.clone());
-        let name = format!("wire-proxy-{direction:?}");
-        pumps.push(thread::Builder::new().name(name).spawn(move || {
-            let mut pump = Pump {
-                direction,
-                from: BufReader::with_capacity(READ_BUF_BYTES, from),
-                to,
-                shared,
-                conn,
-            };
-            match pump.run() {
-                // The sender closed: pass the half-close on, the other pump goes on.
-                Ok(()) => {
-                    let _ = pump.to.shutdown(Shutdown::Write);
-                }
-                Err(e) => {
-                    if e.kind() == io::ErrorKind::InvalidData {
-                        pump.shared.parse_errors.fetch_add(1, Ordering::SeqCst);
-                        eprintln!("wire proxy ({direction:?}): {e}; closing the connection");
-                    }
-                    let _ = pump.to.shutdown(Shutdown::Both);
-                    let _ = pump.from.get_ref().shutdown(Shutdown::Both);
-                }
-            }
-        })?);
-    }
-    lock(&shared.pumps).extend(pumps);
-    Ok(())
-}
-
-/// Forwards one direction of one connection, frame by frame.
+/// Watches one direction of one connection, frame by frame.
 struct Pump {
     direction: Direction,
-    from: BufReader<TcpStream>,
-    to: TcpStream,
-    shared: Arc<Shared>,
+    state: Arc<State>,
     conn: Arc<Conn>,
 }
 
-fn bad(what: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, what)
+impl Forward for Pump {
+    fn frame(&mut self, frame: &mut Frame, to: &mut TcpStream) -> io::Result<()> {
+        match frame.head {
+            Head::Ctrl if self.direction == Direction::ServerToClient => {
+                self.learn_mapping(frame.payload());
+            }
+            Head::ReadReq {
+                id,
+                rkey,
+                addr,
+                len,
+            } => {
+                lock(self.requests_sent()).insert(id, (rkey, addr, len));
+            }
+            Head::ReadResp { id, status } => {
+                let request = lock(self.requests_answered()).remove(&id);
+                if status == STATUS_OK {
+                    self.maybe_flip(request, frame.payload_mut());
+                }
+            }
+            _ => {}
+        }
+        to.write_all(&frame.bytes)
+    }
 }
 
 impl Pump {
-    /// Forwards the greeting, then frames until the sender closes (`Ok`) or something
-    /// fails (`Err`; `InvalidData` for a stream that is not the Ferry framing).
-    fn run(&mut self) -> io::Result<()> {
-        let mut greeting = [0u8; GREETING.len()];
-        if !self.read_exact_or_eof(&mut greeting)? {
-            return Ok(());
-        }
-        self.to.write_all(&greeting)?;
-        if greeting != GREETING {
-            return Err(bad(format!("unexpected greeting {greeting:02x?}")));
-        }
-        let mut frame = Vec::new();
-        loop {
-            let mut kind = [0u8; 1];
-            if !self.read_exact_or_eof(&mut kind)? {
-                return Ok(());
-            }
-            frame.clear();
-            frame.push(kind[0]);
-            match kind[0] {
-                CTRL => {
-                    let len = self.read_u32(&mut frame)?;
-                    let start = frame.len();
-                    self.read_payload(&mut frame, len)?;
-                    if self.direction == Direction::ServerToClient {
-                        self.learn_mapping(&frame[start..]);
-                    }
-                }
-                READ_REQ => {
-                    let id = self.read_u64(&mut frame)?;
-                    let rkey = self.read_u32(&mut frame)?;
-                    let addr = self.read_u64(&mut frame)?;
-                    let len = self.read_u32(&mut frame)?;
-                    lock(self.requests_sent()).insert(id, (rkey, addr, len));
-                }
-                READ_RESP => {
-                    let id = self.read_u64(&mut frame)?;
-                    let status = self.read_u8(&mut frame)?;
-                    let request = lock(self.requests_answered()).remove(&id);
-                    if status == STATUS_OK {
-                        let len = self.read_u32(&mut frame)?;
-                        let start = frame.len();
-                        self.read_payload(&mut frame, len)?;
-                        self.maybe_flip(request, &mut frame[start..]);
-                    }
-                }
-                WRITE_REQ => {
-                    self.read_u64(&mut frame)?;
-                    self.read_u32(&mut frame)?;
-                    self.read_u64(&mut frame)?;
-                    let len = self.read_u32(&mut frame)?;
-                    self.read_payload(&mut frame, len)?;
-                }
-                WRITE_RESP => {
-                    self.read_u64(&mut frame)?;
-                    self.read_u8(&mut frame)?;
-                }
-                other => return Err(bad(format!("unknown frame kind 0x{other:02x}"))),
-            }
-            self.to.write_all(&frame)?;
-        }
-    }
-
     /// The table of READs this pump's sender issued.
     fn requests_sent(&self) -> &Mutex<HashMap<u64, (u32, u64, u32)>> {
         match self.direction {
@@ -517,14 +319,14 @@ impl Pump {
     }
 
     fn maybe_flip(&self, request: Option<(u32, u64, u32)>, payload: &mut [u8]) {
-        let Some(corruption) = &self.shared.corruption else {
-            self.shared.read_responses.fetch_add(1, Ordering::SeqCst);
+        let Some(corruption) = &self.state.corruption else {
+            self.state.read_responses.fetch_add(1, Ordering::SeqCst);
             return;
         };
         if corruption.direction != self.direction {
             return;
         }
-        self.shared.read_responses.fetch_add(1, Ordering::SeqCst);
+        self.state.read_responses.fetch_add(1, Ordering::SeqCst);
         let (rkey, addr) = request.map_or((0, 0), |(rkey, addr, _)| (rkey, addr));
         let target =
             match request.and_then(|(rkey, ..)| lock(&self.conn.mapped).get(&rkey).copied()) {
@@ -548,7 +350,7 @@ impl Pump {
         let Some(at) = (corruption.select)(&read).filter(|&at| at < payload.len()) else {
             return;
         };
-        let mut flips = lock(&self.shared.flips);
+        let mut flips = lock(&self.state.flips);
         if corruption
             .limit
             .is_some_and(|limit| flips.len() as u64 >= limit)
@@ -557,54 +359,6 @@ impl Pump {
         }
         payload[at] ^= 0x01;
         flips.push(Flip { read, at });
-    }
-
-    /// Fills `buf`; `Ok(false)` on a clean end of stream before the first byte.
-    fn read_exact_or_eof(&mut self, buf: &mut [u8]) -> io::Result<bool> {
-        let mut filled = 0;
-        while filled < buf.len() {
-            match self.from.read(&mut buf[filled..]) {
-                Ok(0) if filled == 0 => return Ok(false),
-                Ok(0) => return Err(bad("stream ended inside a frame".into())),
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(true)
-    }
-
-    fn read_field<const N: usize>(&mut self, frame: &mut Vec<u8>) -> io::Result<[u8; N]> {
-        let mut bytes = [0u8; N];
-        if !self.read_exact_or_eof(&mut bytes)? {
-            return Err(bad("stream ended inside a frame".into()));
-        }
-        frame.extend_from_slice(&bytes);
-        Ok(bytes)
-    }
-
-    fn read_u8(&mut self, frame: &mut Vec<u8>) -> io::Result<u8> {
-        Ok(self.read_field::<1>(frame)?[0])
-    }
-
-    fn read_u32(&mut self, frame: &mut Vec<u8>) -> io::Result<u32> {
-        Ok(u32::from_le_bytes(self.read_field(frame)?))
-    }
-
-    fn read_u64(&mut self, frame: &mut Vec<u8>) -> io::Result<u64> {
-        Ok(u64::from_le_bytes(self.read_field(frame)?))
-    }
-
-    fn read_payload(&mut self, frame: &mut Vec<u8>, len: u32) -> io::Result<()> {
-        if len > MAX_FRAME_PAYLOAD_BYTES {
-            return Err(bad(format!("frame payload of {len} bytes")));
-        }
-        let start = frame.len();
-        frame.resize(start + len as usize, 0);
-        if len > 0 && !self.read_exact_or_eof(&mut frame[start..])? {
-            return Err(bad("stream ended inside a frame".into()));
-        }
-        Ok(())
     }
 }
 

@@ -951,7 +951,9 @@ fn secure(inner: &Inner) -> Result<(), String> {
         return Ok(());
     };
     let k = key_share.ok_or("no key share for an encrypted welcome")?;
-    let keys = k.agree(&e.server_key, &t, e.suite, true).map_err(|e| e.to_string())?;
+    let keys = k
+        .agree(&e.server_key, &t, e.suite, true)
+        .map_err(|e| e.to_string())?;
     inner.sealed.arm(keys).map_err(|e| e.to_string())
 }
 

@@ -271,7 +271,9 @@ impl Remote {
             None => "NOT encrypted".into(),
         };
         match conn.client.transport().device() {
-            Some(dev) => tracing::info!("connected to {} over {kind} ({dev}), {sealed}", self.addr()),
+            Some(dev) => {
+                tracing::info!("connected to {} over {kind} ({dev}), {sealed}", self.addr())
+            }
             None => tracing::info!("connected to {} over {kind}, {sealed}", self.addr()),
         }
         *lock(&self.current) = Some(conn.clone());

@@ -130,7 +130,7 @@ struct Args {
     /// `required` (clients that do not encrypt are refused), `preferred` (encrypted
     /// when the client supports it; older clients in the clear) or `off` (never asked
     /// for) [default: required, or the config file's top-level `encryption`].
-    #[arg(long, value_name = "required|preferred|off")]
+    #[arg(long, value_name = "required|preferred|off", env = "FERRYD_ENCRYPTION")]
     encryption: Option<Encryption>,
 
     /// Transports to serve: `auto` serves TCP and, where an RDMA device exists, RDMA

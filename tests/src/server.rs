@@ -190,7 +190,13 @@ impl Server {
             .arg("--port-file")
             .arg(&port_file)
             .env("FERRY_TRANSPORT", transport)
-            .env("FERRYD_SECRET", crate::TEST_SECRET);
+            .env("FERRYD_SECRET", crate::TEST_SECRET)
+            // Shares accept sessions in the clear as well: the raw clients of the
+            // protocol tests speak the clear protocol. rcp and ferry-mount still
+            // encrypt every session (they prefer it, and so does ferryd); the
+            // default `required` is tested by tests/tests/encryption.rs, which
+            // removes this.
+            .env("FERRYD_ENCRYPTION", "preferred");
         for share in shares {
             cmd.arg("--share").arg(share.arg());
         }

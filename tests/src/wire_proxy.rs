@@ -383,6 +383,9 @@ mod tests {
         rcp([
             "--transport".into(),
             "tcp".into(),
+            // The proxy flips plaintext data: a session in the clear.
+            "--encryption".into(),
+            "off".into(),
             env.local(name).into_os_string(),
             proxy.remote(crate::DEFAULT_SHARE, name).into(),
         ])

@@ -790,6 +790,8 @@ fn a_corrupted_chunk_fails(env: &Env, hash: &str) {
     );
     let mount = Mount::builder(proxy.remote("data", ""))
         .transport("tcp")
+        // The proxy reads and flips plaintext data: a session in the clear.
+        .opt("encryption=off")
         .arg("--hash")
         .arg(hash)
         .start();
@@ -888,6 +890,8 @@ ferrytest!(a_single_flipped_read_never_returns_wrong_bytes, |env| {
     let proxy = WireProxy::start(env.server().addr(), Some(corruption));
     let mount = Mount::builder(proxy.remote("data", ""))
         .transport("tcp")
+        // The proxy reads and flips plaintext data: a session in the clear.
+        .opt("encryption=off")
         .start();
     match fs::read(mount.join("once.bin")) {
         Ok(got) => assert_same_bytes(&expected, &got, "a read that recovered from one flip"),
@@ -913,6 +917,8 @@ ferrytest!(reads_through_a_transparent_proxy_are_unchanged, |env| {
     let proxy = WireProxy::start(env.server().addr(), None);
     let mount = Mount::builder(proxy.remote("data", ""))
         .transport("tcp")
+        // The proxy reads and flips plaintext data: a session in the clear.
+        .opt("encryption=off")
         .start();
     assert_whole_files_identical(&env, &mount, &files);
     // File data crossed the wire as one-sided READ responses, which the proxy parsed.

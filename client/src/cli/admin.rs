@@ -17,8 +17,7 @@ pub async fn list(
 ) -> u8 {
     let listed = async {
         let wanted = "the destination must be HOST[:PORT]:SHARE/PREFIX";
-        let (client, share, prefix) =
-            target::open(target, wanted, connect, secret_file).await?;
+        let (client, share, prefix) = target::open(target, wanted, connect, secret_file).await?;
         admin::list(&client, &share, &prefix).await
     };
     match listed.await {

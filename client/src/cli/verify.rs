@@ -55,8 +55,7 @@ async fn connect_and_verify(
     secret_file: Option<&Path>,
 ) -> Result<VerifyOutcome, ClientError> {
     let wanted = "--verify takes HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]";
-    let (client, share, path) =
-        target::open(target, wanted, connect, secret_file).await?;
+    let (client, share, path) = target::open(target, wanted, connect, secret_file).await?;
     let snapshot = resolve_snapshot(&client, &share, &path).await?;
     Ok(verify_snapshot(&client, &share, &snapshot).await)
 }

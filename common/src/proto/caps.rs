@@ -346,7 +346,10 @@ pub fn choose_encryption(
 /// Checks the server's encryption choice in `chosen` against the client's `offer`:
 /// the suite must be one offered and the key share well formed; a client that
 /// requires encryption refuses a welcome without it.
-pub fn accept_encryption(chosen: &[Capability], offer: &Offer) -> Result<Option<Encrypted>, String> {
+pub fn accept_encryption(
+    chosen: &[Capability],
+    offer: &Offer,
+) -> Result<Option<Encrypted>, String> {
     let Some(name) = find(chosen, ENCRYPT) else {
         return match &offer.encrypt {
             Some(e) if e.required => Err(
@@ -363,7 +366,12 @@ pub fn accept_encryption(chosen: &[Capability], offer: &Offer) -> Result<Option<
     };
     let suite = Suite::from_name(name)
         .filter(|s| mine.suites.contains(s))
-        .ok_or_else(|| format!("the server chose cipher suite '{}', which this client did not offer", name.escape_debug()))?;
+        .ok_or_else(|| {
+            format!(
+                "the server chose cipher suite '{}', which this client did not offer",
+                name.escape_debug()
+            )
+        })?;
     let server_key = find(chosen, ENCRYPT_KEY)
         .and_then(from_hex::<PUBLIC_KEY_BYTES>)
         .ok_or("the server's welcome encrypts the session but has no valid key share")?;

@@ -304,7 +304,10 @@ pub fn message_name(msg: &Message) -> &'static str {
 }
 
 /// The transcript of a handshake: its hello and welcome, as encoded.
-pub(crate) fn handshake_transcript(hello: &Hello, welcome: &Welcome) -> Result<[u8; 32], ProtoError> {
+pub(crate) fn handshake_transcript(
+    hello: &Hello,
+    welcome: &Welcome,
+) -> Result<[u8; 32], ProtoError> {
     let hello = crate::codec::encode(&Message::Hello(hello.clone()))?;
     let welcome = crate::codec::encode(&Message::Welcome(welcome.clone()))?;
     Ok(crate::seal::transcript(&hello, &welcome))

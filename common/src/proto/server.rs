@@ -29,11 +29,11 @@ use super::timer::{Timer, TimerTable};
 use super::{ProtoError, HANDSHAKE_TIMEOUT, MAX_INFLIGHT_REQUESTS};
 use crate::auth::{Nonce, ShareAccess};
 use crate::codec::{self, CodecError};
-use crate::seal::{Encryption, PUBLIC_KEY_BYTES};
 use crate::msg::{
     ErrorKind, Message, RemoteError, Request, Response, Welcome, HELLO_MAGIC, MAX_WINDOW_CHUNKS,
     PROTOCOL_VERSION,
 };
+use crate::seal::{Encryption, PUBLIC_KEY_BYTES};
 
 /// How each share the server exports is guarded, by share name. A name missing from
 /// it is no share: requests naming it go to the driver, which answers `NoSuchShare`.
@@ -60,7 +60,9 @@ impl ServerParams {
 
     /// Whether the server asks for encryption itself: some share is not `off`.
     pub fn wants_encryption(&self) -> bool {
-        self.access.keys().any(|s| self.policy(s) != Encryption::Off)
+        self.access
+            .keys()
+            .any(|s| self.policy(s) != Encryption::Off)
     }
 }
 
@@ -192,8 +194,8 @@ impl ServerSession {
                     wants: self.params.wants_encryption(),
                     key,
                 });
-                negotiated.encryption = caps::choose_encryption(&h.capabilities, server)
-                    .map_err(|m| self.refuse(m))?;
+                negotiated.encryption =
+                    caps::choose_encryption(&h.capabilities, server).map_err(|m| self.refuse(m))?;
                 self.timers.stop(Timer::Handshake);
                 self.conn.set_medium_batches(negotiated.medium_batches);
                 let welcome = Welcome {

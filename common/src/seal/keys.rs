@@ -170,11 +170,21 @@ mod tests {
         let s = KeyShare::generate().unwrap();
         let (cp, sp) = (c.public(), s.public());
         let mut ck = c
-            .agree(&sp, &transcript(b"hello", b"welcome"), Suite::Aes256Gcm, true)
+            .agree(
+                &sp,
+                &transcript(b"hello", b"welcome"),
+                Suite::Aes256Gcm,
+                true,
+            )
             .unwrap();
         // The server saw a hello a middlebox changed.
         let mut sk = s
-            .agree(&cp, &transcript(b"hellO", b"welcome"), Suite::Aes256Gcm, false)
+            .agree(
+                &cp,
+                &transcript(b"hellO", b"welcome"),
+                Suite::Aes256Gcm,
+                false,
+            )
             .unwrap();
         let sealed = ck.control_send.seal(b"auth".to_vec()).unwrap();
         assert!(matches!(

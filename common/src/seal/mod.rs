@@ -51,7 +51,9 @@ pub use record::{ControlOpener, ControlSealer, DataOpener, DataSealer, TAG_BYTES
 pub enum SealError {
     /// A record did not authenticate: altered, replayed, reordered, truncated or
     /// sealed under another key.
-    #[error("a {0} failed authentication (tampered with, replayed, reordered or dropped on the way)")]
+    #[error(
+        "a {0} failed authentication (tampered with, replayed, reordered or dropped on the way)"
+    )]
     Forged(&'static str),
     /// The peer's public key is not a usable X25519 key (or gave an all-zero secret).
     #[error("the peer's key share is not a valid X25519 public key")]

@@ -34,19 +34,26 @@ pub struct ControlSealer {
 
 impl std::fmt::Debug for ControlSealer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ControlSealer").field("next", &self.next).finish_non_exhaustive()
+        f.debug_struct("ControlSealer")
+            .field("next", &self.next)
+            .finish_non_exhaustive()
     }
 }
 
 impl ControlSealer {
     pub(super) fn new(suite: Suite, bytes: &[u8; 32]) -> Result<ControlSealer, SealError> {
-        Ok(ControlSealer { key: key(suite, bytes)?, next: 0 })
+        Ok(ControlSealer {
+            key: key(suite, bytes)?,
+            next: 0,
+        })
     }
 
     /// Seals `plaintext` as the next record: the ciphertext followed by its tag.
     pub fn seal(&mut self, mut plaintext: Vec<u8>) -> Result<Vec<u8>, SealError> {
         let counter = self.next;
-        self.next = counter.checked_add(1).ok_or(SealError::Exhausted("control"))?;
+        self.next = counter
+            .checked_add(1)
+            .ok_or(SealError::Exhausted("control"))?;
         self.key
             .seal_in_place_append_tag(nonce(counter), Aad::empty(), &mut plaintext)
             .map_err(|_| SealError::Crypto("AEAD seal failed"))?;
@@ -62,13 +69,18 @@ pub struct ControlOpener {
 
 impl std::fmt::Debug for ControlOpener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ControlOpener").field("next", &self.next).finish_non_exhaustive()
+        f.debug_struct("ControlOpener")
+            .field("next", &self.next)
+            .finish_non_exhaustive()
     }
 }
 
 impl ControlOpener {
     pub(super) fn new(suite: Suite, bytes: &[u8; 32]) -> Result<ControlOpener, SealError> {
-        Ok(ControlOpener { key: key(suite, bytes)?, next: 0 })
+        Ok(ControlOpener {
+            key: key(suite, bytes)?,
+            next: 0,
+        })
     }
 
     /// Opens `record`, which must be the next one the peer sealed. A failure is fatal
@@ -80,7 +92,9 @@ impl ControlOpener {
             .open_in_place(nonce(counter), Aad::empty(), &mut record)
             .map_err(|_| SealError::Forged("control message"))?
             .len();
-        self.next = counter.checked_add(1).ok_or(SealError::Exhausted("control"))?;
+        self.next = counter
+            .checked_add(1)
+            .ok_or(SealError::Exhausted("control"))?;
         record.truncate(len);
         Ok(record)
     }
@@ -100,7 +114,10 @@ impl std::fmt::Debug for DataSealer {
 
 impl DataSealer {
     pub(super) fn new(suite: Suite, bytes: &[u8; 32]) -> Result<DataSealer, SealError> {
-        Ok(DataSealer { key: key(suite, bytes)?, next: AtomicU64::new(0) })
+        Ok(DataSealer {
+            key: key(suite, bytes)?,
+            next: AtomicU64::new(0),
+        })
     }
 
     /// Encrypts `piece` in place under a fresh counter; returns the counter and tag
@@ -133,12 +150,19 @@ impl std::fmt::Debug for DataOpener {
 
 impl DataOpener {
     pub(super) fn new(suite: Suite, bytes: &[u8; 32]) -> Result<DataOpener, SealError> {
-        Ok(DataOpener { key: key(suite, bytes)? })
+        Ok(DataOpener {
+            key: key(suite, bytes)?,
+        })
     }
 
     /// Decrypts `piece` in place if it is the piece sealed under `counter` with `tag`;
     /// otherwise fails and `piece` holds no plaintext the caller may use.
-    pub fn open(&self, counter: u64, piece: &mut [u8], tag: &[u8; TAG_BYTES]) -> Result<(), SealError> {
+    pub fn open(
+        &self,
+        counter: u64,
+        piece: &mut [u8],
+        tag: &[u8; TAG_BYTES],
+    ) -> Result<(), SealError> {
         let tag = Tag::from(*tag);
         self.key
             .open_in_place_separate_tag(nonce(counter), Aad::empty(), tag, piece, 0..)

@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-pub mod sys;
 pub mod sealed;
+pub mod sys;
 pub mod tcp;
 
 #[cfg(feature = "rdma")]

@@ -366,16 +366,18 @@ impl Conn {
     /// Arms the encryption layer if the handshake agreed to encrypt (the welcome must
     /// have been sent, and nothing else after it).
     fn secure(&self) -> Result<(), String> {
-        let key_share = self.key_share.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let key_share = self
+            .key_share
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         let (negotiated, transcript) = {
             let s = self.session();
             (s.negotiated(), s.transcript())
         };
-        let (Some(e), Some(t), Some(k)) = (
-            negotiated.and_then(|n| n.encryption),
-            transcript,
-            key_share,
-        ) else {
+        let (Some(e), Some(t), Some(k)) =
+            (negotiated.and_then(|n| n.encryption), transcript, key_share)
+        else {
             return Ok(());
         };
         let keys = k

@@ -11,6 +11,7 @@
 //!                                                          mine into your rkey/addr"
 //! DONE    : 0x05 u64 id                                   a PUSH is in place, opened
 //! RELEASE : 0x06 u64 id                                   a SEALED scratch was read
+//! ALIVE   : 0x07                                          sent every few seconds
 //! ```
 //!
 //! `rkey/addr/len` name the application's registered memory (the wrapper's rkeys);
@@ -28,6 +29,7 @@ const FAULT: u8 = 0x03;
 const PUSH: u8 = 0x04;
 const DONE: u8 = 0x05;
 const RELEASE: u8 = 0x06;
+const ALIVE: u8 = 0x07;
 
 /// Sealed bytes waiting in a scratch buffer of the inner transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,11 +56,18 @@ pub enum Frame {
     /// A `Pull` or `Push` refused by the memory's owner.
     Fault { id: u64, fault: AccessFault },
     /// Sealed bytes to be read and opened into `dst` (the receiver's memory).
-    Push { id: u64, piece: Piece, dst: RemoteSlice },
+    Push {
+        id: u64,
+        piece: Piece,
+        dst: RemoteSlice,
+    },
     /// A `Push` is in place.
     Done { id: u64 },
     /// The scratch of `Sealed { id }` may be reused.
     Release { id: u64 },
+    /// Nothing but the next counter: a record dropped on the way fails the next one,
+    /// so this bounds how long a drop goes unnoticed on an idle connection.
+    Alive,
 }
 
 fn put_slice(out: &mut Vec<u8>, s: &RemoteSlice) {
@@ -113,6 +122,7 @@ impl Frame {
                 out.push(RELEASE);
                 out.extend_from_slice(&id.to_le_bytes());
             }
+            Frame::Alive => out.push(ALIVE),
         }
         out
     }
@@ -127,13 +137,23 @@ impl Frame {
         }
         let mut r = Reader { bytes: &bytes[1..] };
         let frame = match kind {
-            PULL => Frame::Pull { id: r.u64()?, src: r.slice()? },
+            PULL => Frame::Pull {
+                id: r.u64()?,
+                src: r.slice()?,
+            },
             SEALED => {
                 let id = r.u64()?;
                 let (rkey, addr, counter, tag) = r.piece_head()?;
                 // The length is the pull's; the receiver fills it in.
                 let scratch = RemoteSlice { rkey, addr, len: 0 };
-                Frame::Sealed { id, piece: Piece { scratch, counter, tag } }
+                Frame::Sealed {
+                    id,
+                    piece: Piece {
+                        scratch,
+                        counter,
+                        tag,
+                    },
+                }
             }
             FAULT => Frame::Fault {
                 id: r.u64()?,
@@ -144,7 +164,11 @@ impl Frame {
                 let (rkey, addr, counter, tag) = r.piece_head()?;
                 let dst = r.slice()?;
                 let piece = Piece {
-                    scratch: RemoteSlice { rkey, addr, len: dst.len },
+                    scratch: RemoteSlice {
+                        rkey,
+                        addr,
+                        len: dst.len,
+                    },
                     counter,
                     tag,
                 };
@@ -152,6 +176,7 @@ impl Frame {
             }
             DONE => Frame::Done { id: r.u64()? },
             RELEASE => Frame::Release { id: r.u64()? },
+            ALIVE => Frame::Alive,
             _ => return None,
         };
         r.bytes.is_empty().then_some(frame)
@@ -178,7 +203,11 @@ impl Reader<'_> {
         self.take().map(u64::from_le_bytes)
     }
     fn slice(&mut self) -> Option<RemoteSlice> {
-        Some(RemoteSlice { rkey: self.u32()?, addr: self.u64()?, len: self.u32()? })
+        Some(RemoteSlice {
+            rkey: self.u32()?,
+            addr: self.u64()?,
+            len: self.u32()?,
+        })
     }
     fn piece_head(&mut self) -> Option<(u32, u64, u64, [u8; TAG_BYTES])> {
         Some((self.u32()?, self.u64()?, self.u64()?, self.take()?))
@@ -191,17 +220,43 @@ mod tests {
 
     #[test]
     fn every_frame_round_trips_and_garbage_is_refused() {
-        let slice = RemoteSlice { rkey: 7, addr: 0x1000, len: 4096 };
-        let piece = Piece { scratch: RemoteSlice { rkey: 9, addr: 0x2000, len: 0 }, counter: 5, tag: [3; 16] };
+        let slice = RemoteSlice {
+            rkey: 7,
+            addr: 0x1000,
+            len: 4096,
+        };
+        let piece = Piece {
+            scratch: RemoteSlice {
+                rkey: 9,
+                addr: 0x2000,
+                len: 0,
+            },
+            counter: 5,
+            tag: [3; 16],
+        };
         let frames = [
             Frame::App(b"hello".to_vec()),
             Frame::App(Vec::new()),
             Frame::Pull { id: 1, src: slice },
             Frame::Sealed { id: 2, piece },
-            Frame::Fault { id: 3, fault: AccessFault::OutOfBounds },
-            Frame::Push { id: 4, piece: Piece { scratch: RemoteSlice { len: 4096, ..piece.scratch }, ..piece }, dst: slice },
+            Frame::Fault {
+                id: 3,
+                fault: AccessFault::OutOfBounds,
+            },
+            Frame::Push {
+                id: 4,
+                piece: Piece {
+                    scratch: RemoteSlice {
+                        len: 4096,
+                        ..piece.scratch
+                    },
+                    ..piece
+                },
+                dst: slice,
+            },
             Frame::Done { id: 5 },
             Frame::Release { id: 6 },
+            Frame::Alive,
         ];
         for f in frames {
             let bytes = f.encode();

@@ -43,19 +43,22 @@ pub mod frame;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use self::frame::{Frame, Piece};
 use super::{
-    Access, AccessFault, Buffer, Memory, Op, Registration, RemoteSlice, SharedTransport,
-    Transport, TransportError, TransportKind,
+    Access, AccessFault, Buffer, Memory, Op, Registration, RemoteSlice, SharedTransport, Transport,
+    TransportError, TransportKind,
 };
 use crate::codec::MAX_CTRL_FRAME_BYTES;
 use crate::msg::RegionDesc;
-use crate::seal::{ControlOpener, ControlSealer, DataOpener, DataSealer, SessionKeys, Suite, TAG_BYTES};
+use crate::seal::{
+    ControlOpener, ControlSealer, DataOpener, DataSealer, SessionKeys, Suite, TAG_BYTES,
+};
 
 /// Most bytes sealed as one piece (and the size of each scratch buffer).
 pub const PIECE_BYTES: usize = 1 << 20;
@@ -70,6 +73,15 @@ pub const MAX_PEER_PIECES: usize = 2 * MAX_PIECES_IN_FLIGHT;
 /// Most application messages received and not yet taken by `recv` (the protocol
 /// allows a few hundred outstanding requests; more is a broken or hostile peer).
 pub const MAX_UNREAD_MESSAGES: usize = 4096;
+
+/// How often each side sends an `ALIVE` record. A record dropped on the way makes the
+/// next one fail to open, so a drop is noticed within this even when the
+/// application has nothing to send.
+pub const ALIVE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How long a side waits for the peer's next record (its `ALIVE`s included) before it
+/// ends the connection: frames withheld or a peer gone without a word.
+pub const PEER_SILENCE_LIMIT: Duration = Duration::from_secs(30);
 
 /// Pieces up to this size are opened on the async thread; longer ones on a blocking
 /// thread.
@@ -194,11 +206,10 @@ impl Sealed {
     /// in progress, on a tokio runtime (it starts the task that receives). Fails if
     /// already armed or a send is in progress.
     pub fn arm(&self, keys: SessionKeys) -> Result<(), TransportError> {
-        let mut sealer = self
-            .shared
-            .sealer
-            .try_lock()
-            .map_err(|_| TransportError::Local("encryption armed while a send was in progress"))?;
+        let mut sealer =
+            self.shared.sealer.try_lock().map_err(|_| {
+                TransportError::Local("encryption armed while a send was in progress")
+            })?;
         if sealer.is_some() || self.shared.armed.get().is_some() {
             return Err(TransportError::Local("encryption armed twice"));
         }
@@ -217,14 +228,19 @@ impl Sealed {
             pushes: Semaphore::new(MAX_PIECES_IN_FLIGHT),
             serving: Mutex::new(HashMap::new()),
             peer_pieces: AtomicUsize::new(0),
-            serve_pool: ScratchPool { free: Mutex::new(Vec::new()) },
-            push_pool: ScratchPool { free: Mutex::new(Vec::new()) },
+            serve_pool: ScratchPool {
+                free: Mutex::new(Vec::new()),
+            },
+            push_pool: ScratchPool {
+                free: Mutex::new(Vec::new()),
+            },
         };
         if self.shared.armed.set(armed).is_err() {
             return Err(TransportError::Local("encryption armed twice"));
         }
         *sealer = Some(keys.control_send);
         tokio::spawn(receive(self.shared.clone(), keys.control_recv, app_tx));
+        tokio::spawn(keep_alive(Arc::downgrade(&self.shared)));
         Ok(())
     }
 
@@ -237,7 +253,9 @@ impl Sealed {
 impl Shared {
     fn armed(&self) -> &Armed {
         // Only called on paths reached after `arm`.
-        self.armed.get().expect("sealed transport used as armed before arm()")
+        self.armed
+            .get()
+            .expect("sealed transport used as armed before arm()")
     }
 
     /// Seals `frame` as the next record and sends it.
@@ -297,7 +315,11 @@ impl Shared {
         offset: usize,
     ) -> Result<(), TransportError> {
         let a = self.armed();
-        let _permit = a.pulls.acquire().await.map_err(|_| TransportError::Closed)?;
+        let _permit = a
+            .pulls
+            .acquire()
+            .await
+            .map_err(|_| TransportError::Closed)?;
         let (id, rx) = self.waiter();
         self.send_frame(Frame::Pull { id, src }).await?;
         let piece = match self.wait(id, rx).await? {
@@ -313,7 +335,10 @@ impl Shared {
             }
             Reply::Done => return Err(self.broken("DONE answered a PULL")),
         };
-        let scratch = RemoteSlice { len: src.len, ..piece.scratch };
+        let scratch = RemoteSlice {
+            len: src.len,
+            ..piece.scratch
+        };
         let read = self.inner.read(scratch, local, offset).await;
         // The scratch is the owner's to reuse whatever happened.
         let _ = self.send_frame(Frame::Release { id }).await;
@@ -339,10 +364,11 @@ impl Shared {
             let buf = buf.clone();
             tokio::task::spawn_blocking(move || {
                 let mut bytes = buf.blocking_write();
-                shared
-                    .armed()
-                    .data_recv
-                    .open(piece.counter, &mut bytes[offset..offset + len], &piece.tag)
+                shared.armed().data_recv.open(
+                    piece.counter,
+                    &mut bytes[offset..offset + len],
+                    &piece.tag,
+                )
             })
             .await
             .map_err(|_| TransportError::Local("opening task failed"))?
@@ -375,11 +401,9 @@ impl Shared {
                 .map_err(|e| SealFailure::Transport(TransportError::Protocol(e.to_string())))
         })
         .await
-        .unwrap_or_else(|_| {
-            Err(SealFailure::Transport(TransportError::Local(
-                "sealing task failed",
-            )))
-        });
+        .unwrap_or(Err(SealFailure::Transport(TransportError::Local(
+            "sealing task failed",
+        ))));
         match sealed {
             Ok((counter, tag)) => Ok((scratch, counter, tag)),
             Err(e) => {
@@ -418,11 +442,28 @@ fn copy_out(memory: &Memory, offset: usize, out: &mut [u8]) -> std::io::Result<(
 fn place(entry: &Entry, slice: &RemoteSlice) -> Result<usize, AccessFault> {
     let start = entry.memory.addr();
     let end = start + entry.memory.len() as u64;
-    let last = slice.addr.checked_add(u64::from(slice.len)).ok_or(AccessFault::OutOfBounds)?;
+    let last = slice
+        .addr
+        .checked_add(u64::from(slice.len))
+        .ok_or(AccessFault::OutOfBounds)?;
     if slice.addr < start || last > end {
         return Err(AccessFault::OutOfBounds);
     }
     Ok((slice.addr - start) as usize)
+}
+
+/// Sends an `ALIVE` record every [`ALIVE_INTERVAL`] until the connection is closed
+/// (a send fails) or the wrapper is gone.
+async fn keep_alive(shared: Weak<Shared>) {
+    loop {
+        tokio::time::sleep(ALIVE_INTERVAL).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if shared.send_frame(Frame::Alive).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// The receiving task of an armed wrapper: opens every record, hands application
@@ -433,10 +474,15 @@ async fn receive(
     app_tx: mpsc::UnboundedSender<Result<Vec<u8>, TransportError>>,
 ) {
     let outcome: Result<(), String> = loop {
-        let record = match shared.inner.recv().await {
-            Ok(Some(r)) => r,
-            Ok(None) => break Ok(()),
-            Err(e) => break Err(e.to_string()),
+        let record = match tokio::time::timeout(PEER_SILENCE_LIMIT, shared.inner.recv()).await {
+            Ok(Ok(Some(r))) => r,
+            Ok(Ok(None)) => break Ok(()),
+            Ok(Err(e)) => break Err(e.to_string()),
+            Err(_) => {
+                break Err(format!(
+                    "no record from the peer in {PEER_SILENCE_LIMIT:?}: frames withheld on the way, or the peer is gone"
+                ))
+            }
         };
         let plain = match opener.open(record) {
             Ok(p) => p,
@@ -476,7 +522,9 @@ fn dispatch(
                 let _ = tx.send(reply);
                 Ok(())
             }
-            None => Err(format!("peer broke the encrypted transport's rules: answer to unknown operation {id}")),
+            None => Err(format!(
+                "peer broke the encrypted transport's rules: answer to unknown operation {id}"
+            )),
         }
     };
     match frame {
@@ -489,6 +537,7 @@ fn dispatch(
             let _ = app_tx.send(Ok(bytes));
             Ok(())
         }
+        Frame::Alive => Ok(()),
         Frame::Sealed { id, piece } => complete(id, Reply::Sealed(piece)),
         Frame::Done { id } => complete(id, Reply::Done),
         Frame::Fault { id, fault } => complete(id, Reply::Fault(fault)),
@@ -498,7 +547,9 @@ fn dispatch(
                 a.peer_pieces.fetch_sub(1, Ordering::AcqRel);
                 Ok(())
             }
-            None => Err(format!("peer broke the encrypted transport's rules: release of unknown piece {id}")),
+            None => Err(format!(
+                "peer broke the encrypted transport's rules: release of unknown piece {id}"
+            )),
         },
         Frame::Pull { id, src } => {
             admit_peer_piece(a, src.len)?;
@@ -529,9 +580,16 @@ fn admit_peer_piece(a: &Armed, len: u32) -> Result<(), String> {
 
 /// The entry `rkey` names, if it grants `access`; else the fault to answer.
 fn lookup(a: &Armed, slice: &RemoteSlice, write: bool) -> Result<(Arc<Entry>, usize), AccessFault> {
-    let entry = lock(&a.table).get(&slice.rkey).cloned().ok_or(AccessFault::InvalidRkey)?;
+    let entry = lock(&a.table)
+        .get(&slice.rkey)
+        .cloned()
+        .ok_or(AccessFault::InvalidRkey)?;
     let offset = place(&entry, slice)?;
-    let allowed = if write { entry.access.remote_write() } else { entry.access.remote_read() };
+    let allowed = if write {
+        entry.access.remote_write()
+    } else {
+        entry.access.remote_read()
+    };
     if !allowed {
         return Err(AccessFault::Denied);
     }
@@ -544,15 +602,28 @@ async fn serve_pull(shared: Arc<Shared>, id: u64, src: RemoteSlice) {
     let answer = match lookup(a, &src, false) {
         Err(fault) => Frame::Fault { id, fault },
         Ok((entry, offset)) => {
-            match shared.seal_into(&a.serve_pool, &entry.memory, offset, src.len as usize).await {
+            match shared
+                .seal_into(&a.serve_pool, &entry.memory, offset, src.len as usize)
+                .await
+            {
                 Ok((scratch, counter, tag)) => {
-                    let piece = Piece { scratch: RemoteSlice { len: 0, ..slice_of(&scratch) }, counter, tag };
+                    let piece = Piece {
+                        scratch: RemoteSlice {
+                            len: 0,
+                            ..slice_of(&scratch)
+                        },
+                        counter,
+                        tag,
+                    };
                     lock(&a.serving).insert(id, scratch);
                     Frame::Sealed { id, piece }
                 }
                 Err(SealFailure::Unreadable(e)) => {
                     tracing::warn!(peer = %shared.inner.peer(), "cannot read registered memory for a pull: {e}");
-                    Frame::Fault { id, fault: AccessFault::Refused }
+                    Frame::Fault {
+                        id,
+                        fault: AccessFault::Refused,
+                    }
                 }
                 Err(SealFailure::Transport(e)) => {
                     shared.fail(format!("cannot seal a piece: {e}"));
@@ -574,11 +645,17 @@ async fn serve_push(shared: Arc<Shared>, id: u64, piece: Piece, dst: RemoteSlice
         Err(fault) => Frame::Fault { id, fault },
         Ok((entry, offset)) => match (&entry.local, &entry.memory) {
             (Some(local), Memory::Buffer(buf)) => {
-                let scratch = RemoteSlice { len: dst.len, ..piece.scratch };
+                let scratch = RemoteSlice {
+                    len: dst.len,
+                    ..piece.scratch
+                };
                 match shared.inner.read(scratch, local, offset).await {
                     Err(e) => {
                         tracing::debug!(peer = %shared.inner.peer(), "cannot read a pushed piece: {e}");
-                        Frame::Fault { id, fault: AccessFault::Refused }
+                        Frame::Fault {
+                            id,
+                            fault: AccessFault::Refused,
+                        }
                     }
                     Ok(()) => match shared.open_in(buf, offset, dst.len as usize, piece).await {
                         Ok(()) => Frame::Done { id },
@@ -587,7 +664,10 @@ async fn serve_push(shared: Arc<Shared>, id: u64, piece: Piece, dst: RemoteSlice
                     },
                 }
             }
-            _ => Frame::Fault { id, fault: AccessFault::Denied },
+            _ => Frame::Fault {
+                id,
+                fault: AccessFault::Denied,
+            },
         },
     };
     a.peer_pieces.fetch_sub(1, Ordering::AcqRel);
@@ -596,7 +676,11 @@ async fn serve_push(shared: Arc<Shared>, id: u64, piece: Piece, dst: RemoteSlice
 
 fn slice_of(s: &Scratch) -> RemoteSlice {
     let d = s.reg.desc();
-    RemoteSlice { rkey: d.rkey, addr: d.addr, len: 0 }
+    RemoteSlice {
+        rkey: d.rkey,
+        addr: d.addr,
+        len: 0,
+    }
 }
 
 /// The pieces `(offset, len)` of an operation of `len` bytes.
@@ -627,13 +711,19 @@ impl Transport for Sealed {
             return self.shared.inner.register(memory, access);
         };
         if access.remote_write() && !memory.is_writable() {
-            return Err(TransportError::Local("only buffers can be registered for remote writes"));
+            return Err(TransportError::Local(
+                "only buffers can be registered for remote writes",
+            ));
         }
         let local = match &memory {
             Memory::Buffer(_) => Some(self.shared.inner.register(memory.clone(), Access::Local)?),
             Memory::File(_) => None,
         };
-        let entry = Arc::new(Entry { memory: memory.clone(), access, local });
+        let entry = Arc::new(Entry {
+            memory: memory.clone(),
+            access,
+            local,
+        });
         let rkey = {
             let mut table = lock(&a.table);
             let mut rkey = a.next_rkey.fetch_add(1, Ordering::Relaxed);
@@ -643,8 +733,16 @@ impl Transport for Sealed {
             table.insert(rkey, entry.clone());
             rkey
         };
-        let desc = RegionDesc { addr: memory.addr(), len: memory.len() as u64, rkey };
-        let handle = Handle { rkey, entry, table: a.table.clone() };
+        let desc = RegionDesc {
+            addr: memory.addr(),
+            len: memory.len() as u64,
+            rkey,
+        };
+        let handle = Handle {
+            rkey,
+            entry,
+            table: a.table.clone(),
+        };
         Ok(Registration::new(desc, memory, access, Box::new(handle)))
     }
 
@@ -659,13 +757,23 @@ impl Transport for Sealed {
         }
         let buf = dst.read_destination(dst_offset, src.len)?.clone();
         let local = match dst.backend::<Handle>() {
-            Some(h) => h.entry.local.as_ref().ok_or(TransportError::Local("READ destination must be a buffer"))?,
+            Some(h) => h
+                .entry
+                .local
+                .as_ref()
+                .ok_or(TransportError::Local("READ destination must be a buffer"))?,
             // Registered before arm(): the inner transport's own registration.
             None => dst,
         };
         for (off, len) in pieces(src.len) {
-            let piece = RemoteSlice { rkey: src.rkey, addr: src.addr + u64::from(off), len };
-            self.shared.pull(piece, local, &buf, dst_offset + off as usize).await?;
+            let piece = RemoteSlice {
+                rkey: src.rkey,
+                addr: src.addr + u64::from(off),
+                len,
+            };
+            self.shared
+                .pull(piece, local, &buf, dst_offset + off as usize)
+                .await?;
         }
         Ok(())
     }
@@ -681,22 +789,52 @@ impl Transport for Sealed {
         };
         src.check_write_source(src_offset, dst.len)?;
         for (off, len) in pieces(dst.len) {
-            let _permit = a.pushes.acquire().await.map_err(|_| TransportError::Closed)?;
+            let _permit = a
+                .pushes
+                .acquire()
+                .await
+                .map_err(|_| TransportError::Closed)?;
             let (scratch, counter, tag) = match self
                 .shared
-                .seal_into(&a.push_pool, src.memory(), src_offset + off as usize, len as usize)
+                .seal_into(
+                    &a.push_pool,
+                    src.memory(),
+                    src_offset + off as usize,
+                    len as usize,
+                )
                 .await
             {
                 Ok(sealed) => sealed,
                 Err(SealFailure::Transport(e)) => return Err(e),
                 Err(SealFailure::Unreadable(e)) => {
-                    return Err(TransportError::Io { op: "reading a WRITE's source", source: e })
+                    return Err(TransportError::Io {
+                        op: "reading a WRITE's source",
+                        source: e,
+                    })
                 }
             };
-            let piece = Piece { scratch: RemoteSlice { len, ..slice_of(&scratch) }, counter, tag };
-            let target = RemoteSlice { rkey: dst.rkey, addr: dst.addr + u64::from(off), len };
+            let piece = Piece {
+                scratch: RemoteSlice {
+                    len,
+                    ..slice_of(&scratch)
+                },
+                counter,
+                tag,
+            };
+            let target = RemoteSlice {
+                rkey: dst.rkey,
+                addr: dst.addr + u64::from(off),
+                len,
+            };
             let (id, rx) = self.shared.waiter();
-            let sent = self.shared.send_frame(Frame::Push { id, piece, dst: target }).await;
+            let sent = self
+                .shared
+                .send_frame(Frame::Push {
+                    id,
+                    piece,
+                    dst: target,
+                })
+                .await;
             let reply = match sent {
                 Ok(()) => self.shared.wait(id, rx).await,
                 Err(e) => Err(e),

@@ -24,7 +24,9 @@ async fn pair(suite: Suite) -> (Arc<Sealed>, Arc<Sealed>, Arc<Tcp>, Arc<Tcp>) {
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 async fn buffer(bytes: &[u8]) -> Arc<Buffer> {
@@ -45,16 +47,22 @@ async fn messages_reads_and_writes_cross_sealed() {
         // B exposes 3.5 pieces of data read-only; A pulls all of it (several pieces).
         let len = PIECE_BYTES * 3 + PIECE_BYTES / 2;
         let data = pattern(len, 3);
-        let exposed = b.register(Memory::Buffer(buffer(&data).await), Access::RemoteRead).unwrap();
+        let exposed = b
+            .register(Memory::Buffer(buffer(&data).await), Access::RemoteRead)
+            .unwrap();
         let dst_buf = Buffer::new(len + 10).unwrap();
-        let dst = a.register(Memory::Buffer(dst_buf.clone()), Access::Local).unwrap();
+        let dst = a
+            .register(Memory::Buffer(dst_buf.clone()), Access::Local)
+            .unwrap();
         let src = RemoteSlice::of(&exposed.desc(), 0, len as u32).unwrap();
         a.read(src, &dst, 10).await.unwrap();
         assert_eq!(&dst_buf.read().await[10..], &data[..]);
 
         // A pushes a slice into B's writable buffer.
         let target_buf = Buffer::new(4096).unwrap();
-        let target = b.register(Memory::Buffer(target_buf.clone()), Access::RemoteWrite).unwrap();
+        let target = b
+            .register(Memory::Buffer(target_buf.clone()), Access::RemoteWrite)
+            .unwrap();
         let dst_slice = RemoteSlice::of(&target.desc(), 100, 1000).unwrap();
         a.write(&dst, 10 + 5, dst_slice).await.unwrap();
         assert_eq!(&target_buf.read().await[100..1100], &data[5..1005]);
@@ -69,18 +77,46 @@ async fn a_file_window_is_served_by_copy_and_its_truncation_is_a_refusal() {
     let mut f = tempfile::tempfile().unwrap();
     f.write_all(&data).unwrap();
     let window = FileWindow::map(&f, 0, data.len()).unwrap();
-    let exposed = b.register(Memory::File(window), Access::RemoteRead).unwrap();
-    assert!(b.register(Memory::File(FileWindow::map(&f, 0, 4096).unwrap()), Access::RemoteWrite).is_err());
+    let exposed = b
+        .register(Memory::File(window), Access::RemoteRead)
+        .unwrap();
+    assert!(b
+        .register(
+            Memory::File(FileWindow::map(&f, 0, 4096).unwrap()),
+            Access::RemoteWrite
+        )
+        .is_err());
     let dst_buf = Buffer::new(data.len()).unwrap();
-    let dst = a.register(Memory::Buffer(dst_buf.clone()), Access::Local).unwrap();
-    a.read(RemoteSlice::of(&exposed.desc(), 0, data.len() as u32).unwrap(), &dst, 0).await.unwrap();
+    let dst = a
+        .register(Memory::Buffer(dst_buf.clone()), Access::Local)
+        .unwrap();
+    a.read(
+        RemoteSlice::of(&exposed.desc(), 0, data.len() as u32).unwrap(),
+        &dst,
+        0,
+    )
+    .await
+    .unwrap();
     assert_eq!(&dst_buf.read().await[..], &data[..]);
     f.set_len(4096).unwrap();
     let err = a
-        .read(RemoteSlice::of(&exposed.desc(), 4096, 4096).unwrap(), &dst, 0)
+        .read(
+            RemoteSlice::of(&exposed.desc(), 4096, 4096).unwrap(),
+            &dst,
+            0,
+        )
         .await
         .unwrap_err();
-    assert!(matches!(err, TransportError::RemoteAccess { fault: AccessFault::Refused, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            TransportError::RemoteAccess {
+                fault: AccessFault::Refused,
+                ..
+            }
+        ),
+        "{err}"
+    );
     // The connection goes on.
     a.send(b"still here".to_vec()).await.unwrap();
     assert_eq!(b.recv().await.unwrap().unwrap(), b"still here");
@@ -89,7 +125,12 @@ async fn a_file_window_is_served_by_copy_and_its_truncation_is_a_refusal() {
 #[tokio::test]
 async fn bad_rkeys_bounds_and_access_are_refused_by_the_owner() {
     let (a, b, _, _) = pair(Suite::ChaCha20Poly1305).await;
-    let ro = b.register(Memory::Buffer(buffer(&[1u8; 4096]).await), Access::RemoteRead).unwrap();
+    let ro = b
+        .register(
+            Memory::Buffer(buffer(&[1u8; 4096]).await),
+            Access::RemoteRead,
+        )
+        .unwrap();
     let dst_buf = Buffer::new(8192).unwrap();
     let dst = a.register(Memory::Buffer(dst_buf), Access::Local).unwrap();
     let desc = ro.desc();
@@ -97,22 +138,64 @@ async fn bad_rkeys_bounds_and_access_are_refused_by_the_owner() {
         TransportError::RemoteAccess { fault, .. } => fault,
         other => panic!("{other}"),
     };
-    let past = RemoteSlice { rkey: desc.rkey, addr: desc.addr + 4000, len: 200 };
-    assert_eq!(fault(a.read(past, &dst, 0).await.unwrap_err()), AccessFault::OutOfBounds);
-    let wrong = RemoteSlice { rkey: desc.rkey + 1000, addr: desc.addr, len: 10 };
-    assert_eq!(fault(a.read(wrong, &dst, 0).await.unwrap_err()), AccessFault::InvalidRkey);
-    let write = RemoteSlice { rkey: desc.rkey, addr: desc.addr, len: 10 };
-    assert_eq!(fault(a.write(&dst, 0, write).await.unwrap_err()), AccessFault::Denied);
+    let past = RemoteSlice {
+        rkey: desc.rkey,
+        addr: desc.addr + 4000,
+        len: 200,
+    };
+    assert_eq!(
+        fault(a.read(past, &dst, 0).await.unwrap_err()),
+        AccessFault::OutOfBounds
+    );
+    let wrong = RemoteSlice {
+        rkey: desc.rkey + 1000,
+        addr: desc.addr,
+        len: 10,
+    };
+    assert_eq!(
+        fault(a.read(wrong, &dst, 0).await.unwrap_err()),
+        AccessFault::InvalidRkey
+    );
+    let write = RemoteSlice {
+        rkey: desc.rkey,
+        addr: desc.addr,
+        len: 10,
+    };
+    assert_eq!(
+        fault(a.write(&dst, 0, write).await.unwrap_err()),
+        AccessFault::Denied
+    );
     // A revoked registration is gone.
     drop(ro);
-    assert_eq!(fault(a.read(write, &dst, 0).await.unwrap_err()), AccessFault::InvalidRkey);
+    assert_eq!(
+        fault(a.read(write, &dst, 0).await.unwrap_err()),
+        AccessFault::InvalidRkey
+    );
     // The peer's plaintext is not reachable through the inner transport: the inner
     // registration of the local buffer is local-only.
-    let local_only = b.register(Memory::Buffer(buffer(&[2u8; 64]).await), Access::RemoteWrite).unwrap();
-    let inner_local = local_only.backend::<Handle>().unwrap().entry.local.as_ref().unwrap().desc();
-    let direct = RemoteSlice { rkey: inner_local.rkey, addr: inner_local.addr, len: 64 };
+    let local_only = b
+        .register(
+            Memory::Buffer(buffer(&[2u8; 64]).await),
+            Access::RemoteWrite,
+        )
+        .unwrap();
+    let inner_local = local_only
+        .backend::<Handle>()
+        .unwrap()
+        .entry
+        .local
+        .as_ref()
+        .unwrap()
+        .desc();
+    let direct = RemoteSlice {
+        rkey: inner_local.rkey,
+        addr: inner_local.addr,
+        len: 64,
+    };
     let inner_a = a.shared.inner.clone();
-    let inner_dst = inner_a.register(Memory::Buffer(Buffer::new(64).unwrap()), Access::Local).unwrap();
+    let inner_dst = inner_a
+        .register(Memory::Buffer(Buffer::new(64).unwrap()), Access::Local)
+        .unwrap();
     assert!(inner_a.read(direct, &inner_dst, 0).await.is_err());
 }
 
@@ -120,7 +203,10 @@ async fn bad_rkeys_bounds_and_access_are_refused_by_the_owner() {
 async fn a_forged_record_ends_the_connection_with_a_clear_error() {
     let (a, b, inner_a, _) = pair(Suite::Aes256Gcm).await;
     // Something on the path injects a frame the sealer did not make.
-    inner_a.send(b"not a sealed record at all".to_vec()).await.unwrap();
+    inner_a
+        .send(b"not a sealed record at all".to_vec())
+        .await
+        .unwrap();
     let err = b.recv().await.unwrap_err();
     assert!(err.to_string().contains("failed authentication"), "{err}");
     drop(a);
@@ -141,12 +227,22 @@ impl Transport for Flipping {
     fn register(&self, memory: Memory, access: Access) -> Result<Registration, TransportError> {
         self.0.register(memory, access)
     }
-    async fn read(&self, src: RemoteSlice, dst: &Registration, off: usize) -> Result<(), TransportError> {
+    async fn read(
+        &self,
+        src: RemoteSlice,
+        dst: &Registration,
+        off: usize,
+    ) -> Result<(), TransportError> {
         self.0.read(src, dst, off).await?;
         dst.buffer().unwrap().write().await[off] ^= 0x01;
         Ok(())
     }
-    async fn write(&self, src: &Registration, off: usize, dst: RemoteSlice) -> Result<(), TransportError> {
+    async fn write(
+        &self,
+        src: &Registration,
+        off: usize,
+        dst: RemoteSlice,
+    ) -> Result<(), TransportError> {
         self.0.write(src, off, dst).await
     }
     async fn send(&self, msg: Vec<u8>) -> Result<(), TransportError> {
@@ -165,18 +261,29 @@ async fn a_forged_piece_fails_the_read_and_the_connection() {
     // A pair whose A side flips bits in what it reads.
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    let (x, y) = tokio::join!(Tcp::connect(addr), async { Tcp::start(l.accept().await.unwrap().0).await });
+    let (x, y) = tokio::join!(Tcp::connect(addr), async {
+        Tcp::start(l.accept().await.unwrap().0).await
+    });
     let (x, y) = (Arc::new(x.unwrap()), Arc::new(y.unwrap()));
     let (kx, ky) = (KeyShare::generate().unwrap(), KeyShare::generate().unwrap());
     let (px, py) = (kx.public(), ky.public());
     let t = transcript(b"h", b"w");
     let a = Sealed::new(Arc::new(Flipping(x)));
     let b = Sealed::new(y);
-    a.arm(kx.agree(&py, &t, Suite::Aes256Gcm, true).unwrap()).unwrap();
-    b.arm(ky.agree(&px, &t, Suite::Aes256Gcm, false).unwrap()).unwrap();
-    let exposed = b.register(Memory::Buffer(buffer(&pattern(8192, 1)).await), Access::RemoteRead).unwrap();
+    a.arm(kx.agree(&py, &t, Suite::Aes256Gcm, true).unwrap())
+        .unwrap();
+    b.arm(ky.agree(&px, &t, Suite::Aes256Gcm, false).unwrap())
+        .unwrap();
+    let exposed = b
+        .register(
+            Memory::Buffer(buffer(&pattern(8192, 1)).await),
+            Access::RemoteRead,
+        )
+        .unwrap();
     let dst_buf = Buffer::new(8192).unwrap();
-    let dst = a.register(Memory::Buffer(dst_buf.clone()), Access::Local).unwrap();
+    let dst = a
+        .register(Memory::Buffer(dst_buf.clone()), Access::Local)
+        .unwrap();
     let src = RemoteSlice::of(&exposed.desc(), 0, 8192).unwrap();
     let err = a.read(src, &dst, 0).await.unwrap_err();
     assert!(err.to_string().contains("failed authentication"), "{err}");
@@ -192,5 +299,12 @@ fn pieces_cover_an_operation_exactly() {
     let all: Vec<_> = pieces(0).collect();
     assert_eq!(all, vec![(0, 0)]);
     let all: Vec<_> = pieces(PIECE_BYTES as u32 * 2 + 5).collect();
-    assert_eq!(all, vec![(0, PIECE_BYTES as u32), (PIECE_BYTES as u32, PIECE_BYTES as u32), (2 * PIECE_BYTES as u32, 5)]);
+    assert_eq!(
+        all,
+        vec![
+            (0, PIECE_BYTES as u32),
+            (PIECE_BYTES as u32, PIECE_BYTES as u32),
+            (2 * PIECE_BYTES as u32, 5)
+        ]
+    );
 }

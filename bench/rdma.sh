@@ -3,7 +3,10 @@
 # file over the verbs transport (upload = server RDMA READs; download = server RDMA
 # WRITEs), and perftest's ib_read_bw / ib_write_bw run with the same message size
 # (the 1 MiB chunk) in the same VM run. It prints rcp's throughput as a fraction of
-# the raw verbs ceiling.
+# the raw verbs ceiling. Those rows are unencrypted (rcp --encryption off, ferryd
+# --encryption preferred); the same copies with --encryption required follow, with the
+# suite rcp --json names and encrypted / unencrypted (binaries without --encryption:
+# the plain rows only).
 #
 #   bench/rdma.sh                       # 256 MiB, 3 repetitions, release build, kernel 6.1
 #   bench/rdma.sh --quick               # 32 MiB, 1 repetition
@@ -32,7 +35,7 @@ while [ $# -gt 0 ]; do
         --kernel) KERNEL="${2:?}"; shift ;;
         --no-save) SAVE=0 ;;
         --run-in-vm) IN_VM=1; BIN_DIR="$2"; SIZE_MIB="$3"; REPS="$4"; shift 3 ;;
-        -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench: unknown argument '$1'" >&2; exit 2 ;;
     esac
     shift
@@ -50,7 +53,7 @@ if [ -z "${IN_VM:-}" ]; then
     if [ "$SAVE" = 1 ]; then
         mkdir -p bench/results
         f="bench/results/rdma-$(date +%Y-%m-%d-%H%M%S).md"
-        { echo "# bench/rdma.sh — $(date -u +%FT%TZ), $(nproc) host cores, kernel arg $KERNEL"; echo; sed -n '/^| /p;/^rcp /p;/^kernel/p;/^sha256/p;/^blake3/p;/^chunk hash/p' "$out"; } >"$f"
+        { echo "# bench/rdma.sh — $(date -u +%FT%TZ), $(nproc) host cores, kernel arg $KERNEL"; echo; sed -n '/^| /p;/^rcp /p;/^kernel/p;/^sha256/p;/^blake3/p;/^chunk hash/p;/^encryption/p' "$out"; } >"$f"
         echo "saved $f" >&2
     fi
     exit 0
@@ -63,8 +66,13 @@ mkdir -p "$W/share" "$W/local"
 head -c "$((SIZE_MIB << 20))" /dev/urandom >"$W/local/src.bin"
 "$BIN_DIR/ferryd" --generate-secret "$W/b.secret" 2>/dev/null
 export FERRY_SECRET_FILE="$W/b.secret"
+# Session encryption where the binaries have it: ferryd lets each client pick; the
+# plain rows ask for none (OFF), the encrypted ones require it.
+FERRYD_ENC=() OFF=() ENC=0
+if "$BIN_DIR/ferryd" --help 2>&1 | grep -q -- --encryption; then FERRYD_ENC=(--encryption preferred); fi
+if "$BIN_DIR/rcp" --help 2>&1 | grep -q -- --encryption; then OFF=(--encryption off) ENC=1; fi
 "$BIN_DIR/ferryd" --transport rdma --listen "$IP:0" --port-file "$W/port" \
-    --share "b=$W/share" --secret-file "$W/b.secret" 2>"$W/ferryd.log" &
+    --share "b=$W/share" --secret-file "$W/b.secret" "${FERRYD_ENC[@]}" 2>"$W/ferryd.log" &
 FERRYD=$!
 # On a failure, show why ferryd ended or refused.
 trap 'rc=$?; if [ "$rc" -ne 0 ]; then echo "[bench] ferryd log:" >&2; tail -n 20 "$W/ferryd.log" >&2; fi' EXIT
@@ -79,7 +87,7 @@ TICK=$(getconf CLK_TCK)
 ferryd_cpu() { awk -v t="$TICK" '{ sub(/.*\) /, ""); print ($12 + $13) / t }' "/proc/$FERRYD/stat"; }
 # rcp_timed ARGS...: one rcp --json; sets DT (seconds), RCP_CPU (its user + system CPU,
 # from bash's times in a subshell that ran only rcp), SRV_CPU (ferryd's over the same
-# span) and HASH (the chunk hash rcp --json names).
+# span), HASH (the chunk hash rcp --json names) and SUITE (its encryption; empty if none).
 rcp_timed() {
     local t0 t1 c0 c1
     c0=$(ferryd_cpu)
@@ -92,18 +100,28 @@ rcp_timed() {
     RCP_CPU=$(awk 'NR == 2 { n = 0; for (i = 1; i <= 2; i++) { split($i, p, "m"); sub(/s$/, "", p[2]); n += p[1] * 60 + p[2] } print n }' "$W/times")
     SRV_CPU=$(awk -v a="$c0" -v b="$c1" 'BEGIN {print b - a}')
     HASH=$(sed -n 's/.*"hash":"\([a-z0-9]*\)".*/\1/p' "$W/rcp.json")
+    SUITE=$(sed -n 's/.*"encryption":"\([a-z0-9_-]*\)".*/\1/p' "$W/rcp.json")
 }
 per_gb() { awk -v c="$1" -v b="$((SIZE_MIB << 20))" 'BEGIN {printf "%.3f", c / (b / 1e9)}'; }
 
 up=() down=() up_rcp=() up_srv=() down_rcp=() down_srv=() hashes=()
+eup=() edown=() eup_rcp=() eup_srv=() edown_rcp=() edown_srv=() suites=()
 for _ in $(seq "$REPS"); do
     # The VM's /tmp is small: never hold the last copy while the next reserves its size.
     rm -f "$W/share/up.bin"
-    rcp_timed "$W/local/src.bin" "$IP:$PORT:b/up.bin"
+    rcp_timed "${OFF[@]}" "$W/local/src.bin" "$IP:$PORT:b/up.bin"
     up+=("$DT") up_rcp+=("$RCP_CPU") up_srv+=("$SRV_CPU") hashes+=("${HASH:-unknown}")
     rm -f "$W/local/back.bin"
-    rcp_timed "$IP:$PORT:b/up.bin" "$W/local/back.bin"
+    rcp_timed "${OFF[@]}" "$IP:$PORT:b/up.bin" "$W/local/back.bin"
     down+=("$DT") down_rcp+=("$RCP_CPU") down_srv+=("$SRV_CPU") hashes+=("${HASH:-unknown}")
+    cmp "$W/local/src.bin" "$W/local/back.bin"
+    [ "$ENC" = 1 ] || continue
+    rm -f "$W/share/up.bin"
+    rcp_timed --encryption required "$W/local/src.bin" "$IP:$PORT:b/up.bin"
+    eup+=("$DT") eup_rcp+=("$RCP_CPU") eup_srv+=("$SRV_CPU") suites+=("${SUITE:-none}")
+    rm -f "$W/local/back.bin"
+    rcp_timed --encryption required "$IP:$PORT:b/up.bin" "$W/local/back.bin"
+    edown+=("$DT") edown_rcp+=("$RCP_CPU") edown_srv+=("$SRV_CPU") suites+=("${SUITE:-none}")
     cmp "$W/local/src.bin" "$W/local/back.bin"
 done
 kill "$FERRYD"; wait "$FERRYD" 2>/dev/null || true
@@ -142,6 +160,16 @@ echo "| job | MiB/s | verbs ceiling (perftest, 1 MiB messages) | rcp / ceiling |
 echo "|---|---:|---:|---:|"
 echo "| rcp upload (server RDMA READ) | $up_bw | ib_read_bw $read_bw | $(ratio "$up_bw" "$read_bw") |"
 echo "| rcp download (server RDMA WRITE) | $down_bw | ib_write_bw $write_bw | $(ratio "$down_bw" "$write_bw") |"
+if [ "$ENC" = 1 ]; then
+    suite=$(printf '%s\n' "${suites[@]}" | sort -u | paste -sd, -)
+    eup_bw=$(mibps "$(printf '%s\n' "${eup[@]}" | median)")
+    edown_bw=$(mibps "$(printf '%s\n' "${edown[@]}" | median)")
+    echo "| encrypted rcp upload (server RDMA READ, $suite) | $eup_bw | ib_read_bw $read_bw | $(ratio "$eup_bw" "$read_bw") |"
+    echo "| encrypted rcp download (server RDMA WRITE, $suite) | $edown_bw | ib_write_bw $write_bw | $(ratio "$edown_bw" "$write_bw") |"
+    echo "encryption: the rcp rows --encryption off, the encrypted rows --encryption required (suite $suite, rcp --json); encrypted / unencrypted: upload $(ratio "$eup_bw" "$up_bw"), download $(ratio "$edown_bw" "$down_bw"); AES instructions in the VM: $(grep -qw aes /proc/cpuinfo && echo yes || echo no)"
+else
+    echo "encryption: none (these binaries have no --encryption)"
+fi
 echo "sha256 (openssl, 1 MiB blocks, one vCPU): ${sha_bw:-n/a} MiB/s; $(nproc) vCPUs"
 echo "blake3 (b3sum --num-threads 1, user CPU): ${b3_bw:-n/a} MiB/s"
 echo "chunk hash (rcp --json): $(printf '%s\n' "${hashes[@]}" | sort -u | paste -sd, -); CPU-seconds per GB (1e9 bytes), median of $REPS: rcp its own (bash times), ferryd utime + stime over the copy"
@@ -155,4 +183,8 @@ cpu_row() {
 }
 cpu_row "CPU upload" "${up_rcp[@]}" "${up_srv[@]}"
 cpu_row "CPU download" "${down_rcp[@]}" "${down_srv[@]}"
+if [ "$ENC" = 1 ]; then
+    cpu_row "CPU upload, encrypted" "${eup_rcp[@]}" "${eup_srv[@]}"
+    cpu_row "CPU download, encrypted" "${edown_rcp[@]}" "${edown_srv[@]}"
+fi
 rm -rf "$W"

@@ -439,7 +439,8 @@ def rows(meta):
 # The copy rows: each run also timed until its destination's file system was synced
 # (ROW.sync), the headline; the tool alone (ROW) is the second table.
 SYNC_ROWS = ["upload", "download", "small_up", "small_down", "mixed_up", "mixed_down",
-             "backup_inc", "backup_full"]
+             "backup_inc", "backup_full", "crypt_up", "crypt_down", "crypt_small_up",
+             "crypt_small_down"]
 
 
 def fmt(v, unit):
@@ -499,6 +500,20 @@ def durable(res):
     return out
 
 
+def cell_of(tools, tool, unit, reps):
+    """(text, median) of TOOL's cell among a row's tools: the median (with n= where fewer
+    runs than reps), "failed: ...", or why it was skipped."""
+    c = tools.get(tool)
+    if c is None:
+        return "—", None
+    if c["median"] is not None:
+        n = len(c["values"])
+        return fmt(c["median"], unit) + (f" (n={n})" if n < reps else ""), c["median"]
+    if "fail" in c:
+        return "failed: " + c["fail"].replace("|", "/"), None
+    return c.get("skip", "—"), None
+
+
 def evaluate(meta, res, only=None):
     """One dict per table row (of the rows in only, if given): the cells and the verdict."""
     out = []
@@ -509,15 +524,7 @@ def evaluate(meta, res, only=None):
             continue
 
         def cell(tool):
-            c = tools.get(tool)
-            if c is None:
-                return "—", None
-            if c["median"] is not None:
-                n = len(c["values"])
-                return fmt(c["median"], unit) + (f" (n={n})" if n < reps else ""), c["median"]
-            if "fail" in c:
-                return "failed: " + c["fail"].replace("|", "/"), None
-            return c.get("skip", "—"), None
+            return cell_of(tools, tool, unit, reps)
 
         ferry_text, ferry = cell("ferry")
         cells = {t: cell(t) for t, _ in PEERS}
@@ -656,7 +663,8 @@ def header(meta):
         " for times and latencies the peer's value / Ferry's); the mixed tree's rows show it"
         " over the rsync daemon and over tar | tar (both targets must be met). Their MB/s are"
         " in the JSON (`mb_s` of each row)",
-    ] + ([fusew_bullet(m)] if m.get("fusew_mib") else [])
+    ] + ([f"- encryption: {m['ferry_encryption']}"] if m.get("ferry_encryption") else [])
+        + ([fusew_bullet(m)] if m.get("fusew_mib") else [])
         + [f"- {n}" for n in m.get("notes", "").split("\x1f") if n])
 
 
@@ -958,6 +966,110 @@ def cpu_markdown(meta, rep, parts=("cpu", "hash")):
     return "\n".join(out).strip("\n")
 
 
+# --- encryption: its cost and encrypted Ferry against scp (issue point 6) ------------------
+
+# The crypt job's rows (bench/lib/jobs.sh job_crypt): tools ferry_enc (rcp --encryption
+# required), ferry_off (--encryption off) and scp; ROW.suite names the suite of each
+# Ferry run, ROW.cpu_* its CPU-seconds per GB.
+CRYPT_ROWS = [("crypt_up", "upload", True), ("crypt_down", "download", True),
+              ("crypt_small_up", "small_up", False), ("crypt_small_down", "small_down", False)]
+CRYPT_MAX_COST = 0.15  # encryption costs at most 15 % of the big file's throughput (with AES)
+CRYPT_VS_SCP = 3.0  # encrypted Ferry at least 3x scp
+
+
+def crypt_report(meta, res, alone):
+    """The crypt rows as JSON-able dicts: each tool's durable median (res, durable()) and
+    cell text, the suite, encrypted / unencrypted (and the cost, 1 - that; also of the
+    tool-alone times, alone), encrypted Ferry / scp, the verdicts, and the big file's
+    CPU-seconds per GB."""
+    labels = {r[0]: (r[1], r[2]) for r in rows(meta)}
+    reps, aes = int(meta["reps"]), meta.get("aes") == "yes"
+    out = []
+    for rid, base, big in CRYPT_ROWS:
+        tools = res.get(rid, {})
+        if not tools:
+            continue
+        job, unit = labels[base]
+        cells = {t: cell_of(tools, t, unit, reps) for t in ("ferry_enc", "ferry_off", "scp")}
+        enc, off, scp = (cells[t][1] for t in ("ferry_enc", "ferry_off", "scp"))
+        ratio = better(enc, off, HIGHER)
+        ratio_alone = better(med(alone, rid, "ferry_enc"), med(alone, rid, "ferry_off"), HIGHER)
+        vs_scp = better(enc, scp, HIGHER)
+        suites = {t: res.get(rid + ".suite", {}).get(t, {}).get("suite") for t in ("ferry_enc", "ferry_off")}
+        cost_met = None
+        if big and aes and ratio is not None:
+            cost_met = 1 - ratio <= CRYPT_MAX_COST
+        row = {"id": rid, "job": job, "unit": unit, "big_file": big,
+               "text": {t: c[0] for t, c in cells.items()},
+               "encrypted": enc, "unencrypted": off, "scp": scp,
+               "suite": suites["ferry_enc"], "suite_off": suites["ferry_off"],
+               "enc_over_off": ratio, "cost": None if ratio is None else 1 - ratio,
+               "cost_tool_alone": None if ratio_alone is None else 1 - ratio_alone,
+               "cost_target_met": cost_met,
+               "enc_vs_scp": vs_scp,
+               "scp_target_met": None if vs_scp is None else vs_scp >= CRYPT_VS_SCP}
+        if big:
+            for k in ("client", "server", "sum"):
+                for t, name in (("ferry_enc", "enc"), ("ferry_off", "off")):
+                    row[f"cpu_{k}_{name}"] = med(res, f"{rid}.cpu_{k}", t)
+        out.append(row)
+    return out
+
+
+def met(v):
+    return {True: "met", False: "**not met**", None: "—"}[v]
+
+
+def crypt_markdown(meta, crypt):
+    """The report's encryption section: the throughput table with both targets, then the
+    big file's CPU-seconds per GB encrypted and not."""
+    if not crypt:
+        return ""
+    aes = meta.get("aes") == "yes"
+    out = ["Encryption (`bench/run --only crypt`): the big file and the small files with"
+           " `rcp --encryption required` (encrypted) and `rcp --encryption off` (unencrypted)"
+           " against the same ferryd (`--encryption preferred`), in the same run, from the"
+           " same cache state onto the same fresh file system, each timed until durable like"
+           " the first table, beside scp (encrypted too: cipher"
+           f" {meta.get('cipher') or 'its default'}). The first table's Ferry rows are"
+           " unencrypted, like the rsync daemon. This CPU "
+           + ("has AES instructions (`aes` in /proc/cpuinfo)." if aes else
+              "has no AES instructions (no `aes` in /proc/cpuinfo): the cost target, set for"
+              " CPUs with them, is not judged.")
+           + f" Cost = 1 − encrypted / unencrypted (target ≤ {CRYPT_MAX_COST:.0%} on the big"
+           " file; in brackets, of the tools' times alone, without the sync); encrypted"
+           f" Ferry / scp target ≥ {CRYPT_VS_SCP:g}×:", "",
+           "| job | unit | Ferry encrypted | suite | Ferry unencrypted | scp | encrypted /"
+           f" unencrypted | cost | ≤ {CRYPT_MAX_COST:.0%}? | encrypted vs scp | ≥ {CRYPT_VS_SCP:g}×? |",
+           "|---|---|---:|---|---:|---:|---:|---:|---|---:|---|"]
+    for r in crypt:
+        cost = f2(r["cost"], ".1%")
+        if r["cost_tool_alone"] is not None:
+            cost += f" ({r['cost_tool_alone']:.1%})"
+        verdict = met(r["cost_target_met"]) if r["big_file"] and aes else "—"
+        suite = r["suite"] or "—"
+        if r["suite_off"] not in (None, "none"):
+            suite += f"; **unencrypted run: {r['suite_off']}**"
+        cells = [r["job"], r["unit"], r["text"]["ferry_enc"], suite, r["text"]["ferry_off"],
+                 r["text"]["scp"], f2(r["enc_over_off"], ".2f"), cost, verdict,
+                 f2(r["enc_vs_scp"], ".2f", "×"), met(r["scp_target_met"])]
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    big = [r for r in crypt if r["big_file"] and r.get("cpu_client_enc") is not None]
+    if big:
+        out += ["", "CPU-seconds per GB of the big file (counted as in the CPU table: rcp's"
+                " rusage, ferryd's utime + stime), encrypted / unencrypted:", "",
+                "| job | rcp | ferryd | both | both, added by encryption |",
+                "|---|---:|---:|---:|---:|"]
+        for r in big:
+            pair = [f"{f2(r[f'cpu_{k}_enc'], '.3f')} / {f2(r[f'cpu_{k}_off'], '.3f')}"
+                    for k in ("client", "server", "sum")]
+            added = None
+            if r["cpu_sum_enc"] is not None and r["cpu_sum_off"] is not None:
+                added = r["cpu_sum_enc"] - r["cpu_sum_off"]
+            out.append("| " + " | ".join([r["job"]] + pair + [f2(added, "+.3f")]) + " |")
+    return "\n".join(out)
+
+
 def floor_note(meta, res):
     """The round-trip floor of a FUSE miss (bench/rtt.c), with what it bounds; None if
     the run did not measure it."""
@@ -1016,6 +1128,10 @@ def report(argv):
         text = cpu_markdown(meta, cpu, (part,))
         if text:
             md += ["", text]
+    crypt = crypt_report(meta, durable(res), res)
+    crypt_md = crypt_markdown(meta, crypt)
+    if crypt_md:
+        md += ["", crypt_md]
     st = alone_table(alone)
     if st:
         md += ["", "The copy jobs again, each run timed to the tool's exit alone (no sync after"
@@ -1028,7 +1144,8 @@ def report(argv):
     with open(out_base + ".md", "w") as f:
         f.write(md_text)
     with open(out_base + ".json", "w") as f:
-        json.dump({"meta": meta, "rows": table, "rows_tool_alone": alone, **cpu, "raw": res}, f,
+        json.dump({"meta": meta, "rows": table, "rows_tool_alone": alone, **cpu, "crypt": crypt,
+                   "raw": res}, f,
                   indent=1, ensure_ascii=False)
         f.write("\n")
     problem = chart(work, out_base + ".png", meta, table)
@@ -1048,7 +1165,8 @@ def report(argv):
             markdown_table(table),
             "",
         ] + ([floor, ""] if floor else []) + ([wnote, ""] if wnote else []) + (
-            [hash_md, ""] if (hash_md := cpu_markdown(meta, cpu, ("hash",))) else []) + [
+            [hash_md, ""] if (hash_md := cpu_markdown(meta, cpu, ("hash",))) else []) + (
+            [crypt_md, ""] if crypt_md else []) + [
             "![Ferry vs its peers](bench/results/latest.png)" if not problem else "",
         ])
         why = replace_block(readme, block)

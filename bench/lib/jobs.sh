@@ -103,7 +103,8 @@ check() {
 # and the rsync daemon it also records the CPU-seconds per GB copied (1e9 bytes of
 # file data) of the client (ROW.cpu_client: rcp, the rsync client), of the server
 # (ROW.cpu_server: ferryd, the rsync daemon's children) and of both (ROW.cpu_sum);
-# for Ferry the chunk-hash algorithm rcp --json names (row ROW.hash, kind "hash").
+# for Ferry the chunk-hash algorithm and the encryption suite rcp --json names (rows
+# ROW.hash, kind "hash", and ROW.suite, kind "suite": "none" for an unencrypted session).
 copy_run() {
     local row="$1" tool="$2" orig="$3" dest="$4" rep="$5" amount scale=1 ok=1 bytes
     shift 5
@@ -124,8 +125,8 @@ copy_run() {
     fi
     [ -n "$DSTFS_DEV" ] || discard "$dest"
     case "$row" in
-        upload | download) amount="$SIZE_BYTES" scale=1e9 bytes="$SIZE_BYTES" ;;
-        small_*) amount="$SMALL_N" bytes=$((SMALL_N * 4096)) ;;
+        upload | download | crypt_up | crypt_down) amount="$SIZE_BYTES" scale=1e9 bytes="$SIZE_BYTES" ;;
+        small_* | crypt_small_*) amount="$SMALL_N" bytes=$((SMALL_N * 4096)) ;;
         mixed_*)
             amount="$MIXED_FILES" bytes="$MIXED_BYTES"
             record "$row.mb" "$tool" "$(rate "$MIXED_BYTES" "$T" 1e6)"
@@ -139,9 +140,10 @@ copy_run() {
     fi
 }
 # record_cpu ROW TOOL BYTES: CPU_C and CPU_S of the last timed run as CPU-s per GB of
-# BYTES (ROW.cpu_client, ROW.cpu_server, ROW.cpu_sum); Ferry's hash from $WORK/out.
+# BYTES (ROW.cpu_client, ROW.cpu_server, ROW.cpu_sum); Ferry's hash and suite from
+# $WORK/out.
 record_cpu() {
-    local row="$1" tool="$2" bytes="$3" hash
+    local row="$1" tool="$2" bytes="$3" hash suite want got
     [ "${bytes:-0}" -gt 0 ] || return 0
     record "$row.cpu_client" "$tool" "$(awk -v c="$CPU_C" -v b="$bytes" 'BEGIN { printf "%.4f", c / (b / 1e9) }')"
     if [ "${CPU_S:--}" != - ]; then
@@ -151,6 +153,19 @@ record_cpu() {
     if [ "${tool#ferry}" != "$tool" ]; then
         hash="$(python3 "$BENCH_PY" field "$WORK/out" hash 2>/dev/null)" || hash="unknown"
         printf '%s\t%s\thash\t%s\n' "$row.hash" "$tool" "$hash" >>"$WORK/results.tsv"
+        # JSON null (an unencrypted session) prints as None; an older rcp has no such key.
+        suite="$(python3 "$BENCH_PY" field "$WORK/out" encryption 2>/dev/null)" || suite="unknown"
+        [ "$suite" != None ] || suite=none
+        printf '%s\t%s\tsuite\t%s\n' "$row.suite" "$tool" "$suite" >>"$WORK/results.tsv"
+        # Only ferry_enc asks for encryption (where rcp has --encryption: ENC_OK).
+        want=none got=none
+        [ "$tool" != ferry_enc ] || want=encrypted
+        [ "$suite" = none ] || got=encrypted
+        if [ "$ENC_OK" = 1 ] && [ "$got" != "$want" ] && [ -z "${NOTED[$row.$tool.suite]:-}" ]; then
+            NOTED[$row.$tool.suite]=1
+            NOTES+=("$row: $tool's session had encryption '$suite' (rcp --json), not what it asked for")
+            warn "${NOTES[-1]}"
+        fi
     fi
 }
 
@@ -170,8 +185,10 @@ ceiling_run() {
 # Every destination is under $DST (inside $SRV, so that ferryd's share and the rsync
 # module reach uploads there as dst/...): the loop file system's mount, made fresh
 # before each run.
+# Ferry's commands carry RCP_ENC (bench/run: --encryption off where rcp has it; the
+# crypt job sets it per run).
 command_for() {
-    local rcp=("$RCP" --json --transport tcp) scp=(scp "${SSH_OPTS[@]}" -P "${SSH_PORT:-22}")
+    local rcp=("$RCP" --json --transport tcp "${RCP_ENC[@]}") scp=(scp "${SSH_OPTS[@]}" -P "${SSH_PORT:-22}")
     local tree="" src name
     case "$1" in
         small_*) tree=small src="$SMALL" ;;
@@ -598,21 +615,51 @@ job_backup() {
     local r="$1"
     clear_dest "$DST/bk" "$DST/bk-rsync"
     mkdir -p "$DST/bk-rsync"
-    backup_run backup_full ferry "$r" "$RCP" backup --json --transport tcp "$BSRC" "$FERRY_ADDR:bench/dst/bk"
+    backup_run backup_full ferry "$r" "$RCP" backup --json --transport tcp "${BACKUP_ENC[@]}" "$BSRC" "$FERRY_ADDR:bench/dst/bk"
     RSYNC_SNAP="$DST/bk-rsync/1"
     if peer_ok backup_full rsync; then backup_run backup_full rsync "$r" rsync -a "$BSRC/" "$RSYNC_URL/dst/bk-rsync/1/"; fi
     sleep 1.1 # rcp backup's snapshot names have a resolution of one second
     python3 "$BENCH_PY" change "$BSRC"
     unset 'TREESUM[$BSRC]'
-    backup_run backup_inc ferry "$r" "$RCP" backup --json --transport tcp "$BSRC" "$FERRY_ADDR:bench/dst/bk"
+    backup_run backup_inc ferry "$r" "$RCP" backup --json --transport tcp "${BACKUP_ENC[@]}" "$BSRC" "$FERRY_ADDR:bench/dst/bk"
     RSYNC_SNAP="$DST/bk-rsync/2"
     if peer_ok backup_inc rsync && [ -z "${DEAD[backup_full.rsync]:-}" ]; then
         backup_run backup_inc rsync "$r" rsync -a --link-dest=../1 "$BSRC/" "$RSYNC_URL/dst/bk-rsync/2/"
     fi
 }
 
+# --- (h) encryption: the same copies encrypted and not, beside scp -----------------------
+# Each row runs the copy of upload, download, small_up or small_down (command_for) with
+# rcp --encryption required (tool ferry_enc) and --encryption off (tool ferry_off), both
+# against the same ferryd (--encryption preferred), then scp (encrypted too, to the
+# private sshd); through copy_run like the others: the same settle, fresh destination
+# file system, check, durable and tool-alone rates, CPU-seconds per GB, and the suite
+# rcp --json names (ROW.suite). A Ferry run that fails gets "failed: ..." cells (like
+# rcp --hash sha256); the run goes on. bench/run runs the job only where rcp has
+# --encryption.
+CRYPT_ROWS=(crypt_up crypt_down crypt_small_up crypt_small_down)
+job_crypt() {
+    local row base orig tool off=("${RCP_ENC[@]}")
+    for row in "${CRYPT_ROWS[@]}"; do
+        base="${row#crypt_}" orig="$SMALL"
+        case "$base" in up) base=upload orig="$BIG" ;; down) base=download orig="$BIG" ;; esac
+        for tool in ferry_enc ferry_off scp; do
+            peer_ok "$row" "$tool" || continue
+            case "$tool" in
+                ferry_enc) RCP_ENC=(--encryption required) ;;
+                ferry_off) RCP_ENC=(--encryption off) ;;
+            esac
+            command_for "$base" "${tool%_*}"
+            RCP_ENC=("${off[@]}")
+            copy_run "$row" "$tool" "$orig" "$DEST" "$1" "${CMD[@]}"
+        done
+    done
+}
+
 # --- (f) RDMA in the Soft-RoCE VM ---------------------------------------------------------
-# bench/rdma.sh prints "| rcp upload ... | MiB/s | ib_read_bw MiB/s | ratio |" rows.
+# bench/rdma.sh prints "| rcp upload ... | MiB/s | ib_read_bw MiB/s | ratio |" rows (the
+# unencrypted ones, matched at the start of the cell; its "| encrypted rcp upload ..." rows
+# are left out).
 job_rdma() {
     local args=(--no-save --bin-dir "$BIN_DIR" --reps "$REPS") line row rcp verbs
     [ "$QUICK" = 0 ] || args+=(--quick)
@@ -620,7 +667,7 @@ job_rdma() {
     timeout -s KILL "$(limit 1500)" bench/rdma.sh "${args[@]}" >"$WORK/rdma.out" 2>"$WORK/logs/rdma.log" ||
         die "rdma: bench/rdma.sh failed (its output: $WORK/logs/rdma.log)"
     for line in upload download; do
-        read -r rcp verbs < <(awk -F'|' -v j="rcp $line" 'index($2, j) { gsub(/[^0-9.]/, "", $3); gsub(/[^0-9.]/, "", $4); print $3, $4 }' "$WORK/rdma.out")
+        read -r rcp verbs < <(awk -F'|' -v j=" rcp $line" 'index($2, j) == 1 { gsub(/[^0-9.]/, "", $3); gsub(/[^0-9.]/, "", $4); print $3, $4 }' "$WORK/rdma.out")
         if [ -z "${rcp:-}" ] || [ -z "${verbs:-}" ]; then die "rdma: no 'rcp $line' row with numbers in bench/rdma.sh's output"; fi
         row=rdma_up
         [ "$line" = upload ] || row=rdma_down

@@ -32,8 +32,10 @@ free_port() { python3 "$BENCH_PY" port; }
 start_ferryd() {
     "$FERRYD" --generate-secret "$WORK/ferry.secret" 2>/dev/null || die "ferryd --generate-secret failed"
     export FERRY_SECRET_FILE="$WORK/ferry.secret" # for rcp and ferry-mount
+    # FERRYD_ENC (bench/run): --encryption preferred where ferryd has it, so that each
+    # client picks (the crypt job both ways, the other rows off).
     "$FERRYD" --share "bench=$SRV" --secret-file "$WORK/ferry.secret" --listen 127.0.0.1:0 \
-        --port-file "$WORK/ferryd.port" --transport tcp 2>"$WORK/logs/ferryd.log" &
+        --port-file "$WORK/ferryd.port" --transport tcp "${FERRYD_ENC[@]}" 2>"$WORK/logs/ferryd.log" &
     FERRYD_PID=$!
     track "$FERRYD_PID"
     local _
@@ -44,7 +46,7 @@ start_ferryd() {
     done
     [ -s "$WORK/ferryd.port" ] || die "ferryd did not write its port file within 10 s"
     FERRY_ADDR="$(head -n 1 "$WORK/ferryd.port")"
-    log "ferryd on $FERRY_ADDR (pid $FERRYD_PID), share bench=$SRV"
+    log "ferryd on $FERRY_ADDR (pid $FERRYD_PID), share bench=$SRV${FERRYD_ENC[*]:+, ${FERRYD_ENC[*]}}"
 }
 
 # --- rsync daemon ----------------------------------------------------------------
@@ -151,7 +153,7 @@ start_iperf3() {
 # mount_ferry / unmount_ferry: ferry-mount of share bench on $MNT_FERRY. Failing is fatal;
 # on SIGTERM ferry-mount must unmount and exit 0.
 mount_ferry() {
-    "$FERRY_MOUNT" -f --transport tcp "$FERRY_ADDR:bench" "$MNT_FERRY" >>"$WORK/logs/ferry-mount.log" 2>&1 &
+    "$FERRY_MOUNT" -f --transport tcp "${MOUNT_ENC[@]}" "$FERRY_ADDR:bench" "$MNT_FERRY" >>"$WORK/logs/ferry-mount.log" 2>&1 &
     FERRY_MOUNT_PID=$!
     track "$FERRY_MOUNT_PID"
     wait_mounted "$MNT_FERRY" fuse.ferry "$FERRY_MOUNT_PID" ||

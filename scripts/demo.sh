@@ -121,6 +121,7 @@ json_field() {
 }
 
 TRANSPORT=""
+SEALED=""
 # copy LABEL RCP-ARGS...: run rcp --json and print what it reports.
 copy() {
     local label="$1" json rc
@@ -141,13 +142,16 @@ copy() {
     links="$(json_field "$json" symlinks)"
     transport="$(json_field "$json" transport)"
     TRANSPORT="${transport:-?}"
+    # The cipher suite, or "null" for a session in the clear.
+    SEALED="$(json_field "$json" encryption)"
+    case "$SEALED" in ""|null) SEALED="NOT encrypted" ;; *) SEALED="encrypted with $SEALED" ;; esac
     what="${files:-?} file(s)"
     if [ "${dirs:-0}" != 0 ] || [ "${links:-0}" != 0 ]; then
         what="$what, ${dirs:-?} dir(s), ${links:-?} symlink(s)"
     fi
-    awk -v label="$label" -v w="$what" -v b="${bytes:-0}" -v s="${seconds:-0}" -v r="${bps:-0}" -v t="$TRANSPORT" 'BEGIN {
-        printf "    %s: %s, %.1f MiB in %.2f s = %.0f MB/s (transport %s)\n",
-            label, w, b / 1048576, s, r / 1e6, t
+    awk -v label="$label" -v w="$what" -v b="${bytes:-0}" -v s="${seconds:-0}" -v r="${bps:-0}" -v t="$TRANSPORT" -v e="$SEALED" 'BEGIN {
+        printf "    %s: %s, %.1f MiB in %.2f s = %.0f MB/s (transport %s, %s)\n",
+            label, w, b / 1048576, s, r / 1e6, t, e
     }'
 }
 
@@ -178,4 +182,4 @@ diff <(meta "$TREE") <(meta "$SHARE/tree") | head -n 20 >&2 || fail "modes or mt
 diff <(meta "$TREE") <(meta "$DOWN/tree") | head -n 20 >&2 || fail "modes or mtimes differ after the download"
 info "file and directory modes and file mtimes are preserved"
 
-printf '\n%sdemo OK%s: transport %s, every copy verified byte for byte.\n' "$GREEN" "$RESET" "$TRANSPORT"
+printf '\n%sdemo OK%s: transport %s, %s, every copy verified byte for byte.\n' "$GREEN" "$RESET" "$TRANSPORT" "$SEALED"

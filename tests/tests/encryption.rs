@@ -44,6 +44,12 @@ fn json(out: &ferry_tests::RcpOutput) -> serde_json::Value {
     serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
 }
 
+/// Writes `len` random bytes (from `seed`) to `path` and returns them.
+fn known_file(path: &std::path::Path, len: u64, seed: u64) -> Vec<u8> {
+    write_random_file(path, len, seed);
+    fs::read(path).unwrap()
+}
+
 /// Windows of the file's bytes a recording must not contain.
 fn samples(data: &[u8]) -> Vec<&[u8]> {
     (0..16)
@@ -101,9 +107,8 @@ fn a_recording_proxy_sees_neither_the_bytes_nor_the_name() {
         return;
     }
     let env = required_env();
-    let data_len = 3 * MIB as usize + 1234;
-    write_random_file(&env.local(NAME), data_len as u64, 2);
-    let data = fs::read(env.local(NAME)).unwrap();
+    let data = known_file(&env.local(NAME), 3 * MIB + 1234, 2);
+    let data_len = data.len();
     let proxy = TamperProxy::start(env.server().addr(), None);
     upload(&env, &proxy.remote("data", NAME), &[]).assert_success();
     assert_files_equal(&env.local(NAME), &env.share(NAME));
@@ -352,4 +357,47 @@ fn a_middlebox_that_strips_the_offer_is_refused() {
     // Without a middlebox all is well.
     upload(&env, &env.remote(NAME), &["--encryption", "required"]).assert_success();
     assert_files_equal(&env.local(NAME), &env.share(NAME));
+}
+
+#[test]
+fn the_mount_and_backups_cross_a_recording_proxy_encrypted_too() {
+    if !on_tcp() {
+        return;
+    }
+    let env = required_env();
+    let data = known_file(&env.share(NAME), 2 * MIB + 77, 7);
+    // A backup of a directory holding a second file with a known name and content.
+    let src = env.local("src");
+    fs::create_dir(&src).unwrap();
+    const BACKED_UP: &str = "ledger-5d1e2b.bin";
+    write_random_file(&src.join(BACKED_UP), MIB + 3, 8);
+    let backed = fs::read(src.join(BACKED_UP)).unwrap();
+    let proxy = TamperProxy::start(env.server().addr(), None);
+    env.rcp([
+        "backup".into(),
+        "--transport".into(),
+        "tcp".into(),
+        src.display().to_string(),
+        proxy.remote("data", "backups"),
+    ])
+    .assert_success();
+    // The mount reads one file and writes another through the same proxy.
+    if !ferry_tests::skip_without_fuse("the_mount_crosses_a_recording_proxy_encrypted") {
+        let mount = ferry_tests::Mount::builder(proxy.remote("data", ""))
+            .transport("tcp")
+            .start();
+        assert!(mount.log().contains("encrypted with"), "{}", mount.log());
+        assert_eq!(fs::read(mount.join(NAME)).unwrap(), data);
+        fs::write(mount.join("written-by-mount.bin"), &backed).unwrap();
+        mount.unmount();
+        assert_eq!(fs::read(env.share("written-by-mount.bin")).unwrap(), backed);
+        assert!(!proxy.contains(b"written-by-mount"));
+    }
+    assert!(proxy.connections() >= 1);
+    for needle in [NAME.as_bytes(), BACKED_UP.as_bytes()] {
+        assert!(!proxy.contains(needle), "a name crossed in the clear");
+    }
+    for s in samples(&data).into_iter().chain(samples(&backed)) {
+        assert!(!proxy.contains(s), "file bytes crossed in the clear");
+    }
 }

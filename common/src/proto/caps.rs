@@ -656,4 +656,74 @@ mod tests {
             .unwrap_err()
             .contains("batch mode"));
     }
+
+    fn offer(required: bool) -> Offer {
+        Offer {
+            encrypt: Some(EncryptOffer {
+                suites: vec![Suite::Aes256Gcm, Suite::ChaCha20Poly1305],
+                key: [7; PUBLIC_KEY_BYTES],
+                required,
+            }),
+            ..Offer::default()
+        }
+    }
+
+    #[test]
+    fn encryption_follows_both_policies_and_a_stripped_offer_is_refused_where_required() {
+        let server = |wants| {
+            Some(ServerEncryption {
+                wants,
+                key: [9; PUBLIC_KEY_BYTES],
+            })
+        };
+        // Preferred client, a server that wants it: encrypted, both keys carried.
+        let caps = offer(false).to_capabilities();
+        let e = choose_encryption(&caps, server(true)).unwrap().unwrap();
+        assert_eq!((e.client_key, e.server_key), ([7; 32], [9; 32]));
+        let mut n = choose(&caps, HashAlgorithm::SUPPORTED).unwrap();
+        n.encryption = Some(e);
+        let back = accept(&n.to_capabilities(), &offer(false)).unwrap();
+        assert_eq!(back.encryption, Some(e));
+        // Preferred client, every share off: in the clear.
+        assert_eq!(choose_encryption(&caps, server(false)).unwrap(), None);
+        // A client that requires it gets it even then, and a server that cannot
+        // encrypt refuses it.
+        let required = offer(true).to_capabilities();
+        assert!(choose_encryption(&required, server(false))
+            .unwrap()
+            .is_some());
+        assert!(choose_encryption(&required, None).is_err());
+        // No offer (an older client, or a stripped hello): in the clear; the share's
+        // policy decides later.
+        assert_eq!(
+            choose_encryption(&Offer::default().to_capabilities(), server(true)).unwrap(),
+            None
+        );
+        // A welcome without encryption (an older server, or a stripped welcome):
+        // refused by a client that requires it, accepted by one that prefers it.
+        let clear = choose(&caps, HashAlgorithm::SUPPORTED)
+            .unwrap()
+            .to_capabilities();
+        assert!(accept(&clear, &offer(true))
+            .unwrap_err()
+            .contains("requires encryption"));
+        assert_eq!(accept(&clear, &offer(false)).unwrap().encryption, None);
+        // A welcome choosing a suite not offered, or with a broken key, is refused.
+        let bad_suite = vec![
+            Capability::new(ENCRYPT, "rot13"),
+            Capability::new(ENCRYPT_KEY, &to_hex(&[1; 32])),
+        ];
+        assert!(accept_encryption(&bad_suite, &offer(false)).is_err());
+        let bad_key = vec![
+            Capability::new(ENCRYPT, "aes256gcm"),
+            Capability::new(ENCRYPT_KEY, "abcd"),
+        ];
+        assert!(accept_encryption(&bad_key, &offer(false)).is_err());
+        // Encryption the client never offered is refused.
+        let n_caps = vec![
+            Capability::new(ENCRYPT, "aes256gcm"),
+            Capability::new(ENCRYPT_KEY, &to_hex(&[1; 32])),
+        ];
+        assert!(accept_encryption(&n_caps, &Offer::default()).is_err());
+    }
 }

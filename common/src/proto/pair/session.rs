@@ -461,3 +461,54 @@ fn authentication_waits_for_the_welcome() {
         .authenticate("s", &secret("the-right-secret-0001"))
         .is_err());
 }
+
+/// A guarded pair whose client offers encryption and whose server can encrypt.
+fn encrypted() -> Pair {
+    let mut p = guarded();
+    let offer = caps::Offer {
+        encrypt: Some(caps::EncryptOffer {
+            suites: vec![crate::seal::Suite::Aes256Gcm],
+            key: [5; 32],
+            required: false,
+        }),
+        ..caps::Offer::default()
+    };
+    p.client =
+        crate::proto::client::ClientSession::with_offer(p.now, "test-client", [1; 32], offer);
+    p.server.set_key_share([6; 32]);
+    p.drive();
+    p
+}
+
+#[test]
+fn an_encrypted_sessions_proofs_are_bound_to_its_transcript() {
+    let mut p = encrypted();
+    let t = p.client.transcript().unwrap();
+    assert_eq!(p.server.transcript(), Some(t));
+    let e = p.client.negotiated().unwrap().encryption.unwrap();
+    assert_eq!(p.server.negotiated().unwrap().encryption, Some(e));
+    assert_eq!((e.client_key, e.server_key), ([5; 32], [6; 32]));
+    // The client core binds its proof, the server checks it, and the server's proof
+    // checks out on the client.
+    let key = secret("the-right-secret-0001");
+    let id = p.client.authenticate("s", &key).unwrap();
+    p.drive();
+    let r = p.responses();
+    assert!(
+        matches!(r[0], (i, Response::Authenticated { proof: Some(_) }) if i == id),
+        "{r:?}"
+    );
+    assert!(p.server_closed().is_none());
+}
+
+#[test]
+fn a_proof_over_the_bare_nonces_fails_an_encrypted_session() {
+    // What a man in the middle could forward from its own session with the client
+    // (other key shares, so another transcript): a proof not bound to this one.
+    let mut p = encrypted();
+    let key = secret("the-right-secret-0001");
+    auth_with(&mut p, "s", &key);
+    let r = p.responses();
+    assert_eq!(error_kind(&r[0].1), Some(ErrorKind::AuthFailed), "{r:?}");
+    assert!(matches!(p.server_closed(), Some(ProtoError::AuthFailed(_))));
+}

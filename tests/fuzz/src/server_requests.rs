@@ -164,6 +164,9 @@ impl World {
         config
             .apply_secrets(&[secret_file.display().to_string()], None)
             .expect("secrets");
+        // The harness speaks the protocol in the clear (encrypted sessions are
+        // exercised by tests/tests/encryption.rs and the sealed transport's tests).
+        config.encryption = ferry_common::seal::Encryption::Preferred;
         let server = Server::new(&config).expect("server");
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

@@ -27,17 +27,10 @@ fn key(suite: Suite, bytes: &[u8; 32]) -> Result<LessSafeKey, SealError> {
 }
 
 /// Seals one direction's control messages, in order.
+#[derive(Debug)]
 pub struct ControlSealer {
     key: LessSafeKey,
     next: u64,
-}
-
-impl std::fmt::Debug for ControlSealer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ControlSealer")
-            .field("next", &self.next)
-            .finish_non_exhaustive()
-    }
 }
 
 impl ControlSealer {
@@ -62,17 +55,10 @@ impl ControlSealer {
 }
 
 /// Opens the peer's control messages, expecting them in the order they were sealed.
+#[derive(Debug)]
 pub struct ControlOpener {
     key: LessSafeKey,
     next: u64,
-}
-
-impl std::fmt::Debug for ControlOpener {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ControlOpener")
-            .field("next", &self.next)
-            .finish_non_exhaustive()
-    }
 }
 
 impl ControlOpener {
@@ -101,15 +87,10 @@ impl ControlOpener {
 }
 
 /// Seals pieces of file data; shared by concurrent sealers.
+#[derive(Debug)]
 pub struct DataSealer {
     key: LessSafeKey,
     next: AtomicU64,
-}
-
-impl std::fmt::Debug for DataSealer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DataSealer").finish_non_exhaustive()
-    }
 }
 
 impl DataSealer {
@@ -138,14 +119,9 @@ impl DataSealer {
 }
 
 /// Opens pieces of file data the peer sealed.
+#[derive(Debug)]
 pub struct DataOpener {
     key: LessSafeKey,
-}
-
-impl std::fmt::Debug for DataOpener {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DataOpener").finish_non_exhaustive()
-    }
 }
 
 impl DataOpener {

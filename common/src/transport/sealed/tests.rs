@@ -5,21 +5,31 @@ use crate::transport::FileWindow;
 use std::io::Write;
 use tokio::net::TcpListener;
 
-/// Two armed wrappers over a TCP pair on loopback, with keys from a real exchange.
-async fn pair(suite: Suite) -> (Arc<Sealed>, Arc<Sealed>, Arc<Tcp>, Arc<Tcp>) {
+/// A TCP pair on loopback.
+async fn tcp_pair() -> (Arc<Tcp>, Arc<Tcp>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let (a, b) = tokio::join!(Tcp::connect(addr), async {
         Tcp::start(l.accept().await.unwrap().0).await
     });
-    let (a, b) = (Arc::new(a.unwrap()), Arc::new(b.unwrap()));
+    (Arc::new(a.unwrap()), Arc::new(b.unwrap()))
+}
+
+/// Wrappers over `a` (the client side) and `b`, armed with keys from a real exchange.
+fn armed(a: SharedTransport, b: SharedTransport, suite: Suite) -> (Arc<Sealed>, Arc<Sealed>) {
     let (ka, kb) = (KeyShare::generate().unwrap(), KeyShare::generate().unwrap());
     let (pa, pb) = (ka.public(), kb.public());
     let t = transcript(b"hello", b"welcome");
-    let sa = Sealed::new(a.clone());
-    let sb = Sealed::new(b.clone());
+    let (sa, sb) = (Sealed::new(a), Sealed::new(b));
     sa.arm(ka.agree(&pb, &t, suite, true).unwrap()).unwrap();
     sb.arm(kb.agree(&pa, &t, suite, false).unwrap()).unwrap();
+    (sa, sb)
+}
+
+/// Two armed wrappers over a TCP pair on loopback, and the pair itself.
+async fn pair(suite: Suite) -> (Arc<Sealed>, Arc<Sealed>, Arc<Tcp>, Arc<Tcp>) {
+    let (a, b) = tcp_pair().await;
+    let (sa, sb) = armed(a.clone(), b.clone(), suite);
     (sa, sb, a, b)
 }
 
@@ -259,21 +269,8 @@ impl Transport for Flipping {
 #[tokio::test]
 async fn a_forged_piece_fails_the_read_and_the_connection() {
     // A pair whose A side flips bits in what it reads.
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let (x, y) = tokio::join!(Tcp::connect(addr), async {
-        Tcp::start(l.accept().await.unwrap().0).await
-    });
-    let (x, y) = (Arc::new(x.unwrap()), Arc::new(y.unwrap()));
-    let (kx, ky) = (KeyShare::generate().unwrap(), KeyShare::generate().unwrap());
-    let (px, py) = (kx.public(), ky.public());
-    let t = transcript(b"h", b"w");
-    let a = Sealed::new(Arc::new(Flipping(x)));
-    let b = Sealed::new(y);
-    a.arm(kx.agree(&py, &t, Suite::Aes256Gcm, true).unwrap())
-        .unwrap();
-    b.arm(ky.agree(&px, &t, Suite::Aes256Gcm, false).unwrap())
-        .unwrap();
+    let (x, y) = tcp_pair().await;
+    let (a, b) = armed(Arc::new(Flipping(x)), y, Suite::Aes256Gcm);
     let exposed = b
         .register(
             Memory::Buffer(buffer(&pattern(8192, 1)).await),

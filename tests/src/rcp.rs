@@ -62,7 +62,7 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    spawn_rcp_program(&bin("rcp"), user, env, args)
+    spawn_program("rcp", &bin("rcp"), user, env, args)
 }
 
 /// Runs the rcp binary at `program` (another release's, for the compatibility tests)
@@ -81,10 +81,14 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    spawn_rcp_program(program, None, &[], args)
+    spawn_program("rcp", program, None, &[], args)
 }
 
-fn spawn_rcp_program<I, S>(
+/// Starts the Ferry client program at `program` (`rcp`, or `ferry`; `name` is how
+/// messages call it) with `ARGS...` as [`spawn_rcp_env`] starts rcp: the test transport
+/// and [`crate::TEST_SECRET`] in its environment, then the changes of `env`.
+pub(crate) fn spawn_program<I, S>(
+    name: &'static str,
     program: &Path,
     user: Option<User>,
     env: &[(&str, Option<&str>)],
@@ -117,11 +121,12 @@ where
     }
     let mut child = cmd
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start rcp {args:?}: {e}"));
+        .unwrap_or_else(|e| panic!("cannot start {name} {args:?}: {e}"));
     let stdout = child.stdout.take().map(drain::<ChildStdout>);
     let stderr = child.stderr.take().map(drain::<ChildStderr>);
     RcpChild {
         child,
+        name,
         args,
         start: Instant::now(),
         stdout,
@@ -139,10 +144,11 @@ fn drain<R: Read + Send + 'static>(mut pipe: R) -> JoinHandle<Vec<u8>> {
     })
 }
 
-/// An `rcp` process started by [`spawn_rcp`].
+/// An `rcp` process started by [`spawn_rcp`] (or a `ferry` one, [`crate::ferry`]).
 #[derive(Debug)]
 pub struct RcpChild {
     child: Child,
+    name: &'static str,
     args: Vec<String>,
     start: Instant,
     stdout: Option<JoinHandle<Vec<u8>>>,
@@ -158,17 +164,26 @@ impl RcpChild {
     /// Waits for the process to exit, at most [`RCP_TIMEOUT`] after it started; on
     /// timeout, kills it and panics with what it printed so far.
     #[track_caller]
-    pub fn wait(mut self) -> RcpOutput {
+    pub fn wait(self) -> RcpOutput {
+        self.wait_at_most(RCP_TIMEOUT)
+    }
+
+    /// [`RcpChild::wait`] with its own time limit, counted from the start.
+    #[track_caller]
+    pub fn wait_at_most(mut self, limit: Duration) -> RcpOutput {
         loop {
             match self.child.try_wait() {
                 Ok(Some(_)) => return self.collect(),
-                Ok(None) if self.start.elapsed() > RCP_TIMEOUT => {
+                Ok(None) if self.start.elapsed() > limit => {
                     let _ = self.child.kill();
                     let out = self.collect();
-                    panic!("rcp ran longer than {RCP_TIMEOUT:?} and was killed\n{out}");
+                    panic!(
+                        "{} ran longer than {limit:?} and was killed\n{out}",
+                        self.name
+                    );
                 }
                 Ok(None) => thread::sleep(WAIT_POLL),
-                Err(e) => panic!("cannot wait for rcp {:?}: {e}", self.args),
+                Err(e) => panic!("cannot wait for {} {:?}: {e}", self.name, self.args),
             }
         }
     }
@@ -188,14 +203,14 @@ impl RcpChild {
         let status = self
             .child
             .wait()
-            .unwrap_or_else(|e| panic!("cannot wait for rcp {:?}: {e}", self.args));
+            .unwrap_or_else(|e| panic!("cannot wait for {} {:?}: {e}", self.name, self.args));
         let elapsed = self.start.elapsed();
         let text = |h: Option<JoinHandle<Vec<u8>>>| {
             h.map(|h| String::from_utf8_lossy(&h.join().unwrap_or_default()).into_owned())
                 .unwrap_or_default()
         };
         RcpOutput {
-            program: "rcp",
+            program: self.name,
             args: self.args.clone(),
             code: status.code(),
             stdout: text(self.stdout.take()),

@@ -46,6 +46,64 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// Sets the environment every test ferryd runs with: `FERRY_TRANSPORT` (the test
+/// transport; `auto` under the RDMA suite, where ferryd serves both transports because
+/// the in-process protocol tests speak TCP and rcp is forced onto RDMA by its own
+/// environment), `FERRYD_SECRET` ([`crate::TEST_SECRET`]) and `FERRYD_ENCRYPTION`.
+pub(crate) fn set_ferryd_env(cmd: &mut Command) {
+    let transport = match crate::test_transport() {
+        "rdma" => "auto",
+        other => other,
+    };
+    cmd.env("FERRY_TRANSPORT", transport)
+        .env("FERRYD_SECRET", crate::TEST_SECRET)
+        // Shares accept sessions in the clear as well: the raw clients of the
+        // protocol tests speak the clear protocol. rcp and ferry-mount still
+        // encrypt every session (they prefer it, and so does ferryd); the
+        // default `required` is tested by tests/tests/encryption.rs, which
+        // removes this.
+        .env("FERRYD_ENCRYPTION", "preferred");
+}
+
+/// Polls (at most [`STARTUP_TIMEOUT`]) for the port file of the ferryd `child`, whose
+/// stderr goes to `log_path`, and returns the address in it. A file without its
+/// trailing newline is still being written (ferryd renames it into place, but be
+/// tolerant of a plain write). Fails if ferryd exits first (with its stderr) or the
+/// file never appears.
+pub(crate) fn wait_for_port_file(
+    port_file: &Path,
+    child: &mut Child,
+    log_path: &Path,
+) -> Result<String, String> {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = fs::read_to_string(port_file) {
+            if text.ends_with('\n') && !text.trim().is_empty() {
+                return Ok(text.trim().to_owned());
+            }
+        }
+        if let Some(status) = child.try_wait().expect("cannot poll ferryd") {
+            return Err(format!(
+                "ferryd exited with {status} before writing its port file; stderr:\n{}",
+                read_log(log_path)
+            ));
+        }
+        if start.elapsed() > STARTUP_TIMEOUT {
+            return Err(format!(
+                "ferryd did not write its port file {} within {:?}",
+                port_file.display(),
+                STARTUP_TIMEOUT
+            ));
+        }
+        thread::sleep(PORT_FILE_POLL);
+    }
+}
+
+/// A process's captured log, or why it cannot be read (for failure messages).
+pub(crate) fn read_log(path: &Path) -> String {
+    fs::read_to_string(path).unwrap_or_else(|e| format!("<cannot read log: {e}>"))
+}
+
 /// One `--share NAME=PATH[:ro]` argument of ferryd.
 #[derive(Debug, Clone)]
 pub struct Share {
@@ -75,7 +133,7 @@ impl Share {
         }
     }
 
-    fn arg(&self) -> OsString {
+    pub(crate) fn arg(&self) -> OsString {
         let mut arg = OsString::from(&self.name);
         arg.push("=");
         arg.push(&self.path);
@@ -178,25 +236,12 @@ impl Server {
         let log = File::create(&log_path).expect("cannot create ferryd's log file");
 
         let mut cmd = Command::new(program);
-        // Under the RDMA suite ferryd serves both transports (the in-process protocol
-        // tests speak TCP); rcp is forced onto RDMA by its environment.
-        let transport = match crate::test_transport() {
-            "rdma" => "auto",
-            other => other,
-        };
         let listen = (opts.listen.clone()).unwrap_or_else(|| format!("{}:0", crate::test_host()));
         cmd.arg("--listen")
             .arg(listen)
             .arg("--port-file")
-            .arg(&port_file)
-            .env("FERRY_TRANSPORT", transport)
-            .env("FERRYD_SECRET", crate::TEST_SECRET)
-            // Shares accept sessions in the clear as well: the raw clients of the
-            // protocol tests speak the clear protocol. rcp and ferry-mount still
-            // encrypt every session (they prefer it, and so does ferryd); the
-            // default `required` is tested by tests/tests/encryption.rs, which
-            // removes this.
-            .env("FERRYD_ENCRYPTION", "preferred");
+            .arg(&port_file);
+        set_ferryd_env(&mut cmd);
         for share in shares {
             cmd.arg("--share").arg(share.arg());
         }
@@ -230,31 +275,8 @@ impl Server {
         Ok(server)
     }
 
-    /// Polls for the port file; a file without its trailing newline is still being
-    /// written (ferryd renames it into place, but be tolerant of a plain write).
     fn wait_for_port_file(&self, port_file: &Path) -> Result<String, String> {
-        let start = Instant::now();
-        loop {
-            if let Ok(text) = fs::read_to_string(port_file) {
-                if text.ends_with('\n') && !text.trim().is_empty() {
-                    return Ok(text.trim().to_owned());
-                }
-            }
-            if let Some(status) = self.child().try_wait().expect("cannot poll ferryd") {
-                return Err(format!(
-                    "ferryd exited with {status} before writing its port file; stderr:\n{}",
-                    self.stderr()
-                ));
-            }
-            if start.elapsed() > STARTUP_TIMEOUT {
-                return Err(format!(
-                    "ferryd did not write its port file {} within {:?}",
-                    port_file.display(),
-                    STARTUP_TIMEOUT
-                ));
-            }
-            thread::sleep(PORT_FILE_POLL);
-        }
+        wait_for_port_file(port_file, &mut self.child(), &self.log_path)
     }
 
     fn child(&self) -> std::sync::MutexGuard<'_, Child> {
@@ -300,7 +322,7 @@ impl Server {
 
     /// Everything ferryd has written to stderr so far.
     pub fn stderr(&self) -> String {
-        fs::read_to_string(&self.log_path).unwrap_or_else(|e| format!("<cannot read log: {e}>"))
+        read_log(&self.log_path)
     }
 
     /// SIGKILLs ferryd now (it gets no chance to clean up) and reaps it.

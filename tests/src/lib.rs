@@ -37,6 +37,12 @@
 //!   frame, or a flipped data bit) without decoding control payloads, and [`replay`]
 //!   sends a recorded client stream to ferryd again.
 //! - [`Server::restart`] SIGKILLs ferryd and starts another on the same shares.
+//! - A multi-node cluster ([`Cluster`], `cluster.rs`): a real etcd and N ferryd
+//!   storage nodes, each in its own network namespace joined to the root one by a veth
+//!   pair (`10.A.K.2:7447` for node K; [`Cluster::limit_rate`] shapes a node's link
+//!   with `tc`), started with [`ferryd_args`]; [`ferry()`] runs the `ferry` admin tool
+//!   and [`Cluster::wait_nodes`] polls its `cluster status --json`. [`NodeMode::Plain`]
+//!   runs plain ferryd nodes instead. Needs root and etcd ([`skip_without_cluster`]).
 //! - Another release's binaries (the compatibility tests): [`PrevRelease`] finds the
 //!   previous release's in `$FERRY_PREV_BIN_DIR`; [`EnvBuilder::server_binary`] and
 //!   [`Server::restart_binary`] run a given `ferryd` on the shares, [`rcp_binary`] and
@@ -49,10 +55,13 @@
 
 #![forbid(unsafe_code)]
 
+mod cluster;
 mod env;
+mod etcd;
 mod files;
 mod loopfs;
 mod mount;
+mod netns;
 mod prev;
 mod procfs;
 mod raw;
@@ -68,7 +77,12 @@ mod tree;
 mod user;
 mod wire_proxy;
 
+pub use cluster::{
+    ferry, ferryd_args, ferryd_has_cluster_mode, skip_without_cluster, Cluster, ClusterOptions,
+    NodeMode, NodeSpec, FERRY_TIMEOUT, LEASE_TTL, MAX_NODES, NODE_PORT, PLAIN_SHARE,
+};
 pub use env::{Env, EnvBuilder, DEFAULT_SHARE};
+pub use etcd::{etcd_healthy, etcd_program, ETCD_STARTUP_TIMEOUT};
 pub use files::{
     assert_entries, assert_files_equal, assert_no_temp_files, assert_only_resumable_temp_files,
     assert_same_mode_and_mtime, first_difference, journaled_bytes, mode_of, mtime_of, set_mode,

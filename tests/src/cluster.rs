@@ -1,0 +1,589 @@
+//! A real multi-node Ferry cluster for one test: an etcd and N `ferryd` storage
+//! nodes, each node in a network namespace of its own.
+//!
+//! ```text
+//! root namespace: etcd  127.0.0.1:P, 10.A.1.1:P ... 10.A.N.1:P   (peer 127.0.0.1:Q)
+//!                 rcp, ferry (the test's clients)
+//!   veth 10.A.K.1 <-> 10.A.K.2 : namespace ferrytest-PID-C-nK
+//!                                ferryd --cluster http://10.A.K.1:P --node-id nK
+//!                                       --store <tmp>/nodeK --listen 10.A.K.2:7447 ...
+//! <tmp>/etcd/  <tmp>/etcd.stderr  <tmp>/nodeK/  <tmp>/nodeK.stderr  <tmp>/nodeK.port
+//! ```
+//!
+//! Nodes are numbered `1..=N` (node `K` is `nK` on `10.A.K.2`). The network plumbing is
+//! in `netns.rs`, etcd in `etcd.rs`. Every node's ferryd gets the same environment as
+//! a [`crate::Server`]'s (transport, [`crate::TEST_SECRET`], encryption `preferred`);
+//! its arguments come from one function, [`ferryd_args`]. [`NodeMode::Plain`] runs
+//! today's ferryd instead (`--share data=<tmp>/nodeK`), to test the plumbing alone.
+//!
+//! Dropping the [`Cluster`] (also on panic) SIGKILLs every ferryd and etcd, deletes the
+//! namespaces (their veth pairs go with them) and the temp dir, and releases the
+//! subnet; if the thread is panicking it first prints every node's and etcd's log.
+//!
+//! Needs root (`ip netns`, veth, `tc`) and etcd: [`skip_without_cluster`].
+
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use crate::etcd::{etcd_healthy, etcd_program, Etcd};
+use crate::netns::{reap_stale, NetNs, Subnet, NS_PREFIX};
+use crate::rcp::{spawn_program, ProgramOutput};
+use crate::server::{bin, read_log, set_ferryd_env, wait_for_port_file, Share};
+
+/// The port every node's ferryd listens on, inside its namespace.
+pub const NODE_PORT: u16 = 7447;
+
+/// The most nodes a [`Cluster`] runs.
+pub const MAX_NODES: usize = 8;
+
+/// The share a [`NodeMode::Plain`] node serves its store as.
+pub const PLAIN_SHARE: &str = "data";
+
+/// The `--lease-ttl` of every node: how long etcd keeps a node that stopped renewing.
+pub const LEASE_TTL: Duration = Duration::from_secs(3);
+
+/// How long one `ferry` run may take before it is killed and the test fails.
+pub const FERRY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How often [`Cluster::wait_nodes`] asks `ferry cluster status`.
+const STATUS_POLL: Duration = Duration::from_millis(200);
+
+/// Clusters started by this process so far: part of every name, with the pid.
+static NEXT_CLUSTER: AtomicU32 = AtomicU32::new(0);
+
+/// How a [`Cluster`]'s ferryd nodes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NodeMode {
+    /// Cluster mode: `--cluster http://10.A.K.1:P --node-id nK --store DIR ...`.
+    #[default]
+    Cluster,
+    /// A plain ferryd serving its store as share [`PLAIN_SHARE`] (no etcd flags).
+    Plain,
+}
+
+/// What one node's ferryd is started with; [`ferryd_args`] turns it into arguments.
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    /// How the node runs.
+    pub mode: NodeMode,
+    /// etcd as the node reaches it: `http://10.A.K.1:P`.
+    pub etcd_url: String,
+    /// `nK`.
+    pub node_id: String,
+    /// The node's store directory.
+    pub store: PathBuf,
+    /// `10.A.K.2:7447`.
+    pub listen: String,
+    /// Where ferryd writes its address once it listens.
+    pub port_file: PathBuf,
+}
+
+/// The arguments of a node's ferryd (the program and its environment are the
+/// harness's): in cluster mode `--cluster URL --node-id ID --store DIR --listen ADDR
+/// --port-file FILE --lease-ttl 3`, in plain mode `--share data=DIR --listen ADDR
+/// --port-file FILE`.
+pub fn ferryd_args(spec: &NodeSpec) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::new();
+    match spec.mode {
+        NodeMode::Cluster => {
+            args.extend(["--cluster".into(), spec.etcd_url.clone().into()]);
+            args.extend(["--node-id".into(), spec.node_id.clone().into()]);
+            args.extend(["--store".into(), spec.store.clone().into_os_string()]);
+        }
+        NodeMode::Plain => {
+            args.extend(["--share".into(), Share::rw(PLAIN_SHARE, &spec.store).arg()]);
+        }
+    }
+    args.extend(["--listen".into(), spec.listen.clone().into()]);
+    args.extend([
+        "--port-file".into(),
+        spec.port_file.clone().into_os_string(),
+    ]);
+    if spec.mode == NodeMode::Cluster {
+        args.extend(["--lease-ttl".into(), LEASE_TTL.as_secs().to_string().into()]);
+    }
+    args
+}
+
+/// Prints why `test` is skipped and returns true where a [`Cluster`] cannot run: not
+/// root (namespaces, veth and `tc` need it), no `ip` or `tc`, no etcd, or the RDMA
+/// suite (a node's veth has no RDMA device).
+pub fn skip_without_cluster(test: &str) -> bool {
+    let why = if crate::test_transport() == "rdma" {
+        Some("the RDMA suite: the nodes' veth pairs have no RDMA device".to_owned())
+    } else if !nix::unistd::geteuid().is_root() {
+        Some("needs root (ip netns, veth, tc)".to_owned())
+    } else if let Some(tool) = ["ip", "tc"]
+        .into_iter()
+        .find(|t| crate::program_on_path(t).is_none())
+    {
+        Some(format!("`{tool}` is not installed (iproute2)"))
+    } else if !etcd_program().is_file() {
+        Some(format!(
+            "no etcd at {} (etcd-server; or set FERRY_ETCD)",
+            etcd_program().display()
+        ))
+    } else {
+        None
+    };
+    if let Some(why) = &why {
+        eprintln!("{test}: skipped: {why}");
+    }
+    why.is_some()
+}
+
+/// Whether the ferryd in [`crate::bin_dir`] has cluster mode (`--cluster` in its
+/// `--help`).
+pub fn ferryd_has_cluster_mode() -> bool {
+    Command::new(bin("ferryd"))
+        .arg("--help")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("--cluster"))
+}
+
+/// Runs `ferry ARGS...` (the cluster admin tool in [`crate::bin_dir`]) to completion,
+/// at most [`FERRY_TIMEOUT`], with the environment rcp gets (the test transport and
+/// [`crate::TEST_SECRET`]).
+#[track_caller]
+pub fn ferry<I, S>(args: I) -> ProgramOutput
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    spawn_program("ferry", &bin("ferry"), None, &[], args).wait_at_most(FERRY_TIMEOUT)
+}
+
+/// One storage node: its namespace and, while it runs, its ferryd.
+#[derive(Debug)]
+struct Node {
+    spec: NodeSpec,
+    log_path: PathBuf,
+    child: Option<Child>,
+    /// Dropped after the process is gone (Cluster's drop kills it first).
+    ns: NetNs,
+}
+
+impl Node {
+    fn start(&mut self) -> Result<(), String> {
+        assert!(
+            self.child.is_none(),
+            "{} is already running",
+            self.spec.node_id
+        );
+        // Ignoring errors: the file is absent unless the node ran before.
+        let _ = fs::remove_file(&self.spec.port_file);
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .map_err(|e| format!("cannot open {}: {e}", self.log_path.display()))?;
+        // A marker between the runs of one log; a failed write only loses the marker.
+        let _ = writeln!(log, "----- ferryd {} starts -----", self.spec.node_id);
+        let mut cmd = self.ns.command(bin("ferryd"));
+        cmd.args(ferryd_args(&self.spec));
+        set_ferryd_env(&mut cmd);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
+        match wait_for_port_file(&self.spec.port_file, &mut child, &self.log_path) {
+            Ok(_) => {
+                self.child = Some(child);
+                Ok(())
+            }
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(format!("node {}: {e}", self.spec.node_id))
+            }
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // Ignoring errors: it may have exited already.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// What [`Cluster::start_with`] starts.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// How many storage nodes, `1..=`[`MAX_NODES`].
+    pub nodes: usize,
+    /// How their ferryd runs.
+    pub mode: NodeMode,
+}
+
+/// An etcd and N ferryd nodes, each node in its own network namespace; see the
+/// module docs. Nodes are numbered `1..=N`; methods taking a node `k` panic outside
+/// that range.
+#[derive(Debug)]
+pub struct Cluster {
+    /// Declared (and so dropped) before `_subnet`: the namespaces go before the claim.
+    nodes: Vec<Node>,
+    etcd: Etcd,
+    _subnet: Subnet,
+    dir: TempDir,
+}
+
+impl Cluster {
+    /// Starts `nodes` nodes in cluster mode ([`NodeMode::Cluster`]) and their etcd.
+    /// Returns once etcd is healthy and every ferryd wrote its port file; it does not
+    /// wait for the nodes to register ([`Cluster::wait_nodes`]).
+    pub fn start(nodes: usize) -> Cluster {
+        Cluster::start_with(ClusterOptions {
+            nodes,
+            mode: NodeMode::Cluster,
+        })
+    }
+
+    /// Starts `nodes` plain ferryd nodes ([`NodeMode::Plain`]) and an etcd they do not
+    /// use: the harness's plumbing with today's ferryd.
+    pub fn start_plain(nodes: usize) -> Cluster {
+        Cluster::start_with(ClusterOptions {
+            nodes,
+            mode: NodeMode::Plain,
+        })
+    }
+
+    /// Starts what `opts` says; panics (after cleaning up) if anything fails to start.
+    #[track_caller]
+    pub fn start_with(opts: ClusterOptions) -> Cluster {
+        assert!(
+            (1..=MAX_NODES).contains(&opts.nodes),
+            "a cluster has 1..={MAX_NODES} nodes, not {}",
+            opts.nodes
+        );
+        reap_stale();
+        let pid = std::process::id();
+        let serial = NEXT_CLUSTER.fetch_add(1, Ordering::Relaxed);
+        let subnet = Subnet::claim(pid.wrapping_add(serial)).unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::Builder::new()
+            .prefix("ferry-cluster-")
+            .tempdir()
+            .expect("cannot create the cluster's temp dir");
+        let mut namespaces = Vec::with_capacity(opts.nodes);
+        for k in 1..=opts.nodes {
+            let k8 = u8::try_from(k).expect("at most MAX_NODES nodes");
+            // Interface names: at most 15 bytes (`f` + 6 hex digits of the pid + `x` +
+            // the serial in hex + `h`/`n` + K).
+            let ns = NetNs::create(
+                format!("{NS_PREFIX}{pid}-{serial}-n{k}"),
+                format!("f{pid:x}x{serial:x}h{k}"),
+                format!("f{pid:x}x{serial:x}n{k}"),
+                subnet.a(),
+                k8,
+            )
+            .unwrap_or_else(|e| panic!("node {k}'s network namespace: {e}"));
+            namespaces.push(ns);
+        }
+        let hosts = namespaces.iter().map(NetNs::host_ip).collect();
+        let etcd = Etcd::start(dir.path(), format!("ferrytest-{pid}-{serial}"), hosts)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let port = etcd.client_port();
+        let nodes = namespaces
+            .into_iter()
+            .enumerate()
+            .map(|(i, ns)| {
+                let k = i + 1;
+                let store = dir.path().join(format!("node{k}"));
+                fs::create_dir(&store).expect("cannot create a node's store");
+                Node {
+                    spec: NodeSpec {
+                        mode: opts.mode,
+                        etcd_url: format!("http://{}:{port}", ns.host_ip()),
+                        node_id: format!("n{k}"),
+                        store,
+                        listen: format!("{}:{NODE_PORT}", ns.ns_ip()),
+                        port_file: dir.path().join(format!("node{k}.port")),
+                    },
+                    log_path: dir.path().join(format!("node{k}.stderr")),
+                    child: None,
+                    ns,
+                }
+            })
+            .collect();
+        let mut cluster = Cluster {
+            nodes,
+            etcd,
+            _subnet: subnet,
+            dir,
+        };
+        for k in 1..=opts.nodes {
+            cluster.start_node(k);
+        }
+        cluster
+    }
+
+    fn node(&self, k: usize) -> &Node {
+        assert!(
+            (1..=self.nodes.len()).contains(&k),
+            "no node {k}: this cluster has nodes 1..={}",
+            self.nodes.len()
+        );
+        &self.nodes[k - 1]
+    }
+
+    fn node_mut(&mut self, k: usize) -> &mut Node {
+        self.node(k);
+        &mut self.nodes[k - 1]
+    }
+
+    /// How many nodes the cluster has (running or not).
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// etcd's client endpoint from the root namespace, `127.0.0.1:PORT` (what
+    /// `ferry cluster ... --etcd` takes).
+    pub fn etcd_endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.etcd.client_port())
+    }
+
+    /// etcd's URL as node `k` reaches it, `http://10.A.K.1:PORT`.
+    pub fn etcd_url_for(&self, k: usize) -> String {
+        self.node(k).spec.etcd_url.clone()
+    }
+
+    /// Whether etcd answers `GET /health` healthy on `127.0.0.1`.
+    pub fn etcd_healthy(&self) -> bool {
+        etcd_healthy(std::net::Ipv4Addr::LOCALHOST, self.etcd.client_port())
+    }
+
+    /// The rcp URL of `path` in cluster share `share`:
+    /// `cluster://127.0.0.1:PORT/SHARE/PATH`.
+    pub fn url(&self, share: &str, path: &str) -> String {
+        format!("cluster://{}/{share}/{path}", self.etcd_endpoint())
+    }
+
+    /// Node `k`'s ferryd address, `10.A.K.2:7447`.
+    pub fn node_addr(&self, k: usize) -> String {
+        self.node(k).spec.listen.clone()
+    }
+
+    /// Node `k`'s id, `nK`.
+    pub fn node_id(&self, k: usize) -> String {
+        self.node(k).spec.node_id.clone()
+    }
+
+    /// Node `k`'s store directory (a plain node's share [`PLAIN_SHARE`]).
+    pub fn node_store(&self, k: usize) -> PathBuf {
+        self.node(k).spec.store.clone()
+    }
+
+    /// Node `k`'s ferryd log so far, across restarts.
+    pub fn node_log(&self, k: usize) -> String {
+        read_log(&self.node(k).log_path)
+    }
+
+    /// Whether node `k`'s ferryd runs (it was started and has not exited).
+    pub fn node_running(&mut self, k: usize) -> bool {
+        let node = self.node_mut(k);
+        node.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// etcd's log so far, across restarts.
+    pub fn etcd_log(&self) -> String {
+        self.etcd.log()
+    }
+
+    /// SIGKILLs node `k`'s ferryd and reaps it (no chance to deregister: its lease
+    /// runs out after [`LEASE_TTL`]).
+    pub fn kill_node(&mut self, k: usize) {
+        self.node_mut(k).kill();
+    }
+
+    /// Starts node `k`'s ferryd again with the same store, address and arguments and
+    /// waits for its port file; panics if it is running or does not come up.
+    #[track_caller]
+    pub fn start_node(&mut self, k: usize) {
+        self.node_mut(k).start().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// SIGKILLs etcd and reaps it.
+    pub fn stop_etcd(&mut self) {
+        self.etcd.kill();
+    }
+
+    /// Starts etcd again with the same data dir and ports; waits until it is healthy.
+    #[track_caller]
+    pub fn start_etcd(&mut self) {
+        self.etcd.restart().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Shapes node `k`'s link to `bytes_per_sec` each way (`tc` tbf at both ends of
+    /// its veth; see `netns.rs` for the bucket and queue sizes).
+    #[track_caller]
+    pub fn limit_rate(&self, k: usize, bytes_per_sec: u64) {
+        self.node(k)
+            .ns
+            .limit_rate(bytes_per_sec)
+            .unwrap_or_else(|e| panic!("node {k}: {e}"));
+    }
+
+    /// A command running `program` in node `k`'s namespace (`ip netns exec NS
+    /// PROGRAM`), for [`crate::run_tool`].
+    pub fn command_in(&self, k: usize, program: impl AsRef<OsStr>) -> Command {
+        self.node(k).ns.command(program)
+    }
+
+    /// The cluster's temp dir (etcd's data, the stores, the logs); a test may put its
+    /// local files here too.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `ferry cluster status --etcd ENDPOINT --json`, parsed; panics unless it exits 0
+    /// with one JSON object on stdout.
+    #[track_caller]
+    pub fn status(&self) -> serde_json::Value {
+        let out = ferry([
+            "cluster",
+            "status",
+            "--etcd",
+            &self.etcd_endpoint(),
+            "--json",
+        ]);
+        out.assert_success();
+        out.json()
+    }
+
+    /// Polls `ferry cluster status --etcd ENDPOINT --json` until exactly `n` of its
+    /// `nodes` have `"live": true`, at most `timeout`; a failing status (etcd not
+    /// ready yet) counts as not yet. Panics on timeout with the last status and every
+    /// node's log.
+    #[track_caller]
+    pub fn wait_nodes(&self, n: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let endpoint = self.etcd_endpoint();
+        let args = ["cluster", "status", "--etcd", endpoint.as_str(), "--json"];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let out = spawn_program("ferry", &bin("ferry"), None, &[], args)
+                .wait_at_most(left.max(Duration::from_secs(1)));
+            let live = (out.code == Some(0))
+                .then(|| live_nodes(&out.stdout))
+                .flatten();
+            if live == Some(n) {
+                return;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "{n} live nodes expected within {timeout:?}, the last status had {live:?}\n{out}\n{}",
+                    self.logs()
+                );
+            }
+            thread::sleep(STATUS_POLL);
+        }
+    }
+
+    /// Every node's log and etcd's, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut text = String::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            text += &format!(
+                "----- node {} ({}, {}) stderr -----\n{}",
+                i + 1,
+                node.spec.node_id,
+                node.spec.listen,
+                read_log(&node.log_path)
+            );
+        }
+        text += &format!(
+            "----- etcd ({}) log -----\n{}----- end of the cluster's logs -----",
+            self.etcd_endpoint(),
+            self.etcd.log()
+        );
+        text
+    }
+}
+
+/// The number of `nodes` with `"live": true` in `ferry cluster status --json`'s
+/// stdout; `None` if it is not such an object.
+fn live_nodes(stdout: &str) -> Option<usize> {
+    let value: serde_json::Value = serde_json::from_str(stdout.trim()).ok()?;
+    let nodes = value.get("nodes")?.as_array()?;
+    Some(
+        nodes
+            .iter()
+            .filter(|n| n.get("live") == Some(&serde_json::Value::Bool(true)))
+            .count(),
+    )
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+        self.etcd.kill();
+        if thread::panicking() {
+            eprintln!("{}", self.logs());
+        }
+        // Then the fields: the namespaces, etcd (already stopped), the subnet's claim,
+        // the temp dir.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The arguments of node 2 in `mode`, joined by spaces.
+    fn args_of(mode: NodeMode) -> String {
+        let spec = NodeSpec {
+            mode,
+            etcd_url: "http://10.100.2.1:2379".into(),
+            node_id: "n2".into(),
+            store: "/tmp/c/node2".into(),
+            listen: "10.100.2.2:7447".into(),
+            port_file: "/tmp/c/node2.port".into(),
+        };
+        let args: Vec<String> = ferryd_args(&spec)
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        args.join(" ")
+    }
+
+    #[test]
+    fn cluster_nodes_get_the_cluster_flags() {
+        assert_eq!(
+            args_of(NodeMode::Cluster),
+            "--cluster http://10.100.2.1:2379 --node-id n2 --store /tmp/c/node2 \
+             --listen 10.100.2.2:7447 --port-file /tmp/c/node2.port --lease-ttl 3"
+        );
+    }
+
+    #[test]
+    fn plain_nodes_share_their_store() {
+        assert_eq!(
+            args_of(NodeMode::Plain),
+            "--share data=/tmp/c/node2 --listen 10.100.2.2:7447 --port-file /tmp/c/node2.port"
+        );
+    }
+
+    #[test]
+    fn live_nodes_are_counted() {
+        let status = r#"{"nodes":[{"id":"n1","addr":"10.1.1.2:7447","live":true},
+            {"id":"n2","addr":"10.1.2.2:7447","live":false},{"id":"n3","live":true}]}"#;
+        assert_eq!(live_nodes(&status.replace('\n', "")), Some(2));
+        assert_eq!(live_nodes("{}"), None);
+        assert_eq!(live_nodes("not json"), None);
+    }
+}

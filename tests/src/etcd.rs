@@ -1,0 +1,219 @@
+//! A real etcd for the multi-node harness ([`crate::Cluster`]), in the root network
+//! namespace, with its data in the cluster's temp dir.
+//!
+//! It serves clients on `127.0.0.1:PORT` and on the same port of every extra address
+//! it is given (the root side of each node's veth, so that nodes reach it), advertises
+//! `http://127.0.0.1:PORT`, and is a one-member cluster on `127.0.0.1:PEER_PORT`. Both
+//! ports are picked free (bind port 0, release); a start that loses the race for them
+//! is retried on others. It is ready once `GET /health` answers `"health":"true"`.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::files::unused_local_port;
+use crate::server::read_log;
+
+/// How long a start waits for etcd to report itself healthy.
+pub const ETCD_STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How often a start polls `/health`.
+const HEALTH_POLL: Duration = Duration::from_millis(50);
+
+/// How long one `/health` request may take.
+const HEALTH_IO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How many port pairs a first start tries.
+const PORT_TRIES: usize = 5;
+
+/// The etcd binary: `$FERRY_ETCD` if set, else `etcd` on `$PATH`, else `/usr/bin/etcd`.
+pub fn etcd_program() -> PathBuf {
+    if let Some(path) = std::env::var_os("FERRY_ETCD") {
+        return PathBuf::from(path);
+    }
+    crate::program_on_path("etcd").unwrap_or_else(|| PathBuf::from("/usr/bin/etcd"))
+}
+
+/// Whether the etcd of `127.0.0.1:port` (or `host:port`) answers `GET /health` with
+/// `"health":"true"` within [`HEALTH_IO_TIMEOUT`].
+pub fn etcd_healthy(host: Ipv4Addr, port: u16) -> bool {
+    let addr = SocketAddr::from((host, port));
+    let Ok(mut conn) = TcpStream::connect_timeout(&addr, HEALTH_IO_TIMEOUT) else {
+        return false;
+    };
+    let request = format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    let mut answer = String::new();
+    conn.set_read_timeout(Some(HEALTH_IO_TIMEOUT)).is_ok()
+        && conn.set_write_timeout(Some(HEALTH_IO_TIMEOUT)).is_ok()
+        && conn.write_all(request.as_bytes()).is_ok()
+        && conn.read_to_string(&mut answer).is_ok()
+        && answer.replace(' ', "").contains(r#""health":"true""#)
+}
+
+/// A one-member etcd cluster; SIGKILLed (and reaped) on drop.
+#[derive(Debug)]
+pub(crate) struct Etcd {
+    name: String,
+    data_dir: PathBuf,
+    log_path: PathBuf,
+    /// Client addresses besides `127.0.0.1`.
+    extra_hosts: Vec<Ipv4Addr>,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+impl Etcd {
+    /// Starts etcd named `name` with its data in `dir/etcd` and its log in
+    /// `dir/etcd.stderr`, serving clients on `127.0.0.1` and on each of `extra_hosts`,
+    /// and waits until it is healthy.
+    pub(crate) fn start(
+        dir: &Path,
+        name: String,
+        extra_hosts: Vec<Ipv4Addr>,
+    ) -> Result<Etcd, String> {
+        let mut etcd = Etcd {
+            name,
+            data_dir: dir.join("etcd"),
+            log_path: dir.join("etcd.stderr"),
+            extra_hosts,
+            client_port: 0,
+            peer_port: 0,
+            child: None,
+        };
+        let mut last = String::new();
+        for _ in 0..PORT_TRIES {
+            etcd.client_port = unused_local_port();
+            etcd.peer_port = unused_local_port();
+            if etcd.client_port == etcd.peer_port {
+                continue;
+            }
+            match etcd.restart() {
+                Ok(()) => return Ok(etcd),
+                Err(e) if e.contains("address already in use") => {
+                    last = e;
+                    // A first start that failed may have left a half-made member.
+                    let _ = fs::remove_dir_all(&etcd.data_dir);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(format!(
+            "etcd found no free ports in {PORT_TRIES} tries; the last:\n{last}"
+        ))
+    }
+
+    /// Starts etcd again on the same data dir and ports (after [`Etcd::kill`]) and
+    /// waits until it is healthy; its log is appended to.
+    pub(crate) fn restart(&mut self) -> Result<(), String> {
+        assert!(self.child.is_none(), "etcd is already running");
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .map_err(|e| format!("cannot open {}: {e}", self.log_path.display()))?;
+        // A marker between the runs of one log; a failed write only loses the marker.
+        let _ = writeln!(
+            log,
+            "----- etcd starts on 127.0.0.1:{} -----",
+            self.client_port
+        );
+        let child = self.command(log)?;
+        self.child = Some(child);
+        self.wait_healthy().inspect_err(|_| self.kill())
+    }
+
+    fn command(&self, log: File) -> Result<Child, String> {
+        let client_urls: Vec<String> = std::iter::once(Ipv4Addr::LOCALHOST)
+            .chain(self.extra_hosts.iter().copied())
+            .map(|h| format!("http://{h}:{}", self.client_port))
+            .collect();
+        let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
+        let mut cmd = Command::new(etcd_program());
+        cmd.arg("--name")
+            .arg(&self.name)
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--listen-client-urls")
+            .arg(client_urls.join(","))
+            .arg("--advertise-client-urls")
+            .arg(&client_urls[0])
+            .arg("--listen-peer-urls")
+            .arg(&peer_url)
+            .arg("--initial-advertise-peer-urls")
+            .arg(&peer_url)
+            .arg("--initial-cluster")
+            .arg(format!("{}={peer_url}", self.name))
+            .arg("--initial-cluster-token")
+            .arg(&self.name)
+            .arg("--initial-cluster-state")
+            .arg("new")
+            // Warnings and errors only: the log is printed whole when a test fails.
+            .args([
+                "--logger",
+                "zap",
+                "--log-outputs",
+                "stderr",
+                "--log-level",
+                "warn",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        cmd.spawn()
+            .map_err(|e| format!("cannot start {}: {e}", etcd_program().display()))
+    }
+
+    fn wait_healthy(&mut self) -> Result<(), String> {
+        let start = Instant::now();
+        loop {
+            if etcd_healthy(Ipv4Addr::LOCALHOST, self.client_port) {
+                return Ok(());
+            }
+            let child = self.child.as_mut().expect("etcd was started");
+            if let Some(status) = child.try_wait().expect("cannot poll etcd") {
+                self.child = None;
+                return Err(format!(
+                    "etcd exited with {status} at start; its log:\n{}",
+                    self.log()
+                ));
+            }
+            if start.elapsed() > ETCD_STARTUP_TIMEOUT {
+                return Err(format!(
+                    "etcd did not report itself healthy within {ETCD_STARTUP_TIMEOUT:?}; its log:\n{}",
+                    self.log()
+                ));
+            }
+            thread::sleep(HEALTH_POLL);
+        }
+    }
+
+    /// SIGKILLs etcd (if it runs) and reaps it.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // Ignoring errors: it may have exited already.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The client port (the same on every address).
+    pub(crate) fn client_port(&self) -> u16 {
+        self.client_port
+    }
+
+    /// Everything etcd has logged so far, across restarts.
+    pub(crate) fn log(&self) -> String {
+        read_log(&self.log_path)
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -24,6 +24,7 @@ Subcommands (python3 bench/lib/bench.py CMD ARGS...):
                             (the default) or writes
   iperf JSON                bytes/s the iperf3 receiver got
   field JSON KEY...         a value of rcp's --json output (KEY path into the object)
+  live JSON                 how many nodes `ferry cluster status --json` reports live
   report WORK OUT_BASE README  the markdown table, JSON and PNG chart of a run
 
 bench/run records every measurement as one line of WORK/results.tsv:
@@ -358,6 +359,11 @@ def iperf(argv):
         sys.exit(f"iperf3: {doc['error']}")
     s = doc["end"]["sum_received"]
     print(f"{s['bytes'] / s['seconds']:.1f}")
+
+
+def live(argv):
+    doc = load_json(argv[0])
+    print(sum(1 for n in doc.get("nodes", []) if n.get("live") is True))
 
 
 def field(argv):
@@ -1070,6 +1076,85 @@ def crypt_markdown(meta, crypt):
     return "\n".join(out)
 
 
+# --- cluster: one big file over 1, 2 and 4 storage nodes -------------------------------------
+
+# The cluster job's configurations (bench/lib/jobs.sh job_cluster): nodes, replicas, the
+# rows' suffix; each has rows cluster_up_SFX and cluster_down_SFX (MB/s of the tool
+# alone; .sync: until durable, the headline), tool ferry.
+CLUSTER_CONFIGS = [(1, 1, "n1"), (2, 1, "n2"), (4, 1, "n4"), (4, 2, "n4r2")]
+CLUSTER_TARGETS = {2: 1.8, 4: 3.2}  # speed-up over 1 node, replicas 1
+
+
+def cluster_report(meta, res):
+    """The cluster rows as JSON-able dicts: per configuration and direction the durable
+    and tool-alone medians, the speed-up over 1 node, the ceiling (the nodes' links:
+    N x RATE; an upload with R replicas moves R copies into the nodes, N x RATE / R) and
+    the target's verdict; then the iperf3 rates of one shaped link."""
+    if not any(k.startswith("cluster_") for k in res):
+        return None
+    rate, reps = float(meta.get("cluster_rate_mbs") or 0), int(meta["reps"])
+    base = {d: med(res, f"cluster_{d}_n1.sync", "ferry") for d in ("up", "down")}
+    configs = []
+    for nodes, replicas, sfx in CLUSTER_CONFIGS:
+        row = {"nodes": nodes, "replicas": replicas}
+        for d in ("up", "down"):
+            rid = f"cluster_{d}_{sfx}"
+            merged = dict(res.get(rid, {}))
+            merged.update(res.get(rid + ".sync", {}))
+            text, v = cell_of(merged, "ferry", "MB/s", reps)
+            ceiling = nodes * rate / (replicas if d == "up" else 1)
+            ratio = better(v, base[d], HIGHER) if replicas == 1 else None
+            target = CLUSTER_TARGETS.get(nodes) if replicas == 1 else None
+            row[d] = {"mb_s": v, "text": text, "mb_s_tool_alone": med(res, rid, "ferry"),
+                      "vs_1_node": ratio, "ceiling_mb_s": ceiling,
+                      "of_ceiling": None if v is None or not ceiling else v / ceiling,
+                      "target": target,
+                      "target_met": None if target is None or ratio is None else ratio >= target}
+        configs.append(row)
+    link = {d: med(res, f"cluster_link_{d}", "ceiling") for d in ("up", "down")}
+    link_text = {d: cell_of(res.get(f"cluster_link_{d}", {}), "ceiling", "MB/s", reps)[0]
+                 for d in ("up", "down")}
+    return {"rate_mb_s": rate, "configs": configs, "link_mb_s": link, "link_text": link_text}
+
+
+def cluster_markdown(meta, cl):
+    """The report's cluster section: one line per configuration, both directions."""
+    if not cl:
+        return ""
+    rate = cl["rate_mb_s"]
+
+    def link(d):
+        v = cl["link_mb_s"][d]
+        return f"{v:,.1f} MB/s" if v is not None else cl["link_text"][d]
+
+    out = [f"Cluster scaling (`bench/run --only cluster`): one {meta['size_label']} file with"
+           " `rcp --replicas R` to the share `bench` of a fresh cluster and back (compared with"
+           " cmp): a real etcd and N ferryd storage nodes, each in its own network namespace"
+           f" behind a veth shaped with tc tbf to {rate:g} MB/s each way, stores on the local"
+           " disk; each copy timed until synced (in brackets: the tool alone). MB/s = 10^6"
+           " bytes/s. × 1 node: against the same direction on one node (targets "
+           + ", ".join(f"≥ {t:g}× at {n} nodes" for n, t in CLUSTER_TARGETS.items())
+           + "); ceiling: what the nodes' links carry, N × RATE (an upload with 2 replicas"
+           " moves two copies: half). One shaped link measured by iperf3 `-l 1M`: "
+           f"{link('up')} to the node, {link('down')} from it.",
+           "",
+           "| nodes | replicas | direction | MB/s | × 1 node | ceiling | of ceiling | target | met? |",
+           "|---:|---:|---|---:|---:|---:|---:|---|---|"]
+    for c in cl["configs"]:
+        for d, name in (("up", "upload"), ("down", "download")):
+            r = c[d]
+            cell = r["text"]
+            if r["mb_s_tool_alone"] is not None and r["mb_s"] is not None:
+                cell += f" ({r['mb_s_tool_alone']:,.1f})"
+            target = f"≥ {r['target']:g}×" if r["target"] else "—"
+            cells = [str(c["nodes"]), str(c["replicas"]), name, cell.replace("|", "/"),
+                     f2(r["vs_1_node"], ".2f", "×"), f2(r["ceiling_mb_s"], ",.0f"),
+                     f2(r["of_ceiling"], ".0%"), target,
+                     met(r["target_met"]) if r["target"] else "—"]
+            out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def floor_note(meta, res):
     """The round-trip floor of a FUSE miss (bench/rtt.c), with what it bounds; None if
     the run did not measure it."""
@@ -1132,6 +1217,10 @@ def report(argv):
     crypt_md = crypt_markdown(meta, crypt)
     if crypt_md:
         md += ["", crypt_md]
+    cluster = cluster_report(meta, res)
+    cluster_md = cluster_markdown(meta, cluster)
+    if cluster_md:
+        md += ["", cluster_md]
     st = alone_table(alone)
     if st:
         md += ["", "The copy jobs again, each run timed to the tool's exit alone (no sync after"
@@ -1144,7 +1233,7 @@ def report(argv):
     with open(out_base + ".md", "w") as f:
         f.write(md_text)
     with open(out_base + ".json", "w") as f:
-        json.dump({"meta": meta, "rows": table, "rows_tool_alone": alone, **cpu, "crypt": crypt,
+        json.dump({"meta": meta, "rows": table, "rows_tool_alone": alone, **cpu, "crypt": crypt, "cluster": cluster,
                    "raw": res}, f,
                   indent=1, ensure_ascii=False)
         f.write("\n")
@@ -1176,5 +1265,5 @@ def report(argv):
 
 if __name__ == "__main__":
     {"run": run_timed, "port": free_port, "hashspeed": hashspeed, "mktree": mktree, "mkmixed": mkmixed, "change": change,
-     "treesum": treesum, "fio": fio, "iperf": iperf, "field": field,
+     "treesum": treesum, "fio": fio, "iperf": iperf, "field": field, "live": live,
      "report": report}[sys.argv[1]](sys.argv[2:])

@@ -171,6 +171,8 @@ cleanup() {
     for ((i = ${#TRACKED[@]} - 1; i >= 0; i--)); do
         [ -z "${TRACKED[$i]:-}" ] || stop_pid "${TRACKED[$i]}"
     done
+    # The cluster job's network namespaces and subnet claim (bench/lib/cluster.sh).
+    if declare -F cluster_cleanup >/dev/null; then cluster_cleanup; fi
     # Whatever is still mounted (a client that crashed or hung) goes lazily.
     for m in "${MOUNTS[@]}"; do
         if [ -n "$(fstype_at "$m")" ]; then

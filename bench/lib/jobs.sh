@@ -675,3 +675,103 @@ job_rdma() {
         record "$row" ceiling "$verbs"
     done
 }
+
+# --- (i) cluster: one big file spread over 1, 2 and 4 storage nodes -----------------------
+# bench/lib/cluster.sh brings up a real etcd and N ferryd nodes, each in its own network
+# namespace behind a veth shaped to CLUSTER_RATE_MBS each way, their stores on the
+# local disk; every configuration is a fresh cluster. Each runs rcp --replicas R of the
+# big file up to share bench (cluster://127.0.0.1:PORT/bench/big.bin) and back into
+# $WORK/cluster/back.bin, each timed until synced (the nodes' stores and the copy are on
+# $WORK's file system), the copy compared with cmp: rows cluster_up_nN, cluster_down_nN
+# (N = 1, 2, 4, replicas 1) and cluster_up_n4r2, cluster_down_n4r2 (replicas 2, for
+# information), MB/s (ROW: the tool alone; ROW.sync: until durable). cluster_link_up and
+# cluster_link_down: iperf3 -l 1M of the big file's size through one shaped veth (iperf3
+# -s in node 1's namespace), the rate the link really gives. bench/run runs the job only
+# where cluster_usable says it can.
+CLUSTER_ROWS=(cluster_up_n1 cluster_down_n1 cluster_up_n2 cluster_down_n2 cluster_up_n4 cluster_down_n4
+    cluster_up_n4r2 cluster_down_n4r2 cluster_link_up cluster_link_down)
+# cluster_usable: whether this machine and build can run the job; REASON says why not.
+cluster_usable() {
+    local c
+    [ "$(id -u)" -eq 0 ] || { REASON="needs root (ip netns, veth, tc)"; return 1; }
+    for c in ip tc etcd flock; do have "$c" || { REASON="no $c"; return 1; }; done
+    [ -x "$FERRY" ] || { REASON="no ferry binary in $BIN_DIR"; return 1; }
+    "$FERRYD" --help 2>&1 | grep -q -- --cluster || { REASON="this ferryd has no --cluster"; return 1; }
+    "$RCP" --help 2>&1 | grep -q -- --replicas || { REASON="this rcp has no --replicas"; return 1; }
+}
+# cluster_copy ROW CMD...: one timed copy by CMD (its destination synced after it: the
+# nodes' stores and the download are on $WORK's file system); records MB/s of the big
+# file, the tool alone (ROW) and until durable (ROW.sync).
+cluster_copy() {
+    local row="$1" ok=1
+    shift
+    SOURCE=("$BIG")
+    SYNC_FS="$WORK"
+    timed "$row" ferry "$CLUSTER_LIMIT_S" "$@" || ok=0
+    SYNC_FS=""
+    [ "$ok" = 1 ] || return 1
+    record "$row" ferry "$(rate "$SIZE_BYTES" "$T" 1e6)"
+    record "$row.sync" ferry "$(rate "$SIZE_BYTES" "$TS" 1e6)"
+}
+# cluster_config N REPLICAS SUFFIX: a fresh cluster of N nodes, the big file up and down
+# (compared with cmp), the cluster gone again.
+cluster_config() {
+    local n="$1" r="$2" sfx="$3" url rcp=("$RCP" --json --transport tcp "${RCP_ENC[@]}")
+    peer_ok "cluster_up_$sfx" ferry || return 0
+    if ! cluster_up "$n" "$r"; then
+        cluster_down
+        fail "cluster_up_$sfx" ferry "$REASON" || true
+        return 0
+    fi
+    url="cluster://127.0.0.1:$CLUSTER_PORT/bench/big.bin"
+    if cluster_copy "cluster_up_$sfx" "${rcp[@]}" --replicas "$r" "$BIG" "$url" &&
+        cluster_copy "cluster_down_$sfx" "${rcp[@]}" "$url" "$WORK/cluster/back.bin"; then
+        cmp -s "$BIG" "$WORK/cluster/back.bin" ||
+            fail "cluster_down_$sfx" ferry "the copy downloaded from $n nodes differs from the original" || true
+    fi
+    cluster_down
+}
+# cluster_link: iperf3 -l 1M through node 1's shaped veth, both ways, in MB/s.
+cluster_link() {
+    local pid port bps dir ns _
+    peer_ok cluster_link_up ceiling || return 0
+    if ! { cluster_claim && cluster_net_up 1; }; then
+        cluster_down
+        fail cluster_link_up ceiling "$REASON" || true
+        return 0
+    fi
+    port="$(free_port)" ns="$(cluster_ns 1)"
+    ip netns exec "$ns" iperf3 -s -B "10.$CLUSTER_A.1.2" -p "$port" {CLUSTER_LOCK_FD}>&- \
+        >"$WORK/logs/iperf3-cluster.log" 2>&1 &
+    pid=$!
+    track "$pid"
+    for _ in $(seq 1 100); do
+        listening "$port" "$ns" && break
+        sleep 0.1
+    done
+    for dir in up down; do
+        local args=()
+        [ "$dir" = up ] || args=(-R)
+        SOURCE=()
+        timed "cluster_link_$dir" ceiling "$CLUSTER_LIMIT_S" \
+            iperf3 -c "10.$CLUSTER_A.1.2" -p "$port" -l 1M -n "$SIZE_BYTES" -J "${args[@]}" || continue
+        if bps="$(python3 "$BENCH_PY" iperf "$WORK/out" 2>&1)"; then
+            record "cluster_link_$dir" ceiling "$(rate "$bps" 1 1e6)"
+        else
+            fail "cluster_link_$dir" ceiling "$bps" || true
+        fi
+    done
+    stop_pid "$pid"
+    cluster_down
+}
+# A Ferry failure here gets "failed: ..." cells and the run goes on (cluster mode is
+# new): FERRY_SOFT.
+job_cluster() {
+    local n
+    CLUSTER_LIMIT_S=$((60 + SIZE_MIB * 3 / CLUSTER_RATE_MBS))
+    FERRY_SOFT=1
+    for n in 1 2 4; do cluster_config "$n" 1 "n$n"; done
+    cluster_config 4 2 n4r2
+    FERRY_SOFT=0
+    cluster_link
+}

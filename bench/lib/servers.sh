@@ -10,11 +10,14 @@
 REASON=""
 SSH_OPTS=()
 
-# listening PORT: something listens on 127.0.0.1:PORT (or on any address).
+# listening PORT [NETNS]: something listens on 127.0.0.1:PORT (or on any address); in
+# network namespace NETNS if given.
 listening() {
-    local hex
+    local hex in=()
     hex="$(printf '%04X' "$1")"
-    awk -v p=":$hex" 'NR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p { f = 1 } END { exit !f }' /proc/net/tcp
+    [ -z "${2:-}" ] || in=(ip netns exec "$2")
+    # shellcheck disable=SC2016 # awk's program, not the shell's
+    "${in[@]}" awk -v p=":$hex" 'NR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p { f = 1 } END { exit !f }' /proc/net/tcp
 }
 # wait_listening PORT PID: up to 10 s, while PID lives.
 wait_listening() {

@@ -70,6 +70,10 @@ pub enum ClientError {
     /// A local secret could not be loaded.
     #[error(transparent)]
     Secret(#[from] ferry_common::auth::SecretError),
+    /// A cluster share's namespace or placement refused the operation (a conflict
+    /// that did not resolve, no live node, a stripe with no readable replica).
+    #[error("{0}")]
+    Cluster(String),
     /// The server accepted our proof but could not prove it knows the share's secret
     /// itself: it is not the server that holds the secret.
     #[error(
@@ -138,6 +142,7 @@ impl ClientError {
             ClientError::Protocol(_) => "protocol",
             ClientError::Secret(_) => "secret",
             ClientError::ServerNotAuthentic { .. } => "auth_failed",
+            ClientError::Cluster(_) => "cluster",
         }
     }
 }

@@ -45,6 +45,7 @@
 pub mod backup;
 pub mod batch;
 pub mod client;
+pub mod cluster;
 pub mod copy;
 pub mod error;
 pub mod files;

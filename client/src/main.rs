@@ -27,6 +27,10 @@ REMOTE PATHS:
   HOST[:PORT]:SHARE[/PATH]    e.g. storage1:backups/db.dump, 10.0.0.5:7447:data/x
   [IPv6]:PORT:SHARE[/PATH]    e.g. [::1]:7447:data/x
   An operand is remote if it has a ':' before any '/'. Default port 7447.
+  cluster://ETCD_HOST[:PORT]/SHARE[/PATH]
+                              a cluster share: files striped and replicated over
+                              the storage nodes that etcd lists (default port 2379);
+                              the secret is the cluster's. See `ferry cluster --help`.
 
 SECRETS:
   Each share has a secret, which rcp proves to the server without sending it.
@@ -139,6 +143,11 @@ struct Args {
     encryption: Encryption,
 
     /// More log output on stderr (repeat for more). RUST_LOG overrides.
+    /// Replicas of each stripe for files uploaded to a cluster share (default: the
+    /// share's setting).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
+    replicas: Option<u8>,
+
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
 }
@@ -325,6 +334,9 @@ fn raise_fd_limit() {
 
 async fn run(args: Args) -> u8 {
     let started = Instant::now();
+    if args.operands.iter().any(|o| o.starts_with("cluster://")) {
+        return run_cluster(args, started).await;
+    }
     let direction = match plan(&args) {
         Ok(d) => d,
         Err(e) => return fail_early(&args, "", e, started),
@@ -420,6 +432,123 @@ async fn run(args: Args) -> u8 {
         };
         eprintln!(
             "rcp: {} files, {} dirs, {} symlinks, {}{resumed} in {:.2} s ({}/s)",
+            report.files,
+            report.dirs,
+            report.symlinks,
+            indicatif::BinaryBytes(report.bytes),
+            seconds,
+            indicatif::BinaryBytes((report.bytes as f64 / seconds.max(1e-9)) as u64),
+        );
+    }
+    code
+}
+
+/// `rcp` with a `cluster://` operand: the copy goes to or from a cluster share.
+async fn run_cluster(args: Args, started: Instant) -> u8 {
+    use ferry_client::cluster::copy::{self as ccopy, ClusterPath};
+    enum Plan {
+        Up(Vec<PathBuf>, ClusterPath),
+        Down(Vec<ClusterPath>, PathBuf),
+    }
+    let planned = (|| {
+        let (dest, sources) = args
+            .operands
+            .split_last()
+            .expect("clap requires two operands");
+        let cluster_of = |a: &str| ccopy::parse(a).transpose();
+        match cluster_of(dest)? {
+            Some(dst) => {
+                let locals = sources
+                    .iter()
+                    .map(|s| match cluster_of(s)? {
+                        None if location::parse(s, ferry_common::DEFAULT_PORT)
+                            .is_ok_and(|l| matches!(l, Location::Local(_))) =>
+                        {
+                            Ok(PathBuf::from(s))
+                        }
+                        _ => Err(ClientError::Usage(format!(
+                            "{s}: copying between servers or clusters is not supported"
+                        ))),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Plan::Up(locals, dst))
+            }
+            None => {
+                let remotes = sources
+                    .iter()
+                    .map(|s| {
+                        cluster_of(s)?.ok_or_else(|| {
+                            ClientError::Usage(format!(
+                                "{s}: every source must be in the same cluster (cluster://...)"
+                            ))
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                if let Some(o) = remotes.iter().find(|r| r.etcd != remotes[0].etcd) {
+                    return Err(ClientError::Usage(format!(
+                        "{}: all sources must be in the same cluster",
+                        o.display()
+                    )));
+                }
+                Ok(Plan::Down(remotes, PathBuf::from(dest)))
+            }
+        }
+    })();
+    let plan = match planned {
+        Ok(p) => p,
+        Err(e) => return fail_early(&args, "", e, started),
+    };
+    let (direction, etcd) = match &plan {
+        Plan::Up(_, d) => ("upload", d.etcd.clone()),
+        Plan::Down(s, _) => ("download", s[0].etcd.clone()),
+    };
+    let credentials = match Credentials::from_file_or_env(args.secret_file.as_deref()) {
+        Ok(c) => c.with_hash(args.hash).with_encryption(args.encryption),
+        Err(e) => return fail_early(&args, direction, e, started),
+    };
+    let cluster = match ferry_client::cluster::Cluster::connect(
+        std::slice::from_ref(&etcd),
+        args.transport,
+        credentials,
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(e) => return fail_early(&args, direction, e, started),
+    };
+    let show = !args.quiet && !args.json && std::io::stderr().is_terminal();
+    if show || args.verbose > 0 {
+        eprintln!(
+            "rcp: cluster at etcd {etcd}: {} storage nodes alive",
+            cluster.usable_nodes().len()
+        );
+    }
+    let bar = progress_bar(show);
+    let progress: Arc<dyn Progress> = Arc::new(Bar(bar.clone()));
+    let opts = CopyOptions {
+        recursive: args.recursive,
+        jobs: args.jobs.into(),
+        hard_links: args.hard_links,
+    };
+    let report = match &plan {
+        Plan::Up(srcs, dst) => {
+            ccopy::upload(&cluster, srcs, dst, &opts, args.replicas, progress).await
+        }
+        Plan::Down(srcs, dst) => ccopy::download(&cluster, srcs, dst, &opts, progress).await,
+    };
+    bar.finish_and_clear();
+    let link = cluster.any_session().await.map(|c| Link::of(&c));
+    cluster.close().await;
+    let seconds = started.elapsed().as_secs_f64();
+    for e in &report.errors {
+        eprintln!("rcp: {}", describe(&e.path, &e.error));
+    }
+    let code = exit_code(&report);
+    if args.json {
+        print_json(direction, link.as_ref(), &report, seconds, code);
+    } else if show {
+        eprintln!(
+            "rcp: {} files, {} dirs, {} symlinks, {} in {:.2} s ({}/s)",
             report.files,
             report.dirs,
             report.symlinks,

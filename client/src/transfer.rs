@@ -22,7 +22,7 @@
 //! I/O overlap. A window whose chunk fails verification is retried once (a flipped bit
 //! on the wire); a second failure fails the file.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, Permissions};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -167,6 +167,46 @@ async fn upload(
     base: Option<&str>,
     progress: ProgressFn,
 ) -> Result<Copied, ClientError> {
+    upload_part(client, local, None, share, path, base, progress)
+        .await
+        .map(|u| u.copied)
+}
+
+/// What uploading a part of a file produced.
+#[derive(Debug, Clone, Copy)]
+pub struct Uploaded {
+    /// What moved.
+    pub copied: Copied,
+    /// The manifest id of the uploaded bytes' chunks.
+    pub manifest: Hash256,
+    /// The algorithm of the manifest (the destination share's).
+    pub algorithm: HashAlgorithm,
+}
+
+/// Uploads bytes `range` of the local regular file `local` as the whole file
+/// `share`/`path` (mode 0600, the source's mtime): a stripe of a cluster file. `range`
+/// must start on a multiple of the chunk size. Returns the manifest id the server
+/// committed, for the caller to record.
+pub async fn upload_range(
+    client: &Client,
+    local: &Path,
+    range: std::ops::Range<u64>,
+    share: &str,
+    path: &str,
+    progress: ProgressFn,
+) -> Result<Uploaded, ClientError> {
+    upload_part(client, local, Some(range), share, path, None, progress).await
+}
+
+async fn upload_part(
+    client: &Client,
+    local: &Path,
+    range: Option<std::ops::Range<u64>>,
+    share: &str,
+    path: &str,
+    base: Option<&str>,
+    progress: ProgressFn,
+) -> Result<Uploaded, ClientError> {
     let file = File::open(local).map_err(|e| ClientError::local(local, "cannot open", e))?;
     let meta = file
         .metadata()
@@ -178,11 +218,23 @@ async fn upload(
             std::io::Error::other("not a regular file"),
         ));
     }
-    let size = meta.len();
-    let (mode, mtime) = (
+    let file_size = meta.len();
+    let (mut mode, mtime) = (
         meta.mode() & 0o7777,
         ferry_common::attr::attr_of(&meta, None).mtime,
     );
+    let (offset, size) = match &range {
+        None => (0, file_size),
+        Some(r) if r.start <= r.end && r.end <= file_size => {
+            mode = 0o600;
+            (r.start, r.end - r.start)
+        }
+        Some(_) => {
+            return Err(ClientError::SourceChanged {
+                path: local.to_owned(),
+            })
+        }
+    };
     let open = match base {
         None => Request::UploadOpen {
             share: share.into(),
@@ -208,12 +260,20 @@ async fn upload(
         other => return Err(unexpected(other)),
     };
     client.check_algorithm(algorithm)?;
-    let source = Source::new(file, size);
+    let source = Source::new(file, file_size);
     let up = Up {
         transfer,
         algorithm,
         chunk: client.welcome().chunk_bytes,
+        offset,
     };
+    if offset % u64::from(up.chunk) != 0 {
+        let _ = client.call(Request::Close { transfer }).await;
+        return Err(ClientError::Usage(format!(
+            "{}: a part must start on a chunk boundary",
+            local.display()
+        )));
+    }
     let result = upload_windows(client, source, local, up, size, progress).await;
     if result.is_err() {
         // Best effort: abandons the upload, removing what the server holds of it. (A
@@ -223,13 +283,14 @@ async fn upload(
     result
 }
 
-/// An open upload: its transfer id, the algorithm the server asked its hashes in, and
-/// the chunk size.
+/// An open upload: its transfer id, the algorithm the server asked its hashes in, the
+/// chunk size, and where in the source file the uploaded bytes start.
 #[derive(Debug, Clone, Copy)]
 struct Up {
     transfer: u64,
     algorithm: HashAlgorithm,
     chunk: u32,
+    offset: u64,
 }
 
 async fn upload_windows(
@@ -239,11 +300,12 @@ async fn upload_windows(
     up: Up,
     size: u64,
     progress: ProgressFn,
-) -> Result<Copied, ClientError> {
+) -> Result<Uploaded, ClientError> {
     let Up {
         transfer,
         algorithm,
         chunk,
+        ..
     } = up;
     let mut plan = WindowPlan::new(size, chunk, window_chunks(client), WINDOWS_IN_FLIGHT);
     let windows = run_windows(&mut plan, &progress, |w| {
@@ -260,14 +322,16 @@ async fn upload_windows(
         copied.bytes_sent += w.pulled;
         copied.bytes_reused += w.reused;
     }
-    let commit = Request::UploadCommit {
-        transfer,
-        manifest: manifest_id(algorithm, size, chunk, &all),
-    };
+    let manifest = manifest_id(algorithm, size, chunk, &all);
+    let commit = Request::UploadCommit { transfer, manifest };
     match client.call(commit).await? {
-        Response::Committed { size } => Ok(Copied {
-            bytes: size,
-            ..copied
+        Response::Committed { size } => Ok(Uploaded {
+            copied: Copied {
+                bytes: size,
+                ..copied
+            },
+            manifest,
+            algorithm,
         }),
         other => Err(unexpected(other)),
     }
@@ -329,12 +393,15 @@ async fn prepare_window(
     w: Window,
 ) -> Result<(Memory, Vec<Hash256>), ClientError> {
     let Up {
-        algorithm, chunk, ..
+        algorithm,
+        chunk,
+        offset: base,
+        ..
     } = up;
     let local = local.to_owned();
     match source.clone() {
         Source::Mapped(file) => tokio::task::spawn_blocking(move || {
-            let window = FileWindow::map(&file, w.offset, w.len as usize)
+            let window = FileWindow::map(&file, base + w.offset, w.len as usize)
                 .map_err(|e| ClientError::local(&local, "cannot map", e))?;
             let hashes = hash_chunks(algorithm, window.bytes(), chunk as usize);
             Ok((Memory::File(window), hashes))
@@ -349,7 +416,7 @@ async fn prepare_window(
             let read = tokio::task::spawn_blocking(move || {
                 let mut bytes = buf2.blocking_write();
                 let data = &mut bytes[..w.len as usize];
-                match file.read_exact_at(data, w.offset) {
+                match file.read_exact_at(data, base + w.offset) {
                     Ok(()) => Ok(hash_chunks(algorithm, data, chunk as usize)),
                     Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                         Err(ClientError::SourceChanged { path: local })
@@ -421,7 +488,7 @@ async fn upload_window(
                 // The transport serves a mapped window with pread, so a source
                 // truncated under it fails the server's READ instead of raising SIGBUS
                 // here: report the cause.
-                if source_shrank(source.file(), w) {
+                if source_shrank(source.file(), up.offset, w) {
                     return Err(ClientError::SourceChanged {
                         path: local.to_owned(),
                     });
@@ -432,10 +499,11 @@ async fn upload_window(
     }
 }
 
-/// True if the source now ends before the end of window `w`.
-fn source_shrank(file: &File, w: Window) -> bool {
+/// True if the source now ends before the end of window `w` (of a part starting at
+/// `base`).
+fn source_shrank(file: &File, base: u64, w: Window) -> bool {
     file.metadata()
-        .is_ok_and(|m| m.len() < w.offset.saturating_add(w.len))
+        .is_ok_and(|m| m.len() < base.saturating_add(w.offset).saturating_add(w.len))
 }
 
 /// Registers `memory` (window `w`) for remote READ, asks the server to pull it, and
@@ -496,6 +564,15 @@ async fn stage_download(
     dest: &Path,
     header: JournalHeader,
 ) -> Result<(Staged, BTreeSet<u64>), ClientError> {
+    let (staged, held) = stage_download_hashes(dest, header).await?;
+    Ok((staged, held.into_keys().collect()))
+}
+
+/// [`stage_download`], with the held chunks' hashes.
+async fn stage_download_hashes(
+    dest: &Path,
+    header: JournalHeader,
+) -> Result<(Staged, BTreeMap<u64, Hash256>), ClientError> {
     let dest = dest.to_owned();
     tokio::task::spawn_blocking(move || {
         // Only the download's algorithm is resumed in; a journal in another one (an
@@ -516,7 +593,7 @@ async fn stage_download(
                 "resuming an interrupted download"
             );
         }
-        Ok((staged, held.into_keys().collect()))
+        Ok((staged, held))
     })
     .await
     .map_err(|e| ClientError::Disconnected(format!("staging task failed: {e}")))?
@@ -556,12 +633,7 @@ pub async fn download_file(
         let (mut staged, held) = stage_download(dest, header).await?;
         let reused: u64 = held.iter().map(|&i| chunk_len(attr.size, chunk, i)).sum();
         progress(reused);
-        let sink = Sink {
-            out: Arc::new(DirectFile::for_writing(staged.file().clone(), attr.size)),
-            journal: staged.journal(),
-            writeback: Arc::new(Writeback::new(staged.file().clone())),
-            dest: dest.to_owned(),
-        };
+        let sink = Sink::of(&staged, attr.size, dest);
         let what = format!("{}:{share}/{path}", client.addr());
         let received = async {
             let down = Down {
@@ -569,7 +641,7 @@ pub async fn download_file(
                 algorithm,
                 chunk,
             };
-            let sent =
+            let (sent, _) =
                 download_windows(client, &sink, down, attr.size, held, what, progress).await?;
             match client.call(Request::Close { transfer }).await? {
                 Response::Ok => {}
@@ -609,6 +681,174 @@ struct Sink {
     journal: Option<Arc<JournalWriter>>,
     writeback: Arc<Writeback>,
     dest: PathBuf,
+    /// Where in `out` the downloaded file's byte 0 goes (a stripe's offset).
+    base: u64,
+}
+
+impl Sink {
+    fn of(staged: &Staged, size: u64, dest: &Path) -> Sink {
+        Sink {
+            out: Arc::new(DirectFile::for_writing(staged.file().clone(), size)),
+            journal: staged.journal(),
+            writeback: Arc::new(Writeback::new(staged.file().clone())),
+            dest: dest.to_owned(),
+            base: 0,
+        }
+    }
+}
+
+/// A local file being received in parts (the stripes of a cluster file, each
+/// downloaded from its own node with [`download_range`]), under a hidden name until
+/// [`Assembly::finish`]. A download of the same file `tag` cut short leaves it to be
+/// resumed: its journaled chunks are verified again and not fetched.
+pub struct Assembly {
+    staged: Staged,
+    sink: Sink,
+    held: BTreeMap<u64, Hash256>,
+    chunk: u32,
+}
+
+impl Assembly {
+    /// Stages `dest` for a file of `size` bytes in chunks of `chunk` bytes, hashed in
+    /// `algorithm`, whose version is named by `tag`.
+    pub async fn open(
+        dest: &Path,
+        size: u64,
+        chunk: u32,
+        algorithm: HashAlgorithm,
+        tag: [u8; 32],
+    ) -> Result<Assembly, ClientError> {
+        let header = JournalHeader {
+            size,
+            chunk_bytes: chunk,
+            algorithm,
+            source: tag,
+        };
+        let (staged, held) = stage_download_hashes(dest, header).await?;
+        let sink = Sink::of(&staged, size, dest);
+        Ok(Assembly {
+            staged,
+            sink,
+            held,
+            chunk,
+        })
+    }
+
+    /// Bytes the staged file already holds, verified.
+    pub fn held_bytes(&self) -> u64 {
+        let size = self.staged.header().size;
+        self.held
+            .keys()
+            .map(|&i| chunk_len(size, self.chunk, i))
+            .sum()
+    }
+
+    /// Gives the file its mode and mtime, makes it durable and renames it into place.
+    pub async fn finish(mut self, mode: u32, mtime: Timestamp) -> Result<(), ClientError> {
+        let dest = self.sink.dest.clone();
+        finish(&mut self.staged, &self.sink.writeback, &dest, mode, mtime).await
+    }
+
+    /// Removes the staged file (a failure that a later run cannot resume).
+    pub fn discard(mut self) {
+        self.staged.discard();
+    }
+}
+
+/// What [`download_range`] fetched.
+#[derive(Debug, Clone, Copy)]
+pub struct Ranged {
+    /// Bytes that crossed the connection.
+    pub bytes_sent: u64,
+    /// The manifest id of the part's chunks (fetched and already held), in the
+    /// algorithm the server hashed in.
+    pub manifest: Hash256,
+    /// That algorithm.
+    pub algorithm: HashAlgorithm,
+}
+
+/// Downloads the whole file `share`/`path` into `into` at byte `offset` (a multiple of
+/// the chunk size): a stripe of a cluster file. Every chunk is verified as it arrives;
+/// chunks the assembly already holds are not fetched. The file must have `len` bytes.
+pub async fn download_range(
+    client: &Client,
+    share: &str,
+    path: &str,
+    into: &Assembly,
+    offset: u64,
+    len: u64,
+    progress: ProgressFn,
+) -> Result<Ranged, ClientError> {
+    let open = Request::DownloadOpen {
+        share: share.into(),
+        path: path.into(),
+    };
+    let (transfer, attr, algorithm) = match client.call(open).await? {
+        Response::DownloadOpened {
+            transfer,
+            attr,
+            algorithm,
+        } => (transfer, attr, algorithm),
+        other => return Err(unexpected(other)),
+    };
+    let result = async {
+        client.check_algorithm(algorithm)?;
+        let chunk = client.welcome().chunk_bytes;
+        let what = format!("{}:{share}/{path}", client.addr());
+        if attr.size != len || chunk != into.chunk || offset % u64::from(chunk) != 0 {
+            return Err(ClientError::Cluster(format!(
+                "{what}: holds {} bytes in chunks of {chunk}, not the {len} in chunks of {} the layout says",
+                attr.size, into.chunk
+            )));
+        }
+        let first = offset / u64::from(chunk);
+        let count = len.div_ceil(u64::from(chunk));
+        // Held chunks count only if the assembly's hashes are in this algorithm.
+        let held: BTreeMap<u64, Hash256> = if into.staged.hints_algorithm() == algorithm {
+            into.held
+                .range(first..first + count)
+                .map(|(&i, &h)| (i - first, h))
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
+        let reused: u64 = held.keys().map(|&i| chunk_len(len, chunk, i)).sum();
+        progress(reused);
+        let sink = Sink {
+            base: offset,
+            ..into.sink.clone()
+        };
+        let down = Down {
+            transfer,
+            algorithm,
+            chunk,
+        };
+        let skip = held.keys().copied().collect();
+        let (sent, windows) =
+            download_windows(client, &sink, down, len, skip, what, progress).await?;
+        let mut all = held;
+        for (w_offset, hashes) in windows {
+            let first = w_offset / u64::from(chunk);
+            for (i, h) in hashes.into_iter().enumerate() {
+                all.insert(first + i as u64, h);
+            }
+        }
+        let hashes: Vec<Hash256> = all.into_values().collect();
+        match client.call(Request::Close { transfer }).await? {
+            Response::Ok => {}
+            other => return Err(unexpected(other)),
+        }
+        Ok(Ranged {
+            bytes_sent: sent,
+            manifest: manifest_id(algorithm, len, chunk, &hashes),
+            algorithm,
+        })
+    }
+    .await;
+    if result.is_err() {
+        let _ = client.call(Request::Close { transfer }).await;
+    }
+    result
 }
 
 /// Gives the downloaded file its mode and mtime, makes it durable (a `syncfs` shared
@@ -660,11 +900,11 @@ async fn download_windows(
     held: BTreeSet<u64>,
     what: String,
     progress: ProgressFn,
-) -> Result<u64, ClientError> {
+) -> Result<(u64, Vec<(u64, Vec<Hash256>)>), ClientError> {
     let chunk = down.chunk;
     let mut plan =
         WindowPlan::new(size, chunk, window_chunks(client), WINDOWS_IN_FLIGHT).skipping(held);
-    run_windows(&mut plan, &progress, |w| {
+    let windows = run_windows(&mut plan, &progress, |w| {
         let client = client.clone();
         let sink = sink.clone();
         let what = what.clone();
@@ -680,13 +920,13 @@ async fn download_windows(
                         tracing::warn!(file = %what, offset = w.offset, "window failed verification; retrying: {e}");
                         verify = true;
                     }
-                    other => return other,
+                    other => return other.map(|hashes| (w.offset, hashes)),
                 }
             }
         }
     })
     .await?;
-    Ok(plan.done_bytes())
+    Ok((plan.done_bytes(), windows))
 }
 
 async fn download_window(
@@ -696,7 +936,7 @@ async fn download_window(
     down: Down,
     verify: bool,
     w: Window,
-) -> Result<(), ClientError> {
+) -> Result<Vec<Hash256>, ClientError> {
     let Down {
         transfer,
         algorithm,
@@ -730,12 +970,13 @@ async fn download_window(
             return Err(e);
         }
     };
-    let (buf2, out, journal, what2, dest2) = (
+    let (buf2, out, journal, what2, dest2, base) = (
         buf.clone(),
         sink.out.clone(),
         sink.journal.clone(),
         what.to_owned(),
         sink.dest.clone(),
+        sink.base,
     );
     let verdict = tokio::task::spawn_blocking(move || {
         let bytes = buf2.blocking_read();
@@ -747,12 +988,12 @@ async fn download_window(
                 chunk: bad,
             });
         }
-        out.write_all_at(data, w.offset)
+        out.write_all_at(data, base + w.offset)
             .map_err(|e| ClientError::local(&dest2, "cannot write", e))?;
         // Journaled only once the bytes are in the file. The journal is a hint, so
         // failing to extend it costs a later resume, not this download.
-        if let Some(j) = journal {
-            let first = w.offset / u64::from(chunk);
+        if let Some(j) = &journal {
+            let first = (base + w.offset) / u64::from(chunk);
             for (i, h) in got.iter().enumerate() {
                 if let Err(e) = j.append(first + i as u64, h) {
                     tracing::warn!(file = %dest2.display(), "cannot extend the download's journal: {e}");
@@ -760,18 +1001,18 @@ async fn download_window(
                 }
             }
         }
-        Ok(())
+        Ok(got)
     })
     .await
     .map_err(|e| ClientError::Disconnected(format!("verify task failed: {e}")));
     client.give_buffer(buf);
-    verdict??;
+    let got = verdict??;
     // Direct writes leave no dirty pages to push early; the final fsync flushes the
     // device's cache once.
     if !sink.out.is_direct() {
         sink.writeback.wrote(w.len);
     }
-    Ok(())
+    Ok(got)
 }
 
 /// The buffer a download window of `len` bytes lands in: whole chunks, at most a full

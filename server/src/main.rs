@@ -12,6 +12,8 @@ use ferry_common::seal::Encryption;
 use ferry_common::transport::TransportChoice;
 use ferry_server::{Config, Server};
 
+mod cluster;
+
 /// The end of `ferryd --help`.
 const AFTER_HELP: &str = "\
 EXAMPLES:
@@ -146,8 +148,41 @@ struct Args {
     transport: TransportChoice,
 
     /// More log output (repeat for more). RUST_LOG overrides.
+    /// Join the Ferry cluster whose etcd is at ENDPOINTS (HOST:PORT or URLs,
+    /// comma-separated) as a storage node: registers this ferryd under a lease and
+    /// serves the stripes of cluster shares from --store. Needs --node-id and --store.
+    #[arg(long, value_name = "ENDPOINTS", requires_all = ["node_id", "store"], env = "FERRYD_CLUSTER")]
+    cluster: Option<String>,
+
+    /// This node's id in the cluster (unique; keep it across restarts).
+    #[arg(long, value_name = "ID", value_parser = parse_node_id)]
+    node_id: Option<String>,
+
+    /// Directory holding this node's stripe objects (exported as the share `cluster`,
+    /// guarded by the cluster's secret: --secret-file or $FERRYD_SECRET).
+    #[arg(long, value_name = "DIR")]
+    store: Option<PathBuf>,
+
+    /// Seconds the node's registration outlives its last renewal: a node that dies
+    /// drops out of the cluster after this long.
+    #[arg(long, value_name = "SECS", default_value_t = ferry_common::cluster::DEFAULT_LEASE_TTL_SECS, value_parser = clap::value_parser!(i64).range(2..=3600))]
+    lease_ttl: i64,
+
+    /// The address clients and other nodes reach this node at (default: --listen's,
+    /// which must then not be a wildcard address).
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise: Option<String>,
+
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
+}
+
+fn parse_node_id(s: &str) -> Result<String, String> {
+    if ferry_common::cluster::valid_share_name(s) {
+        Ok(s.to_owned())
+    } else {
+        Err("node ids are 1-64 letters, digits, '-', '_' or '.', not starting with '.'".into())
+    }
 }
 
 fn main() -> ExitCode {
@@ -199,6 +234,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("ferryd: wrote a new secret to {}", path.display());
         return Ok(());
     }
+    let mut shares = args.shares.clone();
+    if let Some(store) = &args.store {
+        std::fs::create_dir_all(store)
+            .with_context(|| format!("cannot create the store {}", store.display()))?;
+        shares.push(format!(
+            "{}={}",
+            ferry_common::cluster::STORE_SHARE,
+            store.display()
+        ));
+    }
     let mut config = Config::build(
         args.config.as_deref(),
         args.listen,
@@ -206,7 +251,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.max_mapped_bytes,
         args.partial_ttl,
         args.max_connections,
-        &args.shares,
+        &shares,
     )?;
     raise_fd_limit(config.max_connections);
     let default_env = std::env::var_os(DEFAULT_SECRET_ENV).map(|_| DEFAULT_SECRET_ENV);
@@ -252,6 +297,31 @@ async fn run(args: Args) -> anyhow::Result<()> {
         listeners.describe()
     );
     let mut serving = Vec::new();
+    if let (Some(endpoints), Some(id), Some(store)) = (&args.cluster, &args.node_id, &args.store) {
+        let addr = match &args.advertise {
+            Some(a) => a.clone(),
+            None if local.ip().is_unspecified() => anyhow::bail!(
+                "--cluster: listening on {local}, a wildcard address; give the address nodes and clients reach this one at with --advertise HOST:PORT"
+            ),
+            None => local.to_string(),
+        };
+        let mut transports = Vec::new();
+        if listeners.tcp.is_some() {
+            transports.push("tcp".to_owned());
+        }
+        #[cfg(feature = "rdma")]
+        if listeners.rdma.is_some() {
+            transports.push("rdma".to_owned());
+        }
+        serving.push(tokio::spawn(cluster::join(
+            endpoints.clone(),
+            id.clone(),
+            addr,
+            transports,
+            store.clone(),
+            args.lease_ttl,
+        )));
+    }
     if let Some(tcp) = listeners.tcp {
         serving.push(tokio::spawn(server.clone().serve_tcp(tcp)));
     }

@@ -1,0 +1,539 @@
+//! One file to and from a cluster share.
+//!
+//! Up: the file's stripes go to the nodes [`placement`] chose, every stripe and every
+//! replica in parallel over the nodes' ordinary upload path (the node pulls each
+//! window by RDMA READ, checks every chunk, fsyncs, and answers the commit only then);
+//! a node that fails is replaced by the next one in the layout's order. Only when
+//! every stripe is durable on its replicas is the entry committed, in one etcd
+//! transaction that compares the entry's revision: readers see the old file or the
+//! new one, never a mix.
+//!
+//! Down: every stripe is fetched from its first live replica into one staged local
+//! file (resumable, as single-server downloads are), and its manifest is compared
+//! with the layout's; a replica that fails or holds other bytes is passed over for
+//! the next.
+
+use std::collections::VecDeque;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use ferry_common::cluster::{
+    object_path, placement, stripe_count, stripe_range, Entry, EntryKind, Layout, ShareConfig,
+    Stripe, STORE_SHARE,
+};
+use ferry_common::msg::{ErrorKind, Hash256, HashAlgorithm, RemoteError};
+use ferry_common::seal::to_hex;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use super::meta::Commit;
+use super::Cluster;
+use crate::error::ClientError;
+use crate::transfer::{self, Assembly, Copied, ProgressFn};
+
+/// Times a commit is tried again after another writer changed the entry.
+const COMMIT_TRIES: usize = 16;
+
+/// Stripe transfers in flight per live node.
+const STRIPES_PER_NODE: usize = 2;
+
+/// True for failures that are the node's (or its link's), after which another node is
+/// tried; the others (a local file that cannot be read, bad usage) end the file.
+fn node_failure(e: &ClientError) -> bool {
+    !matches!(
+        e,
+        ClientError::Local { .. } | ClientError::SourceChanged { .. } | ClientError::Usage(_)
+    )
+}
+
+fn remote(kind: ErrorKind, message: String) -> ClientError {
+    ClientError::Remote(RemoteError { kind, message })
+}
+
+/// The tag naming a file version for resumed downloads: its layout id and size.
+fn version_tag(layout: &Layout, size: u64) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"ferry cluster version v1");
+    h.update(layout.id.as_bytes());
+    h.update(size.to_le_bytes());
+    h.finalize().into()
+}
+
+/// One stripe as uploaded.
+struct PutStripe {
+    stripe: Stripe,
+    algorithm: HashAlgorithm,
+    copied: Copied,
+}
+
+impl Cluster {
+    /// Uploads the local regular file `local` to `path` of cluster share `share` with
+    /// `config`'s stripes and replicas, replacing what is there (unless it is a
+    /// directory). Returns what moved (`bytes_sent` counts every replica).
+    pub async fn put_file(
+        &self,
+        local: &Path,
+        share: &str,
+        path: &str,
+        config: ShareConfig,
+        progress: ProgressFn,
+    ) -> Result<Copied, ClientError> {
+        let md = fs::metadata(local).map_err(|e| ClientError::local(local, "cannot stat", e))?;
+        if !md.is_file() {
+            return Err(ClientError::local(
+                local,
+                "cannot upload",
+                std::io::Error::other("not a regular file"),
+            ));
+        }
+        let size = md.len();
+        let mtime = ferry_common::attr::attr_of(&md, None).mtime;
+        let mode = md.mode() & 0o7777;
+        if let Some(v) = self.meta().entry(share, path).await? {
+            if v.entry.kind == EntryKind::Dir {
+                return Err(remote(
+                    ErrorKind::IsADirectory,
+                    format!("{share}/{path}: is a directory"),
+                ));
+            }
+        }
+        let id = Layout::new_id();
+        let count = stripe_count(size, config.stripe_bytes);
+        let nodes = self.usable_nodes();
+        let need = config.stripe_bytes.min(size).max(1);
+        let placed = placement::place(&id, count, config.replicas.into(), &nodes, need)
+            .map_err(|e| ClientError::Cluster(format!("{share}/{path}: {e}")))?;
+        let limit = Arc::new(Semaphore::new(
+            (nodes.len() * STRIPES_PER_NODE).max(STRIPES_PER_NODE),
+        ));
+        let mut tasks = JoinSet::new();
+        for (i, replicas) in placed.into_iter().enumerate() {
+            let (cluster, local, share, id, limit, progress) = (
+                self.clone(),
+                local.to_owned(),
+                share.to_owned(),
+                id.clone(),
+                limit.clone(),
+                progress.clone(),
+            );
+            let range = stripe_range(size, config.stripe_bytes, i);
+            let want = usize::from(config.replicas);
+            tasks.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                let r = cluster
+                    .put_stripe(&local, &share, &id, i, range, replicas, want, progress)
+                    .await;
+                (i, r)
+            });
+        }
+        let mut stripes: Vec<Option<PutStripe>> = (0..count).map(|_| None).collect();
+        let mut first_err = None;
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok((i, Ok(s))) => stripes[i] = Some(s),
+                Ok((_, Err(e))) => {
+                    first_err.get_or_insert(e);
+                    tasks.abort_all();
+                }
+                Err(e) if e.is_cancelled() => {}
+                Err(e) => {
+                    first_err.get_or_insert(ClientError::Cluster(format!("stripe task: {e}")));
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            // The objects already written are named by no layout: `ferry cluster
+            // repair` removes them (they are never read).
+            return Err(e);
+        }
+        let stripes: Vec<PutStripe> = stripes.into_iter().flatten().collect();
+        let algorithm = match stripes.first() {
+            Some(s) => s.algorithm,
+            None => HashAlgorithm::SUPPORTED[0],
+        };
+        if stripes.iter().any(|s| s.algorithm != algorithm) {
+            return Err(ClientError::Cluster(format!(
+                "{share}/{path}: the storage nodes hash in different algorithms"
+            )));
+        }
+        let mut copied = Copied {
+            bytes: size,
+            ..Copied::default()
+        };
+        for s in &stripes {
+            copied.bytes_sent += s.copied.bytes_sent;
+            copied.bytes_reused += s.copied.bytes_reused;
+        }
+        let entry = Entry {
+            kind: EntryKind::File,
+            mode,
+            mtime,
+            size,
+            target: None,
+            layout: Some(Layout {
+                id,
+                algorithm,
+                stripe_bytes: config.stripe_bytes,
+                stripes: stripes.into_iter().map(|s| s.stripe).collect(),
+            }),
+        };
+        let replaced = self.commit_entry(share, path, &entry).await?;
+        if let Some(old) = replaced.and_then(|e| e.layout) {
+            self.remove_objects(share, &old).await;
+        }
+        Ok(copied)
+    }
+
+    /// Commits `entry` at `path`, replacing whatever file or symlink is there (a
+    /// concurrent writer's included: the last commit wins, whole). Returns the entry
+    /// it replaced.
+    pub async fn commit_entry(
+        &self,
+        share: &str,
+        path: &str,
+        entry: &Entry,
+    ) -> Result<Option<Entry>, ClientError> {
+        for _ in 0..COMMIT_TRIES {
+            let current = self.meta().entry(share, path).await?;
+            let expected = current.as_ref().map_or(0, |v| v.revision);
+            if let Some(v) = &current {
+                if v.entry.kind == EntryKind::Dir && entry.kind != EntryKind::Dir {
+                    return Err(remote(
+                        ErrorKind::IsADirectory,
+                        format!("{share}/{path}: is a directory"),
+                    ));
+                }
+            }
+            match self.meta().commit(share, path, entry, expected).await? {
+                Commit::Done(_) => return Ok(current.map(|v| v.entry)),
+                Commit::Conflict => {
+                    let parent = path.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
+                    if self.meta().entry(share, parent).await?.is_none() {
+                        return Err(remote(
+                            ErrorKind::NotFound,
+                            format!("{share}/{parent}: no such directory"),
+                        ));
+                    }
+                }
+            }
+        }
+        Err(ClientError::Cluster(format!(
+            "{share}/{path}: changed by other writers {COMMIT_TRIES} times in a row; not written"
+        )))
+    }
+
+    /// Removes the objects of `layout` from the nodes that hold them (best effort:
+    /// what a dead node keeps is named by no layout and never read).
+    pub async fn remove_objects(&self, share: &str, layout: &Layout) {
+        for (i, s) in layout.stripes.iter().enumerate() {
+            let object = layout.object_path(share, i);
+            for node in &s.replicas {
+                if !self.is_live(node) {
+                    continue;
+                }
+                if let Ok(c) = self.session(node).await {
+                    if let Err(e) = c.remove(STORE_SHARE, &object, false).await {
+                        tracing::debug!(node, object, "cannot remove a replaced object: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn put_stripe(
+        &self,
+        local: &Path,
+        share: &str,
+        id: &str,
+        index: usize,
+        range: std::ops::Range<u64>,
+        placed: Vec<String>,
+        want: usize,
+        progress: ProgressFn,
+    ) -> Result<PutStripe, ClientError> {
+        let object = object_path(share, id, index);
+        let mut tried: Vec<String> = Vec::new();
+        let mut holders: Vec<String> = Vec::new();
+        let mut result: Option<(Hash256, HashAlgorithm)> = None;
+        let mut copied = Copied::default();
+        let mut queue: VecDeque<String> = placed.into();
+        let mut last_err = None;
+        while holders.len() < want {
+            // The placed nodes all at once; replacements one by one.
+            let batch: Vec<String> = if tried.is_empty() {
+                queue.drain(..).collect()
+            } else {
+                let usable = self.usable_nodes();
+                let need = range.end - range.start;
+                match placement::next_replica(id, &usable, &tried, need) {
+                    Some(n) => vec![n.id.clone()],
+                    None => break,
+                }
+            };
+            let mut set = JoinSet::new();
+            for (k, node) in batch.into_iter().enumerate() {
+                tried.push(node.clone());
+                let (cluster, local, object, range) = (
+                    self.clone(),
+                    local.to_owned(),
+                    object.clone(),
+                    range.clone(),
+                );
+                // Progress counts the first copy of each stripe only.
+                let progress = if k == 0 && holders.is_empty() {
+                    progress.clone()
+                } else {
+                    transfer_quiet()
+                };
+                set.spawn(async move {
+                    let r = async {
+                        let c = cluster.session(&node).await?;
+                        cluster.object_dir(&node, &c, &object).await?;
+                        transfer::upload_range(&c, &local, range, STORE_SHARE, &object, progress)
+                            .await
+                    }
+                    .await;
+                    (node, r)
+                });
+            }
+            while let Some(joined) = set.join_next().await {
+                let Ok((node, r)) = joined else { continue };
+                match r {
+                    Ok(up) => {
+                        match result {
+                            None => result = Some((up.manifest, up.algorithm)),
+                            Some(m) if m != (up.manifest, up.algorithm) => {
+                                return Err(ClientError::SourceChanged {
+                                    path: local.to_owned(),
+                                })
+                            }
+                            Some(_) => {}
+                        }
+                        copied.bytes_sent += up.copied.bytes_sent;
+                        copied.bytes_reused += up.copied.bytes_reused;
+                        holders.push(node);
+                    }
+                    Err(e) if node_failure(&e) => {
+                        self.mark_failed(&node, &e).await;
+                        last_err = Some(e);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        let Some((manifest, algorithm)) = result else {
+            return Err(match last_err {
+                Some(e) => ClientError::Cluster(format!(
+                    "stripe {index}: no storage node took it (last: {e})"
+                )),
+                None => ClientError::Cluster(format!("stripe {index}: no storage node alive")),
+            });
+        };
+        if holders.len() < want {
+            tracing::warn!(
+                object,
+                replicas = holders.len(),
+                want,
+                "stripe written with fewer replicas than the share asks; `ferry cluster repair` adds the others"
+            );
+        }
+        Ok(PutStripe {
+            stripe: Stripe {
+                replicas: holders,
+                manifest: to_hex(&manifest),
+            },
+            algorithm,
+            copied,
+        })
+    }
+
+    /// Downloads the file `entry` (at `path` of `share`) to the local path `dest`,
+    /// with its mode and mtime.
+    pub async fn get_file(
+        &self,
+        share: &str,
+        path: &str,
+        entry: &Entry,
+        dest: &Path,
+        progress: ProgressFn,
+    ) -> Result<Copied, ClientError> {
+        let size = entry.size;
+        let empty = Layout {
+            id: String::new(),
+            algorithm: HashAlgorithm::SUPPORTED[0],
+            stripe_bytes: ferry_common::cluster::DEFAULT_STRIPE_BYTES,
+            stripes: Vec::new(),
+        };
+        let layout = entry.layout.as_ref().unwrap_or(&empty);
+        let count = stripe_count(size, layout.stripe_bytes);
+        if layout.stripes.len() != count {
+            return Err(ClientError::Cluster(format!(
+                "{share}/{path}: the layout has {} stripes for {size} bytes",
+                layout.stripes.len()
+            )));
+        }
+        let chunk = match layout.stripes.first() {
+            Some(s) => self.chunk_bytes(&s.replicas).await?,
+            None => ferry_common::msg::DEFAULT_CHUNK_BYTES,
+        };
+        let asm = Arc::new(
+            Assembly::open(
+                dest,
+                size,
+                chunk,
+                layout.algorithm,
+                version_tag(layout, size),
+            )
+            .await?,
+        );
+        let reused = asm.held_bytes();
+        let nodes = self.usable_nodes().len().max(1);
+        let limit = Arc::new(Semaphore::new(nodes * STRIPES_PER_NODE));
+        let mut tasks = JoinSet::new();
+        for i in 0..count {
+            let (cluster, share, layout, asm, limit, progress) = (
+                self.clone(),
+                share.to_owned(),
+                layout.clone(),
+                asm.clone(),
+                limit.clone(),
+                progress.clone(),
+            );
+            tasks.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                cluster
+                    .get_stripe(&share, &layout, i, size, &asm, progress)
+                    .await
+            });
+        }
+        let mut sent = 0;
+        let mut first_err = None;
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(Ok(n)) => sent += n,
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                    tasks.abort_all();
+                }
+                Err(e) if e.is_cancelled() => {}
+                Err(e) => {
+                    first_err.get_or_insert(ClientError::Cluster(format!("stripe task: {e}")));
+                }
+            }
+        }
+        let asm = Arc::into_inner(asm).expect("every stripe task has ended");
+        if let Some(e) = first_err {
+            if !matches!(e, ClientError::Disconnected(_) | ClientError::Transport(_)) {
+                asm.discard();
+            }
+            return Err(e);
+        }
+        asm.finish(entry.mode, entry.mtime).await?;
+        Ok(Copied {
+            bytes: size,
+            bytes_sent: sent,
+            bytes_reused: reused,
+        })
+    }
+
+    /// The chunk size of the first of `nodes` that answers.
+    async fn chunk_bytes(&self, nodes: &[String]) -> Result<u32, ClientError> {
+        let mut last = None;
+        for node in self.read_order(nodes) {
+            match self.session(&node).await {
+                Ok(c) => return Ok(c.welcome().chunk_bytes),
+                Err(e) => {
+                    self.mark_failed(&node, &e).await;
+                    last = Some(e);
+                }
+            }
+        }
+        Err(ClientError::Cluster(match last {
+            Some(e) => format!("no replica's node answers (last: {e})"),
+            None => "no replica's node is alive".into(),
+        }))
+    }
+
+    /// `replicas` in the order to read from: live nodes that have not failed in this
+    /// run first (in the layout's order), then the others.
+    fn read_order(&self, replicas: &[String]) -> Vec<String> {
+        let (mut good, rest): (Vec<String>, Vec<String>) = replicas
+            .iter()
+            .cloned()
+            .partition(|n| self.is_live(n) && !self.has_failed(n));
+        good.extend(rest.into_iter().filter(|n| self.is_live(n)));
+        good
+    }
+
+    async fn get_stripe(
+        &self,
+        share: &str,
+        layout: &Layout,
+        index: usize,
+        size: u64,
+        asm: &Assembly,
+        progress: ProgressFn,
+    ) -> Result<u64, ClientError> {
+        let range = stripe_range(size, layout.stripe_bytes, index);
+        let object = layout.object_path(share, index);
+        let want = layout.manifest(index).ok_or_else(|| {
+            ClientError::Cluster(format!("stripe {index}: bad manifest in the layout"))
+        })?;
+        let mut last = None;
+        for node in self.read_order(&layout.stripes[index].replicas) {
+            let r = async {
+                let c = self.session(&node).await?;
+                transfer::download_range(
+                    &c,
+                    STORE_SHARE,
+                    &object,
+                    asm,
+                    range.start,
+                    range.end - range.start,
+                    progress.clone(),
+                )
+                .await
+            }
+            .await;
+            match r {
+                Ok(got) if got.manifest == want && got.algorithm == layout.algorithm => {
+                    return Ok(got.bytes_sent)
+                }
+                Ok(_) => {
+                    // A copy with other bytes: stale or damaged. Never served.
+                    let e = ClientError::Integrity {
+                        what: format!("node {node}: {STORE_SHARE}/{object}"),
+                        chunk: 0,
+                    };
+                    tracing::warn!(
+                        node,
+                        object,
+                        "replica does not match the layout's manifest; reading another"
+                    );
+                    last = Some(e);
+                }
+                Err(e) if node_failure(&e) => {
+                    self.mark_failed(&node, &e).await;
+                    last = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(ClientError::Cluster(match last {
+            Some(e) => format!("stripe {index}: no replica could be read (last: {e})"),
+            None => format!(
+                "stripe {index}: every node holding it ({}) is down",
+                layout.stripes[index].replicas.join(", ")
+            ),
+        }))
+    }
+}
+
+/// A progress function that counts nothing.
+fn transfer_quiet() -> ProgressFn {
+    crate::progress::no_progress()
+}

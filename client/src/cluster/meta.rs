@@ -1,0 +1,416 @@
+//! The cluster's metadata in etcd: node registrations, share settings and the
+//! namespace (see [`ferry_common::cluster`] for the keys and the invariants).
+//!
+//! Every change to a namespace entry is a transaction that compares the entry's mod
+//! revision with the one the writer read (0: absent), so a writer never overwrites a
+//! version it has not seen; [`Meta::commit`] reports [`Commit::Conflict`] instead.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Client as Etcd, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp,
+};
+use ferry_common::cluster::{
+    self, children_prefix, entry_key, node_key, nodes_prefix, parse_entry_key, share_key,
+    shares_prefix, Entry, NodeInfo, ShareConfig,
+};
+use ferry_common::msg::{ErrorKind, RemoteError};
+
+use crate::error::ClientError;
+
+/// How long connecting to etcd may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one etcd request may take (a restarted etcd answers within it, or the
+/// operation fails cleanly).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection to the cluster's etcd.
+#[derive(Clone)]
+pub struct Meta {
+    etcd: Etcd,
+    endpoints: Vec<String>,
+}
+
+impl std::fmt::Debug for Meta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Meta")
+            .field("endpoints", &self.endpoints)
+            .finish()
+    }
+}
+
+/// The outcome of a compare-and-swap on an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// Written; the new mod revision.
+    Done(i64),
+    /// The entry changed since it was read (or the parent directory is gone).
+    Conflict,
+}
+
+/// An entry with the revision it was read at.
+#[derive(Debug, Clone)]
+pub struct Versioned {
+    /// The entry.
+    pub entry: Entry,
+    /// Its etcd mod revision (what a compare-and-swap compares).
+    pub revision: i64,
+}
+
+fn not_found(what: String) -> ClientError {
+    ClientError::Remote(RemoteError {
+        kind: ErrorKind::NotFound,
+        message: what,
+    })
+}
+
+/// `http://` in front of an endpoint that has no scheme.
+pub fn endpoint_url(endpoint: &str) -> String {
+    if endpoint.contains("://") {
+        endpoint.to_owned()
+    } else {
+        format!("http://{endpoint}")
+    }
+}
+
+impl Meta {
+    /// Connects to etcd at `endpoints` (`HOST:PORT` or URLs, comma-separated lists
+    /// allowed).
+    pub async fn connect(endpoints: &[String]) -> Result<Meta, ClientError> {
+        let urls: Vec<String> = endpoints
+            .iter()
+            .flat_map(|e| e.split(','))
+            .filter(|e| !e.is_empty())
+            .map(endpoint_url)
+            .collect();
+        let shown = urls.join(",");
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_timeout(REQUEST_TIMEOUT);
+        let mut etcd =
+            Etcd::connect(&urls, Some(opts))
+                .await
+                .map_err(|e| ClientError::Connect {
+                    addr: format!("etcd {shown}"),
+                    cause: e.to_string(),
+                })?;
+        // The connection is lazy: ask once, so an unreachable etcd fails here.
+        etcd.get(
+            cluster::ROOT_PREFIX,
+            Some(GetOptions::new().with_count_only()),
+        )
+        .await
+        .map_err(|e| ClientError::Connect {
+            addr: format!("etcd {shown}"),
+            cause: e.to_string(),
+        })?;
+        Ok(Meta {
+            etcd,
+            endpoints: urls,
+        })
+    }
+
+    /// The endpoints, as URLs.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    fn err(&self, op: &str, e: etcd_client::Error) -> ClientError {
+        ClientError::Cluster(format!("etcd {}: {op}: {e}", self.endpoints.join(",")))
+    }
+
+    /// The raw etcd client, for the node's lease keeper.
+    pub(crate) fn etcd(&self) -> Etcd {
+        self.etcd.clone()
+    }
+
+    /// Every registered (so alive: its lease is current) node, by id.
+    pub async fn nodes(&self) -> Result<Vec<NodeInfo>, ClientError> {
+        let resp = self
+            .etcd
+            .clone()
+            .get(nodes_prefix(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(|e| self.err("reading the nodes", e))?;
+        let mut out: Vec<NodeInfo> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+            .collect();
+        out.sort_by(|a: &NodeInfo, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    /// Puts node `info` under `lease`, and its membership record (no lease).
+    pub async fn put_node(&self, info: &NodeInfo, lease: i64) -> Result<(), ClientError> {
+        let value = serde_json::to_vec(info).expect("node info serialises");
+        let txn = Txn::new().and_then(vec![
+            TxnOp::put(
+                node_key(&info.id),
+                value.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::put(cluster::member_key(&info.id), value, None),
+        ]);
+        self.etcd
+            .clone()
+            .txn(txn)
+            .await
+            .map_err(|e| self.err("registering the node", e))?;
+        Ok(())
+    }
+
+    /// Every node that ever registered (its last registration), by id.
+    pub async fn members(&self) -> Result<Vec<NodeInfo>, ClientError> {
+        let resp = self
+            .etcd
+            .clone()
+            .get(
+                cluster::members_prefix(),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await
+            .map_err(|e| self.err("reading the members", e))?;
+        let mut out: Vec<NodeInfo> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+            .collect();
+        out.sort_by(|a: &NodeInfo, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    /// Forgets node `id`'s membership record (a node taken out for good).
+    pub async fn forget_member(&self, id: &str) -> Result<(), ClientError> {
+        self.etcd
+            .clone()
+            .delete(cluster::member_key(id), None)
+            .await
+            .map_err(|e| self.err("removing a member", e))?;
+        Ok(())
+    }
+
+    /// Share `name`'s settings; a clear error if it was never created.
+    pub async fn share(&self, name: &str) -> Result<ShareConfig, ClientError> {
+        let resp = self
+            .etcd
+            .clone()
+            .get(share_key(name), None)
+            .await
+            .map_err(|e| self.err("reading the share", e))?;
+        let kv = resp.kvs().first().ok_or_else(|| {
+            ClientError::Remote(RemoteError {
+                kind: ErrorKind::NoSuchShare,
+                message: format!(
+                    "no cluster share '{name}' (create it with: ferry cluster add-share {name})"
+                ),
+            })
+        })?;
+        serde_json::from_slice(kv.value())
+            .map_err(|e| ClientError::Cluster(format!("share '{name}': bad settings in etcd: {e}")))
+    }
+
+    /// Every share and its settings.
+    pub async fn shares(&self) -> Result<Vec<(String, ShareConfig)>, ClientError> {
+        let prefix = shares_prefix();
+        let resp = self
+            .etcd
+            .clone()
+            .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(|e| self.err("reading the shares", e))?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let name = kv.key_str().ok()?.strip_prefix(&prefix)?.to_owned();
+                Some((name, serde_json::from_slice(kv.value()).ok()?))
+            })
+            .collect())
+    }
+
+    /// Creates share `name` (or changes its settings); existing files keep their
+    /// layouts.
+    pub async fn put_share(&self, name: &str, config: &ShareConfig) -> Result<(), ClientError> {
+        let value = serde_json::to_vec(config).expect("share config serialises");
+        self.etcd
+            .clone()
+            .put(share_key(name), value, None)
+            .await
+            .map_err(|e| self.err("writing the share", e))?;
+        Ok(())
+    }
+
+    /// The entry at `path` of `share` (`""`: the root, a directory), or `None`.
+    pub async fn entry(&self, share: &str, path: &str) -> Result<Option<Versioned>, ClientError> {
+        if path.is_empty() {
+            return Ok(Some(Versioned {
+                entry: root_entry(),
+                revision: 0,
+            }));
+        }
+        let resp = self
+            .etcd
+            .clone()
+            .get(entry_key(share, path), None)
+            .await
+            .map_err(|e| self.err("reading an entry", e))?;
+        match resp.kvs().first() {
+            None => Ok(None),
+            Some(kv) => Ok(Some(Versioned {
+                entry: decode(kv.value(), path)?,
+                revision: kv.mod_revision(),
+            })),
+        }
+    }
+
+    /// The entry at `path`, or a not-found error naming it.
+    pub async fn existing(&self, share: &str, path: &str) -> Result<Versioned, ClientError> {
+        self.entry(share, path)
+            .await?
+            .ok_or_else(|| not_found(format!("{share}/{path}: no such file or directory")))
+    }
+
+    /// Every entry below directory `dir` of `share` (all depths), by path.
+    pub async fn below(
+        &self,
+        share: &str,
+        dir: &str,
+    ) -> Result<Vec<(String, Versioned)>, ClientError> {
+        self.range(children_prefix(share, dir)).await
+    }
+
+    /// Every entry of every share, as (share, path, entry).
+    pub async fn all_entries(&self) -> Result<Vec<(String, String, Versioned)>, ClientError> {
+        let resp = self
+            .etcd
+            .clone()
+            .get(cluster::ns_prefix(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(|e| self.err("reading the namespace", e))?;
+        let mut out = Vec::new();
+        for kv in resp.kvs() {
+            let Some((share, path)) = kv.key_str().ok().and_then(parse_entry_key) else {
+                continue;
+            };
+            out.push((
+                share.to_owned(),
+                path.to_owned(),
+                Versioned {
+                    entry: decode(kv.value(), path)?,
+                    revision: kv.mod_revision(),
+                },
+            ));
+        }
+        Ok(out)
+    }
+
+    async fn range(&self, prefix: String) -> Result<Vec<(String, Versioned)>, ClientError> {
+        let resp = self
+            .etcd
+            .clone()
+            .get(prefix, Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(|e| self.err("listing a directory", e))?;
+        let mut out = Vec::new();
+        for kv in resp.kvs() {
+            let Some((_, path)) = kv.key_str().ok().and_then(parse_entry_key) else {
+                continue;
+            };
+            out.push((
+                path.to_owned(),
+                Versioned {
+                    entry: decode(kv.value(), path)?,
+                    revision: kv.mod_revision(),
+                },
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Puts `entry` at `path` if the entry there still has mod revision `expected` (0:
+    /// there is none) and the parent directory exists. One etcd transaction.
+    pub async fn commit(
+        &self,
+        share: &str,
+        path: &str,
+        entry: &Entry,
+        expected: i64,
+    ) -> Result<Commit, ClientError> {
+        let key = entry_key(share, path);
+        let value = serde_json::to_vec(entry).expect("entry serialises");
+        let mut when = vec![Compare::mod_revision(
+            key.clone(),
+            CompareOp::Equal,
+            expected,
+        )];
+        if let Some((parent, _)) = path.rsplit_once('/') {
+            when.push(Compare::version(
+                entry_key(share, parent),
+                CompareOp::Greater,
+                0,
+            ));
+        }
+        let txn = Txn::new()
+            .when(when)
+            .and_then(vec![TxnOp::put(key, value, None)]);
+        let resp = self
+            .etcd
+            .clone()
+            .txn(txn)
+            .await
+            .map_err(|e| self.err("committing an entry", e))?;
+        if !resp.succeeded() {
+            return Ok(Commit::Conflict);
+        }
+        Ok(Commit::Done(
+            resp.header().map(|h| h.revision()).unwrap_or_default(),
+        ))
+    }
+
+    /// Removes the entry at `path` if it still has mod revision `expected`.
+    pub async fn remove(
+        &self,
+        share: &str,
+        path: &str,
+        expected: i64,
+    ) -> Result<Commit, ClientError> {
+        let key = entry_key(share, path);
+        let txn = Txn::new()
+            .when(vec![Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                expected,
+            )])
+            .and_then(vec![TxnOp::delete(key, None)]);
+        let resp = self
+            .etcd
+            .clone()
+            .txn(txn)
+            .await
+            .map_err(|e| self.err("removing an entry", e))?;
+        Ok(if resp.succeeded() {
+            Commit::Done(resp.header().map(|h| h.revision()).unwrap_or_default())
+        } else {
+            Commit::Conflict
+        })
+    }
+}
+
+/// The root directory of every share (not stored).
+pub fn root_entry() -> Entry {
+    Entry {
+        kind: cluster::EntryKind::Dir,
+        mode: 0o755,
+        mtime: ferry_common::msg::Timestamp::default(),
+        size: 0,
+        target: None,
+        layout: None,
+    }
+}
+
+fn decode(value: &[u8], path: &str) -> Result<Entry, ClientError> {
+    serde_json::from_slice(value)
+        .map_err(|e| ClientError::Cluster(format!("{path}: bad entry in etcd: {e}")))
+}

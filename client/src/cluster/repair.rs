@@ -1,0 +1,209 @@
+//! `ferry cluster repair`: brings every stripe back to its share's replica count.
+//!
+//! For each stripe with fewer live replicas than its share asks for (a node died, or
+//! the file was written while too few nodes were alive), the next nodes in the file's
+//! placement order get a copy: fetched from a live replica over the data path and
+//! checked against the layout's manifest, then uploaded to the new node, which
+//! verifies and fsyncs it like any upload. The layout is then updated by a
+//! compare-and-swap on the entry: a file rewritten meanwhile is left to its writer.
+//! A dead node is dropped from a stripe's replicas once the stripe has enough live
+//! ones, so a node that comes back later never serves that stripe (its old copy is
+//! named by no layout).
+//!
+//! The copy passes through the host running `repair` (a temporary file there), not
+//! directly from node to node.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use ferry_common::cluster::{placement, stripe_range, EntryKind, Layout, STORE_SHARE};
+use serde::Serialize;
+
+use super::meta::Commit;
+use super::Cluster;
+use crate::error::ClientError;
+use crate::progress::no_progress;
+use crate::transfer::{self, Assembly};
+
+/// What a repair did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RepairReport {
+    /// Files looked at.
+    pub files: u64,
+    /// Stripes that got new replicas.
+    pub stripes_repaired: u64,
+    /// Replicas made.
+    pub replicas_added: u64,
+    /// Bytes copied to new replicas.
+    pub bytes_copied: u64,
+    /// Stripes with no live replica: nothing to copy from until a node comes back.
+    pub unavailable: u64,
+    /// Stripes that could not be repaired, and why.
+    pub failed: Vec<String>,
+}
+
+/// Repairs every share; `scratch` is a local directory for the copies in passing.
+pub async fn repair(cluster: &Cluster, scratch: &Path) -> Result<RepairReport, ClientError> {
+    let live = cluster.refresh_nodes().await?;
+    let shares: HashMap<String, u8> = cluster
+        .meta()
+        .shares()
+        .await?
+        .into_iter()
+        .map(|(n, c)| (n, c.replicas))
+        .collect();
+    let mut report = RepairReport::default();
+    for (share, path, v) in cluster.meta().all_entries().await? {
+        if v.entry.kind != EntryKind::File {
+            continue;
+        }
+        report.files += 1;
+        let Some(mut layout) = v.entry.layout.clone() else {
+            continue;
+        };
+        let want = usize::from(shares.get(&share).copied().unwrap_or(1)).min(live.len());
+        let mut changed = false;
+        for i in 0..layout.stripes.len() {
+            let replicas = layout.stripes[i].replicas.clone();
+            let (alive, dead): (Vec<String>, Vec<String>) =
+                replicas.into_iter().partition(|r| cluster.is_live(r));
+            if alive.is_empty() {
+                report.unavailable += 1;
+                continue;
+            }
+            if alive.len() >= want && dead.is_empty() {
+                continue;
+            }
+            let mut holders = alive.clone();
+            let range = stripe_range(v.entry.size, layout.stripe_bytes, i);
+            let len = range.end - range.start;
+            let mut tried = holders.clone();
+            tried.extend(dead.iter().cloned());
+            while holders.len() < want {
+                let usable = cluster.usable_nodes();
+                let Some(target) = placement::next_replica(&layout.id, &usable, &tried, len) else {
+                    break;
+                };
+                let target = target.id.clone();
+                tried.push(target.clone());
+                match copy_stripe(cluster, &share, &layout, i, len, &alive, &target, scratch).await
+                {
+                    Ok(()) => {
+                        holders.push(target);
+                        report.replicas_added += 1;
+                        report.bytes_copied += len;
+                    }
+                    Err(e) => report
+                        .failed
+                        .push(format!("{share}/{path} stripe {i} to {target}: {e}")),
+                }
+            }
+            if holders.len() > alive.len() || holders.len() >= want {
+                if holders.len() < want {
+                    // Not enough live nodes: the dead ones stay listed, for when they return.
+                    holders.extend(dead);
+                }
+                if holders != layout.stripes[i].replicas {
+                    layout.stripes[i].replicas = holders;
+                    changed = true;
+                    report.stripes_repaired += 1;
+                }
+            }
+        }
+        if changed {
+            let mut entry = v.entry.clone();
+            entry.layout = Some(layout);
+            if cluster
+                .meta()
+                .commit(&share, &path, &entry, v.revision)
+                .await?
+                == Commit::Conflict
+            {
+                report.failed.push(format!(
+                    "{share}/{path}: changed during the repair; run it again"
+                ));
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Copies stripe `index` from one of `from` to node `to`, checked against the layout.
+#[allow(clippy::too_many_arguments)]
+async fn copy_stripe(
+    cluster: &Cluster,
+    share: &str,
+    layout: &Layout,
+    index: usize,
+    len: u64,
+    from: &[String],
+    to: &str,
+    scratch: &Path,
+) -> Result<(), ClientError> {
+    let object = layout.object_path(share, index);
+    let want = layout
+        .manifest(index)
+        .ok_or_else(|| ClientError::Cluster("bad manifest in the layout".into()))?;
+    let local: PathBuf = scratch.join(format!("ferry-repair-{}-{index}", layout.id));
+    let mut last = None;
+    let mut fetched = false;
+    for node in from {
+        let r = async {
+            let c = cluster.session(node).await?;
+            let asm = Assembly::open(
+                &local,
+                len,
+                c.welcome().chunk_bytes,
+                layout.algorithm,
+                rand::random(),
+            )
+            .await?;
+            let got =
+                transfer::download_range(&c, STORE_SHARE, &object, &asm, 0, len, no_progress())
+                    .await;
+            match got {
+                Ok(g) if g.manifest == want && g.algorithm == layout.algorithm => {
+                    asm.finish(0o600, ferry_common::msg::Timestamp::default())
+                        .await
+                }
+                Ok(_) => {
+                    asm.discard();
+                    Err(ClientError::Integrity {
+                        what: format!("node {node}: {object}"),
+                        chunk: 0,
+                    })
+                }
+                Err(e) => {
+                    asm.discard();
+                    Err(e)
+                }
+            }
+        }
+        .await;
+        match r {
+            Ok(()) => {
+                fetched = true;
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    if !fetched {
+        return Err(last.unwrap_or_else(|| ClientError::Cluster("no live replica".into())));
+    }
+    let up = async {
+        let c = cluster.session(to).await?;
+        cluster.object_dir(to, &c, &object).await?;
+        transfer::upload_range(&c, &local, 0..len, STORE_SHARE, &object, no_progress()).await
+    }
+    .await;
+    let _ = std::fs::remove_file(&local);
+    let up = up?;
+    if up.manifest != want {
+        return Err(ClientError::Integrity {
+            what: format!("node {to}: {object}"),
+            chunk: 0,
+        });
+    }
+    Ok(())
+}

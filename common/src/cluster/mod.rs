@@ -1,0 +1,337 @@
+//! Cluster mode's data model, with no I/O: what etcd holds, under which keys, and
+//! where a file's stripes go.
+//!
+//! A Ferry cluster is an etcd cluster plus storage nodes (`ferryd --cluster`). etcd
+//! holds everything that must be agreed on; the nodes hold only immutable stripe
+//! objects, each a plain file in the node's store share ([`STORE_SHARE`]):
+//!
+//! ```text
+//! /ferry/nodes/<node id>        NodeInfo, under the node's lease (gone when it dies)
+//! /ferry/members/<node id>      NodeInfo as last registered (stays: a dead node is listed)
+//! /ferry/shares/<share>         ShareConfig: replicas, stripe size
+//! /ferry/ns/<share>/<path>      Entry: a directory, a symlink, or a file and its Layout
+//! ```
+//!
+//! A file's bytes are cut into stripes of [`ShareConfig::stripe_bytes`]; stripe `i`
+//! is the object [`Layout::object_path`]`(share, i)` on every node its
+//! [`Stripe::replicas`] names, and its content is named by [`Stripe::manifest`] (the
+//! manifest id of the object's chunk hashes, in [`Layout::algorithm`]). Objects are
+//! never modified: a new version of a file is a new [`Layout::id`], so a node that
+//! comes back after missing changes can hold only objects that no layout names any
+//! more, or the same bytes that it held before, and a reader checks every object it
+//! reads against the manifest in the layout.
+//!
+//! Invariants the writers keep:
+//! - an entry with a layout is put only after every stripe is durable and verified on
+//!   each replica the layout names (ferryd fsyncs and verifies before it answers an
+//!   upload's commit);
+//! - entries change only by a compare-and-swap on their mod revision, so two writers
+//!   of one name end with one whole file, never a mix.
+//!
+//! [`placement`] chooses the nodes.
+
+pub mod placement;
+
+use serde::{Deserialize, Serialize};
+
+use crate::msg::{Hash256, HashAlgorithm, Timestamp};
+
+/// The share every cluster node serves its stripe objects from. Clients and nodes
+/// prove the cluster's secret for it.
+pub const STORE_SHARE: &str = "cluster";
+
+/// The key prefix of everything Ferry keeps in etcd.
+pub const ROOT_PREFIX: &str = "/ferry/";
+
+/// Replicas of each stripe unless the share says otherwise.
+pub const DEFAULT_REPLICAS: u8 = 2;
+
+/// Stripe size unless the share says otherwise: 64 chunks of 1 MiB.
+pub const DEFAULT_STRIPE_BYTES: u64 = 64 << 20;
+
+/// The smallest stripe a share may have (also the alignment of every stripe: a
+/// multiple of every chunk size ferryd uses, so stripe boundaries are chunk and page
+/// boundaries).
+pub const STRIPE_ALIGN: u64 = 1 << 20;
+
+/// Seconds a node's registration outlives its last keep-alive unless told otherwise.
+pub const DEFAULT_LEASE_TTL_SECS: i64 = 10;
+
+/// The etcd key of node `id`'s registration.
+pub fn node_key(id: &str) -> String {
+    format!("{ROOT_PREFIX}nodes/{id}")
+}
+
+/// The prefix of every node registration.
+pub fn nodes_prefix() -> String {
+    format!("{ROOT_PREFIX}nodes/")
+}
+
+/// The etcd key of node `id`'s membership record: its last registration, kept after
+/// its lease expires so that a dead node is still listed (as down).
+pub fn member_key(id: &str) -> String {
+    format!("{ROOT_PREFIX}members/{id}")
+}
+
+/// The prefix of every membership record.
+pub fn members_prefix() -> String {
+    format!("{ROOT_PREFIX}members/")
+}
+
+/// The etcd key of share `name`'s configuration.
+pub fn share_key(name: &str) -> String {
+    format!("{ROOT_PREFIX}shares/{name}")
+}
+
+/// The prefix of every share configuration.
+pub fn shares_prefix() -> String {
+    format!("{ROOT_PREFIX}shares/")
+}
+
+/// The prefix of every entry of every share.
+pub fn ns_prefix() -> String {
+    format!("{ROOT_PREFIX}ns/")
+}
+
+/// The etcd key of the entry at `path` (normalised: components joined by `/`, no
+/// leading `/`, not empty) in `share`.
+pub fn entry_key(share: &str, path: &str) -> String {
+    format!("{ROOT_PREFIX}ns/{share}/{path}")
+}
+
+/// The prefix of every entry below directory `dir` of `share` (`""`: the root).
+pub fn children_prefix(share: &str, dir: &str) -> String {
+    if dir.is_empty() {
+        format!("{ROOT_PREFIX}ns/{share}/")
+    } else {
+        format!("{ROOT_PREFIX}ns/{share}/{dir}/")
+    }
+}
+
+/// Splits an entry key into its share and path; `None` for keys outside the namespace.
+pub fn parse_entry_key(key: &str) -> Option<(&str, &str)> {
+    let rest = key.strip_prefix(ROOT_PREFIX)?.strip_prefix("ns/")?;
+    let (share, path) = rest.split_once('/')?;
+    (!share.is_empty() && !path.is_empty()).then_some((share, path))
+}
+
+/// Checks a share name: what may stand between two `/` of a key and of a URL.
+pub fn valid_share_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && !name.starts_with('.')
+}
+
+/// A storage node's registration, refreshed while it lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// The node's id (`ferryd --node-id`), unique in the cluster.
+    pub id: String,
+    /// Where clients and other nodes reach its ferryd: `HOST:PORT`.
+    pub addr: String,
+    /// The transports it serves (`tcp`, `rdma`).
+    pub transports: Vec<String>,
+    /// Size of the file system holding its store, in bytes.
+    pub capacity: u64,
+    /// Bytes free there for new stripes.
+    pub free: u64,
+    /// When this ferryd registered, seconds since the epoch.
+    pub started: i64,
+}
+
+/// A cluster share's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareConfig {
+    /// Copies of each stripe, on distinct nodes.
+    pub replicas: u8,
+    /// Bytes per stripe: a multiple of [`STRIPE_ALIGN`].
+    pub stripe_bytes: u64,
+}
+
+impl Default for ShareConfig {
+    fn default() -> ShareConfig {
+        ShareConfig {
+            replicas: DEFAULT_REPLICAS,
+            stripe_bytes: DEFAULT_STRIPE_BYTES,
+        }
+    }
+}
+
+impl ShareConfig {
+    /// Checks the settings a share may be created with.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.replicas == 0 || self.replicas > 8 {
+            return Err(format!("replicas must be 1 to 8, not {}", self.replicas));
+        }
+        if self.stripe_bytes == 0 || self.stripe_bytes % STRIPE_ALIGN != 0 {
+            return Err(format!(
+                "the stripe size must be a positive multiple of {} MiB",
+                STRIPE_ALIGN >> 20
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a namespace entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EntryKind {
+    /// A regular file, with a [`Layout`].
+    File,
+    /// A directory: its children are the entries below its key.
+    Dir,
+    /// A symbolic link, with its target.
+    Symlink,
+}
+
+/// One name in a cluster share.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// What it is.
+    pub kind: EntryKind,
+    /// Permission bits.
+    pub mode: u32,
+    /// Modification time.
+    pub mtime: Timestamp,
+    /// Size in bytes (files).
+    #[serde(default)]
+    pub size: u64,
+    /// A symlink's target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// A file's stripes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<Layout>,
+}
+
+/// Where a file's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    /// This version's id: 32 hex digits, fresh for every write.
+    pub id: String,
+    /// The chunk-hash algorithm of the stripes' manifests.
+    pub algorithm: HashAlgorithm,
+    /// Bytes per stripe (the last may be shorter).
+    pub stripe_bytes: u64,
+    /// The stripes in file order; none for an empty file.
+    pub stripes: Vec<Stripe>,
+}
+
+/// One stripe of a file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stripe {
+    /// The nodes holding a verified copy, the preferred reader first.
+    pub replicas: Vec<String>,
+    /// The manifest id of the object's chunks, hex.
+    pub manifest: String,
+}
+
+impl Layout {
+    /// A fresh layout id.
+    pub fn new_id() -> String {
+        crate::seal::to_hex(&rand::random::<[u8; 16]>())
+    }
+
+    /// The path, in the store share, of stripe `index` of this version of a file of
+    /// `share`. Spread over 256 directories by the id's first byte.
+    pub fn object_path(&self, share: &str, index: usize) -> String {
+        object_path(share, &self.id, index)
+    }
+
+    /// Byte range of stripe `index` of a file of `size` bytes.
+    pub fn stripe_range(&self, size: u64, index: usize) -> std::ops::Range<u64> {
+        stripe_range(size, self.stripe_bytes, index)
+    }
+
+    /// The manifest of stripe `index` as bytes; `None` if it is not 64 hex digits.
+    pub fn manifest(&self, index: usize) -> Option<Hash256> {
+        crate::seal::from_hex::<32>(&self.stripes.get(index)?.manifest)
+    }
+}
+
+/// The store path of stripe `index` of layout `id` of a file of `share`.
+pub fn object_path(share: &str, id: &str, index: usize) -> String {
+    let fan = id.get(..2).unwrap_or("00");
+    format!("{share}/{fan}/{id}.{index}")
+}
+
+/// Number of stripes of a file of `size` bytes.
+pub fn stripe_count(size: u64, stripe_bytes: u64) -> usize {
+    usize::try_from(size.div_ceil(stripe_bytes.max(1))).unwrap_or(usize::MAX)
+}
+
+/// Byte range of stripe `index` of a file of `size` bytes.
+pub fn stripe_range(size: u64, stripe_bytes: u64, index: usize) -> std::ops::Range<u64> {
+    let start = (index as u64).saturating_mul(stripe_bytes).min(size);
+    start..start.saturating_add(stripe_bytes).min(size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip() {
+        let k = entry_key("data", "a/b.bin");
+        assert_eq!(k, "/ferry/ns/data/a/b.bin");
+        assert_eq!(parse_entry_key(&k), Some(("data", "a/b.bin")));
+        assert_eq!(parse_entry_key("/ferry/nodes/n1"), None);
+        assert!(k.starts_with(&children_prefix("data", "a")));
+        assert!(k.starts_with(&children_prefix("data", "")));
+        assert!(!entry_key("data2", "x").starts_with(&children_prefix("data", "")));
+    }
+
+    #[test]
+    fn stripes_cover_the_file() {
+        let sb = 4 << 20;
+        assert_eq!(stripe_count(0, sb), 0);
+        assert_eq!(stripe_count(1, sb), 1);
+        assert_eq!(stripe_count(sb, sb), 1);
+        assert_eq!(stripe_count(sb + 1, sb), 2);
+        let size = 3 * sb + 5;
+        let mut next = 0;
+        for i in 0..stripe_count(size, sb) {
+            let r = stripe_range(size, sb, i);
+            assert_eq!(r.start, next);
+            next = r.end;
+        }
+        assert_eq!(next, size);
+    }
+
+    #[test]
+    fn share_names_and_settings() {
+        assert!(valid_share_name("data-1_x.y"));
+        for bad in ["", ".hidden", "a/b", "a b", &"x".repeat(65)] {
+            assert!(!valid_share_name(bad), "{bad:?}");
+        }
+        assert!(ShareConfig::default().validate().is_ok());
+        let bad_stripe = ShareConfig {
+            stripe_bytes: 1000,
+            ..ShareConfig::default()
+        };
+        assert!(bad_stripe.validate().is_err());
+        let no_replicas = ShareConfig {
+            replicas: 0,
+            ..ShareConfig::default()
+        };
+        assert!(no_replicas.validate().is_err());
+    }
+
+    #[test]
+    fn object_paths_fan_out_by_id() {
+        let l = Layout {
+            id: "ab12".repeat(8),
+            algorithm: HashAlgorithm::Blake3,
+            stripe_bytes: 1 << 20,
+            stripes: vec![],
+        };
+        assert_eq!(
+            l.object_path("s", 3),
+            format!("s/ab/{}.3", "ab12".repeat(8))
+        );
+    }
+}

@@ -46,6 +46,13 @@ PACKAGES=(
     # test: tools the read-write mount tests drive (tests/tests/mount_write.rs)
     sqlite3
     git
+    # build: protoc, for the etcd client's gRPC definitions (etcd-client's build.rs)
+    protobuf-compiler
+    # cluster mode's metadata store, started by the tests and the benchmark
+    # (tests/tests/cluster.rs, bench cluster job) on ports of their own
+    etcd-server
+    # network namespaces, veth pairs and tc shaping for the cluster tests
+    iproute2
 )
 
 # Commands needed by the scripts, as COMMAND:PACKAGE. The package is installed

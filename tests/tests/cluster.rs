@@ -141,10 +141,7 @@ fn cluster_nodes_register_and_serve_a_share() {
     if skip_without_cluster("cluster_nodes_register_and_serve_a_share") {
         return;
     }
-    if !ferryd_has_cluster_mode() {
-        eprintln!("cluster_nodes_register_and_serve_a_share: skipped: ferryd has no --cluster");
-        return;
-    }
+    assert!(ferryd_has_cluster_mode(), "ferryd has no --cluster");
     let mut cluster = Cluster::start(3);
     let limit = Duration::from_secs(20);
     cluster.wait_nodes(3, limit);
@@ -170,4 +167,272 @@ fn cluster_nodes_register_and_serve_a_share() {
     rcp(rcp_args![local.join("f"), cluster.url("data", "f")]).assert_success();
     rcp(rcp_args![cluster.url("data", "f"), local.join("back")]).assert_success();
     assert_files_equal(&local.join("f"), &local.join("back"));
+}
+
+/// Starts `n` cluster nodes, waits for them, and creates share `data` with `replicas`
+/// replicas and stripes of 1 MiB (so small files have several stripes).
+fn cluster_with_share(n: usize, replicas: u8) -> Cluster {
+    let cluster = Cluster::start(n);
+    cluster.wait_nodes(n, Duration::from_secs(20));
+    ferry([
+        "cluster",
+        "add-share",
+        "--etcd",
+        &cluster.etcd_endpoint(),
+        "data",
+        "--replicas",
+        &replicas.to_string(),
+        "--stripe-mib",
+        "1",
+    ])
+    .assert_success();
+    cluster
+}
+
+/// The regular files under `dir`, recursively.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(".ferry") {
+            continue;
+        }
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Stripe objects node `k` holds.
+fn objects_on(cluster: &Cluster, k: usize) -> usize {
+    files_under(&cluster.node_store(k).join("data")).len()
+}
+
+fn node_stripes(status: &serde_json::Value, id: &str) -> u64 {
+    status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == id)
+        .and_then(|n| n["stripes"].as_u64())
+        .unwrap_or_else(|| panic!("no node {id} in {status}"))
+}
+
+#[test]
+fn files_and_trees_round_trip_striped_and_replicated() {
+    if skip_without_cluster("files_and_trees_round_trip_striped_and_replicated") {
+        return;
+    }
+    let cluster = cluster_with_share(3, 2);
+    let local = cluster.dir().join("local");
+    let tree = local.join("tree");
+    std::fs::create_dir_all(tree.join("a/b")).unwrap();
+    write_random_file(&tree.join("big"), 7 * MIB + 123, 1);
+    write_random_file(&tree.join("a/small"), 4000, 2);
+    write_random_file(&tree.join("a/b/empty"), 0, 3);
+    std::os::unix::fs::symlink("../big", tree.join("a/link")).unwrap();
+    let up = rcp(rcp_args!["-r", "--json", &tree, cluster.url("data", "")]);
+    up.assert_success();
+    let j = up.json();
+    assert_eq!(j["files"], 3, "{j}");
+    assert_eq!(j["symlinks"], 1, "{j}");
+    assert_eq!(j["encrypted"], true, "{j}");
+    // Every byte went to two nodes: 8 stripes of the big file over all three, one of
+    // the small file, none of the empty one.
+    assert_eq!(j["bytes_sent"].as_u64(), Some(2 * (7 * MIB + 123 + 4000)), "{j}");
+    let spread: Vec<usize> = (1..=3).map(|k| objects_on(&cluster, k)).collect();
+    assert_eq!(spread.iter().sum::<usize>(), 2 * (8 + 1), "{spread:?}");
+    assert!(spread.iter().all(|&n| n >= 4), "stripes not spread: {spread:?}");
+
+    let back = local.join("back");
+    rcp(rcp_args!["-r", cluster.url("data", "tree"), &back]).assert_success();
+    ferry_tests::assert_trees_equal(&tree, &back);
+    // A single file, into a directory.
+    rcp(rcp_args![cluster.url("data", "tree/a/small"), &local]).assert_success();
+    assert_files_equal(&tree.join("a/small"), &local.join("small"));
+
+    let status = cluster.status();
+    assert_eq!(status["files"], 3, "{status}");
+    assert_eq!(status["under_replicated"], 0, "{status}");
+
+    // Errors are clear: a missing file, a share that does not exist, a directory
+    // without -r, a file over a directory.
+    let missing = rcp(rcp_args![cluster.url("data", "nope"), &local]);
+    missing.assert_failure();
+    assert!(missing.stderr.contains("no such file"), "{}", missing.stderr);
+    let noshare = rcp(rcp_args![tree.join("big"), cluster.url("other", "x")]);
+    noshare.assert_failure();
+    assert!(noshare.stderr.contains("no cluster share 'other'"), "{}", noshare.stderr);
+    let dir = rcp(rcp_args![cluster.url("data", "tree"), local.join("d")]);
+    dir.assert_failure();
+    assert!(dir.stderr.contains("use -r"), "{}", dir.stderr);
+}
+
+#[test]
+fn a_lost_node_is_read_around_avoided_and_repaired() {
+    if skip_without_cluster("a_lost_node_is_read_around_avoided_and_repaired") {
+        return;
+    }
+    let mut cluster = cluster_with_share(3, 2);
+    let local = cluster.dir().join("local");
+    std::fs::create_dir_all(&local).unwrap();
+    let src = local.join("f");
+    write_random_file(&src, 6 * MIB + 5, 11);
+    rcp(rcp_args![&src, cluster.url("data", "f")]).assert_success();
+    let before = objects_on(&cluster, 2);
+    assert!(before > 0);
+
+    // Read at once, before its lease runs out: the dead node is passed over.
+    cluster.kill_node(2);
+    let back = local.join("back");
+    rcp(rcp_args![cluster.url("data", "f"), &back]).assert_success();
+    assert_files_equal(&src, &back);
+
+    cluster.wait_nodes(2, LEASE_TTL * 3 + Duration::from_secs(20));
+    let status = cluster.status();
+    assert!(status["under_replicated"].as_u64().unwrap() > 0, "{status}");
+    assert_eq!(status["unavailable"], 0, "{status}");
+
+    // New writes go to the live nodes only, with both replicas.
+    let g = local.join("g");
+    write_random_file(&g, 3 * MIB, 12);
+    rcp(rcp_args![&g, cluster.url("data", "g")]).assert_success();
+    assert_eq!(objects_on(&cluster, 2), before, "a new stripe went to the dead node");
+    let s1 = objects_on(&cluster, 1);
+    let s3 = objects_on(&cluster, 3);
+    // f's 7 stripes twice, less node 2's copies, and g's 3 stripes twice.
+    assert_eq!(s1 + s3, 2 * 7 - before + 2 * 3, "{s1} {s3} {before}");
+
+    // Repair copies the missing replicas to node 1 and 3, and status is clean.
+    let etcd = cluster.etcd_endpoint();
+    let repaired = ferry(["cluster", "repair", "--etcd", &etcd, "--json"]);
+    repaired.assert_success();
+    let r = repaired.json();
+    assert_eq!(r["replicas_added"].as_u64(), Some(before as u64), "{r}");
+    let status = cluster.status();
+    assert_eq!(status["under_replicated"], 0, "{status}");
+    assert_eq!(node_stripes(&status, "n2"), 0, "{status}");
+
+    // The node comes back with its old copies: no layout names them, so it serves
+    // none of them; with node 1 gone as well, every stripe still reads from node 3's
+    // or node 2's... no: from the repaired replicas.
+    cluster.start_node(2);
+    cluster.wait_nodes(3, Duration::from_secs(20));
+    assert_eq!(node_stripes(&cluster.status(), "n2"), 0);
+    cluster.kill_node(1);
+    let back2 = local.join("back2");
+    rcp(rcp_args![cluster.url("data", "f"), &back2]).assert_success();
+    assert_files_equal(&src, &back2);
+}
+
+#[test]
+fn a_node_killed_mid_write_and_mid_read() {
+    if skip_without_cluster("a_node_killed_mid_write_and_mid_read") {
+        return;
+    }
+    let mut cluster = cluster_with_share(3, 2);
+    for k in 1..=3 {
+        cluster.limit_rate(k, 40_000_000);
+    }
+    let local = cluster.dir().join("local");
+    std::fs::create_dir_all(&local).unwrap();
+    let src = local.join("f");
+    write_random_file(&src, 48 * MIB, 21);
+
+    // Mid-write: every stripe has two copies to make at 40 MB/s per node, so the
+    // copy takes well over a second; node 1 dies half a second in.
+    let mut writer = ferry_tests::spawn_rcp(rcp_args![&src, cluster.url("data", "f")]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(writer.is_running(), "the upload ended before the fault");
+    cluster.kill_node(1);
+    let out = writer.wait();
+    // Either outcome is clean: the file is whole, or there is none.
+    let back = local.join("back");
+    let read = rcp(rcp_args![cluster.url("data", "f"), &back]);
+    if out.code == Some(0) {
+        read.assert_success();
+        assert_files_equal(&src, &back);
+    } else {
+        read.assert_failure();
+        assert!(!back.exists());
+    }
+    cluster.start_node(1);
+    cluster.wait_nodes(3, Duration::from_secs(20));
+    rcp(rcp_args![&src, cluster.url("data", "f")]).assert_success();
+
+    // Mid-read: node 2 dies while the file comes back; the other replicas serve it.
+    let back2 = local.join("back2");
+    let mut reader = ferry_tests::spawn_rcp(rcp_args![cluster.url("data", "f"), &back2]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(reader.is_running(), "the download ended before the fault");
+    cluster.kill_node(2);
+    reader.wait().assert_success();
+    assert_files_equal(&src, &back2);
+}
+
+#[test]
+fn racing_writers_of_one_name_leave_one_whole_file() {
+    if skip_without_cluster("racing_writers_of_one_name_leave_one_whole_file") {
+        return;
+    }
+    let cluster = cluster_with_share(3, 1);
+    let local = cluster.dir().join("local");
+    std::fs::create_dir_all(&local).unwrap();
+    let (a, b) = (local.join("a"), local.join("b"));
+    write_random_file(&a, 9 * MIB, 31);
+    write_random_file(&b, 9 * MIB + 7, 32);
+    let mut last_is_a = false;
+    for round in 0..3 {
+        let wa = ferry_tests::spawn_rcp(rcp_args![&a, cluster.url("data", "same")]);
+        let wb = ferry_tests::spawn_rcp(rcp_args![&b, cluster.url("data", "same")]);
+        wa.wait().assert_success();
+        wb.wait().assert_success();
+        let back = local.join(format!("back{round}"));
+        rcp(rcp_args![cluster.url("data", "same"), &back]).assert_success();
+        let got = std::fs::read(&back).unwrap();
+        last_is_a = got == std::fs::read(&a).unwrap();
+        assert!(
+            last_is_a || got == std::fs::read(&b).unwrap(),
+            "round {round}: the file is neither writer's"
+        );
+    }
+    // The losers' stripes were removed: the winner's are left (a: 9, b: 10 stripes).
+    let objects: usize = (1..=3).map(|k| objects_on(&cluster, k)).sum();
+    assert_eq!(objects, if last_is_a { 9 } else { 10 }, "objects left");
+}
+
+#[test]
+fn etcd_lost_mid_copy_fails_cleanly() {
+    if skip_without_cluster("etcd_lost_mid_copy_fails_cleanly") {
+        return;
+    }
+    let mut cluster = cluster_with_share(2, 1);
+    for k in 1..=2 {
+        cluster.limit_rate(k, 20_000_000);
+    }
+    let local = cluster.dir().join("local");
+    std::fs::create_dir_all(&local).unwrap();
+    let src = local.join("f");
+    write_random_file(&src, 40 * MIB, 41);
+    let mut writer = ferry_tests::spawn_rcp(rcp_args![&src, cluster.url("data", "f")]);
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(writer.is_running(), "the upload ended before the fault");
+    cluster.stop_etcd();
+    let out = writer.wait();
+    out.assert_failure();
+    assert!(out.stderr.contains("etcd"), "{}", out.stderr);
+    cluster.start_etcd();
+    // Nothing was published; the copy run again works.
+    let back = local.join("back");
+    rcp(rcp_args![cluster.url("data", "f"), &back]).assert_failure();
+    rcp(rcp_args![&src, cluster.url("data", "f")]).assert_success();
+    rcp(rcp_args![cluster.url("data", "f"), &back]).assert_success();
+    assert_files_equal(&src, &back);
 }

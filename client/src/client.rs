@@ -522,6 +522,30 @@ impl Client {
         }
     }
 
+    /// Asks this server (a cluster node) to fetch `share`/`path` from the node at
+    /// `from` and publish it here, verified against `manifest`. Needs the `cluster`
+    /// capability (see [`Client::negotiated`]).
+    pub async fn replicate(
+        &self,
+        share: &str,
+        path: &str,
+        from: &str,
+        size: u64,
+        manifest: ferry_common::msg::Hash256,
+    ) -> Result<(), ClientError> {
+        let req = Request::Replicate {
+            share: share.into(),
+            path: path.into(),
+            from: from.into(),
+            size,
+            manifest,
+        };
+        match self.call(req).await? {
+            Response::Committed { size: got } if got == size => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Creates a directory.
     pub async fn mkdir(
         &self,

@@ -187,6 +187,12 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::FileOpen { share, path, .. }
         | Request::SetAttrs { share, path, .. }
         | Request::StatMeta { share, path, .. } => share_and_path(share, path),
+        Request::Replicate {
+            share, path, from, ..
+        } => {
+            share_and_path(share, path)?;
+            limit("from", from.len(), MAX_PATH_BYTES)
+        }
         Request::UploadOpenBase {
             share, path, base, ..
         } => {

@@ -947,6 +947,23 @@ pub enum Request {
         /// Handle.
         handle: u64,
     },
+    /// Fetch the file `path` of `share` from the cluster node at `from` (`HOST:PORT`,
+    /// a live node of this server's cluster) over the data path, verify it against
+    /// `manifest` (the manifest id of its chunks, `size` bytes), and publish it under
+    /// the same path here. Answered by [`Response::Committed`]. A cluster repair sends
+    /// it; only sessions that negotiated the `cluster` capability may.
+    Replicate {
+        /// Share name (the cluster store share).
+        share: String,
+        /// Share-relative path, the same on both nodes.
+        path: String,
+        /// The node to fetch from, `HOST:PORT`.
+        from: String,
+        /// The file's size.
+        size: u64,
+        /// Its manifest id.
+        manifest: Hash256,
+    },
 }
 
 impl Request {
@@ -982,7 +999,8 @@ impl Request {
             | Request::Move { share, .. }
             | Request::SetAttrs { share, .. }
             | Request::ShareAccess { share }
-            | Request::StatMeta { share, .. } => Some(share),
+            | Request::StatMeta { share, .. }
+            | Request::Replicate { share, .. } => Some(share),
             Request::UploadWindow { .. }
             | Request::UploadCommit { .. }
             | Request::DownloadWindow { .. }

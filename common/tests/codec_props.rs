@@ -382,6 +382,19 @@ fn request() -> impl Strategy<Value = Request> {
             path,
             follow
         }),
+        (
+            share_path(),
+            text(MAX_PATH_BYTES),
+            any::<u64>(),
+            any::<[u8; 32]>()
+        )
+            .prop_map(|((share, path), from, size, manifest)| Request::Replicate {
+                share,
+                path,
+                from,
+                size,
+                manifest
+            }),
     ]
 }
 
@@ -766,6 +779,7 @@ fn request_variant(r: &Request) -> usize {
         Request::FileDiscard { .. } => 40,
         Request::StatMeta { .. } => 41,
         Request::FileCommit { .. } => 42,
+        Request::Replicate { .. } => 43,
     }
 }
 
@@ -1258,7 +1272,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 43], [false; 28]);
+    let (mut requests, mut responses) = ([false; 44], [false; 28]);
     for _ in 0..4000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

@@ -166,6 +166,19 @@ pub struct Config {
     /// The encryption policy of shares that set none (`encryption = ...` at the top
     /// of the file, or `--encryption`; default [`DEFAULT_ENCRYPTION`]).
     pub encryption: Encryption,
+    /// The cluster this ferryd is a storage node of (`--cluster`), if any.
+    pub cluster: Option<ClusterNode>,
+}
+
+/// What a cluster storage node needs to serve [`ferry_common::msg::Request::Replicate`]:
+/// where etcd is (to check that the node it fetches from is a live member) and how to
+/// reach other nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterNode {
+    /// etcd's endpoints.
+    pub endpoints: Vec<String>,
+    /// The transport to other nodes.
+    pub transport: ferry_common::transport::TransportChoice,
 }
 
 #[derive(Debug, Deserialize)]
@@ -257,6 +270,7 @@ impl Config {
             partial_ttl,
             max_connections,
             encryption: parsed.encryption.unwrap_or(DEFAULT_ENCRYPTION),
+            cluster: None,
         })
     }
 
@@ -313,6 +327,7 @@ impl Config {
             partial_ttl: DEFAULT_PARTIAL_TTL,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             encryption: DEFAULT_ENCRYPTION,
+            cluster: None,
         }
     }
 }

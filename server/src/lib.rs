@@ -86,7 +86,7 @@ use ferry_common::transport::{SharedTransport, TransportError};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-pub use config::{Config, ConfigError, ShareConfig};
+pub use config::{ClusterNode, Config, ConfigError, ShareConfig};
 use gauge::Gauge;
 use manifests::{ManifestCache, MANIFEST_CACHE_BYTES};
 use map::MapBudget;
@@ -137,6 +137,8 @@ pub struct Server {
     started: SystemTime,
     /// Age beyond which [`Server::clean_stale_files`] removes a resumable partial.
     partial_ttl: Duration,
+    /// The cluster this server is a node of.
+    cluster: Option<config::ClusterNode>,
 }
 
 impl Server {
@@ -176,7 +178,21 @@ impl Server {
             map_budget: MapBudget::new(config.max_mapped_bytes),
             started: SystemTime::now(),
             partial_ttl: config.partial_ttl,
+            cluster: config.cluster.clone(),
         }))
+    }
+
+    /// The cluster this server is a storage node of, if any.
+    pub fn cluster(&self) -> Option<&config::ClusterNode> {
+        self.cluster.as_ref()
+    }
+
+    /// The secret guarding share `name`, if it has one.
+    pub fn secret(&self, name: &str) -> Option<&ferry_common::auth::Secret> {
+        match self.access.get(name) {
+            Some(ShareAccess::Secret(s)) => Some(s),
+            _ => None,
+        }
     }
 
     /// Whether share `name` is served without a secret.

@@ -263,6 +263,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(e) = args.encryption {
         config.encryption = e;
     }
+    config.cluster = args.cluster.as_ref().map(|e| ferry_server::ClusterNode {
+        endpoints: e.split(',').map(str::to_owned).collect(),
+        transport: args.transport,
+    });
     let server = Server::new(&config)?;
     // Stale hidden files of a killed ferryd go in the background: a large share must
     // not delay serving, and nothing a live transfer uses is touched.

@@ -466,7 +466,8 @@ impl Cluster {
             "--json",
         ]);
         let v = out.json();
-        let unhealthy = v["under_replicated"].as_u64() != Some(0) || v["unavailable"].as_u64() != Some(0);
+        let unhealthy =
+            v["under_replicated"].as_u64() != Some(0) || v["unavailable"].as_u64() != Some(0);
         let want = if unhealthy { Some(8) } else { Some(0) };
         assert_eq!(out.code, want, "ferry cluster status:\n{out}");
         v

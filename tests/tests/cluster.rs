@@ -246,10 +246,17 @@ fn files_and_trees_round_trip_striped_and_replicated() {
     assert_eq!(j["encrypted"], true, "{j}");
     // Every byte went to two nodes: 8 stripes of the big file over all three, one of
     // the small file, none of the empty one.
-    assert_eq!(j["bytes_sent"].as_u64(), Some(2 * (7 * MIB + 123 + 4000)), "{j}");
+    assert_eq!(
+        j["bytes_sent"].as_u64(),
+        Some(2 * (7 * MIB + 123 + 4000)),
+        "{j}"
+    );
     let spread: Vec<usize> = (1..=3).map(|k| objects_on(&cluster, k)).collect();
     assert_eq!(spread.iter().sum::<usize>(), 2 * (8 + 1), "{spread:?}");
-    assert!(spread.iter().all(|&n| n >= 4), "stripes not spread: {spread:?}");
+    assert!(
+        spread.iter().all(|&n| n >= 4),
+        "stripes not spread: {spread:?}"
+    );
 
     let back = local.join("back");
     rcp(rcp_args!["-r", cluster.url("data", "tree"), &back]).assert_success();
@@ -266,10 +273,18 @@ fn files_and_trees_round_trip_striped_and_replicated() {
     // without -r, a file over a directory.
     let missing = rcp(rcp_args![cluster.url("data", "nope"), &local]);
     missing.assert_failure();
-    assert!(missing.stderr.contains("no such file"), "{}", missing.stderr);
+    assert!(
+        missing.stderr.contains("no such file"),
+        "{}",
+        missing.stderr
+    );
     let noshare = rcp(rcp_args![tree.join("big"), cluster.url("other", "x")]);
     noshare.assert_failure();
-    assert!(noshare.stderr.contains("no cluster share 'other'"), "{}", noshare.stderr);
+    assert!(
+        noshare.stderr.contains("no cluster share 'other'"),
+        "{}",
+        noshare.stderr
+    );
     let dir = rcp(rcp_args![cluster.url("data", "tree"), local.join("d")]);
     dir.assert_failure();
     assert!(dir.stderr.contains("use -r"), "{}", dir.stderr);
@@ -304,7 +319,11 @@ fn a_lost_node_is_read_around_avoided_and_repaired() {
     let g = local.join("g");
     write_random_file(&g, 3 * MIB, 12);
     rcp(rcp_args![&g, cluster.url("data", "g")]).assert_success();
-    assert_eq!(objects_on(&cluster, 2), before, "a new stripe went to the dead node");
+    assert_eq!(
+        objects_on(&cluster, 2),
+        before,
+        "a new stripe went to the dead node"
+    );
     let s1 = objects_on(&cluster, 1);
     let s3 = objects_on(&cluster, 3);
     // f's 7 stripes twice, less node 2's copies, and g's 3 stripes twice.
@@ -316,6 +335,10 @@ fn a_lost_node_is_read_around_avoided_and_repaired() {
     repaired.assert_success();
     let r = repaired.json();
     assert_eq!(r["replicas_added"].as_u64(), Some(before as u64), "{r}");
+    // Node to node: the new holders fetched the copies themselves.
+    let fetched = cluster.node_log(1).matches("replicated").count()
+        + cluster.node_log(3).matches("replicated").count();
+    assert_eq!(fetched, before, "nodes' logs: {}", cluster.logs());
     let status = cluster.status();
     assert_eq!(status["under_replicated"], 0, "{status}");
     assert_eq!(node_stripes(&status, "n2"), 0, "{status}");
@@ -435,4 +458,57 @@ fn etcd_lost_mid_copy_fails_cleanly() {
     rcp(rcp_args![&src, cluster.url("data", "f")]).assert_success();
     rcp(rcp_args![cluster.url("data", "f"), &back]).assert_success();
     assert_files_equal(&src, &back);
+}
+
+#[test]
+fn replicate_requests_are_confined_to_live_members_and_the_store() {
+    if skip_without_cluster("replicate_requests_are_confined_to_live_members_and_the_store") {
+        return;
+    }
+    let cluster = cluster_with_share(2, 1);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let addr = cluster.node_addr(1);
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let refused = rt.block_on(async {
+        let c = ferry_tests::connect_to(
+            host,
+            port.parse().unwrap(),
+            ferry_common::transport::TransportChoice::Tcp,
+        )
+        .await
+        .unwrap();
+        c.authenticate("cluster").await.unwrap();
+        assert!(c.negotiated().unwrap().cluster);
+        let outsider = c
+            .replicate("cluster", "data/x/y", "127.0.0.1:1", 10, [0; 32])
+            .await;
+        let wrong_share = c
+            .replicate("other", "x", &cluster.node_addr(2), 10, [0; 32])
+            .await;
+        (outsider, wrong_share)
+    });
+    let kind =
+        |r: &Result<(), ferry_client::ClientError>| r.as_ref().err().and_then(|e| e.remote_kind());
+    use ferry_common::msg::ErrorKind;
+    assert_eq!(
+        kind(&refused.0),
+        Some(ErrorKind::PermissionDenied),
+        "{:?}",
+        refused.0
+    );
+    assert!(refused
+        .0
+        .unwrap_err()
+        .to_string()
+        .contains("not a live node"));
+    assert!(
+        matches!(
+            kind(&refused.1),
+            Some(ErrorKind::PermissionDenied | ErrorKind::NoSuchShare)
+        ),
+        "{:?}",
+        refused.1
+    );
+    // Nothing was written in the store.
+    assert!(!cluster.node_store(1).join("data/x").exists());
 }

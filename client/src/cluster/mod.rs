@@ -119,6 +119,14 @@ impl Cluster {
             .collect()
     }
 
+    /// The address of live node `id`, as last read.
+    pub fn addr_of(&self, id: &str) -> Option<String> {
+        lock(&self.inner.nodes)
+            .iter()
+            .find(|n| n.id == id)
+            .map(|n| n.addr.clone())
+    }
+
     /// True if node `id` is registered (its lease is current) as last read.
     pub fn is_live(&self, id: &str) -> bool {
         lock(&self.inner.nodes).iter().any(|n| n.id == id)

@@ -10,8 +10,13 @@
 //! ones, so a node that comes back later never serves that stripe (its old copy is
 //! named by no layout).
 //!
-//! The copy passes through the host running `repair` (a temporary file there), not
-//! directly from node to node.
+//! The copy goes node to node: the new node is asked ([`Client::replicate`]) to fetch
+//! the object from a live holder over the data path (the holder pushes it into the new
+//! node's buffers) and checks it against the layout's manifest before publishing it.
+//! Only a node of an older Ferry, without the `cluster` capability, gets its copy
+//! through the host running `repair` instead (a temporary file there).
+//!
+//! [`Client::replicate`]: crate::Client::replicate
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -144,6 +149,26 @@ async fn copy_stripe(
     let want = layout
         .manifest(index)
         .ok_or_else(|| ClientError::Cluster("bad manifest in the layout".into()))?;
+    let target = cluster.session(to).await?;
+    if target.negotiated().is_some_and(|n| n.cluster) {
+        let mut last = None;
+        for node in from {
+            let Some(addr) = cluster.addr_of(node) else {
+                continue;
+            };
+            match target
+                .replicate(STORE_SHARE, &object, &addr, len, want)
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    tracing::warn!(from = node, to, object, "node-to-node copy failed: {e}");
+                    last = Some(e);
+                }
+            }
+        }
+        return Err(last.unwrap_or_else(|| ClientError::Cluster("no live replica".into())));
+    }
     let local: PathBuf = scratch.join(format!("ferry-repair-{}-{index}", layout.id));
     let mut last = None;
     let mut fetched = false;

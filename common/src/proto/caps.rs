@@ -65,6 +65,14 @@ pub const WRITE: &str = "write";
 /// The versions of the write requests this build speaks, preferred first.
 pub const WRITE_VERSIONS: &[&str] = &["1"];
 
+/// Name of the cluster capability: the session may send [`Request::Replicate`] (the
+/// server is a cluster storage node that fetches objects from other nodes). Only a
+/// cluster node's ferryd chooses it.
+pub const CLUSTER: &str = "cluster";
+
+/// The versions of the cluster requests this build speaks, preferred first.
+pub const CLUSTER_VERSIONS: &[&str] = &["1"];
+
 /// Name of the encryption capability: the AEAD suites a client accepts, preferred
 /// first; in a welcome, the one the session uses.
 pub const ENCRYPT: &str = "encrypt";
@@ -138,6 +146,8 @@ pub struct Offer {
     pub medium_batches: bool,
     /// Whether it offers the write requests ([`WRITE`]).
     pub write: bool,
+    /// Whether it offers the cluster requests ([`CLUSTER`]).
+    pub cluster: bool,
     /// Its offer to encrypt, if it makes one ([`ENCRYPT`]).
     pub encrypt: Option<EncryptOffer>,
 }
@@ -150,6 +160,7 @@ impl Default for Offer {
             meta: true,
             medium_batches: true,
             write: true,
+            cluster: true,
             encrypt: None,
         }
     }
@@ -168,6 +179,9 @@ impl Offer {
         }
         if self.write {
             caps.push(Capability::new(WRITE, &WRITE_VERSIONS.join(",")));
+        }
+        if self.cluster {
+            caps.push(Capability::new(CLUSTER, &CLUSTER_VERSIONS.join(",")));
         }
         if let Some(e) = &self.encrypt {
             let suites: Vec<&str> = e.suites.iter().map(|s| s.name()).collect();
@@ -195,6 +209,8 @@ pub struct Negotiated {
     pub medium_batches: bool,
     /// Whether the write requests ([`WRITE`]) may be sent.
     pub write: bool,
+    /// Whether the cluster requests ([`CLUSTER`]) may be sent.
+    pub cluster: bool,
     /// The session's encryption, if it is encrypted ([`ENCRYPT`]).
     pub encryption: Option<Encrypted>,
 }
@@ -212,6 +228,9 @@ impl Negotiated {
         }
         if self.write {
             caps.push(Capability::new(WRITE, WRITE_VERSIONS[0]));
+        }
+        if self.cluster {
+            caps.push(Capability::new(CLUSTER, CLUSTER_VERSIONS[0]));
         }
         if let Some(e) = &self.encryption {
             caps.push(Capability::new(ENCRYPT, e.suite.name()));
@@ -244,6 +263,7 @@ impl Negotiated {
             {
                 Err(WRITE)
             }
+            Request::Replicate { .. } if !self.cluster => Err(CLUSTER),
             _ => Ok(()),
         }
     }
@@ -288,12 +308,16 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
         find(offered, BATCH).is_some_and(|list| list.split(',').any(|v| BATCH_MODES.contains(&v)));
     let write = find(offered, WRITE)
         .is_some_and(|list| list.split(',').any(|v| WRITE_VERSIONS.contains(&v)));
+    // Offered; the server turns it off unless it is a cluster node.
+    let cluster = find(offered, CLUSTER)
+        .is_some_and(|list| list.split(',').any(|v| CLUSTER_VERSIONS.contains(&v)));
     Ok(Negotiated {
         hash,
         accepted,
         meta,
         medium_batches,
         write,
+        cluster,
         encryption: None,
     })
 }
@@ -424,12 +448,23 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
             ))
         }
     };
+    let cluster = match find(chosen, CLUSTER) {
+        None => false,
+        Some(v) if offer.cluster && CLUSTER_VERSIONS.contains(&v) => true,
+        Some(v) => {
+            return Err(format!(
+                "the server chose cluster version '{}', which this client did not offer",
+                v.escape_debug()
+            ))
+        }
+    };
     Ok(Negotiated {
         hash,
         accepted: Algorithms::of(&offer.hashes),
         meta,
         medium_batches,
         write,
+        cluster,
         encryption: accept_encryption(chosen, offer)?,
     })
 }
@@ -524,8 +559,51 @@ mod tests {
                 Capability::new(HASH, "blake3,sha256"),
                 Capability::new(META, "1"),
                 Capability::new(BATCH, "medium"),
-                Capability::new(WRITE, "1")
+                Capability::new(WRITE, "1"),
+                Capability::new(CLUSTER, "1")
             ]
+        );
+    }
+
+    #[test]
+    fn cluster_requests_need_the_capability_the_server_alone_grants() {
+        let n = choose(
+            &Offer::default().to_capabilities(),
+            HashAlgorithm::SUPPORTED,
+        )
+        .unwrap();
+        // `choose` takes the client's offer; ferryd clears it unless it is a node.
+        assert!(n.cluster);
+        let replicate = Request::Replicate {
+            share: "cluster".into(),
+            path: "p".into(),
+            from: "n:1".into(),
+            size: 1,
+            manifest: [0; 32],
+        };
+        let off = Negotiated {
+            cluster: false,
+            ..n
+        };
+        assert_eq!(off.permits(&replicate), Err(CLUSTER));
+        assert!(find(&off.to_capabilities(), CLUSTER).is_none());
+        assert!(n.permits(&replicate).is_ok());
+        let offer = Offer {
+            cluster: false,
+            ..Offer::default()
+        };
+        assert!(accept(
+            &[
+                Capability::new(HASH, "sha256"),
+                Capability::new(CLUSTER, "1")
+            ],
+            &offer
+        )
+        .is_err());
+        assert!(
+            accept(&n.to_capabilities(), &Offer::default())
+                .unwrap()
+                .cluster
         );
     }
 

@@ -110,7 +110,10 @@ impl Family {
             | Request::FileClose { .. }
             | Request::FileDiscard { .. }
             | Request::FileCommit { .. } => Family::File,
-            Request::Stats | Request::Verify { .. } | Request::Counters => Family::Admin,
+            Request::Stats
+            | Request::Verify { .. }
+            | Request::Counters
+            | Request::Replicate { .. } => Family::Admin,
         }
     }
 }

@@ -50,6 +50,8 @@ pub struct ServerParams {
     pub access: Arc<AccessTable>,
     /// Each share's encryption policy; a share missing from it is `preferred`.
     pub policies: Arc<HashMap<String, Encryption>>,
+    /// Whether this server is a cluster node (it may choose [`caps::CLUSTER`]).
+    pub cluster: bool,
 }
 
 impl ServerParams {
@@ -196,6 +198,7 @@ impl ServerSession {
                 });
                 negotiated.encryption =
                     caps::choose_encryption(&h.capabilities, server).map_err(|m| self.refuse(m))?;
+                negotiated.cluster &= self.params.cluster;
                 self.timers.stop(Timer::Handshake);
                 self.conn.set_medium_batches(negotiated.medium_batches);
                 let welcome = Welcome {

@@ -18,6 +18,13 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
             let share = conn.share(&share)?;
             blocking(move || verify::verify(&share, &path)).await
         }
+        Request::Replicate {
+            share,
+            path,
+            from,
+            size,
+            manifest,
+        } => super::replicate::replicate(conn, &share, &path, &from, size, manifest).await,
         other => Err(misrouted(&other).into()),
     }
 }

@@ -60,6 +60,7 @@ mod blocking;
 mod file;
 mod map;
 mod namespace;
+mod replicate;
 mod transfer;
 
 /// How a session hashes for one share ([`Conn::hashing`]).
@@ -176,6 +177,7 @@ pub(crate) async fn run(
         chunk_bytes: server.chunk_bytes,
         access: server.access.clone(),
         policies: server.policies.clone(),
+        cluster: server.cluster().is_some(),
     };
     let key_share = match KeyShare::generate() {
         Ok(k) => Some(k),
@@ -420,6 +422,7 @@ impl Conn {
             meta: false,
             medium_batches: false,
             write: false,
+            cluster: false,
             encryption: None,
         });
         let fresh = share.hash().unwrap_or(n.hash);

@@ -521,6 +521,7 @@ impl Client<'_> {
             | Request::SetAttrs { share, .. }
             | Request::ShareAccess { share }
             | Request::StatMeta { share, .. }
+            | Request::Replicate { share, .. }
             | Request::StatFs { share } => match flags & (F_DATA | F_RO) {
                 F_DATA => *share = "data".into(),
                 F_RO => *share = "ro".into(),

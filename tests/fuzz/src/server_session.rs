@@ -62,6 +62,7 @@ pub fn server_session(data: &[u8]) {
                 chunk_bytes: CHUNK_BYTES,
                 access: Arc::new(access),
                 policies: Arc::default(),
+                cluster: false,
             },
             SERVER_NONCE,
         ),
@@ -492,7 +493,8 @@ impl Harness {
             }
             return Ok(());
         }
-        if needs_write(&body) && !self.write {
+        // This server is no cluster node: the cluster capability is never granted.
+        if (needs_write(&body) && !self.write) || matches!(body, Request::Replicate { .. }) {
             self.transmits
                 .push_back(Transmit::Error(id, ErrorKind::Protocol));
             return Ok(());

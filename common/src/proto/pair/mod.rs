@@ -81,6 +81,7 @@ impl Pair {
                     chunk_bytes,
                     access: Arc::new(access),
                     policies: Arc::default(),
+                    cluster: false,
                 },
                 [2; 32],
             ),

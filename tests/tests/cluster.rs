@@ -512,3 +512,42 @@ fn replicate_requests_are_confined_to_live_members_and_the_store() {
     // Nothing was written in the store.
     assert!(!cluster.node_store(1).join("data/x").exists());
 }
+
+#[test]
+fn an_interrupted_upload_resumes_and_an_unchanged_one_sends_nothing() {
+    if skip_without_cluster("an_interrupted_upload_resumes_and_an_unchanged_one_sends_nothing") {
+        return;
+    }
+    let cluster = cluster_with_share(2, 2);
+    for k in 1..=2 {
+        cluster.limit_rate(k, 30_000_000);
+    }
+    let local = cluster.dir().join("local");
+    std::fs::create_dir_all(&local).unwrap();
+    let src = local.join("f");
+    let size = 40 * MIB;
+    write_random_file(&src, size, 51);
+    let mut first = ferry_tests::spawn_rcp(rcp_args![&src, cluster.url("data", "f")]);
+    std::thread::sleep(Duration::from_millis(900));
+    assert!(first.is_running(), "the upload ended before it was killed");
+    first.kill();
+    // Nothing is visible yet.
+    rcp(rcp_args![cluster.url("data", "f"), local.join("none")]).assert_failure();
+
+    let again = rcp(rcp_args!["--json", &src, cluster.url("data", "f")]);
+    again.assert_success();
+    let j = again.json();
+    let reused = j["bytes_reused"].as_u64().unwrap();
+    let sent = j["bytes_sent"].as_u64().unwrap();
+    assert!(reused > 0, "nothing resumed: {j}");
+    assert_eq!(sent + reused, 2 * size, "{j}");
+    let back = local.join("back");
+    rcp(rcp_args![cluster.url("data", "f"), &back]).assert_success();
+    assert_files_equal(&src, &back);
+
+    // The same unchanged file again: every stripe is found, nothing is sent.
+    let same = rcp(rcp_args!["--json", &src, cluster.url("data", "f")]);
+    same.assert_success();
+    assert_eq!(same.json()["bytes_sent"], 0, "{}", same.stdout);
+    assert_eq!(objects_on(&cluster, 1) + objects_on(&cluster, 2), 2 * 40);
+}

@@ -62,6 +62,91 @@ fn version_tag(layout: &Layout, size: u64) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// The layout id of `path` of `share` written from the local file `md` describes: a
+/// function of the destination and the source's identity (device, inode, size,
+/// mtime, ctime), so that the same copy run again after an interruption finds the
+/// stripes it already wrote (each checked by its manifest before it is reused).
+fn layout_id(share: &str, path: &str, md: &fs::Metadata) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"ferry cluster layout v1\0");
+    h.update(share.as_bytes());
+    h.update([0]);
+    h.update(path.as_bytes());
+    h.update([0]);
+    for v in [
+        md.dev(),
+        md.ino(),
+        md.size(),
+        md.mtime() as u64,
+        md.mtime_nsec() as u64,
+        md.ctime() as u64,
+        md.ctime_nsec() as u64,
+    ] {
+        h.update(v.to_le_bytes());
+    }
+    to_hex(&h.finalize()[..16])
+}
+
+/// If node `c` already holds `object` with the bytes of `range` of `local` (an
+/// interrupted copy wrote it), what an upload would have returned; `None` otherwise.
+async fn held(
+    c: &crate::Client,
+    object: &str,
+    local: &Path,
+    range: std::ops::Range<u64>,
+) -> Option<transfer::Uploaded> {
+    let (version, _) = c
+        .manifest(STORE_SHARE, object, c.welcome().chunk_bytes)
+        .await
+        .ok()?;
+    let len = range.end - range.start;
+    if version.size != len {
+        return None;
+    }
+    let local = local.to_owned();
+    let (algorithm, chunk) = (version.algorithm, version.chunk_bytes);
+    let mine = tokio::task::spawn_blocking(move || hash_range(&local, range, algorithm, chunk))
+        .await
+        .ok()?
+        .ok()?;
+    (mine == version.manifest).then_some(transfer::Uploaded {
+        copied: Copied {
+            bytes: len,
+            bytes_sent: 0,
+            bytes_reused: len,
+        },
+        manifest: mine,
+        algorithm,
+    })
+}
+
+/// The manifest id of bytes `range` of `path` in chunks of `chunk` bytes.
+fn hash_range(
+    path: &Path,
+    range: std::ops::Range<u64>,
+    algorithm: HashAlgorithm,
+    chunk: u32,
+) -> std::io::Result<Hash256> {
+    use std::os::unix::fs::FileExt;
+    let f = fs::File::open(path)?;
+    let mut buf = vec![0u8; chunk as usize];
+    let mut hashes = Vec::new();
+    let mut at = range.start;
+    while at < range.end {
+        let n = (range.end - at).min(u64::from(chunk)) as usize;
+        f.read_exact_at(&mut buf[..n], at)?;
+        hashes.extend(ferry_common::chunk::hash_chunks(algorithm, &buf[..n], n));
+        at += n as u64;
+    }
+    Ok(ferry_common::chunk::manifest_id(
+        algorithm,
+        range.end - range.start,
+        chunk,
+        &hashes,
+    ))
+}
+
 /// One stripe as uploaded.
 struct PutStripe {
     stripe: Stripe,
@@ -100,7 +185,7 @@ impl Cluster {
                 ));
             }
         }
-        let id = Layout::new_id();
+        let id = layout_id(share, path, &md);
         let count = stripe_count(size, config.stripe_bytes);
         let nodes = self.usable_nodes();
         let need = config.stripe_bytes.min(size).max(1);
@@ -180,8 +265,13 @@ impl Cluster {
                 stripes: stripes.into_iter().map(|s| s.stripe).collect(),
             }),
         };
+        let new_id = entry.layout.as_ref().map(|l| l.id.clone());
         let replaced = self.commit_entry(share, path, &entry).await?;
-        if let Some(old) = replaced.and_then(|e| e.layout) {
+        // The same source copied again has the same id: its objects are the new ones.
+        if let Some(old) = replaced
+            .and_then(|e| e.layout)
+            .filter(|l| Some(&l.id) != new_id.as_ref())
+        {
             self.remove_objects(share, &old).await;
         }
         Ok(copied)
@@ -292,6 +382,10 @@ impl Cluster {
                 set.spawn(async move {
                     let r = async {
                         let c = cluster.session(&node).await?;
+                        if let Some(held) = held(&c, &object, &local, range.clone()).await {
+                            progress(held.copied.bytes);
+                            return Ok(held);
+                        }
                         cluster.object_dir(&node, &c, &object).await?;
                         transfer::upload_range(&c, &local, range, STORE_SHARE, &object, progress)
                             .await

@@ -202,6 +202,118 @@ fn valid_glob(glob: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// `rcp backup SRC_DIR cluster://ETCD/SHARE/PREFIX`: a snapshot in a cluster share
+/// ([`ferry_client::cluster::backup`]). Other targets (`--to`), filters, dry runs,
+/// `--list` and `--verify` are for single servers only.
+async fn run_cluster(args: &BackupArgs, src: &Path, dest: &str) -> u8 {
+    use ferry_client::cluster::{backup as cbackup, copy::parse as parse_cluster, Cluster};
+    let unsupported = if !args.to.is_empty() {
+        Some("--to")
+    } else if args.dry_run {
+        Some("--dry-run")
+    } else if !args.rules.is_empty() {
+        Some("--include/--exclude")
+    } else {
+        None
+    };
+    if let Some(flag) = unsupported {
+        eprintln!("rcp: backup: {flag} is not supported with a cluster target (yet)");
+        return exit::USAGE;
+    }
+    let target = match parse_cluster(dest).expect("a cluster:// operand") {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("rcp: {e}");
+            return exit::of(&e);
+        }
+    };
+    let started = Instant::now();
+    let credentials = match ferry_client::Credentials::from_file_or_env(args.secret_file.as_deref())
+    {
+        Ok(c) => c.with_hash(args.hash).with_encryption(args.encryption),
+        Err(e) => {
+            eprintln!("rcp: {e}");
+            return exit::of(&e);
+        }
+    };
+    let retention = Retention {
+        keep: args.keep.map(|k| k as usize),
+        keep_days: args.keep_days,
+    };
+    let show = !args.quiet && !args.json && std::io::stderr().is_terminal();
+    let bar = progress_bar(show);
+    let result = async {
+        let cluster = Cluster::connect(
+            std::slice::from_ref(&target.etcd),
+            args.transport,
+            credentials,
+        )
+        .await?;
+        let r = cbackup::backup(
+            &cluster,
+            src,
+            &target,
+            retention,
+            args.jobs.into(),
+            Arc::new(Bar(bar.clone())),
+        )
+        .await;
+        cluster.close().await;
+        r
+    }
+    .await;
+    bar.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+    let (code, report) = match result {
+        Ok(r) if r.errors.is_empty() => (exit::OK, Some(r)),
+        Ok(r) => (exit::OTHER, Some(r)),
+        Err(e) => {
+            eprintln!("rcp: {}: {e}", target.display());
+            (exit::of(&e), None)
+        }
+    };
+    if let Some(r) = &report {
+        for (path, e) in &r.errors {
+            eprintln!("rcp: {path}: {e}");
+        }
+        if !r.errors.is_empty() {
+            eprintln!("rcp: backup: snapshot {} not published", r.snapshot);
+        }
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "ok": code == exit::OK,
+                "exit_code": code,
+                "target": target.display(),
+                "seconds": seconds,
+                "report": report,
+            })
+        );
+    } else if !args.quiet {
+        if let Some(r) = report.as_ref().filter(|r| r.errors.is_empty()) {
+            eprintln!(
+                "rcp: snapshot {} published: {} files ({} unchanged, linked; {} uploaded), {} dirs, {} symlinks, {} sent in {:.2} s{}",
+                r.snapshot,
+                r.files,
+                r.unchanged,
+                r.uploaded,
+                r.dirs,
+                r.symlinks,
+                r.bytes_sent,
+                seconds,
+                if r.pruned.is_empty() {
+                    String::new()
+                } else {
+                    format!("; removed {}", r.pruned.join(", "))
+                }
+            );
+        }
+    }
+    code
+}
+
 /// Runs `rcp backup` and returns the exit code: the copy's table, plus
 /// [`exit::SOME_TARGETS_FAILED`] when targets disagree.
 pub async fn run(args: BackupArgs) -> u8 {
@@ -226,6 +338,9 @@ pub async fn run(args: BackupArgs) -> u8 {
         eprintln!("rcp: backup needs SRC_DIR and HOST[:PORT]:SHARE/PREFIX");
         return exit::USAGE;
     };
+    if dest.starts_with("cluster://") {
+        return run_cluster(&args, &src, &dest).await;
+    }
     let started = Instant::now();
     let targets: Vec<String> = std::iter::once(dest)
         .chain(args.to.iter().cloned())

@@ -129,7 +129,7 @@ impl Tally {
 }
 
 /// A local item to upload, planned.
-enum UpItem {
+pub(super) enum UpItem {
     Dir {
         path: String,
         mode: u32,
@@ -146,7 +146,7 @@ enum UpItem {
     },
 }
 
-fn plan_local(
+pub(super) fn plan_local(
     local: &Path,
     target: &str,
     recursive: bool,
@@ -340,7 +340,7 @@ async fn upload_inner(
                         Ok(old) => {
                             lock(&tally.report).symlinks += 1;
                             if let Some(l) = old.and_then(|o| o.layout) {
-                                cluster.remove_objects(&share, &l).await;
+                                cluster.remove_unshared(&share, &l).await;
                             }
                         }
                         Err(e) => tally.fail(format!("{}/{path}", display_root(&shown)), e),
@@ -358,7 +358,7 @@ fn display_root(p: &ClusterPath) -> String {
 }
 
 /// Creates directory `path` unless one is there.
-async fn mkdir(
+pub(super) async fn mkdir(
     cluster: &Cluster,
     share: &str,
     path: &str,

@@ -166,6 +166,21 @@ impl Cluster {
         config: ShareConfig,
         progress: ProgressFn,
     ) -> Result<Copied, ClientError> {
+        self.put_file_at(local, share, path, config, progress, true)
+            .await
+    }
+
+    /// [`Cluster::put_file`]; with `visible` false, into a subtree whose root is not
+    /// published yet (a snapshot being built): the parent is not required to exist.
+    pub async fn put_file_at(
+        &self,
+        local: &Path,
+        share: &str,
+        path: &str,
+        config: ShareConfig,
+        progress: ProgressFn,
+        visible: bool,
+    ) -> Result<Copied, ClientError> {
         let md = fs::metadata(local).map_err(|e| ClientError::local(local, "cannot stat", e))?;
         if !md.is_file() {
             return Err(ClientError::local(
@@ -266,13 +281,13 @@ impl Cluster {
             }),
         };
         let new_id = entry.layout.as_ref().map(|l| l.id.clone());
-        let replaced = self.commit_entry(share, path, &entry).await?;
+        let replaced = self.commit_entry_with(share, path, &entry, visible).await?;
         // The same source copied again has the same id: its objects are the new ones.
         if let Some(old) = replaced
             .and_then(|e| e.layout)
             .filter(|l| Some(&l.id) != new_id.as_ref())
         {
-            self.remove_objects(share, &old).await;
+            self.remove_unshared(share, &old).await;
         }
         Ok(copied)
     }
@@ -286,8 +301,29 @@ impl Cluster {
         path: &str,
         entry: &Entry,
     ) -> Result<Option<Entry>, ClientError> {
+        self.commit_entry_with(share, path, entry, true).await
+    }
+
+    /// [`Cluster::commit_entry`]; without requiring the parent when `visible` is
+    /// false (see [`Cluster::put_file_at`]).
+    pub async fn commit_entry_with(
+        &self,
+        share: &str,
+        path: &str,
+        entry: &Entry,
+        visible: bool,
+    ) -> Result<Option<Entry>, ClientError> {
         for _ in 0..COMMIT_TRIES {
-            let current = self.meta().entry(share, path).await?;
+            let current = if visible {
+                self.meta().entry(share, path).await?
+            } else {
+                self.meta()
+                    .below_all(share, path.rsplit_once('/').map_or("", |(p, _)| p))
+                    .await?
+                    .into_iter()
+                    .find(|(p, _)| p == path)
+                    .map(|(_, v)| v)
+            };
             let expected = current.as_ref().map_or(0, |v| v.revision);
             if let Some(v) = &current {
                 if v.entry.kind == EntryKind::Dir && entry.kind != EntryKind::Dir {
@@ -297,7 +333,11 @@ impl Cluster {
                     ));
                 }
             }
-            match self.meta().commit(share, path, entry, expected).await? {
+            match self
+                .meta()
+                .commit_with(share, path, entry, expected, visible)
+                .await?
+            {
                 Commit::Done(_) => return Ok(current.map(|v| v.entry)),
                 Commit::Conflict => {
                     let parent = path.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
@@ -313,6 +353,16 @@ impl Cluster {
         Err(ClientError::Cluster(format!(
             "{share}/{path}: changed by other writers {COMMIT_TRIES} times in a row; not written"
         )))
+    }
+
+    /// Removes the objects of `layout` unless another entry may name it (a backup's
+    /// link marked it shared: such objects go when retention finds them unnamed).
+    pub async fn remove_unshared(&self, share: &str, layout: &Layout) {
+        match self.meta().is_shared(&layout.id).await {
+            Ok(false) => self.remove_objects(share, layout).await,
+            Ok(true) => {}
+            Err(e) => tracing::debug!("cannot tell whether a layout is shared: {e}"),
+        }
     }
 
     /// Removes the objects of `layout` from the nodes that hold them (best effort:

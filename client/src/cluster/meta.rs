@@ -250,19 +250,34 @@ impl Meta {
                 revision: 0,
             }));
         }
+        // Visible only if every ancestor exists (an unpublished snapshot's entries
+        // are not): one transaction reads the entry if they all do.
+        let when: Vec<Compare> = ancestors(path)
+            .map(|a| Compare::version(entry_key(share, a), CompareOp::Greater, 0))
+            .collect();
+        let txn = Txn::new()
+            .when(when)
+            .and_then(vec![TxnOp::get(entry_key(share, path), None)]);
         let resp = self
             .etcd
             .clone()
-            .get(entry_key(share, path), None)
+            .txn(txn)
             .await
             .map_err(|e| self.err("reading an entry", e))?;
-        match resp.kvs().first() {
-            None => Ok(None),
-            Some(kv) => Ok(Some(Versioned {
-                entry: decode(kv.value(), path)?,
-                revision: kv.mod_revision(),
-            })),
+        if !resp.succeeded() {
+            return Ok(None);
         }
+        for op in resp.op_responses() {
+            if let etcd_client::TxnOpResponse::Get(g) = op {
+                if let Some(kv) = g.kvs().first() {
+                    return Ok(Some(Versioned {
+                        entry: decode(kv.value(), path)?,
+                        revision: kv.mod_revision(),
+                    }));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// The entry at `path`, or a not-found error naming it.
@@ -272,13 +287,89 @@ impl Meta {
             .ok_or_else(|| not_found(format!("{share}/{path}: no such file or directory")))
     }
 
-    /// Every entry below directory `dir` of `share` (all depths), by path.
+    /// Every visible entry below directory `dir` of `share` (all depths), by path:
+    /// those whose every ancestor below `dir` exists too (see [`Meta::entry`]).
     pub async fn below(
         &self,
         share: &str,
         dir: &str,
     ) -> Result<Vec<(String, Versioned)>, ClientError> {
+        let all = self.range(children_prefix(share, dir)).await?;
+        let dirs: std::collections::HashSet<&str> = all
+            .iter()
+            .filter(|(_, v)| v.entry.kind == cluster::EntryKind::Dir)
+            .map(|(p, _)| p.as_str())
+            .collect();
+        let visible: Vec<bool> = all
+            .iter()
+            .map(|(p, _)| {
+                ancestors(p)
+                    .filter(|a| a.len() > dir.len())
+                    .all(|a| dirs.contains(a))
+            })
+            .collect();
+        Ok(all
+            .into_iter()
+            .zip(visible)
+            .filter_map(|(e, v)| v.then_some(e))
+            .collect())
+    }
+
+    /// Every entry below `dir` of `share`, visible or not (an unpublished snapshot's).
+    pub async fn below_all(
+        &self,
+        share: &str,
+        dir: &str,
+    ) -> Result<Vec<(String, Versioned)>, ClientError> {
         self.range(children_prefix(share, dir)).await
+    }
+
+    /// Removes every entry below `dir` of `share` (not `dir` itself), in one request.
+    pub async fn remove_below(&self, share: &str, dir: &str) -> Result<(), ClientError> {
+        self.etcd
+            .clone()
+            .delete(
+                children_prefix(share, dir),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            )
+            .await
+            .map_err(|e| self.err("removing a subtree", e))?;
+        Ok(())
+    }
+
+    /// Records that layout `id` is named by more than one entry (a backup's link), so
+    /// replacing one of them does not remove its objects.
+    pub async fn mark_shared(&self, id: &str) -> Result<(), ClientError> {
+        self.etcd
+            .clone()
+            .put(format!("{}shared/{id}", cluster::ROOT_PREFIX), "", None)
+            .await
+            .map_err(|e| self.err("marking a shared layout", e))?;
+        Ok(())
+    }
+
+    /// Whether layout `id` was ever marked shared.
+    pub async fn is_shared(&self, id: &str) -> Result<bool, ClientError> {
+        let resp = self
+            .etcd
+            .clone()
+            .get(
+                format!("{}shared/{id}", cluster::ROOT_PREFIX),
+                Some(GetOptions::new().with_count_only()),
+            )
+            .await
+            .map_err(|e| self.err("reading a shared mark", e))?;
+        Ok(resp.count() > 0)
+    }
+
+    /// Forgets the shared mark of layout `id` (no entry names it any more).
+    pub async fn unmark_shared(&self, id: &str) -> Result<(), ClientError> {
+        self.etcd
+            .clone()
+            .delete(format!("{}shared/{id}", cluster::ROOT_PREFIX), None)
+            .await
+            .map_err(|e| self.err("removing a shared mark", e))?;
+        Ok(())
     }
 
     /// Every entry of every share, as (share, path, entry).
@@ -338,6 +429,19 @@ impl Meta {
         entry: &Entry,
         expected: i64,
     ) -> Result<Commit, ClientError> {
+        self.commit_with(share, path, entry, expected, true).await
+    }
+
+    /// [`Meta::commit`]; without the parent check when `parent` is false (an
+    /// unpublished subtree, built before its root exists).
+    pub async fn commit_with(
+        &self,
+        share: &str,
+        path: &str,
+        entry: &Entry,
+        expected: i64,
+        parent: bool,
+    ) -> Result<Commit, ClientError> {
         let key = entry_key(share, path);
         let value = serde_json::to_vec(entry).expect("entry serialises");
         let mut when = vec![Compare::mod_revision(
@@ -345,7 +449,7 @@ impl Meta {
             CompareOp::Equal,
             expected,
         )];
-        if let Some((parent, _)) = path.rsplit_once('/') {
+        if let Some((parent, _)) = path.rsplit_once('/').filter(|_| parent) {
             when.push(Compare::version(
                 entry_key(share, parent),
                 CompareOp::Greater,
@@ -396,6 +500,16 @@ impl Meta {
             Commit::Conflict
         })
     }
+}
+
+/// The proper ancestors of `path`, nearest first (`a/b/c`: `a/b`, `a`).
+pub fn ancestors(path: &str) -> impl Iterator<Item = &str> {
+    let mut rest = path;
+    std::iter::from_fn(move || {
+        let (parent, _) = rest.rsplit_once('/')?;
+        rest = parent;
+        Some(parent)
+    })
 }
 
 /// The root directory of every share (not stored).

@@ -12,6 +12,7 @@
 //!   [`status`]: the nodes and the stripes' health.
 //! - [`member`]: a node's registration under its lease (ferryd's side).
 
+pub mod backup;
 pub mod copy;
 pub mod files;
 pub mod member;

@@ -172,21 +172,7 @@ fn cluster_nodes_register_and_serve_a_share() {
 /// Starts `n` cluster nodes, waits for them, and creates share `data` with `replicas`
 /// replicas and stripes of 1 MiB (so small files have several stripes).
 fn cluster_with_share(n: usize, replicas: u8) -> Cluster {
-    let cluster = Cluster::start(n);
-    cluster.wait_nodes(n, Duration::from_secs(20));
-    ferry([
-        "cluster",
-        "add-share",
-        "--etcd",
-        &cluster.etcd_endpoint(),
-        "data",
-        "--replicas",
-        &replicas.to_string(),
-        "--stripe-mib",
-        "1",
-    ])
-    .assert_success();
-    cluster
+    Cluster::start_with_share(n, "data", replicas, 1)
 }
 
 /// The regular files under `dir`, recursively.
@@ -246,10 +232,17 @@ fn files_and_trees_round_trip_striped_and_replicated() {
     assert_eq!(j["encrypted"], true, "{j}");
     // Every byte went to two nodes: 8 stripes of the big file over all three, one of
     // the small file, none of the empty one.
-    assert_eq!(j["bytes_sent"].as_u64(), Some(2 * (7 * MIB + 123 + 4000)), "{j}");
+    assert_eq!(
+        j["bytes_sent"].as_u64(),
+        Some(2 * (7 * MIB + 123 + 4000)),
+        "{j}"
+    );
     let spread: Vec<usize> = (1..=3).map(|k| objects_on(&cluster, k)).collect();
     assert_eq!(spread.iter().sum::<usize>(), 2 * (8 + 1), "{spread:?}");
-    assert!(spread.iter().all(|&n| n >= 4), "stripes not spread: {spread:?}");
+    assert!(
+        spread.iter().all(|&n| n >= 4),
+        "stripes not spread: {spread:?}"
+    );
 
     let back = local.join("back");
     rcp(rcp_args!["-r", cluster.url("data", "tree"), &back]).assert_success();
@@ -266,10 +259,18 @@ fn files_and_trees_round_trip_striped_and_replicated() {
     // without -r, a file over a directory.
     let missing = rcp(rcp_args![cluster.url("data", "nope"), &local]);
     missing.assert_failure();
-    assert!(missing.stderr.contains("no such file"), "{}", missing.stderr);
+    assert!(
+        missing.stderr.contains("no such file"),
+        "{}",
+        missing.stderr
+    );
     let noshare = rcp(rcp_args![tree.join("big"), cluster.url("other", "x")]);
     noshare.assert_failure();
-    assert!(noshare.stderr.contains("no cluster share 'other'"), "{}", noshare.stderr);
+    assert!(
+        noshare.stderr.contains("no cluster share 'other'"),
+        "{}",
+        noshare.stderr
+    );
     let dir = rcp(rcp_args![cluster.url("data", "tree"), local.join("d")]);
     dir.assert_failure();
     assert!(dir.stderr.contains("use -r"), "{}", dir.stderr);
@@ -304,7 +305,11 @@ fn a_lost_node_is_read_around_avoided_and_repaired() {
     let g = local.join("g");
     write_random_file(&g, 3 * MIB, 12);
     rcp(rcp_args![&g, cluster.url("data", "g")]).assert_success();
-    assert_eq!(objects_on(&cluster, 2), before, "a new stripe went to the dead node");
+    assert_eq!(
+        objects_on(&cluster, 2),
+        before,
+        "a new stripe went to the dead node"
+    );
     let s1 = objects_on(&cluster, 1);
     let s3 = objects_on(&cluster, 3);
     // f's 7 stripes twice, less node 2's copies, and g's 3 stripes twice.

@@ -16,11 +16,13 @@ use ferry_client::Credentials;
 use ferry_common::msg::{Attr, ErrorKind, FileKind, HashAlgorithm};
 use ferry_common::transport::{TransportChoice, TransportKind};
 use ferry_common::DEFAULT_PORT;
+use ferry_fuse::cluster::stripes::Nodes;
+use ferry_fuse::cluster::ClusterFs;
 use ferry_fuse::fs::FerryFs;
 use ferry_fuse::mount::Unmounter;
 use ferry_fuse::options::{Access, MountOptions, WriteMode};
 use ferry_fuse::remote::Remote;
-use fuser::{Config, MountOption, Session, SessionACL};
+use fuser::{Config, Filesystem, MountOption, Session, SessionACL};
 
 /// Exit codes, stable for scripts.
 mod exit {
@@ -47,6 +49,7 @@ Examples:
   ferry-mount storage1:data /mnt/data                 detach once mounted
   ferry-mount -f -o attr_timeout=5 storage1:7447:data/projects /mnt/p
   ferry-mount --transport rdma 10.0.0.2:data /mnt/data
+  ferry-mount cluster://etcd1:2379/data /mnt/data     a cluster share, read-only
 Unmount with `umount MOUNTPOINT`, `fusermount3 -u MOUNTPOINT`, or SIGINT/SIGTERM to
 ferry-mount.
 
@@ -76,6 +79,13 @@ Mount options (-o, comma-separated):
   fsname=NAME            source name shown by mount(8)
   secret_file=PATH       the share's secret (as --secret-file)
 
+Cluster shares (cluster://ETCD_HOST[:PORT]/SHARE[/PATH], etcd's port defaults to
+2379) mount READ-ONLY: writes, creates, renames, unlinks and attribute changes give
+EROFS (-o rw is refused; writeback, sync_close and chunk_size do not apply). Names
+and attributes come from etcd; each stripe is read from the first live replica whose
+chunks verify against the layout's manifest, passing over nodes that fail. The
+secret is the cluster's (the store share's), given the same way.
+
 Secrets: the share's secret comes from --secret-file (or -o secret_file=PATH, or
 $FERRY_SECRET_FILE), a file of mode 0600, or from $FERRY_SECRET.
 
@@ -83,7 +93,8 @@ Exit status: 0 mounted (and, in the foreground, cleanly unmounted), 1 other erro
 2 usage error, 3 cannot reach the server, 4 cannot mount, 5 authentication failed."
 )]
 struct Args {
-    /// The share: HOST[:PORT]:SHARE[/SUBDIR] (PORT defaults to 7447).
+    /// The share: HOST[:PORT]:SHARE[/SUBDIR] (PORT defaults to 7447), or a cluster
+    /// share, read-only: cluster://ETCD_HOST[:PORT]/SHARE[/PATH].
     source: String,
     /// An existing directory to mount on.
     mountpoint: PathBuf,
@@ -157,6 +168,9 @@ fn fail(code: u8) -> impl FnOnce(anyhow::Error) -> Failure {
 
 /// The mount, from the command line to the end of the FUSE session.
 fn run(args: Args, notify: bool) -> Result<(), Failure> {
+    if args.source.starts_with("cluster://") {
+        return run_cluster(args, notify);
+    }
     let opts = parse_options(&args.options)?;
     let remote = parse_source(&args.source)?;
     check_mountpoint(&args.mountpoint)?;
@@ -165,11 +179,7 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
     }
 
     let rt = runtime()?;
-    let secret_file = opts.secret_file.clone().or(args.secret_file.clone());
-    let credentials = Credentials::from_file_or_env(secret_file.as_deref())
-        .map_err(|e| (exit::AUTH, anyhow::anyhow!("{e}")))?
-        .with_hash(args.hash)
-        .with_encryption(opts.encryption.unwrap_or(args.encryption));
+    let credentials = credentials(&args, &opts)?;
     let link = Arc::new(Remote::new(
         remote.host.clone(),
         remote.port,
@@ -184,19 +194,7 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
     ));
     let (via, writable) = rt.block_on(check_share(&link, &remote, &opts))?;
 
-    let fsname = opts
-        .fsname
-        .clone()
-        .unwrap_or_else(|| format!("ferry:{}", remote.display()));
-    let config = fuse_config(&opts, &fsname, writable);
-    let readahead_kib = opts.max_readahead_kib;
-    // Resolved before mounting: afterwards, resolving the path would call into the
-    // mount, whose session is not running yet.
-    let absolute = args
-        .mountpoint
-        .canonicalize()
-        .with_context(|| format!("{}", args.mountpoint.display()))
-        .map_err(fail(exit::MOUNT))?;
+    let at = MountAt::new(&opts, &remote.display(), writable, &args.mountpoint, notify);
     let fs = FerryFs::new(
         rt.handle().clone(),
         link,
@@ -205,30 +203,227 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
         opts,
         writable,
     );
-    let (session, unmounter) = ferry_fuse::mount::mount(fs, &args.mountpoint, &fsname, &config)
-        .map_err(|e| {
-            (
-                exit::MOUNT,
-                anyhow::anyhow!("cannot mount on {}: {e}", args.mountpoint.display()),
-            )
-        })?;
-    if let Err(e) = ferry_fuse::mount::set_readahead(&absolute, readahead_kib) {
-        tracing::debug!("kernel readahead left at its default: {e}");
-    }
-    let unmounting = unmount_on_signal(&rt, args.mountpoint.clone(), unmounter);
-
-    tracing::info!(
+    let mounted = format!(
         "mounted {} on {} over {via}, {}",
         remote.display(),
         args.mountpoint.display(),
         if writable { "read-write" } else { "read-only" }
     );
-    if notify {
+    mount_and_serve(fs, rt, at, &mounted)
+}
+
+/// Where and how [`mount_and_serve`] mounts.
+struct MountAt<'a> {
+    mountpoint: &'a Path,
+    fsname: String,
+    config: Config,
+    readahead_kib: u32,
+    /// A background parent waits for "ready" on stdout.
+    notify: bool,
+}
+
+impl<'a> MountAt<'a> {
+    /// From the options; `source` names the mount unless `fsname=` does.
+    fn new(
+        opts: &MountOptions,
+        source: &str,
+        writable: bool,
+        mountpoint: &'a Path,
+        notify: bool,
+    ) -> MountAt<'a> {
+        let fsname = opts
+            .fsname
+            .clone()
+            .unwrap_or_else(|| format!("ferry:{source}"));
+        let config = fuse_config(opts, &fsname, writable);
+        MountAt {
+            mountpoint,
+            fsname,
+            config,
+            readahead_kib: opts.max_readahead_kib,
+            notify,
+        }
+    }
+}
+
+/// Mounts `fs`, raises the kernel's readahead, unmounts on SIGINT/SIGTERM, logs
+/// `mounted`, tells a waiting parent, and serves until the mount goes.
+fn mount_and_serve<FS: Filesystem>(
+    fs: FS,
+    rt: tokio::runtime::Runtime,
+    at: MountAt<'_>,
+    mounted: &str,
+) -> Result<(), Failure> {
+    // Resolved before mounting: afterwards, resolving the path would call into the
+    // mount, whose session is not running yet.
+    let absolute = at
+        .mountpoint
+        .canonicalize()
+        .with_context(|| format!("{}", at.mountpoint.display()))
+        .map_err(fail(exit::MOUNT))?;
+    let (session, unmounter) = ferry_fuse::mount::mount(fs, at.mountpoint, &at.fsname, &at.config)
+        .map_err(|e| {
+            (
+                exit::MOUNT,
+                anyhow::anyhow!("cannot mount on {}: {e}", at.mountpoint.display()),
+            )
+        })?;
+    if let Err(e) = ferry_fuse::mount::set_readahead(&absolute, at.readahead_kib) {
+        tracing::debug!("kernel readahead left at its default: {e}");
+    }
+    let unmounting = unmount_on_signal(&rt, at.mountpoint.to_path_buf(), unmounter);
+    tracing::info!("{mounted}");
+    if at.notify {
         println!("ready");
         let _ = std::io::stdout().flush();
         quiet_std_streams();
     }
-    serve(session, rt, &unmounting, &args.mountpoint)
+    serve(session, rt, &unmounting, at.mountpoint)
+}
+
+/// The read-only mount of a cluster share, from the command line to the end of the
+/// FUSE session.
+fn run_cluster(args: Args, notify: bool) -> Result<(), Failure> {
+    let opts = parse_options(&args.options)?;
+    let source = match ferry_client::cluster::copy::parse(&args.source) {
+        Some(Ok(p)) => p,
+        Some(Err(e)) => return Err((exit::USAGE, anyhow::anyhow!("{e}"))),
+        None => {
+            return Err((
+                exit::USAGE,
+                anyhow::anyhow!("'{}' is not a cluster:// share", args.source),
+            ))
+        }
+    };
+    if opts.write == WriteMode::ReadWrite {
+        return Err((
+            exit::USAGE,
+            anyhow::anyhow!(
+                "{}: a cluster share mounts read-only; -o rw is refused",
+                source.display()
+            ),
+        ));
+    }
+    let defaults = MountOptions::default();
+    for (set, name) in [
+        (
+            opts.writeback_bytes != defaults.writeback_bytes,
+            "writeback",
+        ),
+        (opts.sync_close, "sync_close"),
+        (
+            opts.chunk_bytes.is_some(),
+            "chunk_size (the layout fixes it)",
+        ),
+    ] {
+        if set {
+            tracing::warn!("-o {name} does not apply to a cluster mount; ignored");
+        }
+    }
+    check_mountpoint(&args.mountpoint)?;
+    if !args.foreground && !notify {
+        return detach();
+    }
+
+    let rt = runtime()?;
+    let credentials = credentials(&args, &opts)?;
+    let nodes = rt.block_on(check_cluster(&source, &opts, args.transport, credentials))?;
+
+    let at = MountAt::new(&opts, &source.display(), false, &args.mountpoint, notify);
+    let fs = ClusterFs::new(
+        rt.handle().clone(),
+        nodes,
+        source.share.clone(),
+        source.path.clone(),
+        opts,
+    );
+    let mounted = format!(
+        "mounted {} on {}, read-only",
+        source.display(),
+        args.mountpoint.display()
+    );
+    mount_and_serve(fs, rt, at, &mounted)
+}
+
+/// Before mounting a cluster share: etcd answers, the share exists, the mounted path
+/// is a directory, and a live node accepts the secret (none live: a warning, the
+/// namespace still mounts). Returns the nodes, with that node's connection open.
+async fn check_cluster(
+    source: &ferry_client::cluster::copy::ClusterPath,
+    opts: &MountOptions,
+    transport: TransportChoice,
+    credentials: Credentials,
+) -> Result<Arc<Nodes>, Failure> {
+    let etcd = &source.etcd;
+    let meta = tokio::time::timeout(
+        opts.timeout,
+        ferry_client::cluster::Meta::connect(std::slice::from_ref(etcd)),
+    )
+    .await
+    .map_err(|_| {
+        (
+            exit::CONNECT,
+            anyhow::anyhow!("etcd {etcd}: no answer within {:?}", opts.timeout),
+        )
+    })?
+    .map_err(|e| (exit::CONNECT, anyhow::anyhow!("{e}")))?;
+    let mount_err = |e: ferry_client::ClientError| {
+        let code = if e.remote_kind().is_some() {
+            exit::MOUNT
+        } else {
+            exit::CONNECT
+        };
+        (code, anyhow::anyhow!("{}: {e}", source.display()))
+    };
+    meta.share(&source.share).await.map_err(mount_err)?;
+    let root = meta
+        .existing(&source.share, &source.path)
+        .await
+        .map_err(mount_err)?;
+    if root.entry.kind != ferry_common::cluster::EntryKind::Dir {
+        return Err((
+            exit::MOUNT,
+            anyhow::anyhow!("{}: not a directory", source.display()),
+        ));
+    }
+    let nodes = Nodes::new(
+        meta,
+        transport,
+        credentials,
+        opts.timeout,
+        opts.cache_bytes,
+        opts.readahead_chunks,
+    );
+    let live = nodes
+        .refresh()
+        .await
+        .map_err(|e| (exit::CONNECT, anyhow::anyhow!("{}", e.message)))?;
+    match nodes.probe().await {
+        Ok(Some((node, via))) => tracing::info!(
+            "cluster at etcd {etcd}: {} storage nodes alive; {node} answers over {via}",
+            live.len()
+        ),
+        Ok(None) => tracing::warn!(
+            "cluster at etcd {etcd}: no storage node answers ({} registered); file reads \
+             fail with EIO until one does",
+            live.len()
+        ),
+        Err(e) => {
+            let (code, message) = auth_failure(e);
+            return Err((code, anyhow::anyhow!("{}: {message}", source.display())));
+        }
+    }
+    Ok(nodes)
+}
+
+/// The secret (`-o secret_file=` over `--secret-file`, else the environment), the
+/// hash algorithm and the encryption policy (`-o encryption=` over `--encryption`).
+fn credentials(args: &Args, opts: &MountOptions) -> Result<Credentials, Failure> {
+    let secret_file = opts.secret_file.clone().or(args.secret_file.clone());
+    Ok(Credentials::from_file_or_env(secret_file.as_deref())
+        .map_err(|e| (exit::AUTH, anyhow::anyhow!("{e}")))?
+        .with_hash(args.hash)
+        .with_encryption(opts.encryption.unwrap_or(args.encryption)))
 }
 
 /// The `-o` options, each argument a comma-separated list.
@@ -456,8 +651,8 @@ fn unmount_on_signal(
 }
 
 /// Runs the FUSE session until the filesystem is unmounted, then stops the runtime.
-fn serve(
-    session: Session<FerryFs>,
+fn serve<FS: Filesystem>(
+    session: Session<FS>,
     rt: tokio::runtime::Runtime,
     unmounting: &AtomicBool,
     mountpoint: &Path,

@@ -255,6 +255,28 @@ impl Cluster {
         })
     }
 
+    /// Starts `nodes` nodes in cluster mode, waits (at most 20 s) until they are all
+    /// registered, and creates cluster share `share` with `replicas` replicas and
+    /// stripes of `stripe_mib` MiB (`ferry cluster add-share`).
+    #[track_caller]
+    pub fn start_with_share(nodes: usize, share: &str, replicas: u8, stripe_mib: u64) -> Cluster {
+        let cluster = Cluster::start(nodes);
+        cluster.wait_nodes(nodes, Duration::from_secs(20));
+        ferry([
+            "cluster",
+            "add-share",
+            "--etcd",
+            &cluster.etcd_endpoint(),
+            share,
+            "--replicas",
+            &replicas.to_string(),
+            "--stripe-mib",
+            &stripe_mib.to_string(),
+        ])
+        .assert_success();
+        cluster
+    }
+
     /// Starts `nodes` plain ferryd nodes ([`NodeMode::Plain`]) and an etcd they do not
     /// use: the harness's plumbing with today's ferryd.
     pub fn start_plain(nodes: usize) -> Cluster {

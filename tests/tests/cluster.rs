@@ -172,21 +172,7 @@ fn cluster_nodes_register_and_serve_a_share() {
 /// Starts `n` cluster nodes, waits for them, and creates share `data` with `replicas`
 /// replicas and stripes of 1 MiB (so small files have several stripes).
 fn cluster_with_share(n: usize, replicas: u8) -> Cluster {
-    let cluster = Cluster::start(n);
-    cluster.wait_nodes(n, Duration::from_secs(20));
-    ferry([
-        "cluster",
-        "add-share",
-        "--etcd",
-        &cluster.etcd_endpoint(),
-        "data",
-        "--replicas",
-        &replicas.to_string(),
-        "--stripe-mib",
-        "1",
-    ])
-    .assert_success();
-    cluster
+    Cluster::start_with_share(n, "data", replicas, 1)
 }
 
 /// The regular files under `dir`, recursively.

@@ -1,0 +1,682 @@
+//! A read-only FUSE mount of a cluster share (`ferry-mount cluster://ETCD/SHARE`).
+//!
+//! ```text
+//!  lookup/getattr/readdir/readlink ──> etcd: the entry at /ferry/ns/SHARE/PATH (and the
+//!                                      keys below a directory), cached attr_timeout
+//!  open ──> the entry's layout, fixed for this descriptor
+//!  read ──> stripe(s) covering the range ──> first live replica not failed lately:
+//!           MapOpen of the object, manifest by RDMA READ, its id == the layout's?
+//!           ──> one-sided READs, every chunk checked ──> reply
+//!           (a replica that fails or does not verify: the next one, no error)
+//!  write, create, mkdir, unlink, rename, setattr, ... ──> EROFS
+//! ```
+//!
+//! - [`names`]: node ids (one per path and kind, kept for the mount's life) and the
+//!   entry caches.
+//! - [`stripes`]: the storage nodes (one [`crate::remote::Remote`] and
+//!   [`crate::reader::Reader`] each: the single-server mount's verified one-sided
+//!   read path) and open files, read stripe by stripe from any replica that verifies.
+//!
+//! Invariants: the mount never changes the cluster (every modifying operation answers
+//! EROFS, and the kernel mount is `ro`); a file's bytes reach a reader only after their
+//! chunk matched a hash list whose manifest id is the one the layout records; an open
+//! descriptor reads the layout it was opened with.
+
+pub mod names;
+pub mod stripes;
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use ferry_common::cluster::{Entry, EntryKind};
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
+    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, Request,
+};
+use tokio::runtime::Handle;
+
+use crate::bufs::BufPool;
+use crate::nodes::join;
+use crate::options::MountOptions;
+use crate::remote::{errno_of, lock, OpError};
+use names::{Names, ROOT};
+use stripes::{ClusterFile, Nodes, ReadOut};
+
+/// Idle reply buffers kept for reads that span stripes.
+const REPLY_BUFFERS_KEPT: usize = 16;
+
+/// Block size reported by statfs.
+const BLOCK: u64 = 4096;
+
+/// A mounted cluster share (or a directory in one), read-only.
+pub struct ClusterFs {
+    inner: Arc<Inner>,
+    rt: Handle,
+}
+
+/// One listed child: name, node id, kind.
+type Listed = (String, u64, EntryKind);
+
+struct Inner {
+    nodes: Arc<Nodes>,
+    share: String,
+    /// Share-relative directory mounted as the root (`""`: the share's root).
+    root: String,
+    opts: MountOptions,
+    uid: u32,
+    gid: u32,
+    names: Mutex<Names>,
+    files: Mutex<HashMap<u64, Arc<ClusterFile>>>,
+    dirs: Mutex<HashMap<u64, Arc<Vec<Listed>>>>,
+    /// The layout each node was last opened at: the kernel keeps its page cache only
+    /// when the next open finds the same one.
+    opened: Mutex<HashMap<u64, String>>,
+    next_fh: AtomicU64,
+    bufs: BufPool,
+}
+
+impl ClusterFs {
+    /// A filesystem for `share/root` of the cluster whose etcd and nodes `nodes`
+    /// reaches, run on `rt`.
+    pub fn new(
+        rt: Handle,
+        nodes: Arc<Nodes>,
+        share: String,
+        root: String,
+        opts: MountOptions,
+    ) -> ClusterFs {
+        ClusterFs {
+            inner: Arc::new(Inner {
+                nodes,
+                share,
+                root,
+                opts,
+                uid: nix::unistd::getuid().as_raw(),
+                gid: nix::unistd::getgid().as_raw(),
+                names: Mutex::new(Names::new()),
+                files: Mutex::new(HashMap::new()),
+                dirs: Mutex::new(HashMap::new()),
+                opened: Mutex::new(HashMap::new()),
+                next_fh: AtomicU64::new(1),
+                bufs: BufPool::new(REPLY_BUFFERS_KEPT),
+            }),
+            rt,
+        }
+    }
+
+    /// Runs `f` on the runtime with the shared state.
+    fn spawn<F, Fut>(&self, f: F)
+    where
+        F: FnOnce(Arc<Inner>) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.rt.spawn(f(self.inner.clone()));
+    }
+}
+
+/// The errno for a change asked of this read-only mount.
+fn read_only() -> Errno {
+    Errno::EROFS
+}
+
+/// Logs a failed operation at a level that fits its errno, and returns the errno.
+fn fail(op: &str, e: OpError) -> Errno {
+    if e.errno == Errno::ENOENT {
+        tracing::debug!("{op}: {}", e.message);
+    } else {
+        tracing::warn!("{op}: {}", e.message);
+    }
+    e.errno
+}
+
+fn file_type(kind: EntryKind) -> FileType {
+    match kind {
+        EntryKind::File => FileType::RegularFile,
+        EntryKind::Dir => FileType::Directory,
+        EntryKind::Symlink => FileType::Symlink,
+    }
+}
+
+impl Inner {
+    /// The share-relative path of mount-relative `path`.
+    fn share_path(&self, path: &str) -> String {
+        match (self.root.is_empty(), path.is_empty()) {
+            (true, _) => path.to_owned(),
+            (false, true) => self.root.clone(),
+            (false, false) => format!("{}/{path}", self.root),
+        }
+    }
+
+    fn path_of(&self, ino: INodeNo) -> Result<(String, EntryKind), OpError> {
+        lock(&self.names)
+            .path(ino.0)
+            .ok_or_else(|| OpError::new(Errno::ESTALE, format!("unknown inode {}", ino.0)))
+    }
+
+    fn file_attr(&self, ino: u64, e: &Entry) -> FileAttr {
+        let mtime = e.mtime.to_system();
+        let size = match e.kind {
+            EntryKind::File => e.size,
+            EntryKind::Symlink => e.target.as_ref().map_or(0, |t| t.len() as u64),
+            EntryKind::Dir => 0,
+        };
+        FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+            crtime: mtime,
+            kind: file_type(e.kind),
+            perm: (e.mode & 0o7777) as u16,
+            nlink: if e.kind == EntryKind::Dir { 2 } else { 1 },
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: BLOCK as u32,
+            flags: 0,
+        }
+    }
+
+    /// The entry at mount-relative `path`: cached within `ttl`, else from etcd. A
+    /// missing name is remembered for the negative TTL.
+    async fn entry(&self, path: &str, ttl: Duration) -> Result<Arc<Entry>, OpError> {
+        let now = Instant::now();
+        {
+            let names = lock(&self.names);
+            if let Some(e) = names.entry(path, now, ttl) {
+                return Ok(e);
+            }
+            if names.is_missing(path, now, self.opts.negative_ttl) {
+                return Err(OpError::new(
+                    Errno::ENOENT,
+                    format!("{path}: not found (cached)"),
+                ));
+            }
+        }
+        let sp = self.share_path(path);
+        let got =
+            tokio::time::timeout(self.opts.timeout, self.nodes.meta().entry(&self.share, &sp))
+                .await
+                .map_err(|_| {
+                    OpError::new(
+                        Errno::EIO,
+                        format!("{}/{sp}: etcd did not answer in time", self.share),
+                    )
+                })?
+                .map_err(|e| OpError::new(errno_of(&e), format!("{}/{sp}: {e}", self.share)))?;
+        let now = Instant::now();
+        match got {
+            Some(v) => {
+                let e = Arc::new(v.entry);
+                lock(&self.names).store(path, e.clone(), now, self.opts.attr_ttl);
+                Ok(e)
+            }
+            None => {
+                if !self.opts.negative_ttl.is_zero() {
+                    lock(&self.names).store_missing(path, now, self.opts.negative_ttl);
+                }
+                Err(OpError::new(
+                    Errno::ENOENT,
+                    format!("{}/{sp}: not found", self.share),
+                ))
+            }
+        }
+    }
+
+    async fn lookup(&self, parent: INodeNo, name: &OsStr) -> Result<(u64, Arc<Entry>), OpError> {
+        let name = name
+            .to_str()
+            .ok_or_else(|| OpError::new(Errno::ENOENT, "name is not UTF-8"))?;
+        let (dir, _) = self.path_of(parent)?;
+        let path = join(&dir, name);
+        let ttl = self.opts.entry_ttl.min(self.opts.attr_ttl);
+        let entry = self.entry(&path, ttl).await?;
+        let ino = lock(&self.names).id(&path, entry.kind);
+        Ok((ino, entry))
+    }
+
+    /// The entry of node `ino` now; ESTALE if its name holds another kind by now.
+    async fn node_entry(&self, ino: INodeNo) -> Result<Arc<Entry>, OpError> {
+        let (path, kind) = self.path_of(ino)?;
+        let entry = self.entry(&path, self.opts.attr_ttl).await?;
+        if entry.kind != kind {
+            return Err(OpError::new(
+                Errno::ESTALE,
+                format!("{path}: now a {:?}, not a {kind:?}", entry.kind),
+            ));
+        }
+        Ok(entry)
+    }
+
+    async fn open(&self, ino: INodeNo) -> Result<(u64, bool), OpError> {
+        let (path, _) = self.path_of(ino)?;
+        let entry = self.node_entry(ino).await?;
+        match entry.kind {
+            EntryKind::File => {}
+            EntryKind::Dir => return Err(OpError::new(Errno::EISDIR, path)),
+            EntryKind::Symlink => {
+                return Err(OpError::new(Errno::ELOOP, format!("{path}: a symlink")))
+            }
+        }
+        let file = ClusterFile::new(&self.share, &self.share_path(&path), entry)?;
+        let keep = lock(&self.opened).insert(ino.0, file.layout_id().to_owned())
+            == Some(file.layout_id().to_owned());
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.files).insert(fh, Arc::new(file));
+        Ok((fh, keep))
+    }
+
+    /// The children of directory node `ino`, their entries cached on the way.
+    async fn list(&self, ino: INodeNo) -> Result<u64, OpError> {
+        let (path, _) = self.path_of(ino)?;
+        let entry = self.node_entry(ino).await?;
+        if entry.kind != EntryKind::Dir {
+            return Err(OpError::new(Errno::ENOTDIR, path));
+        }
+        let sp = self.share_path(&path);
+        let below =
+            tokio::time::timeout(self.opts.timeout, self.nodes.meta().below(&self.share, &sp))
+                .await
+                .map_err(|_| OpError::new(Errno::EIO, format!("list {sp}: etcd did not answer")))?
+                .map_err(|e| {
+                    OpError::new(errno_of(&e), format!("list {}/{sp}: {e}", self.share))
+                })?;
+        let prefix = if sp.is_empty() {
+            String::new()
+        } else {
+            format!("{sp}/")
+        };
+        let now = Instant::now();
+        let mut listed = Vec::new();
+        {
+            let mut names = lock(&self.names);
+            for (key, v) in below {
+                let Some(name) = key.strip_prefix(&prefix) else {
+                    continue;
+                };
+                if name.is_empty() || name.contains('/') {
+                    continue;
+                }
+                let child = join(&path, name);
+                let kind = v.entry.kind;
+                names.store(&child, Arc::new(v.entry), now, self.opts.attr_ttl);
+                listed.push((name.to_owned(), names.id(&child, kind), kind));
+            }
+        }
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.dirs).insert(fh, Arc::new(listed));
+        Ok(fh)
+    }
+}
+
+impl Inner {
+    /// Replies with `got` and hands its buffer back where it came from.
+    fn answer_read(&self, reply: ReplyData, got: Result<ReadOut, OpError>) {
+        match got {
+            Ok(out) => {
+                reply.data(&out.data);
+                match out.home {
+                    Some(reader) => reader.recycle(out.data),
+                    None => self.bufs.give(out.data),
+                }
+            }
+            Err(e) => reply.error(fail("read", e)),
+        }
+    }
+}
+
+impl fuser::Filesystem for ClusterFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Large kernel readahead requests; each stripe's reader reads ahead on top.
+        let _ = config.set_max_readahead(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let name = name.to_owned();
+        self.spawn(|fs| async move {
+            match fs.lookup(parent, &name).await {
+                Ok((ino, entry)) => reply.entry_with_ttls(
+                    &fs.opts.attr_ttl,
+                    &fs.opts.entry_ttl,
+                    &fs.file_attr(ino, &entry),
+                    Generation(0),
+                ),
+                Err(e) => reply.error(fail("lookup", e)),
+            }
+        });
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        // fstat of an open descriptor: the version it reads.
+        let open = fh.and_then(|fh| lock(&self.inner.files).get(&fh.0).cloned());
+        if let Some(file) = open {
+            return reply.attr(
+                &self.inner.opts.attr_ttl,
+                &self.inner.file_attr(ino.0, file.entry()),
+            );
+        }
+        self.spawn(|fs| async move {
+            match fs.node_entry(ino).await {
+                Ok(e) => reply.attr(&fs.opts.attr_ttl, &fs.file_attr(ino.0, &e)),
+                Err(e) => reply.error(fail("getattr", e)),
+            }
+        });
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.spawn(|fs| async move {
+            match fs.node_entry(ino).await {
+                Ok(e) => match (&e.kind, &e.target) {
+                    (EntryKind::Symlink, Some(t)) => reply.data(t.as_bytes()),
+                    _ => reply.error(Errno::EINVAL),
+                },
+                Err(e) => reply.error(fail("readlink", e)),
+            }
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let acc = flags.0 & nix::libc::O_ACCMODE;
+        if acc != nix::libc::O_RDONLY || flags.0 & nix::libc::O_TRUNC != 0 {
+            return reply.error(read_only());
+        }
+        self.spawn(|fs| async move {
+            match fs.open(ino).await {
+                Ok((fh, keep)) => {
+                    let flags = if keep {
+                        FopenFlags::FOPEN_KEEP_CACHE
+                    } else {
+                        FopenFlags::empty()
+                    };
+                    reply.opened(FileHandle(fh), flags)
+                }
+                Err(e) => reply.error(fail("open", e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(file) = lock(&self.inner.files).get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        // Cached chunks are answered on this thread: no hand-off to the runtime.
+        let cached = {
+            let _runtime = self.rt.enter();
+            file.read_cached(&self.inner.bufs, offset, size)
+        };
+        if let Some(out) = cached {
+            return self.inner.answer_read(reply, Ok(out));
+        }
+        self.spawn(|fs| async move {
+            let got = file.read(&fs.nodes, &fs.bufs, offset, size).await;
+            fs.answer_read(reply, got);
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if let Some(file) = lock(&self.inner.files).remove(&fh.0) {
+            let _runtime = self.rt.enter();
+            file.release();
+        }
+        reply.ok();
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: fuser::LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Nothing is ever written.
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.spawn(|fs| async move {
+            match fs.list(ino).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(fail("opendir", e)),
+            }
+        });
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(listed) = lock(&self.inner.dirs).get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        // Offsets: 1 is ".", 2 is "..", 3 + i is listed[i]; each entry carries the
+        // offset of the one after it.
+        let mut next = offset;
+        loop {
+            let full = match next {
+                0 => reply.add(ino, 1, FileType::Directory, "."),
+                1 => reply.add(INodeNo(ROOT), 2, FileType::Directory, ".."),
+                n => match listed.get((n - 2) as usize) {
+                    None => break,
+                    Some((name, id, kind)) => {
+                        reply.add(INodeNo(*id), n + 1, file_type(*kind), name)
+                    }
+                },
+            };
+            if full {
+                break;
+            }
+            next += 1;
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        lock(&self.inner.dirs).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.spawn(|fs| async move {
+            let (capacity, free) = fs.nodes.space().await;
+            let (blocks, free) = (capacity / BLOCK, free / BLOCK);
+            reply.statfs(blocks, free, free, 0, 0, BLOCK as u32, 255, BLOCK as u32);
+        });
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        if mask.contains(fuser::AccessFlags::W_OK) {
+            return reply.error(read_only());
+        }
+        reply.ok();
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: fuser::ReplyXattr,
+    ) {
+        reply.error(Errno::ENODATA);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    // Every change: EROFS (the kernel refuses most of them itself on a `ro` mount).
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        _mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(read_only());
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(read_only());
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(read_only());
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(read_only());
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(read_only());
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(read_only());
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(read_only());
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(read_only());
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _write_flags: fuser::WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: fuser::ReplyWrite,
+    ) {
+        reply.error(read_only());
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: fuser::ReplyCreate,
+    ) {
+        reply.error(read_only());
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(read_only());
+    }
+}

@@ -1,0 +1,170 @@
+//! Node ids and the entry caches of a cluster mount (sans-IO: callers pass the time).
+//!
+//! A cluster share has no inode numbers: a name is an etcd key. A node id stands for
+//! one (mount-relative path, kind) pair and keeps it for the life of the mount, so the
+//! kernel sees the same `st_ino` for a name however often it forgets and looks it up
+//! again, a file replaced by a new version of itself keeps its id, and a name that
+//! changes kind (a file that became a directory) gets a new one. Invariant: one id
+//! never stands for two (path, kind) pairs. The table grows with the names the kernel
+//! has seen; it is never pruned (unlike the entries below).
+//!
+//! Entries are cached per path for the attribute TTL, and names found missing for the
+//! negative TTL.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_common::cluster::{Entry, EntryKind};
+
+/// The root's node id (FUSE's `FUSE_ROOT_ID`).
+pub const ROOT: u64 = 1;
+
+/// Cached entries and missing names kept before the expired ones are pruned.
+const PRUNE_AT: usize = 100_000;
+
+/// `kind` as a map key.
+fn tag(kind: EntryKind) -> u8 {
+    match kind {
+        EntryKind::File => 0,
+        EntryKind::Dir => 1,
+        EntryKind::Symlink => 2,
+    }
+}
+
+/// Node ids and cached entries of one cluster mount.
+#[derive(Debug)]
+pub struct Names {
+    ids: HashMap<(String, u8), u64>,
+    paths: HashMap<u64, (String, EntryKind)>,
+    next: u64,
+    entries: HashMap<String, (Arc<Entry>, Instant)>,
+    missing: HashMap<String, Instant>,
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Names {
+    /// A table holding only the root (path `""`, a directory).
+    pub fn new() -> Names {
+        Names {
+            ids: HashMap::from([((String::new(), tag(EntryKind::Dir)), ROOT)]),
+            paths: HashMap::from([(ROOT, (String::new(), EntryKind::Dir))]),
+            next: ROOT + 1,
+            entries: HashMap::new(),
+            missing: HashMap::new(),
+        }
+    }
+
+    /// The node id of `path` as a `kind`, assigned on first use.
+    pub fn id(&mut self, path: &str, kind: EntryKind) -> u64 {
+        if path.is_empty() {
+            return ROOT;
+        }
+        let key = (path.to_owned(), tag(kind));
+        if let Some(&id) = self.ids.get(&key) {
+            return id;
+        }
+        let id = self.next;
+        self.next += 1;
+        self.paths.insert(id, (path.to_owned(), kind));
+        self.ids.insert(key, id);
+        id
+    }
+
+    /// The mount-relative path and kind node `ino` stands for.
+    pub fn path(&self, ino: u64) -> Option<(String, EntryKind)> {
+        self.paths.get(&ino).cloned()
+    }
+
+    /// The entry cached for `path`, if stored less than `ttl` ago.
+    pub fn entry(&self, path: &str, now: Instant, ttl: Duration) -> Option<Arc<Entry>> {
+        let (entry, at) = self.entries.get(path)?;
+        (now.saturating_duration_since(*at) < ttl).then(|| entry.clone())
+    }
+
+    /// Caches `entry` for `path` (and forgets that it was missing). `ttl`: how long
+    /// entries live, for pruning.
+    pub fn store(&mut self, path: &str, entry: Arc<Entry>, now: Instant, ttl: Duration) {
+        if self.entries.len() >= PRUNE_AT {
+            self.entries
+                .retain(|_, (_, at)| now.saturating_duration_since(*at) < ttl);
+        }
+        self.missing.remove(path);
+        self.entries.insert(path.to_owned(), (entry, now));
+    }
+
+    /// True if `path` was found missing less than `ttl` ago.
+    pub fn is_missing(&self, path: &str, now: Instant, ttl: Duration) -> bool {
+        self.missing
+            .get(path)
+            .is_some_and(|at| now.saturating_duration_since(*at) < ttl)
+    }
+
+    /// Remembers that `path` does not exist (and drops its cached entry).
+    pub fn store_missing(&mut self, path: &str, now: Instant, ttl: Duration) {
+        if self.missing.len() >= PRUNE_AT {
+            self.missing
+                .retain(|_, at| now.saturating_duration_since(*at) < ttl);
+        }
+        self.entries.remove(path);
+        self.missing.insert(path.to_owned(), now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_common::msg::Timestamp;
+
+    fn entry(kind: EntryKind, size: u64) -> Arc<Entry> {
+        Arc::new(Entry {
+            kind,
+            mode: 0o644,
+            mtime: Timestamp::default(),
+            size,
+            target: None,
+            layout: None,
+        })
+    }
+
+    #[test]
+    fn ids_are_stable_per_path_and_kind_and_never_shared() {
+        let mut n = Names::new();
+        assert_eq!(n.id("", EntryKind::Dir), ROOT);
+        let a = n.id("a", EntryKind::File);
+        let b = n.id("a/b", EntryKind::File);
+        assert!(a > ROOT && b > ROOT && a != b);
+        assert_eq!(n.id("a", EntryKind::File), a, "a name keeps its id");
+        let a_dir = n.id("a", EntryKind::Dir);
+        assert_ne!(a_dir, a, "another kind is another node");
+        assert_eq!(n.path(a), Some(("a".into(), EntryKind::File)));
+        assert_eq!(n.path(a_dir), Some(("a".into(), EntryKind::Dir)));
+        assert_eq!(n.path(ROOT), Some((String::new(), EntryKind::Dir)));
+        assert_eq!(n.path(999), None);
+    }
+
+    #[test]
+    fn entries_and_missing_names_expire() {
+        let mut n = Names::new();
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(1);
+        n.store("f", entry(EntryKind::File, 3), t0, ttl);
+        assert_eq!(n.entry("f", t0, ttl).unwrap().size, 3);
+        assert!(n.entry("f", t0 + ttl, ttl).is_none(), "expired at the TTL");
+        assert!(n.entry("f", t0, Duration::ZERO).is_none());
+        n.store_missing("f", t0, ttl);
+        assert!(
+            n.entry("f", t0, ttl).is_none(),
+            "a missing name has no entry"
+        );
+        assert!(n.is_missing("f", t0, ttl));
+        assert!(!n.is_missing("f", t0 + ttl, ttl));
+        n.store("f", entry(EntryKind::File, 4), t0, ttl);
+        assert!(!n.is_missing("f", t0, ttl), "found again");
+    }
+}

@@ -1,0 +1,685 @@
+//! File data of a cluster mount: the storage nodes, and open files read stripe by
+//! stripe from any replica that verifies.
+//!
+//! Each storage node is reached through a [`Remote`] and a [`Reader`] of its own (a
+//! connection, its registered fetch buffers and a verified-chunk cache), the same
+//! one-sided read path as a single-server mount. Stripe `i` of an open file is opened
+//! on the first node of its replicas that serves it (live nodes that have not failed
+//! lately first, in the layout's order): the node maps the object, the manifest it
+//! sends is read by RDMA READ and checked against the version's manifest hash
+//! ([`Reader::open`]), and that hash, the algorithm and the size must then equal what
+//! the layout records for the stripe. Every chunk is then checked against those hashes
+//! before any byte of it is returned ([`OpenFile::read`]).
+//!
+//! Invariants:
+//! - no byte reaches a reader unless its chunk matched a hash list whose manifest id is
+//!   the layout's for that stripe, so a stale, damaged or foreign copy is never served;
+//! - a replica that cannot be opened, reached or verified is passed over for the next
+//!   one with no error to the reader; EIO comes only when no replica can serve;
+//! - an open file reads the layout it was opened with, whatever the namespace says
+//!   later.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_client::cluster::{split_addr, Meta};
+use ferry_client::Credentials;
+use ferry_common::cluster::{stripe_count, Entry, Layout, NodeInfo, STORE_SHARE};
+use ferry_common::msg::Hash256;
+use ferry_common::transport::TransportChoice;
+use fuser::Errno;
+
+use crate::bufs::BufPool;
+use crate::reader::{OpenFile, Reader};
+use crate::remote::{lock, OpError, Remote, FETCH_BYTES};
+
+/// How long the list of live nodes is trusted before etcd is asked again.
+pub const NODES_TTL: Duration = Duration::from_secs(2);
+
+/// How long a node that failed is tried only after the others.
+pub const FAILED_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The part of one stripe a read wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// The stripe.
+    pub index: usize,
+    /// Offset in the stripe.
+    pub offset: u64,
+    /// Bytes wanted.
+    pub len: u32,
+}
+
+/// The stripes, in order, covering `len` bytes at `offset` of a file of `size` bytes in
+/// stripes of `stripe_bytes` (nothing past the end of the file).
+pub fn pieces(size: u64, stripe_bytes: u64, offset: u64, len: u32) -> Vec<Piece> {
+    let stripe_bytes = stripe_bytes.max(1);
+    let end = offset.saturating_add(u64::from(len)).min(size);
+    let mut out = Vec::new();
+    let mut at = offset;
+    while at < end {
+        let index = at / stripe_bytes;
+        let stripe_end = (index + 1).saturating_mul(stripe_bytes).min(end);
+        out.push(Piece {
+            index: usize::try_from(index).unwrap_or(usize::MAX),
+            offset: at - index * stripe_bytes,
+            len: (stripe_end - at) as u32,
+        });
+        at = stripe_end;
+    }
+    out
+}
+
+/// `replicas` in the order to read from: those `live` and not failed within
+/// [`FAILED_BACKOFF`] of `now` (in the layout's order), then the live ones that failed
+/// lately. Nodes not live are left out.
+pub fn read_order(
+    replicas: &[String],
+    live: impl Fn(&str) -> bool,
+    failed: &HashMap<String, Instant>,
+    now: Instant,
+) -> Vec<String> {
+    let lately = |n: &str| {
+        failed
+            .get(n)
+            .is_some_and(|at| now.saturating_duration_since(*at) < FAILED_BACKOFF)
+    };
+    let (mut good, late): (Vec<String>, Vec<String>) = replicas
+        .iter()
+        .filter(|n| live(n))
+        .cloned()
+        .partition(|n| !lately(n));
+    good.extend(late);
+    good
+}
+
+/// One storage node's connection and reader.
+#[derive(Clone)]
+pub struct Link {
+    addr: String,
+    remote: Arc<Remote>,
+    reader: Arc<Reader>,
+}
+
+impl Link {
+    /// The reader (its reply buffers take back what its reads returned).
+    pub fn reader(&self) -> &Arc<Reader> {
+        &self.reader
+    }
+}
+
+struct State {
+    /// Live nodes as last read: id to `HOST:PORT`.
+    live: HashMap<String, String>,
+    /// (capacity, free) of each live node as last read.
+    space: Vec<(u64, u64)>,
+    refreshed: Option<Instant>,
+    links: HashMap<String, Link>,
+    failed: HashMap<String, Instant>,
+}
+
+/// The storage nodes of one cluster mount.
+pub struct Nodes {
+    meta: Meta,
+    choice: TransportChoice,
+    credentials: Credentials,
+    timeout: Duration,
+    cache_bytes: u64,
+    readahead: Option<u32>,
+    state: Mutex<State>,
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+impl Nodes {
+    /// The nodes registered in `meta`'s etcd, connected to over `choice` with
+    /// `credentials` (the store share's secret) as they are first read from. Each
+    /// node's reader gets `cache_bytes` split evenly over the nodes live when it is
+    /// made (at least two fetch buffers' worth), and `readahead` chunks of readahead.
+    pub fn new(
+        meta: Meta,
+        choice: TransportChoice,
+        credentials: Credentials,
+        timeout: Duration,
+        cache_bytes: u64,
+        readahead: Option<u32>,
+    ) -> Arc<Nodes> {
+        Arc::new(Nodes {
+            meta,
+            choice,
+            credentials,
+            timeout,
+            cache_bytes,
+            readahead,
+            state: Mutex::new(State {
+                live: HashMap::new(),
+                space: Vec::new(),
+                refreshed: None,
+                links: HashMap::new(),
+                failed: HashMap::new(),
+            }),
+            refreshing: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// The etcd connection.
+    pub fn meta(&self) -> &Meta {
+        &self.meta
+    }
+
+    /// The live nodes, read from etcd now.
+    pub async fn refresh(&self) -> Result<Vec<NodeInfo>, OpError> {
+        let _one = self.refreshing.lock().await;
+        let got = tokio::time::timeout(self.timeout, self.meta.nodes()).await;
+        let mut state = lock(&self.state);
+        state.refreshed = Some(Instant::now());
+        let nodes = match got {
+            Ok(Ok(nodes)) => nodes,
+            Ok(Err(e)) => return Err(OpError::new(Errno::EIO, format!("storage nodes: {e}"))),
+            Err(_) => {
+                return Err(OpError::new(
+                    Errno::EIO,
+                    "storage nodes: etcd did not answer in time",
+                ))
+            }
+        };
+        state.live = nodes
+            .iter()
+            .map(|n| (n.id.clone(), n.addr.clone()))
+            .collect();
+        state.space = nodes.iter().map(|n| (n.capacity, n.free)).collect();
+        Ok(nodes)
+    }
+
+    /// Reads the live nodes again if the last view is older than [`NODES_TTL`]; if etcd
+    /// cannot answer, the last view stays.
+    async fn fresh(&self) {
+        let due = lock(&self.state)
+            .refreshed
+            .is_none_or(|at| at.elapsed() >= NODES_TTL);
+        if due {
+            if let Err(e) = self.refresh().await {
+                tracing::debug!("keeping the last view of the nodes: {}", e.message);
+            }
+        }
+    }
+
+    /// The order to read `replicas` in now (see [`read_order`]).
+    pub async fn order(&self, replicas: &[String]) -> Vec<String> {
+        self.fresh().await;
+        let state = lock(&self.state);
+        read_order(
+            replicas,
+            |n| state.live.contains_key(n),
+            &state.failed,
+            Instant::now(),
+        )
+    }
+
+    /// Node `id` failed: it is tried after the others for [`FAILED_BACKOFF`].
+    pub fn mark_failed(&self, id: &str) {
+        lock(&self.state)
+            .failed
+            .insert(id.to_owned(), Instant::now());
+    }
+
+    /// The link to live node `id`, made on first use (again if its address changed).
+    pub fn link(&self, id: &str) -> Result<Link, OpError> {
+        let mut state = lock(&self.state);
+        let addr = state
+            .live
+            .get(id)
+            .cloned()
+            .ok_or_else(|| OpError::new(Errno::ENOTCONN, format!("node {id} is not alive")))?;
+        if let Some(link) = state.links.get(id).filter(|l| l.addr == addr) {
+            return Ok(link.clone());
+        }
+        let (host, port) = split_addr(&addr)
+            .ok_or_else(|| OpError::new(Errno::EIO, format!("node {id}: bad address {addr}")))?;
+        let remote = Arc::new(Remote::new(
+            host,
+            port,
+            self.choice,
+            self.credentials.clone(),
+            self.timeout,
+            0,
+        ));
+        let cache = (self.cache_bytes / state.live.len().max(1) as u64).max(2 * FETCH_BYTES as u64);
+        let reader = Reader::new(remote.clone(), cache, self.readahead);
+        let link = Link {
+            addr,
+            remote,
+            reader,
+        };
+        state.links.insert(id.to_owned(), link.clone());
+        Ok(link)
+    }
+
+    /// Connects to the first live node that answers and proves the store share's
+    /// secret there: `Ok(Some(node, how))` with the transport, `Ok(None)` if no node
+    /// answers, `Err` if a node refused the secret.
+    pub async fn probe(&self) -> Result<Option<(String, String)>, ferry_client::ClientError> {
+        let ids: Vec<String> = lock(&self.state).live.keys().cloned().collect();
+        for id in ids {
+            let Ok(link) = self.link(&id) else { continue };
+            let conn = match link.remote.conn().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("node {id} ({}): {}", link.addr, e.message);
+                    self.mark_failed(&id);
+                    continue;
+                }
+            };
+            match tokio::time::timeout(self.timeout, conn.client.authenticate(STORE_SHARE)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) if e.remote_kind().is_some() => return Err(e),
+                Ok(Err(e)) => {
+                    tracing::warn!("node {id} ({}): {e}", link.addr);
+                    link.remote.drop_conn(&conn, &e.to_string());
+                    self.mark_failed(&id);
+                    continue;
+                }
+                Err(_) => {
+                    link.remote.drop_conn(&conn, "no answer within the timeout");
+                    self.mark_failed(&id);
+                    continue;
+                }
+            }
+            let t = conn.client.transport();
+            let how = match t.device() {
+                Some(d) => format!("{} ({d})", t.kind().as_str()),
+                None => t.kind().as_str().to_owned(),
+            };
+            return Ok(Some((id, how)));
+        }
+        Ok(None)
+    }
+
+    /// Space on the live nodes as last read: (capacity, free) in bytes, summed.
+    pub async fn space(&self) -> (u64, u64) {
+        self.fresh().await;
+        let state = lock(&self.state);
+        state.space.iter().fold((0, 0), |(c, f), &(nc, nf)| {
+            (c.saturating_add(nc), f.saturating_add(nf))
+        })
+    }
+}
+
+/// A stripe opened on one node.
+struct Opened {
+    node: String,
+    link: Link,
+    file: OpenFile,
+}
+
+/// One open file of a cluster share: its entry as opened, and its stripes as they are
+/// opened on their nodes.
+pub struct ClusterFile {
+    /// `share/path`, for logs.
+    label: String,
+    share: String,
+    entry: Arc<Entry>,
+    layout: Layout,
+    manifests: Vec<Hash256>,
+    stripes: Vec<tokio::sync::Mutex<Option<Arc<Opened>>>>,
+}
+
+/// Bytes read, and the reader whose buffer pool they came from (`None`: the caller's).
+pub struct ReadOut {
+    /// The bytes.
+    pub data: Vec<u8>,
+    /// Where to hand `data` back after the reply.
+    pub home: Option<Arc<Reader>>,
+}
+
+impl ClusterFile {
+    /// An open file of `entry` (a file) at `path` of `share`; EIO if its layout does
+    /// not describe its size.
+    pub fn new(share: &str, path: &str, entry: Arc<Entry>) -> Result<ClusterFile, OpError> {
+        let label = format!("{share}/{path}");
+        let bad = |why: String| OpError::new(Errno::EIO, format!("{label}: {why}"));
+        let layout = match &entry.layout {
+            Some(l) => l.clone(),
+            None if entry.size == 0 => Layout {
+                id: String::new(),
+                algorithm: ferry_common::msg::HashAlgorithm::SUPPORTED[0],
+                stripe_bytes: ferry_common::cluster::DEFAULT_STRIPE_BYTES,
+                stripes: Vec::new(),
+            },
+            None => return Err(bad("a file with bytes and no layout".into())),
+        };
+        if layout.stripe_bytes == 0
+            || layout.stripes.len() != stripe_count(entry.size, layout.stripe_bytes)
+        {
+            return Err(bad(format!(
+                "the layout has {} stripes of {} bytes for {} bytes",
+                layout.stripes.len(),
+                layout.stripe_bytes,
+                entry.size
+            )));
+        }
+        let manifests = (0..layout.stripes.len())
+            .map(|i| {
+                layout
+                    .manifest(i)
+                    .ok_or_else(|| bad(format!("stripe {i}: bad manifest in the layout")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let stripes = (0..layout.stripes.len())
+            .map(|_| tokio::sync::Mutex::new(None))
+            .collect();
+        Ok(ClusterFile {
+            label,
+            share: share.to_owned(),
+            entry,
+            layout,
+            manifests,
+            stripes,
+        })
+    }
+
+    /// The entry this file was opened as.
+    pub fn entry(&self) -> &Arc<Entry> {
+        &self.entry
+    }
+
+    /// The layout id this file reads.
+    pub fn layout_id(&self) -> &str {
+        &self.layout.id
+    }
+
+    /// Reads `len` bytes at `offset` (fewer at the end of the file), from whichever
+    /// replica of each stripe serves verified bytes. Output buffers come from `bufs`
+    /// when the read spans stripes.
+    pub async fn read(
+        &self,
+        nodes: &Nodes,
+        bufs: &BufPool,
+        offset: u64,
+        len: u32,
+    ) -> Result<ReadOut, OpError> {
+        let wanted = pieces(self.entry.size, self.layout.stripe_bytes, offset, len);
+        if let [one] = wanted.as_slice() {
+            let (data, link) = self.read_stripe(nodes, *one).await?;
+            return Ok(ReadOut {
+                data,
+                home: Some(link.reader.clone()),
+            });
+        }
+        let total: u64 = wanted.iter().map(|p| u64::from(p.len)).sum();
+        let mut out = bufs.take(total as usize);
+        for piece in wanted {
+            let (data, link) = self.read_stripe(nodes, piece).await?;
+            out.extend_from_slice(&data);
+            link.reader.recycle(data);
+        }
+        Ok(ReadOut {
+            data: out,
+            home: None,
+        })
+    }
+
+    /// The read answered at once from verified chunks already cached, with no I/O, if
+    /// every stripe it touches is open and has them; `None` otherwise. Needs a tokio
+    /// runtime context (readahead is spawned).
+    pub fn read_cached(&self, bufs: &BufPool, offset: u64, len: u32) -> Option<ReadOut> {
+        let wanted = pieces(self.entry.size, self.layout.stripe_bytes, offset, len);
+        let mut parts = Vec::with_capacity(wanted.len());
+        for piece in &wanted {
+            let opened = self.stripes.get(piece.index)?.try_lock().ok()?.clone()?;
+            let data = opened
+                .file
+                .read_cached(&opened.link.reader, piece.offset, piece.len)?;
+            parts.push((data, opened));
+        }
+        match parts.len() {
+            0 => Some(ReadOut {
+                data: Vec::new(),
+                home: None,
+            }),
+            1 => {
+                let (data, opened) = parts.pop()?;
+                Some(ReadOut {
+                    data,
+                    home: Some(opened.link.reader.clone()),
+                })
+            }
+            _ => {
+                let mut out = bufs.take(parts.iter().map(|(d, _)| d.len()).sum());
+                for (data, opened) in parts {
+                    out.extend_from_slice(&data);
+                    opened.link.reader.recycle(data);
+                }
+                Some(ReadOut {
+                    data: out,
+                    home: None,
+                })
+            }
+        }
+    }
+
+    /// One stripe's part, from the first replica that serves it verified.
+    async fn read_stripe(&self, nodes: &Nodes, piece: Piece) -> Result<(Vec<u8>, Link), OpError> {
+        let index = piece.index;
+        let mut passed: Vec<String> = Vec::new();
+        let mut last: Option<String> = None;
+        while let Some(opened) = self.opened(nodes, index, &mut passed, &mut last).await {
+            let why = match opened
+                .file
+                .read(&opened.link.reader, piece.offset, piece.len)
+                .await
+            {
+                Ok(data) if data.len() == piece.len as usize => {
+                    return Ok((data, opened.link.clone()))
+                }
+                Ok(data) => {
+                    let n = data.len();
+                    opened.link.reader.recycle(data);
+                    format!("{n} bytes where {} were due", piece.len)
+                }
+                Err(e) => e.message,
+            };
+            tracing::warn!(
+                "{}: stripe {index} on node {}: {why}; reading another replica",
+                self.label,
+                opened.node
+            );
+            nodes.mark_failed(&opened.node);
+            passed.push(opened.node.clone());
+            last = Some(format!("node {}: {why}", opened.node));
+            let mut slot = self.stripes[index].lock().await;
+            if slot.as_ref().is_some_and(|o| Arc::ptr_eq(o, &opened)) {
+                *slot = None;
+                opened.file.release();
+            }
+        }
+        let replicas = self.layout.stripes[index].replicas.join(", ");
+        Err(OpError::new(
+            Errno::EIO,
+            match last {
+                Some(why) => format!(
+                    "{}: stripe {index}: no replica could be read (last: {why})",
+                    self.label
+                ),
+                None => format!(
+                    "{}: stripe {index}: every node holding it ({replicas}) is down",
+                    self.label
+                ),
+            },
+        ))
+    }
+
+    /// Stripe `index` opened on a replica not in `passed`: the one it is open on, or
+    /// the first in read order that opens and matches the layout (those that do not
+    /// are added to `passed`, with why in `last`). `None` when none is left.
+    async fn opened(
+        &self,
+        nodes: &Nodes,
+        index: usize,
+        passed: &mut Vec<String>,
+        last: &mut Option<String>,
+    ) -> Option<Arc<Opened>> {
+        let mut slot = self.stripes[index].lock().await;
+        if let Some(o) = slot.as_ref().filter(|o| !passed.contains(&o.node)) {
+            return Some(o.clone());
+        }
+        for node in nodes.order(&self.layout.stripes[index].replicas).await {
+            if passed.contains(&node) {
+                continue;
+            }
+            match self.open_on(nodes, index, &node).await {
+                Ok(o) => {
+                    let o = Arc::new(o);
+                    if let Some(old) = slot.replace(o.clone()) {
+                        old.file.release();
+                    }
+                    return Some(o);
+                }
+                Err((e, node_down)) => {
+                    tracing::warn!(
+                        "{}: stripe {index}: node {node}: {}; trying another replica",
+                        self.label,
+                        e.message
+                    );
+                    if node_down {
+                        nodes.mark_failed(&node);
+                    }
+                    *last = Some(format!("node {node}: {}", e.message));
+                    passed.push(node);
+                }
+            }
+        }
+        None
+    }
+
+    /// Opens stripe `index` on `node` and checks it is the layout's: `Err` with whether
+    /// the node itself failed (rather than holding no such copy or another one).
+    async fn open_on(
+        &self,
+        nodes: &Nodes,
+        index: usize,
+        node: &str,
+    ) -> Result<Opened, (OpError, bool)> {
+        let link = nodes.link(node).map_err(|e| (e, true))?;
+        let conn = link.remote.conn().await.map_err(|e| (e, true))?;
+        let chunk_bytes = conn.client.welcome().chunk_bytes;
+        let object = self.layout.object_path(&self.share, index);
+        let file = link
+            .reader
+            .open(STORE_SHARE, &object, chunk_bytes)
+            .await
+            .map_err(|e| {
+                let down = !matches!(e.errno, Errno::ENOENT | Errno::EACCES);
+                (e, down)
+            })?;
+        let v = file.version();
+        let range = self.layout.stripe_range(self.entry.size, index);
+        if v.manifest != self.manifests[index]
+            || v.algorithm != self.layout.algorithm
+            || v.size != range.end - range.start
+        {
+            file.release();
+            return Err((
+                OpError::new(
+                    Errno::EIO,
+                    format!("its copy of {object} does not match the layout's manifest"),
+                ),
+                false,
+            ));
+        }
+        Ok(Opened {
+            node: node.to_owned(),
+            link,
+            file,
+        })
+    }
+
+    /// Releases every stripe's mapping (best effort, in the background). Needs a tokio
+    /// runtime context.
+    pub fn release(&self) {
+        for slot in &self.stripes {
+            if let Ok(mut s) = slot.try_lock() {
+                if let Some(o) = s.take() {
+                    o.file.release();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn pieces_split_at_stripe_boundaries_and_stop_at_the_end() {
+        let size = 7 * MIB + 123;
+        assert_eq!(
+            pieces(size, MIB, 10, 4096),
+            vec![Piece {
+                index: 0,
+                offset: 10,
+                len: 4096
+            }]
+        );
+        assert_eq!(
+            pieces(size, MIB, 2 * MIB - 100, 300),
+            vec![
+                Piece {
+                    index: 1,
+                    offset: MIB - 100,
+                    len: 100
+                },
+                Piece {
+                    index: 2,
+                    offset: 0,
+                    len: 200
+                }
+            ]
+        );
+        let tail = pieces(size, MIB, 7 * MIB + 100, 4096);
+        assert_eq!(
+            tail,
+            vec![Piece {
+                index: 7,
+                offset: 100,
+                len: 23
+            }]
+        );
+        assert!(pieces(size, MIB, size, 10).is_empty());
+        assert!(pieces(size, MIB, size + 5, 10).is_empty());
+        assert!(pieces(0, MIB, 0, 10).is_empty());
+        // Exactly one whole stripe, and three.
+        assert_eq!(pieces(size, MIB, MIB, MIB as u32).len(), 1);
+        let three = pieces(size, MIB, MIB - 1, (MIB + 2) as u32);
+        assert_eq!(three.len(), 3);
+        assert_eq!(three.iter().map(|p| u64::from(p.len)).sum::<u64>(), MIB + 2);
+    }
+
+    #[test]
+    fn live_nodes_first_then_those_that_failed_lately() {
+        let replicas: Vec<String> = ["n1", "n2", "n3"].map(String::from).to_vec();
+        let now = Instant::now();
+        let all = |_: &str| true;
+        let none = HashMap::new();
+        assert_eq!(read_order(&replicas, all, &none, now), replicas);
+        let failed = HashMap::from([("n1".to_owned(), now)]);
+        assert_eq!(
+            read_order(&replicas, all, &failed, now),
+            ["n2", "n3", "n1"].map(String::from).to_vec()
+        );
+        assert_eq!(
+            read_order(&replicas, all, &failed, now + FAILED_BACKOFF),
+            replicas,
+            "a failure is forgotten after the backoff"
+        );
+        let not_n2 = |n: &str| n != "n2";
+        assert_eq!(
+            read_order(&replicas, not_n2, &failed, now),
+            ["n3", "n1"].map(String::from).to_vec(),
+            "a node not registered is not tried"
+        );
+    }
+}

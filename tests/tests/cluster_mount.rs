@@ -1,0 +1,290 @@
+//! `ferry-mount cluster://ETCD/SHARE`: a read-only FUSE mount of a cluster share
+//! striped and replicated over three nodes in network namespaces (the [`Cluster`]
+//! harness): names, attributes and bytes as written, reads across stripe boundaries,
+//! a damaged replica and a killed node passed over with no error, EROFS for changes.
+//!
+//! Needs root, etcd and FUSE (skipped otherwise, with the reason).
+
+use std::fs::{self, File};
+use std::io::Read;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use ferry_common::cluster::Layout;
+use ferry_tests::{
+    assert_trees_equal, ferry_mount, rcp, rcp_args, skip_without_cluster, skip_without_fuse,
+    write_random_file, Cluster, Mount, MIB,
+};
+use rand::{Rng, SeedableRng};
+
+/// How long one whole read of the test file through the mount may take, a node's
+/// failure included.
+const READ_LIMIT: Duration = Duration::from_secs(30);
+
+/// The layout of file `path` of share `data`, from etcd.
+fn layout_of(cluster: &Cluster, path: &str) -> Layout {
+    let endpoint = cluster.etcd_endpoint();
+    ferry_tests::runtime().block_on(async {
+        let meta = ferry_client::cluster::Meta::connect(&[endpoint])
+            .await
+            .expect("etcd");
+        let v = meta.existing("data", path).await.expect("the entry");
+        v.entry.layout.expect("a file's layout")
+    })
+}
+
+/// Node number `k` of node id `nK`.
+fn node_number(id: &str) -> usize {
+    id.strip_prefix('n')
+        .and_then(|k| k.parse().ok())
+        .unwrap_or_else(|| panic!("node id {id}"))
+}
+
+/// Empties the kernel's page cache, so reads through the mount reach ferry-mount.
+fn drop_caches() {
+    fs::write("/proc/sys/vm/drop_caches", "3").expect("drop the page cache (root)");
+}
+
+/// The errno of `r`'s error; panics if it succeeded.
+#[track_caller]
+fn errno_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("a change through a read-only mount")
+        .raw_os_error()
+        .expect("an OS error")
+}
+
+/// Reads `len` bytes at `offset` of `file` with pread, as many calls as it takes.
+fn pread(file: &File, offset: u64, len: usize) -> Vec<u8> {
+    let mut buf = vec![0; len];
+    file.read_exact_at(&mut buf, offset)
+        .unwrap_or_else(|e| panic!("pread {len} at {offset}: {e}"));
+    buf
+}
+
+#[test]
+fn a_cluster_share_mounts_read_only_and_reads_around_bad_replicas_and_lost_nodes() {
+    let name = "a_cluster_share_mounts_read_only_and_reads_around_bad_replicas_and_lost_nodes";
+    if skip_without_cluster(name) || skip_without_fuse(name) {
+        return;
+    }
+    let mut cluster = Cluster::start_with_share(3, "data", 2, 1);
+    let tree = cluster.dir().join("local/tree");
+    fs::create_dir_all(tree.join("a/b")).unwrap();
+    let size = 7 * MIB + 123;
+    write_random_file(&tree.join("big"), size, 1);
+    fs::set_permissions(tree.join("big"), fs::Permissions::from_mode(0o640)).unwrap();
+    File::open(tree.join("big"))
+        .unwrap()
+        .set_modified(UNIX_EPOCH + Duration::new(1_500_000_000, 123_456_789))
+        .unwrap();
+    write_random_file(&tree.join("a/small"), 4000, 2);
+    write_random_file(&tree.join("a/b/empty"), 0, 3);
+    std::os::unix::fs::symlink("../big", tree.join("a/link")).unwrap();
+    rcp(rcp_args!["-r", &tree, cluster.url("data", "")]).assert_success();
+    let want = fs::read(tree.join("big")).unwrap();
+
+    // Damage stripe 1's first replica on its node: the mount must pass it over.
+    let layout = layout_of(&cluster, "tree/big");
+    assert_eq!(layout.stripes.len(), 8);
+    let bad_node = node_number(&layout.stripes[1].replicas[0]);
+    let object = cluster
+        .node_store(bad_node)
+        .join(layout.object_path("data", 1));
+    let mut bytes = fs::read(&object).unwrap();
+    bytes[MIB as usize / 2] ^= 0x40;
+    fs::write(&object, &bytes).unwrap();
+
+    let mount = Mount::builder(cluster.url("data", ""))
+        .opt("cache_size=2")
+        .start();
+
+    // Names, kinds, modes, mtimes and bytes, as written.
+    assert_trees_equal(&tree, &mount.join("tree"));
+    let md = fs::metadata(mount.join("tree/big")).unwrap();
+    assert_eq!(md.len(), size);
+    assert_eq!(md.mode() & 0o7777, 0o640);
+    assert_eq!((md.mtime(), md.mtime_nsec()), (1_500_000_000, 123_456_789));
+    assert!(md.is_file());
+    assert_eq!(
+        fs::read_link(mount.join("tree/a/link")).unwrap(),
+        Path::new("../big")
+    );
+    assert!(fs::symlink_metadata(mount.join("tree/a/link"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(fs::metadata(mount.join("tree/a/b/empty")).unwrap().len(), 0);
+    assert!(fs::read(mount.join("tree/a/b/empty")).unwrap().is_empty());
+    assert_eq!(
+        fs::read(mount.join("tree/a/link")).unwrap(),
+        want,
+        "through the link"
+    );
+    let mut names: Vec<String> = fs::read_dir(mount.join("tree/a"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["b", "link", "small"]);
+    let missing = fs::metadata(mount.join("tree/nope")).unwrap_err();
+    assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+    let damaged = mount.log_lines_with(&["stripe 1", "does not match"]);
+    assert!(
+        !damaged.is_empty(),
+        "the damaged replica on n{bad_node} was not reported\n{}",
+        mount.log()
+    );
+
+    // Reads at offsets that straddle stripe boundaries, and random ones.
+    drop_caches();
+    let file = File::open(mount.join("tree/big")).unwrap();
+    let mut spots: Vec<(u64, usize)> = vec![
+        (0, 4096),
+        (MIB - 10, 20),
+        (2 * MIB - 4095, 8192),
+        (3 * MIB - 1, 1),
+        (3 * MIB, 1),
+        (4 * MIB - 100, 2 * MIB as usize + 200),
+        (size - 123, 123),
+        (size - 200, 200),
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for _ in 0..40 {
+        let offset = rng.gen_range(0..size);
+        let len = rng.gen_range(1..=(2 * MIB).min(size - offset)) as usize;
+        spots.push((offset, len));
+    }
+    for (offset, len) in spots {
+        let got = pread(&file, offset, len);
+        let at = offset as usize;
+        assert!(got == want[at..at + len], "{len} bytes at {offset} differ");
+    }
+    let mut past_end = [0u8; 16];
+    assert_eq!(file.read_at(&mut past_end, size).unwrap(), 0);
+    drop(file);
+
+    // Every change is refused with EROFS.
+    let erofs = nix::libc::EROFS;
+    assert_eq!(errno_of(File::create(mount.join("tree/new"))), erofs);
+    assert_eq!(
+        errno_of(
+            fs::OpenOptions::new()
+                .write(true)
+                .open(mount.join("tree/big"))
+        ),
+        erofs
+    );
+    assert_eq!(errno_of(fs::remove_file(mount.join("tree/a/small"))), erofs);
+    assert_eq!(
+        errno_of(fs::rename(mount.join("tree/big"), mount.join("tree/big2"))),
+        erofs
+    );
+    assert_eq!(errno_of(fs::create_dir(mount.join("tree/d"))), erofs);
+    assert_eq!(
+        errno_of(fs::set_permissions(
+            mount.join("tree/big"),
+            fs::Permissions::from_mode(0o600)
+        )),
+        erofs
+    );
+    assert_eq!(fs::read(mount.join("tree/big")).unwrap(), want);
+
+    // A node that is the first replica of the most stripes dies while a descriptor is
+    // open on the file: the same descriptor, and a new open, read it whole.
+    let mut first = [0usize; 4];
+    for s in &layout.stripes {
+        first[node_number(&s.replicas[0])] += 1;
+    }
+    let victim = (1..=3).max_by_key(|&k| first[k]).unwrap();
+    let victim_id = cluster.node_id(victim);
+    let mut open = File::open(mount.join("tree/big")).unwrap();
+    let mut head = vec![0; MIB as usize];
+    open.read_exact(&mut head).unwrap();
+    assert!(head == want[..MIB as usize]);
+    cluster.kill_node(victim);
+    drop_caches();
+    let started = Instant::now();
+    assert!(
+        pread(&open, 0, size as usize) == want,
+        "the open descriptor"
+    );
+    drop(open);
+    drop_caches();
+    assert!(
+        fs::read(mount.join("tree/big")).unwrap() == want,
+        "a new open"
+    );
+    assert!(
+        started.elapsed() < READ_LIMIT,
+        "reads around a dead node took {:?}",
+        started.elapsed()
+    );
+    let passed = mount.log_lines_with(&[&format!("node {victim_id}")]);
+    assert!(
+        !passed.is_empty(),
+        "no replica on the dead node {victim_id} was passed over\n{}",
+        mount.log()
+    );
+    // Metadata needs only etcd.
+    assert_trees_equal(&tree, &mount.join("tree"));
+
+    let stopped = mount.unmount();
+    assert!(stopped.graceful, "{stopped:?}");
+    assert_eq!(stopped.code, Some(0), "{stopped:?}");
+}
+
+#[test]
+fn a_cluster_mount_of_a_directory_and_refusals() {
+    let name = "a_cluster_mount_of_a_directory_and_refusals";
+    if skip_without_cluster(name) || skip_without_fuse(name) {
+        return;
+    }
+    let cluster = Cluster::start_with_share(2, "data", 1, 1);
+    let tree = cluster.dir().join("local/t");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    write_random_file(&tree.join("sub/f"), 3 * MIB + 1, 5);
+    rcp(rcp_args!["-r", &tree, cluster.url("data", "")]).assert_success();
+
+    // A directory of the share as the root.
+    let mount = Mount::start(cluster.url("data", "t/sub"));
+    assert_eq!(
+        fs::read(mount.join("f")).unwrap(),
+        fs::read(tree.join("sub/f")).unwrap()
+    );
+    assert!(fs::metadata(mount.path()).unwrap().is_dir());
+    assert_eq!(errno_of(File::create(mount.join("g"))), nix::libc::EROFS);
+    let stopped = mount.unmount();
+    assert!(stopped.graceful, "{stopped:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().to_str().unwrap();
+    // -o rw is a usage error; a missing share, a file as the root: cannot mount; a
+    // wrong secret: authentication failed; no etcd: cannot connect.
+    let rw = ferry_mount(["-f", "-o", "rw", &cluster.url("data", ""), mnt]);
+    assert_eq!(rw.code, Some(2), "{rw}");
+    assert!(rw.stderr.contains("read-only"), "{rw}");
+    let noshare = ferry_mount(["-f", &cluster.url("nope", ""), mnt]);
+    assert_eq!(noshare.code, Some(4), "{noshare}");
+    assert!(
+        noshare.stderr.contains("no cluster share 'nope'"),
+        "{noshare}"
+    );
+    let file = ferry_mount(["-f", &cluster.url("data", "t/sub/f"), mnt]);
+    assert_eq!(file.code, Some(4), "{file}");
+    assert!(file.stderr.contains("not a directory"), "{file}");
+    let secret = dir.path().join("wrong.secret");
+    fs::write(&secret, "ferry-wrong-secret-0000000000\n").unwrap();
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+    let sub = tempfile::tempdir().unwrap();
+    let wrong = ferry_mount([
+        "-f",
+        "--secret-file",
+        secret.to_str().unwrap(),
+        &cluster.url("data", ""),
+        sub.path().to_str().unwrap(),
+    ]);
+    assert_eq!(wrong.code, Some(5), "{wrong}");
+    let noetcd = ferry_mount(["-f", "-o", "timeout=3", "cluster://127.0.0.1:1/data", mnt]);
+    assert_eq!(noetcd.code, Some(3), "{noetcd}");
+}

@@ -537,3 +537,104 @@ fn an_interrupted_upload_resumes_and_an_unchanged_one_sends_nothing() {
     assert_eq!(same.json()["bytes_sent"], 0, "{}", same.stdout);
     assert_eq!(objects_on(&cluster, 1) + objects_on(&cluster, 2), 2 * 40);
 }
+
+/// The published snapshot names under `prefix` of share `data`, read back with an
+/// `rcp -r` of the prefix (a listing of what a user can see).
+fn snapshots(cluster: &Cluster, local: &std::path::Path, prefix: &str) -> Vec<String> {
+    let out = local.join(format!("list-{}", rand::random::<u32>()));
+    rcp(rcp_args!["-r", cluster.url("data", prefix), &out]).assert_success();
+    let mut names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    std::fs::remove_dir_all(&out).unwrap();
+    names
+}
+
+#[test]
+fn backups_into_a_cluster_share_link_unchanged_files_and_keep_what_retention_says() {
+    if skip_without_cluster(
+        "backups_into_a_cluster_share_link_unchanged_files_and_keep_what_retention_says",
+    ) {
+        return;
+    }
+    let cluster = cluster_with_share(3, 2);
+    let local = cluster.dir().join("local");
+    let src = local.join("src");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    write_random_file(&src.join("big"), 3 * MIB + 9, 61);
+    write_random_file(&src.join("d/small"), 777, 62);
+    std::os::unix::fs::symlink("d/small", src.join("link")).unwrap();
+    let target = cluster.url("data", "bk");
+
+    let first = rcp(rcp_args!["backup", "--json", &src, &target]);
+    first.assert_success();
+    let j = first.json();
+    let snap1 = j["report"]["snapshot"].as_str().unwrap().to_owned();
+    assert_eq!(j["report"]["uploaded"], 2, "{j}");
+    assert_eq!(j["report"]["symlinks"], 1, "{j}");
+    let objects1: usize = (1..=3).map(|k| objects_on(&cluster, k)).sum();
+    assert_eq!(objects1, 2 * (4 + 1));
+
+    // One file changes, one is new: the unchanged one is linked, nothing of it moves.
+    std::thread::sleep(Duration::from_millis(1100));
+    write_random_file(&src.join("d/small"), 900, 63);
+    write_random_file(&src.join("new"), 5000, 64);
+    let second = rcp(rcp_args!["backup", "--json", &src, &target]);
+    second.assert_success();
+    let j = second.json();
+    let snap2 = j["report"]["snapshot"].as_str().unwrap().to_owned();
+    assert_ne!(snap1, snap2);
+    assert_eq!(j["report"]["unchanged"], 1, "{j}");
+    assert_eq!(j["report"]["uploaded"], 2, "{j}");
+    assert_eq!(
+        j["report"]["bytes_sent"].as_u64(),
+        Some(2 * (900 + 5000)),
+        "{j}"
+    );
+    assert_eq!(
+        snapshots(&cluster, &local, "bk"),
+        vec![snap1.clone(), snap2.clone()]
+    );
+
+    // Each snapshot restores to what the source was when it was taken.
+    let back2 = local.join("back2");
+    rcp(rcp_args![
+        "-r",
+        cluster.url("data", &format!("bk/{snap2}")),
+        &back2
+    ])
+    .assert_success();
+    ferry_tests::assert_trees_equal(&src, &back2);
+    let back1 = local.join("back1");
+    rcp(rcp_args![
+        "-r",
+        cluster.url("data", &format!("bk/{snap1}")),
+        &back1
+    ])
+    .assert_success();
+    assert_eq!(std::fs::read(back1.join("d/small")).unwrap().len(), 777);
+    assert!(!back1.join("new").exists());
+    assert_files_equal(&src.join("big"), &back1.join("big"));
+
+    // --keep 1: the two older snapshots go; the big file's objects stay (the newest
+    // snapshot names them), the old small file's go.
+    std::thread::sleep(Duration::from_millis(1100));
+    let third = rcp(rcp_args!["backup", "--json", "--keep", "1", &src, &target]);
+    third.assert_success();
+    let j = third.json();
+    let snap3 = j["report"]["snapshot"].as_str().unwrap().to_owned();
+    assert_eq!(j["report"]["pruned"].as_array().unwrap().len(), 2, "{j}");
+    assert_eq!(snapshots(&cluster, &local, "bk"), vec![snap3.clone()]);
+    let objects3: usize = (1..=3).map(|k| objects_on(&cluster, k)).sum();
+    assert_eq!(objects3, 2 * (4 + 1 + 1), "big, the new small, new");
+    let back3 = local.join("back3");
+    rcp(rcp_args![
+        "-r",
+        cluster.url("data", &format!("bk/{snap3}")),
+        &back3
+    ])
+    .assert_success();
+    ferry_tests::assert_trees_equal(&src, &back3);
+}

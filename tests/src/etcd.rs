@@ -56,7 +56,7 @@ pub fn etcd_healthy(host: Ipv4Addr, port: u16) -> bool {
 
 /// A one-member etcd cluster; SIGKILLed (and reaped) on drop.
 #[derive(Debug)]
-pub(crate) struct Etcd {
+pub struct Etcd {
     name: String,
     data_dir: PathBuf,
     log_path: PathBuf,
@@ -71,11 +71,7 @@ impl Etcd {
     /// Starts etcd named `name` with its data in `dir/etcd` and its log in
     /// `dir/etcd.stderr`, serving clients on `127.0.0.1` and on each of `extra_hosts`,
     /// and waits until it is healthy.
-    pub(crate) fn start(
-        dir: &Path,
-        name: String,
-        extra_hosts: Vec<Ipv4Addr>,
-    ) -> Result<Etcd, String> {
+    pub fn start(dir: &Path, name: String, extra_hosts: Vec<Ipv4Addr>) -> Result<Etcd, String> {
         let mut etcd = Etcd {
             name,
             data_dir: dir.join("etcd"),
@@ -202,7 +198,7 @@ impl Etcd {
     }
 
     /// The client port (the same on every address).
-    pub(crate) fn client_port(&self) -> u16 {
+    pub fn client_port(&self) -> u16 {
         self.client_port
     }
 

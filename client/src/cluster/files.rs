@@ -25,7 +25,6 @@ use ferry_common::cluster::{
 };
 use ferry_common::msg::{ErrorKind, Hash256, HashAlgorithm, RemoteError};
 use ferry_common::seal::to_hex;
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::meta::Commit;
@@ -35,9 +34,6 @@ use crate::transfer::{self, Assembly, Copied, ProgressFn};
 
 /// Times a commit is tried again after another writer changed the entry.
 const COMMIT_TRIES: usize = 16;
-
-/// Stripe transfers in flight per live node.
-const STRIPES_PER_NODE: usize = 2;
 
 /// True for failures that are the node's (or its link's), after which another node is
 /// tried; the others (a local file that cannot be read, bad usage) end the file.
@@ -206,17 +202,16 @@ impl Cluster {
         let need = config.stripe_bytes.min(size).max(1);
         let placed = placement::place(&id, count, config.replicas.into(), &nodes, need)
             .map_err(|e| ClientError::Cluster(format!("{share}/{path}: {e}")))?;
-        let limit = Arc::new(Semaphore::new(
-            (nodes.len() * STRIPES_PER_NODE).max(STRIPES_PER_NODE),
-        ));
         let mut tasks = JoinSet::new();
         for (i, replicas) in placed.into_iter().enumerate() {
-            let (cluster, local, share, id, limit, progress) = (
+            // Each node works on STRIPES_PER_NODE stripes at a time (over every
+            // file of this run), so every link stays busy until its queue is empty.
+            let limit = self.node_slots(&replicas[0]);
+            let (cluster, local, share, id, progress) = (
                 self.clone(),
                 local.to_owned(),
                 share.to_owned(),
                 id.clone(),
-                limit.clone(),
                 progress.clone(),
             );
             let range = stripe_range(size, config.stripe_bytes, i);
@@ -535,16 +530,19 @@ impl Cluster {
             .await?,
         );
         let reused = asm.held_bytes();
-        let nodes = self.usable_nodes().len().max(1);
-        let limit = Arc::new(Semaphore::new(nodes * STRIPES_PER_NODE));
         let mut tasks = JoinSet::new();
         for i in 0..count {
-            let (cluster, share, layout, asm, limit, progress) = (
+            let first = self
+                .read_order(&layout.stripes[i].replicas)
+                .into_iter()
+                .next()
+                .unwrap_or_default();
+            let limit = self.node_slots(&first);
+            let (cluster, share, layout, asm, progress) = (
                 self.clone(),
                 share.to_owned(),
                 layout.clone(),
                 asm.clone(),
-                limit.clone(),
                 progress.clone(),
             );
             tasks.spawn(async move {

@@ -52,7 +52,13 @@ struct Inner {
     nodes: Mutex<Vec<NodeInfo>>,
     /// Object directories known to exist, as (node, directory).
     dirs: Mutex<HashSet<(String, String)>>,
+    /// Per node, the permits of the stripe transfers it may have in flight.
+    slots: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
+
+/// Stripe transfers in flight per node, over every file of a run: with two windows
+/// outstanding each, enough to keep a node's link busy.
+pub const STRIPES_PER_NODE: usize = 2;
 
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -92,6 +98,7 @@ impl Cluster {
                 failed: Mutex::new(HashSet::new()),
                 nodes: Mutex::new(Vec::new()),
                 dirs: Mutex::new(HashSet::new()),
+                slots: Mutex::new(HashMap::new()),
             }),
         };
         cluster.refresh_nodes().await?;
@@ -198,6 +205,14 @@ impl Cluster {
         }
         lock(&self.inner.dirs).insert(key);
         Ok(())
+    }
+
+    /// The stripe-transfer permits of node `id` ([`STRIPES_PER_NODE`]).
+    pub fn node_slots(&self, id: &str) -> Arc<tokio::sync::Semaphore> {
+        lock(&self.inner.slots)
+            .entry(id.to_owned())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(STRIPES_PER_NODE)))
+            .clone()
     }
 
     /// Any open session, to describe the link (transport, cipher, hash).

@@ -445,6 +445,15 @@ fn a_cluster_mount_writes_whole_files_at_close_and_changes_the_namespace() {
     assert_eq!(md.mtime(), 1_600_000_000);
     assert_eq!(fs::read(local.join("small")).unwrap(), want[..100]);
 
+    // truncate(2) of a name not open: fetched, truncated and published (to 0: an
+    // empty file, nothing fetched).
+    nix::unistd::truncate(&mount.join("w/a/small"), 40).expect("truncate to 40");
+    fetch(&cluster, "w/a/small", &local.join("small"));
+    assert_eq!(fs::read(local.join("small")).unwrap(), want[..40]);
+    nix::unistd::truncate(&mount.join("w/pending"), 0).expect("truncate to 0");
+    fetch(&cluster, "w/pending", &local.join("pending"));
+    assert!(fs::read(local.join("pending")).unwrap().is_empty());
+
     // mkdir, rmdir: ENOTEMPTY while something is below.
     fs::create_dir(mount.join("w/d")).unwrap();
     fs::write(mount.join("w/d/f"), b"x").unwrap();

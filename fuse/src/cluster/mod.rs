@@ -651,13 +651,17 @@ impl fuser::Filesystem for ClusterFs {
         // Owners are the mounting user's (not stored): chown changes nothing. Access
         // times are not kept.
         let staged = self.inner.staged_for(ino, fh);
+        let on_handle = fh.is_some_and(|fh| lock(&self.inner.writes).contains_key(&fh.0));
         self.spawn(|fs| async move {
             let ttl = if staged.is_some() {
                 Duration::ZERO
             } else {
                 fs.opts.attr_ttl
             };
-            match fs.set_attr(ino, staged, mode, size, mtime).await {
+            match fs
+                .set_attr(ino, (staged, on_handle), mode, size, mtime)
+                .await
+            {
                 Ok(e) => reply.attr(&ttl, &fs.file_attr(ino.0, &e)),
                 Err(e) => reply.error(fail("setattr", e)),
             }

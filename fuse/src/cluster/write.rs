@@ -422,15 +422,15 @@ impl Inner {
     pub(super) async fn set_attr(
         &self,
         ino: INodeNo,
-        staged: Option<Arc<Staged>>,
+        (staged, on_handle): (Option<Arc<Staged>>, bool),
         mode: Option<u32>,
         size: Option<u64>,
         mtime: Option<TimeOrNow>,
     ) -> Result<Entry, OpError> {
         self.writer()?;
-        // A truncated handle is published at close, even a clean one.
+        // ftruncate of a handle is published at its close, even a clean one's.
         let clean = match staged {
-            Some(s) if s.is_dirty() || size.is_some() => {
+            Some(s) if s.is_dirty() || (on_handle && size.is_some()) => {
                 s.set(mode, size, mtime, true)?;
                 return s.entry();
             }
@@ -460,6 +460,9 @@ impl Inner {
             };
             let _ = std::fs::remove_file(&staged.local);
             got?;
+            if let Some(s) = &clean {
+                s.set(mode, Some(size), mtime, false)?;
+            }
             return Ok((*self.node_entry(ino).await?).clone());
         }
         if mode.is_none() && mtime.is_none() {

@@ -400,7 +400,7 @@ impl Inner {
 }
 
 /// The process (thread group) of thread `tid`, from `/proc`.
-fn tgid_of(tid: u32) -> Option<u32> {
+pub(crate) fn tgid_of(tid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
     status
         .lines()

@@ -2,9 +2,9 @@
 //! server's memory, each chunk verified against its hash before any byte of it reaches
 //! a reader, and whose writes wait in registered buffers until the server pulls them
 //! with one-sided READs and verifies them. A cluster share
-//! (`cluster://ETCD/SHARE`) mounts read-only through its own filesystem, [`cluster`]:
-//! metadata from etcd, each stripe read from any replica whose chunks verify against
-//! the layout's manifest.
+//! (`cluster://ETCD/SHARE`) mounts through its own filesystem, [`cluster`]: metadata
+//! from etcd, each stripe read from any replica whose chunks verify against the
+//! layout's manifest, files written whole at close (read-write unless `-o ro`).
 //!
 //! - [`fs`]: the FUSE filesystem (fuser), handing every request to tokio tasks.
 //! - [`nodes`]: node ids, the attribute cache and the negative cache.
@@ -17,8 +17,9 @@
 //! - [`writer`]: files open for writing — the write-back cache, staged files, syncs.
 //! - [`options`]: `-o` parsing.
 //! - [`mount`]: mount(2) as `fuse.ferry`, and unmounting.
-//! - [`cluster`]: the read-only mount of a cluster share (names from etcd, stripes
-//!   through one [`remote::Remote`] and [`reader::Reader`] per storage node).
+//! - [`cluster`]: the mount of a cluster share (names from etcd, stripes through one
+//!   [`remote::Remote`] and [`reader::Reader`] per storage node, writes staged and
+//!   published whole at close).
 //!
 //! For a single-server share, metadata (lookup, getattr, readdir, readlink, statfs)
 //! travels as control messages; see `docs/design.md` ("The FUSE mount", and its

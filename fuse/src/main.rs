@@ -2,6 +2,7 @@
 
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -49,7 +50,7 @@ Examples:
   ferry-mount storage1:data /mnt/data                 detach once mounted
   ferry-mount -f -o attr_timeout=5 storage1:7447:data/projects /mnt/p
   ferry-mount --transport rdma 10.0.0.2:data /mnt/data
-  ferry-mount cluster://etcd1:2379/data /mnt/data     a cluster share, read-only
+  ferry-mount cluster://etcd1:2379/data /mnt/data     a cluster share
 Unmount with `umount MOUNTPOINT`, `fusermount3 -u MOUNTPOINT`, or SIGINT/SIGTERM to
 ferry-mount.
 
@@ -80,11 +81,17 @@ Mount options (-o, comma-separated):
   secret_file=PATH       the share's secret (as --secret-file)
 
 Cluster shares (cluster://ETCD_HOST[:PORT]/SHARE[/PATH], etcd's port defaults to
-2379) mount READ-ONLY: writes, creates, renames, unlinks and attribute changes give
-EROFS (-o rw is refused; writeback, sync_close and chunk_size do not apply). Names
-and attributes come from etcd; each stripe is read from the first live replica whose
-chunks verify against the layout's manifest, passing over nodes that fail. The
-secret is the cluster's (the store share's), given the same way.
+2379) mount read-write (-o ro: read-only). Names and attributes come from etcd; each
+stripe is read from the first live replica whose chunks verify against the layout's
+manifest, passing over nodes that fail. Writes are close-to-open and whole-file: a
+file opened for writing is staged in /var/tmp/ferry-mount-PID/ (an existing one is
+fetched first unless truncated) and close or fsync stores it striped and replicated,
+then publishes it with one etcd compare-and-swap: others see the old file or the new
+one, never a mix, and a new file only once closed; a failed store gives EIO and
+publishes nothing. mkdir, rmdir, unlink, symlink, chmod, touch and rename of files
+are one etcd transaction each; renaming a directory gives EXDEV (mv copies), hard
+links and device nodes EPERM (writeback, sync_close and chunk_size do not apply).
+The secret is the cluster's (the store share's), given the same way.
 
 Secrets: the share's secret comes from --secret-file (or -o secret_file=PATH, or
 $FERRY_SECRET_FILE), a file of mode 0600, or from $FERRY_SECRET.
@@ -94,7 +101,7 @@ Exit status: 0 mounted (and, in the foreground, cleanly unmounted), 1 other erro
 )]
 struct Args {
     /// The share: HOST[:PORT]:SHARE[/SUBDIR] (PORT defaults to 7447), or a cluster
-    /// share, read-only: cluster://ETCD_HOST[:PORT]/SHARE[/PATH].
+    /// share: cluster://ETCD_HOST[:PORT]/SHARE[/PATH].
     source: String,
     /// An existing directory to mount on.
     mountpoint: PathBuf,
@@ -281,8 +288,8 @@ fn mount_and_serve<FS: Filesystem>(
     serve(session, rt, &unmounting, at.mountpoint)
 }
 
-/// The read-only mount of a cluster share, from the command line to the end of the
-/// FUSE session.
+/// The mount of a cluster share (read-write unless `-o ro`), from the command line to
+/// the end of the FUSE session.
 fn run_cluster(args: Args, notify: bool) -> Result<(), Failure> {
     let opts = parse_options(&args.options)?;
     let source = match ferry_client::cluster::copy::parse(&args.source) {
@@ -295,15 +302,7 @@ fn run_cluster(args: Args, notify: bool) -> Result<(), Failure> {
             ))
         }
     };
-    if opts.write == WriteMode::ReadWrite {
-        return Err((
-            exit::USAGE,
-            anyhow::anyhow!(
-                "{}: a cluster share mounts read-only; -o rw is refused",
-                source.display()
-            ),
-        ));
-    }
+    let writable = opts.write != WriteMode::ReadOnly;
     let defaults = MountOptions::default();
     for (set, name) in [
         (
@@ -327,22 +326,83 @@ fn run_cluster(args: Args, notify: bool) -> Result<(), Failure> {
 
     let rt = runtime()?;
     let credentials = credentials(&args, &opts)?;
-    let nodes = rt.block_on(check_cluster(&source, &opts, args.transport, credentials))?;
+    let nodes = rt.block_on(check_cluster(
+        &source,
+        &opts,
+        args.transport,
+        credentials.clone(),
+    ))?;
+    let writer = if writable {
+        Some(rt.block_on(cluster_writer(&source, &opts, args.transport, credentials))?)
+    } else {
+        None
+    };
 
-    let at = MountAt::new(&opts, &source.display(), false, &args.mountpoint, notify);
+    let at = MountAt::new(&opts, &source.display(), writable, &args.mountpoint, notify);
     let fs = ClusterFs::new(
         rt.handle().clone(),
         nodes,
         source.share.clone(),
         source.path.clone(),
         opts,
+        writer,
     );
     let mounted = format!(
-        "mounted {} on {}, read-only",
+        "mounted {} on {}, {}",
         source.display(),
-        args.mountpoint.display()
+        args.mountpoint.display(),
+        if writable { "read-write" } else { "read-only" }
     );
     mount_and_serve(fs, rt, at, &mounted)
+}
+
+/// What a writable cluster mount writes with: its own connection to the cluster, the
+/// share's settings, and a private staging directory `/var/tmp/ferry-mount-PID`.
+async fn cluster_writer(
+    source: &ferry_client::cluster::copy::ClusterPath,
+    opts: &MountOptions,
+    transport: TransportChoice,
+    credentials: Credentials,
+) -> Result<ferry_fuse::cluster::write::Writer, Failure> {
+    let endpoints = std::slice::from_ref(&source.etcd);
+    let cluster = tokio::time::timeout(
+        opts.timeout,
+        ferry_client::cluster::Cluster::connect(endpoints, transport, credentials),
+    )
+    .await
+    .map_err(|_| {
+        (
+            exit::CONNECT,
+            anyhow::anyhow!("etcd {}: no answer within {:?}", source.etcd, opts.timeout),
+        )
+    })?
+    .map_err(|e| (exit::CONNECT, anyhow::anyhow!("{e}")))?;
+    let config = cluster
+        .meta()
+        .share(&source.share)
+        .await
+        .map_err(|e| (exit::MOUNT, anyhow::anyhow!("{}: {e}", source.display())))?;
+    let dir = PathBuf::from(format!("/var/tmp/ferry-mount-{}", std::process::id()));
+    let made = std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .or_else(|e| match e.kind() {
+            // Left by an earlier process of this pid: nothing in it is needed.
+            std::io::ErrorKind::AlreadyExists => std::fs::remove_dir_all(&dir)
+                .and_then(|()| std::fs::DirBuilder::new().mode(0o700).create(&dir)),
+            _ => Err(e),
+        });
+    made.map_err(|e| {
+        (
+            exit::MOUNT,
+            anyhow::anyhow!("staging directory {}: {e}", dir.display()),
+        )
+    })?;
+    Ok(ferry_fuse::cluster::write::Writer {
+        cluster,
+        config,
+        dir,
+    })
 }
 
 /// Before mounting a cluster share: etcd answers, the share exists, the mounted path

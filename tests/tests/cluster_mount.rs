@@ -1,7 +1,9 @@
-//! `ferry-mount cluster://ETCD/SHARE`: a read-only FUSE mount of a cluster share
-//! striped and replicated over three nodes in network namespaces (the [`Cluster`]
-//! harness): names, attributes and bytes as written, reads across stripe boundaries,
-//! a damaged replica and a killed node passed over with no error, EROFS for changes.
+//! `ferry-mount cluster://ETCD/SHARE`: the FUSE mount of a cluster share striped and
+//! replicated over nodes in network namespaces (the [`Cluster`] harness): names,
+//! attributes and bytes as written, reads across stripe boundaries, a damaged replica
+//! and a killed node passed over with no error, EROFS for changes with `-o ro`; and
+//! writes (close-to-open, whole files) and namespace changes through a read-write
+//! mount, read back with `rcp`.
 //!
 //! Needs root, etcd and FUSE (skipped otherwise, with the reason).
 
@@ -96,7 +98,7 @@ fn a_cluster_share_mounts_read_only_and_reads_around_bad_replicas_and_lost_nodes
     fs::write(&object, &bytes).unwrap();
 
     let mount = Mount::builder(cluster.url("data", ""))
-        .opt("cache_size=2")
+        .opt("cache_size=2,ro")
         .start();
 
     // Names, kinds, modes, mtimes and bytes, as written.
@@ -196,7 +198,13 @@ fn a_cluster_share_mounts_read_only_and_reads_around_bad_replicas_and_lost_nodes
     for s in &layout.stripes {
         first[node_number(&s.replicas[0])] += 1;
     }
-    let victim = (1..=3).max_by_key(|&k| first[k]).unwrap();
+    // Not the only good replica of the damaged stripe 1: with it gone nothing could
+    // serve that stripe.
+    let good = node_number(&layout.stripes[1].replicas[1]);
+    let victim = (1..=3)
+        .filter(|&k| k != good)
+        .max_by_key(|&k| first[k])
+        .unwrap();
     let victim_id = cluster.node_id(victim);
     let mut open = File::open(mount.join("tree/big")).unwrap();
     let mut head = vec![0; MIB as usize];
@@ -247,7 +255,9 @@ fn a_cluster_mount_of_a_directory_and_refusals() {
     rcp(rcp_args!["-r", &tree, cluster.url("data", "")]).assert_success();
 
     // A directory of the share as the root.
-    let mount = Mount::start(cluster.url("data", "t/sub"));
+    let mount = Mount::builder(cluster.url("data", "t/sub"))
+        .opt("ro")
+        .start();
     assert_eq!(
         fs::read(mount.join("f")).unwrap(),
         fs::read(tree.join("sub/f")).unwrap()
@@ -259,11 +269,8 @@ fn a_cluster_mount_of_a_directory_and_refusals() {
 
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().to_str().unwrap();
-    // -o rw is a usage error; a missing share, a file as the root: cannot mount; a
-    // wrong secret: authentication failed; no etcd: cannot connect.
-    let rw = ferry_mount(["-f", "-o", "rw", &cluster.url("data", ""), mnt]);
-    assert_eq!(rw.code, Some(2), "{rw}");
-    assert!(rw.stderr.contains("read-only"), "{rw}");
+    // A missing share, a file as the root: cannot mount; a wrong secret:
+    // authentication failed; no etcd: cannot connect.
     let noshare = ferry_mount(["-f", &cluster.url("nope", ""), mnt]);
     assert_eq!(noshare.code, Some(4), "{noshare}");
     assert!(
@@ -287,4 +294,230 @@ fn a_cluster_mount_of_a_directory_and_refusals() {
     assert_eq!(wrong.code, Some(5), "{wrong}");
     let noetcd = ferry_mount(["-f", "-o", "timeout=3", "cluster://127.0.0.1:1/data", mnt]);
     assert_eq!(noetcd.code, Some(3), "{noetcd}");
+}
+
+/// The entry at `path` of share `data`, if any, from etcd.
+fn entry_of(cluster: &Cluster, path: &str) -> Option<ferry_common::cluster::Entry> {
+    let endpoint = cluster.etcd_endpoint();
+    ferry_tests::runtime().block_on(async {
+        let meta = ferry_client::cluster::Meta::connect(&[endpoint])
+            .await
+            .expect("etcd");
+        meta.entry("data", path)
+            .await
+            .expect("etcd answers")
+            .map(|v| v.entry)
+    })
+}
+
+/// The stored objects of `layout` (share `data`) on every node that holds one.
+fn objects_of(cluster: &Cluster, layout: &Layout) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for (i, s) in layout.stripes.iter().enumerate() {
+        for id in &s.replicas {
+            let path = cluster
+                .node_store(node_number(id))
+                .join(layout.object_path("data", i));
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// File `path` of share `data`, downloaded with `rcp` to `dest` (replaced).
+fn fetch(cluster: &Cluster, path: &str, dest: &Path) {
+    let _ = fs::remove_file(dest);
+    rcp(rcp_args![cluster.url("data", path), dest]).assert_success();
+}
+
+#[test]
+fn a_cluster_mount_writes_whole_files_at_close_and_changes_the_namespace() {
+    let name = "a_cluster_mount_writes_whole_files_at_close_and_changes_the_namespace";
+    if skip_without_cluster(name) || skip_without_fuse(name) {
+        return;
+    }
+    let started = Instant::now();
+    let mut cluster = Cluster::start_with_share(3, "data", 2, 1);
+    let local = cluster.dir().join("local");
+    let tree = local.join("src");
+    fs::create_dir_all(tree.join("a/b")).unwrap();
+    let big = 5 * MIB + 3;
+    write_random_file(&tree.join("big"), big, 11);
+    fs::set_permissions(tree.join("big"), fs::Permissions::from_mode(0o640)).unwrap();
+    write_random_file(&tree.join("a/small"), 4000, 12);
+    write_random_file(&tree.join("a/b/empty"), 0, 13);
+    std::os::unix::fs::symlink("../big", tree.join("a/link")).unwrap();
+
+    // Read-write by default.
+    let mount = Mount::start(cluster.url("data", ""));
+    let cp = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&tree)
+        .arg(mount.join("w"))
+        .output()
+        .expect("cp");
+    assert!(
+        cp.status.success(),
+        "cp -a: {}\n{}",
+        String::from_utf8_lossy(&cp.stderr),
+        mount.log()
+    );
+    let back = local.join("back");
+    rcp(rcp_args!["-r", cluster.url("data", "w"), &back]).assert_success();
+    assert_trees_equal(&tree, &back);
+    let layout = layout_of(&cluster, "w/big");
+    assert_eq!(layout.stripes.len(), 6, "5 MiB + 3 in 1 MiB stripes");
+    assert_eq!(
+        fs::read(mount.join("w/big")).unwrap(),
+        fs::read(tree.join("big")).unwrap()
+    );
+
+    // A file being written is not visible before close; it is, whole, after.
+    let mut pending = File::create(mount.join("w/pending")).unwrap();
+    std::io::Write::write_all(&mut pending, &[7u8; 3000]).unwrap();
+    pending.sync_data().ok();
+    drop(pending);
+    let mut later = File::create(mount.join("w/later")).unwrap();
+    std::io::Write::write_all(&mut later, b"not yet").unwrap();
+    assert!(
+        entry_of(&cluster, "w/later").is_none(),
+        "visible before close"
+    );
+    let missing = rcp(rcp_args![
+        cluster.url("data", "w/later"),
+        local.join("later")
+    ]);
+    assert_ne!(
+        missing.code,
+        Some(0),
+        "{missing}\nentry now: {:?}\nlocal: {:?}",
+        entry_of(&cluster, "w/later"),
+        fs::read(local.join("later"))
+    );
+    assert_eq!(
+        fs::metadata(mount.join("w/later")).unwrap().len(),
+        7,
+        "the writer sees its own file"
+    );
+    drop(later);
+    fetch(&cluster, "w/later", &local.join("later"));
+    assert_eq!(fs::read(local.join("later")).unwrap(), b"not yet");
+    fetch(&cluster, "w/pending", &local.join("pending"));
+    assert_eq!(fs::read(local.join("pending")).unwrap(), vec![7u8; 3000]);
+
+    // Overwrite, then append: the new content, whole.
+    let mut want: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
+    fs::write(mount.join("w/a/small"), &want).unwrap();
+    fetch(&cluster, "w/a/small", &local.join("small"));
+    assert_eq!(fs::read(local.join("small")).unwrap(), want);
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(mount.join("w/a/small"))
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"-- appended").unwrap();
+    drop(f);
+    want.extend_from_slice(b"-- appended");
+    fetch(&cluster, "w/a/small", &local.join("small"));
+    assert_eq!(fs::read(local.join("small")).unwrap(), want);
+    assert_eq!(fs::read(mount.join("w/a/small")).unwrap(), want);
+
+    // Truncate on an open descriptor: published at close.
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(mount.join("w/a/small"))
+        .unwrap();
+    f.set_len(100).unwrap();
+    drop(f);
+    fetch(&cluster, "w/a/small", &local.join("small"));
+    assert_eq!(fs::read(local.join("small")).unwrap(), want[..100]);
+
+    // chmod and touch -m: the entry changes, seen by rcp.
+    fs::set_permissions(mount.join("w/a/small"), fs::Permissions::from_mode(0o600)).unwrap();
+    let touch = std::process::Command::new("touch")
+        .args(["-m", "-d", "@1600000000"])
+        .arg(mount.join("w/a/small"))
+        .status()
+        .expect("touch");
+    assert!(touch.success());
+    fetch(&cluster, "w/a/small", &local.join("small"));
+    let md = fs::metadata(local.join("small")).unwrap();
+    assert_eq!(md.mode() & 0o7777, 0o600);
+    assert_eq!(md.mtime(), 1_600_000_000);
+    assert_eq!(fs::read(local.join("small")).unwrap(), want[..100]);
+
+    // truncate(2) of a name not open: fetched, truncated and published (to 0: an
+    // empty file, nothing fetched).
+    nix::unistd::truncate(&mount.join("w/a/small"), 40).expect("truncate to 40");
+    fetch(&cluster, "w/a/small", &local.join("small"));
+    assert_eq!(fs::read(local.join("small")).unwrap(), want[..40]);
+    nix::unistd::truncate(&mount.join("w/pending"), 0).expect("truncate to 0");
+    fetch(&cluster, "w/pending", &local.join("pending"));
+    assert!(fs::read(local.join("pending")).unwrap().is_empty());
+
+    // mkdir, rmdir: ENOTEMPTY while something is below.
+    fs::create_dir(mount.join("w/d")).unwrap();
+    fs::write(mount.join("w/d/f"), b"x").unwrap();
+    assert!(
+        entry_of(&cluster, "w/d").is_some_and(|e| e.kind == ferry_common::cluster::EntryKind::Dir)
+    );
+    let notempty = fs::remove_dir(mount.join("w/d")).unwrap_err();
+    assert_eq!(notempty.raw_os_error(), Some(nix::libc::ENOTEMPTY));
+    fs::remove_file(mount.join("w/d/f")).unwrap();
+    fs::remove_dir(mount.join("w/d")).unwrap();
+    assert!(entry_of(&cluster, "w/d").is_none());
+    assert!(!mount.join("w/d").exists());
+
+    // unlink: the entry and its objects go.
+    let objects = objects_of(&cluster, &layout);
+    assert!(objects.iter().all(|p| p.exists()), "{objects:?}");
+    fs::remove_file(mount.join("w/big")).unwrap();
+    assert!(entry_of(&cluster, "w/big").is_none());
+    let left: Vec<_> = objects.iter().filter(|p| p.exists()).collect();
+    assert!(left.is_empty(), "objects left after unlink: {left:?}");
+
+    // rename over an existing file: one transaction; the replaced objects go.
+    fs::write(mount.join("w/r1"), b"first").unwrap();
+    fs::write(mount.join("w/r2"), b"second").unwrap();
+    let replaced = objects_of(&cluster, &layout_of(&cluster, "w/r2"));
+    fs::rename(mount.join("w/r1"), mount.join("w/r2")).unwrap();
+    assert!(entry_of(&cluster, "w/r1").is_none());
+    fetch(&cluster, "w/r2", &local.join("r2"));
+    assert_eq!(fs::read(local.join("r2")).unwrap(), b"first");
+    assert_eq!(fs::read(mount.join("w/r2")).unwrap(), b"first");
+    assert!(!mount.join("w/r1").exists());
+    let left: Vec<_> = replaced.iter().filter(|p| p.exists()).collect();
+    assert!(left.is_empty(), "replaced objects left: {left:?}");
+
+    // A directory does not rename: EXDEV (mv copies and removes instead).
+    let exdev = fs::rename(mount.join("w/a"), mount.join("w/a2")).unwrap_err();
+    assert_eq!(exdev.raw_os_error(), Some(nix::libc::EXDEV));
+    assert!(mount.join("w/a/b").is_dir());
+
+    // No node to store on: close gives EIO and nothing is published, neither a new
+    // file nor a new version of an old one.
+    let before = layout_of(&cluster, "w/r2");
+    for k in 1..=3 {
+        cluster.kill_node(k);
+    }
+    let mut new = File::create(mount.join("w/fails")).unwrap();
+    std::io::Write::write_all(&mut new, b"never").unwrap();
+    let closed = nix::unistd::close(std::os::fd::IntoRawFd::into_raw_fd(new));
+    assert_eq!(closed, Err(nix::errno::Errno::EIO), "close");
+    assert!(entry_of(&cluster, "w/fails").is_none());
+    let mut over = File::create(mount.join("w/r2")).unwrap();
+    std::io::Write::write_all(&mut over, b"never either").unwrap();
+    let synced = over.sync_all().unwrap_err();
+    assert_eq!(synced.raw_os_error(), Some(nix::libc::EIO), "fsync");
+    let closed = nix::unistd::close(std::os::fd::IntoRawFd::into_raw_fd(over));
+    assert_eq!(closed, Err(nix::errno::Errno::EIO), "close");
+    assert_eq!(layout_of(&cluster, "w/r2").id, before.id);
+
+    let stopped = mount.unmount();
+    assert!(stopped.graceful, "{stopped:?}");
+    assert_eq!(stopped.code, Some(0), "{stopped:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "took {:?}",
+        started.elapsed()
+    );
 }

@@ -473,6 +473,49 @@ impl Meta {
         ))
     }
 
+    /// Moves the entry at `from` (mod revision `from_rev`) to `to` (mod revision
+    /// `to_rev`, 0: absent) as `entry`, if both still have those revisions and the
+    /// parent directory of `to` exists: one etcd transaction deletes `from` and puts
+    /// `to`, so readers see the name at one place or the other, never both or neither.
+    pub async fn rename(
+        &self,
+        share: &str,
+        from: &str,
+        from_rev: i64,
+        to: &str,
+        to_rev: i64,
+        entry: &Entry,
+    ) -> Result<Commit, ClientError> {
+        let (from_key, to_key) = (entry_key(share, from), entry_key(share, to));
+        let value = serde_json::to_vec(entry).expect("entry serialises");
+        let mut when = vec![
+            Compare::mod_revision(from_key.clone(), CompareOp::Equal, from_rev),
+            Compare::mod_revision(to_key.clone(), CompareOp::Equal, to_rev),
+        ];
+        if let Some((parent, _)) = to.rsplit_once('/') {
+            when.push(Compare::version(
+                entry_key(share, parent),
+                CompareOp::Greater,
+                0,
+            ));
+        }
+        let txn = Txn::new().when(when).and_then(vec![
+            TxnOp::delete(from_key, None),
+            TxnOp::put(to_key, value, None),
+        ]);
+        let resp = self
+            .etcd
+            .clone()
+            .txn(txn)
+            .await
+            .map_err(|e| self.err("renaming an entry", e))?;
+        Ok(if resp.succeeded() {
+            Commit::Done(resp.header().map(|h| h.revision()).unwrap_or_default())
+        } else {
+            Commit::Conflict
+        })
+    }
+
     /// Removes the entry at `path` if it still has mod revision `expected`.
     pub async fn remove(
         &self,

@@ -149,6 +149,12 @@ impl Cluster {
         }
     }
 
+    /// Forgets which nodes failed: a long-lived client (the mount) starts each
+    /// operation with every live node usable again.
+    pub fn clear_failed(&self) {
+        lock(&self.inner.failed).clear();
+    }
+
     /// True if node `id` failed in this run.
     pub fn has_failed(&self, id: &str) -> bool {
         lock(&self.inner.failed).contains(id)

@@ -1,4 +1,5 @@
-//! A read-only FUSE mount of a cluster share (`ferry-mount cluster://ETCD/SHARE`).
+//! The FUSE mount of a cluster share (`ferry-mount cluster://ETCD/SHARE`), read-write
+//! unless mounted `-o ro`.
 //!
 //! ```text
 //!  lookup/getattr/readdir/readlink ──> etcd: the entry at /ferry/ns/SHARE/PATH (and the
@@ -8,7 +9,8 @@
 //!           MapOpen of the object, manifest by RDMA READ, its id == the layout's?
 //!           ──> one-sided READs, every chunk checked ──> reply
 //!           (a replica that fails or does not verify: the next one, no error)
-//!  write, create, mkdir, unlink, rename, setattr, ... ──> EROFS
+//!  create, open for writing, write, mkdir, unlink, rename, setattr, ... ──> [`write`]
+//!           (close-to-open, whole files; EROFS on a read-only mount)
 //! ```
 //!
 //! - [`names`]: node ids (one per path and kind, kept for the mount's life) and the
@@ -16,14 +18,16 @@
 //! - [`stripes`]: the storage nodes (one [`crate::remote::Remote`] and
 //!   [`crate::reader::Reader`] each: the single-server mount's verified one-sided
 //!   read path) and open files, read stripe by stripe from any replica that verifies.
+//! - [`write`]: staged writes published whole at close, and the namespace changes.
 //!
-//! Invariants: the mount never changes the cluster (every modifying operation answers
-//! EROFS, and the kernel mount is `ro`); a file's bytes reach a reader only after their
+//! Invariants: a read-only mount never changes the cluster (every modifying operation
+//! answers EROFS, and the kernel mount is `ro`); a file's bytes reach a reader only after their
 //! chunk matched a hash list whose manifest id is the one the layout records; an open
 //! descriptor reads the layout it was opened with.
 
 pub mod names;
 pub mod stripes;
+pub mod write;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -41,11 +45,13 @@ use fuser::{
 use tokio::runtime::Handle;
 
 use crate::bufs::BufPool;
+use crate::fs::tgid_of;
 use crate::nodes::join;
 use crate::options::MountOptions;
 use crate::remote::{errno_of, lock, OpError};
 use names::{Names, ROOT};
 use stripes::{ClusterFile, Nodes, ReadOut};
+use write::{Staged, Writer};
 
 /// Idle reply buffers kept for reads that span stripes.
 const REPLY_BUFFERS_KEPT: usize = 16;
@@ -53,7 +59,7 @@ const REPLY_BUFFERS_KEPT: usize = 16;
 /// Block size reported by statfs.
 const BLOCK: u64 = 4096;
 
-/// A mounted cluster share (or a directory in one), read-only.
+/// A mounted cluster share (or a directory in one).
 pub struct ClusterFs {
     inner: Arc<Inner>,
     rt: Handle,
@@ -78,17 +84,24 @@ struct Inner {
     opened: Mutex<HashMap<u64, String>>,
     next_fh: AtomicU64,
     bufs: BufPool,
+    /// `None`: a read-only mount.
+    writer: Option<Writer>,
+    /// Handles open for writing, by handle.
+    writes: Mutex<HashMap<u64, Arc<Staged>>>,
+    /// The handle open for writing each path last (its attributes are the path's).
+    staged: Mutex<HashMap<String, Arc<Staged>>>,
 }
 
 impl ClusterFs {
     /// A filesystem for `share/root` of the cluster whose etcd and nodes `nodes`
-    /// reaches, run on `rt`.
+    /// reaches, run on `rt`; writable through `writer` if given.
     pub fn new(
         rt: Handle,
         nodes: Arc<Nodes>,
         share: String,
         root: String,
         opts: MountOptions,
+        writer: Option<Writer>,
     ) -> ClusterFs {
         ClusterFs {
             inner: Arc::new(Inner {
@@ -104,6 +117,9 @@ impl ClusterFs {
                 opened: Mutex::new(HashMap::new()),
                 next_fh: AtomicU64::new(1),
                 bufs: BufPool::new(REPLY_BUFFERS_KEPT),
+                writer,
+                writes: Mutex::new(HashMap::new()),
+                staged: Mutex::new(HashMap::new()),
             }),
             rt,
         }
@@ -201,16 +217,9 @@ impl Inner {
             }
         }
         let sp = self.share_path(path);
-        let got =
-            tokio::time::timeout(self.opts.timeout, self.nodes.meta().entry(&self.share, &sp))
-                .await
-                .map_err(|_| {
-                    OpError::new(
-                        Errno::EIO,
-                        format!("{}/{sp}: etcd did not answer in time", self.share),
-                    )
-                })?
-                .map_err(|e| OpError::new(errno_of(&e), format!("{}/{sp}: {e}", self.share)))?;
+        let got = self
+            .etcd(&sp, self.nodes.meta().entry(&self.share, &sp))
+            .await?;
         let now = Instant::now();
         match got {
             Some(v) => {
@@ -236,6 +245,12 @@ impl Inner {
             .ok_or_else(|| OpError::new(Errno::ENOENT, "name is not UTF-8"))?;
         let (dir, _) = self.path_of(parent)?;
         let path = join(&dir, name);
+        if let Some(staged) = self.staged_at(&path) {
+            // Open for writing here: the handle's size and times (a new file is
+            // nowhere else yet).
+            let ino = lock(&self.names).id(&path, EntryKind::File);
+            return Ok((ino, Arc::new(staged.entry()?)));
+        }
         let ttl = self.opts.entry_ttl.min(self.opts.attr_ttl);
         let entry = self.entry(&path, ttl).await?;
         let ino = lock(&self.names).id(&path, entry.kind);
@@ -336,7 +351,21 @@ impl fuser::Filesystem for ClusterFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Large kernel readahead requests; each stripe's reader reads ahead on top.
         let _ = config.set_max_readahead(1 << 20);
+        if self.inner.writer.is_some() {
+            // Writes of up to 1 MiB per request; O_TRUNC reaches `open`, so a
+            // truncating open stages an empty file instead of fetching the old one.
+            let _ = config.set_max_write(1 << 20);
+            if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC) {
+                tracing::warn!("the kernel lacks {missing:?}: O_TRUNC fetches first");
+            }
+        }
         Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Some(w) = &self.inner.writer {
+            w.remove_staging();
+        }
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -363,6 +392,13 @@ impl fuser::Filesystem for ClusterFs {
                 &self.inner.file_attr(ino.0, file.entry()),
             );
         }
+        let staged = self.inner.staged_for(ino, fh);
+        if let Some(staged) = staged {
+            return match staged.entry() {
+                Ok(e) => reply.attr(&Duration::ZERO, &self.inner.file_attr(ino.0, &e)),
+                Err(e) => reply.error(fail("getattr", e)),
+            };
+        }
         self.spawn(|fs| async move {
             match fs.node_entry(ino).await {
                 Ok(e) => reply.attr(&fs.opts.attr_ttl, &fs.file_attr(ino.0, &e)),
@@ -383,10 +419,19 @@ impl fuser::Filesystem for ClusterFs {
         });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let acc = flags.0 & nix::libc::O_ACCMODE;
         if acc != nix::libc::O_RDONLY || flags.0 & nix::libc::O_TRUNC != 0 {
-            return reply.error(read_only());
+            if self.inner.writer.is_none() {
+                return reply.error(read_only());
+            }
+            let opener = tgid_of(req.pid());
+            return self.spawn(|fs| async move {
+                match fs.open_write(ino, flags.0, opener).await {
+                    Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                    Err(e) => reply.error(fail("open", e)),
+                }
+            });
         }
         self.spawn(|fs| async move {
             match fs.open(ino).await {
@@ -414,6 +459,13 @@ impl fuser::Filesystem for ClusterFs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
+        let staged = lock(&self.inner.writes).get(&fh.0).cloned();
+        if let Some(staged) = staged {
+            return match staged.read(offset, size) {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(fail("read", e)),
+            };
+        }
         let Some(file) = lock(&self.inner.files).get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
@@ -441,6 +493,15 @@ impl fuser::Filesystem for ClusterFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let staged = lock(&self.inner.writes).remove(&fh.0);
+        if let Some(staged) = staged {
+            // Whatever the last flush left unpublished goes now (errors: the log).
+            self.spawn(|fs| async move {
+                fs.release_write(staged).await;
+                reply.ok();
+            });
+            return;
+        }
         if let Some(file) = lock(&self.inner.files).remove(&fh.0) {
             let _runtime = self.rt.enter();
             file.release();
@@ -450,14 +511,30 @@ impl fuser::Filesystem for ClusterFs {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Nothing is ever written.
-        reply.ok();
+        // close(2) by the opener publishes (close-to-open); by another process (a
+        // child closing an inherited descriptor at exec) it does not.
+        let staged = lock(&self.inner.writes).get(&fh.0).cloned();
+        if staged.is_some_and(|s| !s.closed_by_opener(tgid_of(req.pid()))) {
+            return reply.ok();
+        }
+        self.publish(fh, "close", reply);
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.publish(fh, "fsync", reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -523,7 +600,7 @@ impl fuser::Filesystem for ClusterFs {
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        if mask.contains(fuser::AccessFlags::W_OK) {
+        if mask.contains(fuser::AccessFlags::W_OK) && self.inner.writer.is_none() {
             return reply.error(read_only());
         }
         reply.ok();
@@ -548,27 +625,47 @@ impl fuser::Filesystem for ClusterFs {
         }
     }
 
-    // Every change: EROFS (the kernel refuses most of them itself on a `ro` mount).
+    // Changes: [`write`] (EROFS on a read-only mount).
 
     fn setattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _mode: Option<u32>,
+        ino: INodeNo,
+        mode: Option<u32>,
         _uid: Option<u32>,
         _gid: Option<u32>,
-        _size: Option<u64>,
+        size: Option<u64>,
         _atime: Option<fuser::TimeOrNow>,
-        _mtime: Option<fuser::TimeOrNow>,
+        mtime: Option<fuser::TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        reply.error(read_only());
+        if self.inner.writer.is_none() {
+            return reply.error(read_only());
+        }
+        // Owners are the mounting user's (not stored): chown changes nothing. Access
+        // times are not kept.
+        let staged = self.inner.staged_for(ino, fh);
+        let on_handle = fh.is_some_and(|fh| lock(&self.inner.writes).contains_key(&fh.0));
+        self.spawn(|fs| async move {
+            let ttl = if staged.is_some() {
+                Duration::ZERO
+            } else {
+                fs.opts.attr_ttl
+            };
+            match fs
+                .set_attr(ino, (staged, on_handle), mode, size, mtime)
+                .await
+            {
+                Ok(e) => reply.attr(&ttl, &fs.file_attr(ino.0, &e)),
+                Err(e) => reply.error(fail("setattr", e)),
+            }
+        });
     }
 
     fn mknod(
@@ -581,51 +678,69 @@ impl fuser::Filesystem for ClusterFs {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(read_only());
+        // Regular files come through create; devices, fifos and sockets are not kept.
+        let errno = if self.inner.writer.is_none() {
+            read_only()
+        } else {
+            Errno::EPERM
+        };
+        reply.error(errno);
     }
 
     fn mkdir(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(read_only());
+        let entry = Inner::new_entry(EntryKind::Dir, mode & !umask, None);
+        self.make(parent, name, entry, "mkdir", reply);
     }
 
-    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(read_only());
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.remove(parent, name, false, reply);
     }
 
-    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(read_only());
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.remove(parent, name, true, reply);
     }
 
     fn symlink(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _link_name: &OsStr,
-        _target: &Path,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
         reply: ReplyEntry,
     ) {
-        reply.error(read_only());
+        let Some(target) = target.to_str().map(str::to_owned) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let entry = Inner::new_entry(EntryKind::Symlink, 0o777, Some(target));
+        self.make(parent, link_name, entry, "symlink", reply);
     }
 
     fn rename(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        _flags: fuser::RenameFlags,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        reply.error(read_only());
+        let (name, newname) = (name.to_owned(), newname.to_owned());
+        let flags = flags.bits();
+        self.spawn(|fs| async move {
+            match fs.rename(parent, &name, newparent, &newname, flags).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("rename", e)),
+            }
+        });
     }
 
     fn link(
@@ -636,35 +751,64 @@ impl fuser::Filesystem for ClusterFs {
         _newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        reply.error(read_only());
+        // Hard links are not kept in a cluster namespace.
+        let errno = if self.inner.writer.is_none() {
+            read_only()
+        } else {
+            Errno::EPERM
+        };
+        reply.error(errno);
     }
 
     fn write(
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _data: &[u8],
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
         _write_flags: fuser::WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<fuser::LockOwner>,
         reply: fuser::ReplyWrite,
     ) {
-        reply.error(read_only());
+        let Some(staged) = lock(&self.inner.writes).get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        // A local file: written on this thread.
+        match staged.write(offset, data) {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(fail("write", e)),
+        }
     }
 
     fn create(
         &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        _flags: i32,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
         reply: fuser::ReplyCreate,
     ) {
-        reply.error(read_only());
+        if self.inner.writer.is_none() {
+            return reply.error(read_only());
+        }
+        let name = name.to_owned();
+        let opener = tgid_of(req.pid());
+        self.spawn(|fs| async move {
+            match fs.create(parent, &name, mode & !umask, flags, opener).await {
+                Ok((ino, fh, entry)) => reply.created(
+                    &Duration::ZERO,
+                    &fs.file_attr(ino, &entry),
+                    Generation(0),
+                    FileHandle(fh),
+                    FopenFlags::empty(),
+                ),
+                Err(e) => reply.error(fail("create", e)),
+            }
+        });
     }
 
     fn fallocate(
@@ -677,6 +821,62 @@ impl fuser::Filesystem for ClusterFs {
         _mode: i32,
         reply: ReplyEmpty,
     ) {
-        reply.error(read_only());
+        let errno = if self.inner.writer.is_none() {
+            read_only()
+        } else {
+            Errno::EOPNOTSUPP
+        };
+        reply.error(errno);
+    }
+}
+
+impl ClusterFs {
+    /// mkdir, symlink: puts `entry` as `name` in `parent`.
+    fn make(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        entry: Entry,
+        what: &'static str,
+        reply: ReplyEntry,
+    ) {
+        let name = name.to_owned();
+        self.spawn(|fs| async move {
+            match fs.make(parent, &name, &entry).await {
+                Ok(ino) => reply.entry_with_ttls(
+                    &fs.opts.attr_ttl,
+                    &fs.opts.entry_ttl,
+                    &fs.file_attr(ino, &entry),
+                    Generation(0),
+                ),
+                Err(e) => reply.error(fail(what, e)),
+            }
+        });
+    }
+
+    /// unlink (`dir` false), rmdir (`dir` true).
+    fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool, reply: ReplyEmpty) {
+        let name = name.to_owned();
+        self.spawn(|fs| async move {
+            let what = if dir { "rmdir" } else { "unlink" };
+            match fs.remove(parent, &name, dir).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail(what, e)),
+            }
+        });
+    }
+
+    /// close or fsync of handle `fh`: a handle open for writing publishes what changed
+    /// (EIO if that fails: nothing published); others have nothing to do.
+    fn publish(&self, fh: FileHandle, what: &'static str, reply: ReplyEmpty) {
+        let Some(staged) = lock(&self.inner.writes).get(&fh.0).cloned() else {
+            return reply.ok();
+        };
+        self.spawn(|fs| async move {
+            match fs.publish(&staged).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail(what, e)),
+            }
+        });
     }
 }

@@ -114,6 +114,27 @@ impl Names {
         self.entries.remove(path);
         self.missing.insert(path.to_owned(), now);
     }
+
+    /// Forgets what is cached about `path` (changed through this mount): its entry
+    /// and that it was missing.
+    pub fn forget(&mut self, path: &str) {
+        self.entries.remove(path);
+        self.missing.remove(path);
+    }
+
+    /// `from` was renamed to `to` (a `kind`): its node id now stands for `to`, and
+    /// the id `to` had as a `kind` (a replaced file) stands for nothing any more.
+    pub fn rename(&mut self, from: &str, to: &str, kind: EntryKind) {
+        self.forget(from);
+        self.forget(to);
+        let Some(id) = self.ids.remove(&(from.to_owned(), tag(kind))) else {
+            return;
+        };
+        if let Some(old) = self.ids.insert((to.to_owned(), tag(kind)), id) {
+            self.paths.remove(&old);
+        }
+        self.paths.insert(id, (to.to_owned(), kind));
+    }
 }
 
 #[cfg(test)]
@@ -166,5 +187,24 @@ mod tests {
         assert!(!n.is_missing("f", t0 + ttl, ttl));
         n.store("f", entry(EntryKind::File, 4), t0, ttl);
         assert!(!n.is_missing("f", t0, ttl), "found again");
+    }
+
+    #[test]
+    fn a_rename_moves_the_id_and_drops_the_replaced_one() {
+        let mut n = Names::new();
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(1);
+        let a = n.id("a", EntryKind::File);
+        let b = n.id("b", EntryKind::File);
+        n.store("a", entry(EntryKind::File, 1), t0, ttl);
+        n.store_missing("c", t0, ttl);
+        n.rename("a", "b", EntryKind::File);
+        assert_eq!(n.path(a), Some(("b".into(), EntryKind::File)));
+        assert_eq!(n.path(b), None, "the replaced file's id stands for nothing");
+        assert_eq!(n.id("b", EntryKind::File), a);
+        assert_ne!(n.id("a", EntryKind::File), a, "the old name gets a new id");
+        assert!(n.entry("a", t0, ttl).is_none());
+        n.forget("c");
+        assert!(!n.is_missing("c", t0, ttl));
     }
 }

@@ -127,12 +127,17 @@ impl Meta {
 
     /// Every registered (so alive: its lease is current) node, by id.
     pub async fn nodes(&self) -> Result<Vec<NodeInfo>, ClientError> {
+        self.node_list(nodes_prefix(), "reading the nodes").await
+    }
+
+    /// The node records under `prefix`, by id.
+    async fn node_list(&self, prefix: String, op: &str) -> Result<Vec<NodeInfo>, ClientError> {
         let resp = self
             .etcd
             .clone()
-            .get(nodes_prefix(), Some(GetOptions::new().with_prefix()))
+            .get(prefix, Some(GetOptions::new().with_prefix()))
             .await
-            .map_err(|e| self.err("reading the nodes", e))?;
+            .map_err(|e| self.err(op, e))?;
         let mut out: Vec<NodeInfo> = resp
             .kvs()
             .iter()
@@ -163,32 +168,8 @@ impl Meta {
 
     /// Every node that ever registered (its last registration), by id.
     pub async fn members(&self) -> Result<Vec<NodeInfo>, ClientError> {
-        let resp = self
-            .etcd
-            .clone()
-            .get(
-                cluster::members_prefix(),
-                Some(GetOptions::new().with_prefix()),
-            )
+        self.node_list(cluster::members_prefix(), "reading the members")
             .await
-            .map_err(|e| self.err("reading the members", e))?;
-        let mut out: Vec<NodeInfo> = resp
-            .kvs()
-            .iter()
-            .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
-            .collect();
-        out.sort_by(|a: &NodeInfo, b| a.id.cmp(&b.id));
-        Ok(out)
-    }
-
-    /// Forgets node `id`'s membership record (a node taken out for good).
-    pub async fn forget_member(&self, id: &str) -> Result<(), ClientError> {
-        self.etcd
-            .clone()
-            .delete(cluster::member_key(id), None)
-            .await
-            .map_err(|e| self.err("removing a member", e))?;
-        Ok(())
     }
 
     /// Share `name`'s settings; a clear error if it was never created.
@@ -374,12 +355,27 @@ impl Meta {
 
     /// Every entry of every share, as (share, path, entry).
     pub async fn all_entries(&self) -> Result<Vec<(String, String, Versioned)>, ClientError> {
+        self.entries(cluster::ns_prefix(), "reading the namespace")
+            .await
+    }
+
+    async fn range(&self, prefix: String) -> Result<Vec<(String, Versioned)>, ClientError> {
+        let all = self.entries(prefix, "listing a directory").await?;
+        Ok(all.into_iter().map(|(_, path, v)| (path, v)).collect())
+    }
+
+    /// Every entry under `prefix`, as (share, path, entry).
+    async fn entries(
+        &self,
+        prefix: String,
+        op: &str,
+    ) -> Result<Vec<(String, String, Versioned)>, ClientError> {
         let resp = self
             .etcd
             .clone()
-            .get(cluster::ns_prefix(), Some(GetOptions::new().with_prefix()))
+            .get(prefix, Some(GetOptions::new().with_prefix()))
             .await
-            .map_err(|e| self.err("reading the namespace", e))?;
+            .map_err(|e| self.err(op, e))?;
         let mut out = Vec::new();
         for kv in resp.kvs() {
             let Some((share, path)) = kv.key_str().ok().and_then(parse_entry_key) else {
@@ -387,29 +383,6 @@ impl Meta {
             };
             out.push((
                 share.to_owned(),
-                path.to_owned(),
-                Versioned {
-                    entry: decode(kv.value(), path)?,
-                    revision: kv.mod_revision(),
-                },
-            ));
-        }
-        Ok(out)
-    }
-
-    async fn range(&self, prefix: String) -> Result<Vec<(String, Versioned)>, ClientError> {
-        let resp = self
-            .etcd
-            .clone()
-            .get(prefix, Some(GetOptions::new().with_prefix()))
-            .await
-            .map_err(|e| self.err("listing a directory", e))?;
-        let mut out = Vec::new();
-        for kv in resp.kvs() {
-            let Some((_, path)) = kv.key_str().ok().and_then(parse_entry_key) else {
-                continue;
-            };
-            out.push((
                 path.to_owned(),
                 Versioned {
                     entry: decode(kv.value(), path)?,

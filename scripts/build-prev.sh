@@ -8,9 +8,12 @@
 #
 # The release's tree is exported with `git archive` into target/prev/src (no
 # worktree, nothing else in the clone is touched) and built there with its own
-# Cargo.lock, offline, into target/prev/target; the binaries are copied to
-# target/prev/bin with a stamp naming the commit. A second run finds the stamp and
-# builds nothing. FERRY_PREV_DIR moves target/prev elsewhere.
+# Cargo.lock, offline, into this clone's own target dir ($CARGO_TARGET_DIR or
+# target/), so the dependencies both releases share at the same versions and features
+# are compiled once; the binaries are copied to target/prev/bin with a stamp naming
+# the commit, and the current build's target/debug/ferryd and rcp are put back as they
+# were. A second run finds the stamp and builds nothing. FERRY_PREV_DIR moves
+# target/prev elsewhere.
 #
 # Needs the commit in this clone's history: a shallow clone lacks it (see the
 # message below). Everything but the bin dir goes to stderr.
@@ -67,14 +70,36 @@ pkg_of() {
 server_pkg="$(pkg_of server)"
 client_pkg="$(pkg_of client)"
 
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+case "$TARGET" in /*) ;; *) TARGET="$ROOT/$TARGET" ;; esac
+# The previous release's build writes its binaries where the current build's are
+# (target/debug/ferryd, rcp): those are set aside first and put back afterwards, so
+# the integration tests never start an old binary by mistake.
+STASH="$PREV_DIR/stash"
+rm -rf "$STASH"
+mkdir -p "$STASH" "$TARGET/debug"
+restore() {
+    local b
+    for b in "${BINS[@]}"; do
+        rm -f "$TARGET/debug/$b"
+        if [ -e "$STASH/$b" ]; then mv "$STASH/$b" "$TARGET/debug/$b"; fi
+    done
+    rm -rf "$STASH"
+}
+for b in "${BINS[@]}"; do
+    if [ -e "$TARGET/debug/$b" ]; then mv "$TARGET/debug/$b" "$STASH/$b"; fi
+done
+trap restore EXIT
 (
     cd "$SRC"
-    CARGO_TARGET_DIR="$PREV_DIR/target" CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}" \
+    CARGO_TARGET_DIR="$TARGET" CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}" \
         cargo build --offline --bins -p "$server_pkg" -p "$client_pkg" >&2
 )
 for b in "${BINS[@]}"; do
-    cp "$PREV_DIR/target/debug/$b" "$BIN/$b"
+    cp "$TARGET/debug/$b" "$BIN/$b"
 done
+restore
+trap - EXIT
 # Written last: a build stopped part-way leaves no stamp and is redone.
 printf '%s\n' "$commit" >"$STAMP"
 say "built in $((SECONDS - start))s"

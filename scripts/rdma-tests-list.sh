@@ -11,18 +11,25 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 mkdir -p target/rdma-suite
 cargo build --workspace --bins --quiet
-cargo test -p ferry-common -p ferry-tests --no-run --message-format=json 2>/dev/null |
+# The whole workspace, as `cargo test --workspace` builds it: asking for two packages
+# alone would unify features differently and rebuild half the dependency graph.
+cargo test --workspace --no-run --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys, os
 # Raw TCP-transport clients (tests/src/raw.rs): nothing in them runs over RDMA.
 TCP_ONLY = {"hostile"}
+common = os.path.abspath("common/Cargo.toml")
+suite = os.path.abspath("tests/Cargo.toml")
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") != "compiler-artifact" or not m.get("executable"):
         continue
     name = m["target"]["name"]
     exe = os.path.relpath(m["executable"])
-    if m["package_id"].find("ferry-common") >= 0 or name == "ferry_common":
+    manifest = m.get("manifest_path")
+    if manifest not in (common, suite):
+        continue
+    if manifest == common:
         # Only the verbs transport unit tests (in the library) need the device; the
         # rest, and the test files of ferry-common, ran on the host.
         if "lib" in m["target"]["kind"]:

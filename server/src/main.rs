@@ -12,6 +12,7 @@ use ferry_common::seal::Encryption;
 use ferry_common::transport::TransportChoice;
 use ferry_server::{Config, Server};
 
+#[cfg(feature = "cluster")]
 mod cluster;
 
 /// The end of `ferryd --help`.
@@ -234,6 +235,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("ferryd: wrote a new secret to {}", path.display());
         return Ok(());
     }
+    #[cfg(not(feature = "cluster"))]
+    if args.cluster.is_some() {
+        anyhow::bail!(
+            "--cluster: this ferryd was built without cluster support (cargo feature `cluster`)"
+        );
+    }
     let mut shares = args.shares.clone();
     if let Some(store) = &args.store {
         std::fs::create_dir_all(store)
@@ -301,6 +308,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         listeners.describe()
     );
     let mut serving = Vec::new();
+    #[cfg(feature = "cluster")]
     if let (Some(endpoints), Some(id), Some(store)) = (&args.cluster, &args.node_id, &args.store) {
         let addr = match &args.advertise {
             Some(a) => a.clone(),

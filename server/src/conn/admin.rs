@@ -18,6 +18,7 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
             let share = conn.share(&share)?;
             blocking(move || verify::verify(&share, &path)).await
         }
+        #[cfg(feature = "cluster")]
         Request::Replicate {
             share,
             path,
@@ -25,6 +26,11 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
             size,
             manifest,
         } => super::replicate::replicate(conn, &share, &path, &from, size, manifest).await,
+        #[cfg(not(feature = "cluster"))]
+        Request::Replicate { .. } => Err(RemoteError {
+            kind: ferry_common::msg::ErrorKind::Unsupported,
+            message: "this ferryd was built without cluster support".into(),
+        }),
         other => Err(misrouted(&other).into()),
     }
 }

@@ -60,6 +60,7 @@ mod blocking;
 mod file;
 mod map;
 mod namespace;
+#[cfg(feature = "cluster")]
 mod replicate;
 mod transfer;
 

@@ -712,15 +712,14 @@ fn land_all(targets: &[PathBuf], files: &[Fetched], data: &[u8]) -> Vec<Landed> 
             remove_quietly(&l.hidden);
             Err(ClientError::local(dest, op, e))
         };
+        // rename(2) refuses to put a file over a directory (EISDIR): no look first.
         let result = if let Err(e) = flush {
             fail("cannot flush", e)
-        } else if fs::symlink_metadata(dest).is_ok_and(|m| m.is_dir()) {
-            fail(
-                "cannot replace",
-                std::io::Error::from(std::io::ErrorKind::IsADirectory),
-            )
         } else if let Err(e) = fs::rename(&l.hidden, dest) {
-            fail("cannot rename into place", e)
+            match e.kind() {
+                std::io::ErrorKind::IsADirectory => fail("cannot replace", e),
+                _ => fail("cannot rename into place", e),
+            }
         } else {
             Ok(l.size)
         };
@@ -759,12 +758,27 @@ fn open_hidden(dest: &Path) -> Result<(PathBuf, Flock<File>, u64), ClientError> 
     let hidden = small_path(dest).ok_or_else(|| {
         ClientError::local(dest, "cannot create", std::io::Error::other("no file name"))
     })?;
-    let opened = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-        .open(&hidden);
+    let options = |fresh: bool| {
+        let mut o = OpenOptions::new();
+        o.write(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK);
+        if fresh {
+            o.create_new(true);
+        } else {
+            o.create(true);
+        }
+        o
+    };
+    // The usual case first: nothing there, so a new file, empty and its lock free (but
+    // a copy taking it over at once holds the lock: then a scratch name, below).
+    // Any other failure is met again, and reported, on the way below.
+    if let Ok(file) = options(true).open(&hidden) {
+        if let Ok(locked) = Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            return Ok((hidden, locked, 0));
+        }
+    }
+    let opened = options(false).open(&hidden);
     if let Ok(file) = opened {
         if let Ok(meta) = file.metadata() {
             if meta.is_file() {

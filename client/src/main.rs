@@ -52,7 +52,7 @@ EXIT CODES:
   4  the server refused or failed (no such share or file, permission denied,
      outside the share, read-only share, no space on the server)
   5  local I/O error (a source that cannot be read, no space left locally)
-  6  integrity failure (a chunk's SHA-256 did not match)
+  6  integrity failure (a chunk's hash did not match)
   7  authentication failed (no secret given, a wrong one, a secret file others
      can read, or a server that cannot prove it knows the secret)
   130, 143  interrupted by SIGINT, SIGTERM (unfinished files are not written)
@@ -67,7 +67,8 @@ RESUMING:
 /// File data moves by one-sided RDMA READ (uploads: the server pulls from your mapped
 /// file) and RDMA WRITE (downloads: the server pushes into your registered buffers),
 /// emulated over TCP where no RDMA device exists. Every 1 MiB chunk is verified
-/// against its SHA-256, and a file appears under its final name only when complete.
+/// against its hash (BLAKE3, or SHA-256 with --hash sha256), and a file appears under
+/// its final name only when complete.
 #[derive(Parser, Debug)]
 #[command(
     name = "rcp",
@@ -142,12 +143,12 @@ struct Args {
     )]
     encryption: Encryption,
 
-    /// More log output on stderr (repeat for more). RUST_LOG overrides.
     /// Replicas of each stripe for files uploaded to a cluster share (default: the
     /// share's setting).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
     replicas: Option<u8>,
 
+    /// More log output on stderr (repeat for more). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
 }

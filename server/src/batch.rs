@@ -504,12 +504,33 @@ fn open_small(
     dirs: &mut ResolvedDirs,
 ) -> Result<Opened, BatchError> {
     let what = share.display(rel);
-    let path = share.resolve_in(rel, true, dirs)?;
-    let (file, meta) = open_regular_at(&path, &what)?;
+    let (file, meta) = match open_plain(share, rel, dirs) {
+        Some(opened) => opened,
+        None => {
+            let path = share.resolve_in(rel, true, dirs)?;
+            open_regular_at(&path, &what)?
+        }
+    };
     if meta.len() <= file_max {
         will_need(&file, meta.len());
     }
     Ok(Opened { what, file, meta })
+}
+
+/// The usual case of [`open_small`] in two system calls: `rel` names a regular file,
+/// not a symlink, in its resolved parent (opened with `O_NOFOLLOW`, so nothing outside
+/// that directory is reached). `None` for anything else (a symlink, a missing file,
+/// not a regular file, a reserved name), which the general path then resolves or
+/// reports as it always does.
+fn open_plain(share: &Share, rel: &str, dirs: &mut ResolvedDirs) -> Option<(File, fs::Metadata)> {
+    let path = share.resolve_in(rel, false, dirs).ok()?;
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    meta.is_file().then_some((file, meta))
 }
 
 /// Where a download batch looks for the hashes recorded when a file was written.

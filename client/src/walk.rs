@@ -1,8 +1,9 @@
 //! The local tree walk that `rcp -r` uploads and backups share: a source directory
 //! read once, up front, into a list of directories.
 //!
-//! Directories come out in pre-order (a parent's index is below its children's; the
-//! root is index 0), each with its regular files and symlinks, names sorted. Entries
+//! Directories come out a level at a time (breadth-first: a parent's index is below
+//! its children's; the root is index 0), each with its regular files and symlinks,
+//! names sorted. Entries
 //! the [`Filter`] excludes are left out, and an excluded directory is not descended
 //! into. Everything else the walk cannot take is a [`Problem`] handed to the caller,
 //! which decides: a backup fails on an unreadable entry (a snapshot missing part of
@@ -16,9 +17,11 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use ferry_common::attr::{attr_of, owner_of};
 use ferry_common::msg::{FileKind, Owner, Timestamp};
+use rayon::prelude::*;
 
 use crate::error::ClientError;
 use crate::filter::Filter;
@@ -112,6 +115,12 @@ pub enum Problem {
 /// Walks the directory `root` (`meta` is its metadata), leaving out what `filter`
 /// excludes. Each [`Problem`] goes to `on_problem`: `Ok` leaves the entry out and goes
 /// on, an error ends the walk with it. Blocking.
+///
+/// A level of the tree at a time: the entries of every directory of the level are
+/// looked at (`lstat`, `readlink`, the listing of subdirectories) by several threads
+/// at once ([`look_all`]), then taken into the tree in order, so the result and the
+/// problems' order do not depend on the threads. On a tree whose metadata is not in
+/// the page cache the disk reads overlap instead of coming one at a time.
 pub fn walk(
     root: &Path,
     meta: &fs::Metadata,
@@ -126,67 +135,154 @@ pub fn walk(
         }
     };
     let mut dirs = vec![local_dir(String::new(), String::new(), 0, meta)];
-    // Directories listed but not yet read: (index in `dirs`, path, names). Explicit,
-    // so that deep trees cannot overflow the stack.
-    let mut todo = vec![(0usize, root.to_path_buf(), names)];
-    while let Some((index, path, names)) = todo.pop() {
-        for name in names {
-            let child = path.join(&name);
-            let Some(name) = name.to_str() else {
-                on_problem(Problem::NotUtf8(child))?;
-                continue;
-            };
-            let meta = match fs::symlink_metadata(&child) {
-                Ok(m) => m,
-                Err(e) => {
-                    on_problem(Problem::Stat(child, e))?;
-                    continue;
-                }
-            };
-            let rel = join(&dirs[index].rel, name);
-            if filter.excludes(&rel, meta.is_dir()) {
-                continue;
-            }
-            let kind = meta.file_type();
-            if kind.is_dir() {
-                let names = match sorted_names(&child) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        on_problem(Problem::List(child, e))?;
+    // The directories of the level being read: (index in `dirs`, path, names).
+    let mut level = vec![(0usize, root.to_path_buf(), names)];
+    while !level.is_empty() {
+        let looked = look_all(&level, &dirs, filter);
+        let mut next = Vec::new();
+        for ((index, _, _), entries) in level.into_iter().zip(looked) {
+            for entry in entries {
+                let Looked {
+                    child,
+                    rel,
+                    meta,
+                    more,
+                } = entry;
+                let name = match child.file_name().and_then(|n| n.to_str()) {
+                    Some(n) => n.to_owned(),
+                    None => {
+                        on_problem(Problem::NotUtf8(child))?;
                         continue;
                     }
                 };
-                let sub = dirs.len();
-                let depth = dirs[index].depth + 1;
-                dirs.push(local_dir(rel, name.to_string(), depth, &meta));
-                dirs[index].children.push(sub);
-                todo.push((sub, child, names));
-            } else if kind.is_symlink() {
-                match fs::read_link(&child) {
-                    Ok(target) => dirs[index].symlinks.push(LocalSymlink {
-                        name: name.to_string(),
+                let meta = match meta {
+                    Ok(m) => m,
+                    Err(e) => {
+                        on_problem(Problem::Stat(child, e))?;
+                        continue;
+                    }
+                };
+                match more {
+                    More::Excluded => {}
+                    More::Listing(Ok(names)) => {
+                        let sub = dirs.len();
+                        let depth = dirs[index].depth + 1;
+                        dirs.push(local_dir(rel, name, depth, &meta));
+                        dirs[index].children.push(sub);
+                        next.push((sub, child, names));
+                    }
+                    More::Listing(Err(e)) => on_problem(Problem::List(child, e))?,
+                    More::Target(Ok(target)) => dirs[index].symlinks.push(LocalSymlink {
+                        name,
                         target: target.to_string_lossy().into_owned(),
                         mtime: attr_of(&meta, None).mtime,
                         owner: owner_of(&meta),
                     }),
-                    Err(e) => on_problem(Problem::ReadLink(child, e))?,
+                    More::Target(Err(e)) => on_problem(Problem::ReadLink(child, e))?,
+                    More::File => dirs[index].files.push(LocalFile {
+                        name,
+                        path: child,
+                        size: meta.len(),
+                        mtime: attr_of(&meta, None).mtime,
+                        owner: owner_of(&meta),
+                        inode: (meta.dev(), meta.ino()),
+                        nlink: meta.nlink(),
+                    }),
+                    More::Special => on_problem(Problem::Special(child))?,
                 }
-            } else if kind.is_file() {
-                dirs[index].files.push(LocalFile {
-                    name: name.to_string(),
-                    path: child,
-                    size: meta.len(),
-                    mtime: attr_of(&meta, None).mtime,
-                    owner: owner_of(&meta),
-                    inode: (meta.dev(), meta.ino()),
-                    nlink: meta.nlink(),
-                });
-            } else {
-                on_problem(Problem::Special(child))?;
             }
         }
+        level = next;
     }
     Ok(dirs)
+}
+
+/// What the walk learnt of one entry, before taking it into the tree.
+struct Looked {
+    child: PathBuf,
+    /// Its path relative to the walk's root (empty for a name that is not UTF-8).
+    rel: String,
+    meta: io::Result<fs::Metadata>,
+    /// What else there is to know, by kind (meaningless when `meta` failed).
+    more: More,
+}
+
+enum More {
+    /// Left out by the filter.
+    Excluded,
+    /// A directory: its names, sorted.
+    Listing(io::Result<Vec<OsString>>),
+    /// A symlink: its target.
+    Target(io::Result<PathBuf>),
+    File,
+    /// A device, fifo or socket.
+    Special,
+}
+
+/// Threads that look at a level's entries: metadata reads of a cold tree wait on the
+/// disk, so more of them than cores overlap those waits.
+const LOOK_THREADS: usize = 8;
+
+/// Looks at every entry of the directories of `level` (children of `dirs`' entries),
+/// on [`LOOK_THREADS`] threads; per directory, its entries in name order.
+fn look_all(
+    level: &[(usize, PathBuf, Vec<OsString>)],
+    dirs: &[LocalDir],
+    filter: &Filter,
+) -> Vec<Vec<Looked>> {
+    let look = |(index, path, name): (usize, &PathBuf, &OsString)| {
+        let child = path.join(name);
+        let rel = name
+            .to_str()
+            .map_or_else(String::new, |n| join(&dirs[index].rel, n));
+        let meta = fs::symlink_metadata(&child);
+        let more = match &meta {
+            Err(_) => More::Special,
+            Ok(_) if name.to_str().is_none() => More::Special,
+            Ok(m) if filter.excludes(&rel, m.is_dir()) => More::Excluded,
+            Ok(m) if m.is_dir() => More::Listing(sorted_names(&child)),
+            Ok(m) if m.file_type().is_symlink() => More::Target(fs::read_link(&child)),
+            Ok(m) if m.is_file() => More::File,
+            Ok(_) => More::Special,
+        };
+        Looked {
+            child,
+            rel,
+            meta,
+            more,
+        }
+    };
+    let entries: Vec<(usize, &PathBuf, &OsString)> = level
+        .iter()
+        .flat_map(|(index, path, names)| names.iter().map(move |n| (*index, path, n)))
+        .collect();
+    let mut looked: Vec<Looked> = match look_pool() {
+        Some(pool) if entries.len() >= 64 => {
+            pool.install(|| entries.into_par_iter().map(look).collect())
+        }
+        _ => entries.into_iter().map(look).collect(),
+    };
+    // Back into one list per directory, in the level's order.
+    let mut out = Vec::with_capacity(level.len());
+    for (_, _, names) in level.iter().rev() {
+        out.push(looked.split_off(looked.len() - names.len()));
+    }
+    out.reverse();
+    out
+}
+
+/// The walk's own thread pool (a few idle threads once made); `None` where threads
+/// cannot be started, and then the walk looks at one entry at a time.
+fn look_pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(LOOK_THREADS)
+            .thread_name(|i| format!("ferry-walk-{i}"))
+            .build()
+            .ok()
+    })
+    .as_ref()
 }
 
 /// The names in the directory `path`, sorted.
@@ -229,6 +325,37 @@ mod tests {
     use crate::filter::{Rule, RuleKind};
 
     #[test]
+    fn a_wide_level_is_looked_at_by_the_pool_and_comes_out_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for d in ["b", "a", "a/x", "c"] {
+            fs::create_dir(root.join(d)).unwrap();
+            for i in (0..50).rev() {
+                fs::write(root.join(format!("{d}/f{i:02}")), vec![b'x'; i]).unwrap();
+            }
+        }
+        std::os::unix::fs::symlink("f01", root.join("c/link")).unwrap();
+        let meta = fs::metadata(root).unwrap();
+        let filter = Filter::new(vec![Rule::new(RuleKind::Exclude, "f4?").unwrap()]);
+        let tree = walk(root, &meta, &filter, |p| panic!("{p:?}")).unwrap();
+        let rels: Vec<_> = tree.iter().map(|d| d.rel.as_str()).collect();
+        assert_eq!(rels, ["", "a", "b", "c", "a/x"]);
+        assert_eq!(tree[0].children, [1, 2, 3]);
+        assert_eq!(tree[1].children, [4]);
+        for d in &tree[1..] {
+            let names: Vec<_> = d.files.iter().map(|f| f.name.clone()).collect();
+            let want: Vec<_> = (0..40).map(|i| format!("f{i:02}")).collect();
+            assert_eq!(names, want, "{}", d.rel);
+            assert!(d
+                .files
+                .iter()
+                .all(|f| f.size == f.name[1..].parse::<u64>().unwrap()
+                    && f.path == root.join(&d.rel).join(&f.name)));
+        }
+        assert_eq!(tree[3].symlinks[0].target, "f01");
+    }
+
+    #[test]
     fn joins_drop_slashes_and_empty_parts() {
         assert_eq!(join("", "a"), "a");
         assert_eq!(join("/p/", "a"), "p/a");
@@ -237,7 +364,7 @@ mod tests {
     }
 
     #[test]
-    fn a_walk_is_pre_order_filtered_and_hands_over_problems() {
+    fn a_walk_is_parents_first_filtered_and_hands_over_problems() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
         fs::create_dir_all(root.join("a/b")).unwrap();

@@ -2,7 +2,7 @@
 //!
 //! A copy is planned first (every source resolved, trees walked: local ones by the
 //! walk backups use too, [`crate::walk`]), then executed: directories are created
-//! (owner-writable) in pre-order, files and symlinks are copied with at most `jobs`
+//! (owner-writable) parents first, files and symlinks are copied with at most `jobs`
 //! files (or batches of small files, see [`crate::batch`]) in flight on the scheduler
 //! backups use too ([`crate::schedule`]), and finally directory modes and mtimes are
 //! set deepest first, so that creating children does not disturb a parent's mtime.
@@ -10,9 +10,11 @@
 //!
 //! Modules: `plan` (what a copy will do, and its options) and `report` (what it did,
 //! recorded item by item), then the two directions that use them: `upload` (local
-//! to server) and `download` (server to local).
+//! to server, whose files start while deeper directories are still being made:
+//! `gate`) and `download` (server to local).
 
 mod download;
+mod gate;
 mod plan;
 mod report;
 mod upload;

@@ -19,6 +19,7 @@ use crate::schedule::{run_lanes, UNLIMITED};
 use crate::transfer::upload_file;
 use crate::walk::{join, walk, Problem};
 
+use super::gate::{depth, under_any, DirGate};
 use super::plan::{
     file_lanes, finishing, several_sources_need_a_dir, trailing_slash_needs_a_dir, CopyOptions,
     DirItem, EntryMeta, Plan,
@@ -46,20 +47,27 @@ pub async fn upload(
     }
     shared.progress.set_total(plan.total_bytes());
 
-    let failed = upload_dirs(client, dest, &plan.dirs, &shared).await;
-    let skipped = |t: &str| under_any(&failed, t);
-    let files = plan.files.into_iter().filter(|(_, t, _)| !skipped(t));
-    let symlinks = plan.symlinks.into_iter().filter(|(_, t)| !skipped(t));
-    let tasks = tasks(client, files.collect(), symlinks.collect());
-    let done = run_lanes(tasks.lanes(opts.jobs), |task| {
+    // Files start as soon as their own directory exists, while deeper levels of the
+    // tree are still being made (each waits at the gate for its level).
+    let gate = Arc::new(DirGate::new(plan.dirs.iter().map(|d| d.target.as_str())));
+    let tasks = tasks(client, plan.files, plan.symlinks);
+    let copying = run_lanes(tasks.lanes(opts.jobs), |task| {
         let (client, shared, dest) = (client.clone(), shared.clone(), dest.clone());
+        let gate = gate.clone();
         async move {
-            task.run(&client, &shared, &dest).await;
+            if let Some(task) = task.admit(&gate).await {
+                task.run(&client, &shared, &dest).await;
+            }
             Ok(())
         }
-    })
-    .await;
+    });
+    let ((), done) = tokio::join!(
+        upload_dirs(client, dest, &plan.dirs, &shared, &gate),
+        copying
+    );
     settle_scheduled(&shared, done);
+    let failed = gate.failed();
+    let skipped = |t: &str| under_any(&failed, t);
     let links = plan
         .links
         .into_iter()
@@ -102,9 +110,19 @@ async fn upload_meta(
         |t| !dir_failed(t),
     );
     let entries: Vec<MetaEntry> = todo.iter().map(entry).collect();
-    for b in batch::pack(entries, u64::MAX, |_| 0, |e| e.path.len()) {
-        let paths: Vec<String> = b.iter().map(|e| e.path.clone()).collect();
-        match client.set_meta(&dest.share, b).await {
+    let batches = batch::pack(entries, u64::MAX, |_| 0, |e| e.path.len());
+    // Batches touch disjoint entries: several in flight, as the server has cores.
+    let set = run_lanes(vec![(batches, META_BATCHES_AT_ONCE)], |b| {
+        let (client, share) = (client.clone(), dest.share.clone());
+        async move {
+            let paths: Vec<String> = b.iter().map(|e| e.path.clone()).collect();
+            Ok((paths, client.set_meta(&share, b).await))
+        }
+    })
+    .await;
+    // Every item answers Ok (its own result inside).
+    for (paths, set) in set.unwrap_or_default() {
+        match set {
             Ok(results) => {
                 for (path, r) in paths.into_iter().zip(results) {
                     if let Err(e) = r {
@@ -116,6 +134,9 @@ async fn upload_meta(
         }
     }
 }
+
+/// `SetMeta` batches an upload keeps in flight.
+const META_BATCHES_AT_ONCE: usize = 8;
 
 /// With `-H`: makes each further name of a copied file a hard link to its first name
 /// (`(first, further)` pairs), in [`Request::LinkBatch`]es, replacing what the further
@@ -303,23 +324,21 @@ fn plan_tree(
 
 /// Creates the planned directories, parents first, owner-writable until the end: a
 /// level of the tree at a time, up to [`DIR_REQUESTS_AT_ONCE`] of a level at once.
-/// Returns the ones that failed; nothing below them is attempted (one error, not one
-/// per entry).
+/// The ones that failed go to `gate`; nothing below them is attempted (one error, not
+/// one per entry). Each level, once settled, is published through `gate`.
 async fn upload_dirs(
     client: &Client,
     dest: &Remote,
     dirs: &[DirItem<String>],
     shared: &Shared,
-) -> Vec<String> {
+    gate: &DirGate,
+) {
     let mut levels: BTreeMap<usize, Vec<&DirItem<String>>> = BTreeMap::new();
     for d in dirs {
-        levels
-            .entry(d.target.matches('/').count())
-            .or_default()
-            .push(d);
+        levels.entry(depth(&d.target)).or_default().push(d);
     }
-    let mut failed: Vec<String> = Vec::new();
-    for level in levels.into_values() {
+    for (level_depth, level) in levels {
+        let failed = gate.failed();
         let todo: Vec<(String, u32)> = level
             .into_iter()
             .filter(|d| !under_any(&failed, &d.target))
@@ -339,12 +358,13 @@ async fn upload_dirs(
                 Ok(()) => lock(&shared.report).dirs += 1,
                 Err(e) => {
                     shared.fail(dest.with_path(target.clone()).display(), e);
-                    failed.push(target);
+                    gate.fail(target);
                 }
             }
         }
+        gate.level_done(level_depth);
     }
-    failed
+    gate.all_done();
 }
 
 /// Gives the created directories (but the `dir_failed` ones) their modes and mtimes,
@@ -385,13 +405,6 @@ async fn finish_dirs(
 
 /// Directory requests (`Mkdir`, `SetAttr`) an upload keeps in flight.
 const DIR_REQUESTS_AT_ONCE: usize = 64;
-
-/// True if `path` lies strictly below one of `dirs` (share-relative paths).
-fn under_any(dirs: &[String], path: &str) -> bool {
-    dirs.iter().any(|d| {
-        path.len() > d.len() && path.starts_with(d.as_str()) && path.as_bytes()[d.len()] == b'/'
-    })
-}
 
 /// One task of an upload.
 enum Task {
@@ -459,6 +472,25 @@ fn tasks(
 }
 
 impl Task {
+    /// The task, once the directories its targets go into are settled, without the
+    /// targets below a directory that failed; `None` if nothing is left of it.
+    async fn admit(self, gate: &DirGate) -> Option<Task> {
+        match self {
+            Task::Batch(items) => {
+                let mut kept = Vec::with_capacity(items.len());
+                for item in items {
+                    if gate.admit(&item.target).await {
+                        kept.push(item);
+                    }
+                }
+                (!kept.is_empty()).then_some(Task::Batch(kept))
+            }
+            Task::File(_, ref target) | Task::Symlink(_, ref target) => {
+                gate.admit(target).await.then_some(self)
+            }
+        }
+    }
+
     /// Does the task and records its outcome.
     async fn run(self, client: &Client, shared: &Arc<Shared>, dest: &Remote) {
         match self {

@@ -11,6 +11,7 @@ use ferry_common::msg::{DirEntry, FileKind, Owner};
 use ferry_common::proto::ProtoError;
 use ferry_common::staging::link_path;
 use rayon::prelude::*;
+use tokio::task::JoinSet;
 
 use crate::batch::{self, Outcome, SmallDownload};
 use crate::client::Client;
@@ -192,6 +193,11 @@ async fn plan_source(
 /// keeps every directory after its parent. With `owners`, the listings carry every
 /// entry's owner (`ListDirMeta`), planned to be kept; with `hard_links` (`-H`), further
 /// names of a file (same server inode) are planned as links to its first.
+///
+/// Up to [`LISTINGS_AT_ONCE`] listings are in flight all the time (a directory is
+/// listed as soon as its parent's listing names it, not a wave at a time), and the
+/// listings are then taken into the plan in the order a listing at a time would take
+/// them: by depth, then by path, name by name.
 async fn walk_remote(
     client: &Client,
     root: &Remote,
@@ -200,44 +206,83 @@ async fn walk_remote(
     plan: &mut DownloadPlan,
     shared: &Shared,
 ) {
-    let mut queue = VecDeque::from([(root.clone(), item)]);
-    while !queue.is_empty() {
-        // Up to LISTINGS_AT_ONCE directories listed at once, their listings taken in
-        // queue order: the plan is the one a listing at a time would make.
-        let wave: Vec<_> = queue
-            .drain(..queue.len().min(LISTINGS_AT_ONCE))
-            .enumerate()
-            .collect();
-        let listed = run_lanes(vec![(wave, LISTINGS_AT_ONCE)], |(i, (dir, item))| {
+    let mut pending = VecDeque::from([(root.clone(), item)]);
+    let mut running = JoinSet::new();
+    let mut listed = Vec::new();
+    loop {
+        while running.len() < LISTINGS_AT_ONCE {
+            let Some((dir, item)) = pending.pop_front() else {
+                break;
+            };
             let client = client.clone();
-            async move {
+            running.spawn(async move {
                 let listing = list(&client, &dir, owners).await;
-                Ok((i, dir, item, listing))
-            }
-        })
-        .await;
-        let mut listed = match listed {
-            Ok(l) => l,
-            Err(e) => return shared.fail(root.display(), e),
-        };
-        listed.sort_by_key(|(i, ..)| *i);
-        for (_, dir, item, listing) in listed {
-            walk_listed(dir, item, listing, hard_links, &mut queue, plan, shared);
+                (dir, item, listing)
+            });
         }
+        let Some(joined) = running.join_next().await else {
+            break;
+        };
+        let (dir, item, listing) = match joined {
+            Ok(l) => l,
+            Err(e) => {
+                let e = ClientError::Disconnected(format!("a listing task failed: {e}"));
+                return shared.fail(root.display(), e);
+            }
+        };
+        if let Ok((_, entries)) = &listing {
+            for (entry, _) in entries {
+                if let Some(sub) = subdir(&dir, &item, entry) {
+                    pending.push_back(sub);
+                }
+            }
+        }
+        listed.push((dir, item, listing));
     }
+    listed.sort_by_cached_key(|(dir, ..)| {
+        let names: Vec<String> = dir.path.split('/').map(str::to_owned).collect();
+        (names.len(), names)
+    });
+    for (dir, item, listing) in listed {
+        walk_listed(dir, item, listing, hard_links, plan, shared);
+    }
+}
+
+/// True for a name a listing may hold: one path component, not `.` or `..`.
+fn valid_name(name: &str) -> bool {
+    !(name.contains('/') || name == ".." || name == "." || name.is_empty())
+}
+
+/// The directory `entry` of the listed `dir` (planned as `item`), to be listed and
+/// planned in turn; `None` for another kind of entry, or an invalid name (which
+/// [`walk_listed`] reports).
+fn subdir(
+    dir: &Remote,
+    item: &DirItem<PathBuf>,
+    entry: &DirEntry,
+) -> Option<(Remote, DirItem<PathBuf>)> {
+    if entry.attr.kind != FileKind::Dir || !valid_name(&entry.name) {
+        return None;
+    }
+    let sub = DirItem {
+        target: item.target.join(&entry.name),
+        mode: entry.attr.mode,
+        mtime: entry.attr.mtime,
+        owner: None,
+    };
+    Some((dir.join(&entry.name), sub))
 }
 
 /// Directories a download lists at once while it walks the server's tree.
 const LISTINGS_AT_ONCE: usize = 32;
 
-/// Adds the listed directory `dir` (planned as `item`) and its entries to `plan`,
-/// queueing its subdirectories.
+/// Adds the listed directory `dir` (planned as `item`) and its files and symlinks to
+/// `plan` (its subdirectories come with their own listings).
 fn walk_listed(
     dir: Remote,
     mut item: DirItem<PathBuf>,
     listing: Result<Listing, ClientError>,
     hard_links: bool,
-    queue: &mut VecDeque<(Remote, DirItem<PathBuf>)>,
     plan: &mut DownloadPlan,
     shared: &Shared,
 ) {
@@ -254,7 +299,7 @@ fn walk_listed(
     plan.dirs.push(item);
     for (entry, owner) in entries {
         let name = entry.name.as_str();
-        if name.contains('/') || name == ".." || name == "." || name.is_empty() {
+        if !valid_name(name) {
             let why = format!("server listed an invalid name {name:?}");
             shared.fail(
                 dir.display(),
@@ -265,15 +310,7 @@ fn walk_listed(
         let child = dir.join(name);
         let child_local = local.join(name);
         match entry.attr.kind {
-            FileKind::Dir => {
-                let item = DirItem {
-                    target: child_local,
-                    mode: entry.attr.mode,
-                    mtime: entry.attr.mtime,
-                    owner: None,
-                };
-                queue.push_back((child, item));
-            }
+            FileKind::Dir => {}
             FileKind::File => {
                 let id = (
                     (entry.attr.dev, entry.attr.ino),

@@ -311,7 +311,10 @@ pub fn hash_file_checked(
         // Not a record of this size: nothing to check against.
         return hash_file(file, algorithm, size, chunk_bytes, what);
     }
-    let units: Vec<Vec<Hash256>> = (0..chunk_count(size, unit))
+    // Every unit's result is kept, in order, so the failure reported is the first in
+    // the file whatever thread finished first (a short-circuiting collect would report
+    // any of them).
+    let units: Vec<Result<Vec<Hash256>, ManifestError>> = (0..chunk_count(size, unit))
         .into_par_iter()
         .map_init(
             || vec![0u8; u64::from(unit).min(size) as usize],
@@ -351,7 +354,8 @@ pub fn hash_file_checked(
                     .collect())
             },
         )
-        .collect::<Result<_, _>>()?;
+        .collect();
+    let units = units.into_iter().collect::<Result<Vec<_>, _>>()?;
     Ok(units.concat())
 }
 

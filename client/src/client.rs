@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use ferry_common::auth::Secret;
 use ferry_common::codec;
 use ferry_common::msg::{
-    Attr, DirEntry, DiskUsage, ErrorKind, FileVersion, FsStat, Hash256, HashAlgorithm, MappedFile,
-    MetaEntry, Owner, RemoteError, Request, Response, ServerStats, Timestamp, VerifyReport,
-    Welcome, BATCH_MAX_PATH_BYTES, LINK_BATCH_MAX, META_BATCH_MAX,
+    Attr, AttrEntry, DirEntry, DiskUsage, ErrorKind, FileVersion, FsStat, Hash256, HashAlgorithm,
+    MappedFile, MetaEntry, NewDir, Owner, RemoteError, Request, Response, ServerStats, Timestamp,
+    VerifyReport, Welcome, BATCH_MAX_PATH_BYTES, LINK_BATCH_MAX, META_BATCH_MAX,
 };
 use ferry_common::proto::caps::{EncryptOffer, Negotiated, Offer};
 use ferry_common::proto::client::{ClientEvent, ClientSession};
@@ -79,6 +79,8 @@ pub struct Credentials {
     hash_only: Option<HashAlgorithm>,
     /// Whether to offer (or require) encryption (`--encryption`).
     encryption: Encryption,
+    /// Leave the directory batches out of the offer.
+    no_dir_batches: bool,
 }
 
 impl Credentials {
@@ -94,6 +96,7 @@ impl Credentials {
             shares: HashMap::new(),
             hash_only: None,
             encryption: Encryption::default(),
+            no_dir_batches: false,
         }
     }
 
@@ -109,6 +112,15 @@ impl Credentials {
     /// (`rcp --encryption`, `ferry-mount -o encryption=`).
     pub fn with_encryption(mut self, encryption: Encryption) -> Credentials {
         self.encryption = encryption;
+        self
+    }
+
+    /// Leaves the directory batches (capability `dirs`) out of the offer, so the
+    /// session speaks as a client before them does: an upload then makes and finishes
+    /// its directories one `Mkdir` and one `SetAttr` each. That path is what every
+    /// server without the batches gets; this checks it against a current one.
+    pub fn without_dir_batches(mut self) -> Credentials {
+        self.no_dir_batches = true;
         self
     }
 
@@ -130,6 +142,7 @@ impl Credentials {
                 key: k.public(),
                 required: self.encryption == Encryption::Required,
             }),
+            dirs: !self.no_dir_batches,
             ..Offer::default()
         }
     }
@@ -314,6 +327,12 @@ impl Client {
     /// [`Client::set_meta`] and [`Client::list_dir_meta`] are refused unsent.
     pub fn has_meta(&self) -> bool {
         self.negotiated().is_some_and(|n| n.meta)
+    }
+
+    /// Whether the session negotiated the `dirs` capability, without which
+    /// [`Client::make_dirs`] and [`Client::set_attr_batch`] are refused unsent.
+    pub fn has_dirs(&self) -> bool {
+        self.negotiated().is_some_and(|n| n.dirs)
     }
 
     /// Fails unless the server's choice `algorithm` for a manifest or transfer is one
@@ -631,6 +650,71 @@ impl Client {
             share: share.into(),
             entries,
         };
+        self.call_results(req, n).await
+    }
+
+    /// Makes each of `dirs` of `share` in order, a directory already there counting as
+    /// made (see [`Request::MakeDirs`]): one result per directory, each failing alone.
+    /// Needs the `dirs` capability ([`Client::has_dirs`]) and at most
+    /// [`META_BATCH_MAX`] directories of at most [`BATCH_MAX_PATH_BYTES`] path bytes in
+    /// all; otherwise refused here, unsent.
+    pub async fn make_dirs(
+        &self,
+        share: &str,
+        dirs: Vec<NewDir>,
+    ) -> Result<Vec<Result<(), RemoteError>>, ClientError> {
+        let paths = dirs.iter().map(|d| d.path.len());
+        self.check_dirs_batch("directory", dirs.len(), paths.sum())?;
+        let n = dirs.len();
+        let req = Request::MakeDirs {
+            share: share.into(),
+            dirs,
+        };
+        self.call_results(req, n).await
+    }
+
+    /// Sets owners (applied only by a server running as root), modes and mtimes of
+    /// existing entries of `share` in one request (see [`Request::SetAttrBatch`]): one
+    /// result per entry, in order, each failing alone. Needs the `dirs` capability and
+    /// the limits of [`Client::make_dirs`]; otherwise refused here, unsent.
+    pub async fn set_attr_batch(
+        &self,
+        share: &str,
+        entries: Vec<AttrEntry>,
+    ) -> Result<Vec<Result<(), RemoteError>>, ClientError> {
+        let paths = entries.iter().map(|e| e.path.len());
+        self.check_dirs_batch("attribute", entries.len(), paths.sum())?;
+        let n = entries.len();
+        let req = Request::SetAttrBatch {
+            share: share.into(),
+            entries,
+        };
+        self.call_results(req, n).await
+    }
+
+    /// Refuses a directory batch (`what`: its kind) of `n` entries and `path_bytes`
+    /// path bytes that the session or the request limits do not allow.
+    fn check_dirs_batch(&self, what: &str, n: usize, path_bytes: usize) -> Result<(), ClientError> {
+        if !self.has_dirs() {
+            return Err(ClientError::Usage(format!(
+                "the server at {} does not support the directory batches",
+                self.inner.addr
+            )));
+        }
+        if n > META_BATCH_MAX || path_bytes > BATCH_MAX_PATH_BYTES {
+            return Err(ClientError::Usage(format!(
+                "a {what} batch of {n} entries and {path_bytes} path bytes exceeds the request limits"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends `req`, answered by one result per entry (`n` of them).
+    async fn call_results(
+        &self,
+        req: Request,
+        n: usize,
+    ) -> Result<Vec<Result<(), RemoteError>>, ClientError> {
         match self.call(req).await? {
             Response::MetaSet { results } if results.len() == n => {
                 Ok(results.into_iter().map(|r| r.map_or(Ok(()), Err)).collect())

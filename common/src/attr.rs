@@ -102,7 +102,8 @@ pub enum SetMetaError {
     /// `lchown` failed.
     #[error("cannot chown")]
     Chown(#[source] io::Error),
-    /// Putting back the set-user-ID or set-group-ID bit that `lchown` cleared failed.
+    /// `chmod` (asked for, or putting back the set-user-ID or set-group-ID bit that
+    /// `lchown` cleared) failed.
     #[error("cannot chmod")]
     Chmod(#[source] io::Error),
     /// `utimensat` failed.
@@ -134,18 +135,39 @@ pub fn set_owner_and_mtime(
     gid: Option<u32>,
     mtime: Option<Timestamp>,
 ) -> Result<(), SetMetaError> {
+    set_attrs(path, None, uid, gid, mtime)
+}
+
+/// [`set_owner_and_mtime`] with permission bits too: the owner first, then `mode`
+/// (`& 0o7777`; ignored for a symlink, which has none of its own), then the mtime, so
+/// neither a `chown` that clears set-ID bits nor a `chmod` moves the mtime set last.
+/// Bits the entry already has are left alone. Blocking.
+pub fn set_attrs(
+    path: &Path,
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    mtime: Option<Timestamp>,
+) -> Result<(), SetMetaError> {
     let meta = fs::symlink_metadata(path).map_err(SetMetaError::Stat)?;
     // What already holds is left alone: a change would move the ctime, which keys the
     // manifest records a server keeps of committed files.
     let uid = uid.filter(|&u| u != meta.uid());
     let gid = gid.filter(|&g| g != meta.gid());
     let mtime = mtime.filter(|t| (t.secs, i64::from(t.nanos)) != (meta.mtime(), meta.mtime_nsec()));
+    let symlink = meta.file_type().is_symlink();
+    let had = meta.mode() & 0o7777;
+    let mut chmod = mode.map(|m| m & 0o7777).filter(|&m| !symlink && m != had);
     if uid.is_some() || gid.is_some() {
         lchown(path, uid, gid).map_err(SetMetaError::Chown)?;
-        let mode = meta.mode() & 0o7777;
-        if !meta.file_type().is_symlink() && mode & 0o6000 != 0 {
-            fs::set_permissions(path, Permissions::from_mode(mode)).map_err(SetMetaError::Chmod)?;
+        // The set-ID bits the chown may have cleared: put back what is wanted.
+        let wanted = mode.map_or(had, |m| m & 0o7777);
+        if !symlink && wanted & 0o6000 != 0 {
+            chmod = Some(wanted);
         }
+    }
+    if let Some(mode) = chmod {
+        fs::set_permissions(path, Permissions::from_mode(mode)).map_err(SetMetaError::Chmod)?;
     }
     if let Some(t) = mtime {
         let nanos = i64::from(t.nanos.min(999_999_999));

@@ -247,6 +247,16 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
             limit("entries", entries.len(), META_BATCH_MAX)?;
             paths_within_budget(entries.iter().map(|e| e.path.as_str()))
         }
+        Request::MakeDirs { share, dirs } => {
+            limit("share", share.len(), MAX_NAME_BYTES)?;
+            limit("dirs", dirs.len(), META_BATCH_MAX)?;
+            paths_within_budget(dirs.iter().map(|d| d.path.as_str()))
+        }
+        Request::SetAttrBatch { share, entries } => {
+            limit("share", share.len(), MAX_NAME_BYTES)?;
+            limit("entries", entries.len(), META_BATCH_MAX)?;
+            paths_within_budget(entries.iter().map(|e| e.path.as_str()))
+        }
         Request::UploadCommit { .. }
         | Request::DownloadWindow { .. }
         | Request::Close { .. }

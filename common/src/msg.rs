@@ -202,6 +202,35 @@ pub struct MetaEntry {
     pub mtime: Option<Timestamp>,
 }
 
+/// One directory of a [`Request::MakeDirs`]: created at `path` with permission bits
+/// `mode` (exactly those, whatever the server's umask) unless a directory is there
+/// already.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewDir {
+    /// Share-relative path of the directory.
+    pub path: String,
+    /// Permission bits (`& 0o7777`).
+    pub mode: u32,
+}
+
+/// One entry of a [`Request::SetAttrBatch`]: what to set on the existing file,
+/// directory or symlink `path` (its final component never followed). A field left
+/// `None` is left as it is; a symlink has no mode of its own, so its `mode` is
+/// ignored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttrEntry {
+    /// Share-relative path of an existing entry.
+    pub path: String,
+    /// Permission bits to give it (`& 0o7777`), set after the owner.
+    pub mode: Option<u32>,
+    /// Numeric owner to give it (applied only by a server running as root).
+    pub uid: Option<u32>,
+    /// Numeric group to give it (applied only by a server running as root).
+    pub gid: Option<u32>,
+    /// Modification time to give it, set last.
+    pub mtime: Option<Timestamp>,
+}
+
 /// One extent of a [`Request::FileWrite`]: `len` bytes at file offset `offset`, which
 /// are the next `len` bytes of the request's region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -964,6 +993,31 @@ pub enum Request {
         /// Its manifest id.
         manifest: Hash256,
     },
+    /// Make each of `dirs` in order, each failing alone: a directory already there (not
+    /// a symlink to one) counts as made. Each directory's parent is resolved once per
+    /// request, and a directory made earlier in the request serves as the parent of a
+    /// later one. Answered by [`Response::MetaSet`], one result per directory. Sent
+    /// only on a session that negotiated the `dirs` capability (`proto::caps::DIRS`).
+    /// At most [`META_BATCH_MAX`] directories; their paths also count against
+    /// [`BATCH_MAX_PATH_BYTES`].
+    MakeDirs {
+        /// Share name.
+        share: String,
+        /// The directories, parents before children.
+        dirs: Vec<NewDir>,
+    },
+    /// Set owners (applied only by a server running as root, as for
+    /// [`Request::SetMeta`]), modes and modification times of existing entries, in that
+    /// order for each entry, each entry failing alone. Answered by
+    /// [`Response::MetaSet`]. Sent only on a session that negotiated the `dirs`
+    /// capability. At most [`META_BATCH_MAX`] entries; their paths also count against
+    /// [`BATCH_MAX_PATH_BYTES`].
+    SetAttrBatch {
+        /// Share name.
+        share: String,
+        /// The entries, done in order.
+        entries: Vec<AttrEntry>,
+    },
 }
 
 impl Request {
@@ -1000,7 +1054,9 @@ impl Request {
             | Request::SetAttrs { share, .. }
             | Request::ShareAccess { share }
             | Request::StatMeta { share, .. }
-            | Request::Replicate { share, .. } => Some(share),
+            | Request::Replicate { share, .. }
+            | Request::MakeDirs { share, .. }
+            | Request::SetAttrBatch { share, .. } => Some(share),
             Request::UploadWindow { .. }
             | Request::UploadCommit { .. }
             | Request::DownloadWindow { .. }

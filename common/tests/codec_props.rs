@@ -395,7 +395,34 @@ fn request() -> impl Strategy<Value = Request> {
                 size,
                 manifest
             }),
+        (
+            text(MAX_NAME_BYTES),
+            vec(
+                (text(MAX_PATH_BYTES), any::<u32>()).prop_map(|(path, mode)| NewDir { path, mode }),
+                0..=8
+            )
+        )
+            .prop_map(|(share, dirs)| Request::MakeDirs { share, dirs }),
+        (text(MAX_NAME_BYTES), vec(attr_entry(), 0..=8))
+            .prop_map(|(share, entries)| Request::SetAttrBatch { share, entries }),
     ]
+}
+
+fn attr_entry() -> impl Strategy<Value = AttrEntry> {
+    (
+        text(MAX_PATH_BYTES),
+        proptest::option::of(any::<u32>()),
+        proptest::option::of(any::<u32>()),
+        proptest::option::of(any::<u32>()),
+        proptest::option::of(timestamp()),
+    )
+        .prop_map(|(path, mode, uid, gid, mtime)| AttrEntry {
+            path,
+            mode,
+            uid,
+            gid,
+            mtime,
+        })
 }
 
 fn set_attrs() -> impl Strategy<Value = SetAttrs> {
@@ -780,6 +807,8 @@ fn request_variant(r: &Request) -> usize {
         Request::StatMeta { .. } => 41,
         Request::FileCommit { .. } => 42,
         Request::Replicate { .. } => 43,
+        Request::MakeDirs { .. } => 44,
+        Request::SetAttrBatch { .. } => 45,
     }
 }
 
@@ -1087,6 +1116,35 @@ fn over_limit() -> impl Strategy<Value = (Message, &'static str)> {
             "entries"
         )),
         (1..=4usize).prop_map(move |extra| (
+            req(Request::MakeDirs {
+                share: "s".into(),
+                dirs: vec![
+                    NewDir {
+                        path: "a".into(),
+                        mode: 0o755,
+                    };
+                    META_BATCH_MAX + extra
+                ],
+            }),
+            "dirs"
+        )),
+        (1..=4usize).prop_map(move |extra| (
+            req(Request::SetAttrBatch {
+                share: "s".into(),
+                entries: vec![
+                    AttrEntry {
+                        path: "a".into(),
+                        mode: None,
+                        uid: None,
+                        gid: None,
+                        mtime: None,
+                    };
+                    META_BATCH_MAX + extra
+                ],
+            }),
+            "entries"
+        )),
+        (1..=4usize).prop_map(move |extra| (
             resp(Response::MetaSet {
                 results: vec![None; META_BATCH_MAX + extra],
             }),
@@ -1272,7 +1330,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 44], [false; 28]);
+    let (mut requests, mut responses) = ([false; 46], [false; 28]);
     for _ in 0..4000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

@@ -308,9 +308,8 @@ fn commit_staged(
         }
     }
     if let Some(store) = share.store() {
-        for s in renamed.iter().filter(|s| results[s.index].is_none()) {
-            record(store, s);
-        }
+        let stored = renamed.iter().filter(|s| results[s.index].is_none());
+        record(store, stored);
     }
     results
 }
@@ -375,28 +374,37 @@ fn stage(
     })
 }
 
-/// Saves the manifest of the committed file `s` (one chunk, or none for an empty file)
-/// if the file is still what the batch made it and its mtime is settled, as an
-/// upload's commit does. Failures are logged only.
-fn record(store: &ManifestStore, s: &Staged) {
-    let Ok(meta) = s.file.metadata() else {
-        return;
-    };
-    let key = ManifestKey::of(&meta, store.chunk_bytes());
-    if meta.size() != s.size
-        || key.mtime_ns != s.mtime_ns
-        || s.size > u64::from(store.chunk_bytes())
-        || !mtime_settled(&key)
-    {
-        return;
+/// Saves the manifests of the committed files `stored` (one chunk each, or none for an
+/// empty file), each if the file is still what the batch made it and its mtime is
+/// settled, as an upload's commit does; each page of the store opened once. Failures
+/// are logged only.
+fn record<'s>(store: &ManifestStore, stored: impl Iterator<Item = &'s Staged>) {
+    let mut what = Vec::new();
+    let mut records = Vec::new();
+    for s in stored {
+        let Ok(meta) = s.file.metadata() else {
+            continue;
+        };
+        let key = ManifestKey::of(&meta, store.chunk_bytes());
+        if meta.size() != s.size
+            || key.mtime_ns != s.mtime_ns
+            || s.size > u64::from(store.chunk_bytes())
+            || !mtime_settled(&key)
+        {
+            continue;
+        }
+        let hashes: &[Hash256] = if s.size == 0 {
+            &[]
+        } else {
+            std::slice::from_ref(&s.hash)
+        };
+        what.push(&s.what);
+        records.push((key, s.algorithm, hashes));
     }
-    let hashes: &[Hash256] = if s.size == 0 {
-        &[]
-    } else {
-        std::slice::from_ref(&s.hash)
-    };
-    if let Err(e) = store.save(&key, s.algorithm, hashes) {
-        tracing::debug!(file = %s.what, "cannot record the manifest: {e}");
+    for (file, saved) in what.into_iter().zip(store.save_many(records)) {
+        if let Err(e) = saved {
+            tracing::debug!(file = %file, "cannot record the manifest: {e}");
+        }
     }
 }
 

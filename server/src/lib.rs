@@ -50,6 +50,7 @@ pub(crate) mod batch;
 pub(crate) mod cleanup;
 pub mod config;
 pub(crate) mod conn;
+pub(crate) mod dirs;
 pub(crate) mod du;
 pub(crate) mod error;
 pub(crate) mod fdtree;

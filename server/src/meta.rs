@@ -7,9 +7,10 @@
 //! set. `chown` clears the set-user-ID and set-group-ID bits of a non-directory, so
 //! they are put back afterwards.
 
-use ferry_common::attr::{set_owner_and_mtime, SetMetaError};
+use ferry_common::attr::set_owner_and_mtime;
 use ferry_common::msg::MetaEntry;
 
+use crate::dirs::meta_error;
 use crate::fsops::FsError;
 use crate::share::{ResolvedDirs, Share};
 
@@ -29,19 +30,8 @@ pub fn set_meta(share: &Share, entries: &[MetaEntry], owners: bool) -> Vec<Resul
         .map(|e| {
             let (path, _) = share.resolve_for_write_in(&e.path, &mut dirs)?;
             let (uid, gid) = if owners { (e.uid, e.gid) } else { (None, None) };
-            set_owner_and_mtime(&path, uid, gid, e.mtime).map_err(|err| {
-                let path = share.display(&e.path);
-                match err {
-                    SetMetaError::Stat(source) => FsError::Stat { path, source },
-                    SetMetaError::Chown(source) => FsError::Chown { path, source },
-                    SetMetaError::Chmod(source) => FsError::Chmod { path, source },
-                    SetMetaError::SetMtime(source) => FsError::SetMtime { path, source },
-                    other => {
-                        let (_, source) = other.into_parts();
-                        FsError::SetMtime { path, source }
-                    }
-                }
-            })
+            set_owner_and_mtime(&path, uid, gid, e.mtime)
+                .map_err(|err| meta_error(share.display(&e.path), err))
         })
         .collect()
 }

@@ -51,6 +51,8 @@ pub struct ResolvedDir {
     pub path: PathBuf,
     /// Its filesystem, which files created in it are on too.
     pub dev: u64,
+    /// Whether it has the set-group-ID bit, which a directory made in it inherits.
+    pub setgid: bool,
 }
 
 /// Parent directories already resolved during one request (a batch of files in a few
@@ -60,6 +62,16 @@ pub struct ResolvedDir {
 /// itself (see the module's known limit).
 #[derive(Debug, Default)]
 pub struct ResolvedDirs(HashMap<String, ResolvedDir>);
+
+impl ResolvedDirs {
+    /// Remembers `dir` as the resolution of the components `key` (joined by `/`).
+    fn remember(&mut self, key: String, dir: ResolvedDir) {
+        if self.0.len() >= MAX_RESOLVED_DIRS {
+            self.0.clear();
+        }
+        self.0.insert(key, dir);
+    }
+}
 
 /// Why a path of a request cannot be used: the share layer's errors, each naming the
 /// share-relative path (`share/dir/file`) it is about.
@@ -239,13 +251,26 @@ impl Share {
 
     /// [`Share::resolve_dir`], with the directory's filesystem.
     fn resolve_dir_stat(&self, parents: &[&str], rel: &str) -> Result<ResolvedDir, ShareError> {
-        let parent = self.walk(self.root.clone(), parents, rel, |path, source| {
-            ShareError::ResolveDir { path, source }
+        self.resolve_dir_from(self.root.clone(), parents, rel)
+    }
+
+    /// [`Share::resolve_dir_stat`] of `base` (a canonical directory inside the root,
+    /// the resolution of some leading components) joined with the remaining `comps`.
+    fn resolve_dir_from(
+        &self,
+        base: PathBuf,
+        comps: &[&str],
+        rel: &str,
+    ) -> Result<ResolvedDir, ShareError> {
+        let parent = self.walk(base, comps, rel, |path, source| ShareError::ResolveDir {
+            path,
+            source,
         })?;
         match std::fs::metadata(&parent) {
             Ok(meta) if meta.is_dir() => Ok(ResolvedDir {
                 path: parent,
                 dev: meta.dev(),
+                setgid: meta.mode() & 0o2000 != 0,
             }),
             _ => Err(ShareError::ResolveDir {
                 path: self.display(rel),
@@ -255,7 +280,10 @@ impl Share {
     }
 
     /// [`Share::resolve_dir`] through `dirs`: a directory resolved before in the same
-    /// request is not resolved again.
+    /// request is not resolved again, and one below it is resolved from it (the
+    /// longest prefix of `parents` that `dirs` holds), not from the root. The answer
+    /// is the same: resolution is component by component, and a prefix's canonical
+    /// path is where the walk from the root would stand after that prefix.
     fn resolve_dir_in(
         &self,
         parents: &[&str],
@@ -266,12 +294,26 @@ impl Share {
         if let Some(d) = dirs.0.get(&key) {
             return Ok(d.clone());
         }
-        let d = self.resolve_dir_stat(parents, rel)?;
-        if dirs.0.len() >= MAX_RESOLVED_DIRS {
-            dirs.0.clear();
-        }
-        dirs.0.insert(key, d.clone());
+        let known = (1..parents.len()).rev().find_map(|k| {
+            dirs.0
+                .get(&parents[..k].join("/"))
+                .map(|d| (k, d.path.clone()))
+        });
+        let d = match known {
+            Some((k, base)) => self.resolve_dir_from(base, &parents[k..], rel)?,
+            None => self.resolve_dir_stat(parents, rel)?,
+        };
+        dirs.remember(key, d.clone());
         Ok(d)
+    }
+
+    /// Remembers `dir` in `dirs` as the resolution of `rel`, a directory that was just
+    /// made or found (not a symlink) at the path [`Share::resolve_for_write_in`] gave
+    /// for `rel`: that path is canonical, so `rel`'s children resolve from it.
+    pub fn remember_dir(&self, rel: &str, dir: ResolvedDir, dirs: &mut ResolvedDirs) {
+        if let Ok(comps) = self.components(rel) {
+            dirs.remember(comps.join("/"), dir);
+        }
     }
 
     /// [`Share::resolve`] with its parent directory resolved through `dirs` (see
@@ -378,20 +420,36 @@ impl Share {
         rel: &str,
         dirs: &mut ResolvedDirs,
     ) -> Result<(PathBuf, u64), ShareError> {
+        self.resolve_for_write_parent_in(rel, dirs)
+            .map(|(path, parent)| (path, parent.dev))
+    }
+
+    /// [`Share::resolve_for_write_in`], returning the path and its resolved parent
+    /// directory.
+    pub fn resolve_for_write_parent_in(
+        &self,
+        rel: &str,
+        dirs: &mut ResolvedDirs,
+    ) -> Result<(PathBuf, ResolvedDir), ShareError> {
         self.check_writable()?;
         let comps = self.components(rel)?;
         let Some((last, parents)) = comps.split_last() else {
             // The share root: refused below.
-            return self
-                .check_write_target(rel, self.root.clone())
-                .map(|p| (p, 0));
+            return self.check_write_target(rel, self.root.clone()).map(|p| {
+                let dir = ResolvedDir {
+                    path: p.clone(),
+                    dev: 0,
+                    setgid: false,
+                };
+                (p, dir)
+            });
         };
         let parent = self.resolve_dir_in(parents, rel, dirs)?;
         if parent.path == self.root && *last == STATE_DIR {
             return Err(self.reserved(rel));
         }
         let path = self.check_write_target(rel, parent.path.join(last))?;
-        Ok((path, parent.dev))
+        Ok((path, parent))
     }
 
     /// Refuses `path` (the resolution of `rel`) as the target of a write if it is the
@@ -463,6 +521,29 @@ mod tests {
         symlink("sub/../inside", dir.path().join("root/chain")).unwrap();
         let s = test_share("s", &dir.path().join("root"), read_only);
         (dir, s)
+    }
+
+    #[test]
+    fn a_directory_resolved_from_a_remembered_prefix_is_confined_the_same() {
+        let (dir, s) = share(false);
+        std::fs::create_dir_all(dir.path().join("root/sub/deep")).unwrap();
+        symlink("../../..", dir.path().join("root/sub/deep/up")).unwrap();
+        symlink("..", dir.path().join("root/sub/deep/back")).unwrap();
+        let mut dirs = ResolvedDirs::default();
+        // "sub" and "sub/deep" are remembered; what lies below resolves from them.
+        s.resolve_for_write_in("sub/deep/x", &mut dirs).unwrap();
+        let (p, _) = s
+            .resolve_for_write_in("sub/deep/back/y", &mut dirs)
+            .unwrap();
+        assert_eq!(p, s.root().join("sub/y"));
+        let e = s
+            .resolve_for_write_in("sub/deep/up/z", &mut dirs)
+            .unwrap_err();
+        assert!(matches!(e, ShareError::Outside { .. }), "{e:?}");
+        let (p, _) = s
+            .resolve_for_write_in("sub/deep/back/deep/w", &mut dirs)
+            .unwrap();
+        assert_eq!(p, s.root().join("sub/deep/w"));
     }
 
     fn kind(r: Result<PathBuf, ShareError>) -> ErrorKind {

@@ -60,7 +60,8 @@
 //! page none of whose 256 inode numbers was met. A record of a reused inode number
 //! survives until it is overwritten; its key never matches.
 
-use std::collections::HashSet;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, DirEntryExt, FileExt, OpenOptionsExt};
@@ -73,6 +74,10 @@ use ferry_common::msg::{Hash256, HashAlgorithm};
 use ferry_common::STATE_DIR;
 
 use crate::filekey::ManifestKey;
+
+/// Most pages one [`ManifestStore::save_many`] keeps open (past that it starts over),
+/// bounding the descriptors a batch holds.
+const MAX_OPEN_PAGES: usize = 32;
 
 /// Directory of the record files inside the state directory.
 const MANIFESTS_DIR: &str = "manifests";
@@ -310,6 +315,32 @@ impl ManifestStore {
         algorithm: HashAlgorithm,
         hashes: &[Hash256],
     ) -> io::Result<()> {
+        self.save_each(&mut HashMap::new(), key, algorithm, hashes)
+    }
+
+    /// [`ManifestStore::save`] of several records (key, algorithm, hashes), each page
+    /// opened once for all of them (the records of one directory's new files mostly
+    /// share a page): one result per record. Blocking.
+    pub fn save_many<'h>(
+        &self,
+        records: impl IntoIterator<Item = (ManifestKey, HashAlgorithm, &'h [Hash256])>,
+    ) -> Vec<io::Result<()>> {
+        let mut pages = HashMap::new();
+        records
+            .into_iter()
+            .map(|(key, algorithm, hashes)| self.save_each(&mut pages, &key, algorithm, hashes))
+            .collect()
+    }
+
+    /// [`ManifestStore::save`], a page found in `pages` (by path) written through the
+    /// file open there, and one opened kept there.
+    fn save_each(
+        &self,
+        pages: &mut HashMap<PathBuf, fs::File>,
+        key: &ManifestKey,
+        algorithm: HashAlgorithm,
+        hashes: &[Hash256],
+    ) -> io::Result<()> {
         if key.chunk_bytes != self.chunk_bytes {
             return Ok(());
         }
@@ -323,7 +354,16 @@ impl ManifestStore {
         let bytes = encode(key, algorithm, hashes);
         if fits_slot(key) {
             let (path, at) = self.slot_of(key.dev, key.ino);
-            let page = self.open_for_write(&path, false)?;
+            if pages.len() >= MAX_OPEN_PAGES && !pages.contains_key(&path) {
+                pages.clear();
+            }
+            let page = match pages.entry(path) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => {
+                    let page = self.open_for_write(e.key(), false)?;
+                    e.insert(page)
+                }
+            };
             return page.write_all_at(&slot_bytes(&bytes), at);
         }
         // In place, not through a temporary name and a rename: see the module docs.
@@ -694,6 +734,33 @@ mod tests {
         assert!(store.get_hashes(&long).is_none());
         let len = fs::metadata(store.record_path(7, 0x42)).unwrap().len();
         assert_eq!(len as usize, HEADER_BYTES + 2 * 32 + 32);
+    }
+
+    #[test]
+    fn save_many_saves_each_record_as_save_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ManifestStore::new(dir.path(), C);
+        // Two pages, a record file of two chunks, and one of a wrong length.
+        let cases: Vec<(ManifestKey, Vec<Hash256>)> = vec![
+            (key(0x300, 10), hashes(1, 1)),
+            (key(0x301, 0), hashes(0, 2)),
+            (key(0x500, 20), hashes(1, 3)),
+            (key(0x302, u64::from(C) + 1), hashes(2, 4)),
+            (key(0x303, 10), hashes(2, 5)),
+        ];
+        let results = store.save_many(
+            cases
+                .iter()
+                .map(|(k, h)| (*k, HashAlgorithm::Blake3, h.as_slice())),
+        );
+        assert_eq!(results.len(), 5);
+        assert!(results[..4].iter().all(Result::is_ok), "{results:?}");
+        assert!(results[4].is_err());
+        for (k, h) in &cases[..4] {
+            assert_eq!(store.get_hashes(k).as_ref(), Some(h), "{:x}", k.ino);
+        }
+        assert!(store.get_hashes(&cases[4].0).is_none());
+        assert!(store.record_path(7, 0x302).exists());
     }
 
     #[test]

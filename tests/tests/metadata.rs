@@ -8,10 +8,15 @@
 use std::fs;
 use std::os::unix::fs::{lchown, symlink};
 use std::path::Path;
+use std::sync::Arc;
 
+use ferry_client::copy::{upload, CopyOptions};
+use ferry_client::location::Remote;
+use ferry_client::progress::Progress;
+use ferry_client::Client;
 use ferry_tests::{
-    assert_no_temp_files, assert_trees_identical, ferrytest, make_small_tree, rcp_args, set_mode,
-    write_random_file, Env, User, MIB,
+    assert_no_temp_files, assert_trees_identical, credentials, ferrytest, make_small_tree,
+    rcp_args, runtime, set_mode, test_choice, write_random_file, Env, User, DEFAULT_SHARE, MIB,
 };
 use nix::sys::stat::{utimensat, UtimensatFlags};
 use nix::sys::time::TimeSpec;
@@ -130,6 +135,56 @@ ferrytest!(
                 .assert_success();
         }
         assert_trees_identical(&src, &back.join("src"), is_root());
+    }
+);
+
+/// A progress that ignores everything.
+struct Quiet;
+
+impl Progress for Quiet {
+    fn set_total(&self, _bytes: u64) {}
+    fn advance(&self, _bytes: u64) {}
+}
+
+ferrytest!(
+    metadata_a_client_without_directory_batches_keeps_them_too,
+    |env| {
+        // The path every server before the directory batches gets: one `Mkdir` and one
+        // `SetAttr` per directory, the directories' owners in `SetMeta`.
+        let src = env.local("src");
+        make_mixed_tree(&src);
+        let (host, port) = env.server().addr().rsplit_once(':').unwrap();
+        let dest = Remote {
+            host: host.into(),
+            port: port.parse().unwrap(),
+            share: DEFAULT_SHARE.into(),
+            path: "dst".into(),
+            dir_hint: false,
+        };
+        let opts = CopyOptions {
+            recursive: true,
+            jobs: 4,
+            hard_links: false,
+        };
+        let report = runtime().block_on(async {
+            let credentials = credentials().without_dir_batches();
+            let client = Client::connect_with(host, dest.port, test_choice(), credentials)
+                .await
+                .unwrap();
+            assert!(client.has_meta() && !client.has_dirs());
+            upload(
+                &client,
+                std::slice::from_ref(&src),
+                &dest,
+                &opts,
+                Arc::new(Quiet),
+            )
+            .await
+        });
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        assert_eq!(report.dirs, 5);
+        assert_no_temp_files(&env.share(""));
+        assert_trees_identical(&src, &env.share("dst"), is_root());
     }
 );
 

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferry_common::attr::owner_of;
-use ferry_common::msg::{ErrorKind, FileKind, MetaEntry, LINK_BATCH_MAX};
+use ferry_common::msg::{
+    AttrEntry, ErrorKind, FileKind, MetaEntry, NewDir, RemoteError, LINK_BATCH_MAX,
+};
 
 use crate::batch::{self, Outcome, SmallUpload};
 use crate::client::Client;
@@ -76,7 +78,9 @@ pub async fn upload(
     upload_links(client, dest, links, &shared).await;
     let dir_failed = |t: &str| failed.iter().any(|f| f == t) || skipped(t);
     if client.has_meta() {
-        upload_meta(client, dest, &plan.meta, &plan.dirs, &dir_failed, &shared).await;
+        // With directory batches, a directory's owner is set with its mode and mtime.
+        let dirs: &[DirItem<String>] = if client.has_dirs() { &[] } else { &plan.dirs };
+        upload_meta(client, dest, &plan.meta, dirs, &dir_failed, &shared).await;
     }
     finish_dirs(client, dest, &plan.dirs, &dir_failed, &shared).await;
     finish_report(shared)
@@ -344,16 +348,14 @@ async fn upload_dirs(
             .filter(|d| !under_any(&failed, &d.target))
             .map(|d| (d.target.clone(), d.mode))
             .collect();
-        let made = run_lanes(vec![(todo, DIR_REQUESTS_AT_ONCE)], |(target, mode)| {
-            let (client, share) = (client.clone(), dest.share.clone());
-            async move {
-                let made = client.mkdir(&share, &target, mode | 0o700, true).await;
-                Ok((target, made))
-            }
-        })
-        .await;
-        // Every item answers Ok (its own result inside).
-        for (target, made) in made.unwrap_or_default() {
+        // Made with their owner's bits, so that they can be filled in; their own modes
+        // are set by `finish_dirs`.
+        let made = if client.has_dirs() {
+            make_dirs_batched(client, dest, todo).await
+        } else {
+            make_dirs_one_by_one(client, dest, todo).await
+        };
+        for (target, made) in made {
             match made {
                 Ok(()) => lock(&shared.report).dirs += 1,
                 Err(e) => {
@@ -367,6 +369,101 @@ async fn upload_dirs(
     gate.all_done();
 }
 
+/// Makes the directories `todo` (target, mode) with `MakeDirs` batches, several in
+/// flight (the directories of one level are independent): one result per directory.
+async fn make_dirs_batched(
+    client: &Client,
+    dest: &Remote,
+    todo: Vec<(String, u32)>,
+) -> Vec<(String, Result<(), ClientError>)> {
+    let dirs: Vec<NewDir> = todo
+        .into_iter()
+        .map(|(path, mode)| NewDir {
+            path,
+            mode: mode | 0o700,
+        })
+        .collect();
+    in_batches(dirs, |d| &d.path, |b| {
+        let (client, share) = (client.clone(), dest.share.clone());
+        async move { client.make_dirs(&share, b).await }
+    })
+    .await
+}
+
+/// Sends `items` in batches of at most `META_BATCH_MAX` items and 32 KiB of paths
+/// (`path`), [`DIR_BATCHES_AT_ONCE`] in flight, each with `send`: one `(path, result)`
+/// per item.
+async fn in_batches<T, Fut>(
+    items: Vec<T>,
+    path: impl Fn(&T) -> &String,
+    send: impl Fn(Vec<T>) -> Fut,
+) -> Vec<(String, Result<(), ClientError>)>
+where
+    Fut: std::future::Future<Output = BatchResults> + Send + 'static,
+{
+    let batches = batch::pack(items, u64::MAX, |_| 0, |i| path(i).len());
+    let done = run_lanes(vec![(batches, DIR_BATCHES_AT_ONCE)], |b| {
+        let paths: Vec<String> = b.iter().map(|i| path(i).clone()).collect();
+        let sent = send(b);
+        async move { Ok((paths, sent.await)) }
+    })
+    .await;
+    // Every item answers Ok (its own result inside).
+    each_result(done.unwrap_or_default())
+}
+
+/// What a batch of directory requests answered: one result per entry, or the failure of
+/// the whole request.
+type BatchResults = Result<Vec<Result<(), RemoteError>>, ClientError>;
+
+/// One `(path, result)` per path of batches answered `(paths, results)`: a batch that
+/// failed as a whole fails each of its paths.
+fn each_result(
+    batches: Vec<(Vec<String>, BatchResults)>,
+) -> Vec<(String, Result<(), ClientError>)> {
+    let mut out = Vec::new();
+    for (paths, results) in batches {
+        match results {
+            Ok(results) => out.extend(
+                paths
+                    .into_iter()
+                    .zip(results)
+                    .map(|(p, r)| (p, r.map_err(ClientError::Remote))),
+            ),
+            Err(e) => {
+                let why = e.to_string();
+                out.extend(paths.into_iter().map(|p| {
+                    let e = ClientError::Remote(RemoteError {
+                        kind: ErrorKind::Io,
+                        message: why.clone(),
+                    });
+                    (p, Err(e))
+                }));
+            }
+        }
+    }
+    out
+}
+
+/// Makes the directories `todo` (target, mode) with one `Mkdir` each, up to
+/// [`DIR_REQUESTS_AT_ONCE`] in flight (a server without directory batches).
+async fn make_dirs_one_by_one(
+    client: &Client,
+    dest: &Remote,
+    todo: Vec<(String, u32)>,
+) -> Vec<(String, Result<(), ClientError>)> {
+    let made = run_lanes(vec![(todo, DIR_REQUESTS_AT_ONCE)], |(target, mode)| {
+        let (client, share) = (client.clone(), dest.share.clone());
+        async move {
+            let made = client.mkdir(&share, &target, mode | 0o700, true).await;
+            Ok((target, made))
+        }
+    })
+    .await;
+    // Every item answers Ok (its own result inside).
+    made.unwrap_or_default()
+}
+
 /// Gives the created directories (but the `dir_failed` ones) their modes and mtimes,
 /// once everything inside them is in place; up to [`DIR_REQUESTS_AT_ONCE`] at once
 /// (setting a directory's attributes changes nothing of its parent's).
@@ -377,6 +474,31 @@ async fn finish_dirs(
     dir_failed: &dyn Fn(&str) -> bool,
     shared: &Shared,
 ) {
+    if client.has_dirs() {
+        // Owners too (not sent by `upload_meta` then), each batch one request.
+        let entries: Vec<AttrEntry> = dirs
+            .iter()
+            .filter(|d| !dir_failed(&d.target))
+            .map(|d| AttrEntry {
+                path: d.target.clone(),
+                mode: Some(d.mode),
+                uid: d.owner.map(|o| o.uid),
+                gid: d.owner.map(|o| o.gid),
+                mtime: Some(d.mtime),
+            })
+            .collect();
+        let set = in_batches(entries, |e| &e.path, |b| {
+            let (client, share) = (client.clone(), dest.share.clone());
+            async move { client.set_attr_batch(&share, b).await }
+        })
+        .await;
+        for (target, set) in set {
+            if let Err(e) = set {
+                shared.fail(dest.with_path(target).display(), e);
+            }
+        }
+        return;
+    }
     let todo: Vec<_> = dirs
         .iter()
         .filter(|d| !dir_failed(&d.target))
@@ -405,6 +527,10 @@ async fn finish_dirs(
 
 /// Directory requests (`Mkdir`, `SetAttr`) an upload keeps in flight.
 const DIR_REQUESTS_AT_ONCE: usize = 64;
+
+/// Directory batches (`MakeDirs`, `SetAttrBatch`) an upload keeps in flight: a few, as
+/// the server has cores.
+const DIR_BATCHES_AT_ONCE: usize = 4;
 
 /// One task of an upload.
 enum Task {

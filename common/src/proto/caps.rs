@@ -24,6 +24,9 @@
 //! - [`BATCH`]: which files a batch may carry (default `small`: up to
 //!   [`crate::msg::SMALL_FILE_MAX_BYTES`]; `medium`: any file that fits the batch's
 //!   capacity, [`crate::proto::batch::batch_capacity`]). Optional like [`META`].
+//! - [`DIRS`]: the batched directory requests [`Request::MakeDirs`] and
+//!   [`Request::SetAttrBatch`] (default: off; a client without it sends one `Mkdir`
+//!   and one `SetAttr` per directory). Optional like [`META`].
 //! - [`ENCRYPT`], [`ENCRYPT_KEY`], [`ENCRYPT_POLICY`]: session encryption
 //!   ([`crate::seal`]). The client offers the AEAD suites it accepts (fastest on its
 //!   CPU first), its X25519 key share and whether it requires encryption; a server
@@ -72,6 +75,14 @@ pub const CLUSTER: &str = "cluster";
 
 /// The versions of the cluster requests this build speaks, preferred first.
 pub const CLUSTER_VERSIONS: &[&str] = &["1"];
+
+/// Name of the directory-batch capability: whether the session may use
+/// [`Request::MakeDirs`] and [`Request::SetAttrBatch`] (many directories per round
+/// trip, for `rcp -r`).
+pub const DIRS: &str = "dirs";
+
+/// The versions of the directory-batch requests this build speaks, preferred first.
+pub const DIRS_VERSIONS: &[&str] = &["1"];
 
 /// Name of the encryption capability: the AEAD suites a client accepts, preferred
 /// first; in a welcome, the one the session uses.
@@ -148,6 +159,8 @@ pub struct Offer {
     pub write: bool,
     /// Whether it offers the cluster requests ([`CLUSTER`]).
     pub cluster: bool,
+    /// Whether it offers the directory batches ([`DIRS`]).
+    pub dirs: bool,
     /// Its offer to encrypt, if it makes one ([`ENCRYPT`]).
     pub encrypt: Option<EncryptOffer>,
 }
@@ -161,6 +174,7 @@ impl Default for Offer {
             medium_batches: true,
             write: true,
             cluster: true,
+            dirs: true,
             encrypt: None,
         }
     }
@@ -182,6 +196,9 @@ impl Offer {
         }
         if self.cluster {
             caps.push(Capability::new(CLUSTER, &CLUSTER_VERSIONS.join(",")));
+        }
+        if self.dirs {
+            caps.push(Capability::new(DIRS, &DIRS_VERSIONS.join(",")));
         }
         if let Some(e) = &self.encrypt {
             let suites: Vec<&str> = e.suites.iter().map(|s| s.name()).collect();
@@ -211,6 +228,8 @@ pub struct Negotiated {
     pub write: bool,
     /// Whether the cluster requests ([`CLUSTER`]) may be sent.
     pub cluster: bool,
+    /// Whether the directory batches ([`DIRS`]) may be sent.
+    pub dirs: bool,
     /// The session's encryption, if it is encrypted ([`ENCRYPT`]).
     pub encryption: Option<Encrypted>,
 }
@@ -231,6 +250,9 @@ impl Negotiated {
         }
         if self.cluster {
             caps.push(Capability::new(CLUSTER, CLUSTER_VERSIONS[0]));
+        }
+        if self.dirs {
+            caps.push(Capability::new(DIRS, DIRS_VERSIONS[0]));
         }
         if let Some(e) = &self.encryption {
             caps.push(Capability::new(ENCRYPT, e.suite.name()));
@@ -264,6 +286,7 @@ impl Negotiated {
                 Err(WRITE)
             }
             Request::Replicate { .. } if !self.cluster => Err(CLUSTER),
+            Request::MakeDirs { .. } | Request::SetAttrBatch { .. } if !self.dirs => Err(DIRS),
             _ => Ok(()),
         }
     }
@@ -311,6 +334,8 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
     // Offered; the server turns it off unless it is a cluster node.
     let cluster = find(offered, CLUSTER)
         .is_some_and(|list| list.split(',').any(|v| CLUSTER_VERSIONS.contains(&v)));
+    let dirs =
+        find(offered, DIRS).is_some_and(|list| list.split(',').any(|v| DIRS_VERSIONS.contains(&v)));
     Ok(Negotiated {
         hash,
         accepted,
@@ -318,6 +343,7 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
         medium_batches,
         write,
         cluster,
+        dirs,
         encryption: None,
     })
 }
@@ -458,6 +484,16 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
             ))
         }
     };
+    let dirs = match find(chosen, DIRS) {
+        None => false,
+        Some(v) if offer.dirs && DIRS_VERSIONS.contains(&v) => true,
+        Some(v) => {
+            return Err(format!(
+                "the server chose directory-batch version '{}', which this client did not offer",
+                v.escape_debug()
+            ))
+        }
+    };
     Ok(Negotiated {
         hash,
         accepted: Algorithms::of(&offer.hashes),
@@ -465,6 +501,7 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
         medium_batches,
         write,
         cluster,
+        dirs,
         encryption: accept_encryption(chosen, offer)?,
     })
 }
@@ -560,7 +597,8 @@ mod tests {
                 Capability::new(META, "1"),
                 Capability::new(BATCH, "medium"),
                 Capability::new(WRITE, "1"),
-                Capability::new(CLUSTER, "1")
+                Capability::new(CLUSTER, "1"),
+                Capability::new(DIRS, "1")
             ]
         );
     }
@@ -647,6 +685,40 @@ mod tests {
         assert_eq!(n.permits(&set_meta()), Err(META));
         // So does a server of this version answering with no capabilities at all.
         assert!(!accept(&[], &Offer::default()).unwrap().meta);
+    }
+
+    #[test]
+    fn dirs_is_on_only_when_both_peers_speak_it() {
+        let make = Request::MakeDirs {
+            share: "s".into(),
+            dirs: vec![],
+        };
+        let set = Request::SetAttrBatch {
+            share: "s".into(),
+            entries: vec![],
+        };
+        let n = choose(
+            &Offer::default().to_capabilities(),
+            HashAlgorithm::SUPPORTED,
+        )
+        .unwrap();
+        assert!(n.dirs);
+        assert_eq!(accept(&n.to_capabilities(), &Offer::default()).unwrap(), n);
+        assert_eq!(n.permits(&make), Ok(()));
+        assert_eq!(n.permits(&set), Ok(()));
+        // An older client offers no `dirs`: off, and both requests are refused.
+        let n = choose(&[Capability::new(HASH, "sha256")], HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.dirs);
+        assert_eq!(n.permits(&make), Err(DIRS));
+        assert_eq!(n.permits(&set), Err(DIRS));
+        // An older server welcomes without it: off.
+        let n = accept(&[Capability::new(HASH, "sha256")], &Offer::default()).unwrap();
+        assert!(!n.dirs);
+        // No version in common: off, not refused; a server may not choose an unoffered one.
+        let n = choose(&[Capability::new(DIRS, "9")], HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.dirs);
+        let e = accept(&[Capability::new(DIRS, "9")], &Offer::default()).unwrap_err();
+        assert!(e.contains("did not offer"), "{e}");
     }
 
     #[test]

@@ -100,7 +100,9 @@ impl Family {
             | Request::Move { .. }
             | Request::SetAttrs { .. }
             | Request::ShareAccess { .. }
-            | Request::StatMeta { .. } => Family::Namespace,
+            | Request::StatMeta { .. }
+            | Request::MakeDirs { .. }
+            | Request::SetAttrBatch { .. } => Family::Namespace,
             Request::FileOpen { .. }
             | Request::FileWrite { .. }
             | Request::FileRead { .. }

@@ -424,6 +424,7 @@ impl Conn {
             medium_batches: false,
             write: false,
             cluster: false,
+            dirs: false,
             encryption: None,
         });
         let fresh = share.hash().unwrap_or(n.hash);

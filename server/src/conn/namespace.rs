@@ -1,7 +1,8 @@
 //! Namespace requests: attributes (owners and symlink mtimes included), listings,
 //! directories, symlinks, links, renames, removals and space, each one blocking
 //! filesystem call (or one batch of them) in the share; and those of the `write`
-//! capability that name paths (`Move`, `SetAttrs`, `ShareAccess`).
+//! capability that name paths (`Move`, `SetAttrs`, `ShareAccess`); and the directory
+//! batches of the `dirs` capability (`MakeDirs`, `SetAttrBatch`).
 
 use std::sync::Arc;
 
@@ -9,7 +10,7 @@ use ferry_common::msg::{RemoteError, Request, Response};
 
 use super::blocking::blocking;
 use super::{misrouted, Conn};
-use crate::{du, files, fsops, links, meta, remove};
+use crate::{dirs, du, files, fsops, links, meta, remove};
 
 /// Performs one namespace request.
 pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response, RemoteError> {
@@ -38,6 +39,18 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
             }
             Request::SetMeta { entries, .. } => Response::MetaSet {
                 results: meta::set_meta(&share, &entries, meta::applies_owners())
+                    .into_iter()
+                    .map(|r| r.err().map(RemoteError::from))
+                    .collect(),
+            },
+            Request::MakeDirs { dirs, .. } => Response::MetaSet {
+                results: dirs::make_dirs(&share, &dirs)
+                    .into_iter()
+                    .map(|r| r.err().map(RemoteError::from))
+                    .collect(),
+            },
+            Request::SetAttrBatch { entries, .. } => Response::MetaSet {
+                results: dirs::set_attr_batch(&share, &entries, meta::applies_owners())
                     .into_iter()
                     .map(|r| r.err().map(RemoteError::from))
                     .collect(),

@@ -435,11 +435,11 @@ impl Client<'_> {
             software: "ferry-fuzz".into(),
             nonce: CLIENT_NONCE,
             // SHA-256 (as before BLAKE3, so the harness's hashes match), and the write
-            // requests, so they are fuzzed too.
-            capabilities: vec![ferry_common::msg::Capability::new(
-                ferry_common::proto::caps::WRITE,
-                "1",
-            )],
+            // requests and directory batches, so they are fuzzed too.
+            capabilities: vec![
+                ferry_common::msg::Capability::new(ferry_common::proto::caps::WRITE, "1"),
+                ferry_common::msg::Capability::new(ferry_common::proto::caps::DIRS, "1"),
+            ],
         });
         self.tcp
             .send(codec::encode(&hello).expect("encode"))
@@ -522,6 +522,8 @@ impl Client<'_> {
             | Request::ShareAccess { share }
             | Request::StatMeta { share, .. }
             | Request::Replicate { share, .. }
+            | Request::MakeDirs { share, .. }
+            | Request::SetAttrBatch { share, .. }
             | Request::StatFs { share } => match flags & (F_DATA | F_RO) {
                 F_DATA => *share = "data".into(),
                 F_RO => *share = "ro".into(),

@@ -73,6 +73,7 @@ pub fn server_session(data: &[u8]) {
         hash: "sha256",
         medium: false,
         write: false,
+        dirs: false,
         closed: false,
         outstanding: Vec::new(),
         authenticated: HashSet::new(),
@@ -121,6 +122,14 @@ fn offers_meta(caps: &[Capability]) -> bool {
 fn offers_write(caps: &[Capability]) -> bool {
     caps.iter()
         .find(|c| c.name == "write")
+        .is_some_and(|c| c.value.split(',').any(|v| v == "1"))
+}
+
+/// Whether a hello turns the `dirs` capability on: its first `dirs` capability lists
+/// `1`; otherwise the directory batches are refused.
+fn offers_dirs(caps: &[Capability]) -> bool {
+    caps.iter()
+        .find(|c| c.name == "dirs")
         .is_some_and(|c| c.value.split(',').any(|v| v == "1"))
 }
 
@@ -188,6 +197,8 @@ struct Harness {
     medium: bool,
     /// The session negotiated `write`.
     write: bool,
+    /// The session negotiated `dirs`.
+    dirs: bool,
     closed: bool,
     outstanding: Vec<u64>,
     authenticated: HashSet<String>,
@@ -499,6 +510,11 @@ impl Harness {
                 .push_back(Transmit::Error(id, ErrorKind::Protocol));
             return Ok(());
         }
+        if matches!(body, Request::MakeDirs { .. } | Request::SetAttrBatch { .. }) && !self.dirs {
+            self.transmits
+                .push_back(Transmit::Error(id, ErrorKind::Protocol));
+            return Ok(());
+        }
         if matches!(body, Request::SetMeta { .. } | Request::ListDirMeta { .. }) && !self.meta {
             self.transmits
                 .push_back(Transmit::Error(id, ErrorKind::Protocol));
@@ -541,6 +557,7 @@ impl Harness {
                     self.meta = offers_meta(&h.capabilities);
                     self.medium = offers_medium(&h.capabilities);
                     self.write = offers_write(&h.capabilities);
+                    self.dirs = offers_dirs(&h.capabilities);
                     self.transmits.push_back(Transmit::Welcome);
                     self.events.push_back(Event::Ready(h.software));
                     Ok(())
@@ -645,6 +662,9 @@ impl Harness {
                     }
                     if self.write {
                         caps.push(Capability::new("write", "1"));
+                    }
+                    if self.dirs {
+                        caps.push(Capability::new("dirs", "1"));
                     }
                     assert_eq!(w.capabilities, caps);
                 }

@@ -202,6 +202,15 @@ fn metadata_a_server_not_running_as_root_ignores_owners() {
     let env = Env::builder().server_user(user).start();
     let src = env.local("src");
     make_mixed_tree(&src);
+    // A directory whose mode shuts its owner out, with a directory inside: ferryd, not
+    // root, must set the inner one's attributes before the outer one's.
+    fs::create_dir_all(src.join("locked/inner")).unwrap();
+    fs::write(src.join("locked/inner/f"), b"f").unwrap();
+    set_mode(&src.join("locked/inner"), 0o750);
+    set_mode(&src.join("locked"), 0o600);
+    set_mtime_ns(&src.join("locked/inner"), 1_300_000_000, 1);
+    set_mtime_ns(&src.join("locked"), 1_300_000_000, 2);
+    set_mtime_ns(&src, 1_300_000_000, 3);
     env.rcp(rcp_args!["-r", src, env.remote("dst")])
         .assert_success();
     assert_trees_identical(&src, &env.share("dst"), false);

@@ -383,10 +383,14 @@ async fn make_dirs_batched(
             mode: mode | 0o700,
         })
         .collect();
-    in_batches(dirs, |d| &d.path, |b| {
-        let (client, share) = (client.clone(), dest.share.clone());
-        async move { client.make_dirs(&share, b).await }
-    })
+    in_batches(
+        dirs,
+        |d| &d.path,
+        |b| {
+            let (client, share) = (client.clone(), dest.share.clone());
+            async move { client.make_dirs(&share, b).await }
+        },
+    )
     .await
 }
 
@@ -465,8 +469,10 @@ async fn make_dirs_one_by_one(
 }
 
 /// Gives the created directories (but the `dir_failed` ones) their modes and mtimes,
-/// once everything inside them is in place; up to [`DIR_REQUESTS_AT_ONCE`] at once
-/// (setting a directory's attributes changes nothing of its parent's).
+/// once everything inside them is in place: in `SetAttrBatch` batches, a level at a
+/// time from the deepest, on a session with directory batches; else up to
+/// [`DIR_REQUESTS_AT_ONCE`] `SetAttr`s at once (setting a directory's attributes
+/// changes nothing of its parent's).
 async fn finish_dirs(
     client: &Client,
     dest: &Remote,
@@ -475,26 +481,33 @@ async fn finish_dirs(
     shared: &Shared,
 ) {
     if client.has_dirs() {
-        // Owners too (not sent by `upload_meta` then), each batch one request.
-        let entries: Vec<AttrEntry> = dirs
-            .iter()
-            .filter(|d| !dir_failed(&d.target))
-            .map(|d| AttrEntry {
+        // Owners too (not sent by `upload_meta` then), a level at a time, deepest
+        // first: a parent whose mode shuts its owner out is set only after everything
+        // below it (which a server not running as root could no longer reach).
+        let mut levels: BTreeMap<usize, Vec<AttrEntry>> = BTreeMap::new();
+        for d in dirs.iter().filter(|d| !dir_failed(&d.target)) {
+            levels.entry(depth(&d.target)).or_default().push(AttrEntry {
                 path: d.target.clone(),
                 mode: Some(d.mode),
                 uid: d.owner.map(|o| o.uid),
                 gid: d.owner.map(|o| o.gid),
                 mtime: Some(d.mtime),
-            })
-            .collect();
-        let set = in_batches(entries, |e| &e.path, |b| {
-            let (client, share) = (client.clone(), dest.share.clone());
-            async move { client.set_attr_batch(&share, b).await }
-        })
-        .await;
-        for (target, set) in set {
-            if let Err(e) = set {
-                shared.fail(dest.with_path(target).display(), e);
+            });
+        }
+        for (_, level) in levels.into_iter().rev() {
+            let set = in_batches(
+                level,
+                |e| &e.path,
+                |b| {
+                    let (client, share) = (client.clone(), dest.share.clone());
+                    async move { client.set_attr_batch(&share, b).await }
+                },
+            )
+            .await;
+            for (target, set) in set {
+                if let Err(e) = set {
+                    shared.fail(dest.with_path(target).display(), e);
+                }
             }
         }
         return;

@@ -103,7 +103,7 @@ pub fn set_attr_batch(
 }
 
 /// The [`FsError`] of a failed [`set_attrs`] of `path`.
-pub fn meta_error(path: String, err: SetMetaError) -> FsError {
+fn meta_error(path: String, err: SetMetaError) -> FsError {
     match err {
         SetMetaError::Stat(source) => FsError::Stat { path, source },
         SetMetaError::Chown(source) => FsError::Chown { path, source },

@@ -7,12 +7,11 @@
 //! set. `chown` clears the set-user-ID and set-group-ID bits of a non-directory, so
 //! they are put back afterwards.
 
-use ferry_common::attr::set_owner_and_mtime;
-use ferry_common::msg::MetaEntry;
+use ferry_common::msg::{AttrEntry, MetaEntry};
 
-use crate::dirs::meta_error;
+use crate::dirs::set_attr_batch;
 use crate::fsops::FsError;
-use crate::share::{ResolvedDirs, Share};
+use crate::share::Share;
 
 /// Whether this process may give files away: owners are applied only then.
 pub fn applies_owners() -> bool {
@@ -24,16 +23,18 @@ pub fn applies_owners() -> bool {
 /// a writable share, not the root, no reserved name, the final component not
 /// followed), each parent directory once.
 pub fn set_meta(share: &Share, entries: &[MetaEntry], owners: bool) -> Vec<Result<(), FsError>> {
-    let mut dirs = ResolvedDirs::default();
-    entries
+    // `SetAttrBatch` without modes: the same resolution, steps and errors.
+    let entries: Vec<AttrEntry> = entries
         .iter()
-        .map(|e| {
-            let (path, _) = share.resolve_for_write_in(&e.path, &mut dirs)?;
-            let (uid, gid) = if owners { (e.uid, e.gid) } else { (None, None) };
-            set_owner_and_mtime(&path, uid, gid, e.mtime)
-                .map_err(|err| meta_error(share.display(&e.path), err))
+        .map(|e| AttrEntry {
+            path: e.path.clone(),
+            mode: None,
+            uid: e.uid,
+            gid: e.gid,
+            mtime: e.mtime,
         })
-        .collect()
+        .collect();
+    set_attr_batch(share, &entries, owners)
 }
 
 #[cfg(test)]

@@ -523,11 +523,11 @@ def cell_of(tools, tool, unit, reps):
 def evaluate(meta, res, only=None):
     """One dict per table row (of the rows in only, if given): the cells and the verdict."""
     out = []
-    reps = int(meta["reps"])
     for rid, job, unit, direction, target, target_text in rows(meta):
         tools = res.get(rid, {})
         if not tools or (only is not None and rid not in only):
             continue
+        reps = int(meta.get("mixed_reps") or meta["reps"]) if rid.startswith("mixed_") else int(meta["reps"])
 
         def cell(tool):
             return cell_of(tools, tool, unit, reps)
@@ -616,12 +616,22 @@ def alone_table(table):
     return "\n".join(lines)
 
 
+def mixed_reps_note(meta):
+    """' (N for the mixed tree)' where the mixed job ran more times than the others
+    (bench/run --mixed-reps); results from before that option have no such key."""
+    n = meta.get("mixed_reps")
+    if not n or n == meta["reps"]:
+        return ""
+    return f" ({n} for the mixed tree)"
+
+
 def header(meta):
     m = meta
     return "\n".join([
         f"# Ferry benchmark, {m['date']}",
         "",
-        f"- command: `{m['command']}` ({m['mode']}); median of {m['reps']} run(s) per job;"
+        f"- command: `{m['command']}` ({m['mode']}); median of {m['reps']} run(s) per job"
+        f"{mixed_reps_note(m)};"
         f" took {m['elapsed_s']} s of its {m['budget_s']} s budget",
         f"- host: {m['cpu']}, {m['cores']} cores, {m['ram']} RAM; kernel {m['kernel']};"
         f" temp dir on {m['fs']}",

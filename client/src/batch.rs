@@ -8,10 +8,11 @@
 //! hashed, and the buffer is registered for remote READ and advertised in one
 //! `UploadBatch`; the server answers per file. Download ([`download_batch`]): a pooled
 //! buffer is registered for remote WRITE and the server fills it from many files; each
-//! file is verified against its SHA-256, written whole to a hidden file next to its
-//! final name ([`small_path`]) with its mode and mtime, and once every file of the
-//! batch is durable (one `syncfs` per filesystem: a group commit) each is renamed
-//! into place. Either way a registration is revoked as soon as the server
+//! file is verified against its hash, written whole with its mode and mtime to a new
+//! file without a name in its final directory ([`Unnamed`]; where the filesystem has
+//! none, to a hidden file next to its final name, [`small_path`]), and once every file
+//! of the batch is durable (one `syncfs` per filesystem: a group commit) each is
+//! given its final name (linked, or renamed over what is there). Either way a registration is revoked as soon as the server
 //! answered, and buffers are reused across batches.
 //!
 //! A file that fails fails alone. One the server found damaged in flight (an upload's
@@ -40,6 +41,7 @@ use ferry_common::proto::ProtoError;
 use ferry_common::readahead::{will_need, READ_AHEAD_FILES};
 use ferry_common::staging::{remove_quietly, scratch_path, small_path, write_whole, WholeStep};
 use ferry_common::transport::{Access, Buffer, Memory};
+use ferry_common::unnamed::Unnamed;
 use ferry_common::writeback::sync_filesystems;
 use nix::fcntl::{Flock, FlockArg};
 
@@ -682,12 +684,51 @@ fn settle_downloads(
 /// its size or why it failed.
 type Landed = (usize, Result<u64, ClientError>);
 
-/// A file of a download batch written to its hidden name, not yet renamed.
+/// A file of a download batch written, not yet under its final name.
 struct Landing {
     index: usize,
     size: u64,
-    hidden: PathBuf,
-    file: Flock<File>,
+    file: Pending,
+}
+
+/// Where a downloaded small file is written before it has its final name.
+enum Pending {
+    /// A file without a name in its final directory ([`Unnamed`]), the usual case.
+    Unnamed(Unnamed),
+    /// Where the filesystem has no unnamed files: a hidden name, locked
+    /// ([`open_hidden`]).
+    Hidden(PathBuf, Flock<File>),
+}
+
+impl Pending {
+    fn file(&self) -> &File {
+        match self {
+            Pending::Unnamed(u) => u.file(),
+            Pending::Hidden(_, f) => f,
+        }
+    }
+
+    fn file_mut(&mut self) -> &mut File {
+        match self {
+            Pending::Unnamed(u) => u.file_mut(),
+            Pending::Hidden(_, f) => f,
+        }
+    }
+
+    /// Gives the file the name `dest`, replacing a file there as `rename(2)` does.
+    fn name(&mut self, dest: &Path) -> std::io::Result<()> {
+        match self {
+            Pending::Unnamed(u) => u.name(dest),
+            Pending::Hidden(hidden, _) => fs::rename(hidden, dest),
+        }
+    }
+
+    fn discard(self) {
+        match self {
+            Pending::Unnamed(u) => u.discard(),
+            Pending::Hidden(hidden, _) => remove_quietly(&hidden),
+        }
+    }
 }
 
 /// Writes each of `files` (bytes in `data`) to its hidden name, makes them all durable
@@ -705,46 +746,61 @@ fn land_all(targets: &[PathBuf], files: &[Fetched], data: &[u8]) -> Vec<Landed> 
     }
     // One flush for the batch: a group commit, one `syncfs` per filesystem (see
     // `sync_filesystems`), before any final name changes.
-    let flushed = sync_filesystems(&landed.iter().map(|l| &*l.file).collect::<Vec<_>>());
-    for (l, flush) in landed.into_iter().zip(flushed) {
+    let flushed = sync_filesystems(&landed.iter().map(|l| l.file.file()).collect::<Vec<_>>());
+    for (mut l, flush) in landed.into_iter().zip(flushed) {
         let dest = &targets[l.index];
-        let fail = |op: &'static str, e: std::io::Error| -> Result<u64, ClientError> {
-            remove_quietly(&l.hidden);
-            Err(ClientError::local(dest, op, e))
+        // Naming refuses to put a file over a directory (EISDIR): no look first.
+        let failed = match flush {
+            Err(e) => Some(("cannot flush", e)),
+            Ok(()) => match l.file.name(dest) {
+                Ok(()) => None,
+                Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => {
+                    Some(("cannot replace", e))
+                }
+                Err(e) => Some(("cannot rename into place", e)),
+            },
         };
-        // rename(2) refuses to put a file over a directory (EISDIR): no look first.
-        let result = if let Err(e) = flush {
-            fail("cannot flush", e)
-        } else if let Err(e) = fs::rename(&l.hidden, dest) {
-            match e.kind() {
-                std::io::ErrorKind::IsADirectory => fail("cannot replace", e),
-                _ => fail("cannot rename into place", e),
+        let result = match failed {
+            None => Ok(l.size),
+            Some((op, e)) => {
+                l.file.discard();
+                Err(ClientError::local(dest, op, e))
             }
-        } else {
-            Ok(l.size)
         };
         results.push((l.index, result));
     }
     results
 }
 
-/// Writes `bytes` to `dest`'s hidden name with mode and mtime. Blocking.
+/// Writes `bytes` to a new file for `dest` with mode and mtime: one without a name
+/// ([`Unnamed`]) where the filesystem has them, else `dest`'s hidden name. Blocking.
 fn land(dest: &Path, f: &Fetched, bytes: &[u8]) -> Result<Landing, ClientError> {
-    let (hidden, mut file, held) = open_hidden(dest)?;
+    let unnamed =
+        Unnamed::create_unnamed(dest).map_err(|e| ClientError::local(dest, "cannot create", e))?;
+    let (mut file, held) = match unnamed {
+        Some(u) => (Pending::Unnamed(u), 0),
+        None => {
+            let (hidden, file, held) = open_hidden(dest)?;
+            (Pending::Hidden(hidden, file), held)
+        }
+    };
     // What a killed copy left there goes first (a fresh file has nothing to cut: no
     // truncate, which costs ext4 a journal update per file).
-    let emptied = if held > 0 { file.set_len(0) } else { Ok(()) };
+    let emptied = if held > 0 {
+        file.file_mut().set_len(0)
+    } else {
+        Ok(())
+    };
     let written = emptied
         .map_err(|e| (WholeStep::Write, e))
-        .and_then(|()| write_whole(&mut file, bytes, f.mode, f.mtime));
+        .and_then(|()| write_whole(file.file_mut(), bytes, f.mode, f.mtime));
     if let Err((step, e)) = written {
-        remove_quietly(&hidden);
+        file.discard();
         return Err(ClientError::local(dest, step.cannot(), e));
     }
     Ok(Landing {
         index: f.index,
         size: bytes.len() as u64,
-        hidden,
         file,
     })
 }

@@ -41,6 +41,7 @@ pub mod seal;
 pub mod space;
 pub mod staging;
 pub mod transport;
+pub mod unnamed;
 pub mod writeback;
 
 /// The TCP port ferryd listens on unless told otherwise.

@@ -4,15 +4,18 @@
 //! batch done in one blocking task.
 //!
 //! Upload invariants:
-//! - Each file is written whole to a fresh scratch file `.ferry-tmp.<16 random hex>`
-//!   next to its final name (removed again if anything fails before its rename; what a
-//!   killed server leaves, its startup cleanup removes), only after its bytes matched
-//!   the client's SHA-256, and gets its mode and mtime through its descriptor.
-//! - Durability, a group commit per batch: every scratch file is written, then each
+//! - Each file is written whole to a new file without a name in its final directory
+//!   ([`Unnamed`]: `O_TMPFILE`; where the filesystem has none, a fresh scratch file
+//!   `.ferry-tmp.<16 random hex>` next to its final name, removed again if anything
+//!   fails before its rename; what a killed server leaves, its startup cleanup
+//!   removes), only after its bytes matched the client's hash, and gets its mode and
+//!   mtime through its descriptor.
+//! - Durability, a group commit per batch: every file is written, then each
 //!   filesystem they are on is flushed once (`syncfs`,
 //!   [`ferry_common::writeback::sync_filesystems`]); only once that succeeded is any
-//!   file renamed over its final name, and the filesystems are flushed once more after
-//!   the renames, before the answer. So after a power cut a final name holds its old
+//!   file given its final name ([`Unnamed::name`]: linked, or renamed over what is
+//!   there), and the filesystems are flushed once more after the names, before the
+//!   answer. So after a power cut a final name holds its old
 //!   content or the whole new file, never a part of it, and an answered file survives.
 //!   A failed flush fails every file of the batch on that filesystem.
 //! - A file that fails (bad path, hash mismatch, a directory in the way, an I/O error)
@@ -37,8 +40,9 @@ use ferry_common::chunk::hash_chunk;
 use ferry_common::msg::{Attr, BatchFile, BatchedFile, Hash256, HashAlgorithm, RegionDesc};
 use ferry_common::proto::batch::batch_capacity;
 use ferry_common::readahead::{will_need, READ_AHEAD_FILES};
-use ferry_common::staging::{remove_quietly, scratch_path, write_whole, WholeStep};
+use ferry_common::staging::{write_whole, WholeStep};
 use ferry_common::transport::{RemoteSlice, SharedTransport, TransportError};
+use ferry_common::unnamed::Unnamed;
 use ferry_common::writeback::sync_filesystems_on;
 use tokio::task::JoinError;
 
@@ -127,10 +131,10 @@ pub enum BatchError {
         /// The path.
         path: String,
     },
-    /// Creating a scratch file failed.
+    /// Creating the file to write failed.
     #[error("{0}: cannot create")]
     Create(String, #[source] std::io::Error),
-    /// Writing a scratch file, or setting its mode or mtime, failed.
+    /// Writing the file, or setting its mode or mtime, failed.
     #[error("{path}: cannot {}", step.verb())]
     Write {
         /// The path.
@@ -144,7 +148,7 @@ pub enum BatchError {
     /// Flushing a file's filesystem before its rename failed.
     #[error("{0}: cannot flush")]
     Flush(String, #[source] std::io::Error),
-    /// Renaming a scratch file over its final name failed.
+    /// Giving a file its final name failed.
     #[error("{0}: cannot rename into place")]
     Rename(String, #[source] std::io::Error),
     /// Flushing a file's filesystem after its rename failed.
@@ -202,7 +206,7 @@ pub async fn upload(
     })
     .await
     .map_err(BatchError::Task)?;
-    // Every byte is in the scratch files: the buffer goes back to the pool before the
+    // Every byte is in the new files: the buffer goes back to the pool before the
     // flushes, so the next window or batch of the connection need not wait for them.
     drop(lease);
     let results = tokio::task::spawn_blocking(move || commit_staged(&share, staged, results))
@@ -213,13 +217,12 @@ pub async fn upload(
     Ok(results)
 }
 
-/// A file of an upload batch written to its scratch file, not yet renamed.
+/// A file of an upload batch written, not yet under its final name.
 struct Staged {
     index: usize,
     what: String,
     final_path: PathBuf,
-    scratch: PathBuf,
-    file: File,
+    file: Unnamed,
     /// The filesystem the file is on.
     dev: u64,
     size: u64,
@@ -231,12 +234,12 @@ struct Staged {
 
 impl Staged {
     fn abandon(self, results: &mut [Option<BatchError>], error: BatchError) {
-        remove_quietly(&self.scratch);
+        self.file.discard();
         results[self.index] = Some(error);
     }
 }
 
-/// Writes every file of a batch whose bytes are `data` to its scratch file; returns the
+/// Writes every file of a batch whose bytes are `data` to a new file; returns the
 /// files staged and one result per file (the failures so far). Blocking.
 fn stage_all(
     share: &Share,
@@ -284,9 +287,9 @@ fn commit_staged(
     }
     // Only now, with every file of the batch durable, do final names change.
     let mut renamed = Vec::with_capacity(synced.len());
-    for s in synced {
+    for mut s in synced {
         // rename(2) of a file over a directory fails with EISDIR: no separate check.
-        if let Err(e) = fs::rename(&s.scratch, &s.final_path) {
+        if let Err(e) = s.file.name(&s.final_path) {
             let error = match e.raw_os_error() {
                 Some(nix::libc::EISDIR) => FsError::DirInTheWay {
                     path: s.what.clone(),
@@ -317,13 +320,13 @@ fn commit_staged(
 /// One flush of each filesystem that `staged` is on (`sync_filesystems_on`); one result
 /// per file. Blocking.
 fn sync_all(staged: &[Staged]) -> Vec<std::io::Result<()>> {
-    let files: Vec<&File> = staged.iter().map(|s| &s.file).collect();
+    let files: Vec<&File> = staged.iter().map(|s| s.file.file()).collect();
     let devs: Vec<u64> = staged.iter().map(|s| s.dev).collect();
     sync_filesystems_on(&files, &devs)
 }
 
-/// Checks one file's bytes and path and writes it to a fresh scratch file next to its
-/// final name, with its mode and mtime. Blocking.
+/// Checks one file's bytes and path and writes it to a new file in its final directory
+/// ([`Unnamed`]), with its mode and mtime. Blocking.
 fn stage(
     share: &Share,
     algorithm: HashAlgorithm,
@@ -344,16 +347,9 @@ fn stage(
         return Err(BatchError::Integrity { path: what });
     }
     // A directory in the way is found by the rename (EISDIR), see `commit_staged`.
-    let scratch = scratch_path(&final_path);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(&scratch)
-        .map_err(|e| BatchError::Create(what.clone(), e))?;
-    if let Err((step, source)) = write_whole(&mut file, bytes, f.mode, f.mtime) {
-        remove_quietly(&scratch);
+    let mut file = Unnamed::create(&final_path).map_err(|e| BatchError::Create(what.clone(), e))?;
+    if let Err((step, source)) = write_whole(file.file_mut(), bytes, f.mode, f.mtime) {
+        file.discard();
         return Err(BatchError::Write {
             path: what,
             step,
@@ -364,7 +360,6 @@ fn stage(
         index,
         what,
         final_path,
-        scratch,
         file,
         dev,
         size: f.size,
@@ -382,7 +377,7 @@ fn record<'s>(store: &ManifestStore, stored: impl Iterator<Item = &'s Staged>) {
     let mut what = Vec::new();
     let mut records = Vec::new();
     for s in stored {
-        let Ok(meta) = s.file.metadata() else {
+        let Ok(meta) = s.file.file().metadata() else {
             continue;
         };
         let key = ManifestKey::of(&meta, store.chunk_bytes());

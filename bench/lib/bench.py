@@ -1254,7 +1254,7 @@ def report(argv):
         name = os.path.basename(out_base)
         block = "\n".join([
             f"Measured by `bench/run` on {meta['date']}: {meta['cpu']}, {meta['cores']} cores,"
-            f" kernel {meta['kernel']}; median of {meta['reps']} runs, everything on 127.0.0.1,"
+            f" kernel {meta['kernel']}; median of {meta['reps']} runs{mixed_reps_note(meta)}, everything on 127.0.0.1,"
             f" page cache {meta['cache'].split(':')[0]}; each copy timed until its destination"
             + (" (a fresh journaled ext4)" if meta.get("dstfs") else "")
             + " is durable (the tool, then `sync -f` of that file system). Full report with"

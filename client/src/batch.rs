@@ -52,6 +52,10 @@ use crate::transfer::{Copied, ProgressFn};
 /// Times a file is sent before a hash mismatch fails it: the retry policy of windows.
 const ATTEMPTS: usize = WINDOW_ATTEMPTS;
 
+/// Directory batches (`MakeDirs`, `SetAttrBatch`) an upload or a backup keeps in
+/// flight (within a level): a few, as the server has cores.
+pub const DIR_BATCHES_AT_ONCE: usize = 4;
+
 /// Most bytes of one batch with `client`'s server: the server moves a batch through one
 /// of its chunk buffers.
 pub fn capacity(client: &Client) -> u64 {

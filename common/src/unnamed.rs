@@ -112,7 +112,8 @@ impl Unnamed {
     }
 
     /// True if the file has a (hidden) name meanwhile.
-    pub fn is_scratch(&self) -> bool {
+    #[cfg(test)]
+    fn is_scratch(&self) -> bool {
         self.scratch.is_some()
     }
 

@@ -22,12 +22,12 @@ pub fn applies_owners() -> bool {
 /// `owners` (see [`applies_owners`]). Paths are resolved as every write's are (inside
 /// a writable share, not the root, no reserved name, the final component not
 /// followed), each parent directory once.
-pub fn set_meta(share: &Share, entries: &[MetaEntry], owners: bool) -> Vec<Result<(), FsError>> {
+pub fn set_meta(share: &Share, entries: Vec<MetaEntry>, owners: bool) -> Vec<Result<(), FsError>> {
     // `SetAttrBatch` without modes: the same resolution, steps and errors.
     let entries: Vec<AttrEntry> = entries
-        .iter()
+        .into_iter()
         .map(|e| AttrEntry {
-            path: e.path.clone(),
+            path: e.path,
             mode: None,
             uid: e.uid,
             gid: e.gid,
@@ -68,7 +68,7 @@ mod tests {
             secs: 1_000_000_000,
             nanos: 123_456_789,
         };
-        let results = set_meta(&share(dir.path()), &[entry("l", Some(t))], false);
+        let results = set_meta(&share(dir.path()), vec![entry("l", Some(t))], false);
         assert!(results.iter().all(Result::is_ok), "{results:?}");
         let link = fs::symlink_metadata(dir.path().join("l")).unwrap();
         assert_eq!(
@@ -83,14 +83,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("f"), b"x").unwrap();
         let t = Some(Timestamp { secs: 5, nanos: 0 });
-        let entries = [
+        let entries = vec![
             entry("missing", t),
             entry("../f", t),
             entry(".ferry-tmp.x", t),
             entry("", t),
             entry("f", t),
         ];
-        let results = set_meta(&share(dir.path()), &entries, false);
+        let results = set_meta(&share(dir.path()), entries, false);
         assert!(matches!(results[0], Err(FsError::Stat { .. })));
         for r in &results[1..4] {
             assert!(matches!(r, Err(FsError::Share(_))), "{r:?}");

@@ -6,7 +6,7 @@
 
 use ferry_common::msg::{AttrEntry, NewDir, RemoteError, Timestamp};
 
-use crate::batch;
+use crate::batch::{self, DIR_BATCHES_AT_ONCE};
 use crate::client::Client;
 use crate::error::ClientError;
 use crate::schedule::run_lanes;
@@ -53,9 +53,6 @@ where
     }
     Ok(())
 }
-
-/// Directory batches in flight within a level.
-const DIR_BATCHES_AT_ONCE: usize = 4;
 
 /// Runs `op` on batches of the directories of `levels` (at most 256 each), a level at
 /// a time in the order given, [`DIR_BATCHES_AT_ONCE`] at once within a level; fails

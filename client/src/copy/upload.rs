@@ -10,7 +10,7 @@ use ferry_common::msg::{
     AttrEntry, ErrorKind, FileKind, MetaEntry, NewDir, RemoteError, LINK_BATCH_MAX,
 };
 
-use crate::batch::{self, Outcome, SmallUpload};
+use crate::batch::{self, Outcome, SmallUpload, DIR_BATCHES_AT_ONCE};
 use crate::client::Client;
 use crate::error::ClientError;
 use crate::filter::Filter;
@@ -540,10 +540,6 @@ async fn finish_dirs(
 
 /// Directory requests (`Mkdir`, `SetAttr`) an upload keeps in flight.
 const DIR_REQUESTS_AT_ONCE: usize = 64;
-
-/// Directory batches (`MakeDirs`, `SetAttrBatch`) an upload keeps in flight: a few, as
-/// the server has cores.
-const DIR_BATCHES_AT_ONCE: usize = 4;
 
 /// One task of an upload.
 enum Task {

@@ -38,7 +38,7 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
                 fsops::list_dir_meta(&share, &path, cursor)?
             }
             Request::SetMeta { entries, .. } => Response::MetaSet {
-                results: meta::set_meta(&share, &entries, meta::applies_owners())
+                results: meta::set_meta(&share, entries, meta::applies_owners())
                     .into_iter()
                     .map(|r| r.err().map(RemoteError::from))
                     .collect(),

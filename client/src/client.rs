@@ -335,6 +335,12 @@ impl Client {
         self.negotiated().is_some_and(|n| n.dirs)
     }
 
+    /// Whether the session negotiated the `finish` capability, without which
+    /// [`Client::file_finish`] is refused unsent.
+    pub fn has_finish(&self) -> bool {
+        self.negotiated().is_some_and(|n| n.finish)
+    }
+
     /// Fails unless the server's choice `algorithm` for a manifest or transfer is one
     /// this session offered.
     pub fn check_algorithm(&self, algorithm: HashAlgorithm) -> Result<(), ClientError> {

@@ -205,6 +205,39 @@ impl Client {
         expect_attr(self.call_write(Request::FileCommit { handle }).await?)
     }
 
+    /// Finishes a handle in one round trip (the `finish` capability): writes
+    /// `write`'s extents (the region holding them, the extents, their hashes in
+    /// `algorithm`), then sets `attrs`, then with `commit` gives a staged file its name.
+    /// Returns the attributes after.
+    pub async fn file_finish(
+        &self,
+        handle: u64,
+        write: Option<(RegionDesc, Vec<Extent>, Vec<Hash256>)>,
+        algorithm: HashAlgorithm,
+        attrs: SetAttrs,
+        commit: bool,
+    ) -> Result<Attr, ClientError> {
+        let (region, extents, hashes) = write.unwrap_or((
+            RegionDesc {
+                addr: 0,
+                len: 0,
+                rkey: 0,
+            },
+            Vec::new(),
+            Vec::new(),
+        ));
+        let req = Request::FileFinish {
+            handle,
+            region,
+            algorithm,
+            extents,
+            hashes,
+            attrs,
+            commit,
+        };
+        expect_attr(self.call_write(req).await?)
+    }
+
     /// Forgets the handle (a staged file takes its name first, not made durable).
     pub async fn file_close(&self, handle: u64) -> Result<Attr, ClientError> {
         expect_attr(self.call_write(Request::FileClose { handle }).await?)

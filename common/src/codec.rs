@@ -230,6 +230,9 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
         Request::UploadWindow { hashes, .. } => limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS),
         Request::FileWrite {
             extents, hashes, ..
+        }
+        | Request::FileFinish {
+            extents, hashes, ..
         } => {
             limit("extents", extents.len(), MAX_WRITE_EXTENTS)?;
             limit("hashes", hashes.len(), MAX_WRITE_EXTENTS)

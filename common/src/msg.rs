@@ -262,6 +262,13 @@ pub struct SetAttrs {
     pub mtime: Option<Timestamp>,
 }
 
+impl SetAttrs {
+    /// Whether nothing is to change.
+    pub fn is_empty(&self) -> bool {
+        *self == SetAttrs::default()
+    }
+}
+
 /// The server's traffic counters, for [`Request::Counters`]: what moved one-sided and
 /// what moved in control messages, since the server started, over every connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -1018,6 +1025,30 @@ pub enum Request {
         /// The entries, done in order.
         entries: Vec<AttrEntry>,
     },
+    /// Finish what a mount's `close(2)` needs of a handle in one round trip: write
+    /// `extents` (as [`Request::FileWrite`], when there are any: then `region` holds
+    /// them; with none, `region` is empty and `hashes` too), then set `attrs` (as
+    /// [`Request::FileSetAttr`], when any is set), then with `commit` give a staged file
+    /// its name (as [`Request::FileCommit`]). Each step runs only once the one before it
+    /// succeeded; the first failure is the answer, and a staged file then keeps no
+    /// name. Answered by [`Response::Attr`] with the attributes after. Sent only on a
+    /// session that negotiated the `finish` capability (`proto::caps::FINISH`).
+    FileFinish {
+        /// Handle from [`Response::FileOpened`].
+        handle: u64,
+        /// The client's registered, read-only region holding the extents' bytes.
+        region: RegionDesc,
+        /// The algorithm of `hashes`.
+        algorithm: HashAlgorithm,
+        /// Where the bytes go (none: nothing to write).
+        extents: Vec<Extent>,
+        /// The hash of each extent's bytes, as many as `extents`.
+        hashes: Vec<Hash256>,
+        /// What to change after the write.
+        attrs: SetAttrs,
+        /// Give a staged file its name last.
+        commit: bool,
+    },
 }
 
 impl Request {
@@ -1071,6 +1102,7 @@ impl Request {
             | Request::FileClose { .. }
             | Request::FileDiscard { .. }
             | Request::FileCommit { .. }
+            | Request::FileFinish { .. }
             | Request::Counters => None,
         }
     }

@@ -405,6 +405,27 @@ fn request() -> impl Strategy<Value = Request> {
             .prop_map(|(share, dirs)| Request::MakeDirs { share, dirs }),
         (text(MAX_NAME_BYTES), vec(attr_entry(), 0..=8))
             .prop_map(|(share, entries)| Request::SetAttrBatch { share, entries }),
+        (
+            (any::<u64>(), region(), algorithm()),
+            vec((any::<u64>(), any::<u32>(), any::<[u8; 32]>()), 0..=16),
+            set_attrs(),
+            any::<bool>()
+        )
+            .prop_map(|((handle, region, algorithm), ext, attrs, commit)| {
+                let (extents, hashes) = ext
+                    .into_iter()
+                    .map(|(offset, len, h)| (Extent { offset, len }, h))
+                    .unzip();
+                Request::FileFinish {
+                    handle,
+                    region,
+                    algorithm,
+                    extents,
+                    hashes,
+                    attrs,
+                    commit,
+                }
+            }),
     ]
 }
 
@@ -809,6 +830,7 @@ fn request_variant(r: &Request) -> usize {
         Request::Replicate { .. } => 43,
         Request::MakeDirs { .. } => 44,
         Request::SetAttrBatch { .. } => 45,
+        Request::FileFinish { .. } => 46,
     }
 }
 
@@ -1330,7 +1352,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 46], [false; 28]);
+    let (mut requests, mut responses) = ([false; 47], [false; 28]);
     for _ in 0..4000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

@@ -1280,8 +1280,10 @@ impl fuser::Filesystem for FerryFs {
         _size: u32,
         reply: fuser::ReplyXattr,
     ) {
-        // Extended attributes are not exported.
-        reply.error(Errno::ENODATA);
+        // Extended attributes are not exported. ENOSYS tells the kernel so once: it
+        // stops asking (every write would otherwise ask for `security.capability`
+        // first) and answers EOPNOTSUPP itself.
+        reply.error(Errno::ENOSYS);
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {

@@ -17,6 +17,11 @@
 //! - **Ordered**: two submissions of one file whose extents overlap are never in flight
 //!   at once (the later waits), so the server applies overlapping writes in the order
 //!   they were made; submissions that do not overlap run concurrently.
+//! - **Deferred attributes** (`finish` sessions only): a mode or times set on a file
+//!   that has not taken its name yet (nobody else can see it) wait in `pending` and
+//!   reach the server before any request that could show or depend on them (fsync,
+//!   another change, the last close), or with the close's `FileFinish`. A write after
+//!   them drops a pending mtime: the server's write sets it, as a local write would.
 //! - **Never silent**: a failed submission leaves its error on the file; every later
 //!   `write`, `read`, `fsync`, `flush` (close) of the file fails with it. Nothing is
 //!   retried on another connection: the server dropped the handle (and a staged file
@@ -170,6 +175,9 @@ struct State {
     /// Written since the last sync.
     dirty: bool,
     closed: bool,
+    /// Attributes set but not yet sent (see the module docs): only on a staged file
+    /// of a session with `finish`.
+    pending: SetAttrs,
 }
 
 /// Submissions in flight: the byte ranges of each.
@@ -227,6 +235,8 @@ pub struct WriteFile {
     /// Largest extent: the server's chunk size.
     extent_max: u32,
     algorithm: HashAlgorithm,
+    /// The session negotiated `finish`: a close is one `FileFinish`.
+    finish: bool,
     timeout: Duration,
     state: tokio::sync::Mutex<State>,
     view: Mutex<View>,
@@ -265,11 +275,13 @@ impl WriteFile {
             label,
             extent_max: welcome.chunk_bytes.max(1),
             algorithm,
+            finish: conn.client.has_finish(),
             state: tokio::sync::Mutex::new(State {
                 filling: None,
                 staged: opened.staged,
                 dirty: false,
                 closed: false,
+                pending: SetAttrs::default(),
             }),
             view: Mutex::new(View {
                 size: opened.attr.size,
@@ -403,6 +415,8 @@ impl WriteFile {
             }
         }
         st.dirty = true;
+        // The server's write sets the mtime now, as a local write would.
+        st.pending.mtime = None;
         let mut v = lock(&self.view);
         v.size = v.size.max(offset + data.len() as u64);
         Ok(())
@@ -411,10 +425,9 @@ impl WriteFile {
     /// Sends the buffer being filled, once no submission in flight overlaps it; the
     /// write-back itself goes on in a task.
     async fn submit(self: &Arc<Self>, st: &mut State) {
-        let Some(f) = st.filling.take() else {
+        let Some(f) = self.take_filling(st) else {
             return;
         };
-        lock(&self.bufs.fillers).remove(&self.key());
         let ranges: Vec<(u64, u64)> = f
             .extents
             .iter()
@@ -443,23 +456,33 @@ impl WriteFile {
         });
     }
 
+    /// The buffer being filled, no longer offered to other writers.
+    fn take_filling(&self, st: &mut State) -> Option<Filling> {
+        let f = st.filling.take()?;
+        lock(&self.bufs.fillers).remove(&self.key());
+        Some(f)
+    }
+
+    /// The hash of each extent of `f`, in the session's algorithm.
+    async fn hashes_of(&self, f: &Filling) -> Vec<ferry_common::msg::Hash256> {
+        let buf = f.lease.buffer().read().await;
+        let mut at = 0usize;
+        f.extents
+            .iter()
+            .map(|e| {
+                let h = hash_chunk(self.algorithm, &buf[at..at + e.len as usize]);
+                at += e.len as usize;
+                h
+            })
+            .collect()
+    }
+
     async fn send(&self, f: Filling) -> Result<(), OpError> {
         if self.check().is_err() {
             return Ok(());
         }
         let region = f.lease.region(f.used);
-        let hashes = {
-            let buf = f.lease.buffer().read().await;
-            let mut at = 0usize;
-            f.extents
-                .iter()
-                .map(|e| {
-                    let h = hash_chunk(self.algorithm, &buf[at..at + e.len as usize]);
-                    at += e.len as usize;
-                    h
-                })
-                .collect::<Vec<_>>()
-        };
+        let hashes = self.hashes_of(&f).await;
         let (handle, algorithm, extents) = (self.handle, self.algorithm, f.extents);
         let size = self
             .call("write", |c| async move {
@@ -494,6 +517,61 @@ impl WriteFile {
         self.check()
     }
 
+    /// Sends the deferred attributes, if any (after the writes before them).
+    async fn push_pending(&self, st: &mut State) -> Result<(), OpError> {
+        if st.pending.is_empty() {
+            return Ok(());
+        }
+        let (handle, attrs) = (self.handle, std::mem::take(&mut st.pending));
+        let attr = self
+            .call("setattr", |c| async move {
+                c.client.file_set_attr(handle, attrs).await
+            })
+            .await?;
+        self.settle(attr);
+        Ok(())
+    }
+
+    /// Everything cached written back, the deferred attributes sent.
+    async fn settle_all(self: &Arc<Self>, st: &mut State) -> Result<(), OpError> {
+        self.write_all_back(st).await?;
+        self.push_pending(st).await
+    }
+
+    /// A close by the opener in one `FileFinish`: what is still cached, the deferred
+    /// attributes and, for a staged file, its name. `None` when there is nothing to
+    /// send.
+    async fn finish(self: &Arc<Self>, st: &mut State) -> Result<Option<Attr>, OpError> {
+        // Submissions in flight land first: the last extents may overlap them.
+        self.drain().await;
+        self.check()?;
+        let filling = self.take_filling(st);
+        let (commit, attrs) = (st.staged, std::mem::take(&mut st.pending));
+        if filling.is_none() && !commit && attrs.is_empty() {
+            return Ok(None);
+        }
+        let write = match &filling {
+            Some(f) => Some((
+                f.lease.region(f.used),
+                f.extents.clone(),
+                self.hashes_of(f).await,
+            )),
+            None => None,
+        };
+        let (handle, algorithm) = (self.handle, self.algorithm);
+        let attr = self
+            .call("close", |c| async move {
+                c.client
+                    .file_finish(handle, write, algorithm, attrs, commit)
+                    .await
+            })
+            .await?;
+        // The server has read the buffer: it may be lent again.
+        drop(filling);
+        st.staged = false;
+        Ok(Some(attr))
+    }
+
     fn settle(&self, attr: Attr) -> Attr {
         let mut v = lock(&self.view);
         v.size = attr.size;
@@ -507,7 +585,7 @@ impl WriteFile {
     pub async fn sync(self: &Arc<Self>, data_only: bool) -> Result<Attr, OpError> {
         self.check()?;
         let mut st = self.state.lock().await;
-        self.write_all_back(&mut st).await?;
+        self.settle_all(&mut st).await?;
         let handle = self.handle;
         let attr = self
             .call("fsync", |c| async move {
@@ -526,7 +604,13 @@ impl WriteFile {
     pub async fn flush(self: &Arc<Self>, durable: bool) -> Result<Attr, OpError> {
         self.check()?;
         let mut st = self.state.lock().await;
-        self.write_all_back(&mut st).await?;
+        if self.finish && !durable {
+            return match self.finish(&mut st).await? {
+                Some(attr) => Ok(self.settle(attr)),
+                None => Ok(self.attr()),
+            };
+        }
+        self.settle_all(&mut st).await?;
         let handle = self.handle;
         let attr = if durable && (st.dirty || st.staged) {
             let attr = self
@@ -563,7 +647,7 @@ impl WriteFile {
     pub async fn close(self: &Arc<Self>) -> Result<Attr, OpError> {
         let mut st = self.state.lock().await;
         st.closed = true;
-        if let Err(e) = self.write_all_back(&mut st).await {
+        if let Err(e) = self.settle_all(&mut st).await {
             // Nothing half-written takes a name: the server drops a staged file.
             let handle = self.handle;
             let _ = self
@@ -590,7 +674,25 @@ impl WriteFile {
     pub async fn set_attr(self: &Arc<Self>, attrs: SetAttrs) -> Result<Attr, OpError> {
         self.check()?;
         let mut st = self.state.lock().await;
-        self.write_all_back(&mut st).await?;
+        let deferrable = attrs.size.is_none() && attrs.uid.is_none() && attrs.gid.is_none();
+        if self.finish && st.staged && deferrable {
+            // Nobody sees the file before it takes its name: the change goes with it.
+            let p = &mut st.pending;
+            p.mode = attrs.mode.or(p.mode);
+            p.atime = attrs.atime.or(p.atime);
+            p.mtime = attrs.mtime.or(p.mtime);
+            let mut v = lock(&self.view);
+            if let Some(mode) = attrs.mode {
+                v.attr.mode = (v.attr.mode & !0o7777) | (mode & 0o7777);
+            }
+            v.attr.atime = attrs.atime.unwrap_or(v.attr.atime);
+            v.attr.mtime = attrs.mtime.unwrap_or(v.attr.mtime);
+            drop(v);
+            return Ok(self.attr());
+        }
+        // Deferred attributes first, in the order they were set (a chown after a
+        // chmod clears set-id bits, as it would have).
+        self.settle_all(&mut st).await?;
         let handle = self.handle;
         let attr = self
             .call("setattr", |c| async move {
@@ -610,7 +712,7 @@ impl WriteFile {
     ) -> Result<Attr, OpError> {
         self.check()?;
         let mut st = self.state.lock().await;
-        self.write_all_back(&mut st).await?;
+        self.settle_all(&mut st).await?;
         let handle = self.handle;
         let attr = self
             .call("fallocate", |c| async move {

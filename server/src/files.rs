@@ -274,6 +274,18 @@ enum Durability {
     All,
 }
 
+/// What a file request moves data with: the connection's transport, its buffer pool,
+/// and the server's traffic counters.
+#[derive(Clone)]
+pub struct FileIo {
+    /// The connection's transport (one-sided READs and WRITEs).
+    pub transport: SharedTransport,
+    /// The connection's chunk buffers.
+    pub pool: Arc<Pool>,
+    /// The server's counters.
+    pub traffic: Arc<Traffic>,
+}
+
 /// A file open for writing through a handle.
 pub struct OpenFile {
     what: String,
@@ -457,33 +469,17 @@ impl OpenFile {
     /// `FileWrite`: pulls `region` in groups of extents of at most one chunk buffer,
     /// verifies each extent against its hash in `algorithm` and writes the verified
     /// extents (see the module docs); answers with the file's size after.
-    #[allow(clippy::too_many_arguments)]
     pub async fn write(
         self: &Arc<Self>,
-        transport: &SharedTransport,
-        pool: &Arc<Pool>,
-        traffic: &Arc<Traffic>,
+        io: &FileIo,
         region: RegionDesc,
         algorithm: HashAlgorithm,
         extents: Vec<Extent>,
         hashes: Vec<Hash256>,
     ) -> Result<Response, FileError> {
-        let extents: Arc<[(Extent, Hash256)]> = extents.into_iter().zip(hashes).collect();
-        let mut tasks = JoinSet::new();
-        for (i, group) in groups(&extents, self.chunk_bytes).into_iter().enumerate() {
-            let (this, transport, pool) = (self.clone(), transport.clone(), pool.clone());
-            let (extents, traffic) = (extents.clone(), traffic.clone());
-            tasks.spawn(async move {
-                let r = this
-                    .write_group(&transport, &pool, region, algorithm, extents, group)
-                    .await;
-                if let Ok(bytes) = &r {
-                    traffic.file_written(*bytes);
-                }
-                (i, r)
-            });
-        }
-        let outcome = join_all(tasks, &self.what).await;
+        let outcome = self
+            .write_extents(io, region, algorithm, extents, hashes)
+            .await;
         let this = self.clone();
         let attr = run_blocking(&self.what, move || {
             this.forget_manifests();
@@ -492,6 +488,69 @@ impl OpenFile {
         .await;
         outcome?;
         Ok(Response::FileWritten { size: attr??.size })
+    }
+
+    /// `FileFinish`: the extents written as by [`OpenFile::write`] (if any), then
+    /// `attrs` set and, with `commit`, the staged file named, in one blocking call.
+    pub async fn finish(
+        self: &Arc<Self>,
+        io: &FileIo,
+        write: (RegionDesc, HashAlgorithm, Vec<Extent>, Vec<Hash256>),
+        attrs: SetAttrs,
+        commit: bool,
+    ) -> Result<Response, FileError> {
+        let (region, algorithm, extents, hashes) = write;
+        let wrote = !extents.is_empty();
+        let outcome = if wrote {
+            self.write_extents(io, region, algorithm, extents, hashes)
+                .await
+        } else {
+            Ok(())
+        };
+        let this = self.clone();
+        run_blocking(&self.what, move || {
+            if wrote {
+                // Even after a failure: some extents may have been written.
+                this.forget_manifests();
+            }
+            outcome?;
+            if !attrs.is_empty() {
+                this.set_attrs(&attrs)?;
+            }
+            if commit {
+                this.publish()
+            } else {
+                Ok(Response::Attr(this.attr()?))
+            }
+        })
+        .await?
+    }
+
+    /// Pulls, verifies and writes `extents` (with their `hashes`), a group of at most
+    /// one chunk buffer at a time, the groups concurrently.
+    async fn write_extents(
+        self: &Arc<Self>,
+        io: &FileIo,
+        region: RegionDesc,
+        algorithm: HashAlgorithm,
+        extents: Vec<Extent>,
+        hashes: Vec<Hash256>,
+    ) -> Result<(), FileError> {
+        let extents: Arc<[(Extent, Hash256)]> = extents.into_iter().zip(hashes).collect();
+        let mut tasks = JoinSet::new();
+        for (i, group) in groups(&extents, self.chunk_bytes).into_iter().enumerate() {
+            let (this, io, extents) = (self.clone(), io.clone(), extents.clone());
+            tasks.spawn(async move {
+                let r = this
+                    .write_group(&io.transport, &io.pool, region, algorithm, extents, group)
+                    .await;
+                if let Ok(bytes) = &r {
+                    io.traffic.file_written(*bytes);
+                }
+                (i, r)
+            });
+        }
+        join_all(tasks, &self.what).await.map(|_| ())
     }
 
     /// Pulls one group (`extents[group]`, which lie at `region_offset` of the

@@ -60,16 +60,7 @@ async fn write(
 ) -> Result<u64, ClientError> {
     let reg = source(c, bytes).await;
     let a = algorithm(c);
-    let (mut extents, mut hashes, mut pos) = (Vec::new(), Vec::new(), 0usize);
-    for &len in lens {
-        extents.push(Extent {
-            offset: at + pos as u64,
-            len,
-        });
-        hashes.push(hash_chunk(a, &bytes[pos..pos + len as usize]));
-        pos += len as usize;
-    }
-    assert_eq!(pos, bytes.len());
+    let (extents, hashes) = extents_of(a, at, bytes, lens);
     c.file_write(handle, reg.desc(), a, extents, hashes).await
 }
 
@@ -364,4 +355,111 @@ fn a_file_rewritten_in_place_is_never_served_with_its_old_manifest() {
     env.rcp(rcp_args![env.remote("m.bin"), env.local("back.bin")])
         .assert_success();
     assert_eq!(fs::read(env.local("back.bin")).unwrap(), new);
+}
+
+/// Extents of `bytes` at file offset `at`, one per `lens`, with their hashes.
+fn extents_of(
+    a: HashAlgorithm,
+    at: u64,
+    bytes: &[u8],
+    lens: &[u32],
+) -> (Vec<Extent>, Vec<[u8; 32]>) {
+    let (mut extents, mut hashes, mut pos) = (Vec::new(), Vec::new(), 0usize);
+    for &len in lens {
+        extents.push(Extent {
+            offset: at + pos as u64,
+            len,
+        });
+        hashes.push(hash_chunk(a, &bytes[pos..pos + len as usize]));
+        pos += len as usize;
+    }
+    assert_eq!(pos, bytes.len());
+    (extents, hashes)
+}
+
+#[test]
+fn a_finish_writes_sets_attributes_and_names_in_one_request() {
+    let env = Env::new();
+    runtime().block_on(async {
+        let c = connect(&env).await;
+        assert!(c.has_finish(), "ferryd offers the finish capability");
+        let a = algorithm(&c);
+        let mtime = Timestamp {
+            secs: 1_000_000_000,
+            nanos: 5,
+        };
+        let attrs = SetAttrs {
+            mode: Some(0o604),
+            mtime: Some(mtime),
+            ..SetAttrs::default()
+        };
+
+        // Data, attributes and the name, in that order: the mtime is the one set.
+        let data = pattern(1_500_000, 7);
+        let f = c
+            .file_open(S, "fin.bin", Some(0o600), true, false)
+            .await
+            .unwrap();
+        assert!(f.staged);
+        let reg = source(&c, &data).await;
+        let (extents, hashes) = extents_of(a, 0, &data, &[1 << 20, 451_424]);
+        let attr = c
+            .file_finish(
+                f.handle,
+                Some((reg.desc(), extents, hashes)),
+                a,
+                attrs,
+                true,
+            )
+            .await
+            .unwrap();
+        assert_eq!(attr.size, data.len() as u64);
+        assert_eq!(fs::read(env.share("fin.bin")).unwrap(), data);
+        let meta = fs::metadata(env.share("fin.bin")).unwrap();
+        assert_eq!(meta.mode() & 0o7777, 0o604);
+        assert_eq!((meta.mtime(), meta.mtime_nsec()), (1_000_000_000, 5));
+        assert_eq!(meta.ino(), f.attr.ino, "the hidden file took the name");
+        assert!(temp_files(&env.share("")).is_empty());
+        c.file_close(f.handle).await.unwrap();
+
+        // Nothing to write: attributes only, on a file in place, no commit.
+        let f = c.file_open(S, "fin.bin", None, false, false).await.unwrap();
+        let none = SetAttrs {
+            mode: Some(0o640),
+            ..SetAttrs::default()
+        };
+        let attr = c.file_finish(f.handle, None, a, none, false).await.unwrap();
+        assert_eq!(attr.mode & 0o7777, 0o640);
+        assert_eq!(fs::read(env.share("fin.bin")).unwrap(), data);
+        // No extents but a region or hashes: refused by shape.
+        let bad = Some((reg.desc(), vec![], vec![]));
+        let e = c
+            .file_finish(f.handle, bad, a, SetAttrs::default(), false)
+            .await;
+        assert_eq!(kind(e), ErrorKind::Protocol);
+        c.file_close(f.handle).await.unwrap();
+
+        // A wrong hash: nothing is written, no attribute set, no name taken, and the
+        // staged file goes with its handle.
+        let f = c
+            .file_open(S, "bad.bin", Some(0o600), true, false)
+            .await
+            .unwrap();
+        let (extents, mut hashes) = extents_of(a, 0, &data[..4096], &[4096]);
+        hashes[0][0] ^= 1;
+        let reg = source(&c, &data[..4096]).await;
+        let e = c
+            .file_finish(
+                f.handle,
+                Some((reg.desc(), extents, hashes)),
+                a,
+                attrs,
+                true,
+            )
+            .await;
+        assert_eq!(kind(e), ErrorKind::Integrity);
+        assert!(!env.share("bad.bin").exists(), "named after a failed write");
+        c.file_discard(f.handle).await.unwrap();
+        assert!(temp_files(&env.share("")).is_empty());
+    });
 }

@@ -1325,6 +1325,69 @@ mount_test!(a_new_file_appears_only_at_fsync_or_close, |env| {
 });
 
 mount_test!(
+    times_and_modes_set_on_a_new_file_reach_the_server_with_its_name,
+    |env| {
+        // What `tar x` does for each file: create, write, futimens (and fchmod) through
+        // the descriptor, close. A new file is invisible until it takes its name, so
+        // the mount sends those attributes with the close (`FileFinish`); they must be
+        // exactly what the server's file ends with, and what the mount shows before.
+        let writer = mount_rw(&env);
+        let reader = mount_reader(&env);
+        let set = std::time::UNIX_EPOCH + Duration::new(1_000_000_000, 0);
+        let bytes = random_bytes(100_000, 151);
+        let file = File::create(writer.join("timed.bin")).unwrap();
+        pwrite(&file, &bytes, 0).unwrap();
+        file.set_times(fs::FileTimes::new().set_modified(set).set_accessed(set))
+            .unwrap();
+        file.set_permissions(fs::Permissions::from_mode(0o604))
+            .unwrap();
+        let shown = file.metadata().unwrap();
+        assert_eq!(shown.mtime(), 1_000_000_000, "the mount shows the time set");
+        assert_eq!(shown.mode() & 0o7777, 0o604, "the mount shows the mode set");
+        assert!(!env.share("timed.bin").exists(), "named before close");
+        close(file).unwrap_or_else(|e| panic!("close: {e}"));
+        assert_file_is(
+            &env.share("timed.bin"),
+            &bytes,
+            "after close, on the server",
+        );
+        assert_eq!(mtime_of(&env.share("timed.bin")), 1_000_000_000);
+        assert_eq!(mode_of(&env.share("timed.bin")), 0o604);
+        assert_eq!(mtime_of(&reader.join("timed.bin")), 1_000_000_000);
+
+        // A write after the time was set makes the mtime now, as on a local disk.
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let file = File::create(writer.join("rewritten.bin")).unwrap();
+        pwrite(&file, &bytes, 0).unwrap();
+        file.set_times(fs::FileTimes::new().set_modified(set))
+            .unwrap();
+        pwrite(&file, b"more", bytes.len() as u64).unwrap();
+        close(file).unwrap_or_else(|e| panic!("close: {e}"));
+        let mtime = mtime_of(&env.share("rewritten.bin"));
+        assert!(
+            mtime >= before - 1,
+            "mtime {mtime} is older than the last write ({before})"
+        );
+
+        // fsync sends them too, before the data is made durable.
+        let file = File::create(writer.join("synced.bin")).unwrap();
+        pwrite(&file, &bytes, 0).unwrap();
+        file.set_times(fs::FileTimes::new().set_modified(set))
+            .unwrap();
+        file.sync_all().unwrap();
+        assert_eq!(mtime_of(&env.share("synced.bin")), 1_000_000_000);
+        close(file).unwrap_or_else(|e| panic!("close: {e}"));
+        assert_eq!(mtime_of(&env.share("synced.bin")), 1_000_000_000);
+        assert_no_temp_files(&env.share(""));
+        drop(reader);
+        assert_clean_unmount(writer);
+    }
+);
+
+mount_test!(
     a_truncated_file_keeps_its_old_content_until_fsync_or_close,
     |env| {
         let old = random_bytes(MIB as usize + 100, 141);

@@ -27,6 +27,9 @@
 //! - [`DIRS`]: the batched directory requests [`Request::MakeDirs`] and
 //!   [`Request::SetAttrBatch`] (default: off; a client without it sends one `Mkdir`
 //!   and one `SetAttr` per directory). Optional like [`META`].
+//! - [`FINISH`]: [`Request::FileFinish`], a mount's close in one round trip (default:
+//!   off; a client without it sends `FileWrite`, `FileSetAttr` and `FileCommit` one
+//!   after the other). Optional like [`META`]; it needs [`WRITE`] too.
 //! - [`ENCRYPT`], [`ENCRYPT_KEY`], [`ENCRYPT_POLICY`]: session encryption
 //!   ([`crate::seal`]). The client offers the AEAD suites it accepts (fastest on its
 //!   CPU first), its X25519 key share and whether it requires encryption; a server
@@ -83,6 +86,13 @@ pub const DIRS: &str = "dirs";
 
 /// The versions of the directory-batch requests this build speaks, preferred first.
 pub const DIRS_VERSIONS: &[&str] = &["1"];
+
+/// Name of the finish capability: whether the session may use [`Request::FileFinish`]
+/// (write, attributes and commit of a handle in one round trip, for a mount's close).
+pub const FINISH: &str = "finish";
+
+/// The versions of the finish request this build speaks, preferred first.
+pub const FINISH_VERSIONS: &[&str] = &["1"];
 
 /// Name of the encryption capability: the AEAD suites a client accepts, preferred
 /// first; in a welcome, the one the session uses.
@@ -161,6 +171,8 @@ pub struct Offer {
     pub cluster: bool,
     /// Whether it offers the directory batches ([`DIRS`]).
     pub dirs: bool,
+    /// Whether it offers the one-round-trip close ([`FINISH`]).
+    pub finish: bool,
     /// Its offer to encrypt, if it makes one ([`ENCRYPT`]).
     pub encrypt: Option<EncryptOffer>,
 }
@@ -175,6 +187,7 @@ impl Default for Offer {
             write: true,
             cluster: true,
             dirs: true,
+            finish: true,
             encrypt: None,
         }
     }
@@ -199,6 +212,9 @@ impl Offer {
         }
         if self.dirs {
             caps.push(Capability::new(DIRS, &DIRS_VERSIONS.join(",")));
+        }
+        if self.finish {
+            caps.push(Capability::new(FINISH, &FINISH_VERSIONS.join(",")));
         }
         if let Some(e) = &self.encrypt {
             let suites: Vec<&str> = e.suites.iter().map(|s| s.name()).collect();
@@ -230,6 +246,8 @@ pub struct Negotiated {
     pub cluster: bool,
     /// Whether the directory batches ([`DIRS`]) may be sent.
     pub dirs: bool,
+    /// Whether [`Request::FileFinish`] ([`FINISH`]) may be sent.
+    pub finish: bool,
     /// The session's encryption, if it is encrypted ([`ENCRYPT`]).
     pub encryption: Option<Encrypted>,
 }
@@ -253,6 +271,9 @@ impl Negotiated {
         }
         if self.dirs {
             caps.push(Capability::new(DIRS, DIRS_VERSIONS[0]));
+        }
+        if self.finish {
+            caps.push(Capability::new(FINISH, FINISH_VERSIONS[0]));
         }
         if let Some(e) = &self.encryption {
             caps.push(Capability::new(ENCRYPT, e.suite.name()));
@@ -287,6 +308,8 @@ impl Negotiated {
             }
             Request::Replicate { .. } if !self.cluster => Err(CLUSTER),
             Request::MakeDirs { .. } | Request::SetAttrBatch { .. } if !self.dirs => Err(DIRS),
+            Request::FileFinish { .. } if !self.write => Err(WRITE),
+            Request::FileFinish { .. } if !self.finish => Err(FINISH),
             _ => Ok(()),
         }
     }
@@ -336,6 +359,10 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
         .is_some_and(|list| list.split(',').any(|v| CLUSTER_VERSIONS.contains(&v)));
     let dirs =
         find(offered, DIRS).is_some_and(|list| list.split(',').any(|v| DIRS_VERSIONS.contains(&v)));
+    // Only with the write requests it finishes.
+    let finish = write
+        && find(offered, FINISH)
+            .is_some_and(|list| list.split(',').any(|v| FINISH_VERSIONS.contains(&v)));
     Ok(Negotiated {
         hash,
         accepted,
@@ -344,6 +371,7 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
         write,
         cluster,
         dirs,
+        finish,
         encryption: None,
     })
 }
@@ -494,6 +522,16 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
             ))
         }
     };
+    let finish = match find(chosen, FINISH) {
+        None => false,
+        Some(v) if offer.finish && write && FINISH_VERSIONS.contains(&v) => true,
+        Some(v) => {
+            return Err(format!(
+                "the server chose finish version '{}', which this client did not offer (or without write)",
+                v.escape_debug()
+            ))
+        }
+    };
     Ok(Negotiated {
         hash,
         accepted: Algorithms::of(&offer.hashes),
@@ -502,6 +540,7 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
         write,
         cluster,
         dirs,
+        finish,
         encryption: accept_encryption(chosen, offer)?,
     })
 }
@@ -598,7 +637,8 @@ mod tests {
                 Capability::new(BATCH, "medium"),
                 Capability::new(WRITE, "1"),
                 Capability::new(CLUSTER, "1"),
-                Capability::new(DIRS, "1")
+                Capability::new(DIRS, "1"),
+                Capability::new(FINISH, "1")
             ]
         );
     }
@@ -718,6 +758,63 @@ mod tests {
         let n = choose(&[Capability::new(DIRS, "9")], HashAlgorithm::SUPPORTED).unwrap();
         assert!(!n.dirs);
         let e = accept(&[Capability::new(DIRS, "9")], &Offer::default()).unwrap_err();
+        assert!(e.contains("did not offer"), "{e}");
+    }
+
+    #[test]
+    fn finish_is_on_only_with_write_and_when_both_peers_speak_it() {
+        let finish = Request::FileFinish {
+            handle: 1,
+            region: crate::msg::RegionDesc {
+                addr: 0,
+                len: 0,
+                rkey: 0,
+            },
+            algorithm: HashAlgorithm::Blake3,
+            extents: vec![],
+            hashes: vec![],
+            attrs: crate::msg::SetAttrs::default(),
+            commit: true,
+        };
+        let n = choose(
+            &Offer::default().to_capabilities(),
+            HashAlgorithm::SUPPORTED,
+        )
+        .unwrap();
+        assert!(n.finish);
+        assert_eq!(accept(&n.to_capabilities(), &Offer::default()).unwrap(), n);
+        assert_eq!(n.permits(&finish), Ok(()));
+        // An older client offers no `finish`: off, and the request is refused.
+        let older = Offer {
+            finish: false,
+            ..Offer::default()
+        };
+        let n = choose(&older.to_capabilities(), HashAlgorithm::SUPPORTED).unwrap();
+        assert!(n.write && !n.finish);
+        assert_eq!(n.permits(&finish), Err(FINISH));
+        // Without write there is nothing to finish: off, refused as a write request.
+        let read_only = Offer {
+            write: false,
+            ..Offer::default()
+        };
+        let n = choose(&read_only.to_capabilities(), HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.finish);
+        assert_eq!(n.permits(&finish), Err(WRITE));
+        // An older server welcomes without it: off.
+        let n = accept(
+            &[Capability::new(HASH, "sha256"), Capability::new(WRITE, "1")],
+            &Offer::default(),
+        )
+        .unwrap();
+        assert!(n.write && !n.finish);
+        // A server may not choose it unoffered, nor without write.
+        let e = accept(&[Capability::new(FINISH, "1")], &Offer::default()).unwrap_err();
+        assert!(e.contains("did not offer"), "{e}");
+        let e = accept(
+            &[Capability::new(WRITE, "1"), Capability::new(FINISH, "1")],
+            &older,
+        )
+        .unwrap_err();
         assert!(e.contains("did not offer"), "{e}");
     }
 

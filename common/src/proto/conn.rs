@@ -111,7 +111,8 @@ impl Family {
             | Request::FileSync { .. }
             | Request::FileClose { .. }
             | Request::FileDiscard { .. }
-            | Request::FileCommit { .. } => Family::File,
+            | Request::FileCommit { .. }
+            | Request::FileFinish { .. } => Family::File,
             Request::Stats
             | Request::Verify { .. }
             | Request::Counters
@@ -261,7 +262,31 @@ impl ConnState {
                 self.pending.insert(id, Pending::OpenFile(handle));
                 Ok(Grant::File(handle))
             }
+            Request::FileFinish {
+                handle,
+                region,
+                extents,
+                hashes,
+                ..
+            } if extents.is_empty() => {
+                let grant = self.open_file(*handle)?;
+                if region.len != 0 || !hashes.is_empty() {
+                    return Err(protocol(format!(
+                        "a file finish with no extents names a region of {} bytes and {} hashes",
+                        region.len,
+                        hashes.len()
+                    )));
+                }
+                Ok(grant)
+            }
             Request::FileWrite {
+                handle,
+                region,
+                extents,
+                hashes,
+                ..
+            }
+            | Request::FileFinish {
                 handle,
                 region,
                 extents,

@@ -67,25 +67,26 @@ pub(super) async fn perform(
             ..
         } => {
             let file = conn.file(handle)?;
-            if !accepts(conn, algorithm) {
-                return Err(files::FileError::Algorithm {
-                    path: file.what().into(),
-                    algorithm,
-                }
-                .into());
-            }
-            let traffic = conn.server.traffic.clone();
+            check_algorithm(conn, &file, algorithm)?;
             Ok(file
-                .write(
-                    &conn.transport,
-                    &conn.pool,
-                    &traffic,
-                    region,
-                    algorithm,
-                    extents,
-                    hashes,
-                )
+                .write(&conn.file_io(), region, algorithm, extents, hashes)
                 .await?)
+        }
+        Request::FileFinish {
+            region,
+            algorithm,
+            extents,
+            hashes,
+            attrs,
+            commit,
+            ..
+        } => {
+            let file = conn.file(handle)?;
+            if !extents.is_empty() {
+                check_algorithm(conn, &file, algorithm)?;
+            }
+            let write = (region, algorithm, extents, hashes);
+            Ok(file.finish(&conn.file_io(), write, attrs, commit).await?)
         }
         Request::FileRead { offset, region, .. } => {
             let file = conn.file(handle)?;
@@ -139,15 +140,36 @@ pub(super) async fn perform(
     }
 }
 
-/// Whether the session negotiated `algorithm` (a `FileWrite`'s hashes must be in one
-/// of its algorithms).
-fn accepts(conn: &Conn, algorithm: HashAlgorithm) -> bool {
-    conn.session()
+/// Fails unless the session negotiated `algorithm` (a `FileWrite`'s hashes must be in
+/// one of its algorithms).
+fn check_algorithm(
+    conn: &Conn,
+    file: &OpenFile,
+    algorithm: HashAlgorithm,
+) -> Result<(), files::FileError> {
+    let accepted = conn
+        .session()
         .negotiated()
-        .is_some_and(|n| n.accepted.contains(algorithm))
+        .is_some_and(|n| n.accepted.contains(algorithm));
+    if accepted {
+        Ok(())
+    } else {
+        Err(files::FileError::Algorithm {
+            path: file.what().into(),
+            algorithm,
+        })
+    }
 }
 
 impl Conn {
+    fn file_io(&self) -> files::FileIo {
+        files::FileIo {
+            transport: self.transport.clone(),
+            pool: self.pool.clone(),
+            traffic: self.server.traffic.clone(),
+        }
+    }
+
     fn file(&self, handle: u64) -> Result<Arc<OpenFile>, ConnError> {
         self.files()
             .get(&handle)

@@ -425,6 +425,7 @@ impl Conn {
             write: false,
             cluster: false,
             dirs: false,
+            finish: false,
             encryption: None,
         });
         let fresh = share.hash().unwrap_or(n.hash);

@@ -435,10 +435,12 @@ impl Client<'_> {
             software: "ferry-fuzz".into(),
             nonce: CLIENT_NONCE,
             // SHA-256 (as before BLAKE3, so the harness's hashes match), and the write
-            // requests and directory batches, so they are fuzzed too.
+            // requests (the one-round-trip finish too) and directory batches, so they
+            // are fuzzed too.
             capabilities: vec![
                 ferry_common::msg::Capability::new(ferry_common::proto::caps::WRITE, "1"),
                 ferry_common::msg::Capability::new(ferry_common::proto::caps::DIRS, "1"),
+                ferry_common::msg::Capability::new(ferry_common::proto::caps::FINISH, "1"),
             ],
         });
         self.tcp
@@ -614,6 +616,14 @@ impl Client<'_> {
                 algorithm,
                 extents,
                 hashes,
+            }
+            | Request::FileFinish {
+                handle,
+                region,
+                algorithm,
+                extents,
+                hashes,
+                ..
             } => {
                 latest(handle, self.last_file);
                 if flags & F_REGION != 0 {

@@ -74,6 +74,7 @@ pub fn server_session(data: &[u8]) {
         medium: false,
         write: false,
         dirs: false,
+        finish: false,
         closed: false,
         outstanding: Vec::new(),
         authenticated: HashSet::new(),
@@ -133,6 +134,16 @@ fn offers_dirs(caps: &[Capability]) -> bool {
         .is_some_and(|c| c.value.split(',').any(|v| v == "1"))
 }
 
+/// Whether a hello turns the `finish` capability on: its first `finish` capability
+/// lists `1`, and it turns `write` on too; otherwise `FileFinish` is refused.
+fn offers_finish(caps: &[Capability]) -> bool {
+    offers_write(caps)
+        && caps
+            .iter()
+            .find(|c| c.name == "finish")
+            .is_some_and(|c| c.value.split(',').any(|v| v == "1"))
+}
+
 /// Whether `body` is one of the requests of the `write` capability.
 fn needs_write(body: &Request) -> bool {
     matches!(
@@ -146,6 +157,7 @@ fn needs_write(body: &Request) -> bool {
             | Request::FileClose { .. }
             | Request::FileDiscard { .. }
             | Request::FileCommit { .. }
+            | Request::FileFinish { .. }
             | Request::Move { .. }
             | Request::SetAttrs { .. }
             | Request::ShareAccess { .. }
@@ -199,6 +211,8 @@ struct Harness {
     write: bool,
     /// The session negotiated `dirs`.
     dirs: bool,
+    /// The session negotiated `finish`.
+    finish: bool,
     closed: bool,
     outstanding: Vec<u64>,
     authenticated: HashSet<String>,
@@ -322,6 +336,13 @@ impl Tables {
                 extents,
                 hashes,
                 ..
+            }
+            | Request::FileFinish {
+                handle,
+                region,
+                extents,
+                hashes,
+                ..
             } => {
                 file_open(self, handle)?;
                 // The limits of docs/protocol.md section 8, written out again.
@@ -341,6 +362,21 @@ impl Tables {
                     || sum != region.len
                     || sum > most;
                 if bad {
+                    Err(ErrorKind::Protocol)
+                } else {
+                    Ok(())
+                }
+            }
+            Request::FileFinish {
+                handle,
+                region,
+                extents,
+                hashes,
+                ..
+            } if extents.is_empty() => {
+                file_open(self, handle)?;
+                // Nothing to write, and nothing may be named for it.
+                if region.len != 0 || !hashes.is_empty() {
                     Err(ErrorKind::Protocol)
                 } else {
                     Ok(())
@@ -510,6 +546,11 @@ impl Harness {
                 .push_back(Transmit::Error(id, ErrorKind::Protocol));
             return Ok(());
         }
+        if matches!(body, Request::FileFinish { .. }) && !self.finish {
+            self.transmits
+                .push_back(Transmit::Error(id, ErrorKind::Protocol));
+            return Ok(());
+        }
         if matches!(body, Request::MakeDirs { .. } | Request::SetAttrBatch { .. }) && !self.dirs {
             self.transmits
                 .push_back(Transmit::Error(id, ErrorKind::Protocol));
@@ -558,6 +599,7 @@ impl Harness {
                     self.medium = offers_medium(&h.capabilities);
                     self.write = offers_write(&h.capabilities);
                     self.dirs = offers_dirs(&h.capabilities);
+                    self.finish = offers_finish(&h.capabilities);
                     self.transmits.push_back(Transmit::Welcome);
                     self.events.push_back(Event::Ready(h.software));
                     Ok(())
@@ -665,6 +707,9 @@ impl Harness {
                     }
                     if self.dirs {
                         caps.push(Capability::new("dirs", "1"));
+                    }
+                    if self.finish {
+                        caps.push(Capability::new("finish", "1"));
                     }
                     assert_eq!(w.capabilities, caps);
                 }

@@ -15,6 +15,13 @@ use ferry_common::proto::ProtoError;
 use crate::client::{expect_ok, unexpected};
 use crate::{Client, ClientError};
 
+/// The region of a finish or put that writes nothing.
+const NO_REGION: RegionDesc = RegionDesc {
+    addr: 0,
+    len: 0,
+    rkey: 0,
+};
+
 /// A file opened for writing ([`Client::file_open`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenedFile {
@@ -217,15 +224,7 @@ impl Client {
         attrs: SetAttrs,
         commit: bool,
     ) -> Result<Attr, ClientError> {
-        let (region, extents, hashes) = write.unwrap_or((
-            RegionDesc {
-                addr: 0,
-                len: 0,
-                rkey: 0,
-            },
-            Vec::new(),
-            Vec::new(),
-        ));
+        let (region, extents, hashes) = write.unwrap_or((NO_REGION, Vec::new(), Vec::new()));
         let req = Request::FileFinish {
             handle,
             region,
@@ -234,6 +233,32 @@ impl Client {
             hashes,
             attrs,
             commit,
+        };
+        expect_attr(self.call_write(req).await?)
+    }
+
+    /// Writes a whole new file in one round trip (the `finish` capability): `path` of
+    /// `share` is created staged (mode `mode`; with `exclusive`, failing if the name
+    /// exists), `write`'s extents written, `attrs` set and the file named; no handle is
+    /// left. Returns the attributes after.
+    pub async fn file_put(
+        &self,
+        (share, path, mode, exclusive): (&str, &str, u32, bool),
+        write: Option<(RegionDesc, Vec<Extent>, Vec<Hash256>)>,
+        algorithm: HashAlgorithm,
+        attrs: SetAttrs,
+    ) -> Result<Attr, ClientError> {
+        let (region, extents, hashes) = write.unwrap_or((NO_REGION, Vec::new(), Vec::new()));
+        let req = Request::FilePut {
+            share: share.into(),
+            path: path.into(),
+            mode,
+            exclusive,
+            region,
+            algorithm,
+            extents,
+            hashes,
+            attrs,
         };
         expect_attr(self.call_write(req).await?)
     }

@@ -228,6 +228,17 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
             limit("target", target.len(), MAX_PATH_BYTES)
         }
         Request::UploadWindow { hashes, .. } => limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS),
+        Request::FilePut {
+            share,
+            path,
+            extents,
+            hashes,
+            ..
+        } => {
+            share_and_path(share, path)?;
+            limit("extents", extents.len(), MAX_WRITE_EXTENTS)?;
+            limit("hashes", hashes.len(), MAX_WRITE_EXTENTS)
+        }
         Request::FileWrite {
             extents, hashes, ..
         }

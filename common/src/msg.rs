@@ -1049,6 +1049,32 @@ pub enum Request {
         /// Give a staged file its name last.
         commit: bool,
     },
+    /// A whole new file in one round trip, no handle kept: `FileOpen` with `create:
+    /// Some(mode)`, `truncate` (staged), then `FileFinish` with `commit`, then the handle
+    /// is gone. A mount sends it at the `close(2)` of a file it created (`O_EXCL` or
+    /// `O_TRUNC`) whose bytes all fit its write-back cache. `exclusive` and a name that
+    /// exists: `Exists`, at the rename. Answered by [`Response::Attr`] with the
+    /// attributes after. Sent only on a session that negotiated `finish`.
+    FilePut {
+        /// Share name.
+        share: String,
+        /// Share-relative path.
+        path: String,
+        /// Permission bits of a new file.
+        mode: u32,
+        /// Fail if the name exists.
+        exclusive: bool,
+        /// The client's registered, read-only region holding the extents' bytes.
+        region: RegionDesc,
+        /// The algorithm of `hashes`.
+        algorithm: HashAlgorithm,
+        /// The file's bytes (none: an empty file).
+        extents: Vec<Extent>,
+        /// The hash of each extent's bytes, as many as `extents`.
+        hashes: Vec<Hash256>,
+        /// What to change after the write.
+        attrs: SetAttrs,
+    },
 }
 
 impl Request {
@@ -1087,7 +1113,8 @@ impl Request {
             | Request::StatMeta { share, .. }
             | Request::Replicate { share, .. }
             | Request::MakeDirs { share, .. }
-            | Request::SetAttrBatch { share, .. } => Some(share),
+            | Request::SetAttrBatch { share, .. }
+            | Request::FilePut { share, .. } => Some(share),
             Request::UploadWindow { .. }
             | Request::UploadCommit { .. }
             | Request::DownloadWindow { .. }

@@ -426,6 +426,31 @@ fn request() -> impl Strategy<Value = Request> {
                     commit,
                 }
             }),
+        (
+            (share_path(), any::<u32>(), any::<bool>()),
+            (region(), algorithm()),
+            vec((any::<u64>(), any::<u32>(), any::<[u8; 32]>()), 0..=16),
+            set_attrs()
+        )
+            .prop_map(
+                |(((share, path), mode, exclusive), (region, algorithm), ext, attrs)| {
+                    let (extents, hashes) = ext
+                        .into_iter()
+                        .map(|(offset, len, h)| (Extent { offset, len }, h))
+                        .unzip();
+                    Request::FilePut {
+                        share,
+                        path,
+                        mode,
+                        exclusive,
+                        region,
+                        algorithm,
+                        extents,
+                        hashes,
+                        attrs,
+                    }
+                }
+            ),
     ]
 }
 
@@ -831,6 +856,7 @@ fn request_variant(r: &Request) -> usize {
         Request::MakeDirs { .. } => 44,
         Request::SetAttrBatch { .. } => 45,
         Request::FileFinish { .. } => 46,
+        Request::FilePut { .. } => 47,
     }
 }
 
@@ -1352,7 +1378,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 47], [false; 28]);
+    let (mut requests, mut responses) = ([false; 48], [false; 28]);
     for _ in 0..4000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

@@ -59,9 +59,9 @@ struct Inner {
     wfiles: Mutex<HashMap<u64, Arc<WriteFile>>>,
     /// Writable descriptors: node and file.
     wfhs: Mutex<HashMap<u64, (u64, Arc<WriteFile>)>>,
-    /// The process (thread group) that opened each writable descriptor: its `close`
-    /// gives a staged file its name; a close by another process sharing the
-    /// descriptor (a child's close-on-exec after fork) only writes back.
+    /// The thread that opened each writable descriptor: a `close` by its process gives
+    /// a staged file its name; a close by another process sharing the descriptor (a
+    /// child's close-on-exec after fork) only writes back.
     openers: Mutex<HashMap<u64, u32>>,
     /// Created or truncated files that have not taken their name on the server yet,
     /// by mount-relative path: lookups and listings show them.
@@ -162,6 +162,21 @@ impl FerryFs {
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
         self.rt.spawn(f(self.inner.clone()));
+    }
+
+    /// Runs `f` on this fuser thread while another stays free for the kernel's next
+    /// request, else on the runtime. A request answered from memory, or after one
+    /// round trip, then costs no hand-off between threads (each wake-up of another
+    /// thread is tens of microseconds on a small VM).
+    fn run<F, Fut>(&self, f: F)
+    where
+        F: FnOnce(Arc<Inner>) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        if let Some(_held) = ThreadClaim::take(&self.inner.blocked_reads, self.inner.opts.threads) {
+            return self.rt.block_on(f(self.inner.clone()));
+        }
+        self.spawn(f);
     }
 }
 
@@ -399,6 +414,14 @@ impl Inner {
     }
 }
 
+/// Whether thread `tid` belongs to the process of thread `opener` (alive): one `stat`
+/// of `/proc/<opener>/task/<tid>`, not a read of `/proc/<tid>/status`. An opener
+/// thread that has exited counts as another process (its file is then published at
+/// its last release instead of this close).
+fn same_process(opener: u32, tid: u32) -> bool {
+    tid == opener || Path::new(&format!("/proc/{opener}/task/{tid}")).exists()
+}
+
 /// The process (thread group) of thread `tid`, from `/proc`.
 pub(crate) fn tgid_of(tid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
@@ -456,6 +479,8 @@ impl Inner {
         if nodes.id_of(path) == Some(ino) {
             nodes.store_attr(path, attr.clone(), Instant::now());
         }
+        // A file this mount created has its server file now.
+        nodes.rekey(ino, (attr.dev, attr.ino));
         nodes.changed(parent_of(path));
         drop(nodes);
         lock(&self.staged).remove(path);
@@ -567,6 +592,12 @@ impl Inner {
             truncate: flags & nix::libc::O_TRUNC != 0,
         };
         let _one = self.open_lock.lock().await;
+        if how.exclusive || how.truncate {
+            let conn = self.remote.conn().await?;
+            if conn.client.has_finish() {
+                return self.create_deferred(conn, path, how);
+            }
+        }
         let (conn, opened) = self
             .remote
             .call(&format!("create {label}"), |c| async move {
@@ -593,6 +624,52 @@ impl Inner {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.wfhs).insert(fh, (ino, wf));
         Ok((ino, fh, attr))
+    }
+
+    /// A file created `O_EXCL` or `O_TRUNC`, which nobody else can see before it takes
+    /// its name: nothing is asked of the server now. Its close sends it whole (see
+    /// `writer::Opened`); until then it has a provisional key, so its node a synthetic
+    /// id, which [`Inner::settled`] ties to the server's file once it has a name.
+    fn create_deferred(
+        &self,
+        conn: Arc<crate::remote::Conn>,
+        path: String,
+        how: WriteOpen,
+    ) -> Result<(u64, u64, Attr), OpError> {
+        let now = Timestamp::from_system(SystemTime::now());
+        let (dev, ino) = lock(&self.nodes).provisional_key();
+        let attr = Attr {
+            kind: FileKind::File,
+            size: 0,
+            mode: how.create.unwrap_or(0o644),
+            mtime: now,
+            symlink_target: None,
+            ino,
+            nlink: 1,
+            atime: now,
+            ctime: now,
+            blocks: 0,
+            dev,
+        };
+        let create = crate::writer::Create {
+            share: self.share.clone(),
+            path: self.share_path(&path),
+            mode: how.create.unwrap_or(0o644),
+            exclusive: how.exclusive,
+        };
+        let wf = WriteFile::deferred(self.remote.clone(), conn, create, attr.clone())?;
+        let id = {
+            let mut nodes = lock(&self.nodes);
+            let id = nodes.remember(&path, (dev, ino));
+            nodes.changed(&path);
+            nodes.changed(parent_of(&path));
+            id
+        };
+        lock(&self.wfiles).insert(id, wf.clone());
+        lock(&self.staged).insert(path, (id, wf.clone()));
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.wfhs).insert(fh, (id, wf));
+        Ok((id, fh, attr))
     }
 
     /// The last descriptor of a written node is gone: the server handle is closed (a
@@ -900,7 +977,7 @@ impl fuser::Filesystem for FerryFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name.to_owned();
-        self.spawn(|fs| async move {
+        self.run(|fs| async move {
             match fs.lookup(parent, &name).await {
                 Ok((ino, attr)) => reply.entry_with_ttls(
                     &fs.opts.attr_ttl,
@@ -981,7 +1058,7 @@ impl fuser::Filesystem for FerryFs {
                 exclusive: false,
                 truncate: flags.0 & nix::libc::O_TRUNC != 0,
             };
-            let opener = tgid_of(req.pid());
+            let opener = Some(req.pid());
             self.spawn(|fs| async move {
                 let got = match fs.path_of(ino) {
                     Ok(path) => fs.open_write(ino.0, &path, how).await,
@@ -989,8 +1066,8 @@ impl fuser::Filesystem for FerryFs {
                 };
                 match got {
                     Ok((fh, _)) => {
-                        if let Some(tgid) = opener {
-                            lock(&fs.openers).insert(fh, tgid);
+                        if let Some(tid) = opener {
+                            lock(&fs.openers).insert(fh, tid);
                         }
                         reply.opened(FileHandle(fh), FopenFlags::empty())
                     }
@@ -1195,10 +1272,10 @@ impl fuser::Filesystem for FerryFs {
             return reply.ok();
         };
         let opener = lock(&self.inner.openers).get(&fh.0).copied();
-        let by_opener = opener.is_some() && opener == tgid_of(req.pid());
+        let by_opener = opener.is_some_and(|tid| same_process(tid, req.pid()));
         // close(2) by the opener: written back, durable and named (close-to-open);
         // by another process: written back. Errors reach close either way.
-        self.spawn(|fs| async move {
+        self.run(|fs| async move {
             let got = if by_opener {
                 wf.flush(fs.opts.sync_close).await
             } else {
@@ -1320,7 +1397,7 @@ impl fuser::Filesystem for FerryFs {
             atime: atime.map(timestamp),
             mtime: mtime.map(timestamp),
         };
-        self.spawn(|fs| async move {
+        self.run(|fs| async move {
             match fs.setattr(ino, attrs).await {
                 Ok(a) => {
                     let a = fs.wfile(ino.0).map_or(a, |wf| wf.attr());
@@ -1507,12 +1584,12 @@ impl fuser::Filesystem for FerryFs {
         reply: fuser::ReplyCreate,
     ) {
         let name = name.to_owned();
-        let opener = tgid_of(req.pid());
-        self.spawn(|fs| async move {
+        let opener = Some(req.pid());
+        self.run(|fs| async move {
             match fs.create(parent, &name, mode & !umask, flags).await {
                 Ok((ino, fh, attr)) => {
-                    if let Some(tgid) = opener {
-                        lock(&fs.openers).insert(fh, tgid);
+                    if let Some(tid) = opener {
+                        lock(&fs.openers).insert(fh, tid);
                     }
                     // The size is the kernel's to track while it writes; other
                     // attributes come back from the server at close.

@@ -5,10 +5,12 @@
 //! number, so `st_ino` matches the server and hard links share it. Where that number
 //! is taken by another server file (a share spanning two filesystems), or is 0 or 1
 //! (1 is the FUSE root), the node gets a synthetic id at or above [`SYNTHETIC`]
-//! instead, never reused within the mount. Invariant: one id never stands for two
-//! different `(dev, ino)` at once, so a read can never reach the wrong file; a node
-//! lives while the kernel holds a lookup reference. Attributes are cached per path
-//! for the attribute TTL, and names found missing for the negative TTL.
+//! instead, never reused within the mount. So does a file this mount creates before the
+//! server has made it ([`Nodes::provisional_key`]): it keeps that id, tied to its
+//! server file by [`Nodes::rekey`], until the kernel forgets it. Invariant: one id never
+//! stands for two different `(dev, ino)` at once, so a read can never reach the wrong
+//! file; a node lives while the kernel holds a lookup reference. Attributes are cached
+//! per path for the attribute TTL, and names found missing for the negative TTL.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -41,6 +43,8 @@ struct Node {
 pub struct Nodes {
     by_path: HashMap<String, u64>,
     nodes: HashMap<u64, Node>,
+    /// The synthetic id standing for each key that has one.
+    synthetic: HashMap<FileKey, u64>,
     next: u64,
     attrs: HashMap<String, (Attr, Instant)>,
     missing: HashMap<String, Instant>,
@@ -67,6 +71,7 @@ impl Nodes {
         Nodes {
             by_path: HashMap::from([(String::new(), ROOT)]),
             nodes,
+            synthetic: HashMap::new(),
             next: SYNTHETIC,
             attrs: HashMap::new(),
             missing: HashMap::new(),
@@ -86,6 +91,7 @@ impl Nodes {
         }
         let (_, ino) = key;
         let id = match self.nodes.get(&ino) {
+            _ if self.synthetic.contains_key(&key) => self.find_synthetic(key),
             _ if ino <= ROOT || ino >= SYNTHETIC => self.find_synthetic(key),
             Some(n) if n.key == Some(key) => ino,
             Some(_) => self.find_synthetic(key),
@@ -109,16 +115,42 @@ impl Nodes {
 
     /// The synthetic id already standing for `key`, or a fresh one.
     fn find_synthetic(&mut self, key: FileKey) -> u64 {
-        if let Some((&id, _)) = self
-            .nodes
-            .iter()
-            .find(|(&id, n)| id >= SYNTHETIC && n.key == Some(key))
-        {
+        if let Some(&id) = self.synthetic.get(&key) {
             return id;
         }
         let id = self.next;
         self.next += 1;
+        self.synthetic.insert(key, id);
         id
+    }
+
+    /// A key for a file this mount made that the server has not named yet: unique
+    /// within the mount, never a server's (its `dev` is `u64::MAX`), so its node gets a
+    /// synthetic id; [`Nodes::rekey`] gives the node its server file later.
+    pub fn provisional_key(&mut self) -> FileKey {
+        let key = (u64::MAX, self.next);
+        self.next += 1;
+        key
+    }
+
+    /// Node `id` stands for server file `key` from now on (it had a provisional key):
+    /// later lookups of `key` find the same id, so the kernel sees one inode.
+    pub fn rekey(&mut self, id: u64, key: FileKey) {
+        let Some(node) = self.nodes.get_mut(&id) else {
+            return;
+        };
+        // Only a provisional key is replaced: a node's server file never changes.
+        if node.key.is_none_or(|(dev, _)| dev != u64::MAX) || self.synthetic.contains_key(&key) {
+            return;
+        }
+        if let Some(old) = node.key.replace(key) {
+            if self.synthetic.get(&old) == Some(&id) {
+                self.synthetic.remove(&old);
+            }
+        }
+        if id >= SYNTHETIC {
+            self.synthetic.insert(key, id);
+        }
     }
 
     /// The server file node `ino` stands for (`None` for the root or an unknown id).
@@ -144,6 +176,11 @@ impl Nodes {
             if let Some(node) = self.nodes.remove(&ino) {
                 if self.by_path.get(&node.path) == Some(&ino) {
                     self.by_path.remove(&node.path);
+                }
+                if let Some(key) = node.key {
+                    if self.synthetic.get(&key) == Some(&ino) {
+                        self.synthetic.remove(&key);
+                    }
                 }
             }
         }
@@ -291,6 +328,28 @@ mod tests {
         n.forget(ROOT, 100);
         assert_eq!(n.path(ROOT).as_deref(), Some(""));
         assert_eq!(n.remember("", (5, 2)), ROOT);
+    }
+
+    #[test]
+    fn a_file_made_here_keeps_its_id_once_the_server_names_it() {
+        let mut n = Nodes::new();
+        let key = n.provisional_key();
+        let id = n.remember("new", key);
+        assert!(id >= SYNTHETIC, "no server inode yet: a synthetic id");
+        assert_eq!(n.remember("new", key), id, "its lookups find it");
+        n.rekey(id, (5, 200));
+        assert_eq!(n.key(id), Some((5, 200)));
+        assert_eq!(
+            n.remember("new", (5, 200)),
+            id,
+            "the same inode for the kernel"
+        );
+        assert_eq!(n.remember("link", (5, 200)), id, "and for a hard link");
+        assert_ne!(n.provisional_key(), key, "keys are never reused");
+        // Forgotten by the kernel: the server's inode number from then on.
+        n.forget(id, 4);
+        assert_eq!(n.path(id), None);
+        assert_eq!(n.remember("new", (5, 200)), 200);
     }
 
     #[test]

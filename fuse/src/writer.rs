@@ -168,7 +168,36 @@ struct View {
     size: u64,
 }
 
+/// How the file stands with the server.
+enum Opened {
+    /// Through this server handle.
+    Handle(u64),
+    /// Not yet: a file this mount created (`O_EXCL` or `O_TRUNC`), which nobody else
+    /// can see before it takes its name. Its close sends it whole (`FilePut`) when
+    /// its bytes never left the write-back buffer; anything needing a handle first
+    /// opens it (`FileOpen`, staged).
+    Deferred(Create),
+    /// Written whole and named by a `FilePut`, no handle kept: a later need reopens it
+    /// in place, if its name still holds the same server file.
+    Put(Create, (u64, u64)),
+}
+
+/// A file this mount creates: where, with which mode, and whether the name must be
+/// new.
+#[derive(Clone)]
+pub struct Create {
+    /// Share name.
+    pub share: String,
+    /// Share-relative path.
+    pub path: String,
+    /// Permission bits.
+    pub mode: u32,
+    /// `O_EXCL`.
+    pub exclusive: bool,
+}
+
 struct State {
+    opened: Opened,
     filling: Option<Filling>,
     /// Not yet given its name (see `Request::FileOpen`).
     staged: bool,
@@ -229,7 +258,6 @@ pub struct WriteFile {
     remote: Arc<Remote>,
     conn: Arc<Conn>,
     bufs: Arc<WriteBufs>,
-    handle: u64,
     /// `share/path` at open, for messages.
     label: String,
     /// Largest extent: the server's chunk size.
@@ -259,6 +287,29 @@ impl WriteFile {
         label: String,
         opened: OpenedFile,
     ) -> Result<Arc<Self>, OpError> {
+        let state = (Opened::Handle(opened.handle), opened.staged);
+        Self::with(remote, conn, label, state, opened.attr)
+    }
+
+    /// A file this mount creates, not yet opened on the server (see [`Opened`]), with
+    /// `attr` as its provisional attributes (size 0; a provisional key).
+    pub fn deferred(
+        remote: Arc<Remote>,
+        conn: Arc<Conn>,
+        create: Create,
+        attr: Attr,
+    ) -> Result<Arc<Self>, OpError> {
+        let label = format!("{}/{}", create.share, create.path);
+        Self::with(remote, conn, label, (Opened::Deferred(create), true), attr)
+    }
+
+    fn with(
+        remote: Arc<Remote>,
+        conn: Arc<Conn>,
+        label: String,
+        (opened, staged): (Opened, bool),
+        attr: Attr,
+    ) -> Result<Arc<Self>, OpError> {
         let welcome = conn.client.welcome();
         let algorithm = conn
             .client
@@ -271,21 +322,21 @@ impl WriteFile {
             timeout: remote.timeout(),
             remote,
             bufs,
-            handle: opened.handle,
             label,
             extent_max: welcome.chunk_bytes.max(1),
             algorithm,
             finish: conn.client.has_finish(),
             state: tokio::sync::Mutex::new(State {
+                opened,
                 filling: None,
-                staged: opened.staged,
+                staged,
                 dirty: false,
                 closed: false,
                 pending: SetAttrs::default(),
             }),
             view: Mutex::new(View {
-                size: opened.attr.size,
-                attr: opened.attr,
+                size: attr.size,
+                attr,
             }),
             flight: Mutex::new(Flight::default()),
             landed: Notify::new(),
@@ -293,6 +344,61 @@ impl WriteFile {
             refs: AtomicUsize::new(1),
             conn,
         }))
+    }
+
+    /// The server handle, opening the file first if it has none (see [`Opened`]).
+    async fn handle(&self, st: &mut State) -> Result<u64, OpError> {
+        let (create, put) = match &st.opened {
+            Opened::Handle(h) => return Ok(*h),
+            Opened::Deferred(c) => (c.clone(), None),
+            Opened::Put(c, key) => (c.clone(), Some(*key)),
+        };
+        let Create {
+            share,
+            path,
+            mode,
+            exclusive,
+        } = create;
+        let opened = match put {
+            // Created with O_EXCL or O_TRUNC: a new staged file, as `FileOpen` would
+            // have made at create.
+            None => {
+                self.call("open", |c| async move {
+                    c.client
+                        .file_open(&share, &path, Some(mode), exclusive, true)
+                        .await
+                })
+                .await?
+            }
+            // Named already: the same file, in place.
+            Some(key) => {
+                let o = self
+                    .call("reopen", |c| async move {
+                        c.client.file_open(&share, &path, None, false, false).await
+                    })
+                    .await?;
+                if (o.attr.dev, o.attr.ino) != key {
+                    let handle = o.handle;
+                    let _ = self
+                        .call(
+                            "close",
+                            |c| async move { c.client.file_close(handle).await },
+                        )
+                        .await;
+                    return Err(self.fail(OpError::new(
+                        Errno::ESTALE,
+                        format!(
+                            "{}: the name holds another file since this one was closed",
+                            self.label
+                        ),
+                    )));
+                }
+                o
+            }
+        };
+        st.opened = Opened::Handle(opened.handle);
+        st.staged = opened.staged;
+        Ok(opened.handle)
     }
 
     /// The file's key in [`WriteBufs::fillers`].
@@ -448,9 +554,13 @@ impl WriteFile {
             }
             landed.await;
         };
+        let handle = self.handle(st).await;
         let me = self.clone();
         tokio::spawn(async move {
-            let _ = me.send(f).await;
+            // A failed open is on the file already; the buffer goes back.
+            if let Ok(handle) = handle {
+                let _ = me.send(handle, f).await;
+            }
             lock(&me.flight).live.remove(&id);
             me.landed.notify_waiters();
         });
@@ -477,13 +587,13 @@ impl WriteFile {
             .collect()
     }
 
-    async fn send(&self, f: Filling) -> Result<(), OpError> {
+    async fn send(&self, handle: u64, f: Filling) -> Result<(), OpError> {
         if self.check().is_err() {
             return Ok(());
         }
         let region = f.lease.region(f.used);
         let hashes = self.hashes_of(&f).await;
-        let (handle, algorithm, extents) = (self.handle, self.algorithm, f.extents);
+        let (algorithm, extents) = (self.algorithm, f.extents);
         let size = self
             .call("write", |c| async move {
                 c.client
@@ -522,7 +632,8 @@ impl WriteFile {
         if st.pending.is_empty() {
             return Ok(());
         }
-        let (handle, attrs) = (self.handle, std::mem::take(&mut st.pending));
+        let handle = self.handle(st).await?;
+        let attrs = std::mem::take(&mut st.pending);
         let attr = self
             .call("setattr", |c| async move {
                 c.client.file_set_attr(handle, attrs).await
@@ -558,14 +669,32 @@ impl WriteFile {
             )),
             None => None,
         };
-        let (handle, algorithm) = (self.handle, self.algorithm);
-        let attr = self
-            .call("close", |c| async move {
-                c.client
-                    .file_finish(handle, write, algorithm, attrs, commit)
-                    .await
-            })
-            .await?;
+        let algorithm = self.algorithm;
+        let attr = match &st.opened {
+            Opened::Deferred(create) if self.finish => {
+                // Nothing left the buffer: the whole file in one request.
+                let c = create.clone();
+                let attr = self
+                    .call("close", |conn| async move {
+                        let target = (c.share.as_str(), c.path.as_str(), c.mode, c.exclusive);
+                        conn.client.file_put(target, write, algorithm, attrs).await
+                    })
+                    .await?;
+                st.opened = Opened::Put(create.clone(), (attr.dev, attr.ino));
+                attr
+            }
+            _ => {
+                // Written again after a put (or never put): through a handle.
+                let handle = self.handle(st).await?;
+                let commit = st.staged;
+                self.call("close", |c| async move {
+                    c.client
+                        .file_finish(handle, write, algorithm, attrs, commit)
+                        .await
+                })
+                .await?
+            }
+        };
         // The server has read the buffer: it may be lent again.
         drop(filling);
         st.staged = false;
@@ -586,7 +715,7 @@ impl WriteFile {
         self.check()?;
         let mut st = self.state.lock().await;
         self.settle_all(&mut st).await?;
-        let handle = self.handle;
+        let handle = self.handle(&mut st).await?;
         let attr = self
             .call("fsync", |c| async move {
                 c.client.file_sync(handle, data_only).await
@@ -611,7 +740,7 @@ impl WriteFile {
             };
         }
         self.settle_all(&mut st).await?;
-        let handle = self.handle;
+        let handle = self.handle(&mut st).await?;
         let attr = if durable && (st.dirty || st.staged) {
             let attr = self
                 .call("close", |c| async move {
@@ -647,18 +776,33 @@ impl WriteFile {
     pub async fn close(self: &Arc<Self>) -> Result<Attr, OpError> {
         let mut st = self.state.lock().await;
         st.closed = true;
+        let untouched = st.filling.is_none() && st.pending.is_empty();
+        match st.opened {
+            // Put whole at its close and not written since: no handle to forget.
+            Opened::Put(..) if untouched => return Ok(self.attr()),
+            // Never closed by its opener, its bytes all in the buffer: sent whole now,
+            // named as `FileClose` would have.
+            Opened::Deferred(_) => {
+                return match self.finish(&mut st).await? {
+                    Some(attr) => Ok(self.settle(attr)),
+                    None => Ok(self.attr()),
+                };
+            }
+            _ => {}
+        }
         if let Err(e) = self.settle_all(&mut st).await {
             // Nothing half-written takes a name: the server drops a staged file.
-            let handle = self.handle;
-            let _ = self
-                .call(
-                    "discard",
-                    |c| async move { c.client.file_discard(handle).await },
-                )
-                .await;
+            if let Opened::Handle(handle) = st.opened {
+                let _ = self
+                    .call(
+                        "discard",
+                        |c| async move { c.client.file_discard(handle).await },
+                    )
+                    .await;
+            }
             return Err(e);
         }
-        let handle = self.handle;
+        let handle = self.handle(&mut st).await?;
         let attr = self
             .call(
                 "close",
@@ -693,7 +837,7 @@ impl WriteFile {
         // Deferred attributes first, in the order they were set (a chown after a
         // chmod clears set-id bits, as it would have).
         self.settle_all(&mut st).await?;
-        let handle = self.handle;
+        let handle = self.handle(&mut st).await?;
         let attr = self
             .call("setattr", |c| async move {
                 c.client.file_set_attr(handle, attrs).await
@@ -713,7 +857,7 @@ impl WriteFile {
         self.check()?;
         let mut st = self.state.lock().await;
         self.settle_all(&mut st).await?;
-        let handle = self.handle;
+        let handle = self.handle(&mut st).await?;
         let attr = self
             .call("fallocate", |c| async move {
                 c.client.file_allocate(handle, offset, len, keep_size).await
@@ -728,10 +872,11 @@ impl WriteFile {
     /// hash the server sent with it.
     pub async fn read(self: &Arc<Self>, offset: u64, size: u32) -> Result<Vec<u8>, OpError> {
         self.check()?;
-        {
+        let handle = {
             let mut st = self.state.lock().await;
             self.write_all_back(&mut st).await?;
-        }
+            self.handle(&mut st).await?
+        };
         let mut out = Vec::with_capacity(size as usize);
         let piece = u64::from(self.extent_max);
         while out.len() < size as usize {
@@ -739,7 +884,6 @@ impl WriteFile {
             let want = (size as usize - out.len()).min(self.bufs.cap);
             let lease = self.bufs.lease(self).await;
             let region = lease.region(want);
-            let handle = self.handle;
             let got = self
                 .call("read", |c| async move {
                     c.client.file_read(handle, at, region).await

@@ -491,28 +491,61 @@ impl OpenFile {
     }
 
     /// `FileFinish`: the extents written as by [`OpenFile::write`] (if any), then
-    /// `attrs` set and, with `commit`, the staged file named, in one blocking call.
+    /// `attrs` set and, with `commit`, the staged file named. Extents that fit one
+    /// chunk buffer (a small file's close) are pulled first and then verified,
+    /// written, and followed by the rest in one blocking call.
     pub async fn finish(
-        self: &Arc<Self>,
+        self: Arc<Self>,
         io: &FileIo,
         write: (RegionDesc, HashAlgorithm, Vec<Extent>, Vec<Hash256>),
         attrs: SetAttrs,
         commit: bool,
     ) -> Result<Response, FileError> {
-        let (region, algorithm, extents, hashes) = write;
+        let staged = Staged::of(write, self.chunk_bytes);
+        let pulled = staged.pull(&self.what, io).await;
+        self.finish_pulled(io, staged, pulled, attrs, commit).await
+    }
+
+    /// The rest of [`OpenFile::finish`] once one group is pulled (or none is to be).
+    pub async fn finish_pulled(
+        self: Arc<Self>,
+        io: &FileIo,
+        staged: Staged,
+        pulled: Result<Option<Pulled>, FileError>,
+        attrs: SetAttrs,
+        commit: bool,
+    ) -> Result<Response, FileError> {
+        let Staged {
+            region,
+            algorithm,
+            extents,
+            groups,
+        } = staged;
         let wrote = !extents.is_empty();
-        let outcome = if wrote {
-            self.write_extents(io, region, algorithm, extents, hashes)
+        // More than one group: each pulled and written on its own, concurrently.
+        let outcome = if groups.len() > 1 {
+            self.write_groups(io, region, algorithm, extents.clone(), groups)
                 .await
         } else {
             Ok(())
         };
-        let this = self.clone();
-        run_blocking(&self.what, move || {
+        let what = self.what.clone();
+        let traffic = io.traffic.clone();
+        // `self` moves into the blocking call: when the caller holds no other
+        // reference (`FilePut`), the file is dropped there, off the async threads.
+        let this = self;
+        run_blocking(&what, move || {
+            let applied = pulled.and_then(|p| match p {
+                Some(p) => this.apply_group(&p, algorithm, &extents).map(|bytes| {
+                    traffic.file_written(bytes);
+                }),
+                None => Ok(()),
+            });
             if wrote {
                 // Even after a failure: some extents may have been written.
                 this.forget_manifests();
             }
+            applied?;
             outcome?;
             if !attrs.is_empty() {
                 this.set_attrs(&attrs)?;
@@ -537,8 +570,21 @@ impl OpenFile {
         hashes: Vec<Hash256>,
     ) -> Result<(), FileError> {
         let extents: Arc<[(Extent, Hash256)]> = extents.into_iter().zip(hashes).collect();
+        let groups = groups(&extents, self.chunk_bytes);
+        self.write_groups(io, region, algorithm, extents, groups)
+            .await
+    }
+
+    async fn write_groups(
+        self: &Arc<Self>,
+        io: &FileIo,
+        region: RegionDesc,
+        algorithm: HashAlgorithm,
+        extents: Arc<[(Extent, Hash256)]>,
+        groups: Vec<Group>,
+    ) -> Result<(), FileError> {
         let mut tasks = JoinSet::new();
-        for (i, group) in groups(&extents, self.chunk_bytes).into_iter().enumerate() {
+        for (i, group) in groups.into_iter().enumerate() {
             let (this, io, extents) = (self.clone(), io.clone(), extents.clone());
             tasks.spawn(async move {
                 let r = this
@@ -565,48 +611,48 @@ impl OpenFile {
         extents: Arc<[(Extent, Hash256)]>,
         group: Group,
     ) -> Result<u64, FileError> {
-        let lease = pool.lease().await?;
-        let slice = RemoteSlice::of(&region, group.region_offset, group.len).ok_or_else(|| {
-            FileError::OutsideRegion {
-                path: self.what.clone(),
-            }
-        })?;
-        transport
-            .read(slice, lease.reg(), 0)
-            .await
-            .map_err(|source| FileError::Transport {
-                path: self.what.clone(),
-                source,
-            })?;
-        let (buf, this) = (lease.buffer().clone(), self.clone());
+        let pulled = pull_group(&self.what, transport, pool, region, group).await?;
+        let this = self.clone();
         run_blocking(&self.what, move || {
-            let bytes = buf.blocking_read();
-            let mut at = 0usize;
-            let mut pieces = Vec::new();
-            for (extent, hash) in &extents[group.first..group.end] {
-                let piece = &bytes[at..at + extent.len as usize];
-                if hash_chunk(algorithm, piece) != *hash {
-                    tracing::warn!(file = %this.what, offset = extent.offset, %algorithm, "file write extent failed hash verification");
-                    return Err(FileError::Integrity {
-                        path: this.what.clone(),
-                        algorithm,
-                        offset: extent.offset,
-                        len: extent.len,
-                    });
-                }
-                pieces.push((piece, extent.offset));
-                at += extent.len as usize;
-            }
-            this.touched();
-            for (piece, offset) in pieces {
-                this.file
-                    .write_all_at(piece, offset)
-                    .map_err(FileError::io(&this.what, FileOp::Write))?;
-            }
-            this.writeback.wrote(u64::from(group.len));
-            Ok(u64::from(group.len))
+            this.apply_group(&pulled, algorithm, &extents)
         })
         .await?
+    }
+
+    /// Verifies every extent of a pulled group against its hash and only then writes
+    /// them; returns the bytes written. Blocking.
+    fn apply_group(
+        &self,
+        pulled: &Pulled,
+        algorithm: HashAlgorithm,
+        extents: &[(Extent, Hash256)],
+    ) -> Result<u64, FileError> {
+        let group = &pulled.group;
+        let bytes = pulled.lease.buffer().blocking_read();
+        let mut at = 0usize;
+        let mut pieces = Vec::new();
+        for (extent, hash) in &extents[group.first..group.end] {
+            let piece = &bytes[at..at + extent.len as usize];
+            if hash_chunk(algorithm, piece) != *hash {
+                tracing::warn!(file = %self.what, offset = extent.offset, %algorithm, "file write extent failed hash verification");
+                return Err(FileError::Integrity {
+                    path: self.what.clone(),
+                    algorithm,
+                    offset: extent.offset,
+                    len: extent.len,
+                });
+            }
+            pieces.push((piece, extent.offset));
+            at += extent.len as usize;
+        }
+        self.touched();
+        for (piece, offset) in pieces {
+            self.file
+                .write_all_at(piece, offset)
+                .map_err(FileError::io(&self.what, FileOp::Write))?;
+        }
+        self.writeback.wrote(u64::from(group.len));
+        Ok(u64::from(group.len))
     }
 
     /// `FileRead`: reads file bytes `offset..offset + region.len` (fewer at the end)
@@ -837,6 +883,74 @@ impl Drop for OpenFile {
             }
         }
     }
+}
+
+/// The write of a `FileFinish` or `FilePut`, split into groups of at most one chunk
+/// buffer.
+pub struct Staged {
+    region: RegionDesc,
+    algorithm: HashAlgorithm,
+    extents: Arc<[(Extent, Hash256)]>,
+    groups: Vec<Group>,
+}
+
+impl Staged {
+    /// `write` (region, algorithm, extents, hashes) in groups of `chunk_bytes`.
+    pub fn of(
+        write: (RegionDesc, HashAlgorithm, Vec<Extent>, Vec<Hash256>),
+        chunk_bytes: u32,
+    ) -> Staged {
+        let (region, algorithm, extents, hashes) = write;
+        let extents: Arc<[(Extent, Hash256)]> = extents.into_iter().zip(hashes).collect();
+        let groups = groups(&extents, chunk_bytes);
+        Staged {
+            region,
+            algorithm,
+            extents,
+            groups,
+        }
+    }
+
+    /// Pulls the one group of a write that fits one chunk buffer (`None` for no
+    /// extents, or more than one group: those are pulled as they are written).
+    pub async fn pull(&self, what: &str, io: &FileIo) -> Result<Option<Pulled>, FileError> {
+        match self.groups.as_slice() {
+            [group] => pull_group(what, &io.transport, &io.pool, self.region, *group)
+                .await
+                .map(Some),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// One group's bytes, pulled into a lent chunk buffer.
+pub struct Pulled {
+    lease: crate::pool::Lease,
+    group: Group,
+}
+
+/// Pulls `group` of `region` into a lent buffer with one READ.
+async fn pull_group(
+    what: &str,
+    transport: &SharedTransport,
+    pool: &Arc<Pool>,
+    region: RegionDesc,
+    group: Group,
+) -> Result<Pulled, FileError> {
+    let lease = pool.lease().await?;
+    let slice = RemoteSlice::of(&region, group.region_offset, group.len).ok_or_else(|| {
+        FileError::OutsideRegion {
+            path: what.to_string(),
+        }
+    })?;
+    transport
+        .read(slice, lease.reg(), 0)
+        .await
+        .map_err(|source| FileError::Transport {
+            path: what.to_string(),
+            source,
+        })?;
+    Ok(Pulled { lease, group })
 }
 
 /// A group of extents pulled with one READ: `extents[first..end]`, at

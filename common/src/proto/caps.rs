@@ -27,9 +27,10 @@
 //! - [`DIRS`]: the batched directory requests [`Request::MakeDirs`] and
 //!   [`Request::SetAttrBatch`] (default: off; a client without it sends one `Mkdir`
 //!   and one `SetAttr` per directory). Optional like [`META`].
-//! - [`FINISH`]: [`Request::FileFinish`], a mount's close in one round trip (default:
-//!   off; a client without it sends `FileWrite`, `FileSetAttr` and `FileCommit` one
-//!   after the other). Optional like [`META`]; it needs [`WRITE`] too.
+//! - [`FINISH`]: [`Request::FileFinish`] and [`Request::FilePut`], a mount's close in
+//!   one round trip (default: off; a client without it sends `FileOpen` at create and
+//!   `FileWrite`, `FileSetAttr` and `FileCommit` one after the other at close).
+//!   Optional like [`META`]; it needs [`WRITE`] too.
 //! - [`ENCRYPT`], [`ENCRYPT_KEY`], [`ENCRYPT_POLICY`]: session encryption
 //!   ([`crate::seal`]). The client offers the AEAD suites it accepts (fastest on its
 //!   CPU first), its X25519 key share and whether it requires encryption; a server
@@ -88,7 +89,8 @@ pub const DIRS: &str = "dirs";
 pub const DIRS_VERSIONS: &[&str] = &["1"];
 
 /// Name of the finish capability: whether the session may use [`Request::FileFinish`]
-/// (write, attributes and commit of a handle in one round trip, for a mount's close).
+/// and [`Request::FilePut`] (a mount's close in one round trip: the write, the
+/// attributes and the commit; for a new file, its creation too).
 pub const FINISH: &str = "finish";
 
 /// The versions of the finish request this build speaks, preferred first.
@@ -308,8 +310,8 @@ impl Negotiated {
             }
             Request::Replicate { .. } if !self.cluster => Err(CLUSTER),
             Request::MakeDirs { .. } | Request::SetAttrBatch { .. } if !self.dirs => Err(DIRS),
-            Request::FileFinish { .. } if !self.write => Err(WRITE),
-            Request::FileFinish { .. } if !self.finish => Err(FINISH),
+            Request::FileFinish { .. } | Request::FilePut { .. } if !self.write => Err(WRITE),
+            Request::FileFinish { .. } | Request::FilePut { .. } if !self.finish => Err(FINISH),
             _ => Ok(()),
         }
     }

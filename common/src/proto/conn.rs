@@ -112,7 +112,8 @@ impl Family {
             | Request::FileClose { .. }
             | Request::FileDiscard { .. }
             | Request::FileCommit { .. }
-            | Request::FileFinish { .. } => Family::File,
+            | Request::FileFinish { .. }
+            | Request::FilePut { .. } => Family::File,
             Request::Stats
             | Request::Verify { .. }
             | Request::Counters
@@ -262,31 +263,17 @@ impl ConnState {
                 self.pending.insert(id, Pending::OpenFile(handle));
                 Ok(Grant::File(handle))
             }
-            Request::FileFinish {
-                handle,
+            Request::FilePut {
                 region,
                 extents,
                 hashes,
                 ..
-            } if extents.is_empty() => {
-                let grant = self.open_file(*handle)?;
-                if region.len != 0 || !hashes.is_empty() {
-                    return Err(protocol(format!(
-                        "a file finish with no extents names a region of {} bytes and {} hashes",
-                        region.len,
-                        hashes.len()
-                    )));
-                }
-                Ok(grant)
+            } => {
+                // No handle: the file is opened, written and closed within the request.
+                check_finish_write(region, extents, hashes, self.chunk_bytes)?;
+                Ok(Grant::None)
             }
             Request::FileWrite {
-                handle,
-                region,
-                extents,
-                hashes,
-                ..
-            }
-            | Request::FileFinish {
                 handle,
                 region,
                 extents,
@@ -295,6 +282,17 @@ impl ConnState {
             } => {
                 let grant = self.open_file(*handle)?;
                 check_file_write(region, extents, hashes, self.chunk_bytes)?;
+                Ok(grant)
+            }
+            Request::FileFinish {
+                handle,
+                region,
+                extents,
+                hashes,
+                ..
+            } => {
+                let grant = self.open_file(*handle)?;
+                check_finish_write(region, extents, hashes, self.chunk_bytes)?;
                 Ok(grant)
             }
             Request::FileRead { handle, region, .. } => {
@@ -434,6 +432,27 @@ impl ConnState {
 /// `chunk_bytes` may move.
 pub fn file_io_max(chunk_bytes: u32) -> u64 {
     (MAX_WINDOW_CHUNKS as u64 * u64::from(chunk_bytes)).min(MAX_FILE_IO_BYTES)
+}
+
+/// Checks the write of a `FileFinish` or `FilePut`: none (no extents, an empty region,
+/// no hashes), or a `FileWrite`'s ([`check_file_write`]).
+pub fn check_finish_write(
+    region: &RegionDesc,
+    extents: &[Extent],
+    hashes: &[Hash256],
+    chunk_bytes: u32,
+) -> Result<(), RemoteError> {
+    if !extents.is_empty() {
+        return check_file_write(region, extents, hashes, chunk_bytes);
+    }
+    if region.len != 0 || !hashes.is_empty() {
+        return Err(protocol(format!(
+            "a write of no extents names a region of {} bytes and {} hashes",
+            region.len,
+            hashes.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Checks a `FileWrite`'s shape: 1 to [`MAX_WRITE_EXTENTS`] extents, each of 1 to

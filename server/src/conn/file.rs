@@ -10,7 +10,9 @@
 
 use std::sync::Arc;
 
-use ferry_common::msg::{HashAlgorithm, RemoteError, Request, Response};
+use ferry_common::msg::{
+    Extent, Hash256, HashAlgorithm, RegionDesc, RemoteError, Request, Response, SetAttrs,
+};
 use ferry_common::proto::conn::Grant;
 
 use super::blocking::blocking;
@@ -23,6 +25,21 @@ pub(super) async fn perform(
     body: Request,
     grant: Grant,
 ) -> Result<Response, RemoteError> {
+    if let Request::FilePut {
+        share,
+        path,
+        mode,
+        exclusive,
+        region,
+        algorithm,
+        extents,
+        hashes,
+        attrs,
+    } = body
+    {
+        let write = (region, algorithm, extents, hashes);
+        return put(conn, (share, path, mode, exclusive), write, attrs).await;
+    }
     let Grant::File(handle) = grant else {
         return Err(misrouted(&body).into());
     };
@@ -67,7 +84,7 @@ pub(super) async fn perform(
             ..
         } => {
             let file = conn.file(handle)?;
-            check_algorithm(conn, &file, algorithm)?;
+            check_algorithm(conn, file.what(), algorithm)?;
             Ok(file
                 .write(&conn.file_io(), region, algorithm, extents, hashes)
                 .await?)
@@ -83,7 +100,7 @@ pub(super) async fn perform(
         } => {
             let file = conn.file(handle)?;
             if !extents.is_empty() {
-                check_algorithm(conn, &file, algorithm)?;
+                check_algorithm(conn, file.what(), algorithm)?;
             }
             let write = (region, algorithm, extents, hashes);
             Ok(file.finish(&conn.file_io(), write, attrs, commit).await?)
@@ -140,11 +157,44 @@ pub(super) async fn perform(
     }
 }
 
-/// Fails unless the session negotiated `algorithm` (a `FileWrite`'s hashes must be in
-/// one of its algorithms).
+/// `FilePut`: a new staged file (as `FileOpen` with `create` and `truncate`), written,
+/// its attributes set and named (as `FileFinish` with `commit`), with no handle left.
+/// The bytes of a small file are pulled while the file is being made.
+async fn put(
+    conn: &Arc<Conn>,
+    (share_name, path, mode, exclusive): (String, String, u32, bool),
+    write: (RegionDesc, HashAlgorithm, Vec<Extent>, Vec<Hash256>),
+    attrs: SetAttrs,
+) -> Result<Response, RemoteError> {
+    let what = format!("{share_name}/{path}");
+    if !write.2.is_empty() {
+        check_algorithm(conn, &what, write.1)?;
+    }
+    let share = conn.share(&share_name)?;
+    let (chunk_bytes, manifests) = (conn.server.chunk_bytes, conn.server.manifests.clone());
+    let io = conn.file_io();
+    let staged = files::Staged::of(write, chunk_bytes);
+    let open = blocking(move || {
+        files::open(
+            share,
+            &path,
+            Some(mode),
+            exclusive,
+            true,
+            chunk_bytes,
+            manifests,
+        )
+    });
+    let (file, pulled) = tokio::join!(open, staged.pull(&what, &io));
+    let file = Arc::new(file?);
+    Ok(file.finish_pulled(&io, staged, pulled, attrs, true).await?)
+}
+
+/// Fails unless the session negotiated `algorithm` (a write's hashes must be in one of
+/// its algorithms); `what` names the file.
 fn check_algorithm(
     conn: &Conn,
-    file: &OpenFile,
+    what: &str,
     algorithm: HashAlgorithm,
 ) -> Result<(), files::FileError> {
     let accepted = conn
@@ -155,7 +205,7 @@ fn check_algorithm(
         Ok(())
     } else {
         Err(files::FileError::Algorithm {
-            path: file.what().into(),
+            path: what.into(),
             algorithm,
         })
     }

@@ -427,6 +427,31 @@ fn secret() -> Secret {
 }
 
 impl Client<'_> {
+    /// Makes a write's region one valid extent: the source buffer's first bytes, at a
+    /// fuzzed offset, with its SHA-256.
+    fn one_extent(
+        &self,
+        region: &mut ferry_common::msg::RegionDesc,
+        algorithm: &mut HashAlgorithm,
+        extents: &mut Vec<ferry_common::msg::Extent>,
+        hashes: &mut Vec<ferry_common::msg::Hash256>,
+    ) {
+        // One extent of the source buffer's first bytes, at a fuzzed offset.
+                    let len = region.len.clamp(1, BUFFER_BYTES as u64);
+                    let offset = extents.first().map_or(0, |e| e.offset % (1 << 30));
+                    *region = self.src.desc();
+                    region.len = len;
+                    *extents = vec![ferry_common::msg::Extent {
+                        offset,
+                        len: len as u32,
+                    }];
+                    *algorithm = HashAlgorithm::Sha256;
+                    *hashes = vec![hash_chunk(
+                        HashAlgorithm::Sha256,
+                        &self.world.src_bytes[..len as usize],
+                    )];
+    }
+
     async fn hello(&mut self) {
         let hello = Message::Hello(Hello {
             magic: HELLO_MAGIC,
@@ -627,20 +652,24 @@ impl Client<'_> {
             } => {
                 latest(handle, self.last_file);
                 if flags & F_REGION != 0 {
-                    // One extent of the source buffer's first bytes, at a fuzzed offset.
-                    let len = region.len.clamp(1, BUFFER_BYTES as u64);
-                    let offset = extents.first().map_or(0, |e| e.offset % (1 << 30));
-                    *region = self.src.desc();
-                    region.len = len;
-                    *extents = vec![ferry_common::msg::Extent {
-                        offset,
-                        len: len as u32,
-                    }];
-                    *algorithm = HashAlgorithm::Sha256;
-                    *hashes = vec![hash_chunk(
-                        HashAlgorithm::Sha256,
-                        &self.world.src_bytes[..len as usize],
-                    )];
+                    self.one_extent(region, algorithm, extents, hashes);
+                }
+            }
+            Request::FilePut {
+                share,
+                region,
+                algorithm,
+                extents,
+                hashes,
+                ..
+            } => {
+                match flags & (F_DATA | F_RO) {
+                    F_DATA => *share = "data".into(),
+                    F_RO => *share = "ro".into(),
+                    _ => {}
+                }
+                if flags & F_REGION != 0 {
+                    self.one_extent(region, algorithm, extents, hashes);
                 }
             }
             Request::FileRead { handle, region, .. } => {

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use ferry_common::auth::{Nonce, Secret, ShareAccess};
 use ferry_common::codec;
 use ferry_common::msg::{
-    Capability, ErrorKind, Message, Request, Response, BATCH_MAX_BYTES, HELLO_MAGIC,
+    Capability, ErrorKind, Extent, Hash256, Message, RegionDesc, Request, Response, BATCH_MAX_BYTES, HELLO_MAGIC,
     MAX_FILE_IO_BYTES, MAX_OPEN_FILES, MAX_WINDOW_CHUNKS, MAX_WRITE_EXTENTS, PROTOCOL_VERSION,
     SMALL_FILE_MAX_BYTES,
 };
@@ -158,12 +158,45 @@ fn needs_write(body: &Request) -> bool {
             | Request::FileDiscard { .. }
             | Request::FileCommit { .. }
             | Request::FileFinish { .. }
+            | Request::FilePut { .. }
             | Request::Move { .. }
             | Request::SetAttrs { .. }
             | Request::ShareAccess { .. }
             | Request::StatMeta { .. }
             | Request::Counters
     )
+}
+
+/// A write of no extents: its region must be empty and it may carry no hashes.
+fn nothing_to_write(region: &RegionDesc, hashes: &[Hash256]) -> Result<(), ErrorKind> {
+    if region.len != 0 || !hashes.is_empty() {
+        Err(ErrorKind::Protocol)
+    } else {
+        Ok(())
+    }
+}
+
+/// The limits of a `FileWrite` (docs/protocol.md section 8), written out again.
+fn write_shape(region: &RegionDesc, extents: &[Extent], hashes: &[Hash256]) -> Result<(), ErrorKind> {
+    let most = (MAX_WINDOW_CHUNKS as u64 * u64::from(CHUNK_BYTES)).min(MAX_FILE_IO_BYTES);
+    let sum: u64 = extents.iter().map(|e| u64::from(e.len)).sum();
+    let bad = extents.is_empty()
+        || extents.len() > MAX_WRITE_EXTENTS
+        || hashes.len() != extents.len()
+        || extents.iter().any(|e| {
+            e.len == 0
+                || e.len > CHUNK_BYTES
+                || e.offset
+                    .checked_add(u64::from(e.len))
+                    .is_none_or(|end| end > i64::MAX as u64)
+        })
+        || sum != region.len
+        || sum > most;
+    if bad {
+        Err(ErrorKind::Protocol)
+    } else {
+        Ok(())
+    }
 }
 
 /// Whether a hello turns medium batches on: its first `batch` capability lists
@@ -330,6 +363,23 @@ impl Tables {
                 self.pending.insert(id, Pending::OpenFile(h));
                 Ok(())
             }
+            Request::FileFinish {
+                handle,
+                region,
+                extents,
+                hashes,
+                ..
+            } if extents.is_empty() => {
+                file_open(self, handle)?;
+                nothing_to_write(region, hashes)
+            }
+            // No handle: opened, written and closed within the request.
+            Request::FilePut {
+                region,
+                extents,
+                hashes,
+                ..
+            } if extents.is_empty() => nothing_to_write(region, hashes),
             Request::FileWrite {
                 handle,
                 region,
@@ -345,43 +395,14 @@ impl Tables {
                 ..
             } => {
                 file_open(self, handle)?;
-                // The limits of docs/protocol.md section 8, written out again.
-                let most =
-                    (MAX_WINDOW_CHUNKS as u64 * u64::from(CHUNK_BYTES)).min(MAX_FILE_IO_BYTES);
-                let sum: u64 = extents.iter().map(|e| u64::from(e.len)).sum();
-                let bad = extents.is_empty()
-                    || extents.len() > MAX_WRITE_EXTENTS
-                    || hashes.len() != extents.len()
-                    || extents.iter().any(|e| {
-                        e.len == 0
-                            || e.len > CHUNK_BYTES
-                            || e.offset
-                                .checked_add(u64::from(e.len))
-                                .is_none_or(|end| end > i64::MAX as u64)
-                    })
-                    || sum != region.len
-                    || sum > most;
-                if bad {
-                    Err(ErrorKind::Protocol)
-                } else {
-                    Ok(())
-                }
+                write_shape(region, extents, hashes)
             }
-            Request::FileFinish {
-                handle,
+            Request::FilePut {
                 region,
                 extents,
                 hashes,
                 ..
-            } if extents.is_empty() => {
-                file_open(self, handle)?;
-                // Nothing to write, and nothing may be named for it.
-                if region.len != 0 || !hashes.is_empty() {
-                    Err(ErrorKind::Protocol)
-                } else {
-                    Ok(())
-                }
-            }
+            } => write_shape(region, extents, hashes),
             Request::FileRead { handle, region, .. } => {
                 file_open(self, handle)?;
                 let most =
@@ -546,7 +567,7 @@ impl Harness {
                 .push_back(Transmit::Error(id, ErrorKind::Protocol));
             return Ok(());
         }
-        if matches!(body, Request::FileFinish { .. }) && !self.finish {
+        if matches!(body, Request::FileFinish { .. } | Request::FilePut { .. }) && !self.finish {
             self.transmits
                 .push_back(Transmit::Error(id, ErrorKind::Protocol));
             return Ok(());

@@ -463,3 +463,98 @@ fn a_finish_writes_sets_attributes_and_names_in_one_request() {
         assert!(temp_files(&env.share("")).is_empty());
     });
 }
+
+#[test]
+fn a_put_makes_writes_and_names_a_whole_file_or_nothing() {
+    let env = Env::new();
+    runtime().block_on(async {
+        let c = connect(&env).await;
+        let a = algorithm(&c);
+        let mtime = Timestamp {
+            secs: 1_200_000_000,
+            nanos: 0,
+        };
+        let attrs = SetAttrs {
+            mtime: Some(mtime),
+            ..SetAttrs::default()
+        };
+        let before = c.counters().await.unwrap();
+
+        // A new file: its bytes, its mode and time, under its name, nothing else left.
+        let data = pattern(300_000, 9);
+        let reg = source(&c, &data).await;
+        let (extents, hashes) = extents_of(a, 0, &data, &[262_144, 37_856]);
+        let target = (S, "put.bin", 0o640, true);
+        let write = Some((reg.desc(), extents.clone(), hashes.clone()));
+        let attr = c.file_put(target, write, a, attrs).await.unwrap();
+        assert_eq!(attr.size, data.len() as u64);
+        assert_eq!(fs::read(env.share("put.bin")).unwrap(), data);
+        let meta = fs::metadata(env.share("put.bin")).unwrap();
+        assert_eq!(meta.mode() & 0o7777, 0o640);
+        assert_eq!(meta.mtime(), 1_200_000_000);
+        assert_eq!((meta.dev(), meta.ino()), (attr.dev, attr.ino));
+        assert!(temp_files(&env.share("")).is_empty());
+        let after = c.counters().await.unwrap();
+        assert!(
+            after.read_bytes >= before.read_bytes + data.len() as u64,
+            "pulled one-sided"
+        );
+
+        // Exclusive and the name taken: Exists, the file there untouched.
+        let write = Some((reg.desc(), extents.clone(), hashes.clone()));
+        let other = (S, "put.bin", 0o600, true);
+        let e = c.file_put(other, write, a, SetAttrs::default()).await;
+        assert_eq!(kind(e), ErrorKind::Exists);
+        assert_eq!(fs::read(env.share("put.bin")).unwrap(), data);
+        assert!(temp_files(&env.share("")).is_empty());
+
+        // Not exclusive: the file is replaced whole, atomically (a new inode).
+        let small = pattern(10, 3);
+        let reg2 = source(&c, &small).await;
+        let (e2, h2) = extents_of(a, 0, &small, &[10]);
+        let replace = (S, "put.bin", 0o600, false);
+        let attr2 = c
+            .file_put(replace, Some((reg2.desc(), e2, h2)), a, SetAttrs::default())
+            .await
+            .unwrap();
+        assert_eq!(fs::read(env.share("put.bin")).unwrap(), small);
+        assert_ne!(
+            attr2.ino, attr.ino,
+            "replaced by a new file, not rewritten in place"
+        );
+
+        // A wrong hash: no name, no staged file left.
+        let mut bad = hashes.clone();
+        bad[1][0] ^= 1;
+        let target = (S, "bad.bin", 0o644, true);
+        let e = c
+            .file_put(target, Some((reg.desc(), extents, bad)), a, attrs)
+            .await;
+        assert_eq!(kind(e), ErrorKind::Integrity);
+        assert!(!env.share("bad.bin").exists());
+        assert!(temp_files(&env.share("")).is_empty());
+
+        // No bytes: an empty file. A missing directory: NotFound, nothing made.
+        let attr = c
+            .file_put((S, "empty", 0o644, true), None, a, SetAttrs::default())
+            .await
+            .unwrap();
+        assert_eq!(attr.size, 0);
+        assert_eq!(fs::read(env.share("empty")).unwrap(), b"");
+        let e = c
+            .file_put(
+                (S, "no/such/dir", 0o644, true),
+                None,
+                a,
+                SetAttrs::default(),
+            )
+            .await;
+        assert_eq!(kind(e), ErrorKind::NotFound);
+        // Hostile paths are refused as for any write.
+        let e = c
+            .file_put((S, "../escape", 0o644, true), None, a, SetAttrs::default())
+            .await;
+        assert!(e.is_err(), "a path outside the share");
+        assert!(temp_files(&env.share("")).is_empty());
+    });
+}

@@ -1388,6 +1388,40 @@ mount_test!(
 );
 
 mount_test!(
+    an_exclusive_create_that_loses_a_race_fails_at_close_and_clobbers_nothing,
+    |env| {
+        // A file created O_EXCL is not opened on the server before its close (nobody
+        // can see it until then). In a directory this mount just made, names are
+        // answered missing without asking the server for `negative_timeout`, so
+        // another client can take the name meanwhile: the close must fail with EEXIST
+        // and leave the other file as it was.
+        let writer = Mount::builder(env.remote(""))
+            .opt("negative_timeout=30")
+            .start();
+        fs::create_dir(writer.join("fresh")).unwrap();
+        fs::write(env.share("fresh/x"), b"the other client's").unwrap();
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(writer.join("fresh/x"))
+            .unwrap_or_else(|e| panic!("the create is answered by the mount: {e}"));
+        pwrite(&file, b"mine", 0).unwrap();
+        let closed = close(file);
+        assert_fails(closed, &[EEXIST], "close of a create that lost the race");
+        assert_file_is(
+            &env.share("fresh/x"),
+            b"the other client's",
+            "the other file",
+        );
+        assert_no_temp_files(&env.share(""));
+        // The mount goes on: a name nobody took is created as usual.
+        fs::write(writer.join("fresh/y"), b"y").unwrap();
+        assert_file_is(&env.share("fresh/y"), b"y", "a later create");
+        assert_clean_unmount(writer);
+    }
+);
+
+mount_test!(
     a_truncated_file_keeps_its_old_content_until_fsync_or_close,
     |env| {
         let old = random_bytes(MIB as usize + 100, 141);

@@ -569,9 +569,8 @@ impl OpenFile {
         extents: Vec<Extent>,
         hashes: Vec<Hash256>,
     ) -> Result<(), FileError> {
-        let extents: Arc<[(Extent, Hash256)]> = extents.into_iter().zip(hashes).collect();
-        let groups = groups(&extents, self.chunk_bytes);
-        self.write_groups(io, region, algorithm, extents, groups)
+        let staged = Staged::of((region, algorithm, extents, hashes), self.chunk_bytes);
+        self.write_groups(io, region, algorithm, staged.extents, staged.groups)
             .await
     }
 

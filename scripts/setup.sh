@@ -46,8 +46,11 @@ PACKAGES=(
     # test: tools the read-write mount tests drive (tests/tests/mount_write.rs)
     sqlite3
     git
-    # build: protoc, for the etcd client's gRPC definitions (etcd-client's build.rs)
+    # build: protoc, for the etcd client's gRPC definitions (etcd-client's build.rs),
+    # and the well-known types they import (google/protobuf/descriptor.proto...),
+    # which Debian ships in libprotobuf-dev, only a Recommends of protobuf-compiler
     protobuf-compiler
+    libprotobuf-dev
     # cluster mode's metadata store, started by the tests and the benchmark
     # (tests/tests/cluster.rs, bench cluster job) on ports of their own
     etcd-server

@@ -25,13 +25,19 @@
 //!   early fails with [`io::ErrorKind::UnexpectedEof`], as `read_exact_at` does.
 //! - Files smaller than [`DIRECT_MIN_FILE_BYTES`] are written buffered: direct I/O
 //!   waits for the device on every write, which small files cannot amortise.
+//! - A file whose size is not known in advance ([`DirectFile::on_demand`], a staged
+//!   file written through a mount's handle) writes direct only pieces of at least
+//!   [`DIRECT_MIN_WRITE_BYTES`] (a stream of big writes); smaller ones (a database's
+//!   pages, random 4 KiB writes) stay buffered. Its direct descriptor is opened at the
+//!   first such piece, so files that never see one pay nothing. Only for files no one
+//!   else has mapped: a direct write cannot invalidate pages another process maps.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::transport::sys::cached::all_cached;
 
@@ -42,13 +48,21 @@ pub const DIRECT_ALIGN: usize = 4096;
 /// Files at least this big are written with direct I/O where the filesystem allows.
 pub const DIRECT_MIN_FILE_BYTES: u64 = 8 << 20;
 
+/// The smallest write an on-demand file ([`DirectFile::on_demand`]) sends direct.
+pub const DIRECT_MIN_WRITE_BYTES: usize = 1 << 20;
+
 /// A file being written or read, with a second, `O_DIRECT` descriptor for its aligned
 /// blocks.
 #[derive(Debug)]
 pub struct DirectFile {
     file: Arc<File>,
-    direct: Option<File>,
-    /// False once the filesystem refused a direct write.
+    /// The `O_DIRECT` descriptor: set at construction, except for an on-demand file,
+    /// which opens it at its first write of [`DIRECT_MIN_WRITE_BYTES`]; `None` inside
+    /// where direct I/O is not used.
+    direct: OnceLock<Option<File>>,
+    /// Only writes of at least [`DIRECT_MIN_WRITE_BYTES`] go direct.
+    on_demand: bool,
+    /// False once the filesystem refused a direct write (or the direct open).
     enabled: AtomicBool,
 }
 
@@ -76,7 +90,8 @@ impl DirectFile {
         DirectFile {
             enabled: AtomicBool::new(direct.is_some()),
             file,
-            direct,
+            direct: OnceLock::from(direct),
+            on_demand: false,
         }
     }
 
@@ -84,14 +99,51 @@ impl DirectFile {
     pub fn buffered(file: Arc<File>) -> DirectFile {
         DirectFile {
             file,
-            direct: None,
+            direct: OnceLock::from(None),
+            on_demand: false,
             enabled: AtomicBool::new(false),
         }
     }
 
-    /// True while aligned blocks are written direct.
+    /// Wraps `file` (open for writing), of a size not known in advance, which nobody
+    /// else maps: writes of at least [`DIRECT_MIN_WRITE_BYTES`] go direct where the
+    /// filesystem allows (see the module docs), smaller ones buffered.
+    pub fn on_demand(file: Arc<File>) -> DirectFile {
+        DirectFile {
+            file,
+            direct: OnceLock::new(),
+            on_demand: true,
+            enabled: AtomicBool::new(true),
+        }
+    }
+
+    /// True while aligned blocks are written direct (for an on-demand file: those of
+    /// big writes, once its descriptor opens).
     pub fn is_direct(&self) -> bool {
         self.enabled.load(Ordering::Relaxed)
+    }
+
+    /// The direct descriptor for a write (`write`) or read of `len` bytes, if it goes
+    /// direct; an on-demand file opens it here, at its first big write (its reads are
+    /// buffered). Blocking.
+    fn direct_for(&self, len: usize, write: bool) -> Option<&File> {
+        if !self.is_direct() {
+            return None;
+        }
+        if !self.on_demand {
+            return self.direct.get().and_then(Option::as_ref);
+        }
+        if !write || len < DIRECT_MIN_WRITE_BYTES {
+            return None;
+        }
+        let direct = self
+            .direct
+            .get_or_init(|| reopen_direct(&self.file, true))
+            .as_ref();
+        if direct.is_none() {
+            self.enabled.store(false, Ordering::Relaxed);
+        }
+        direct
     }
 
     /// The ordinary (buffered) descriptor.
@@ -102,8 +154,14 @@ impl DirectFile {
     /// Writes all of `buf` at `offset`: its aligned blocks direct where possible, the
     /// rest buffered. Blocking.
     pub fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_counted(buf, offset).map(|_| ())
+    }
+
+    /// [`DirectFile::write_all_at`], returning how many bytes were written buffered
+    /// (left dirty in the page cache). Blocking.
+    pub fn write_counted(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
         let mut done = 0usize;
-        if let Some(direct) = self.direct.as_ref().filter(|_| self.is_direct()) {
+        if let Some(direct) = self.direct_for(buf.len(), true) {
             // A short write that ends mid-block: finished buffered from its last whole
             // block (the partial block is rewritten whole).
             done = self.direct_blocks(buf.as_ptr(), buf.len(), offset, "writes", |from, to| {
@@ -113,7 +171,8 @@ impl DirectFile {
                 }
             })?;
         }
-        self.file.write_all_at(&buf[done..], offset + done as u64)
+        self.file.write_all_at(&buf[done..], offset + done as u64)?;
+        Ok(buf.len() - done)
     }
 
     /// Fills all of `buf` from `offset`: copied from the page cache if it holds the
@@ -121,9 +180,9 @@ impl DirectFile {
     /// buffered. Blocking.
     pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let mut done = 0usize;
-        let direct = self.direct.as_ref().filter(|_| {
-            self.is_direct() && !all_cached(&self.file, offset, buf.len()).unwrap_or(true)
-        });
+        let direct = self
+            .direct_for(buf.len(), false)
+            .filter(|_| !all_cached(&self.file, offset, buf.len()).unwrap_or(true));
         if let Some(direct) = direct {
             // The end of the file (or a short read mid-block): the buffered read takes
             // over from the last whole block.
@@ -283,8 +342,37 @@ mod tests {
         // project runs on (ext4, xfs, btrfs); if it were not, the writes above still
         // pass, buffered.
         let d = DirectFile::for_writing(f, DIRECT_MIN_FILE_BYTES);
-        if d.direct.is_some() {
+        if d.direct.get().is_some_and(Option::is_some) {
             assert!(d.is_direct());
         }
+    }
+
+    #[test]
+    fn an_on_demand_file_writes_big_pieces_direct_and_small_ones_buffered() {
+        let (_dir, f) = scratch();
+        let d = DirectFile::on_demand(f.clone());
+        let buf = Buffer::new(2 * DIRECT_MIN_WRITE_BYTES).unwrap();
+        let data = pattern(2 * DIRECT_MIN_WRITE_BYTES + 8192, 5);
+        // Small writes first: buffered, and no direct descriptor opened for them.
+        assert_eq!(d.write_counted(&data[..4096], 0).unwrap(), 4096);
+        assert!(d.direct.get().is_none(), "opened for a small write");
+        // A big aligned piece from a page-aligned buffer: all direct (where allowed).
+        let mut b = buf.blocking_write();
+        b.copy_from_slice(&data[4096..4096 + 2 * DIRECT_MIN_WRITE_BYTES]);
+        let buffered = d.write_counted(&b, 4096).unwrap();
+        drop(b);
+        if d.direct.get().is_some_and(Option::is_some) {
+            assert_eq!(buffered, 0);
+        } else {
+            assert_eq!(buffered, 2 * DIRECT_MIN_WRITE_BYTES);
+        }
+        // A small write after it, over the end of the direct piece: buffered.
+        let tail = 4096 + 2 * DIRECT_MIN_WRITE_BYTES - 100;
+        assert_eq!(
+            d.write_counted(&data[tail..], tail as u64).unwrap(),
+            data.len() - tail
+        );
+        f.sync_all().unwrap();
+        assert_eq!(contents(&f), data);
     }
 }

@@ -10,9 +10,9 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use ferry_common::msg::{Attr, DirEntry, FileKind, FileVersion, Timestamp};
@@ -85,6 +85,11 @@ struct Inner {
     fresh_dirs: Mutex<HashMap<String, Instant>>,
     /// The owners the server reported, by server file.
     owners: Mutex<HashMap<(u64, u64), ferry_common::msg::Owner>>,
+    /// Where this is mounted (absolute), if known: it finds this mount's id.
+    mountpoint: Option<PathBuf>,
+    /// This mount's id (`/proc/self/mountinfo`), read at the first close that needs
+    /// it; `None` inside when it could not be found.
+    mount_id: OnceLock<Option<u64>>,
 }
 
 /// Owners remembered before the table is emptied (it refills from the next lookups).
@@ -150,9 +155,22 @@ impl FerryFs {
                 show_owners: writable && nix::unistd::getuid().is_root(),
                 owners: Mutex::new(HashMap::new()),
                 fresh_dirs: Mutex::new(HashMap::new()),
+                mountpoint: None,
+                mount_id: OnceLock::new(),
             }),
             rt,
         }
+    }
+
+    /// Tells the filesystem its absolute mountpoint (resolved before mounting), so that
+    /// a close can tell whether the closing process still holds another descriptor of
+    /// the file ([`holds_descriptor`]). Without it, every close by the opener names a
+    /// staged file.
+    pub fn with_mountpoint(mut self, absolute: PathBuf) -> FerryFs {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.mountpoint = Some(absolute);
+        }
+        self
     }
 
     /// Runs `f` on the runtime with the shared state.
@@ -185,6 +203,15 @@ fn system(t: Timestamp) -> SystemTime {
 }
 
 impl Inner {
+    /// Whether the process of thread `tid` still holds a descriptor of node `ino` on
+    /// this mount (see [`holds_descriptor`]); false when the mount's id is unknown.
+    fn holds_another(&self, tid: u32, ino: u64) -> bool {
+        let id = self
+            .mount_id
+            .get_or_init(|| self.mountpoint.as_deref().and_then(mount_id_at));
+        id.is_some_and(|id| holds_descriptor(tid, id, ino))
+    }
+
     /// The share-relative path of mount-relative `path`.
     fn share_path(&self, path: &str) -> String {
         match (self.root.is_empty(), path.is_empty()) {
@@ -420,6 +447,82 @@ impl Inner {
 /// its last release instead of this close).
 fn same_process(opener: u32, tid: u32) -> bool {
     tid == opener || Path::new(&format!("/proc/{opener}/task/{tid}")).exists()
+}
+
+/// The most descriptors of one process [`holds_descriptor`] looks at.
+const FDS_LOOKED_AT: usize = 4096;
+
+/// Whether the process of thread `tid` holds a descriptor of node `ino` of the mount
+/// with id `mount_id`, from its `/proc/<tid>/fdinfo` entries (`mnt_id:` and `ino:`;
+/// procfs only, nothing here calls into this mount). False where `/proc` cannot tell:
+/// another user's process, a kernel without `ino:` there (before 5.19), more than
+/// [`FDS_LOOKED_AT`] descriptors.
+///
+/// A `close` is sent after the descriptor left the process's table, so a hit is
+/// another descriptor: `cmd > file` opens the file, `dup2`s it onto 1 and closes the
+/// first, and that close is not the end of the writing.
+fn holds_descriptor(tid: u32, mount_id: u64, ino: u64) -> bool {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{tid}/fdinfo")) else {
+        return false;
+    };
+    for (i, entry) in dir.enumerate() {
+        if i >= FDS_LOOKED_AT {
+            return false;
+        }
+        let Some(text) = entry
+            .ok()
+            .and_then(|e| std::fs::read_to_string(e.path()).ok())
+        else {
+            continue;
+        };
+        let field = |name: &str| -> Option<u64> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        if field("mnt_id:") == Some(mount_id) && field("ino:") == Some(ino) {
+            return true;
+        }
+    }
+    false
+}
+
+/// The id of the FUSE mount at `mountpoint` (the last one mounted there), from
+/// `/proc/self/mountinfo`.
+fn mount_id_at(mountpoint: &Path) -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = mountpoint.as_os_str().as_encoded_bytes();
+    info.lines().rev().find_map(|line| {
+        // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE ...
+        let mut fields = line.split(' ');
+        let id = fields.next()?.parse::<u64>().ok()?;
+        let at = fields.nth(3)?;
+        let fstype = line.split(" - ").nth(1)?.split(' ').next()?;
+        (fstype.starts_with("fuse") && unescape_mountinfo(at) == want).then_some(id)
+    })
+}
+
+/// A mountinfo path with its octal escapes (`\040` for a space...) undone.
+fn unescape_mountinfo(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                out.push(d.iter().fold(0u8, |v, c| v.wrapping_mul(8) + (c - b'0')));
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// The process (thread group) of thread `tid`, from `/proc`.
@@ -1272,9 +1375,12 @@ impl fuser::Filesystem for FerryFs {
             return reply.ok();
         };
         let opener = lock(&self.inner.openers).get(&fh.0).copied();
-        let by_opener = opener.is_some_and(|tid| same_process(tid, req.pid()));
-        // close(2) by the opener: written back, durable and named (close-to-open);
-        // by another process: written back. Errors reach close either way.
+        let by_opener = opener.is_some_and(|tid| same_process(tid, req.pid()))
+            && !self.inner.holds_another(req.pid(), ino);
+        // close(2) by the opener, its last descriptor of the file: written back,
+        // durable and named (close-to-open); by another process, or by the opener
+        // still holding another descriptor (a `dup`): written back. Errors reach close
+        // either way.
         self.run(|fs| async move {
             let got = if by_opener {
                 wf.flush(fs.opts.sync_close).await

@@ -202,7 +202,7 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
     let (via, writable) = rt.block_on(check_share(&link, &remote, &opts))?;
 
     let at = MountAt::new(&opts, &remote.display(), writable, &args.mountpoint, notify);
-    let fs = FerryFs::new(
+    let mut fs = FerryFs::new(
         rt.handle().clone(),
         link,
         remote.share.clone(),
@@ -210,6 +210,10 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
         opts,
         writable,
     );
+    // Resolved before mounting, as in `mount_and_serve`.
+    if let Ok(absolute) = args.mountpoint.canonicalize() {
+        fs = fs.with_mountpoint(absolute);
+    }
     let mounted = format!(
         "mounted {} on {} over {via}, {}",
         remote.display(),

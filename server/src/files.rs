@@ -39,6 +39,7 @@ use std::time::Duration;
 
 use ferry_common::attr::attr_of;
 use ferry_common::chunk::hash_chunk;
+use ferry_common::direct::DirectFile;
 use ferry_common::msg::{
     Attr, Extent, Hash256, HashAlgorithm, RegionDesc, Response, SetAttrs, Timestamp,
 };
@@ -291,9 +292,14 @@ pub struct OpenFile {
     what: String,
     share: Arc<Share>,
     file: Arc<File>,
+    /// Where a staged file's extents go: the big ones (a stream of writes) direct to
+    /// the disk, not through the page cache (see [`ferry_common::direct`]). Only while
+    /// the file is staged: nobody else can map a file with no name, and a direct write
+    /// cannot invalidate pages another process maps. In-place writes are buffered.
+    out: DirectFile,
     /// Flushes a file being written in the background (every
-    /// `WRITEBACK_STEP_BYTES`), so an `fsync` after a big write has little left to
-    /// do; its errors are returned by the next sync.
+    /// `WRITEBACK_STEP_BYTES` written through the page cache), so an `fsync` after a
+    /// big write has little left to do; its errors are returned by the next sync.
     writeback: Writeback,
     stage: Mutex<Stage>,
     chunk_bytes: u32,
@@ -329,6 +335,10 @@ pub fn open(
             what: what.clone(),
             share: share.clone(),
             writeback: Writeback::new(file.clone()),
+            out: match &stage {
+                Stage::Staged { .. } => DirectFile::on_demand(file.clone()),
+                Stage::InPlace => DirectFile::buffered(file.clone()),
+            },
             file,
             stage: Mutex::new(stage),
             chunk_bytes,
@@ -645,12 +655,17 @@ impl OpenFile {
             at += extent.len as usize;
         }
         self.touched();
+        let staged = self.staged();
+        let mut buffered = 0u64;
         for (piece, offset) in pieces {
-            self.file
-                .write_all_at(piece, offset)
-                .map_err(FileError::io(&self.what, FileOp::Write))?;
+            let wrote = if staged {
+                self.out.write_counted(piece, offset)
+            } else {
+                self.file.write_all_at(piece, offset).map(|()| piece.len())
+            };
+            buffered += wrote.map_err(FileError::io(&self.what, FileOp::Write))? as u64;
         }
-        self.writeback.wrote(u64::from(group.len));
+        self.writeback.wrote(buffered);
         Ok(u64::from(group.len))
     }
 

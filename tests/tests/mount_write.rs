@@ -1422,6 +1422,115 @@ mount_test!(
 );
 
 mount_test!(
+    a_close_while_a_dup_stays_open_does_not_name_the_file_the_last_close_does,
+    |env| {
+        // `cmd > file`: the shell opens the file, dup2s it onto 1 and closes the
+        // first descriptor before the command writes a byte. That close must not
+        // name the file (an empty one, then written in place for all to see).
+        let old = random_bytes(300_000, 151);
+        fs::write(env.share("dup.bin"), &old).unwrap();
+        let writer = mount_rw(&env);
+        let reader = mount_reader(&env);
+        let first = OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(writer.join("dup.bin"))
+            .unwrap();
+        let second = first.try_clone().unwrap();
+        close(first).unwrap_or_else(|e| panic!("close of the first descriptor: {e}"));
+        assert_file_is(
+            &env.share("dup.bin"),
+            &old,
+            "closed, a dup still open: the server keeps the old content",
+        );
+        let new = random_bytes(2 * MIB as usize + 7, 152);
+        pwrite(&second, &new, 0).unwrap();
+        assert_file_is(
+            &reader.join("dup.bin"),
+            &old,
+            "written through the dup: another mount sees the old",
+        );
+        close(second).unwrap_or_else(|e| panic!("close of the dup: {e}"));
+        assert_file_is(
+            &env.share("dup.bin"),
+            &new,
+            "after the last close, on the server",
+        );
+        assert_file_is(
+            &reader.join("dup.bin"),
+            &new,
+            "after the last close, on another mount",
+        );
+        // A new file written by a shell's redirection (`exec >`, then a pipeline
+        // whose children write and close it too): absent until the shell is done
+        // with it, then whole.
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("go");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let script = r#"exec > "$2"; read -r _ < "$1"; head -c 3000000 /dev/zero | tr '\0' x"#;
+        let mut child = Command::new("sh")
+            .args(["-c", script, "sh"])
+            .arg(&fifo)
+            .arg(writer.join("redirected.txt"))
+            .spawn()
+            .unwrap();
+        // Opening the FIFO waits for the shell's `read`, which is after its `exec >`.
+        let mut go = within(Duration::from_secs(30), "the shell's read", {
+            let fifo = fifo.clone();
+            move || OpenOptions::new().write(true).open(fifo)
+        })
+        .unwrap();
+        assert!(
+            !env.share("redirected.txt").exists(),
+            "`exec >` named the file at its first close"
+        );
+        go.write_all(b"go\n").unwrap();
+        drop(go);
+        assert!(child.wait().unwrap().success());
+        assert_file_is(
+            &env.share("redirected.txt"),
+            &vec![b'x'; 3_000_000],
+            "the redirected output, after the shell",
+        );
+        assert_no_temp_files(&env.share(""));
+        drop(reader);
+        assert_clean_unmount(writer);
+    }
+);
+
+mount_test!(
+    a_streamed_new_file_patched_before_close_lands_whole,
+    |env| {
+        // Big sequential writes to a staged file go to the server's disk direct, the
+        // small unaligned patches after them through its page cache: the file must
+        // hold every write in order.
+        let writer = mount_rw(&env);
+        let mut want = random_bytes(24 * MIB as usize + 1234, 161);
+        let file = File::create(writer.join("streamed.bin")).unwrap();
+        for piece in want.chunks(MIB as usize) {
+            (&file).write_all(piece).unwrap();
+        }
+        for (i, at) in [100usize, 5 * MIB as usize - 3, 20 * MIB as usize + 4095]
+            .into_iter()
+            .enumerate()
+        {
+            let patch = random_bytes(5000, 162 + i as u64);
+            pwrite(&file, &patch, at as u64).unwrap();
+            want[at..at + patch.len()].copy_from_slice(&patch);
+        }
+        close(file).unwrap_or_else(|e| panic!("close: {e}"));
+        assert_file_is(
+            &env.share("streamed.bin"),
+            &want,
+            "on the server, after close",
+        );
+        assert_file_is(&writer.join("streamed.bin"), &want, "through the mount");
+        assert_no_temp_files(&env.share(""));
+        assert_clean_unmount(writer);
+    }
+);
+
+mount_test!(
     a_truncated_file_keeps_its_old_content_until_fsync_or_close,
     |env| {
         let old = random_bytes(MIB as usize + 100, 141);

@@ -449,6 +449,23 @@ fn same_process(opener: u32, tid: u32) -> bool {
     tid == opener || Path::new(&format!("/proc/{opener}/task/{tid}")).exists()
 }
 
+/// How the kernel is to treat a descriptor opened for writing with `flags`: a
+/// write-only one (`dd of=`, `cmd > file`, `cp`, `tar x`) bypasses the kernel's page
+/// cache (`FOPEN_DIRECT_IO`), so each `write` goes straight from the writer's memory
+/// into this mount's write-back buffer, with no page-cache page to allocate, copy into
+/// and keep. Such a descriptor can neither read nor be mapped (a mapping needs read
+/// access), so nothing is lost; other descriptors of the file keep the page cache,
+/// which the kernel invalidates over the range of each direct write. Descriptors that
+/// can also read (a database, `git`'s packs, `rsync`'s temporary files) keep the page
+/// cache, which serves their reads.
+fn write_open_flags(flags: i32) -> FopenFlags {
+    if flags & nix::libc::O_ACCMODE == nix::libc::O_WRONLY {
+        FopenFlags::FOPEN_DIRECT_IO
+    } else {
+        FopenFlags::empty()
+    }
+}
+
 /// The most descriptors of one process [`holds_descriptor`] looks at.
 const FDS_LOOKED_AT: usize = 4096;
 
@@ -1172,7 +1189,7 @@ impl fuser::Filesystem for FerryFs {
                         if let Some(tid) = opener {
                             lock(&fs.openers).insert(fh, tid);
                         }
-                        reply.opened(FileHandle(fh), FopenFlags::empty())
+                        reply.opened(FileHandle(fh), write_open_flags(flags.0))
                     }
                     Err(e) => reply.error(fail("open", e)),
                 }
@@ -1704,7 +1721,7 @@ impl fuser::Filesystem for FerryFs {
                         &fs.file_attr(ino, &attr),
                         Generation(0),
                         FileHandle(fh),
-                        FopenFlags::empty(),
+                        write_open_flags(flags),
                     )
                 }
                 Err(e) => reply.error(fail("create", e)),

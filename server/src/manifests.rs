@@ -376,7 +376,7 @@ pub fn known_manifest(
 }
 
 /// What the cache and the store know of one file version.
-enum Known {
+pub(crate) enum Known {
     /// Hashes in an accepted algorithm.
     Accepted(Hashes),
     /// A record in an algorithm the reader does not accept (kept as it is).
@@ -387,7 +387,7 @@ enum Known {
 
 /// [`known_manifest`], also telling a record in another algorithm from none at all
 /// (reading the store once).
-fn look_up(
+pub(crate) fn look_up(
     key: &ManifestKey,
     what: &str,
     accept: Algorithms,

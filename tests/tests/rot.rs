@@ -176,6 +176,56 @@ fn mount_read_fails_on_rot(alg: HashAlgorithm) {
     );
 }
 
+/// A file written underneath ferryd (no record) is recorded by the first download
+/// that reads all of it, once it had settled: a second download is sent those hashes,
+/// so rot after the first read fails it.
+fn first_download_records_a_file_written_underneath(alg: HashAlgorithm) {
+    let Some(rig) = rig() else { return };
+    let on_server = rig.fs.path().join("foreign.bin");
+    write_random_file(&on_server, 2 * MIB + 999, 7);
+    // Settled: its ctime at least a second (CACHE_SETTLE) before the download opens.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let back = rig.local("foreign.bin");
+    let download = || {
+        rcp([
+            "--json".into(),
+            "--hash".into(),
+            alg.name().into(),
+            rig.server.remote("data", "foreign.bin").into(),
+            back.clone().into_os_string(),
+        ])
+    };
+    download().assert_success();
+    assert_files_equal(&on_server, &back);
+    fs::remove_file(&back).unwrap();
+
+    rig.fs.rot(&on_server, 2 * MIB + 5);
+    let out = download();
+    out.assert_code(INTEGRITY);
+    let json = out.json();
+    let message = json["errors"][0]["message"].as_str().unwrap().to_string();
+    assert!(
+        message.contains("foreign.bin") && message.contains("chunk 2"),
+        "{message}"
+    );
+    assert!(!back.exists(), "a damaged file under its final name");
+    assert!(
+        rig.logged_damage("foreign.bin") >= 1,
+        "{}",
+        rig.server.stderr()
+    );
+}
+
+#[test]
+fn a_file_written_underneath_is_recorded_by_its_first_download_blake3() {
+    first_download_records_a_file_written_underneath(HashAlgorithm::Blake3);
+}
+
+#[test]
+fn a_file_written_underneath_is_recorded_by_its_first_download_sha256() {
+    first_download_records_a_file_written_underneath(HashAlgorithm::Sha256);
+}
+
 #[test]
 fn a_rotten_chunk_fails_a_download_blake3() {
     per_file_download_fails_on_rot(HashAlgorithm::Blake3);

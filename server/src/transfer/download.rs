@@ -10,25 +10,36 @@
 //! with `verify`, the chunks read are hashed and compared with the record here too:
 //! a mismatch on a file whose version did not change is rot on this server's disk,
 //! logged and answered with an integrity error naming the file and chunk.
+//!
+//! A file with no record at all (written underneath ferryd, not through it) is
+//! recorded by the download that hashed every chunk of it, as the mount records the
+//! files it hashes ([`crate::manifests::manifest_of`]): at the close, if the file is
+//! still the version opened and had settled before the download began
+//! ([`crate::filekey::settled`]), its hashes go to the cache and the share's store, so
+//! the next reader is sent them without hashing, and rot after this read is caught.
+//! A file recorded in another algorithm than the download's keeps that record; the
+//! hashes taken go to the (in-memory) cache only.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
-use ferry_common::chunk::hash_chunk;
+use ferry_common::chunk::{chunk_count, hash_chunk};
 use ferry_common::direct::DirectFile;
-use ferry_common::msg::{Attr, HashAlgorithm, RegionDesc, Response, MAX_WINDOW_CHUNKS};
+use ferry_common::msg::{Attr, Hash256, HashAlgorithm, RegionDesc, Response, MAX_WINDOW_CHUNKS};
 use ferry_common::proto::transfer::check_window;
 use ferry_common::transport::{RemoteSlice, SharedTransport};
 use tokio::task::JoinSet;
 
 use super::{join_all, TransferError};
 use crate::conn::Hashing;
-use crate::filekey::ManifestKey;
+use crate::filekey::{settled, ManifestKey, CACHE_SETTLE};
 use crate::fsops::check_regular;
-use crate::manifests::{known_manifest, Hashes, ManifestCache};
+use crate::manifests::{look_up, Hashes, Known, ManifestCache};
 use crate::pool::Pool;
 use crate::share::Share;
+use crate::store::ManifestStore;
 
 /// An open download.
 pub struct Download {
@@ -43,6 +54,39 @@ pub struct Download {
     algorithm: HashAlgorithm,
     /// The hashes recorded for the version opened, if known (in `algorithm`).
     recorded: Option<Hashes>,
+    /// For a file with no record in any algorithm: the hashes taken here so far, to
+    /// record at the close (see the module docs).
+    fresh: Option<Fresh>,
+}
+
+/// The hashes a download of a file with no record in its algorithm takes, and where
+/// to record them.
+struct Fresh {
+    /// By chunk index; `None` until that chunk is read.
+    hashes: Mutex<Vec<Option<Hash256>>>,
+    /// When the download was opened, before any chunk was read.
+    started: SystemTime,
+    cache: Arc<ManifestCache>,
+    /// The share's store, where it holds no record of the file in any algorithm.
+    store: Option<Arc<ManifestStore>>,
+}
+
+impl Fresh {
+    fn new(
+        meta: &std::fs::Metadata,
+        chunk_bytes: u32,
+        started: SystemTime,
+        cache: &Arc<ManifestCache>,
+        store: Option<Arc<ManifestStore>>,
+    ) -> Fresh {
+        let chunks = chunk_count(meta.len(), chunk_bytes) as usize;
+        Fresh {
+            hashes: Mutex::new(vec![None; chunks]),
+            started,
+            cache: cache.clone(),
+            store,
+        }
+    }
 }
 
 impl Download {
@@ -53,8 +97,9 @@ impl Download {
         rel: &str,
         chunk_bytes: u32,
         hashing: Hashing,
-        cache: &ManifestCache,
+        cache: &Arc<ManifestCache>,
     ) -> Result<Download, TransferError> {
+        let started = SystemTime::now();
         let what = share.display(rel);
         let path = share.resolve(rel, true)?;
         let file = File::open(&path).map_err(|e| TransferError::Open(what.clone(), e))?;
@@ -63,13 +108,21 @@ impl Download {
             .map_err(|e| TransferError::Stat(what.clone(), e))?;
         check_regular(&meta, &what)?;
         let key = ManifestKey::of(&meta, chunk_bytes);
-        let recorded = known_manifest(
-            &key,
-            &what,
-            hashing.accept,
-            cache,
-            share.store().map(|s| &**s),
-        );
+        let store = share.store().cloned();
+        let (recorded, fresh) = match look_up(&key, &what, hashing.accept, cache, store.as_deref())
+        {
+            Known::Accepted(found) => (Some(found), None),
+            // A record in another algorithm stays the store's: these hashes go to
+            // the cache only.
+            Known::OtherAlgorithm => (
+                None,
+                Some(Fresh::new(&meta, chunk_bytes, started, cache, None)),
+            ),
+            Known::Nothing => (
+                None,
+                Some(Fresh::new(&meta, chunk_bytes, started, cache, store)),
+            ),
+        };
         Ok(Download {
             what,
             attr: ferry_common::attr::attr_of(&meta, None),
@@ -78,6 +131,7 @@ impl Download {
             chunk_bytes,
             algorithm: recorded.as_ref().map_or(hashing.fresh, |r| r.algorithm),
             recorded,
+            fresh,
         })
     }
 
@@ -167,6 +221,14 @@ impl Download {
         {
             return Err(self.mismatch(*index));
         }
+        if let Some(fresh) = &self.fresh {
+            let mut taken = fresh.hashes.lock().unwrap_or_else(|p| p.into_inner());
+            for (index, (hash, _)) in &done {
+                if let Some(slot) = taken.get_mut(*index as usize) {
+                    *slot = Some(*hash);
+                }
+            }
+        }
         Ok(Response::WindowPushed {
             hashes: done.into_iter().map(|(_, (h, _))| h).collect(),
         })
@@ -218,6 +280,35 @@ impl Download {
                 path: self.what.clone(),
             });
         }
+        if ManifestKey::of(&meta, self.chunk_bytes) == self.key {
+            self.record();
+        }
         Ok(Response::Ok)
+    }
+
+    /// Records the hashes taken of a file with no record, once every chunk was read,
+    /// if it had settled before the download began (the caller checked that it is
+    /// still the version opened). Blocking.
+    fn record(&self) {
+        let Some(fresh) = &self.fresh else {
+            return;
+        };
+        if !settled(&self.key, fresh.started, CACHE_SETTLE) {
+            return;
+        }
+        let taken = fresh.hashes.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(hashes) = taken.iter().copied().collect::<Option<Vec<Hash256>>>() else {
+            return;
+        };
+        let hashes: Arc<[Hash256]> = hashes.into();
+        fresh
+            .cache
+            .insert((self.key, self.algorithm), hashes.clone());
+        if let Some(store) = &fresh.store {
+            if let Err(e) = store.save(&self.key, self.algorithm, &hashes) {
+                tracing::debug!(file = %self.what, "cannot store the manifest: {e}");
+            }
+        }
+        tracing::debug!(file = %self.what, algorithm = %self.algorithm, "manifest recorded by a download");
     }
 }

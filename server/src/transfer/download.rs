@@ -17,8 +17,8 @@
 //! still the version opened and had settled before the download began
 //! ([`crate::filekey::settled`]), its hashes go to the cache and the share's store, so
 //! the next reader is sent them without hashing, and rot after this read is caught.
-//! A file recorded in another algorithm than the download's keeps that record; the
-//! hashes taken go to the (in-memory) cache only.
+//! A file recorded in another algorithm than the download's keeps that record, and
+//! the hashes taken for this reader are not cached (as `manifest_of`).
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -59,15 +59,14 @@ pub struct Download {
     fresh: Option<Fresh>,
 }
 
-/// The hashes a download of a file with no record in its algorithm takes, and where
-/// to record them.
+/// The hashes a download of a file with no record takes, and where to record them.
 struct Fresh {
     /// By chunk index; `None` until that chunk is read.
     hashes: Mutex<Vec<Option<Hash256>>>,
     /// When the download was opened, before any chunk was read.
     started: SystemTime,
     cache: Arc<ManifestCache>,
-    /// The share's store, where it holds no record of the file in any algorithm.
+    /// The share's store (which holds no record of the file in any algorithm).
     store: Option<Arc<ManifestStore>>,
 }
 
@@ -112,12 +111,10 @@ impl Download {
         let (recorded, fresh) = match look_up(&key, &what, hashing.accept, cache, store.as_deref())
         {
             Known::Accepted(found) => (Some(found), None),
-            // A record in another algorithm stays the store's: these hashes go to
-            // the cache only.
-            Known::OtherAlgorithm => (
-                None,
-                Some(Fresh::new(&meta, chunk_bytes, started, cache, None)),
-            ),
+            // A record in another algorithm is kept as it is, and hashes taken for
+            // this reader are not cached: readers get the record written with the
+            // file, not hashes of what is on the disk now.
+            Known::OtherAlgorithm => (None, None),
             Known::Nothing => (
                 None,
                 Some(Fresh::new(&meta, chunk_bytes, started, cache, store)),

@@ -15,6 +15,11 @@ Subcommands (python3 bench/lib/bench.py CMD ARGS...):
                             --num-threads 1 over COPIES passes of FILE, in the page
                             cache) and sha256 (openssl speed -evp sha256, 1 MiB
                             blocks, 1 s); one JSON line
+  plaincopy SRC DEST LIMIT_S  SRC copied to DEST over loopback TCP with no hash (iperf3
+                            -F on both ends: the client reads SRC, a one-test server
+                            writes DEST), then a syncfs(2) of DEST's file system;
+                            print "BYTES SECONDS CPU_CLIENT CPU_SERVER" (bytes DEST
+                            holds; each iperf3's user + system CPU-seconds, its rusage)
   port                      a TCP port on 127.0.0.1 that is free now
   mktree DIR DIRS FILES SIZE  DIRS directories of FILES random files of SIZE bytes
   mkmixed DIR FILES SEED    a mixed-size tree of about FILES files (see MIXED_SIZES)
@@ -187,6 +192,78 @@ def hashspeed(argv):
             out["sha256"] = round(rate / 1e9, 3)
             out["sha256_tool"] = f"{' '.join(cmd)} ({version(['openssl', 'version'])})"
     print(json.dumps(out))
+
+
+def listening(port):
+    """Whether something listens on 127.0.0.1:PORT or [::]:PORT (/proc/net/tcp{,6})."""
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for ln in lines:
+            fields = ln.split()
+            # local_address is HEXADDR:HEXPORT; state 0A is LISTEN.
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
+def plaincopy(argv):
+    """The floor under the hash-cost ratio: what moving the bytes costs with no hash at
+    all. iperf3 reads SRC with read(2) and a one-test iperf3 server writes what it gets
+    to DEST with write(2), over loopback TCP, 1 MiB at a time; then DEST's file system
+    is synced. iperf3 may stop the last megabyte short of SRC's end, so the bytes DEST
+    holds are what is counted (some tens of MB short of 2 GiB at most, seen here)."""
+    src, dest, limit = argv[0], argv[1], float(argv[2])
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    null = subprocess.DEVNULL
+    deadline = time.monotonic() + limit
+    srv = subprocess.Popen(["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", str(port), "-F", dest],
+                           stdout=null, stderr=null, stdin=null)
+    procs = [srv]
+    try:
+        while not listening(port):
+            if srv.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"the iperf3 server on port {port} did not start")
+            time.sleep(0.05)
+        dfd = os.open(os.path.dirname(dest) or ".", os.O_RDONLY | os.O_DIRECTORY)
+        t0 = time.monotonic()
+        cli = subprocess.Popen(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-l", "1M", "-F", src],
+                               stdout=null, stderr=subprocess.PIPE, stdin=null)
+        procs.append(cli)
+        cpu = {}
+        for name, p in (("client", cli), ("server", srv)):
+            while True:
+                pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.monotonic() > deadline:
+                    sys.exit(f"timed out after {limit:.0f} s")
+                time.sleep(0.01)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            if p.returncode != 0:
+                why = p.stderr.read().decode("utf-8", "replace").strip().splitlines() if p.stderr else []
+                sys.exit(f"iperf3 {name}: exit {p.returncode}" + (f": {why[-1]}" if why else ""))
+            cpu[name] = ru.ru_utime + ru.ru_stime
+        syncfs(dfd)
+        t1 = time.monotonic()
+        os.close(dfd)
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                p.wait()
+    size = os.path.getsize(dest)
+    # The server drops what is still in flight when the client ends: up to a few
+    # tens of MB were seen; more than a tenth short is a failed copy.
+    if size < os.path.getsize(src) * 0.9:
+        sys.exit(f"iperf3 wrote {size} of {os.path.getsize(src)} bytes")
+    print(f"{size} {t1 - t0:.6f} {cpu['client']:.3f} {cpu['server']:.3f}")
 
 
 def free_port(_argv):
@@ -860,6 +937,15 @@ def f2(v, spec=".2f", suffix=""):
     return "—" if v is None else format(v, spec) + suffix
 
 
+def hash_speeds(meta):
+    """bench.py hashspeed's JSON of this run (one core's GB per CPU-second of each hash),
+    or {} where it was not measured."""
+    try:
+        return json.loads(meta.get("hash_speed") or "{}")
+    except ValueError:
+        return {}
+
+
 def cpu_report(meta, res):
     """CPU per GB of every copy row (Ferry and the rsync daemon), the hash-cost rows of
     the big file (both hashes) with the cores a 12.5 GB/s stream would need, and the
@@ -867,7 +953,7 @@ def cpu_report(meta, res):
     labels = {r[0]: r[1] for r in rows(meta)}
     cpu = []
     for rid in CPU_ROWS:
-        for tool in ("ferry", "ferry_sha256", "rsync"):
+        for tool in ("ferry", "ferry_sha256", "rsync", "plain"):
             c, s_, b = (med(res, f"{rid}.cpu_{k}", tool) for k in ("client", "server", "sum"))
             if c is None and s_ is None:
                 continue
@@ -875,6 +961,7 @@ def cpu_report(meta, res):
                         "hash": hash_of(res, rid, tool), "client": c, "server": s_, "sum": b,
                         "n": len(res.get(f"{rid}.cpu_client", {}).get(tool, {}).get("values", []))})
     cost, targets = [], []
+    hs = hash_speeds(meta)
     for rid in ("upload", "download"):
         rsync = med(res, rid + ".sync", "rsync")
         by = {}
@@ -902,10 +989,28 @@ def cpu_report(meta, res):
         if b3 and sha and b3["sum_cpu_s_per_gb"] and sha["sum_cpu_s_per_gb"]:
             ratio = sha["sum_cpu_s_per_gb"] / b3["sum_cpu_s_per_gb"]
         vs = b3["vs_rsync"] if b3 else None
+        # The floor: a copy's CPU is what moving the bytes costs (at least the plain
+        # copy's, bench.py plaincopy) plus its hashing: each byte once on each side
+        # that hashes, at one core's speed (hashspeed). An upload hashes on both sides
+        # (rcp, and ferryd verifying); a download of a recorded file on rcp's alone.
+        # So no copy that moves the bytes as cheaply as the plain one can show more
+        # than (plain + k / sha256) / (plain + k / blake3).
+        plain = med(res, rid + ".cpu_sum", "plain")
+        k = 2 if rid == "upload" else 1
+        bound = beside = None
+        if hs.get("blake3") and hs.get("sha256"):
+            if plain:
+                bound = (plain + k / hs["sha256"]) / (plain + k / hs["blake3"])
+            if b3 and b3["sum_cpu_s_per_gb"]:
+                beside = b3["sum_cpu_s_per_gb"] - k / hs["blake3"]
         if b3 or sha:
             targets.append({"id": rid, "job": labels.get(rid, rid),
                             "sha256_over_blake3_cpu": ratio,
                             "cpu_target_held": None if ratio is None else ratio >= SHA_OVER_BLAKE3,
+                            "sides_hashing": k, "plain_copy_cpu_s_per_gb": plain,
+                            "ferry_cpu_s_per_gb_besides_blake3": beside,
+                            "best_ratio_over_plain_copy": bound,
+                            "target_above_plain_copy_bound": None if bound is None else bound < SHA_OVER_BLAKE3,
                             "blake3_vs_rsync": vs,
                             "rsync_target_held": None if vs is None else vs >= BLAKE3_VS_RSYNC})
     return {"cpu": cpu, "hash_cost": cost, "hash_targets": targets}
@@ -920,7 +1025,8 @@ def cpu_markdown(meta, rep, parts=("cpu", "hash")):
     cost ("hash")."""
     out = []
     names = {"ferry": "Ferry (rcp, ferryd)", "ferry_sha256": "Ferry, rcp --hash sha256",
-             "rsync": "rsync (client, daemon)"}
+             "rsync": "rsync (client, daemon)",
+             "plain": "plain copy, no hash (iperf3 -F, both ends)"}
     if rep["cpu"] and "cpu" in parts:
         out += ["CPU-seconds per GB copied (GB = 1e9 bytes of file data; median of the runs"
                 " of the first table): the client is the command's own rusage (rcp, the rsync"
@@ -940,11 +1046,7 @@ def cpu_markdown(meta, rep, parts=("cpu", "hash")):
                                           f2(r["sum"], ".3f")]) + " |")
     cost = rep["hash_cost"] if "hash" in parts else []
     if cost:
-        hs = {}
-        try:
-            hs = json.loads(meta.get("hash_speed") or "{}")
-        except ValueError:
-            pass
+        hs = hash_speeds(meta)
         out += ["Hash cost and a 100 Gb/s NIC: the big file with each chunk hash, in the"
                 " same run, from the same cache state onto the same fresh file system (MB/s"
                 " and the ratio to the rsync daemon as in the first table, until durable;"
@@ -966,11 +1068,28 @@ def cpu_markdown(meta, rep, parts=("cpu", "hash")):
                 f2(r["ferryd_cores_for_12_5_gb_s"], ".1f")]) + " |")
         if rep["hash_targets"]:
             out += ["", f"| job | CPU-s/GB of both, sha256 / blake3 | ≥ {SHA_OVER_BLAKE3:g}×"
-                    f" | blake3 vs rsync daemon | ≥ {BLAKE3_VS_RSYNC:g}× |", "|---|---:|---|---:|---|"]
+                    " | sides hashing | plain copy CPU-s/GB | Ferry's CPU-s/GB besides blake3"
+                    " | best ratio over the plain copy"
+                    f" | blake3 vs rsync daemon | ≥ {BLAKE3_VS_RSYNC:g}× |",
+                    "|---|---:|---|---:|---:|---:|---:|---:|---|"]
             for t in rep["hash_targets"]:
+                bound = f2(t.get("best_ratio_over_plain_copy"), ".2f", "×")
+                if t.get("target_above_plain_copy_bound"):
+                    bound += " (target above it)"
                 out.append("| " + " | ".join([
                     t["job"], f2(t["sha256_over_blake3_cpu"], ".2f", "×"), held(t["cpu_target_held"]),
+                    str(t.get("sides_hashing", "—")), f2(t.get("plain_copy_cpu_s_per_gb"), ".3f"),
+                    f2(t.get("ferry_cpu_s_per_gb_besides_blake3"), ".3f"), bound,
                     f2(t["blake3_vs_rsync"], ".2f", "×"), held(t["rsync_target_held"])]) + " |")
+            out += ["", "The ratio's ceiling: a copy costs what moving the bytes costs plus"
+                    " its hashing, each byte once on each side that hashes (an upload: rcp and"
+                    " ferryd, which verifies; a download of a file ferryd holds a record of:"
+                    " rcp alone), at one core's speed below. The plain copy moves the same"
+                    " file, from the same cache state onto the same fresh file system, over"
+                    " loopback TCP with no hash at all (iperf3 -F on both ends, its CPU-s/GB"
+                    " in the table above); no copy that moves the bytes as cheaply can show"
+                    " more than (plain + sides / sha256 speed) / (plain + sides / blake3"
+                    " speed). Ferry's CPU besides blake3 is its blake3 row less that hashing."]
         speeds = []
         for name in ("blake3", "sha256"):
             if hs.get(name):
@@ -1275,5 +1394,5 @@ def report(argv):
 
 if __name__ == "__main__":
     {"run": run_timed, "port": free_port, "hashspeed": hashspeed, "mktree": mktree, "mkmixed": mkmixed, "change": change,
-     "treesum": treesum, "fio": fio, "iperf": iperf, "field": field, "live": live,
+     "treesum": treesum, "plaincopy": plaincopy, "fio": fio, "iperf": iperf, "field": field, "live": live,
      "report": report}[sys.argv[1]](sys.argv[2:])

@@ -180,6 +180,25 @@ ceiling_run() {
     record "$row" ceiling "$(rate "$bps" 1 1e9)"
 }
 
+# plain_run ROW: the big file copied file to file over loopback TCP with no hash at all
+# (bench.py plaincopy: iperf3 -F on both ends) from the same cache state onto the same
+# fresh destination file system, until synced: its CPU-s/GB of both ends (tool "plain",
+# ROW.cpu_*), the floor under the hash-cost ratio (bench.py cpu_report).
+plain_run() {
+    local row="$1" res bytes
+    peer_ok "$row" plain || return 0
+    clear_dest "$DST/plain.bin"
+    settle "$BIG"
+    if ! res="$(python3 "$BENCH_PY" plaincopy "$BIG" "$DST/plain.bin" "$(limit "$COPY_LIMIT_S")" 2>"$WORK/err")"; then
+        fail "$row" plain "${res:-$(tail -n 1 "$WORK/err")}" || true
+        rm -f "$DST/plain.bin"
+        return 0
+    fi
+    read -r bytes T CPU_C CPU_S <<<"$res"
+    rm -f "$DST/plain.bin"
+    record_cpu "$row" plain "$bytes"
+}
+
 # --- (a, b, c, g) copies: one big file, many small files, a mixed tree; each both ways ---------
 # command_for ROW TOOL: CMD = the command line of TOOL for ROW, DEST its destination.
 # Every destination is under $DST (inside $SRV, so that ferryd's share and the rsync
@@ -214,7 +233,7 @@ command_for() {
     case "$1.$2" in
         upload.ferry) CMD=("${rcp[@]}" "$BIG" "$FERRY_ADDR:bench/dst/up.bin") DEST="$DST/up.bin" ;;
         upload.ferry_sha256) CMD=("${rcp[@]}" --hash sha256 "$BIG" "$FERRY_ADDR:bench/dst/up.bin") DEST="$DST/up.bin" ;;
-        download.ferry_sha256) CMD=("${rcp[@]}" --hash sha256 "$FERRY_ADDR:bench/big.bin" "$DST/big.bin") DEST="$DST/big.bin" ;;
+        download.ferry_sha256) CMD=("${rcp[@]}" --hash sha256 "$FERRY_ADDR:bench/${BIG_SHA##*/}" "$DST/big.bin") DEST="$DST/big.bin" ;;
         upload.rsync) CMD=(rsync -W "$BIG" "$RSYNC_URL/dst/up.bin") DEST="$DST/up.bin" ;;
         upload.scp) CMD=("${scp[@]}" "$BIG" "$SSH_USER_HOST:$DST/up.bin") DEST="$DST/up.bin" ;;
         download.ferry) CMD=("${rcp[@]}" "$FERRY_ADDR:bench/big.bin" "$DST/big.bin") DEST="$DST/big.bin" ;;
@@ -249,10 +268,30 @@ copy_job() {
 job_upload() {
     copy_job upload "$BIG" "$1"
     ceiling_run upload
+    plain_run upload
+}
+# The download rows' Ferry sources: big.bin for rcp as it comes (blake3) and its copy
+# BIG_SHA (bench/run) for rcp --hash sha256, each recorded by ferryd in its own
+# algorithm before the timed runs, as a file uploaded with that hash is: the first
+# download of a file with no record records the hashes it took. Then neither run hashes
+# on ferryd and the two differ by rcp's hash alone. (With one file for both, the sha256
+# runs would hash on ferryd against the blake3 record, every time.)
+setup_download() {
+    local name hash
+    # ferryd records only a file that had settled before the download began.
+    sleep 1.1
+    for name in "${BIG##*/}:blake3" "${BIG_SHA##*/}:sha256"; do
+        hash="${name#*:}" name="${name%%:*}"
+        "$RCP" --transport tcp "${RCP_ENC[@]}" --hash "$hash" "$FERRY_ADDR:bench/$name" "$WORK/prime.bin" \
+            >/dev/null 2>"$WORK/err" ||
+            warn "download: the untimed $hash download of $name failed ($(tail -n 1 "$WORK/err")); its runs may hash on ferryd"
+        rm -f "$WORK/prime.bin"
+    done
 }
 job_download() {
     copy_job download "$BIG" "$1"
     ceiling_run download -R
+    plain_run download
 }
 job_small() {
     copy_job small_up "$SMALL" "$1"

@@ -206,9 +206,12 @@ impl Inner {
     /// Whether the process of thread `tid` still holds a descriptor of node `ino` on
     /// this mount (see [`holds_descriptor`]); false when the mount's id is unknown.
     fn holds_another(&self, tid: u32, ino: u64) -> bool {
-        let id = self
-            .mount_id
-            .get_or_init(|| self.mountpoint.as_deref().and_then(mount_id_at));
+        let id = self.mount_id.get_or_init(|| {
+            self.mountpoint
+                .as_deref()
+                .and_then(|at| crate::mount::fuse_mount_at(at).ok())
+                .map(|m| m.id)
+        });
         id.is_some_and(|id| holds_descriptor(tid, id, ino))
     }
 
@@ -502,44 +505,6 @@ fn holds_descriptor(tid: u32, mount_id: u64, ino: u64) -> bool {
         }
     }
     false
-}
-
-/// The id of the FUSE mount at `mountpoint` (the last one mounted there), from
-/// `/proc/self/mountinfo`.
-fn mount_id_at(mountpoint: &Path) -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let want = mountpoint.as_os_str().as_encoded_bytes();
-    info.lines().rev().find_map(|line| {
-        // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE ...
-        let mut fields = line.split(' ');
-        let id = fields.next()?.parse::<u64>().ok()?;
-        let at = fields.nth(3)?;
-        let fstype = line.split(" - ").nth(1)?.split(' ').next()?;
-        (fstype.starts_with("fuse") && unescape_mountinfo(at) == want).then_some(id)
-    })
-}
-
-/// A mountinfo path with its octal escapes (`\040` for a space...) undone.
-fn unescape_mountinfo(field: &str) -> Vec<u8> {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b
-            .get(i + 1..i + 4)
-            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match octal {
-            Some(d) => {
-                out.push(d.iter().fold(0u8, |v, c| v.wrapping_mul(8) + (c - b'0')));
-                i += 4;
-            }
-            None => {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
-    }
-    out
 }
 
 /// The process (thread group) of thread `tid`, from `/proc`.

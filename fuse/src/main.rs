@@ -201,19 +201,16 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
     ));
     let (via, writable) = rt.block_on(check_share(&link, &remote, &opts))?;
 
-    let at = MountAt::new(&opts, &remote.display(), writable, &args.mountpoint, notify);
-    let mut fs = FerryFs::new(
+    let at = MountAt::new(&opts, &remote.display(), writable, &args.mountpoint, notify)?;
+    let fs = FerryFs::new(
         rt.handle().clone(),
         link,
         remote.share.clone(),
         remote.path.clone(),
         opts,
         writable,
-    );
-    // Resolved before mounting, as in `mount_and_serve`.
-    if let Ok(absolute) = args.mountpoint.canonicalize() {
-        fs = fs.with_mountpoint(absolute);
-    }
+    )
+    .with_mountpoint(at.absolute.clone());
     let mounted = format!(
         "mounted {} on {} over {via}, {}",
         remote.display(),
@@ -226,6 +223,9 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
 /// Where and how [`mount_and_serve`] mounts.
 struct MountAt<'a> {
     mountpoint: &'a Path,
+    /// `mountpoint` resolved before mounting: afterwards, resolving the path would
+    /// call into the mount, whose session is not running yet.
+    absolute: PathBuf,
     fsname: String,
     config: Config,
     readahead_kib: u32,
@@ -241,19 +241,24 @@ impl<'a> MountAt<'a> {
         writable: bool,
         mountpoint: &'a Path,
         notify: bool,
-    ) -> MountAt<'a> {
+    ) -> Result<MountAt<'a>, Failure> {
+        let absolute = mountpoint
+            .canonicalize()
+            .with_context(|| format!("{}", mountpoint.display()))
+            .map_err(fail(exit::MOUNT))?;
         let fsname = opts
             .fsname
             .clone()
             .unwrap_or_else(|| format!("ferry:{source}"));
         let config = fuse_config(opts, &fsname, writable);
-        MountAt {
+        Ok(MountAt {
             mountpoint,
+            absolute,
             fsname,
             config,
             readahead_kib: opts.max_readahead_kib,
             notify,
-        }
+        })
     }
 }
 
@@ -265,13 +270,6 @@ fn mount_and_serve<FS: Filesystem>(
     at: MountAt<'_>,
     mounted: &str,
 ) -> Result<(), Failure> {
-    // Resolved before mounting: afterwards, resolving the path would call into the
-    // mount, whose session is not running yet.
-    let absolute = at
-        .mountpoint
-        .canonicalize()
-        .with_context(|| format!("{}", at.mountpoint.display()))
-        .map_err(fail(exit::MOUNT))?;
     let (session, unmounter) = ferry_fuse::mount::mount(fs, at.mountpoint, &at.fsname, &at.config)
         .map_err(|e| {
             (
@@ -279,7 +277,7 @@ fn mount_and_serve<FS: Filesystem>(
                 anyhow::anyhow!("cannot mount on {}: {e}", at.mountpoint.display()),
             )
         })?;
-    if let Err(e) = ferry_fuse::mount::set_readahead(&absolute, at.readahead_kib) {
+    if let Err(e) = ferry_fuse::mount::set_readahead(&at.absolute, at.readahead_kib) {
         tracing::debug!("kernel readahead left at its default: {e}");
     }
     let unmounting = unmount_on_signal(&rt, at.mountpoint.to_path_buf(), unmounter);
@@ -342,7 +340,7 @@ fn run_cluster(args: Args, notify: bool) -> Result<(), Failure> {
         None
     };
 
-    let at = MountAt::new(&opts, &source.display(), writable, &args.mountpoint, notify);
+    let at = MountAt::new(&opts, &source.display(), writable, &args.mountpoint, notify)?;
     let fs = ClusterFs::new(
         rt.handle().clone(),
         nodes,

@@ -181,9 +181,10 @@ ceiling_run() {
 }
 
 # plain_run ROW: the big file copied file to file over loopback TCP with no hash at all
-# (bench.py plaincopy: iperf3 -F on both ends) from the same cache state onto the same
-# fresh destination file system, until synced: its CPU-s/GB of both ends (tool "plain",
-# ROW.cpu_*), the floor under the hash-cost ratio (bench.py cpu_report).
+# (bench.py plaincopy: read and written direct, 1 MiB at a time, by two processes) from
+# the same cache state onto the same fresh destination file system, until synced: its
+# CPU-s/GB of both ends (tool "plain", ROW.cpu_*), the floor under the hash-cost ratio
+# (bench.py cpu_report).
 plain_run() {
     local row="$1" res bytes
     peer_ok "$row" plain || return 0

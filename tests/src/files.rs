@@ -90,6 +90,35 @@ pub fn assert_same_mode_and_mtime(expected: &Path, actual: &Path) {
     );
 }
 
+/// Where `actual` first differs from `expected`: the offset and both bytes, or the
+/// lengths where one is a prefix of the other ("equal" if they are the same).
+pub fn byte_difference(expected: &[u8], actual: &[u8]) -> String {
+    let n = expected.len().min(actual.len());
+    match (0..n).find(|&i| expected[i] != actual[i]) {
+        Some(i) => format!(
+            "first difference at byte {i} (0x{:02x} expected, 0x{:02x} found); {} bytes expected, {} found",
+            expected[i],
+            actual[i],
+            expected.len(),
+            actual.len()
+        ),
+        None if expected.len() == actual.len() => "equal".to_owned(),
+        None => format!(
+            "{} bytes expected, {} found (equal up to the shorter)",
+            expected.len(),
+            actual.len()
+        ),
+    }
+}
+
+/// Panics unless `actual == expected`, naming the first differing offset.
+#[track_caller]
+pub fn assert_same_bytes(expected: &[u8], actual: &[u8], what: &str) {
+    if expected != actual {
+        panic!("{what}: {}", byte_difference(expected, actual));
+    }
+}
+
 /// Panics unless the two files hold the same bytes; the message gives the first
 /// differing offset.
 #[track_caller]

@@ -85,8 +85,9 @@ pub use env::{Env, EnvBuilder, DEFAULT_SHARE};
 pub use etcd::{etcd_healthy, etcd_program, Etcd, ETCD_STARTUP_TIMEOUT};
 pub use files::{
     assert_entries, assert_files_equal, assert_no_temp_files, assert_only_resumable_temp_files,
-    assert_same_mode_and_mtime, first_difference, journaled_bytes, mode_of, mtime_of, set_mode,
-    set_mtime, temp_files, unused_local_port, write_random_file, MIB, TEMP_PREFIX,
+    assert_same_bytes, assert_same_mode_and_mtime, byte_difference, first_difference,
+    journaled_bytes, mode_of, mtime_of, set_mode, set_mtime, temp_files, unused_local_port,
+    write_random_file, MIB, TEMP_PREFIX,
 };
 pub use loopfs::LoopExt4;
 pub use mount::{
@@ -162,6 +163,35 @@ pub fn test_transport() -> &'static str {
         Ok("rdma") => "rdma",
         Ok("tcp") | Err(_) => "tcp",
         Ok(other) => panic!("FERRY_TEST_TRANSPORT={other}: expected tcp or rdma"),
+    }
+}
+
+/// True under the RDMA suite (in the Soft-RoCE VM, where everything runs 10-15x
+/// slower than on the host).
+pub fn on_rdma() -> bool {
+    test_transport() == "rdma"
+}
+
+/// Runs `f` on a thread and panics if it does not finish within `limit` (a hung FUSE
+/// call is then ended by the mount's drop, which kills ferry-mount).
+#[track_caller]
+pub fn within<T: Send + 'static>(
+    limit: std::time::Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(value) => value,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what} did not finish within {limit:?}")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            panic!("{what} panicked (see above)")
+        }
     }
 }
 

@@ -28,15 +28,15 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{symlink, FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_tests::{
-    bin, ferry_mount, ferrytest, is_fuse_type, mount_type, rcp_args, send_signal, set_mode,
-    test_choice, test_host, test_transport, unused_local_port, write_random_file, Corruption, Env,
-    Mount, ReadTarget, Server, Share, WireProxy, FSTYPE, MIB, STARTUP_TIMEOUT, UNMOUNT_TIMEOUT,
+    assert_same_bytes, bin, ferry_mount, ferrytest, is_fuse_type, mount_type, on_rdma, rcp_args,
+    send_signal, set_mode, test_choice, test_host, unused_local_port, within, write_random_file,
+    Corruption, Env, Mount, ReadTarget, Server, Share, WireProxy, FSTYPE, MIB, STARTUP_TIMEOUT,
+    UNMOUNT_TIMEOUT,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -48,11 +48,6 @@ const ENOTCONN: i32 = 107;
 
 /// ferry-mount's default chunk size for files of up to 2 GiB.
 const CHUNK: u64 = 16 << 10;
-
-/// `tcp` on the host, `rdma` in the VM, where everything runs 10-15x slower.
-fn on_rdma() -> bool {
-    test_transport() == "rdma"
-}
 
 /// `tcp` when on TCP, else `rdma`: sizes and counts scaled for the Soft-RoCE VM.
 fn scaled(tcp: u64, rdma: u64) -> u64 {
@@ -70,48 +65,6 @@ fn skip_without_tcp(test: &str) -> bool {
         return true;
     }
     false
-}
-
-/// Runs `f` on a thread and panics if it does not finish within `limit` (a hung FUSE
-/// call is then ended by the mount's drop, which kills ferry-mount).
-#[track_caller]
-fn within<T: Send + 'static>(
-    limit: Duration,
-    what: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(value) => value,
-        Err(RecvTimeoutError::Timeout) => panic!("{what} did not finish within {limit:?}"),
-        Err(RecvTimeoutError::Disconnected) => panic!("{what} panicked (see above)"),
-    }
-}
-
-/// Panics unless `actual == expected`, naming the first differing offset.
-#[track_caller]
-fn assert_same_bytes(expected: &[u8], actual: &[u8], what: &str) {
-    if expected == actual {
-        return;
-    }
-    let n = expected.len().min(actual.len());
-    match (0..n).find(|&i| expected[i] != actual[i]) {
-        Some(i) => panic!(
-            "{what}: first difference at byte {i} (0x{:02x} expected, 0x{:02x} read); {} bytes expected, {} read",
-            expected[i],
-            actual[i],
-            expected.len(),
-            actual.len()
-        ),
-        None => panic!(
-            "{what}: {} bytes expected, {} read (equal up to the shorter)",
-            expected.len(),
-            actual.len()
-        ),
-    }
 }
 
 /// Reads up to `len` bytes at `offset`, stopping early only at end of file.

@@ -27,16 +27,16 @@ use std::os::unix::fs::{symlink, FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use ferry_tests::{
-    assert_files_equal, assert_no_temp_files, assert_trees_equal, ferry_mount, make_medium_tree,
-    mode_of, mtime_of, python, rcp_args, run_tool, send_signal, sh, skip_without_fuse,
-    skip_without_tool, temp_files, test_choice, test_transport, write_random_file, Env, Mount,
-    Server, ServerOptions, Share, Tmpfs, ToolOutput, DEFAULT_SHARE, MIB,
+    assert_files_equal, assert_no_temp_files, assert_same_bytes, assert_trees_equal,
+    byte_difference, ferry_mount, make_medium_tree, mode_of, mtime_of, on_rdma, python, rcp_args,
+    run_tool, send_signal, sh, skip_without_fuse, skip_without_tool, temp_files, test_choice,
+    within, write_random_file, Env, Mount, Server, ServerOptions, Share, Tmpfs, ToolOutput,
+    DEFAULT_SHARE, MIB,
 };
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
@@ -53,11 +53,6 @@ const ENOTEMPTY: i32 = 39;
 const NO_KERNEL_CACHE: &str = "attr_timeout=0,entry_timeout=0,negative_timeout=0";
 
 // ---------------------------------------------------------------- harness
-
-/// `tcp` on the host, `rdma` in the VM, where everything runs 10-15x slower.
-fn on_rdma() -> bool {
-    test_transport() == "rdma"
-}
 
 /// `tcp` when on TCP, else `rdma`: sizes, counts and limits scaled for the VM.
 fn scaled(tcp: u64, rdma: u64) -> u64 {
@@ -107,58 +102,11 @@ fn run_ok(cmd: &mut Command, what: &str) -> ToolOutput {
     out
 }
 
-/// Runs `f` on a thread and panics if it does not finish within `limit` (a hung FUSE
-/// call is then ended by the mount's drop, which kills ferry-mount).
-#[track_caller]
-fn within<T: Send + 'static>(
-    limit: Duration,
-    what: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(value) => value,
-        Err(RecvTimeoutError::Timeout) => panic!("{what} did not finish within {limit:?}"),
-        Err(RecvTimeoutError::Disconnected) => panic!("{what} panicked (see above)"),
-    }
-}
-
 /// `len` bytes from a ChaCha RNG seeded with `seed`.
 fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut bytes = vec![0u8; len];
     StdRng::seed_from_u64(seed).fill_bytes(&mut bytes);
     bytes
-}
-
-/// Where two byte strings first differ, for messages.
-fn difference(expected: &[u8], actual: &[u8]) -> String {
-    let n = expected.len().min(actual.len());
-    match (0..n).find(|&i| expected[i] != actual[i]) {
-        Some(i) => format!(
-            "first difference at byte {i} (0x{:02x} expected, 0x{:02x} found); {} bytes expected, {} found",
-            expected[i],
-            actual[i],
-            expected.len(),
-            actual.len()
-        ),
-        None if expected.len() == actual.len() => "equal".to_owned(),
-        None => format!(
-            "{} bytes expected, {} found (equal up to the shorter)",
-            expected.len(),
-            actual.len()
-        ),
-    }
-}
-
-/// Panics unless `actual == expected`, naming the first differing offset.
-#[track_caller]
-fn assert_same_bytes(expected: &[u8], actual: &[u8], what: &str) {
-    if expected != actual {
-        panic!("{what}: {}", difference(expected, actual));
-    }
 }
 
 /// Panics unless `path` (on the server's disk or in a mount) holds exactly `expected`.
@@ -270,8 +218,8 @@ fn spawn_whole_file_checker(
                     "a read of {} after {saw_old} old and {saw_new} new reads is neither the \
                      old content ({}) nor the new ({})",
                     path.display(),
-                    difference(&old, &got),
-                    difference(&new, &got)
+                    byte_difference(&old, &got),
+                    byte_difference(&new, &got)
                 ));
             }
             if last {

@@ -44,7 +44,7 @@ use ferry_common::staging::{partial_paths, Staged};
 use ferry_common::transport::TransportChoice;
 use ferry_tests::{
     assert_no_temp_files, assert_only_resumable_temp_files, assert_trees_equal, first_difference,
-    journaled_bytes, rcp_args, runtime, spawn_rcp, temp_files, test_host, test_transport,
+    journaled_bytes, on_rdma, rcp_args, runtime, spawn_rcp, temp_files, test_host,
     write_random_file, Env, RcpOutput, MIB, TEMP_PREFIX,
 };
 use rand::rngs::StdRng;
@@ -91,10 +91,6 @@ fn base_seed() -> u64 {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1),
     }
-}
-
-fn on_rdma() -> bool {
-    test_transport() == "rdma"
 }
 
 /// Writes the source tree under `root`; returns the bytes of its regular files.

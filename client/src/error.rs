@@ -41,8 +41,8 @@ pub enum ClientError {
         #[source]
         source: io::Error,
     },
-    /// Data did not match its SHA-256, even after a retry.
-    #[error("{what}: chunk {chunk} failed SHA-256 verification")]
+    /// Data did not match its chunk hash, even after a retry.
+    #[error("{what}: chunk {chunk} failed hash verification")]
     Integrity {
         /// What was being copied.
         what: String,

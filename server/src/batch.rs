@@ -49,7 +49,7 @@ use tokio::task::JoinError;
 use crate::conn::Hashing;
 use crate::filekey::{mtime_settled, ManifestKey};
 use crate::fsops::FsError;
-use crate::manifests::{known_manifest, ManifestCache};
+use crate::manifests::{self, look_up, Hashes, ManifestCache};
 use crate::map::{open_regular_at, MapError};
 use crate::pool::{Pool, PoolError};
 use crate::share::{ResolvedDirs, Share, ShareError};
@@ -120,10 +120,19 @@ pub enum BatchError {
         path: String,
     },
     /// A file whose bytes do not hash to the client's hash.
-    #[error("{path}: failed SHA-256 verification")]
+    #[error("{path}: failed hash verification")]
     Integrity {
         /// The path.
         path: String,
+    },
+    /// A small file whose bytes on disk no longer match the hash recorded when it was
+    /// written, its version unchanged: damage on the server's disk.
+    #[error("{path}: chunk 0 (bytes 0..{size}) does not match the hash recorded when the file was written: the server's copy is damaged")]
+    Rot {
+        /// The path.
+        path: String,
+        /// Its size (its only chunk's end).
+        size: u64,
     },
     /// A file that changed while it was read for a download.
     #[error("{path}: file changed while it was read")]
@@ -545,16 +554,37 @@ struct Known<'a> {
 
 impl Known<'_> {
     /// The hash recorded for the whole of the file version `meta` (one chunk of the
-    /// store's size at most) in an algorithm the session accepts, if known.
-    fn recorded(&self, meta: &fs::Metadata, what: &str) -> Option<(Hash256, HashAlgorithm)> {
-        let store = self.share.store()?;
+    /// store's size at most), if known: in an algorithm the session accepts, or in
+    /// another one (which what is read must then be checked against).
+    fn recorded(&self, meta: &fs::Metadata, what: &str) -> Recorded {
+        let Some(store) = self.share.store() else {
+            return Recorded::Nothing;
+        };
         if meta.len() == 0 || meta.len() > u64::from(store.chunk_bytes()) {
-            return None;
+            return Recorded::Nothing;
         }
         let key = ManifestKey::of(meta, store.chunk_bytes());
-        let known = known_manifest(&key, what, self.hashing.accept, self.cache, Some(store))?;
-        Some((*known.hashes.first()?, known.algorithm))
+        let first = |h: &Hashes| h.hashes.first().map(|&hash| (hash, h.algorithm));
+        match look_up(&key, what, self.hashing.accept, self.cache, Some(store)) {
+            manifests::Known::Accepted(h) => {
+                first(&h).map_or(Recorded::Nothing, |r| Recorded::Accepted(r.0, r.1))
+            }
+            manifests::Known::OtherAlgorithm(h) => {
+                first(&h).map_or(Recorded::Nothing, |r| Recorded::Other(r.0, r.1))
+            }
+            manifests::Known::Nothing => Recorded::Nothing,
+        }
     }
+}
+
+/// What [`Known::recorded`] found of one small file.
+enum Recorded {
+    /// Its hash in an algorithm the session accepts: sent as it is.
+    Accepted(Hash256, HashAlgorithm),
+    /// Its hash in another algorithm: the bytes read are checked against it.
+    Other(Hash256, HashAlgorithm),
+    /// No record.
+    Nothing,
 }
 
 /// Reads the file `opened` whole to the start of `room` and returns its attributes (its
@@ -587,9 +617,24 @@ fn read_one(
     if after.len() != size || attr_of(&after, None).mtime != attr.mtime {
         return Err(changed());
     }
-    let (hash, algorithm) = known.recorded(&meta, &what).unwrap_or_else(|| {
-        let fresh = known.hashing.fresh;
-        (hash_chunk(fresh, &room[..len]), fresh)
-    });
+    let data = &room[..len];
+    let fresh = known.hashing.fresh;
+    let (hash, algorithm) = match known.recorded(&meta, &what) {
+        Recorded::Accepted(hash, algorithm) => (hash, algorithm),
+        Recorded::Other(hash, other) => {
+            if hash_chunk(other, data) != hash {
+                tracing::error!(
+                    file = %what,
+                    chunk = 0,
+                    bytes = %format!("0..{size}"),
+                    algorithm = %other,
+                    "integrity error: the file's bytes on disk no longer match the hash recorded when it was written (unchanged size, mtime and ctime: damage underneath the file system)"
+                );
+                return Err(BatchError::Rot { path: what, size });
+            }
+            (hash_chunk(fresh, data), fresh)
+        }
+        Recorded::Nothing => (hash_chunk(fresh, data), fresh),
+    };
     Ok(Some((attr, hash, algorithm)))
 }

@@ -343,7 +343,7 @@ impl From<BatchError> for RemoteError {
             }
             e @ BatchError::Transport { .. } => with_cause(ErrorKind::Io, &e),
             e @ BatchError::Twice { .. } => RemoteError::new(ErrorKind::InvalidPath, e.to_string()),
-            e @ BatchError::Integrity { .. } => {
+            e @ (BatchError::Integrity { .. } | BatchError::Rot { .. }) => {
                 RemoteError::new(ErrorKind::Integrity, e.to_string())
             }
             e @ BatchError::Changed { .. } => RemoteError::new(ErrorKind::Changed, e.to_string()),

@@ -75,11 +75,28 @@ pub fn settled(key: &ManifestKey, started: SystemTime, settle: Duration) -> bool
     key.ctime_ns + settle.as_nanos() as i128 <= started_ns
 }
 
-/// True if `key`'s mtime lies at least [`CACHE_SETTLE`] before its ctime: a write after
-/// the status change the ctime records would set mtime to the time of writing, which
-/// differs from the recorded one, so the key of a file written since cannot match.
+/// How long before its ctime an mtime with no digits below the millisecond must lie
+/// for [`mtime_settled`]: such an mtime may be stored coarsely (whole seconds, or FAT's
+/// two), so a later write in the same stored second could set it to the same value.
+pub const COARSE_MTIME_SETTLE: Duration = Duration::from_secs(2);
+
+/// True if no write after the status change that `key`'s ctime records can leave the
+/// key as it is. Such a write sets mtime (and ctime) to the time of writing, at or
+/// after that ctime (as the file system stores it), so an mtime strictly before the
+/// ctime can no longer match. That holds where the mtime is stored as finely as the
+/// ctime; an mtime with digits below the millisecond was, and one without may have
+/// been rounded to seconds, so it must lie [`COARSE_MTIME_SETTLE`] before the ctime.
+/// (A clock stepped backwards defeats this, as it does [`settled`].)
+///
+/// A file committed by this server with the mtime of a source written just before
+/// (an upload moments after the file was made) is thus recorded: its mtime is the
+/// source's, its ctime the commit's.
 pub fn mtime_settled(key: &ManifestKey) -> bool {
-    key.mtime_ns + CACHE_SETTLE.as_nanos() as i128 <= key.ctime_ns
+    if key.mtime_ns % 1_000_000 != 0 {
+        key.mtime_ns < key.ctime_ns
+    } else {
+        key.mtime_ns + COARSE_MTIME_SETTLE.as_nanos() as i128 <= key.ctime_ns
+    }
 }
 
 #[cfg(test)]
@@ -100,10 +117,20 @@ mod tests {
     #[test]
     fn settled_mtimes() {
         assert!(mtime_settled(&key()));
-        let recent = ManifestKey {
-            mtime_ns: 4_500_000_000,
+        let at = |mtime_ns, ctime_ns| ManifestKey {
+            mtime_ns,
+            ctime_ns,
             ..key()
         };
-        assert!(!mtime_settled(&recent));
+        // A fine mtime just before the ctime: a later write's mtime differs.
+        assert!(mtime_settled(&at(4_999_999_123, 5_000_000_000)));
+        assert!(mtime_settled(&at(4_996_000_001, 4_996_000_002)));
+        // The same tick, or an mtime after the ctime (a clock ahead): not settled.
+        assert!(!mtime_settled(&at(4_999_999_123, 4_999_999_123)));
+        assert!(!mtime_settled(&at(5_000_000_123, 5_000_000_000)));
+        // Whole milliseconds may be a coarse file system's: two seconds' margin.
+        assert!(!mtime_settled(&at(4_000_000_000, 5_000_000_000)));
+        assert!(!mtime_settled(&at(4_500_000_000, 6_000_000_000)));
+        assert!(mtime_settled(&at(4_000_000_000, 6_000_000_000)));
     }
 }

@@ -359,34 +359,20 @@ pub fn hash_file_checked(
     Ok(units.concat())
 }
 
-/// The hashes already known of the file version `key` in an algorithm of `accept`,
-/// without reading the file: from `cache`, else the record the share's `store` holds
-/// of exactly that version (cached then). `None` when neither has them. Blocking.
-pub fn known_manifest(
-    key: &ManifestKey,
-    what: &str,
-    accept: Algorithms,
-    cache: &ManifestCache,
-    store: Option<&ManifestStore>,
-) -> Option<Hashes> {
-    match look_up(key, what, accept, cache, store) {
-        Known::Accepted(found) => Some(found),
-        Known::OtherAlgorithm | Known::Nothing => None,
-    }
-}
-
 /// What the cache and the store know of one file version.
 pub(crate) enum Known {
     /// Hashes in an accepted algorithm.
     Accepted(Hashes),
-    /// A record in an algorithm the reader does not accept (kept as it is).
-    OtherAlgorithm,
+    /// A record in an algorithm the reader does not accept (kept as it is): what the
+    /// reader is sent must still be checked against it, hashed both ways.
+    OtherAlgorithm(Hashes),
     /// No record of this version.
     Nothing,
 }
 
-/// [`known_manifest`], also telling a record in another algorithm from none at all
-/// (reading the store once).
+/// The hashes already known of the file version `key`, without reading the file: from
+/// `cache` in an algorithm of `accept`, else the record the share's `store` holds of
+/// exactly that version (cached then, if of an accepted algorithm). Blocking.
 pub(crate) fn look_up(
     key: &ManifestKey,
     what: &str,
@@ -408,11 +394,11 @@ pub(crate) fn look_up(
     let Some((algorithm, hashes)) = store.and_then(|s| s.get(key)) else {
         return Known::Nothing;
     };
+    let hashes: Arc<[Hash256]> = hashes.into();
     if !accept.contains(algorithm) {
-        return Known::OtherAlgorithm;
+        return Known::OtherAlgorithm(Hashes { algorithm, hashes });
     }
     tracing::debug!(file = %what, bytes = key.size, %algorithm, "manifest from the store");
-    let hashes: Arc<[Hash256]> = hashes.into();
     cache.insert((*key, algorithm), hashes.clone());
     Known::Accepted(Hashes { algorithm, hashes })
 }
@@ -448,20 +434,25 @@ pub fn manifest_of(
     let mut before = stat()?;
     for _attempt in 0..2 {
         let key = ManifestKey::of(&before, chunk_bytes);
-        let recorded = match look_up(&key, what, accept, cache, store) {
+        // A record of this version in an algorithm the reader does not accept is kept
+        // as it is, and the bytes are checked against it as they are hashed; so is a
+        // record in the store's own chunk size when another chunk size is asked for.
+        let (recorded, check) = match look_up(&key, what, accept, cache, store) {
             Known::Accepted(found) => return Ok((found, before)),
-            // A record in an algorithm the reader does not accept is kept as it is.
-            Known::OtherAlgorithm => true,
-            Known::Nothing => false,
+            Known::OtherAlgorithm(record) => (
+                true,
+                Some((chunk_bytes, (record.algorithm, record.hashes.to_vec()))),
+            ),
+            Known::Nothing => (
+                false,
+                store.and_then(|s| {
+                    let base = ManifestKey::of(&before, s.chunk_bytes());
+                    (s.chunk_bytes() != chunk_bytes)
+                        .then(|| s.get(&base).map(|r| (s.chunk_bytes(), r)))
+                        .flatten()
+                }),
+            ),
         };
-        // A record of this version in the store's own chunk size, when another chunk
-        // size is asked for: the bytes are checked against it as they are hashed.
-        let check = store.and_then(|s| {
-            let base = ManifestKey::of(&before, s.chunk_bytes());
-            (s.chunk_bytes() != chunk_bytes)
-                .then(|| s.get(&base).map(|r| (s.chunk_bytes(), r)))
-                .flatten()
-        });
         let started = SystemTime::now();
         let hashes = match &check {
             None => hash_file(file, fresh, before.size(), chunk_bytes, what)?,
@@ -691,10 +682,11 @@ mod tests {
             manifest_of(&f, 4096, ALL, B3, "t", &cache, Some(&store), Duration::ZERO).unwrap();
         assert_eq!((got.algorithm, &got.hashes[..]), (SHA, &forged[..]));
         assert_eq!(cache.len(), 1);
-        // A reader who accepts only BLAKE3 gets the bytes hashed, and the record
-        // (what was written) is neither replaced nor shadowed in the cache.
+        // A reader who accepts only BLAKE3 gets the bytes hashed, each checked against
+        // the record (what was written), which is neither replaced nor shadowed in the
+        // cache: the forged record fails that check, as rot would...
         let b3_only = Algorithms::of(&[B3]);
-        let (fresh, _) = manifest_of(
+        let e = manifest_of(
             &f,
             4096,
             b3_only,
@@ -704,11 +696,31 @@ mod tests {
             Some(&store),
             Duration::ZERO,
         )
+        .unwrap_err();
+        assert!(matches!(e, ManifestError::Rot { start: 0, .. }), "{e}");
+        assert_eq!(store.get(&key).unwrap(), (SHA, forged.clone()));
+        assert_eq!(cache.len(), 1);
+        // ... and a true SHA-256 record passes it.
+        let true_sha: Vec<Hash256> = [&[3u8; 4096][..], &[3u8; 4096][..], &[3u8; 808][..]]
+            .iter()
+            .map(|c| hash_chunk(SHA, c))
+            .collect();
+        store.save(&key, SHA, &true_sha).unwrap();
+        let (fresh, _) = manifest_of(
+            &f,
+            4096,
+            b3_only,
+            B3,
+            "t",
+            &ManifestCache::new(1 << 20),
+            Some(&store),
+            Duration::ZERO,
+        )
         .unwrap();
         assert_eq!(fresh.algorithm, B3);
         assert_eq!(&fresh.hashes[..], &hashed.hashes[..]);
-        assert_eq!(store.get(&key).unwrap(), (SHA, forged.clone()));
-        assert_eq!(cache.len(), 1);
+        assert_eq!(store.get(&key).unwrap(), (SHA, true_sha));
+        store.save(&key, SHA, &forged).unwrap();
         // Another chunk size is not in the store: hashed, each byte checked against the
         // record of the store's chunk size as it is read. The forged record fails that
         // check (what damage underneath the file system looks like)...

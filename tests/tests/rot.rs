@@ -8,7 +8,10 @@
 //! and a batch fail with rcp's integrity exit code and ferryd logs the damage; a read
 //! through ferry-mount fails with EIO (the mount's small chunks are checked against
 //! the record by ferryd as it hashes them, which logs the damage). Each case runs with
-//! both hash algorithms.
+//! both hash algorithms, and with a reader that asks for the other algorithm than the
+//! record's (`--hash`): ferryd then checks what it reads against the record itself.
+//! The sources are written just before their upload, as a user's are: the record must
+//! not wait for the file to age.
 
 use std::fs;
 use std::path::Path;
@@ -71,14 +74,20 @@ impl Rig {
     }
 }
 
-/// A local file of `len` random bytes with an mtime long past (so ferryd records the
-/// upload's hashes: a settled mtime).
+/// A local file of `len` random bytes, written now: ferryd records its upload's hashes
+/// at the commit, whose ctime comes after this mtime.
 fn source(path: &Path, len: u64, seed: u64) {
     write_random_file(path, len, seed);
-    set_mtime(path, 1_600_000_000);
 }
 
-fn per_file_download_fails_on_rot(alg: HashAlgorithm) {
+/// `--hash` for a reader that asks for `alg`, or nothing for rcp's default.
+fn hash_arg(alg: Option<HashAlgorithm>) -> Vec<std::ffi::OsString> {
+    alg.map(|a| vec!["--hash".into(), a.name().into()])
+        .unwrap_or_default()
+}
+
+/// Uploads with `alg`, then downloads with `--hash down` (or rcp's default).
+fn per_file_download_fails_on_rot(alg: HashAlgorithm, down: Option<HashAlgorithm>) {
     let Some(rig) = rig() else { return };
     source(&rig.local("big.bin"), 3 * MIB + 77, 1);
     rig.upload("big.bin", alg);
@@ -94,11 +103,13 @@ fn per_file_download_fails_on_rot(alg: HashAlgorithm) {
 
     // Damage one byte of chunk 1.
     rig.fs.rot(&rig.fs.path().join("big.bin"), MIB + 4242);
-    let out = rcp([
+    let mut args = hash_arg(down);
+    args.extend([
         "--json".into(),
         rig.server.remote("data", "big.bin").into(),
         back.clone().into_os_string(),
     ]);
+    let out = rcp(args);
     out.assert_code(INTEGRITY);
     let json = out.json();
     let message = json["errors"][0]["message"].as_str().unwrap().to_string();
@@ -111,7 +122,7 @@ fn per_file_download_fails_on_rot(alg: HashAlgorithm) {
     assert!(rig.logged_damage("big.bin") >= 1, "{}", rig.server.stderr());
 }
 
-fn batched_download_fails_on_rot(alg: HashAlgorithm) {
+fn batched_download_fails_on_rot(alg: HashAlgorithm, down: Option<HashAlgorithm>) {
     let Some(rig) = rig() else { return };
     let dir = rig.local("tree");
     fs::create_dir(&dir).unwrap();
@@ -129,12 +140,14 @@ fn batched_download_fails_on_rot(alg: HashAlgorithm) {
     .assert_success();
     rig.fs.rot(&rig.fs.path().join("tree/f3"), 5000);
     let out_dir = rig.local("out");
-    let out = rcp([
+    let mut args = hash_arg(down);
+    args.extend([
         "-r".into(),
         "--json".into(),
         rig.server.remote("data", "tree").into(),
         out_dir.clone().into_os_string(),
     ]);
+    let out = rcp(args);
     out.assert_code(INTEGRITY);
     let json = out.json();
     let errors = json["errors"].as_array().unwrap();
@@ -153,14 +166,15 @@ fn batched_download_fails_on_rot(alg: HashAlgorithm) {
     assert!(rig.logged_damage("f3") >= 1, "{}", rig.server.stderr());
 }
 
-fn mount_read_fails_on_rot(alg: HashAlgorithm) {
+/// Uploads with `alg`, then reads through a mount offering only `read`.
+fn mount_read_fails_on_rot(alg: HashAlgorithm, read: HashAlgorithm) {
     let Some(rig) = rig() else { return };
     source(&rig.local("m.bin"), 2 * MIB + 5, 3);
     rig.upload("m.bin", alg);
     rig.fs.rot(&rig.fs.path().join("m.bin"), 2 * MIB + 1);
     let mount = Mount::builder(rig.server.remote("data", ""))
         .arg("--hash")
-        .arg(alg.name())
+        .arg(read.name())
         .start();
     let err = fs::read(mount.join("m.bin")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(nix::libc::EIO), "{err}");
@@ -226,32 +240,53 @@ fn a_file_written_underneath_is_recorded_by_its_first_download_sha256() {
     first_download_records_a_file_written_underneath(HashAlgorithm::Sha256);
 }
 
+const B3: HashAlgorithm = HashAlgorithm::Blake3;
+const SHA: HashAlgorithm = HashAlgorithm::Sha256;
+
 #[test]
 fn a_rotten_chunk_fails_a_download_blake3() {
-    per_file_download_fails_on_rot(HashAlgorithm::Blake3);
+    per_file_download_fails_on_rot(B3, None);
 }
 
 #[test]
 fn a_rotten_chunk_fails_a_download_sha256() {
-    per_file_download_fails_on_rot(HashAlgorithm::Sha256);
+    per_file_download_fails_on_rot(SHA, None);
+}
+
+#[test]
+fn a_rotten_chunk_fails_a_download_in_the_other_algorithm() {
+    per_file_download_fails_on_rot(B3, Some(SHA));
+    per_file_download_fails_on_rot(SHA, Some(B3));
 }
 
 #[test]
 fn a_rotten_small_file_fails_a_batch_blake3() {
-    batched_download_fails_on_rot(HashAlgorithm::Blake3);
+    batched_download_fails_on_rot(B3, None);
 }
 
 #[test]
 fn a_rotten_small_file_fails_a_batch_sha256() {
-    batched_download_fails_on_rot(HashAlgorithm::Sha256);
+    batched_download_fails_on_rot(SHA, None);
+}
+
+#[test]
+fn a_rotten_small_file_fails_a_batch_in_the_other_algorithm() {
+    batched_download_fails_on_rot(B3, Some(SHA));
+    batched_download_fails_on_rot(SHA, Some(B3));
 }
 
 #[test]
 fn a_rotten_chunk_fails_a_read_through_the_mount_blake3() {
-    mount_read_fails_on_rot(HashAlgorithm::Blake3);
+    mount_read_fails_on_rot(B3, B3);
 }
 
 #[test]
 fn a_rotten_chunk_fails_a_read_through_the_mount_sha256() {
-    mount_read_fails_on_rot(HashAlgorithm::Sha256);
+    mount_read_fails_on_rot(SHA, SHA);
+}
+
+#[test]
+fn a_rotten_chunk_fails_a_read_through_the_mount_in_the_other_algorithm() {
+    mount_read_fails_on_rot(B3, SHA);
+    mount_read_fails_on_rot(SHA, B3);
 }

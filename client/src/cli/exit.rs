@@ -16,7 +16,7 @@ pub const CONNECT: u8 = 3;
 pub const REMOTE: u8 = 4;
 /// A local I/O error.
 pub const LOCAL: u8 = 5;
-/// A chunk failed SHA-256 verification.
+/// A chunk failed verification against its hash.
 pub const INTEGRITY: u8 = 6;
 /// Authentication failed: no secret, a wrong one, an unusable secret file, or a
 /// server that could not prove it knows the secret.

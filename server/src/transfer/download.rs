@@ -2,11 +2,14 @@
 //! into the client's region with one-sided WRITEs, answered with their hashes.
 //!
 //! The hashes sent are the ones recorded when the file was written, whenever the
-//! server knows them for the file's version at open ([`known_manifest`]) in an
+//! server knows them for the file's version at open ([`look_up`]) in an
 //! algorithm the client accepts: then the bytes read are not hashed here at all, and
 //! the client's check compares what is on the disk now with what was written, so rot
-//! underneath the file system is caught. Only a file with no known manifest is hashed
-//! as it is read. When the client finds a chunk that does not match and asks again
+//! underneath the file system is caught. A file recorded in another algorithm than
+//! the reader accepts is hashed as it is read, both ways: in the reader's algorithm for
+//! the hashes sent, and in the record's to check the bytes against it (rot fails the
+//! read here, as below). Only a file with no known manifest is hashed once, for the
+//! reader, and checked against nothing. When the client finds a chunk that does not match and asks again
 //! with `verify`, the chunks read are hashed and compared with the record here too:
 //! a mismatch on a file whose version did not change is rot on this server's disk,
 //! logged and answered with an integrity error naming the file and chunk.
@@ -54,6 +57,9 @@ pub struct Download {
     algorithm: HashAlgorithm,
     /// The hashes recorded for the version opened, if known (in `algorithm`).
     recorded: Option<Hashes>,
+    /// The hashes recorded for the version opened in another algorithm than the
+    /// reader's, one per chunk: every chunk read is checked against them.
+    check: Option<Hashes>,
     /// For a file with no record in any algorithm: the hashes taken here so far, to
     /// record at the close (see the module docs).
     fresh: Option<Fresh>,
@@ -108,18 +114,21 @@ impl Download {
         check_regular(&meta, &what)?;
         let key = ManifestKey::of(&meta, chunk_bytes);
         let store = share.store().cloned();
-        let (recorded, fresh) = match look_up(&key, &what, hashing.accept, cache, store.as_deref())
-        {
-            Known::Accepted(found) => (Some(found), None),
-            // A record in another algorithm is kept as it is, and hashes taken for
-            // this reader are not cached: readers get the record written with the
-            // file, not hashes of what is on the disk now.
-            Known::OtherAlgorithm => (None, None),
-            Known::Nothing => (
-                None,
-                Some(Fresh::new(&meta, chunk_bytes, started, cache, store)),
-            ),
-        };
+        let (recorded, check, fresh) =
+            match look_up(&key, &what, hashing.accept, cache, store.as_deref()) {
+                Known::Accepted(found) => (Some(found), None, None),
+                // A record in another algorithm is kept as it is, and hashes taken for
+                // this reader are not cached: readers get the record written with the
+                // file, not hashes of what is on the disk now. What is read is checked
+                // against it, so rot is caught whichever algorithm the reader wants.
+                Known::OtherAlgorithm(record) => (None, Some(record), None),
+                Known::Nothing => (
+                    None,
+                    None,
+                    Some(Fresh::new(&meta, chunk_bytes, started, cache, store)),
+                ),
+            };
+        let check = check.filter(|r| r.hashes.len() as u64 == chunk_count(meta.len(), chunk_bytes));
         Ok(Download {
             what,
             attr: ferry_common::attr::attr_of(&meta, None),
@@ -128,6 +137,7 @@ impl Download {
             chunk_bytes,
             algorithm: recorded.as_ref().map_or(hashing.fresh, |r| r.algorithm),
             recorded,
+            check,
             fresh,
         })
     }
@@ -175,6 +185,11 @@ impl Download {
                 .recorded
                 .as_ref()
                 .and_then(|r| r.hashes.get(chunk.index as usize).copied());
+            let check = self.check.as_ref().and_then(|r| {
+                r.hashes
+                    .get(chunk.index as usize)
+                    .map(|&h| (r.algorithm, h))
+            });
             tasks.spawn(async move {
                 let lease = pool.lease().await?;
                 let buf = lease.buffer().clone();
@@ -190,10 +205,15 @@ impl Download {
                         }
                         Err(e) => return Err(TransferError::Read(what2, e)),
                     }
-                    Ok(match recorded {
-                        Some(h) if !verify => (h, None),
-                        Some(h) => (h, Some(hash_chunk(algorithm, &bytes[..len]))),
-                        None => (hash_chunk(algorithm, &bytes[..len]), None),
+                    let data = &bytes[..len];
+                    // (the hash sent, whether the bytes match the record)
+                    Ok(match (recorded, check) {
+                        (Some(h), _) if !verify => (h, true),
+                        (Some(h), _) => (h, hash_chunk(algorithm, data) == h),
+                        (None, Some((other, h))) => {
+                            (hash_chunk(algorithm, data), hash_chunk(other, data) == h)
+                        }
+                        (None, None) => (hash_chunk(algorithm, data), true),
                     })
                 })
                 .await
@@ -212,10 +232,7 @@ impl Download {
         }
         let mut done = join_all(tasks).await?;
         done.sort_unstable_by_key(|(i, _)| *i);
-        if let Some((index, _)) = done
-            .iter()
-            .find(|(_, (recorded, read))| read.is_some_and(|r| r != *recorded))
-        {
+        if let Some((index, _)) = done.iter().find(|(_, (_, matches))| !matches) {
             return Err(self.mismatch(*index));
         }
         if let Some(fresh) = &self.fresh {
@@ -251,7 +268,7 @@ impl Download {
             file = %self.what,
             chunk = index,
             bytes = %format!("{start}..{end}"),
-            algorithm = %self.algorithm,
+            algorithm = %self.check.as_ref().map_or(self.algorithm, |r| r.algorithm),
             "integrity error: the file's bytes on disk no longer match the hash recorded when it was written (unchanged size, mtime and ctime: damage underneath the file system)"
         );
         TransferError::Rot {

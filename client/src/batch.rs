@@ -285,6 +285,7 @@ pub async fn upload_batch(
             return done;
         }
     };
+    client.used_hash(algorithm);
     let mut todo: Vec<Todo> = items.into_iter().map(|i| (i, None)).collect();
     for attempt in 1..=ATTEMPTS {
         if todo.is_empty() {
@@ -551,6 +552,9 @@ async fn fetch(
         }
     };
     let (mut outcomes, fetched) = place(files);
+    for (f, _) in &fetched {
+        client.used_hash(f.algorithm);
+    }
     let buf = pooled.buffer().clone();
     let targets: Vec<PathBuf> = todo.iter().map(|i| i.target.clone()).collect();
     let written = run_blocking(move || verify_and_land(&buf, &targets, fetched)).await;

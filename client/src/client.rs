@@ -64,6 +64,8 @@ struct Inner {
     proofs: Mutex<HashMap<String, Arc<Proof>>>,
     /// Per share: the algorithm its new data is hashed in ([`Client::share_hash`]).
     share_hashes: Mutex<HashMap<String, HashAlgorithm>>,
+    /// The algorithms files of this session moved in ([`Client::used_hash`]).
+    hashes_used: Mutex<Vec<HashAlgorithm>>,
 }
 
 /// The outcome of a session's proof of one share's secret, decided once.
@@ -287,6 +289,7 @@ impl Client {
             credentials,
             proofs: Mutex::new(HashMap::new()),
             share_hashes: Mutex::new(HashMap::new()),
+            hashes_used: Mutex::new(Vec::new()),
         });
         tokio::spawn(drive(inner.clone()));
         flush(&inner).await;
@@ -353,6 +356,26 @@ impl Client {
         Err(ClientError::Protocol(ProtoError::Transfer(format!(
             "the server sent {algorithm} hashes, which this client did not offer"
         ))))
+    }
+
+    /// Notes that a file moved with chunk hashes in `algorithm` (a resumed upload keeps
+    /// the one it started with, a download gets the record's).
+    pub fn used_hash(&self, algorithm: HashAlgorithm) {
+        let mut used = lock(&self.inner.hashes_used);
+        if !used.contains(&algorithm) {
+            used.push(algorithm);
+        }
+    }
+
+    /// The algorithms files of this session moved in, in [`HashAlgorithm::SUPPORTED`]
+    /// order.
+    pub fn hashes_used(&self) -> Vec<HashAlgorithm> {
+        let used = lock(&self.inner.hashes_used);
+        HashAlgorithm::SUPPORTED
+            .iter()
+            .copied()
+            .filter(|a| used.contains(a))
+            .collect()
     }
 
     /// The algorithm uploads to `share` hash in (the share's own, else the session's),

@@ -418,6 +418,15 @@ async fn run(args: Args) -> u8 {
         }
     }
     let code = exit_code(&report);
+    // What the files moved in, where any did: an upload resumed from a journal keeps
+    // its algorithm, and a download gets each file's record.
+    let used = client.hashes_used();
+    match used[..] {
+        [] => {}
+        [one] => link.hash = Some(one.name()),
+        _ => link.hash = Some("mixed"),
+    }
+    link.hashes = used.iter().map(|a| a.name()).collect();
     if args.json {
         print_json(
             direction_name(&direction),
@@ -630,8 +639,11 @@ fn fail_early(args: &Args, direction: &str, e: ClientError, started: Instant) ->
 struct Link {
     kind: &'static str,
     device: Option<String>,
-    /// The session's chunk-hash algorithm for new data.
+    /// The chunk-hash algorithm the files moved in (`mixed` if several), else the
+    /// session's for new data.
     hash: Option<&'static str>,
+    /// Every algorithm files moved in.
+    hashes: Vec<&'static str>,
     /// The cipher suite protecting the session, if it is encrypted.
     encryption: Option<&'static str>,
 }
@@ -642,6 +654,7 @@ impl Link {
             kind: client.transport().kind().as_str(),
             device: client.transport().device(),
             hash: client.negotiated().map(|n| n.hash.name()),
+            hashes: Vec::new(),
             encryption: client.encryption().map(|s| s.name()),
         }
     }
@@ -678,6 +691,7 @@ fn print_json(direction: &str, link: Option<&Link>, report: &Report, seconds: f6
         "transport": link.map(|l| l.kind),
         "device": link.and_then(|l| l.device.clone()),
         "hash": link.and_then(|l| l.hash),
+        "hashes": link.map(|l| l.hashes.clone()).unwrap_or_default(),
         "encrypted": link.map(|l| l.encryption.is_some()),
         "encryption": link.and_then(|l| l.encryption),
         "direction": direction,

@@ -260,6 +260,7 @@ async fn upload_part(
         other => return Err(unexpected(other)),
     };
     client.check_algorithm(algorithm)?;
+    client.used_hash(algorithm);
     let source = Source::new(file, file_size);
     let up = Up {
         transfer,
@@ -622,6 +623,7 @@ pub async fn download_file(
         other => return Err(unexpected(other)),
     };
     client.check_algorithm(algorithm)?;
+    client.used_hash(algorithm);
     let result = async {
         let chunk = client.welcome().chunk_bytes;
         let header = JournalHeader {
@@ -793,6 +795,7 @@ pub async fn download_range(
     };
     let result = async {
         client.check_algorithm(algorithm)?;
+        client.used_hash(algorithm);
         let chunk = client.welcome().chunk_bytes;
         let what = format!("{}:{share}/{path}", client.addr());
         if attr.size != len || chunk != into.chunk || offset % u64::from(chunk) != 0 {

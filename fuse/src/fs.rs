@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use ferry_common::msg::{Attr, DirEntry, FileKind, FileVersion, Timestamp};
+use ferry_common::msg::{Attr, DirEntry, FileKind, FileVersion, HashAlgorithm, Timestamp};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
     OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
@@ -26,7 +26,7 @@ use tokio::runtime::Handle;
 use crate::nodes::{join, Nodes, ROOT};
 use crate::options::MountOptions;
 use crate::reader::{auto_chunk, OpenFile, Reader};
-use crate::remote::{lock, OpError, Remote};
+use crate::remote::{errno_of, lock, OpError, Remote};
 use crate::writer::WriteFile;
 
 /// The mounted share.
@@ -628,18 +628,19 @@ impl Inner {
                 let sp = self.share_path(path);
                 let share = self.share.clone();
                 let label = format!("{share}/{sp}");
-                let (conn, opened) = self
+                let (conn, opened, algorithm) = self
                     .remote
                     .call(&format!("open {label}"), |c| async move {
+                        let a = c.client.share_hash(&share).await?;
                         let o = c
                             .client
                             .file_open(&share, &sp, how.create, how.exclusive, how.truncate)
                             .await?;
-                        Ok((c, o))
+                        Ok((c, o, a))
                     })
                     .await?;
                 let staged = opened.staged;
-                let wf = WriteFile::new(self.remote.clone(), conn, label, opened)?;
+                let wf = WriteFile::new(self.remote.clone(), conn, label, opened, algorithm)?;
                 lock(&self.wfiles).insert(ino, wf.clone());
                 if staged {
                     lock(&self.staged).insert(path.to_string(), (ino, wf.clone()));
@@ -680,23 +681,29 @@ impl Inner {
         if how.exclusive || how.truncate {
             let conn = self.remote.conn().await?;
             if conn.client.has_finish() {
-                return self.create_deferred(conn, path, how);
+                let algorithm = conn
+                    .client
+                    .share_hash(&share)
+                    .await
+                    .map_err(|e| OpError::new(errno_of(&e), format!("create {label}: {e}")))?;
+                return self.create_deferred(conn, path, how, algorithm);
             }
         }
-        let (conn, opened) = self
+        let (conn, opened, algorithm) = self
             .remote
             .call(&format!("create {label}"), |c| async move {
+                let a = c.client.share_hash(&share).await?;
                 let o = c
                     .client
                     .file_open(&share, &sp, how.create, how.exclusive, how.truncate)
                     .await?;
-                Ok((c, o))
+                Ok((c, o, a))
             })
             .await?;
         let attr = opened.attr.clone();
         let staged = opened.staged;
         let ino = lock(&self.nodes).remember(&path, (attr.dev, attr.ino));
-        let wf = WriteFile::new(self.remote.clone(), conn, label, opened)?;
+        let wf = WriteFile::new(self.remote.clone(), conn, label, opened, algorithm)?;
         lock(&self.wfiles).insert(ino, wf.clone());
         if staged {
             lock(&self.staged).insert(path.clone(), (ino, wf.clone()));
@@ -720,6 +727,7 @@ impl Inner {
         conn: Arc<crate::remote::Conn>,
         path: String,
         how: WriteOpen,
+        algorithm: HashAlgorithm,
     ) -> Result<(u64, u64, Attr), OpError> {
         let now = Timestamp::from_system(SystemTime::now());
         let (dev, ino) = lock(&self.nodes).provisional_key();
@@ -742,7 +750,7 @@ impl Inner {
             mode: how.create.unwrap_or(0o644),
             exclusive: how.exclusive,
         };
-        let wf = WriteFile::deferred(self.remote.clone(), conn, create, attr.clone())?;
+        let wf = WriteFile::deferred(self.remote.clone(), conn, create, attr.clone(), algorithm)?;
         let id = {
             let mut nodes = lock(&self.nodes);
             let id = nodes.remember(&path, (dev, ino));

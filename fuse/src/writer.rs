@@ -280,27 +280,32 @@ fn op_error(what: &str, e: &ClientError) -> OpError {
 }
 
 impl WriteFile {
-    /// The file `opened` on `conn` (one descriptor).
+    /// The file `opened` on `conn` (one descriptor), its writes hashed in `algorithm`
+    /// (the share's: [`ferry_client::client::Client::share_hash`]).
     pub fn new(
         remote: Arc<Remote>,
         conn: Arc<Conn>,
         label: String,
         opened: OpenedFile,
+        algorithm: HashAlgorithm,
     ) -> Result<Arc<Self>, OpError> {
         let state = (Opened::Handle(opened.handle), opened.staged);
-        Self::with(remote, conn, label, state, opened.attr)
+        Self::with(remote, conn, label, state, (opened.attr, algorithm))
     }
 
     /// A file this mount creates, not yet opened on the server (see [`Opened`]), with
-    /// `attr` as its provisional attributes (size 0; a provisional key).
+    /// `attr` as its provisional attributes (size 0; a provisional key), its writes
+    /// hashed in `algorithm` (the share's).
     pub fn deferred(
         remote: Arc<Remote>,
         conn: Arc<Conn>,
         create: Create,
         attr: Attr,
+        algorithm: HashAlgorithm,
     ) -> Result<Arc<Self>, OpError> {
         let label = format!("{}/{}", create.share, create.path);
-        Self::with(remote, conn, label, (Opened::Deferred(create), true), attr)
+        let state = (Opened::Deferred(create), true);
+        Self::with(remote, conn, label, state, (attr, algorithm))
     }
 
     fn with(
@@ -308,13 +313,9 @@ impl WriteFile {
         conn: Arc<Conn>,
         label: String,
         (opened, staged): (Opened, bool),
-        attr: Attr,
+        (attr, algorithm): (Attr, HashAlgorithm),
     ) -> Result<Arc<Self>, OpError> {
         let welcome = conn.client.welcome();
-        let algorithm = conn
-            .client
-            .negotiated()
-            .map_or(HashAlgorithm::Sha256, |n| n.hash);
         let bufs = conn.write_bufs().cloned().ok_or_else(|| {
             OpError::new(Errno::EROFS, format!("{label}: the mount is read-only"))
         })?;

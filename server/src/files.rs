@@ -178,13 +178,16 @@ pub enum FileError {
         /// The path.
         path: String,
     },
-    /// A `FileWrite` whose hashes are in an algorithm the session did not negotiate.
-    #[error("{path}: hashes in {algorithm}, which this session did not negotiate")]
+    /// A write whose hashes are in another algorithm than the share's (the one its
+    /// data is hashed in, which the session accepts: see `Request::ShareInfo`).
+    #[error("{path}: hashes in {algorithm}, but the share hashes its data in {wanted}")]
     Algorithm {
         /// The file.
         path: String,
         /// The algorithm named.
         algorithm: HashAlgorithm,
+        /// The share's.
+        wanted: HashAlgorithm,
     },
     /// An extent whose pulled bytes do not hash to the client's hash.
     #[error("{path}: the extent at offset {offset} ({len} bytes) failed {algorithm} verification; nothing of it was written")]

@@ -62,7 +62,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Ferry file server: exports directories ("shares") to rcp clients. File data moves
 /// by one-sided RDMA READ/WRITE of registered memory (emulated over TCP where no RDMA
-/// device exists); every chunk is verified against its SHA-256.
+/// device exists); every chunk is verified against its hash (BLAKE3, or SHA-256 where
+/// a share or client asks for it).
 #[derive(Parser, Debug)]
 #[command(
     name = "ferryd",
@@ -148,7 +149,6 @@ struct Args {
     )]
     transport: TransportChoice,
 
-    /// More log output (repeat for more). RUST_LOG overrides.
     /// Join the Ferry cluster whose etcd is at ENDPOINTS (HOST:PORT or URLs,
     /// comma-separated) as a storage node: registers this ferryd under a lease and
     /// serves the stripes of cluster shares from --store. Needs --node-id and --store.
@@ -174,6 +174,7 @@ struct Args {
     #[arg(long, value_name = "HOST:PORT")]
     advertise: Option<String>,
 
+    /// More log output (repeat for more). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
 }

@@ -346,6 +346,9 @@ fn an_upload_the_previous_release_left_partial_is_resumed() {
     upgrade(&mut env);
     let out = env.rcp(rcp_args!["--json", &src, env.remote("big.bin")]);
     assert_resumed(&out, journaled);
+    // The resumed upload keeps the algorithm it started with (the old release's
+    // SHA-256), though this rcp prefers BLAKE3, and says so.
+    assert_eq!(out.json()["hash"], "sha256", "{out}");
     assert_files_equal(&src, &dst);
     assert_no_temp_files(&env.share(""));
 }

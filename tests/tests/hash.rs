@@ -56,17 +56,21 @@ fn blake3_by_default_and_sha256_on_request_each_read_back_in_its_own() {
     std::thread::sleep(std::time::Duration::from_millis(1100));
     // Each is read back with its record, whatever the reader prefers; a reader that
     // offers only the other algorithm still gets verified bytes.
-    for (name, flags) in [
-        ("a.bin", vec![]),
-        ("b.bin", vec![]),
-        ("a.bin", vec!["--hash", "sha256"]),
-        ("b.bin", vec!["--hash", "blake3"]),
+    // `--json` names the algorithm the file came in.
+    for (name, flags, hash) in [
+        ("a.bin", vec![], "blake3"),
+        ("b.bin", vec![], "sha256"),
+        ("a.bin", vec!["--hash", "sha256"], "sha256"),
+        ("b.bin", vec!["--hash", "blake3"], "blake3"),
     ] {
         let back = env.local("back.bin");
         let mut args = rcp_args!["--json"];
         args.extend(flags.iter().map(std::ffi::OsString::from));
         args.extend(rcp_args![env.remote(name), &back]);
-        env.rcp(args).assert_success();
+        let out = env.rcp(args);
+        out.assert_success();
+        assert_eq!(out.json()["hash"], hash, "{name} {flags:?}");
+        assert_eq!(out.json()["hashes"], serde_json::json!([hash]));
         assert_files_equal(&env.local(name), &back);
         std::fs::remove_file(&back).unwrap();
     }
@@ -106,4 +110,42 @@ fn a_share_that_requires_sha256_records_sha256_and_refuses_a_blake3_only_client(
         "{err}"
     );
     assert!(!env.share("other").exists());
+}
+
+/// A share kept on SHA-256 takes a mount's writes in SHA-256 only: a mount that
+/// prefers BLAKE3 asks the share (`ShareInfo`) and hashes its writes in SHA-256, and a
+/// mount that offers only BLAKE3 cannot write there (ferryd refuses writes hashed in
+/// another algorithm than the share's).
+#[test]
+fn a_share_kept_on_sha256_takes_mount_writes_in_sha256_only() {
+    if ferry_tests::skip_without_fuse("a_share_kept_on_sha256_takes_mount_writes_in_sha256_only") {
+        return;
+    }
+    let env = Env::builder()
+        .server_arg("--hash")
+        .server_arg("sha256")
+        .start();
+    let src = env.local("src.bin");
+    write_random_file(&src, 3 * MIB + 5, 7);
+    let data = std::fs::read(&src).unwrap();
+    {
+        let mount = ferry_tests::Mount::start(env.remote(""));
+        std::fs::write(mount.join("by-default.bin"), &data).unwrap();
+        std::fs::write(mount.join("small.txt"), b"small").unwrap();
+    }
+    assert_eq!(std::fs::read(env.share("by-default.bin")).unwrap(), data);
+    assert_eq!(std::fs::read(env.share("small.txt")).unwrap(), b"small");
+
+    let mount = ferry_tests::Mount::builder(env.remote(""))
+        .arg("--hash")
+        .arg("blake3")
+        .start();
+    for (name, len) in [("b3.bin", data.len()), ("b3.txt", 5)] {
+        let wrote = std::fs::write(mount.join(name), &data[..len]);
+        assert!(
+            wrote.is_err(),
+            "{name}: a BLAKE3-only mount wrote to a SHA-256 share"
+        );
+        assert!(!env.share(name).exists(), "{name}");
+    }
 }

@@ -18,6 +18,7 @@ use ferry_common::proto::conn::Grant;
 use super::blocking::blocking;
 use super::{misrouted, Conn, ConnError};
 use crate::files::{self, OpenFile};
+use crate::share::Share;
 
 /// Performs one file-handle request, under the handle `grant` names.
 pub(super) async fn perform(
@@ -84,7 +85,7 @@ pub(super) async fn perform(
             ..
         } => {
             let file = conn.file(handle)?;
-            check_algorithm(conn, file.what(), algorithm)?;
+            check_algorithm(conn, file.share(), file.what(), algorithm)?;
             Ok(file
                 .write(&conn.file_io(), region, algorithm, extents, hashes)
                 .await?)
@@ -100,7 +101,7 @@ pub(super) async fn perform(
         } => {
             let file = conn.file(handle)?;
             if !extents.is_empty() {
-                check_algorithm(conn, file.what(), algorithm)?;
+                check_algorithm(conn, file.share(), file.what(), algorithm)?;
             }
             let write = (region, algorithm, extents, hashes);
             Ok(file.finish(&conn.file_io(), write, attrs, commit).await?)
@@ -167,10 +168,10 @@ async fn put(
     attrs: SetAttrs,
 ) -> Result<Response, RemoteError> {
     let what = format!("{share_name}/{path}");
-    if !write.2.is_empty() {
-        check_algorithm(conn, &what, write.1)?;
-    }
     let share = conn.share(&share_name)?;
+    if !write.2.is_empty() {
+        check_algorithm(conn, &share, &what, write.1)?;
+    }
     let (chunk_bytes, manifests) = (conn.server.chunk_bytes, conn.server.manifests.clone());
     let io = conn.file_io();
     let staged = files::Staged::of(write, chunk_bytes);
@@ -190,24 +191,26 @@ async fn put(
     Ok(file.finish_pulled(&io, staged, pulled, attrs, true).await?)
 }
 
-/// Fails unless the session negotiated `algorithm` (a write's hashes must be in one of
-/// its algorithms); `what` names the file.
+/// Fails unless `algorithm`, a write's hashes', is the one `share` hashes its data in
+/// for this session ([`Conn::hashing`]: the share's own if its configuration fixes
+/// one, else the session's), so a share kept on SHA-256 takes no BLAKE3 writes through
+/// a mount either; `what` names the file.
 fn check_algorithm(
     conn: &Conn,
+    share: &Share,
     what: &str,
     algorithm: HashAlgorithm,
-) -> Result<(), files::FileError> {
-    let accepted = conn
-        .session()
-        .negotiated()
-        .is_some_and(|n| n.accepted.contains(algorithm));
-    if accepted {
+) -> Result<(), RemoteError> {
+    let wanted = conn.hashing(share)?.fresh;
+    if algorithm == wanted {
         Ok(())
     } else {
         Err(files::FileError::Algorithm {
             path: what.into(),
             algorithm,
-        })
+            wanted,
+        }
+        .into())
     }
 }
 

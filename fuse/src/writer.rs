@@ -226,28 +226,26 @@ impl Flight {
 }
 
 /// Records `len` bytes written at file offset `at`, which follow the bytes of
-/// `extents` in the buffer: the last extent grows when they continue it, else new
-/// extents start; none exceeds `max` bytes.
+/// `extents` in the buffer: the last extent grows when they continue it within its
+/// chunk, else new extents start. Extents are cut at the file's chunk boundaries
+/// (multiples of `max`, the chunk size), so none exceeds a chunk and a file written
+/// front to back arrives as whole chunks, whose hashes ferryd records as the file's
+/// manifest when it commits it (`server/src/written.rs`).
 fn append_extent(extents: &mut Vec<Extent>, mut at: u64, mut len: u64, max: u32) {
+    let max = u64::from(max.max(1));
     while len > 0 {
+        let room = max - at % max;
+        let take = len.min(room);
         let extend = extents
             .last_mut()
-            .filter(|last| last.offset + u64::from(last.len) == at && last.len < max);
-        let take = match extend {
-            Some(last) => {
-                let take = len.min(u64::from(max - last.len));
-                last.len += take as u32;
-                take
-            }
-            None => {
-                let take = len.min(u64::from(max));
-                extents.push(Extent {
-                    offset: at,
-                    len: take as u32,
-                });
-                take
-            }
-        };
+            .filter(|last| last.offset + u64::from(last.len) == at && at % max != 0);
+        match extend {
+            Some(last) => last.len += take as u32,
+            None => extents.push(Extent {
+                offset: at,
+                len: take as u32,
+            }),
+        }
         at += take;
         len -= take;
     }
@@ -924,12 +922,12 @@ mod tests {
     }
 
     #[test]
-    fn consecutive_writes_grow_one_extent_up_to_the_chunk_size() {
+    fn consecutive_writes_grow_one_extent_up_to_the_chunk_boundary() {
         let mut e = Vec::new();
         append_extent(&mut e, 0, 4096, 1 << 20);
         append_extent(&mut e, 4096, 4096, 1 << 20);
         assert_eq!(e, vec![ext(0, 8192)]);
-        // Past the chunk size a new extent starts.
+        // Past the chunk boundary a new extent starts.
         append_extent(&mut e, 8192, (1 << 20) - 8192 + 10, 1 << 20);
         assert_eq!(e, vec![ext(0, 1 << 20), ext(1 << 20, 10)]);
         // A write elsewhere (or backwards) is an extent of its own, even over the
@@ -937,10 +935,18 @@ mod tests {
         append_extent(&mut e, 0, 3, 1 << 20);
         assert_eq!(e.last(), Some(&ext(0, 3)));
         assert_eq!(e.len(), 3);
-        // One large write is cut at the chunk size.
+        // One large write is cut at the chunk boundaries, wherever it starts.
         let mut big = Vec::new();
         append_extent(&mut big, 100, 2500, 1000);
-        assert_eq!(big, vec![ext(100, 1000), ext(1100, 1000), ext(2100, 500)]);
+        assert_eq!(big, vec![ext(100, 900), ext(1000, 1000), ext(2000, 600)]);
+        // Writes of odd sizes, front to back: whole chunks all the same.
+        let mut odd = Vec::new();
+        let mut at = 0;
+        for len in [700, 700, 700, 333] {
+            append_extent(&mut odd, at, len, 1000);
+            at += len;
+        }
+        assert_eq!(odd, vec![ext(0, 1000), ext(1000, 1000), ext(2000, 433)]);
     }
 
     #[test]

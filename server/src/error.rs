@@ -147,8 +147,10 @@ impl From<ConnError> for RemoteError {
             e @ ConnError::NoSuchShare { .. } => {
                 RemoteError::new(ErrorKind::NoSuchShare, e.to_string())
             }
+            // The share's policy refuses this client, as a share that requires
+            // encryption refuses one in the clear.
             e @ ConnError::HashRefused { .. } => {
-                RemoteError::new(ErrorKind::Protocol, e.to_string())
+                RemoteError::new(ErrorKind::PermissionDenied, e.to_string())
             }
             e @ (ConnError::Misrouted(_)
             | ConnError::NoState { .. }

@@ -53,12 +53,14 @@ use nix::unistd::{fchownat, Gid, Uid};
 use tokio::task::{JoinError, JoinSet};
 
 use crate::fdtree::RESERVED_PREFIX;
+use crate::filekey::{mtime_settled, ManifestKey};
 use crate::fsops::{check_regular, lstat, no_dir_in_the_way, FsError};
 use crate::manifests::ManifestCache;
 use crate::meta::applies_owners;
 use crate::pool::{Pool, PoolError};
 use crate::share::{Share, ShareError};
 use crate::traffic::Traffic;
+use crate::written::WrittenChunks;
 
 /// A filesystem call of this module that failed, as a verb ("cannot {verb}").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -310,6 +312,8 @@ pub struct OpenFile {
     /// Changed through the handle since its last sync (so a close has something to
     /// make durable).
     dirty: std::sync::atomic::AtomicBool,
+    /// While staged: the chunk hashes its writes carried, recorded at the commit.
+    written: Mutex<WrittenChunks>,
 }
 
 /// `FileOpen` of `rel` in `share` (see [`ferry_common::msg::Request::FileOpen`] and
@@ -347,6 +351,7 @@ pub fn open(
             chunk_bytes,
             manifests: manifests.clone(),
             dirty: std::sync::atomic::AtomicBool::new(false),
+            written: Mutex::new(WrittenChunks::new(chunk_bytes)),
         }
     };
     let (mode, owner) = match &existing {
@@ -659,15 +664,31 @@ impl OpenFile {
         }
         self.touched();
         let staged = self.staged();
+        // Held across the writes, so the chunks noted are in the order the bytes landed
+        // whatever the order of concurrent groups.
+        let mut written = self.written();
         let mut buffered = 0u64;
-        for (piece, offset) in pieces {
+        let hashes = extents[group.first..group.end]
+            .iter()
+            .map(|(e, h)| (e.len, h));
+        for ((piece, offset), (len, hash)) in pieces.into_iter().zip(hashes) {
             let wrote = if staged {
                 self.out.write_counted(piece, offset)
             } else {
                 self.file.write_all_at(piece, offset).map(|()| piece.len())
             };
-            buffered += wrote.map_err(FileError::io(&self.what, FileOp::Write))? as u64;
+            match wrote {
+                Ok(n) => {
+                    buffered += n as u64;
+                    written.wrote(offset, len, algorithm, *hash);
+                }
+                Err(e) => {
+                    written.poison();
+                    return Err(FileError::io(&self.what, FileOp::Write)(e));
+                }
+            }
         }
+        drop(written);
         self.writeback.wrote(buffered);
         Ok(u64::from(group.len))
     }
@@ -761,8 +782,13 @@ impl OpenFile {
     pub fn set_attrs(&self, attrs: &SetAttrs) -> Result<Response, FileError> {
         self.touched();
         let r = apply(Target::Fd(&self.file), attrs, &self.what);
-        if attrs.size.is_some() {
+        if let Some(size) = attrs.size {
             self.forget_manifests();
+            let mut written = self.written();
+            match &r {
+                Ok(()) => written.resized(size),
+                Err(_) => written.poison(),
+            }
         }
         r?;
         Ok(Response::Attr(self.attr()?))
@@ -836,6 +862,41 @@ impl OpenFile {
         Ok(Response::Attr(self.attr()?))
     }
 
+    fn written(&self) -> std::sync::MutexGuard<'_, WrittenChunks> {
+        self.written.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records, in the share's store, the manifest of the staged file just named, from
+    /// the hashes its writes carried ([`WrittenChunks`]), if every chunk was written
+    /// whole: under its key now, if it is still the version `before` the rename (same
+    /// size and mtime) and that mtime lies before the rename's ctime
+    /// ([`mtime_settled`]: a later write would change the key). Otherwise it is not
+    /// recorded, as a file written underneath ferryd is not. Blocking.
+    fn record(&self, before: &fs::Metadata) {
+        let Some(store) = self.share.store() else {
+            return;
+        };
+        let Ok(meta) = self.file.metadata() else {
+            return;
+        };
+        let key = ManifestKey::of(&meta, store.chunk_bytes());
+        let unchanged = meta.size() == before.size()
+            && (meta.mtime(), meta.mtime_nsec()) == (before.mtime(), before.mtime_nsec());
+        if !unchanged || !mtime_settled(&key) {
+            return;
+        }
+        let Some((algorithm, hashes)) = self.written().manifest(meta.size(), store.chunk_bytes())
+        else {
+            return;
+        };
+        match store.save(&key, algorithm, &hashes) {
+            Ok(()) => {
+                tracing::debug!(file = %self.what, %algorithm, "manifest of a mount's write recorded at commit")
+            }
+            Err(e) => tracing::debug!(file = %self.what, "cannot record the manifest: {e}"),
+        }
+    }
+
     /// Marks the file changed since its last sync.
     fn touched(&self) {
         self.dirty.store(true, Ordering::Release);
@@ -869,6 +930,8 @@ impl OpenFile {
             Durability::All => self.file.sync_all(),
         }
         .map_err(FileError::io(what, FileOp::Fsync))?;
+        // The version written, before the rename moves its ctime.
+        let before = self.file.metadata().ok();
         if *exclusive {
             renameat2(None, tmp, None, final_path, RenameFlags::RENAME_NOREPLACE)
                 .map_err(errno(what, FileOp::Rename))?;
@@ -882,6 +945,9 @@ impl OpenFile {
         *stage = Stage::InPlace;
         drop(stage);
         self.forget_manifests();
+        if let Some(before) = before {
+            self.record(&before);
+        }
         if let (Some(dir), Durability::All) = (dir, durability) {
             sync_dir(&dir, what)?;
         }

@@ -69,6 +69,7 @@ pub(crate) mod store;
 pub(crate) mod traffic;
 pub(crate) mod transfer;
 pub(crate) mod verify;
+pub(crate) mod written;
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -337,6 +337,7 @@ pub fn hash_file_checked(
                         let end = start + c.len() as u64;
                         tracing::error!(
                             file = %what,
+                            chunk = index,
                             bytes = %format!("{start}..{end}"),
                             algorithm = %record.algorithm,
                             "integrity error: the file's bytes on disk no longer match the hash recorded when it was written (unchanged size, mtime and ctime: damage underneath the file system)"

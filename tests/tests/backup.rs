@@ -627,6 +627,11 @@ mod cli {
         let first = out.json();
         assert_eq!(first["ok"], true);
         assert_eq!(first["files_new"], first["files_scanned"]);
+        assert_eq!(
+            first["targets"][0]["hashes"],
+            serde_json::json!(["blake3"]),
+            "{first}"
+        );
         let snapshot = first["targets"][0]["snapshot"]
             .as_str()
             .unwrap()
@@ -641,6 +646,7 @@ mod cli {
         let second = out.json();
         assert_eq!(second["bytes_sent"], 0, "{second}");
         assert_eq!(second["files_unchanged"], second["files_scanned"]);
+        assert_eq!(second["targets"][0]["hashes"], serde_json::json!([]));
         assert_eq!(
             second["targets"][0]["previous"].as_str(),
             Some(snapshot.as_str())

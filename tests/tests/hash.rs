@@ -103,7 +103,8 @@ fn a_share_that_requires_sha256_records_sha256_and_refuses_a_blake3_only_client(
         env.local("tree/big"),
         env.remote("other")
     ]);
-    out.assert_failure();
+    // Refused by the share's policy: rcp's "server refused" code.
+    out.assert_code(4);
     let err = &out.stderr;
     assert!(
         err.contains("sha256") && err.contains("blake3") && err.contains("does not accept"),

@@ -71,7 +71,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use ferry_common::msg::FileKind;
+use ferry_common::msg::{FileKind, HashAlgorithm};
 
 use crate::client::Client;
 use crate::error::ClientError;
@@ -148,6 +148,9 @@ pub struct BackupReport {
     pub bytes_reused: u64,
     /// Wall time of the run.
     pub duration: Duration,
+    /// The chunk-hash algorithms of the files uploaded ([`Client::hashes_used`]): the
+    /// share's, or a changed file's previous copy's.
+    pub hashes: Vec<HashAlgorithm>,
 }
 
 /// Backs up the local directory `src` into `share`/`prefix`/[`snapshot_name`]`(now)`
@@ -222,6 +225,7 @@ pub async fn backup_with(
         client.rename(share, &partial, &report.snapshot).await?;
     }
     report.duration = started.elapsed();
+    report.hashes = client.hashes_used();
     Ok(report)
 }
 

@@ -515,6 +515,7 @@ fn print_json(targets: &[String], results: &[TargetResult], seconds: f64, code: 
                 "files_deleted": r.files_deleted,
                 "bytes_sent": r.bytes_sent,
                 "bytes_reused": r.bytes_reused,
+                "hashes": r.hashes.iter().map(|a| a.name()).collect::<Vec<_>>(),
                 "seconds": r.duration.as_secs_f64(),
                 "pruned": prune_json(prune).0,
                 "prune_errors": prune_json(prune).1,

@@ -53,7 +53,7 @@ if [ -z "${IN_VM:-}" ]; then
     if [ "$SAVE" = 1 ]; then
         mkdir -p bench/results
         f="bench/results/rdma-$(date +%Y-%m-%d-%H%M%S).md"
-        { echo "# bench/rdma.sh — $(date -u +%FT%TZ), $(nproc) host cores, kernel arg $KERNEL"; echo; sed -n '/^| /p;/^rcp /p;/^kernel/p;/^sha256/p;/^blake3/p;/^chunk hash/p;/^encryption/p' "$out"; } >"$f"
+        { echo "# bench/rdma.sh — $(date -u +%FT%TZ), $(nproc) host cores, kernel arg $KERNEL"; echo; sed -n '/^| /p;/^rcp /p;/^kernel/p;/^sha256/p;/^blake3/p;/^CPU ceiling/p;/^chunk hash/p;/^encryption/p' "$out"; } >"$f"
         echo "saved $f" >&2
     fi
     exit 0
@@ -84,16 +84,24 @@ median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 mibps() { awk -v b="$((SIZE_MIB << 20))" -v s="$1" 'BEGIN {printf "%.1f", b / s / 1048576}'; }
 # ferryd_cpu: ferryd's CPU-seconds so far (utime + stime, fields 14 and 15 of its stat).
 TICK=$(getconf CLK_TCK)
+# busy: the VM's busy and idle clock ticks so far, over all vCPUs (/proc/stat: user,
+# nice, system, irq, softirq; idle, iowait). rxe moves every byte in the kernel
+# (softirq and its own threads), which no process's own CPU time shows.
+busy() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $5 + $6}' /proc/stat; }
 ferryd_cpu() { awk -v t="$TICK" '{ sub(/.*\) /, ""); print ($12 + $13) / t }' "/proc/$FERRYD/stat"; }
 # rcp_timed ARGS...: one rcp --json; sets DT (seconds), RCP_CPU (its user + system CPU,
 # from bash's times in a subshell that ran only rcp), SRV_CPU (ferryd's over the same
-# span), HASH (the chunk hash rcp --json names) and SUITE (its encryption; empty if none).
+# span), HASH (the chunk hash rcp --json names), SUITE (its encryption; empty if none)
+# and BUSY (the percentage of the VM's vCPU time that was busy over the copy).
 rcp_timed() {
-    local t0 t1 c0 c1
+    local t0 t1 c0 c1 v0 v1 i0 i1
     c0=$(ferryd_cpu)
+    read -r v0 i0 <<<"$(busy)"
     t0=$(now)
     ("$BIN_DIR/rcp" -q --json --transport rdma "$@" >"$W/rcp.json"; times >"$W/times")
     t1=$(now)
+    read -r v1 i1 <<<"$(busy)"
+    BUSY=$(awk -v b="$((v1 - v0))" -v i="$((i1 - i0))" 'BEGIN { if (b + i > 0) printf "%.0f", 100 * b / (b + i); else print 0 }')
     c1=$(ferryd_cpu)
     DT=$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')
     # times: the subshell's own user/system, then its children's ("0m1.234s 0m0.567s").
@@ -104,16 +112,16 @@ rcp_timed() {
 }
 per_gb() { awk -v c="$1" -v b="$((SIZE_MIB << 20))" 'BEGIN {printf "%.3f", c / (b / 1e9)}'; }
 
-up=() down=() up_rcp=() up_srv=() down_rcp=() down_srv=() hashes=()
+up=() down=() up_rcp=() up_srv=() down_rcp=() down_srv=() hashes=() up_busy=() down_busy=()
 eup=() edown=() eup_rcp=() eup_srv=() edown_rcp=() edown_srv=() suites=()
 for _ in $(seq "$REPS"); do
     # The VM's /tmp is small: never hold the last copy while the next reserves its size.
     rm -f "$W/share/up.bin"
     rcp_timed "${OFF[@]}" "$W/local/src.bin" "$IP:$PORT:b/up.bin"
-    up+=("$DT") up_rcp+=("$RCP_CPU") up_srv+=("$SRV_CPU") hashes+=("${HASH:-unknown}")
+    up+=("$DT") up_rcp+=("$RCP_CPU") up_srv+=("$SRV_CPU") hashes+=("${HASH:-unknown}") up_busy+=("$BUSY")
     rm -f "$W/local/back.bin"
     rcp_timed "${OFF[@]}" "$IP:$PORT:b/up.bin" "$W/local/back.bin"
-    down+=("$DT") down_rcp+=("$RCP_CPU") down_srv+=("$SRV_CPU") hashes+=("${HASH:-unknown}")
+    down+=("$DT") down_rcp+=("$RCP_CPU") down_srv+=("$SRV_CPU") hashes+=("${HASH:-unknown}") down_busy+=("$BUSY")
     cmp "$W/local/src.bin" "$W/local/back.bin"
     [ "$ENC" = 1 ] || continue
     rm -f "$W/share/up.bin"
@@ -126,18 +134,39 @@ for _ in $(seq "$REPS"); do
 done
 kill "$FERRYD"; wait "$FERRYD" 2>/dev/null || true
 
-# perftest with the chunk size, about as many bytes as one copy.
+# perftest with the chunk size, about as many bytes as one copy. PERF_CPU is the CPU
+# the VM spent per MiB moved (busy ticks over the client's run), with completion
+# events (-e) where that run works, so a polling loop is not counted as work.
 iters=$SIZE_MIB
 perf() {
-    local tool=$1
-    "$tool" -F -s 1048576 -n "$iters" >/dev/null 2>&1 &
+    local tool=$1 b0 b1
+    shift
+    timeout 120 "$tool" -F -s 1048576 -n "$iters" "$@" >/dev/null 2>&1 &
     local srv=$!
     sleep 1
-    "$tool" -F -s 1048576 -n "$iters" "$IP" 2>/dev/null | awk '$1 == 1048576 {print $4}'
+    read -r b0 _ <<<"$(busy)"
+    PERF_BW=$(timeout 120 "$tool" -F -s 1048576 -n "$iters" "$@" "$IP" 2>/dev/null | awk '$1 == 1048576 {print $4}') || true
+    read -r b1 _ <<<"$(busy)"
+    PERF_CPU=$(awk -v b="$((b1 - b0))" -v t="$TICK" -v n="$iters" 'BEGIN {printf "%.5f", b / t / n}')
     wait "$srv" || true
 }
-read_bw=$(perf ib_read_bw)
-write_bw=$(perf ib_write_bw)
+perf ib_read_bw
+read_bw=$PERF_BW read_cpu=$PERF_CPU
+perf ib_write_bw
+write_bw=$PERF_BW write_cpu=$PERF_CPU
+perf ib_read_bw -e
+[ -n "$PERF_BW" ] && read_cpu=$PERF_CPU
+perf ib_write_bw -e
+[ -n "$PERF_BW" ] && write_cpu=$PERF_CPU
+# What reading the source and writing the copy cost, the file I/O any copy does
+# (dd between the VM's file systems, busy ticks per MiB), the copies made gone first:
+# the VM's /tmp is small.
+rm -f "$W/local/back.bin" "$W/share/up.bin"
+read -r b0 _ <<<"$(busy)"
+dd if="$W/local/src.bin" of="$W/local/dd.bin" bs=1M status=none
+read -r b1 _ <<<"$(busy)"
+rm -f "$W/local/dd.bin"
+io_cpu=$(awk -v b="$((b1 - b0))" -v t="$TICK" -v n="$SIZE_MIB" 'BEGIN {printf "%.5f", b / t / n}')
 # What one vCPU hashes: rcp SHA-256-hashes every byte twice (client and server), on
 # the same vCPUs that run rxe's software packet path, so this bounds it too.
 sha_bw=$(openssl speed -evp sha256 -bytes 1048576 -seconds 3 2>/dev/null |
@@ -172,6 +201,30 @@ else
 fi
 echo "sha256 (openssl, 1 MiB blocks, one vCPU): ${sha_bw:-n/a} MiB/s; $(nproc) vCPUs"
 echo "blake3 (b3sum --num-threads 1, user CPU): ${b3_bw:-n/a} MiB/s"
+# The CPU ceiling: what a copy that does only the work every copy here must do, on
+# these vCPUs, can reach: the verbs path as perftest measured it, reading and writing
+# the file (dd), and the chunk hash once per side that hashes (an upload: rcp, and
+# ferryd verifying; a download: rcp alone, ferryd sending the hashes it recorded at
+# the upload), capped by perftest's own bandwidth.
+hash_used=$(printf '%s\n' "${hashes[@]}" | sort -u | paste -sd, -)
+case "$hash_used" in
+    blake3) hash_bw=${b3_bw:-} ;;
+    sha256) hash_bw=${sha_bw:-} ;;
+    *) hash_bw="" ;;
+esac
+ceiling() {
+    awk -v v="$1" -v k="$2" -v p="$3" -v io="$io_cpu" -v h="${hash_bw:-0}" -v n="$(nproc)" 'BEGIN {
+        c = v + io + (h > 0 ? k / h : 0); m = (c > 0 ? n / c : 0)
+        if (p > 0 && m > p) m = p
+        printf "%.1f", m }'
+}
+up_ceiling=$(ceiling "$read_cpu" 2 "$read_bw")
+down_ceiling=$(ceiling "$write_cpu" 1 "$write_bw")
+up_busy_m=$(printf '%s\n' "${up_busy[@]}" | median)
+down_busy_m=$(printf '%s\n' "${down_busy[@]}" | median)
+if [ -n "$hash_bw" ]; then
+    echo "CPU ceiling ($(nproc) vCPUs, $hash_used at $hash_bw MiB/s per vCPU): the verbs path costs $read_cpu (READ) and $write_cpu (WRITE) CPU-s per MiB (perftest, the whole VM's busy time), reading and writing the file $io_cpu (dd), the hash 1/$hash_bw per side that hashes; a copy doing only that reaches at most $up_ceiling MiB/s up ($(ratio "$up_ceiling" "$read_bw") of ib_read_bw; rcp: $(ratio "$up_bw" "$up_ceiling") of this ceiling, the VM's vCPUs $up_busy_m% busy) and $down_ceiling down ($(ratio "$down_ceiling" "$write_bw") of ib_write_bw; rcp: $(ratio "$down_bw" "$down_ceiling"), $down_busy_m% busy)"
+fi
 echo "chunk hash (rcp --json): $(printf '%s\n' "${hashes[@]}" | sort -u | paste -sd, -); CPU-seconds per GB (1e9 bytes), median of $REPS: rcp its own (bash times), ferryd utime + stime over the copy"
 echo "| CPU-s/GB | rcp | ferryd | both | cores per side for 12.5 GB/s (rcp, ferryd) |"
 echo "|---|---:|---:|---:|---:|"

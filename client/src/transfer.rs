@@ -18,8 +18,8 @@
 //! same place reads the journaled chunks back, hashes them again, and asks the server
 //! only for the others. Any other failure removes the partial and its journal.
 //!
-//! Both keep [`WINDOWS_IN_FLIGHT`] windows outstanding, so hashing, transfer and disk
-//! I/O overlap. A window whose chunk fails verification is retried once (a flipped bit
+//! Both keep [`WINDOWS_IN_FLIGHT`] windows outstanding ([`RDMA_WINDOWS_IN_FLIGHT`] over
+//! RDMA), so hashing, transfer and disk I/O overlap. A window whose chunk fails verification is retried once (a flipped bit
 //! on the wire); a second failure fails the file.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,7 +36,7 @@ use ferry_common::proto::caps::Algorithms;
 use ferry_common::proto::retry::{Verdict, WindowFailure, WindowRetry};
 use ferry_common::proto::transfer::{check_window_hashes, Window, WindowPlan};
 use ferry_common::staging::{verify_hints, StageError, StageOp, Staged};
-use ferry_common::transport::{Access, FileWindow, Memory};
+use ferry_common::transport::{Access, FileWindow, Memory, TransportKind};
 use ferry_common::writeback::Writeback;
 use tokio::task::JoinSet;
 
@@ -57,8 +57,23 @@ pub struct Copied {
     pub bytes_reused: u64,
 }
 
-/// Windows outstanding per file.
+/// Windows outstanding per file over TCP.
 pub const WINDOWS_IN_FLIGHT: usize = 2;
+
+/// Windows outstanding per file over RDMA: the verbs path is a queue pair whose
+/// requests the NIC (or rxe's one packet thread) works through in order while the
+/// hashing runs beside it, so it wants more ahead of it. Measured in the Soft-RoCE VM
+/// (256 MiB, 2 vCPUs, TCG): downloads 33-41 MiB/s with 2 windows, 44-48 with 4 or 6;
+/// uploads 37-38 against 40-42.
+pub const RDMA_WINDOWS_IN_FLIGHT: usize = 4;
+
+/// Windows outstanding per file on `client`'s transport.
+fn windows_in_flight(client: &Client) -> usize {
+    match client.transport().kind() {
+        TransportKind::Rdma => RDMA_WINDOWS_IN_FLIGHT,
+        TransportKind::Tcp => WINDOWS_IN_FLIGHT,
+    }
+}
 
 /// Chunks per window (capped by what the server accepts).
 pub const WINDOW_CHUNKS: usize = 16;
@@ -82,7 +97,7 @@ fn failure(e: &ClientError) -> WindowFailure {
     }
 }
 
-/// Runs every window of `plan` through `run` with [`WINDOWS_IN_FLIGHT`] outstanding,
+/// Runs every window of `plan` through `run` with the plan's windows outstanding,
 /// and returns the windows' results in file order.
 async fn run_windows<T, F, Fut>(
     plan: &mut WindowPlan,
@@ -308,7 +323,12 @@ async fn upload_windows(
         chunk,
         ..
     } = up;
-    let mut plan = WindowPlan::new(size, chunk, window_chunks(client), WINDOWS_IN_FLIGHT);
+    let mut plan = WindowPlan::new(
+        size,
+        chunk,
+        window_chunks(client),
+        windows_in_flight(client),
+    );
     let windows = run_windows(&mut plan, &progress, |w| {
         let client = client.clone();
         let source = source.clone();
@@ -905,8 +925,13 @@ async fn download_windows(
     progress: ProgressFn,
 ) -> Result<(u64, Vec<(u64, Vec<Hash256>)>), ClientError> {
     let chunk = down.chunk;
-    let mut plan =
-        WindowPlan::new(size, chunk, window_chunks(client), WINDOWS_IN_FLIGHT).skipping(held);
+    let mut plan = WindowPlan::new(
+        size,
+        chunk,
+        window_chunks(client),
+        windows_in_flight(client),
+    )
+    .skipping(held);
     let windows = run_windows(&mut plan, &progress, |w| {
         let client = client.clone();
         let sink = sink.clone();

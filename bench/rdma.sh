@@ -14,8 +14,11 @@
 #
 # The table is printed and written to bench/results/rdma-<date>.md (--no-save: print
 # only), then the chunk hash rcp used and the CPU-seconds per GB of rcp and of ferryd
-# (FERRY_HASH=sha256 bench/rdma.sh: the same with SHA-256 chunk hashes). Under TCG
-# every number is far below real hardware; the ratio is the point.
+# (FERRY_HASH=sha256 bench/rdma.sh: the same with SHA-256 chunk hashes), and the CPU
+# ceiling of the VM: what a copy doing only perftest's verbs work, the file I/O (dd)
+# and its hashing can reach on these vCPUs, each measured in this run, beside how
+# busy the vCPUs were during rcp's copies. Under TCG every number is far below real
+# hardware; the ratios are the point.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -49,7 +49,7 @@ use tokio::task::JoinError;
 use crate::conn::Hashing;
 use crate::filekey::{mtime_settled, ManifestKey};
 use crate::fsops::FsError;
-use crate::manifests::{self, look_up, Hashes, ManifestCache};
+use crate::manifests::{self, look_up, ManifestCache, ROT_LOG};
 use crate::map::{open_regular_at, MapError};
 use crate::pool::{Pool, PoolError};
 use crate::share::{ResolvedDirs, Share, ShareError};
@@ -564,16 +564,18 @@ impl Known<'_> {
             return Recorded::Nothing;
         }
         let key = ManifestKey::of(meta, store.chunk_bytes());
-        let first = |h: &Hashes| h.hashes.first().map(|&hash| (hash, h.algorithm));
         match look_up(&key, what, self.hashing.accept, self.cache, Some(store)) {
-            manifests::Known::Accepted(h) => {
-                first(&h).map_or(Recorded::Nothing, |r| Recorded::Accepted(r.0, r.1))
-            }
-            manifests::Known::OtherAlgorithm(h) => {
-                first(&h).map_or(Recorded::Nothing, |r| Recorded::Other(r.0, r.1))
-            }
-            manifests::Known::Nothing => Recorded::Nothing,
+            manifests::Known::Accepted(h) => h
+                .hashes
+                .first()
+                .map(|&hash| Recorded::Accepted(hash, h.algorithm)),
+            manifests::Known::OtherAlgorithm(h) => h
+                .hashes
+                .first()
+                .map(|&hash| Recorded::Other(hash, h.algorithm)),
+            manifests::Known::Nothing => None,
         }
+        .unwrap_or(Recorded::Nothing)
     }
 }
 
@@ -628,7 +630,7 @@ fn read_one(
                     chunk = 0,
                     bytes = %format!("0..{size}"),
                     algorithm = %other,
-                    "integrity error: the file's bytes on disk no longer match the hash recorded when it was written (unchanged size, mtime and ctime: damage underneath the file system)"
+                    "{ROT_LOG}"
                 );
                 return Err(BatchError::Rot { path: what, size });
             }

@@ -74,6 +74,10 @@ pub enum ManifestError {
     },
 }
 
+/// What ferryd logs, at error level with the file, chunk, bytes and algorithm, when
+/// bytes it read no longer match the hash recorded when the file was written.
+pub(crate) const ROT_LOG: &str = "integrity error: the file's bytes on disk no longer match the hash recorded when it was written (unchanged size, mtime and ctime: damage underneath the file system)";
+
 /// Bytes an entry of `chunks` hashes is charged in the cache.
 pub fn entry_cost(chunks: usize) -> usize {
     chunks * 32 + ENTRY_OVERHEAD_BYTES
@@ -340,7 +344,7 @@ pub fn hash_file_checked(
                             chunk = index,
                             bytes = %format!("{start}..{end}"),
                             algorithm = %record.algorithm,
-                            "integrity error: the file's bytes on disk no longer match the hash recorded when it was written (unchanged size, mtime and ctime: damage underneath the file system)"
+                            "{ROT_LOG}"
                         );
                         return Err(ManifestError::Rot {
                             path: what.into(),

@@ -39,7 +39,7 @@ use super::{join_all, TransferError};
 use crate::conn::Hashing;
 use crate::filekey::{settled, ManifestKey, CACHE_SETTLE};
 use crate::fsops::check_regular;
-use crate::manifests::{look_up, Hashes, Known, ManifestCache};
+use crate::manifests::{look_up, Hashes, Known, ManifestCache, ROT_LOG};
 use crate::pool::Pool;
 use crate::share::Share;
 use crate::store::ManifestStore;
@@ -269,7 +269,7 @@ impl Download {
             chunk = index,
             bytes = %format!("{start}..{end}"),
             algorithm = %self.check.as_ref().map_or(self.algorithm, |r| r.algorithm),
-            "integrity error: the file's bytes on disk no longer match the hash recorded when it was written (unchanged size, mtime and ctime: damage underneath the file system)"
+            "{ROT_LOG}"
         );
         TransferError::Rot {
             path: self.what.clone(),

@@ -7,9 +7,10 @@
 //! there), then the registration is revoked. Download: a pooled anonymous buffer is
 //! registered for remote WRITE per window, the server pushes the chunks and answers
 //! with their hashes, the registration is revoked, and the chunks are verified before
-//! they are written to a hidden file ([`ferry_common::staging`]; its size reserved up
-//! front, so a full disk fails the file before any data moves), which is fsynced and
-//! renamed into place at the end.
+//! they are written to a hidden file ([`ferry_common::staging`]; its size reserved
+//! before the first write, so a full disk fails the file before any of it is written:
+//! up front for a file of one window, beside the first windows for a bigger one, see
+//! [`Reserving`]), which is fsynced and renamed into place at the end.
 //!
 //! Resumed downloads: a file of several chunks is received into a resumable partial
 //! whose journal records each chunk written. A download that ends early on a lost
@@ -35,6 +36,7 @@ use ferry_common::msg::{ErrorKind, Hash256, HashAlgorithm, Request, Response, Ti
 use ferry_common::proto::caps::Algorithms;
 use ferry_common::proto::retry::{Verdict, WindowFailure, WindowRetry};
 use ferry_common::proto::transfer::{check_window_hashes, Window, WindowPlan};
+use ferry_common::space::{self, Deferred};
 use ferry_common::staging::{verify_hints, StageError, StageOp, Staged};
 use ferry_common::transport::{Access, FileWindow, Memory, TransportKind};
 use ferry_common::writeback::Writeback;
@@ -580,12 +582,14 @@ fn keeps_partial(e: &ClientError) -> bool {
 }
 
 /// Opens the hidden file a download of `dest` goes to (resuming an interrupted one of
-/// the same version) and returns it with the chunks it already holds, verified.
+/// the same version) and returns it with the chunks it already holds, verified. With
+/// `reserve`, its size is reserved first; else the caller reserves it ([`Reserving`]).
 async fn stage_download(
     dest: &Path,
     header: JournalHeader,
+    reserve: bool,
 ) -> Result<(Staged, BTreeSet<u64>), ClientError> {
-    let (staged, held) = stage_download_hashes(dest, header).await?;
+    let (staged, held) = stage_download_hashes(dest, header, reserve).await?;
     Ok((staged, held.into_keys().collect()))
 }
 
@@ -593,13 +597,19 @@ async fn stage_download(
 async fn stage_download_hashes(
     dest: &Path,
     header: JournalHeader,
+    reserve: bool,
 ) -> Result<(Staged, BTreeMap<u64, Hash256>), ClientError> {
     let dest = dest.to_owned();
     tokio::task::spawn_blocking(move || {
         // Only the download's algorithm is resumed in; a journal in another one (an
         // older Ferry's) still lends its verified chunks to this run.
-        let staged = Staged::open(&dest, &header, Algorithms::of(&[header.algorithm]))
-            .map_err(|e| stage_error(&dest, e))?;
+        let accept = Algorithms::of(&[header.algorithm]);
+        let staged = if reserve {
+            Staged::open(&dest, &header, accept)
+        } else {
+            Staged::open_unreserved(&dest, &header, accept)
+        }
+        .map_err(|e| stage_error(&dest, e))?;
         let held = verify_hints(
             staged.file(),
             &header,
@@ -652,10 +662,14 @@ pub async fn download_file(
             algorithm,
             source: source_tag(&attr),
         };
-        let (mut staged, held) = stage_download(dest, header).await?;
+        // A file of more than one window is reserved beside its first windows.
+        let defer = space::reserve_beside(attr.size, chunk);
+        let (mut staged, held) = stage_download(dest, header, !defer).await?;
+        let mut reserving = defer.then(|| Reserving::start(&staged, attr.size));
         let reused: u64 = held.iter().map(|&i| chunk_len(attr.size, chunk, i)).sum();
         progress(reused);
-        let sink = Sink::of(&staged, attr.size, dest);
+        let mut sink = Sink::of(&staged, attr.size, dest);
+        sink.reserved = reserving.as_ref().map(|r| r.deferred.clone());
         let what = format!("{}:{share}/{path}", client.addr());
         let received = async {
             let down = Down {
@@ -665,6 +679,9 @@ pub async fn download_file(
             };
             let (sent, _) =
                 download_windows(client, &sink, down, attr.size, held, what, progress).await?;
+            if let Some(r) = &mut reserving {
+                r.wait().await.map_err(|e| reserve_error(dest, e))?;
+            }
             match client.call(Request::Close { transfer }).await? {
                 Response::Ok => {}
                 other => return Err(unexpected(other)),
@@ -680,6 +697,12 @@ pub async fn download_file(
                 bytes_reused: reused,
             }),
             Err(e) => {
+                // The reservation is over before the file is removed or kept: its
+                // space is then either freed or given back with the partial's
+                // unwritten chunks, and not taken from the next file's.
+                if let Some(r) = &mut reserving {
+                    let _ = r.wait().await;
+                }
                 if !keeps_partial(&e) {
                     staged.discard();
                 }
@@ -694,6 +717,46 @@ pub async fn download_file(
     result
 }
 
+/// A download's reservation made on a blocking thread beside its first windows
+/// ([`Deferred`]): every window waits for it before writing into the file.
+struct Reserving {
+    deferred: Arc<Deferred>,
+    /// The thread making it; `None` once waited for.
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Reserving {
+    /// Starts reserving `size` bytes of `staged`'s file.
+    fn start(staged: &Staged, size: u64) -> Reserving {
+        let deferred = Arc::new(Deferred::new());
+        let (d, file) = (deferred.clone(), staged.file().clone());
+        let task = tokio::task::spawn_blocking(move || d.make(&file, size));
+        Reserving {
+            deferred,
+            task: Some(task),
+        }
+    }
+
+    /// Waits until the reservation is made; its error.
+    async fn wait(&mut self) -> std::io::Result<()> {
+        if let Some(task) = self.task.take() {
+            task.await.map_err(std::io::Error::other)??;
+        }
+        // Made (the task returned): this does not block.
+        self.deferred.wait()
+    }
+}
+
+fn reserve_error(dest: &Path, source: std::io::Error) -> ClientError {
+    stage_error(
+        dest,
+        StageError {
+            op: StageOp::Reserve,
+            source,
+        },
+    )
+}
+
 /// Where a download's verified windows go.
 #[derive(Clone)]
 struct Sink {
@@ -705,6 +768,9 @@ struct Sink {
     dest: PathBuf,
     /// Where in `out` the downloaded file's byte 0 goes (a stripe's offset).
     base: u64,
+    /// The file's reservation, where it is made beside the transfer: waited for
+    /// before every write.
+    reserved: Option<Arc<Deferred>>,
 }
 
 impl Sink {
@@ -715,6 +781,7 @@ impl Sink {
             writeback: Arc::new(Writeback::new(staged.file().clone())),
             dest: dest.to_owned(),
             base: 0,
+            reserved: None,
         }
     }
 }
@@ -746,7 +813,7 @@ impl Assembly {
             algorithm,
             source: tag,
         };
-        let (staged, held) = stage_download_hashes(dest, header).await?;
+        let (staged, held) = stage_download_hashes(dest, header, true).await?;
         let sink = Sink::of(&staged, size, dest);
         Ok(Assembly {
             staged,
@@ -998,13 +1065,14 @@ async fn download_window(
             return Err(e);
         }
     };
-    let (buf2, out, journal, what2, dest2, base) = (
+    let (buf2, out, journal, what2, dest2, base, reserved) = (
         buf.clone(),
         sink.out.clone(),
         sink.journal.clone(),
         what.to_owned(),
         sink.dest.clone(),
         sink.base,
+        sink.reserved.clone(),
     );
     let verdict = tokio::task::spawn_blocking(move || {
         let bytes = buf2.blocking_read();
@@ -1015,6 +1083,9 @@ async fn download_window(
                 what: what2,
                 chunk: bad,
             });
+        }
+        if let Some(r) = &reserved {
+            r.wait().map_err(|e| reserve_error(&dest2, e))?;
         }
         out.write_all_at(data, base + w.offset)
             .map_err(|e| ClientError::local(&dest2, "cannot write", e))?;

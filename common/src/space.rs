@@ -15,6 +15,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::{Condvar, Mutex};
 
 use nix::errno::Errno;
 use nix::fcntl::{fallocate, FallocateFlags};
@@ -38,6 +39,90 @@ pub fn reserve(file: &File, len_bytes: u64) -> io::Result<()> {
             Err(Errno::EINTR) => continue,
             Err(Errno::EOPNOTSUPP | Errno::ENOSYS) => return Ok(()),
             Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Chunks a received file may have and still be reserved before its first window:
+/// one window of rcp's (16 chunks, 16 MiB). A bigger file is reserved beside its first
+/// windows ([`Deferred`]).
+pub const RESERVE_BEFORE_CHUNKS: u64 = 16;
+
+/// True if a file of `size` bytes in chunks of `chunk_bytes` is reserved beside its
+/// first windows rather than before them (see [`RESERVE_BEFORE_CHUNKS`]).
+pub fn reserve_beside(size: u64, chunk_bytes: u32) -> bool {
+    size > u64::from(chunk_bytes).saturating_mul(RESERVE_BEFORE_CHUNKS)
+}
+
+/// A reservation made beside a transfer's first windows rather than before them.
+///
+/// A file system that allocates every page at once (tmpfs, which also clears each one)
+/// takes long to reserve a big file, on one core: 0.6 to 1.1 s for 256 MiB in the
+/// Soft-RoCE VM, a tenth of the copy, with nothing on the wire meanwhile. With a
+/// `Deferred`, one blocking thread runs [`Deferred::make`] while the first windows
+/// cross the wire and are verified, and every write into the file waits for it first
+/// ([`Deferred::wait`]). So a file that does not fit still fails whole, with the
+/// reservation's error, before any of its bytes is written; only bytes already on
+/// the wire are wasted.
+///
+/// Invariant: once [`Deferred::make`] returned, every [`Deferred::wait`] returns its
+/// outcome at once; before, each blocks until it does.
+#[derive(Debug, Default)]
+pub struct Deferred {
+    outcome: Mutex<Option<Outcome>>,
+    made: Condvar,
+}
+
+/// A reservation's outcome, kept so that every waiter gets the same error.
+#[derive(Debug, Clone)]
+enum Outcome {
+    Reserved,
+    Failed {
+        os: Option<i32>,
+        kind: io::ErrorKind,
+        message: String,
+    },
+}
+
+impl Deferred {
+    /// A reservation not made yet.
+    pub fn new() -> Deferred {
+        Deferred::default()
+    }
+
+    /// Reserves `len_bytes` of `file` ([`reserve`]) and wakes every waiter with the
+    /// outcome, which it also returns. Blocking.
+    pub fn make(&self, file: &File, len_bytes: u64) -> io::Result<()> {
+        let result = reserve(file, len_bytes);
+        let outcome = match &result {
+            Ok(()) => Outcome::Reserved,
+            Err(e) => Outcome::Failed {
+                os: e.raw_os_error(),
+                kind: e.kind(),
+                message: e.to_string(),
+            },
+        };
+        *self.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        self.made.notify_all();
+        result
+    }
+
+    /// Waits until [`Deferred::make`] has run; its error, if it failed. Blocking.
+    pub fn wait(&self) -> io::Result<()> {
+        let mut outcome = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            match &*outcome {
+                Some(Outcome::Reserved) => return Ok(()),
+                Some(Outcome::Failed { os, kind, message }) => {
+                    return Err(match os {
+                        Some(code) => io::Error::from_raw_os_error(*code),
+                        None => io::Error::new(*kind, message.clone()),
+                    })
+                }
+                None => {
+                    outcome = self.made.wait(outcome).unwrap_or_else(|p| p.into_inner());
+                }
+            }
         }
     }
 }
@@ -102,6 +187,43 @@ mod tests {
             let mut b = [1u8; 16];
             file.read_exact_at(&mut b, (1 << 20) + 5).unwrap();
             assert_eq!(b, [0; 16]);
+        }
+    }
+
+    #[test]
+    fn a_deferred_reservation_holds_its_waiters_until_made() {
+        use std::sync::Arc;
+        let file = tempfile::tempfile().unwrap();
+        let deferred = Arc::new(Deferred::new());
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let d = deferred.clone();
+                let f = file.try_clone().unwrap();
+                // A waiter sees the size reserved once it returns.
+                std::thread::spawn(move || d.wait().map(|()| f.metadata().unwrap().len()))
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(
+            waiters.iter().all(|w| !w.is_finished()),
+            "a waiter returned before the reservation was made"
+        );
+        deferred.make(&file, 3 << 20).unwrap();
+        for w in waiters {
+            assert_eq!(w.join().unwrap().unwrap(), 3 << 20);
+        }
+        deferred.wait().unwrap();
+    }
+
+    #[test]
+    fn every_waiter_of_a_failed_deferred_reservation_gets_its_error() {
+        let file = tempfile::tempfile().unwrap();
+        let deferred = Deferred::new();
+        let e = deferred.make(&file, u64::MAX).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(Errno::EFBIG as i32));
+        for _ in 0..2 {
+            let e = deferred.wait().unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(Errno::EFBIG as i32));
         }
     }
 

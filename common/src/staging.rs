@@ -272,6 +272,26 @@ impl Staged {
         header: &JournalHeader,
         accept: Algorithms,
     ) -> Result<Staged, StageError> {
+        Staged::open_fit(final_path, header, accept, true)
+    }
+
+    /// [`Staged::open`] without reserving the size: the caller reserves it with a
+    /// [`space::Deferred`] beside the transfer, before the first write into the file.
+    /// A partial longer than the size is cut to it here.
+    pub fn open_unreserved(
+        final_path: &Path,
+        header: &JournalHeader,
+        accept: Algorithms,
+    ) -> Result<Staged, StageError> {
+        Staged::open_fit(final_path, header, accept, false)
+    }
+
+    fn open_fit(
+        final_path: &Path,
+        header: &JournalHeader,
+        accept: Algorithms,
+        reserve: bool,
+    ) -> Result<Staged, StageError> {
         let dir = OpenOptions::new()
             .read(true)
             .custom_flags(nix::libc::O_DIRECTORY)
@@ -281,15 +301,19 @@ impl Staged {
             Some(s) => s,
             None => Staged::open_scratch(dir, final_path, header)?,
         };
-        staged.reserve(header.size)
+        staged.fit(header.size, reserve)
     }
 
-    fn reserve(mut self, size: u64) -> Result<Staged, StageError> {
+    /// Cuts the file to `size` if it is longer and, with `reserve`, reserves `size`.
+    fn fit(mut self, size: u64, reserve: bool) -> Result<Staged, StageError> {
         let fit = (|| {
             if self.file.metadata()?.len() > size {
                 self.file.set_len(size)?;
             }
-            space::reserve(&self.file, size)
+            if reserve {
+                space::reserve(&self.file, size)?;
+            }
+            Ok(())
         })();
         match fit {
             Ok(()) => Ok(self),

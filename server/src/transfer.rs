@@ -42,7 +42,8 @@ use ferry_common::msg::{
 use ferry_common::proto::caps::Algorithms;
 use ferry_common::proto::transfer::UploadState;
 use ferry_common::proto::ProtoError;
-use ferry_common::staging::{StageError, Staged};
+use ferry_common::space::{self, Deferred};
+use ferry_common::staging::{StageError, StageOp, Staged};
 use ferry_common::transport::{SharedTransport, TransportError};
 use ferry_common::writeback::{sync_filesystem, Writeback};
 use tokio::task::{JoinError, JoinSet};
@@ -77,6 +78,11 @@ pub struct Upload {
     /// any.
     base: Option<Arc<BaseFile>>,
     writeback: Writeback,
+    /// The file's reservation, for a file of more than one window: made beside the
+    /// first windows ([`Deferred`]), waited for before every write, the commit, and
+    /// the file's removal or release (so the space is given back, not taken again
+    /// after).
+    reserved: Option<Arc<Deferred>>,
     state: Mutex<UploadState>,
     mode: u32,
     mtime: Timestamp,
@@ -363,11 +369,20 @@ impl Upload {
             algorithm: wanted,
             source: [0; 32],
         };
-        let staged =
-            Staged::open(&final_path, &header, accept).map_err(|source| TransferError::Stage {
-                path: what.clone(),
-                source,
-            })?;
+        // A file of more than one window is reserved beside its first windows: on a
+        // file system that allocates every page at once (tmpfs) that takes a tenth of
+        // a copy, with nothing on the wire. One that does not fit then fails its first
+        // window with the reservation's error, before any of its bytes is written.
+        let defer = space::reserve_beside(size, chunk_bytes);
+        let staged = if defer {
+            Staged::open_unreserved(&final_path, &header, accept)
+        } else {
+            Staged::open(&final_path, &header, accept)
+        }
+        .map_err(|source| TransferError::Stage {
+            path: what.clone(),
+            source,
+        })?;
         let header = *staged.header();
         // Hints in another algorithm than the upload's can match no hash the client
         // sends: the partial's bytes are pulled again.
@@ -380,9 +395,11 @@ impl Upload {
             tracing::info!(file = %what, chunks = hints.len(), "resuming an interrupted upload");
         }
         let file = staged.file().clone();
+        let reserved = defer.then(|| reserve_deferred(&file, size));
         let sink = Sink {
             out: Arc::new(DirectFile::for_writing(file.clone(), size)),
             journal: staged.journal(),
+            reserved: reserved.clone(),
         };
         Ok(Upload {
             what,
@@ -392,6 +409,7 @@ impl Upload {
             hints,
             base: base.map(Arc::new),
             writeback: Writeback::new(file.clone()),
+            reserved,
             sink,
             file,
             state: Mutex::new(UploadState::new(
@@ -513,6 +531,9 @@ impl Upload {
             (state.size(), hashes)
         };
         let what = &self.what;
+        if let Some(r) = &self.reserved {
+            r.wait().map_err(|e| reserve_failed(what, e))?;
+        }
         let mut staged = self.staged();
         let file = &self.file;
         let failed = |op: fn(String, std::io::Error) -> TransferError| {
@@ -572,7 +593,48 @@ impl Upload {
 
     /// Abandons the upload for good: removes its hidden file and journal. Blocking.
     pub fn discard(&self) {
+        if let Some(r) = &self.reserved {
+            let _ = r.wait();
+        }
         self.staged().discard();
+    }
+}
+
+impl Drop for Upload {
+    /// Waits for a reservation still being made (an upload dropped within its first
+    /// windows), so that the staged file's removal or release comes after it. Blocking
+    /// that long at most.
+    fn drop(&mut self) {
+        if let Some(r) = &self.reserved {
+            let _ = r.wait();
+        }
+    }
+}
+
+/// Starts reserving `size` bytes of `file` on the blocking pool ([`Deferred`]); where
+/// no runtime runs, reserves them now.
+fn reserve_deferred(file: &Arc<File>, size: u64) -> Arc<Deferred> {
+    let deferred = Arc::new(Deferred::new());
+    let (d, f) = (deferred.clone(), file.clone());
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn_blocking(move || d.make(&f, size));
+        }
+        Err(_) => {
+            let _ = d.make(&f, size);
+        }
+    }
+    deferred
+}
+
+/// The error of a reservation made beside the first windows, as [`Staged::open`]'s.
+fn reserve_failed(what: &str, source: std::io::Error) -> TransferError {
+    TransferError::Stage {
+        path: what.to_owned(),
+        source: StageError {
+            op: StageOp::Reserve,
+            source,
+        },
     }
 }
 

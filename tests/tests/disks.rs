@@ -159,6 +159,21 @@ fn upload_bigger_than_the_free_space_says_no_space_and_leaves_nothing() {
     assert_entries(&env.share(""), &["filler.bin"]);
     assert_no_temp_files(&env.share(""));
 
+    // A file of several windows, whose space ferryd reserves beside its first windows
+    // rather than before answering, fails the same way, having written nothing.
+    write_random_file(&env.local("windows.bin"), 40 * MIB + 5, 12);
+    let remote = env.remote("windows.bin");
+    let out = env.rcp(rcp_args!["--json", env.local("windows.bin"), &remote]);
+    out.assert_code(4).assert_error_line(&remote, NO_SPACE);
+    assert_eq!(json_errors(&out), expected(&[(&remote, "no_space")]));
+    assert_entries(&env.share(""), &["filler.bin"]);
+    assert_no_temp_files(&env.share(""));
+    assert_eq!(
+        env.tmpfs(DEFAULT_SHARE).free_bytes(),
+        free,
+        "the failed upload kept space"
+    );
+
     assert_still_serving(&env, "after.bin");
     let back = env.local("filler.back");
     env.rcp(rcp_args![env.remote("filler.bin"), back])
@@ -185,6 +200,21 @@ fn tree_upload_onto_a_full_disk_copies_everything_that_fits() {
     assert_still_serving(&env, "after.bin");
 }
 
+/// Downloads the share's `name` into `small` (holding only `filler.bin`, `free` bytes
+/// free), which it does not fit: exit 5 and "no space" naming it, `no_space` in the
+/// JSON, nothing of it left and the space free again.
+fn assert_download_finds_no_space(env: &Env, name: &str, small: &Tmpfs, free: u64) {
+    let dest = small.path().join(name);
+    let out = env.rcp(rcp_args!["--json", env.remote(name), small.path()]);
+    out.assert_code(5).assert_error_line(&dest, NO_SPACE);
+    assert_eq!(
+        json_errors(&out),
+        expected(&[(&dest.display().to_string(), "no_space")])
+    );
+    assert_entries(small.path(), &["filler.bin"]);
+    assert_eq!(small.free_bytes(), free, "the failed download kept space");
+}
+
 #[test]
 fn download_bigger_than_the_free_space_says_no_space_and_leaves_nothing() {
     if !tmpfs_or_skip("download_bigger_than_the_free_space_says_no_space_and_leaves_nothing") {
@@ -198,15 +228,7 @@ fn download_bigger_than_the_free_space_says_no_space_and_leaves_nothing() {
     let free = small.free_bytes();
     assert!(free < 4 * MIB, "the tmpfs has {free} bytes free");
 
-    let dest = small.path().join("big.bin");
-    let out = env.rcp(rcp_args!["--json", env.remote("big.bin"), small.path()]);
-    out.assert_code(5).assert_error_line(&dest, NO_SPACE);
-    assert_eq!(
-        json_errors(&out),
-        expected(&[(&dest.display().to_string(), "no_space")])
-    );
-    assert_entries(small.path(), &["filler.bin"]);
-    assert_eq!(small.free_bytes(), free, "the failed download kept space");
+    assert_download_finds_no_space(&env, "big.bin", &small, free);
 
     // Under a new name, and a file larger than the whole file system.
     write_random_file(&env.share("huge.bin"), 2 * TMPFS_BYTES, 10);
@@ -214,6 +236,11 @@ fn download_bigger_than_the_free_space_says_no_space_and_leaves_nothing() {
     let out = env.rcp(rcp_args![env.remote("huge.bin"), dest]);
     out.assert_code(5).assert_error_line(&dest, NO_SPACE);
     assert_entries(small.path(), &["filler.bin"]);
+
+    // A file of several windows, whose space rcp reserves beside its first windows
+    // rather than before them, fails the same way, having written nothing.
+    write_random_file(&env.share("windows.bin"), 40 * MIB + 5, 11);
+    assert_download_finds_no_space(&env, "windows.bin", &small, free);
 
     assert_still_serving(&env, "after.bin");
 }

@@ -220,7 +220,9 @@ pub(crate) async fn run(
     if !open.is_empty() {
         tracing::info!(peer = %conn.peer, "dropping {} unfinished transfers", open.len());
     }
-    drop(open);
+    // Removing staged files (and waiting for a reservation still being made) is
+    // filesystem work: off the async threads.
+    let _ = tokio::task::spawn_blocking(move || drop(open)).await;
     let files = std::mem::take(&mut *conn.files());
     if !files.is_empty() {
         tracing::info!(peer = %conn.peer, "dropping {} open file handles", files.len());

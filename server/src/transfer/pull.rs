@@ -3,7 +3,6 @@
 //! the client's hash before it counts (see the invariants of [`super`]).
 
 use std::fs::File;
-use std::io;
 use std::sync::Arc;
 
 use ferry_common::chunk::hash_chunk;
@@ -11,10 +10,11 @@ use ferry_common::direct::DirectFile;
 use ferry_common::journal::{JournalHeader, JournalWriter};
 use ferry_common::msg::{Hash256, RegionDesc};
 use ferry_common::proto::transfer::{ChunkRef, Window};
+use ferry_common::space::Deferred;
 use ferry_common::staging::chunk_matches;
 use ferry_common::transport::{RemoteSlice, SharedTransport};
 
-use super::{BaseFile, TransferError};
+use super::{reserve_failed, BaseFile, TransferError};
 use crate::pool::{Lease, Pool};
 
 /// A chunk of a window to get into the upload's file.
@@ -53,6 +53,9 @@ pub(super) struct ChunkDone {
 pub(super) struct Sink {
     /// The file, its aligned blocks written direct where allowed.
     pub(super) out: Arc<DirectFile>,
+    /// The file's reservation, where it is made beside the first windows: waited for
+    /// before every write.
+    pub(super) reserved: Option<Arc<Deferred>>,
     /// The partial's journal; `None` for a scratch file.
     pub(super) journal: Option<Arc<JournalWriter>>,
 }
@@ -61,7 +64,8 @@ impl Sink {
     /// Writes the verified chunk `index` (`bytes`, hashing to `hash`) at `offset`, then
     /// journals it. Journaled only once the bytes are in the file; the journal is a
     /// hint, so failing to extend it costs a later resume, not this upload (logged
-    /// against `what`). Blocking.
+    /// against `what`). Waits for the file's reservation first, and fails with its
+    /// error. Blocking.
     fn write(
         &self,
         bytes: &[u8],
@@ -69,8 +73,13 @@ impl Sink {
         index: u64,
         hash: &Hash256,
         what: &str,
-    ) -> io::Result<()> {
-        self.out.write_all_at(bytes, offset)?;
+    ) -> Result<(), TransferError> {
+        if let Some(r) = &self.reserved {
+            r.wait().map_err(|e| reserve_failed(what, e))?;
+        }
+        self.out
+            .write_all_at(bytes, offset)
+            .map_err(|e| TransferError::Write(what.to_owned(), e))?;
         if let Some(j) = &self.journal {
             if let Err(e) = j.append(index, hash) {
                 tracing::warn!(file = %what, "cannot extend the upload's journal: {e}");
@@ -148,7 +157,6 @@ impl PullChunk {
             Ok(true)
         })
         .await?
-        .map_err(|e| TransferError::Write(self.what.clone(), e))
     }
 
     /// Pulls the chunk from the client's region into the lent buffer with one READ,
@@ -175,10 +183,9 @@ impl PullChunk {
                     return Ok(false);
                 }
                 sink.write(&bytes[..len], offset, index, &expected, &what2)?;
-                Ok(true)
+                Ok::<_, TransferError>(true)
             })
-            .await?
-            .map_err(|e| TransferError::Write(what.clone(), e))?;
+            .await??;
         if verified {
             return Ok(());
         }

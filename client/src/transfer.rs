@@ -665,11 +665,11 @@ pub async fn download_file(
         // A file of more than one window is reserved beside its first windows.
         let defer = space::reserve_beside(attr.size, chunk);
         let (mut staged, held) = stage_download(dest, header, !defer).await?;
-        let mut reserving = defer.then(|| Reserving::start(&staged, attr.size));
+        let reserving = defer.then(|| Reserving::start(&staged, attr.size));
         let reused: u64 = held.iter().map(|&i| chunk_len(attr.size, chunk, i)).sum();
         progress(reused);
         let mut sink = Sink::of(&staged, attr.size, dest);
-        sink.reserved = reserving.as_ref().map(|r| r.deferred.clone());
+        sink.reserved = reserving.as_ref().map(|r| r.0.clone());
         let what = format!("{}:{share}/{path}", client.addr());
         let received = async {
             let down = Down {
@@ -679,7 +679,7 @@ pub async fn download_file(
             };
             let (sent, _) =
                 download_windows(client, &sink, down, attr.size, held, what, progress).await?;
-            if let Some(r) = &mut reserving {
+            if let Some(r) = &reserving {
                 r.wait().await.map_err(|e| reserve_error(dest, e))?;
             }
             match client.call(Request::Close { transfer }).await? {
@@ -700,7 +700,7 @@ pub async fn download_file(
                 // The reservation is over before the file is removed or kept: its
                 // space is then either freed or given back with the partial's
                 // unwritten chunks, and not taken from the next file's.
-                if let Some(r) = &mut reserving {
+                if let Some(r) = &reserving {
                     let _ = r.wait().await;
                 }
                 if !keeps_partial(&e) {
@@ -717,33 +717,22 @@ pub async fn download_file(
     result
 }
 
-/// A download's reservation made on a blocking thread beside its first windows
-/// ([`Deferred`]): every window waits for it before writing into the file.
-struct Reserving {
-    deferred: Arc<Deferred>,
-    /// The thread making it; `None` once waited for.
-    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
-}
+/// A download's reservation made beside its first windows ([`Deferred`]): every
+/// window waits for it before writing into the file.
+struct Reserving(Arc<Deferred>);
 
 impl Reserving {
     /// Starts reserving `size` bytes of `staged`'s file.
     fn start(staged: &Staged, size: u64) -> Reserving {
-        let deferred = Arc::new(Deferred::new());
-        let (d, file) = (deferred.clone(), staged.file().clone());
-        let task = tokio::task::spawn_blocking(move || d.make(&file, size));
-        Reserving {
-            deferred,
-            task: Some(task),
-        }
+        Reserving(Deferred::start(staged.file().clone(), size))
     }
 
     /// Waits until the reservation is made; its error.
-    async fn wait(&mut self) -> std::io::Result<()> {
-        if let Some(task) = self.task.take() {
-            task.await.map_err(std::io::Error::other)??;
-        }
-        // Made (the task returned): this does not block.
-        self.deferred.wait()
+    async fn wait(&self) -> std::io::Result<()> {
+        let d = self.0.clone();
+        tokio::task::spawn_blocking(move || d.wait())
+            .await
+            .map_err(std::io::Error::other)?
     }
 }
 

@@ -15,7 +15,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use nix::errno::Errno;
 use nix::fcntl::{fallocate, FallocateFlags};
@@ -59,9 +59,9 @@ pub fn reserve_beside(size: u64, chunk_bytes: u32) -> bool {
 /// A file system that allocates every page at once (tmpfs, which also clears each one)
 /// takes long to reserve a big file, on one core: 0.6 to 1.1 s for 256 MiB in the
 /// Soft-RoCE VM, a tenth of the copy, with nothing on the wire meanwhile. With a
-/// `Deferred`, one blocking thread runs [`Deferred::make`] while the first windows
-/// cross the wire and are verified, and every write into the file waits for it first
-/// ([`Deferred::wait`]). So a file that does not fit still fails whole, with the
+/// `Deferred` ([`Deferred::start`]), a thread of its own runs [`Deferred::make`] while
+/// the first windows cross the wire and are verified, and every write into the file
+/// waits for it first ([`Deferred::wait`]). So a file that does not fit still fails whole, with the
 /// reservation's error, before any of its bytes is written; only bytes already on
 /// the wire are wasted.
 ///
@@ -88,6 +88,24 @@ impl Deferred {
     /// A reservation not made yet.
     pub fn new() -> Deferred {
         Deferred::default()
+    }
+
+    /// Starts reserving `len_bytes` of `file` on a thread of its own. Not on a pool's:
+    /// writers block on the reservation from pool threads (tokio's blocking pool),
+    /// which a reservation queued behind them for a thread would never get. Where no
+    /// thread can be started, the reservation is made here and now. Blocking then.
+    pub fn start(file: Arc<File>, len_bytes: u64) -> Arc<Deferred> {
+        let deferred = Arc::new(Deferred::new());
+        let (d, f) = (deferred.clone(), file.clone());
+        let spawned = std::thread::Builder::new()
+            .name("ferry-reserve".into())
+            .spawn(move || {
+                let _ = d.make(&f, len_bytes);
+            });
+        if spawned.is_err() {
+            let _ = deferred.make(&file, len_bytes);
+        }
+        deferred
     }
 
     /// Reserves `len_bytes` of `file` ([`reserve`]) and wakes every waiter with the
@@ -191,8 +209,17 @@ mod tests {
     }
 
     #[test]
+    fn a_deferred_reservation_started_on_its_own_thread_is_made() {
+        let file = Arc::new(tempfile::tempfile().unwrap());
+        let deferred = Deferred::start(file.clone(), 3 << 20);
+        deferred.wait().unwrap();
+        assert_eq!(file.metadata().unwrap().len(), 3 << 20);
+        let e = Deferred::start(file, u64::MAX).wait().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(Errno::EFBIG as i32));
+    }
+
+    #[test]
     fn a_deferred_reservation_holds_its_waiters_until_made() {
-        use std::sync::Arc;
         let file = tempfile::tempfile().unwrap();
         let deferred = Arc::new(Deferred::new());
         let waiters: Vec<_> = (0..3)

@@ -395,7 +395,7 @@ impl Upload {
             tracing::info!(file = %what, chunks = hints.len(), "resuming an interrupted upload");
         }
         let file = staged.file().clone();
-        let reserved = defer.then(|| reserve_deferred(&file, size));
+        let reserved = defer.then(|| Deferred::start(file.clone(), size));
         let sink = Sink {
             out: Arc::new(DirectFile::for_writing(file.clone(), size)),
             journal: staged.journal(),
@@ -609,22 +609,6 @@ impl Drop for Upload {
             let _ = r.wait();
         }
     }
-}
-
-/// Starts reserving `size` bytes of `file` on the blocking pool ([`Deferred`]); where
-/// no runtime runs, reserves them now.
-fn reserve_deferred(file: &Arc<File>, size: u64) -> Arc<Deferred> {
-    let deferred = Arc::new(Deferred::new());
-    let (d, f) = (deferred.clone(), file.clone());
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => {
-            rt.spawn_blocking(move || d.make(&f, size));
-        }
-        Err(_) => {
-            let _ = d.make(&f, size);
-        }
-    }
-    deferred
 }
 
 /// The error of a reservation made beside the first windows, as [`Staged::open`]'s.

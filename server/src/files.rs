@@ -883,10 +883,12 @@ impl OpenFile {
         let unchanged = meta.size() == before.size()
             && (meta.mtime(), meta.mtime_nsec()) == (before.mtime(), before.mtime_nsec());
         if !unchanged || !mtime_settled(&key) {
+            tracing::debug!(file = %self.what, unchanged, "not recorded at commit: changed, or its mtime not settled");
             return;
         }
         let Some((algorithm, hashes)) = self.written().manifest(meta.size(), store.chunk_bytes())
         else {
+            tracing::debug!(file = %self.what, "not recorded at commit: not every chunk written whole");
             return;
         };
         match store.save(&key, algorithm, &hashes) {

@@ -190,6 +190,19 @@ fn mount_read_fails_on_rot(alg: HashAlgorithm, read: HashAlgorithm) {
     );
 }
 
+/// `data` in a page-aligned buffer, at the returned offset, as `cp`, `tar` and `dd`
+/// write from. A write-only descriptor of the mount writes direct, and the kernel cuts
+/// a direct write into requests of whole user pages: from an aligned buffer each is a
+/// whole chunk, whatever order the requests reach the mount in. From a buffer that is
+/// not (a plain `Vec`), each request straddles a chunk boundary, and a chunk whose two
+/// pieces arrive out of order is not recorded (docs/design.md, "Data at rest").
+fn page_aligned(data: &[u8]) -> (Vec<u8>, usize) {
+    let mut buf = vec![0u8; data.len() + 4096];
+    let at = buf.as_ptr().align_offset(4096);
+    buf[at..at + data.len()].copy_from_slice(data);
+    (buf, at)
+}
+
 /// A file written through a read-write mount, front to back with its mtime set before
 /// its close (as `cp -p`, `tar x` and `rsync -t` do), is recorded at its commit from the
 /// hashes its writes carried: rot after that fails a download and a read through
@@ -210,7 +223,8 @@ fn a_file_written_through_the_mount_is_checked_at_rest(alg: HashAlgorithm) {
         for (i, (name, len, _)) in files.iter().enumerate() {
             source(&rig.local("src"), *len, 40 + i as u64);
             let mut f = fs::File::create(mount.join(name)).unwrap();
-            std::io::Write::write_all(&mut f, &fs::read(rig.local("src")).unwrap()).unwrap();
+            let (buf, at) = page_aligned(&fs::read(rig.local("src")).unwrap());
+            std::io::Write::write_all(&mut f, &buf[at..at + *len as usize]).unwrap();
             f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000))
                 .unwrap();
             drop(f);

@@ -1877,6 +1877,7 @@ fn a_full_share_fails_with_enospc_and_leaves_nothing_half_written() {
     fs::write(env.share("keep.bin"), &keep).unwrap();
     fs::write(env.share("note.txt"), b"note").unwrap();
     let keep_mtime = mtime_of(&env.share("keep.bin"));
+    let free = env.tmpfs(DEFAULT_SHARE).free_bytes();
     let mount = mount_rw(&env);
     let chunk = random_bytes(MIB as usize, 202);
 
@@ -1928,6 +1929,16 @@ fn a_full_share_fails_with_enospc_and_leaves_nothing_half_written() {
             .is_empty()),
         "the failed write's staged data is left in the share (it keeps the disk full): {:?}",
         temp_files(&env.share(""))
+    );
+    // Its space comes back once the writes still in flight when it failed have
+    // landed (each fails, and the last one gone closes the unlinked file).
+    assert!(
+        eventually(Duration::from_secs(5), || env
+            .tmpfs(DEFAULT_SHARE)
+            .free_bytes()
+            >= free),
+        "the failed write still holds space: {} bytes free, {free} before it",
+        env.tmpfs(DEFAULT_SHARE).free_bytes()
     );
     // The mount still works once there is room.
     fs::write(mount.join("after.txt"), b"after")

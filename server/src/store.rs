@@ -18,7 +18,19 @@
 //! a slot and a record file; the one of the later ctime is the inode's record
 //! ([`ManifestStore::load`]), and a lookup of an exact key ([`ManifestStore::get`])
 //! matches only the version it names. Record files of one-chunk files, which ferryd
-//! wrote before pages existed, are still read. The state directory is reserved
+//! wrote before pages existed, are still read.
+//!
+//! **`<dev>` of the share's own file system is 0** ([`HOME_DEV`]), in names and in
+//! records: the store lives on that file system (under the share's root), so "the
+//! file system holding this store" names it for as long as the records exist, while
+//! its device number does not: a loop image or LVM volume mounted again, or a disk
+//! found in another order at boot, comes back under another number with every inode,
+//! ctime and byte as it was. A record keyed by that number would then miss, and the
+//! first read after rot underneath would hash and record the damaged bytes as the
+//! truth. Files on another file system mounted inside the share keep their device
+//! number. Records written before this rule (ferryd up to this change), under the
+//! device number the share's file system had then, are still read and forgotten while
+//! that number holds ([`ManifestStore::stored_devs`]). The state directory is reserved
 //! ([`ferry_common::STATE_DIR`]): no request can name or list it, and the startup
 //! cleaner does not enter it.
 //!
@@ -65,7 +77,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::{self, Read};
-use std::os::unix::fs::{DirBuilderExt, DirEntryExt, FileExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, DirEntryExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
@@ -115,6 +127,11 @@ fn algorithm_of(magic: &[u8]) -> Option<HashAlgorithm> {
 /// Bytes of a record before its hashes: magic, key, count.
 const HEADER_BYTES: usize = 8 + 8 + 8 + 8 + 16 + 16 + 4 + 8;
 
+/// The device number a record stores for a file on the store's own file system (see
+/// the module docs). No file system has device 0: Linux numbers the anonymous devices
+/// (major 0) from minor 1.
+pub const HOME_DEV: u64 = 0;
+
 /// Prefix of the temporary records that earlier versions of ferryd wrote;
 /// [`ManifestStore::prune`] removes stale ones.
 const TEMP_RECORD_PREFIX: &str = ".tmp.";
@@ -151,6 +168,9 @@ pub struct ManifestStore {
     /// `<root>/.ferry-state/pages`.
     pages: PathBuf,
     chunk_bytes: u32,
+    /// The device number of the root's file system when the store was made (`None` if
+    /// it could not be read): its files' records use [`HOME_DEV`].
+    home: Option<u64>,
     /// Set once the state and manifests directories are known to be real directories
     /// (created if missing); until then every save checks them.
     ready: AtomicBool,
@@ -165,8 +185,35 @@ impl ManifestStore {
             dir: root.join(STATE_DIR).join(MANIFESTS_DIR),
             pages: root.join(STATE_DIR).join(PAGES_DIR),
             chunk_bytes,
+            home: fs::metadata(root).ok().map(|m| m.dev()),
             ready: AtomicBool::new(false),
         }
+    }
+
+    /// [`ManifestStore::new`] as if the root's file system had device number `home`.
+    #[cfg(test)]
+    fn with_home(root: &Path, chunk_bytes: u32, home: Option<u64>) -> ManifestStore {
+        ManifestStore {
+            home,
+            ..ManifestStore::new(root, chunk_bytes)
+        }
+    }
+
+    /// The device number records of files on `dev` are saved under.
+    fn stored_dev(&self, dev: u64) -> u64 {
+        if self.home == Some(dev) {
+            HOME_DEV
+        } else {
+            dev
+        }
+    }
+
+    /// The device numbers records of files on `dev` may be found under, the one saved
+    /// under first: for the store's own file system also its device number now, under
+    /// which ferryd recorded before [`HOME_DEV`] (module docs).
+    fn stored_devs(&self, dev: u64) -> impl Iterator<Item = u64> {
+        let home = self.home == Some(dev);
+        std::iter::once(self.stored_dev(dev)).chain(home.then_some(dev))
     }
 
     /// The chunk size of every record.
@@ -195,25 +242,38 @@ impl ManifestStore {
     /// there is none or it is unreadable or corrupt. Of a slot and a record file, the
     /// one of the later ctime (module docs). Blocking.
     pub fn load(&self, dev: u64, ino: u64) -> Option<Record> {
-        match (self.load_slot(dev, ino), self.load_file(dev, ino)) {
-            (Some(slot), Some(file)) if file.key.ctime_ns > slot.key.ctime_ns => Some(file),
-            (Some(slot), _) => Some(slot),
-            (None, file) => file,
+        let mut latest: Option<Record> = None;
+        for stored in self.stored_devs(dev) {
+            let found = [self.load_slot(stored, ino), self.load_file(stored, ino)];
+            for record in found.into_iter().flatten() {
+                if latest
+                    .as_ref()
+                    .is_none_or(|l| record.key.ctime_ns > l.key.ctime_ns)
+                {
+                    latest = Some(record);
+                }
+            }
         }
+        latest.map(|record| Record {
+            key: ManifestKey { dev, ..record.key },
+            ..record
+        })
     }
 
-    /// The record file of inode `ino` on `dev`, if it holds a valid record of it.
-    fn load_file(&self, dev: u64, ino: u64) -> Option<Record> {
-        let path = self.record_path(dev, ino);
+    /// The record file of inode `ino` saved under device number `stored`, if it holds a
+    /// valid record of it (its key's `dev` is `stored`).
+    fn load_file(&self, stored: u64, ino: u64) -> Option<Record> {
+        let path = self.record_path(stored, ino);
         let mut file = open_record(&path, false)?;
-        read_record(&mut file, &path, dev, ino)
+        read_record(&mut file, &path, stored, ino)
     }
 
-    /// The slot of inode `ino` on `dev`, if it holds a valid record of it.
-    fn load_slot(&self, dev: u64, ino: u64) -> Option<Record> {
-        let (path, at) = self.slot_of(dev, ino);
+    /// The slot of inode `ino` saved under device number `stored`, if it holds a valid
+    /// record of it (its key's `dev` is `stored`).
+    fn load_slot(&self, stored: u64, ino: u64) -> Option<Record> {
+        let (path, at) = self.slot_of(stored, ino);
         let file = open_record(&path, false)?;
-        read_slot(&file, at, dev, ino)
+        read_slot(&file, at, stored, ino)
     }
 
     /// Saves the record of version `old` again under `new`, if the inode's record is
@@ -239,31 +299,42 @@ impl ManifestStore {
         if old.chunk_bytes != self.chunk_bytes {
             return Ok(false);
         }
-        let bytes = |record: &Record| encode(new, record.algorithm, &record.hashes);
-        if fits_slot(old) {
-            let (path, at) = self.slot_of(old.dev, old.ino);
-            if let Some(file) = open_record(&path, true) {
-                if let Some(record) = read_slot(&file, at, old.dev, old.ino) {
-                    if record.key == *old {
-                        file.write_all_at(&slot_bytes(&bytes(&record)), at)?;
-                        return Ok(true);
+        for stored in self.stored_devs(old.dev) {
+            // Rewritten where it was found, under the device number it was saved under.
+            let old = ManifestKey {
+                dev: stored,
+                ..*old
+            };
+            let new = ManifestKey {
+                dev: stored,
+                ..*new
+            };
+            let bytes = |record: &Record| encode(&new, record.algorithm, &record.hashes);
+            if fits_slot(&old) {
+                let (path, at) = self.slot_of(stored, old.ino);
+                if let Some(file) = open_record(&path, true) {
+                    if let Some(record) = read_slot(&file, at, stored, old.ino) {
+                        if record.key == old {
+                            file.write_all_at(&slot_bytes(&bytes(&record)), at)?;
+                            return Ok(true);
+                        }
                     }
                 }
             }
-        }
-        // A record file: of a larger file, or of a one-chunk file recorded before
-        // pages existed.
-        let path = self.record_path(old.dev, old.ino);
-        let Some(mut file) = open_record(&path, true) else {
-            return Ok(false);
-        };
-        match read_record(&mut file, &path, old.dev, old.ino) {
-            Some(record) if record.key == *old => {
-                file.write_all_at(&bytes(&record), 0)?;
-                Ok(true)
+            // A record file: of a larger file, or of a one-chunk file recorded before
+            // pages existed.
+            let path = self.record_path(stored, old.ino);
+            let Some(mut file) = open_record(&path, true) else {
+                continue;
+            };
+            if let Some(record) = read_record(&mut file, &path, stored, old.ino) {
+                if record.key == old {
+                    file.write_all_at(&bytes(&record), 0)?;
+                    return Ok(true);
+                }
             }
-            _ => Ok(false),
         }
+        Ok(false)
     }
 
     /// The hashes recorded for exactly the version `key` names; `None` otherwise.
@@ -272,14 +343,23 @@ impl ManifestStore {
         if key.chunk_bytes != self.chunk_bytes {
             return None;
         }
-        let exact =
-            |record: Record| (record.key == *key).then_some((record.algorithm, record.hashes));
-        if fits_slot(key) {
-            if let Some(hashes) = self.load_slot(key.dev, key.ino).and_then(exact) {
+        for stored in self.stored_devs(key.dev) {
+            let want = ManifestKey {
+                dev: stored,
+                ..*key
+            };
+            let exact =
+                |record: Record| (record.key == want).then_some((record.algorithm, record.hashes));
+            if fits_slot(key) {
+                if let Some(hashes) = self.load_slot(stored, key.ino).and_then(exact) {
+                    return Some(hashes);
+                }
+            }
+            if let Some(hashes) = self.load_file(stored, key.ino).and_then(exact) {
                 return Some(hashes);
             }
         }
-        self.load_file(key.dev, key.ino).and_then(exact)
+        None
     }
 
     /// Forgets every record of inode `ino` on `dev`, whatever version it was taken of:
@@ -289,16 +369,19 @@ impl ManifestStore {
     /// timestamp tick), so its old record could otherwise still match its key.
     /// Blocking.
     pub fn forget(&self, dev: u64, ino: u64) -> io::Result<()> {
-        let (path, at) = self.slot_of(dev, ino);
-        if let Some(file) = open_record(&path, true) {
-            if read_slot(&file, at, dev, ino).is_some() {
-                file.write_all_at(&[0u8; SLOT_BYTES], at)?;
+        for stored in self.stored_devs(dev) {
+            let (path, at) = self.slot_of(stored, ino);
+            if let Some(file) = open_record(&path, true) {
+                if read_slot(&file, at, stored, ino).is_some() {
+                    file.write_all_at(&[0u8; SLOT_BYTES], at)?;
+                }
+            }
+            match fs::remove_file(self.record_path(stored, ino)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
             }
         }
-        match fs::remove_file(self.record_path(dev, ino)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        }
+        Ok(())
     }
 
     #[cfg(test)]
@@ -352,9 +435,17 @@ impl ManifestStore {
             ));
         }
         self.prepare()?;
-        let bytes = encode(key, algorithm, hashes);
+        let stored = self.stored_dev(key.dev);
+        let bytes = encode(
+            &ManifestKey {
+                dev: stored,
+                ..*key
+            },
+            algorithm,
+            hashes,
+        );
         if fits_slot(key) {
-            let (path, at) = self.slot_of(key.dev, key.ino);
+            let (path, at) = self.slot_of(stored, key.ino);
             if pages.len() >= MAX_OPEN_PAGES && !pages.contains_key(&path) {
                 pages.clear();
             }
@@ -368,7 +459,7 @@ impl ManifestStore {
             return page.write_all_at(&slot_bytes(&bytes), at);
         }
         // In place, not through a temporary name and a rename: see the module docs.
-        let path = self.record_path(key.dev, key.ino);
+        let path = self.record_path(stored, key.ino);
         self.open_for_write(&path, true)?.write_all_at(&bytes, 0)
     }
 
@@ -1067,5 +1158,71 @@ mod tests {
         save(&store, &key(gone, 1), &hashes(1, 2));
         let r = store.prune(SystemTime::UNIX_EPOCH);
         assert_eq!((r.kept, r.removed), (4, 0));
+    }
+
+    #[test]
+    fn records_of_the_stores_own_file_system_survive_a_new_device_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = key(0x1234, 3 * u64::from(C));
+        let small = key(0x1235, 10);
+        let before = ManifestStore::with_home(dir.path(), C, Some(7));
+        save(&before, &big, &hashes(3, 1));
+        save(&before, &small, &hashes(1, 2));
+        // Saved under HOME_DEV, not the device number.
+        assert!(before.record_path(HOME_DEV, 0x1234).is_file());
+        assert!(!before.record_path(7, 0x1234).exists());
+        // The file system mounted again under device number 9: same inodes, ctimes.
+        let after = ManifestStore::with_home(dir.path(), C, Some(9));
+        let moved = |k: &ManifestKey| ManifestKey { dev: 9, ..*k };
+        assert_eq!(after.get_hashes(&moved(&big)), Some(hashes(3, 1)));
+        assert_eq!(after.get_hashes(&moved(&small)), Some(hashes(1, 2)));
+        assert_eq!(after.load(9, 0x1234).unwrap().key, moved(&big));
+        // Device 7 is no longer the store's: its files are another file system's.
+        assert!(after.get_hashes(&big).is_none());
+        // Re-keyed and forgotten where they are.
+        let relinked = ManifestKey {
+            ctime_ns: 6_000_000_000,
+            ..moved(&big)
+        };
+        assert!(after.rekey(&moved(&big), &relinked).unwrap());
+        assert_eq!(after.get_hashes(&relinked), Some(hashes(3, 1)));
+        after.forget(9, 0x1234).unwrap();
+        after.forget(9, 0x1235).unwrap();
+        assert!(after.load(9, 0x1234).is_none());
+        assert!(after.load(9, 0x1235).is_none());
+    }
+
+    #[test]
+    fn records_saved_under_the_device_number_before_home_dev_are_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        // As ferryd saved them before HOME_DEV: under the real device number, 7.
+        let old = ManifestStore::with_home(dir.path(), C, None);
+        let big = key(0x1234, 3 * u64::from(C));
+        let small = key(0x1235, 10);
+        save(&old, &big, &hashes(3, 1));
+        save(&old, &small, &hashes(1, 2));
+        assert!(old.record_path(7, 0x1234).is_file());
+        let store = ManifestStore::with_home(dir.path(), C, Some(7));
+        assert_eq!(store.get_hashes(&big), Some(hashes(3, 1)));
+        assert_eq!(store.get_hashes(&small), Some(hashes(1, 2)));
+        assert_eq!(store.load(7, 0x1235).unwrap().key, small);
+        let relinked = ManifestKey {
+            ctime_ns: 6_000_000_000,
+            ..small
+        };
+        assert!(store.rekey(&small, &relinked).unwrap());
+        assert_eq!(store.get_hashes(&relinked), Some(hashes(1, 2)));
+        // A newer version saved now, under HOME_DEV, is the inode's record.
+        let newer = ManifestKey {
+            ctime_ns: 7_000_000_000,
+            ..key(0x1234, 2 * u64::from(C))
+        };
+        save(&store, &newer, &hashes(2, 5));
+        assert_eq!(store.load(7, 0x1234).unwrap().key, newer);
+        assert_eq!(store.get_hashes(&newer), Some(hashes(2, 5)));
+        // Forgetting removes both.
+        store.forget(7, 0x1234).unwrap();
+        assert!(store.load(7, 0x1234).is_none());
+        assert!(!store.record_path(7, 0x1234).exists());
     }
 }

@@ -19,6 +19,7 @@ const BLOCK: u64 = 4096;
 pub struct LoopExt4 {
     /// Holds the image.
     _dir: TempDir,
+    image: PathBuf,
     device: String,
     mountpoint: PathBuf,
 }
@@ -61,6 +62,7 @@ impl LoopExt4 {
         // Attached from here: dropping detaches, should the mount fail.
         let mut fs = LoopExt4 {
             _dir: dir,
+            image,
             device,
             mountpoint: PathBuf::new(),
         };
@@ -72,6 +74,31 @@ impl LoopExt4 {
     /// The mount point.
     pub fn path(&self) -> &Path {
         &self.mountpoint
+    }
+
+    /// Unmounts the file system and mounts it again from another loop device, as a
+    /// remount, or a reboot that finds the disks in another order, brings a file
+    /// system back: every inode, timestamp and byte as it was, under another device
+    /// number. (The image is attached anew while the old device still holds it, so
+    /// the new device cannot be the old one.) Nothing may hold the mount open. Panics
+    /// unless the mount point's device number changed.
+    pub fn remount_on_another_device(&mut self) {
+        let before = fs::metadata(&self.mountpoint).unwrap().dev();
+        let device = run(Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&self.image))
+        .unwrap()
+        .trim()
+        .to_string();
+        umount2(&self.mountpoint, MntFlags::empty()).unwrap();
+        let old = std::mem::replace(&mut self.device, device);
+        run(Command::new("losetup").arg("-d").arg(&old)).unwrap();
+        run(Command::new("mount")
+            .arg(&self.device)
+            .arg(&self.mountpoint))
+        .unwrap();
+        let after = fs::metadata(&self.mountpoint).unwrap().dev();
+        assert_ne!(before, after, "mounted again under the same device number");
     }
 
     /// Flips every bit of the byte at `offset` of `file` (on this file system) on the

@@ -64,6 +64,20 @@ impl Rig {
         assert_files_equal(&self.local(rel), &self.fs.path().join(rel));
     }
 
+    /// Downloads the share's `rel` with `--json`; asserts that it fails with rcp's
+    /// integrity exit code and leaves nothing under its local name. Its JSON summary.
+    fn download_fails_on_rot(&self, rel: &str) -> serde_json::Value {
+        let back = self.local("back");
+        let out = rcp([
+            "--json".into(),
+            self.server.remote("data", rel).into(),
+            back.clone().into_os_string(),
+        ]);
+        out.assert_code(INTEGRITY);
+        assert!(!back.exists(), "{rel}: a damaged file under its final name");
+        out.json()
+    }
+
     /// ferryd's log lines naming damage to `rel`.
     fn logged_damage(&self, rel: &str) -> usize {
         self.server
@@ -235,17 +249,7 @@ fn a_file_written_through_the_mount_is_checked_at_rest(alg: HashAlgorithm) {
         let original = rig.local(&format!("src{i}"));
         assert_files_equal(&original, &rig.fs.path().join(name));
         rig.fs.rot(&rig.fs.path().join(name), *offset);
-        let back = rig.local("back");
-        let out = rcp([
-            "--json".into(),
-            rig.server.remote("data", name).into(),
-            back.clone().into_os_string(),
-        ]);
-        out.assert_code(INTEGRITY);
-        assert!(
-            !back.exists(),
-            "{name}: a damaged file under its final name"
-        );
+        rig.download_fails_on_rot(name);
         let mount = Mount::builder(rig.server.remote("data", ""))
             .arg("--hash")
             .arg(alg.name())
@@ -254,6 +258,36 @@ fn a_file_written_through_the_mount_is_checked_at_rest(alg: HashAlgorithm) {
         assert_eq!(err.raw_os_error(), Some(nix::libc::EIO), "{name}: {err}");
         let base = name.rsplit('/').next().unwrap();
         assert!(rig.logged_damage(base) >= 1, "{}", rig.server.stderr());
+    }
+}
+
+/// A share's file system mounted again under another device number (a loop image or
+/// LVM volume remounted, disks found in another order at boot) keeps its records:
+/// rot done while it was unmounted, before ferryd started again, fails a download
+/// and a read through the mount, rather than being hashed and recorded as the truth.
+#[test]
+fn rot_while_unmounted_is_caught_after_a_remount_under_another_device_number() {
+    let Some(mut rig) = rig() else { return };
+    source(&rig.local("big.bin"), 3 * MIB + 77, 5);
+    rig.upload("big.bin", B3);
+    source(&rig.local("small.txt"), 5000, 6);
+    rig.upload("small.txt", SHA);
+    rig.server.kill();
+    rig.fs.remount_on_another_device();
+    rig.fs.rot(&rig.fs.path().join("big.bin"), 2 * MIB + 9);
+    rig.fs.rot(&rig.fs.path().join("small.txt"), 4000);
+    rig.server.restart::<&str>(&[]);
+    for (name, chunk) in [("big.bin", "chunk 2"), ("small.txt", "chunk 0")] {
+        let json = rig.download_fails_on_rot(name);
+        let message = json["errors"][0]["message"].as_str().unwrap().to_string();
+        assert!(
+            message.contains(name) && message.contains(chunk),
+            "{message}"
+        );
+        let mount = Mount::builder(rig.server.remote("data", "")).start();
+        let err = fs::read(mount.join(name)).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(nix::libc::EIO), "{name}: {err}");
+        assert!(rig.logged_damage(name) >= 1, "{}", rig.server.stderr());
     }
 }
 

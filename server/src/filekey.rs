@@ -75,27 +75,29 @@ pub fn settled(key: &ManifestKey, started: SystemTime, settle: Duration) -> bool
     key.ctime_ns + settle.as_nanos() as i128 <= started_ns
 }
 
-/// How long before its ctime an mtime with no digits below the millisecond must lie
-/// for [`mtime_settled`]: such an mtime may be stored coarsely (whole seconds, or FAT's
+/// How far from its ctime an mtime with no digits below the millisecond must lie for
+/// [`mtime_settled`]: such an mtime may be stored coarsely (whole seconds, or FAT's
 /// two), so a later write in the same stored second could set it to the same value.
 pub const COARSE_MTIME_SETTLE: Duration = Duration::from_secs(2);
 
 /// True if no write after the status change that `key`'s ctime records can leave the
-/// key as it is. Such a write sets mtime (and ctime) to the time of writing, at or
-/// after that ctime (as the file system stores it), so an mtime strictly before the
-/// ctime can no longer match. That holds where the mtime is stored as finely as the
-/// ctime; an mtime with digits below the millisecond was, and one without may have
-/// been rounded to seconds, so it must lie [`COARSE_MTIME_SETTLE`] before the ctime.
-/// (A clock stepped backwards defeats this, as it does [`settled`].)
+/// key as it is. Such a write, at a time the file system stores as `t`, sets both
+/// mtime and ctime to `t`: in another clock tick than that ctime, the ctime moves; in
+/// the same one, the mtime becomes that ctime. So an mtime other than the ctime can no
+/// longer match, whether it lies before it (an upload of a file written moments ago)
+/// or after it (a client whose clock runs ahead of the server's, or a clock stepped
+/// back). That holds where the mtime is stored as finely as the ctime; an mtime with
+/// digits below the millisecond was, and one without may have been rounded to seconds,
+/// so it must lie [`COARSE_MTIME_SETTLE`] from the ctime.
 ///
 /// A file committed by this server with the mtime of a source written just before
 /// (an upload moments after the file was made) is thus recorded: its mtime is the
 /// source's, its ctime the commit's.
 pub fn mtime_settled(key: &ManifestKey) -> bool {
     if key.mtime_ns % 1_000_000 != 0 {
-        key.mtime_ns < key.ctime_ns
+        key.mtime_ns != key.ctime_ns
     } else {
-        key.mtime_ns + COARSE_MTIME_SETTLE.as_nanos() as i128 <= key.ctime_ns
+        (key.mtime_ns - key.ctime_ns).abs() >= COARSE_MTIME_SETTLE.as_nanos() as i128
     }
 }
 
@@ -125,12 +127,17 @@ mod tests {
         // A fine mtime just before the ctime: a later write's mtime differs.
         assert!(mtime_settled(&at(4_999_999_123, 5_000_000_000)));
         assert!(mtime_settled(&at(4_996_000_001, 4_996_000_002)));
-        // The same tick, or an mtime after the ctime (a clock ahead): not settled.
+        // The same tick: a later write in it leaves the key as it is.
         assert!(!mtime_settled(&at(4_999_999_123, 4_999_999_123)));
-        assert!(!mtime_settled(&at(5_000_000_123, 5_000_000_000)));
-        // Whole milliseconds may be a coarse file system's: two seconds' margin.
+        // An mtime after the ctime (a client's clock ahead): a later write's mtime,
+        // the ctime's or a later tick's with the ctime moved, differs.
+        assert!(mtime_settled(&at(5_000_000_123, 5_000_000_000)));
+        // Whole milliseconds may be a coarse file system's: two seconds' margin,
+        // either way.
         assert!(!mtime_settled(&at(4_000_000_000, 5_000_000_000)));
         assert!(!mtime_settled(&at(4_500_000_000, 6_000_000_000)));
+        assert!(!mtime_settled(&at(7_000_000_000, 6_000_000_000)));
         assert!(mtime_settled(&at(4_000_000_000, 6_000_000_000)));
+        assert!(mtime_settled(&at(8_000_000_000, 6_000_000_000)));
     }
 }

@@ -50,9 +50,9 @@
 //! the key. Writes of records follow the same "settled" rule as the cache, with one
 //! addition for ferryd's own changes (an upload's commit, a hard link): there the
 //! key's ctime is ferryd's own change, just now, and the record is saved only if the
-//! file's mtime lies before that ctime ([`crate::filekey::mtime_settled`]), so any
-//! later write, which sets mtime to the time of writing, changes the key even within
-//! the same clock tick. A mount's write to a staged file is recorded the same way at
+//! file's mtime differs from that ctime ([`crate::filekey::mtime_settled`]), so any
+//! later write, which sets mtime and ctime to the time of writing, changes the key
+//! even within the same clock tick. A mount's write to a staged file is recorded the same way at
 //! its commit, from the hashes its writes carried ([`crate::written`]).
 //!
 //! **Writes** rewrite the record file in place: truncated, then the new bytes written

@@ -291,6 +291,32 @@ fn rot_while_unmounted_is_caught_after_a_remount_under_another_device_number() {
     }
 }
 
+/// A source whose mtime lies ahead of the server's clock (a client whose clock runs
+/// ahead) is still recorded at its upload's commit: rot fails the next download.
+#[test]
+fn an_upload_stamped_ahead_of_the_servers_clock_is_checked_at_rest() {
+    let Some(rig) = rig() else { return };
+    let src = rig.local("ahead.bin");
+    source(&src, 2 * MIB + 3, 8);
+    let ahead = std::time::SystemTime::now() + std::time::Duration::new(90, 123_457);
+    fs::File::options()
+        .write(true)
+        .open(&src)
+        .unwrap()
+        .set_modified(ahead)
+        .unwrap();
+    rig.upload("ahead.bin", B3);
+    let on_server = rig.fs.path().join("ahead.bin");
+    assert_eq!(fs::metadata(&on_server).unwrap().modified().unwrap(), ahead);
+    rig.fs.rot(&on_server, MIB + 1);
+    rig.download_fails_on_rot("ahead.bin");
+    assert!(
+        rig.logged_damage("ahead.bin") >= 1,
+        "{}",
+        rig.server.stderr()
+    );
+}
+
 /// A file written underneath ferryd (no record) is recorded by the first download
 /// that reads all of it, once it had settled: a second download is sent those hashes,
 /// so rot after the first read fails it.

@@ -112,8 +112,10 @@ QUIET=${SOFTROCE_QUIET:-0}
 # Kernel modules preloaded from the initramfs (dependencies are added with
 # `modprobe --show-depends`; modules a kernel lacks or has built in are skipped).
 # fuse: ferry-mount's tests (a module on 6.1, built into 6.12); without it there is
-# no /dev/fuse until something loads it.
-VM_MODULES="virtio_pci 9pnet_virtio 9p overlay dummy crc32_generic rdma_rxe ib_uverbs rdma_ucm ib_umad fuse"
+# no /dev/fuse until something loads it. loop: the data-at-rest tests (tests/tests/
+# rot.rs) damage files under a loop-mounted ext4; without it there is no
+# /dev/loop-control (ext4 itself is loaded on demand by its mount).
+VM_MODULES="virtio_pci 9pnet_virtio 9p overlay dummy crc32_generic rdma_rxe ib_uverbs rdma_ucm ib_umad fuse loop"
 
 # Host packages: RDMA user space (also what the VM runs: its root fs is the
 # host's), kmod (depmod/modprobe for the unpacked kernel), iproute2 (`rdma`),

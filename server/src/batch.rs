@@ -319,9 +319,9 @@ fn commit_staged(
             results[s.index] = Some(BatchError::FlushDir(s.what.clone(), e));
         }
     }
-    if let Some(store) = share.store() {
+    {
         let stored = renamed.iter().filter(|s| results[s.index].is_none());
-        record(store, stored);
+        record(share.store(), stored);
     }
     results
 }
@@ -557,9 +557,7 @@ impl Known<'_> {
     /// store's size at most), if known: in an algorithm the session accepts, or in
     /// another one (which what is read must then be checked against).
     fn recorded(&self, meta: &fs::Metadata, what: &str) -> Recorded {
-        let Some(store) = self.share.store() else {
-            return Recorded::Nothing;
-        };
+        let store = self.share.store();
         if meta.len() == 0 || meta.len() > u64::from(store.chunk_bytes()) {
             return Recorded::Nothing;
         }

@@ -873,9 +873,7 @@ impl OpenFile {
     /// ([`mtime_settled`]: a later write would change the key). Otherwise it is not
     /// recorded, as a file written underneath ferryd is not. Blocking.
     fn record(&self, before: &fs::Metadata) {
-        let Some(store) = self.share.store() else {
-            return;
-        };
+        let store = self.share.store();
         let Ok(meta) = self.file.metadata() else {
             return;
         };
@@ -1123,8 +1121,8 @@ async fn run_blocking<T: Send + 'static>(
 /// told apart from the new version by its key, except within one timestamp tick).
 fn forget(share: &Share, manifests: &ManifestCache, dev: u64, ino: u64, what: &str) {
     manifests.forget(dev, ino);
-    if let Some(store) = share.store() {
-        if let Err(e) = store.forget(dev, ino) {
+    {
+        if let Err(e) = share.store().forget(dev, ino) {
             tracing::warn!(file = %what, "cannot forget the file's manifest record: {e}");
         }
     }
@@ -1505,7 +1503,7 @@ mod tests {
         use crate::filekey::ManifestKey;
         let (dir, share, cache) = setup();
         fs::write(dir.path().join("f"), vec![7u8; 100]).unwrap();
-        let store = share.store().unwrap().clone();
+        let store = share.store().clone();
         let chunk = store.chunk_bytes();
         // Records of the file's version as it will be after the change: a key that did
         // not move (a change within one timestamp tick) must not keep them alive.

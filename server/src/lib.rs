@@ -223,8 +223,8 @@ impl Server {
                 r.live,
                 r.failed
             );
-            if let Some(store) = share.store() {
-                let p = store.prune(self.started);
+            {
+                let p = share.store().prune(self.started);
                 tracing::info!(
                     "share {}: manifest store kept {} records, removed {} of files that are gone ({} failures)",
                     share.name(),

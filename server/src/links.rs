@@ -98,8 +98,8 @@ pub enum LinkError {
 /// new name `to`; see the module docs. Blocking.
 pub fn link(share: &Share, from: &str, to: &str) -> Result<Response, LinkError> {
     let rekey = Parents::new(share).link(from, to)?;
-    if let (Some(store), Some(r)) = (share.store(), rekey) {
-        r.apply(store);
+    if let Some(r) = rekey {
+        r.apply(share.store());
     }
     Ok(Response::Ok)
 }
@@ -125,9 +125,7 @@ pub fn link_batch(share: &Share, links: &[(String, String)]) -> Vec<Option<LinkE
             Err(e) => Some(e),
         })
         .collect();
-    if let Some(store) = share.store() {
-        apply_all(store, &rekeys);
-    }
+    apply_all(share.store(), &rekeys);
     results
 }
 
@@ -361,9 +359,12 @@ impl<'a> Parents<'a> {
                 return Err(LinkError::SourceChanged { path: from_what });
             }
         };
-        Ok(share
-            .store()
-            .and_then(|store| Rekey::after_link(store, &before, &after, &from_what)))
+        Ok(Rekey::after_link(
+            share.store(),
+            &before,
+            &after,
+            &from_what,
+        ))
     }
 }
 

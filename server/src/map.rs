@@ -321,7 +321,7 @@ pub fn open(
         hashing.fresh,
         &what,
         ctx.cache,
-        share.store().map(|s| &**s),
+        Some(&**share.store()),
         CACHE_SETTLE,
     )?;
     let size = meta.size();
@@ -394,7 +394,7 @@ pub fn manifest_page(
         hashing.fresh,
         &what,
         cache,
-        share.store().map(|s| &**s),
+        Some(&**share.store()),
         CACHE_SETTLE,
     )?;
     let Hashes { algorithm, hashes } = manifest;

@@ -151,9 +151,9 @@ pub struct Share {
     /// The algorithm the share's new data is recorded in, if the configuration fixes
     /// one (else the session's).
     hash: Option<HashAlgorithm>,
-    /// The persistent manifest store (writable shares only), in the server's chunk
-    /// size.
-    store: Option<Arc<ManifestStore>>,
+    /// The persistent manifest store, in the server's chunk size (read-only for a
+    /// read-only share).
+    store: Arc<ManifestStore>,
 }
 
 impl Share {
@@ -168,8 +168,11 @@ impl Share {
         if !root.is_dir() {
             return Err(bad("not a directory".into()));
         }
-        let store =
-            (!cfg.read_only).then(|| Arc::new(ManifestStore::new(&root, DEFAULT_CHUNK_BYTES)));
+        let store = Arc::new(if cfg.read_only {
+            ManifestStore::reader(&root, DEFAULT_CHUNK_BYTES)
+        } else {
+            ManifestStore::new(&root, DEFAULT_CHUNK_BYTES)
+        });
         Ok(Share {
             name: cfg.name.clone(),
             root,
@@ -194,10 +197,10 @@ impl Share {
         self.read_only
     }
 
-    /// The share's persistent manifest store; `None` for a read-only share, whose
-    /// manifests are kept in memory only.
-    pub fn store(&self) -> Option<&Arc<ManifestStore>> {
-        self.store.as_ref()
+    /// The share's persistent manifest store: a read-only share's is read (records
+    /// saved while it was writable), never written ([`ManifestStore::reader`]).
+    pub fn store(&self) -> &Arc<ManifestStore> {
+        &self.store
     }
 
     /// The algorithm the configuration fixes for the share's new data, if any.
@@ -715,8 +718,8 @@ mod tests {
         // Not followed, a link is just a link; the name elsewhere is an ordinary name.
         assert!(s.resolve("state-link", false).is_ok());
         assert!(s.resolve_for_write("sub/.ferry-state").is_ok());
-        // Read-only shares have no store; writable ones do.
-        assert!(s.store().is_some());
-        assert!(share(true).1.store().is_none());
+        // A read-only share's store is read, never written.
+        assert!(s.store().is_writable());
+        assert!(!share(true).1.store().is_writable());
     }
 }

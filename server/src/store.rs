@@ -171,6 +171,9 @@ pub struct ManifestStore {
     /// The device number of the root's file system when the store was made (`None` if
     /// it could not be read): its files' records use [`HOME_DEV`].
     home: Option<u64>,
+    /// False for a read-only share's store: its records are read, never written
+    /// ([`ManifestStore::reader`]).
+    writable: bool,
     /// Set once the state and manifests directories are known to be real directories
     /// (created if missing); until then every save checks them.
     ready: AtomicBool,
@@ -186,7 +189,38 @@ impl ManifestStore {
             pages: root.join(STATE_DIR).join(PAGES_DIR),
             chunk_bytes,
             home: fs::metadata(root).ok().map(|m| m.dev()),
+            writable: true,
             ready: AtomicBool::new(false),
+        }
+    }
+
+    /// The store of a read-only share rooted at `root`: the records ferryd saved while
+    /// the share was writable are read (so a reader still gets the hashes recorded
+    /// when a file was written, and rot since is caught), and nothing is ever written:
+    /// every save, re-key or forget fails with [`io::ErrorKind::ReadOnlyFilesystem`],
+    /// and [`ManifestStore::prune`] does nothing.
+    pub fn reader(root: &Path, chunk_bytes: u32) -> ManifestStore {
+        ManifestStore {
+            writable: false,
+            ..ManifestStore::new(root, chunk_bytes)
+        }
+    }
+
+    /// False for a read-only share's store ([`ManifestStore::reader`]).
+    #[cfg(test)]
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    /// Fails unless records may be written (see [`ManifestStore::reader`]).
+    fn check_writable(&self) -> io::Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::ReadOnlyFilesystem,
+                "the share is read-only: its manifest records are not written",
+            ))
         }
     }
 
@@ -299,6 +333,7 @@ impl ManifestStore {
         if old.chunk_bytes != self.chunk_bytes {
             return Ok(false);
         }
+        self.check_writable()?;
         for stored in self.stored_devs(old.dev) {
             // Rewritten where it was found, under the device number it was saved under.
             let old = ManifestKey {
@@ -369,6 +404,7 @@ impl ManifestStore {
     /// timestamp tick), so its old record could otherwise still match its key.
     /// Blocking.
     pub fn forget(&self, dev: u64, ino: u64) -> io::Result<()> {
+        self.check_writable()?;
         for stored in self.stored_devs(dev) {
             let (path, at) = self.slot_of(stored, ino);
             if let Some(file) = open_record(&path, true) {
@@ -428,6 +464,7 @@ impl ManifestStore {
         if key.chunk_bytes != self.chunk_bytes {
             return Ok(());
         }
+        self.check_writable()?;
         if hashes.len() as u64 != chunk_count(key.size, key.chunk_bytes) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -524,7 +561,7 @@ impl ManifestStore {
     /// share once.
     pub fn prune(&self, started: SystemTime) -> PruneReport {
         let mut report = PruneReport::default();
-        if !self.dir.is_dir() && !self.pages.is_dir() {
+        if !self.writable || (!self.dir.is_dir() && !self.pages.is_dir()) {
             return report;
         }
         let live = self.live_inodes(&mut report);
@@ -1224,5 +1261,34 @@ mod tests {
         store.forget(7, 0x1234).unwrap();
         assert!(store.load(7, 0x1234).is_none());
         assert!(!store.record_path(7, 0x1234).exists());
+    }
+
+    #[test]
+    fn a_read_only_shares_store_reads_records_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = key(0x1234, 3 * u64::from(C));
+        save(&ManifestStore::new(dir.path(), C), &big, &hashes(3, 1));
+        let reader = ManifestStore::reader(dir.path(), C);
+        assert_eq!(reader.get_hashes(&big), Some(hashes(3, 1)));
+        let read_only =
+            |r: io::Result<()>| r.unwrap_err().kind() == io::ErrorKind::ReadOnlyFilesystem;
+        let other = key(0x99, 10);
+        assert!(read_only(reader.save(
+            &other,
+            HashAlgorithm::Blake3,
+            &hashes(1, 2)
+        )));
+        assert!(read_only(reader.forget(7, 0x1234)));
+        let relinked = ManifestKey {
+            ctime_ns: 6_000_000_000,
+            ..big
+        };
+        assert!(reader.rekey(&big, &relinked).is_err());
+        let r = reader.prune(SystemTime::now() + std::time::Duration::from_secs(3600));
+        assert_eq!(r, PruneReport::default());
+        // Nothing changed on disk.
+        assert_eq!(reader.get_hashes(&big), Some(hashes(3, 1)));
+        assert!(reader.get_hashes(&other).is_none());
+        assert!(!reader.slot_of(7, 0x99).0.exists());
     }
 }

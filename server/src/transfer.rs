@@ -296,7 +296,7 @@ impl BaseFile {
             hashing.fresh,
             &what,
             cache,
-            share.store().map(|s| &**s),
+            Some(&**share.store()),
             CACHE_SETTLE,
         )?;
         let mut offsets = HashMap::with_capacity(manifest.hashes.len());
@@ -421,7 +421,7 @@ impl Upload {
             mode,
             mtime,
             chunk_bytes,
-            store: share.store().cloned(),
+            store: Some(share.store().clone()),
         })
     }
 

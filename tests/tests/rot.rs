@@ -291,6 +291,26 @@ fn rot_while_unmounted_is_caught_after_a_remount_under_another_device_number() {
     }
 }
 
+/// A share exported read-only after its files were uploaded (an archive) still reads
+/// the records saved while it was writable, without writing anything: rot fails a
+/// download and a read through the mount.
+#[test]
+fn a_share_exported_read_only_later_still_checks_its_records() {
+    let Some(mut rig) = rig() else { return };
+    source(&rig.local("big.bin"), 2 * MIB + 11, 9);
+    rig.upload("big.bin", SHA);
+    rig.server.kill();
+    rig.fs.rot(&rig.fs.path().join("big.bin"), 7);
+    rig.server = Server::start(&[Share::ro("data", rig.fs.path())]);
+    let json = rig.download_fails_on_rot("big.bin");
+    let message = json["errors"][0]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("chunk 0"), "{message}");
+    let mount = Mount::builder(rig.server.remote("data", "")).start();
+    let err = fs::read(mount.join("big.bin")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(nix::libc::EIO), "{err}");
+    assert!(rig.logged_damage("big.bin") >= 1, "{}", rig.server.stderr());
+}
+
 /// A source whose mtime lies ahead of the server's clock (a client whose clock runs
 /// ahead) is still recorded at its upload's commit: rot fails the next download.
 #[test]

@@ -113,7 +113,7 @@ impl Download {
             .map_err(|e| TransferError::Stat(what.clone(), e))?;
         check_regular(&meta, &what)?;
         let key = ManifestKey::of(&meta, chunk_bytes);
-        let store = share.store().cloned();
+        let store = Some(share.store().clone());
         let (recorded, check, fresh) =
             match look_up(&key, &what, hashing.accept, cache, store.as_deref()) {
                 Known::Accepted(found) => (Some(found), None, None),

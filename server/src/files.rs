@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_common::attr::attr_of;
-use ferry_common::chunk::hash_chunk;
+use ferry_common::chunk::{chunk_len, hash_chunk};
 use ferry_common::direct::DirectFile;
 use ferry_common::msg::{
     Attr, Extent, Hash256, HashAlgorithm, RegionDesc, Response, SetAttrs, Timestamp,
@@ -50,6 +50,7 @@ use nix::fcntl::{renameat2, FallocateFlags, RenameFlags};
 use nix::sys::stat::{futimens, utimensat, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 use nix::unistd::{fchownat, Gid, Uid};
+use rayon::prelude::*;
 use tokio::task::{JoinError, JoinSet};
 
 use crate::fdtree::RESERVED_PREFIX;
@@ -866,13 +867,62 @@ impl OpenFile {
         self.written.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records, in the share's store, the manifest of the staged file just named, from
-    /// the hashes its writes carried ([`WrittenChunks`]), if every chunk was written
-    /// whole: under its key now, if it is still the version `before` the rename (same
-    /// size and mtime) and that mtime lies before the rename's ctime
-    /// ([`mtime_settled`]: a later write would change the key). Otherwise it is not
-    /// recorded, as a file written underneath ferryd is not. Blocking.
-    fn record(&self, before: &fs::Metadata) {
+    /// The manifest to record of the staged file, still unnamed, whose version is
+    /// `before` (see [`OpenFile::record`]): the hashes its writes carried for the chunks
+    /// they wrote whole, and for every other chunk (written in pieces, as from a buffer
+    /// that is not page-aligned, whose direct write the kernel cuts into requests that
+    /// straddle chunks and may deliver out of order; or a hole) the hash of the bytes
+    /// read back from the staged file now, which nobody else can write: it has no name.
+    /// `None` if nothing can be recorded (a write failed midway, nothing was written,
+    /// another chunk size, or the read failed). Blocking.
+    fn manifest_at_commit(&self, before: &fs::Metadata) -> Option<(HashAlgorithm, Vec<Hash256>)> {
+        let chunk_bytes = self.share.store().chunk_bytes();
+        let Some((algorithm, parts)) = self.written().parts(before.size(), chunk_bytes) else {
+            tracing::debug!(file = %self.what, "not recorded at commit: nothing written whole, or a write failed");
+            return None;
+        };
+        let missing: Vec<u64> = (0..parts.len() as u64)
+            .filter(|&i| parts[i as usize].is_none())
+            .collect();
+        if missing.is_empty() {
+            return Some((algorithm, parts.into_iter().flatten().collect()));
+        }
+        let size = before.size();
+        let read: io::Result<Vec<(u64, Hash256)>> = missing
+            .par_iter()
+            .map_init(
+                || vec![0u8; chunk_bytes as usize],
+                |buf, &i| {
+                    let len = chunk_len(size, chunk_bytes, i) as usize;
+                    self.file
+                        .read_exact_at(&mut buf[..len], i * u64::from(chunk_bytes))?;
+                    Ok((i, hash_chunk(algorithm, &buf[..len])))
+                },
+            )
+            .collect();
+        match read {
+            Ok(read) => {
+                tracing::debug!(file = %self.what, chunks = read.len(), "chunks not written whole: hashed from the staged file at commit");
+                let mut parts = parts;
+                for (i, hash) in read {
+                    parts[i as usize] = Some(hash);
+                }
+                Some((algorithm, parts.into_iter().flatten().collect()))
+            }
+            Err(e) => {
+                tracing::debug!(file = %self.what, "not recorded at commit: cannot read the staged file back: {e}");
+                None
+            }
+        }
+    }
+
+    /// Records, in the share's store, `manifest` ([`OpenFile::manifest_at_commit`]) as
+    /// that of the staged file just named: under its key now, if it is still the
+    /// version `before` the rename (same size and mtime) and that mtime differs from
+    /// the rename's ctime ([`mtime_settled`]: a later write would change the key).
+    /// Otherwise it is not recorded, as a file written underneath ferryd is not.
+    /// Blocking.
+    fn record(&self, before: &fs::Metadata, manifest: (HashAlgorithm, Vec<Hash256>)) {
         let store = self.share.store();
         let Ok(meta) = self.file.metadata() else {
             return;
@@ -884,11 +934,7 @@ impl OpenFile {
             tracing::debug!(file = %self.what, unchanged, "not recorded at commit: changed, or its mtime not settled");
             return;
         }
-        let Some((algorithm, hashes)) = self.written().manifest(meta.size(), store.chunk_bytes())
-        else {
-            tracing::debug!(file = %self.what, "not recorded at commit: not every chunk written whole");
-            return;
-        };
+        let (algorithm, hashes) = manifest;
         match store.save(&key, algorithm, &hashes) {
             Ok(()) => {
                 tracing::debug!(file = %self.what, %algorithm, "manifest of a mount's write recorded at commit")
@@ -930,8 +976,9 @@ impl OpenFile {
             Durability::All => self.file.sync_all(),
         }
         .map_err(FileError::io(what, FileOp::Fsync))?;
-        // The version written, before the rename moves its ctime.
+        // The version written, before the rename moves its ctime, and its manifest.
         let before = self.file.metadata().ok();
+        let manifest = before.as_ref().and_then(|b| self.manifest_at_commit(b));
         if *exclusive {
             renameat2(None, tmp, None, final_path, RenameFlags::RENAME_NOREPLACE)
                 .map_err(errno(what, FileOp::Rename))?;
@@ -945,8 +992,8 @@ impl OpenFile {
         *stage = Stage::InPlace;
         drop(stage);
         self.forget_manifests();
-        if let Some(before) = before {
-            self.record(&before);
+        if let (Some(before), Some(manifest)) = (before, manifest) {
+            self.record(&before, manifest);
         }
         if let (Some(dir), Durability::All) = (dir, durability) {
             sync_dir(&dir, what)?;

@@ -8,18 +8,26 @@
 //! when the chunk is the last one; the mount cuts its extents at chunk boundaries, so
 //! a file written front to back arrives as exactly such extents.
 //!
+//! A chunk written in pieces (from a buffer that is not page-aligned, whose direct
+//! write the kernel cuts into requests that straddle chunks and may deliver out of
+//! order) is answered as such ([`WrittenChunks::parts`]); the commit then hashes it
+//! from the staged file, which nobody else can write ([`crate::files`]), once.
+//!
 //! Invariants:
 //! - `chunks[i]` is the length and hash of the last extent written at chunk `i`'s start
 //!   that lay within chunk `i`, and no byte of chunk `i` was written or cut since;
 //!   any other write touching chunk `i` removes it, a size change removes every chunk
 //!   from the one the new end falls in.
+//! - `touched` holds every chunk some extent wrote a byte of (whole or not) that the
+//!   file's size still reaches; a chunk in neither holds only what the handle found
+//!   there or a hole.
 //! - Only extents in one algorithm are kept: an extent in another poisons the whole.
 //! - [`WrittenChunks::manifest`] answers only when every chunk of the file's size has
 //!   an entry of exactly that chunk's length, so what it answers is the manifest of the
 //!   bytes the handle wrote, provided nothing else wrote the file (a staged file has no
 //!   name yet: nobody else can).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ferry_common::chunk::{chunk_count, chunk_len};
 use ferry_common::msg::{Hash256, HashAlgorithm};
@@ -30,6 +38,7 @@ pub struct WrittenChunks {
     chunk_bytes: u32,
     algorithm: Option<HashAlgorithm>,
     chunks: BTreeMap<u64, (u32, Hash256)>,
+    touched: BTreeSet<u64>,
     poisoned: bool,
 }
 
@@ -40,6 +49,7 @@ impl WrittenChunks {
             chunk_bytes: chunk_bytes.max(1),
             algorithm: None,
             chunks: BTreeMap::new(),
+            touched: BTreeSet::new(),
             poisoned: false,
         }
     }
@@ -56,6 +66,7 @@ impl WrittenChunks {
         let chunk = u64::from(self.chunk_bytes);
         let first = offset / chunk;
         let last = (offset + u64::from(len) - 1) / chunk;
+        self.touched.extend(first..=last);
         if offset % chunk == 0 && first == last {
             self.chunks.insert(first, (len, hash));
         } else {
@@ -70,6 +81,8 @@ impl WrittenChunks {
     pub fn resized(&mut self, size: u64) {
         let from = size / u64::from(self.chunk_bytes);
         self.chunks.retain(|&i, _| i < from);
+        // The chunk the new end falls in keeps what was written of it.
+        self.touched.retain(|&i| i <= from);
     }
 
     /// Something happened whose effect on the bytes is unknown (a write that failed
@@ -77,11 +90,27 @@ impl WrittenChunks {
     pub fn poison(&mut self) {
         self.poisoned = true;
         self.chunks.clear();
+        self.touched.clear();
     }
 
     /// The manifest of a file of `size` bytes in chunks of `chunk_bytes`, if every one
     /// of its chunks was written whole (see the module docs).
+    #[cfg(test)]
     pub fn manifest(&self, size: u64, chunk_bytes: u32) -> Option<(HashAlgorithm, Vec<Hash256>)> {
+        let (algorithm, parts) = self.parts(size, chunk_bytes)?;
+        Some((algorithm, parts.into_iter().collect::<Option<Vec<_>>>()?))
+    }
+
+    /// Of a file of `size` bytes in chunks of `chunk_bytes`, every chunk of which the
+    /// handle wrote: the algorithm of its writes and, for each chunk, its hash if it
+    /// was written whole (else `None`: written in pieces, or cut since). `None` overall
+    /// when nothing is answered: poisoned, a chunk no write touched (a hole, or bytes
+    /// the handle found there), an empty file, or another chunk size.
+    pub fn parts(
+        &self,
+        size: u64,
+        chunk_bytes: u32,
+    ) -> Option<(HashAlgorithm, Vec<Option<Hash256>>)> {
         if self.poisoned || size == 0 || chunk_bytes != self.chunk_bytes {
             return None;
         }
@@ -90,8 +119,8 @@ impl WrittenChunks {
             .map(|i| {
                 let want = chunk_len(size, chunk_bytes, i);
                 match self.chunks.get(&i) {
-                    Some(&(len, hash)) if u64::from(len) == want => Some(hash),
-                    _ => None,
+                    Some(&(len, hash)) if u64::from(len) == want => Some(Some(hash)),
+                    _ => self.touched.contains(&i).then_some(None),
                 }
             })
             .collect::<Option<Vec<_>>>()?;
@@ -178,5 +207,29 @@ mod tests {
         w.poison();
         w.wrote(0, 100, B3, h(1));
         assert_eq!(w.manifest(100, C), None);
+    }
+
+    #[test]
+    fn parts_name_the_chunks_written_whole_and_leave_the_rest_to_the_caller() {
+        let mut w = WrittenChunks::new(C);
+        assert_eq!(w.parts(250, C), None, "nothing written yet");
+        // Chunk 1 in two pieces (the second first), chunks 0 and 2 whole.
+        w.wrote(150, 50, B3, h(7));
+        w.wrote(100, 50, B3, h(8));
+        w.wrote(0, 100, B3, h(1));
+        w.wrote(200, 50, B3, h(3));
+        assert_eq!(
+            w.parts(250, C),
+            Some((B3, vec![Some(h(1)), None, Some(h(3))]))
+        );
+        assert_eq!(w.manifest(250, C), None);
+        // Extended: chunk 3 is a hole no write touched.
+        w.resized(350);
+        assert_eq!(w.parts(350, C), None);
+        // Cut back into chunk 2: its remaining bytes were written, in a piece now.
+        w.resized(230);
+        assert_eq!(w.parts(230, C), Some((B3, vec![Some(h(1)), None, None])));
+        w.poison();
+        assert_eq!(w.parts(250, C), None);
     }
 }

@@ -315,6 +315,9 @@ pub struct OpenFile {
     dirty: std::sync::atomic::AtomicBool,
     /// While staged: the chunk hashes its writes carried, recorded at the commit.
     written: Mutex<WrittenChunks>,
+    /// The client set the file's mtime after its last change (`cp -p`, `tar x`): the
+    /// commit keeps it as it is ([`OpenFile::stamp_after_the_tick`]).
+    mtime_given: std::sync::atomic::AtomicBool,
 }
 
 /// `FileOpen` of `rel` in `share` (see [`ferry_common::msg::Request::FileOpen`] and
@@ -353,6 +356,7 @@ pub fn open(
             manifests: manifests.clone(),
             dirty: std::sync::atomic::AtomicBool::new(false),
             written: Mutex::new(WrittenChunks::new(chunk_bytes)),
+            mtime_given: std::sync::atomic::AtomicBool::new(false),
         }
     };
     let (mode, owner) = match &existing {
@@ -783,6 +787,9 @@ impl OpenFile {
     pub fn set_attrs(&self, attrs: &SetAttrs) -> Result<Response, FileError> {
         self.touched();
         let r = apply(Target::Fd(&self.file), attrs, &self.what);
+        if r.is_ok() && attrs.mtime.is_some() {
+            self.mtime_given.store(true, Ordering::Release);
+        }
         if let Some(size) = attrs.size {
             self.forget_manifests();
             let mut written = self.written();
@@ -943,9 +950,43 @@ impl OpenFile {
         }
     }
 
-    /// Marks the file changed since its last sync.
+    /// Marks the file changed since its last sync (its mtime now that of the change).
     fn touched(&self) {
         self.dirty.store(true, Ordering::Release);
+        self.mtime_given.store(false, Ordering::Release);
+    }
+
+    /// Before a staged file's rename: if its mtime is that of its last write and lies
+    /// in the current tick of the kernel's coarse clock, which file timestamps are taken
+    /// from (kernels before 6.13, without multigrain timestamps), sets it to the precise
+    /// time now, a few milliseconds later at most. Otherwise the rename's ctime could
+    /// equal the mtime, and the file could not be recorded ([`mtime_settled`]): a later
+    /// write in the same tick would leave its key as it is. An mtime the client set is
+    /// kept. Failures are logged: the file is then just not recorded. Blocking.
+    fn stamp_after_the_tick(&self) {
+        use nix::time::{clock_gettime, ClockId};
+        if self.mtime_given.load(Ordering::Acquire) {
+            return;
+        }
+        let (Ok(meta), Ok(coarse)) = (
+            self.file.metadata(),
+            clock_gettime(ClockId::CLOCK_REALTIME_COARSE),
+        ) else {
+            return;
+        };
+        let mtime = i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec());
+        let tick = i128::from(coarse.tv_sec()) * 1_000_000_000 + i128::from(coarse.tv_nsec());
+        if mtime < tick {
+            return;
+        }
+        let now = TimeSpec::from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default(),
+        );
+        if let Err(e) = futimens(self.file.as_raw_fd(), &TimeSpec::UTIME_OMIT, &now) {
+            tracing::debug!(file = %self.what, "cannot set the mtime past the clock tick: {e}");
+        }
     }
 
     /// Gives a staged file its final name (see the module docs); returns whether there
@@ -977,6 +1018,7 @@ impl OpenFile {
         }
         .map_err(FileError::io(what, FileOp::Fsync))?;
         // The version written, before the rename moves its ctime, and its manifest.
+        self.stamp_after_the_tick();
         let before = self.file.metadata().ok();
         let manifest = before.as_ref().and_then(|b| self.manifest_at_commit(b));
         if *exclusive {

@@ -1240,7 +1240,9 @@ pub fn move_entry(
     } else {
         RenameFlags::empty()
     };
-    renameat2(None, &src, None, &dst, flags).map_err(errno(&what, FileOp::Rename))?;
+    crate::links::rename_keeping_record(share, &src, &dst, &what, || {
+        renameat2(None, &src, None, &dst, flags).map_err(errno(&what, FileOp::Rename))
+    })?;
     let (src_dir, dst_dir) = (src.parent(), dst.parent());
     if let Some(d) = dst_dir {
         sync_dir(d, &share.display(to))?;

@@ -408,16 +408,18 @@ pub fn rename(share: &Share, from: &str, to: &str) -> Result<Response, FsError> 
     let src = share.resolve_for_write(from)?;
     let dst = share.resolve_for_write(to)?;
     let what = share.display(to);
-    nix::fcntl::renameat2(
-        None,
-        &src,
-        None,
-        &dst,
-        nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-    )
-    .map_err(|errno| FsError::Rename {
-        path: what.clone(),
-        source: io::Error::from(errno),
+    crate::links::rename_keeping_record(share, &src, &dst, &what, || {
+        nix::fcntl::renameat2(
+            None,
+            &src,
+            None,
+            &dst,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        )
+        .map_err(|errno| FsError::Rename {
+            path: what.clone(),
+            source: io::Error::from(errno),
+        })
     })?;
     if let Some(parent) = dst.parent() {
         File::open(parent)

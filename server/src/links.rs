@@ -368,7 +368,32 @@ impl<'a> Parents<'a> {
     }
 }
 
-/// A re-key of a manifest record that a link calls for.
+/// Renames `from` to `to` (paths inside `share`, resolved by the caller, neither
+/// followed) with `rename`, which does the `rename(2)`; a regular file renamed keeps
+/// its manifest record ([`Rekey::after_rename`]): otherwise the rename's new ctime
+/// would leave it unrecorded, and rot after it unnoticed until it is read again.
+/// Blocking.
+pub fn rename_keeping_record<E>(
+    share: &Share,
+    from: &std::path::Path,
+    to: &std::path::Path,
+    what: &str,
+    rename: impl FnOnce() -> Result<(), E>,
+) -> Result<(), E> {
+    let before = std::fs::symlink_metadata(from)
+        .ok()
+        .filter(Metadata::is_file);
+    rename()?;
+    let after = std::fs::symlink_metadata(to).ok();
+    if let (Some(before), Some(after)) = (before, after) {
+        if let Some(r) = Rekey::after_rename(share.store(), &before, &after, what) {
+            r.apply(share.store());
+        }
+    }
+    Ok(())
+}
+
+/// A re-key of a manifest record that a link or a rename calls for.
 pub struct Rekey {
     old: ManifestKey,
     new: ManifestKey,
@@ -388,13 +413,38 @@ impl Rekey {
         after: &Metadata,
         what: &str,
     ) -> Option<Rekey> {
+        Rekey::after_own_change(store, before, after, 1, what)
+    }
+
+    /// [`Rekey::after_link`] for a rename by ferryd (`Move`, `Rename`), which moves
+    /// the renamed inode's ctime as a link does (ext4, XFS, btrfs and tmpfs all set
+    /// it): `after` is the metadata under the new name, with as many links as before.
+    pub fn after_rename(
+        store: &ManifestStore,
+        before: &Metadata,
+        after: &Metadata,
+        what: &str,
+    ) -> Option<Rekey> {
+        Rekey::after_own_change(store, before, after, 0, what)
+    }
+
+    /// The re-key after a change by ferryd that added `links` links to the file and
+    /// changed nothing else but its ctime (see [`Rekey::after_link`]).
+    fn after_own_change(
+        store: &ManifestStore,
+        before: &Metadata,
+        after: &Metadata,
+        links: u64,
+        what: &str,
+    ) -> Option<Rekey> {
         let old = ManifestKey::of(before, store.chunk_bytes());
         let new = ManifestKey::of(after, store.chunk_bytes());
-        let only_the_link = same_inode(after, before)
+        let only_that = same_inode(after, before)
+            && after.is_file()
             && after.size() == before.size()
             && new.mtime_ns == old.mtime_ns
-            && after.nlink() == before.nlink() + 1;
-        (only_the_link && mtime_settled(&new)).then(|| Rekey {
+            && after.nlink() == before.nlink() + links;
+        (only_that && mtime_settled(&new)).then(|| Rekey {
             old,
             new,
             what: what.to_string(),
@@ -405,7 +455,9 @@ impl Rekey {
     /// is left alone). Blocking; failures are logged, never returned.
     pub fn apply(&self, store: &ManifestStore) {
         match store.rekey(&self.old, &self.new) {
-            Ok(true) => tracing::debug!(file = %self.what, "manifest record re-keyed after a link"),
+            Ok(true) => {
+                tracing::debug!(file = %self.what, "manifest record re-keyed after a link or rename")
+            }
             Ok(false) => {}
             Err(e) => {
                 tracing::debug!(file = %self.what, "cannot re-key the manifest record: {e}")
@@ -418,7 +470,7 @@ impl Rekey {
 mod tests {
     use super::*;
     use crate::share::test_share;
-    use ferry_common::msg::{ErrorKind, RemoteError};
+    use ferry_common::msg::{ErrorKind, HashAlgorithm, RemoteError};
     use std::fs;
     use std::os::unix::fs::symlink;
 
@@ -510,5 +562,40 @@ mod tests {
         // A new request resolves afresh and refuses it.
         let e = RemoteError::from(link(&s, "src/g", "dst/h").unwrap_err());
         assert_eq!(e.kind, ErrorKind::OutsideShare);
+    }
+
+    #[test]
+    fn a_rename_by_ferryd_keeps_the_files_record_but_not_a_changed_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        fs::create_dir(&root).unwrap();
+        let s = share(&root);
+        let store = s.store();
+        let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000);
+        let recorded = |name: &str, bytes: &[u8]| {
+            let f = fs::File::create(root.join(name)).unwrap();
+            std::io::Write::write_all(&mut &f, bytes).unwrap();
+            f.set_modified(old).unwrap();
+            let key = ManifestKey::of(&f.metadata().unwrap(), store.chunk_bytes());
+            let hash = ferry_common::chunk::hash_chunk(HashAlgorithm::Blake3, bytes);
+            store.save(&key, HashAlgorithm::Blake3, &[hash]).unwrap();
+            key
+        };
+        let key_of = |name: &str| {
+            ManifestKey::of(&fs::metadata(root.join(name)).unwrap(), store.chunk_bytes())
+        };
+        let before = recorded("f", b"hello");
+        crate::fsops::rename(&s, "f", "g").unwrap();
+        let after = key_of("g");
+        assert_ne!(
+            before.ctime_ns, after.ctime_ns,
+            "the rename moved the ctime"
+        );
+        assert!(store.get(&after).is_some(), "re-keyed");
+        // Changed after its record: the rename keeps nothing.
+        recorded("h", b"world");
+        fs::write(root.join("h"), b"WORLD").unwrap();
+        crate::files::move_entry(&s, "h", "i", true).unwrap();
+        assert!(store.get(&key_of("i")).is_none());
     }
 }

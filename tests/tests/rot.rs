@@ -14,6 +14,7 @@
 //! not wait for the file to age.
 
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use ferry_common::msg::HashAlgorithm;
@@ -301,6 +302,34 @@ fn a_share_exported_read_only_later_still_checks_its_records() {
     let err = fs::read(mount.join("big.bin")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(nix::libc::EIO), "{err}");
     assert!(rig.logged_damage("big.bin") >= 1, "{}", rig.server.stderr());
+}
+
+/// A file renamed through the mount (ferryd's `Move`, which moves the inode's ctime)
+/// keeps its record: rot after the rename fails a download by the new name.
+#[test]
+fn a_file_renamed_through_the_mount_keeps_its_record() {
+    let Some(rig) = rig() else { return };
+    source(&rig.local("old.bin"), 2 * MIB + 5, 12);
+    rig.upload("old.bin", B3);
+    let before = fs::metadata(rig.fs.path().join("old.bin")).unwrap();
+    {
+        let mount = Mount::builder(rig.server.remote("data", "")).start();
+        fs::create_dir(mount.join("moved")).unwrap();
+        fs::rename(mount.join("old.bin"), mount.join("moved/new.bin")).unwrap();
+    }
+    let on_server = rig.fs.path().join("moved/new.bin");
+    let after = fs::metadata(&on_server).unwrap();
+    // The same inode, its ctime moved by the rename (the record's key changed).
+    assert_eq!(before.ino(), after.ino());
+    assert_ne!(
+        (before.ctime(), before.ctime_nsec()),
+        (after.ctime(), after.ctime_nsec())
+    );
+    rig.fs.rot(&on_server, MIB + 3);
+    let json = rig.download_fails_on_rot("moved/new.bin");
+    let message = json["errors"][0]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("chunk 1"), "{message}");
+    assert!(rig.logged_damage("new.bin") >= 1, "{}", rig.server.stderr());
 }
 
 /// A source whose mtime lies ahead of the server's clock (a client whose clock runs

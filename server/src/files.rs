@@ -56,6 +56,7 @@ use tokio::task::{JoinError, JoinSet};
 use crate::fdtree::RESERVED_PREFIX;
 use crate::filekey::{mtime_settled, ManifestKey};
 use crate::fsops::{check_regular, lstat, no_dir_in_the_way, FsError};
+use crate::links::Rekey;
 use crate::manifests::ManifestCache;
 use crate::meta::applies_owners;
 use crate::pool::{Pool, PoolError};
@@ -1276,7 +1277,17 @@ pub fn set_attrs(
         forget(share, manifests, before.dev(), before.ino(), &what);
     }
     r?;
-    Ok(Response::Attr(lstat(&path, share, rel)?))
+    let after = lstat(&path, share, rel)?;
+    if attrs.size.is_none() && attrs.mtime.is_none() {
+        // Mode, owner or atime: the content is as it was, only the ctime moved, and a
+        // write meanwhile would show in the mtime, which this change leaves alone.
+        if let Ok(now) = fs::symlink_metadata(&path) {
+            if let Some(r) = Rekey::after_ctime_change(share.store(), &before, &now, &what) {
+                r.apply(share.store());
+            }
+        }
+    }
+    Ok(Response::Attr(after))
 }
 
 /// What attributes are set on.

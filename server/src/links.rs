@@ -370,7 +370,7 @@ impl<'a> Parents<'a> {
 
 /// Renames `from` to `to` (paths inside `share`, resolved by the caller, neither
 /// followed) with `rename`, which does the `rename(2)`; a regular file renamed keeps
-/// its manifest record ([`Rekey::after_rename`]): otherwise the rename's new ctime
+/// its manifest record ([`Rekey::after_ctime_change`]): otherwise the rename's new ctime
 /// would leave it unrecorded, and rot after it unnoticed until it is read again.
 /// Blocking.
 pub fn rename_keeping_record<E>(
@@ -386,7 +386,7 @@ pub fn rename_keeping_record<E>(
     rename()?;
     let after = std::fs::symlink_metadata(to).ok();
     if let (Some(before), Some(after)) = (before, after) {
-        if let Some(r) = Rekey::after_rename(share.store(), &before, &after, what) {
+        if let Some(r) = Rekey::after_ctime_change(share.store(), &before, &after, what) {
             r.apply(share.store());
         }
     }
@@ -416,10 +416,12 @@ impl Rekey {
         Rekey::after_own_change(store, before, after, 1, what)
     }
 
-    /// [`Rekey::after_link`] for a rename by ferryd (`Move`, `Rename`), which moves
-    /// the renamed inode's ctime as a link does (ext4, XFS, btrfs and tmpfs all set
-    /// it): `after` is the metadata under the new name, with as many links as before.
-    pub fn after_rename(
+    /// [`Rekey::after_link`] for a change by ferryd that moves the file's ctime and
+    /// leaves its links, size and mtime as they were: a rename (`Move`, `Rename`; ext4,
+    /// XFS, btrfs and tmpfs all set the renamed inode's ctime), `after` being the
+    /// metadata under the new name; or a change of mode, owner or atime (`SetAttrs`
+    /// without a size or an mtime).
+    pub fn after_ctime_change(
         store: &ManifestStore,
         before: &Metadata,
         after: &Metadata,
@@ -455,9 +457,7 @@ impl Rekey {
     /// is left alone). Blocking; failures are logged, never returned.
     pub fn apply(&self, store: &ManifestStore) {
         match store.rekey(&self.old, &self.new) {
-            Ok(true) => {
-                tracing::debug!(file = %self.what, "manifest record re-keyed after a link or rename")
-            }
+            Ok(true) => tracing::debug!(file = %self.what, "manifest record re-keyed"),
             Ok(false) => {}
             Err(e) => {
                 tracing::debug!(file = %self.what, "cannot re-key the manifest record: {e}")

@@ -304,10 +304,11 @@ fn a_share_exported_read_only_later_still_checks_its_records() {
     assert!(rig.logged_damage("big.bin") >= 1, "{}", rig.server.stderr());
 }
 
-/// A file renamed through the mount (ferryd's `Move`, which moves the inode's ctime)
-/// keeps its record: rot after the rename fails a download by the new name.
+/// A file renamed and then made executable through the mount (ferryd's `Move` and
+/// `SetAttrs`, each of which moves the inode's ctime) keeps its record: rot after
+/// them fails a download by the new name.
 #[test]
-fn a_file_renamed_through_the_mount_keeps_its_record() {
+fn a_file_renamed_and_chmodded_through_the_mount_keeps_its_record() {
     let Some(rig) = rig() else { return };
     source(&rig.local("old.bin"), 2 * MIB + 5, 12);
     rig.upload("old.bin", B3);
@@ -316,10 +317,23 @@ fn a_file_renamed_through_the_mount_keeps_its_record() {
         let mount = Mount::builder(rig.server.remote("data", "")).start();
         fs::create_dir(mount.join("moved")).unwrap();
         fs::rename(mount.join("old.bin"), mount.join("moved/new.bin")).unwrap();
+        let renamed = fs::metadata(rig.fs.path().join("moved/new.bin")).unwrap();
+        fs::set_permissions(
+            mount.join("moved/new.bin"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let chmodded = fs::metadata(rig.fs.path().join("moved/new.bin")).unwrap();
+        assert_eq!(chmodded.mode() & 0o777, 0o755);
+        assert_ne!(
+            (renamed.ctime(), renamed.ctime_nsec()),
+            (chmodded.ctime(), chmodded.ctime_nsec()),
+            "the chmod moved the ctime"
+        );
     }
     let on_server = rig.fs.path().join("moved/new.bin");
     let after = fs::metadata(&on_server).unwrap();
-    // The same inode, its ctime moved by the rename (the record's key changed).
+    // The same inode, its ctime moved (the record's key changed).
     assert_eq!(before.ino(), after.ino());
     assert_ne!(
         (before.ctime(), before.ctime_nsec()),

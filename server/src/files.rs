@@ -963,22 +963,20 @@ impl OpenFile {
     /// time now, a few milliseconds later at most. Otherwise the rename's ctime could
     /// equal the mtime, and the file could not be recorded ([`mtime_settled`]): a later
     /// write in the same tick would leave its key as it is. An mtime the client set is
-    /// kept. Failures are logged: the file is then just not recorded. Blocking.
-    fn stamp_after_the_tick(&self) {
+    /// kept. Takes the file's metadata now and returns it as the commit goes on with
+    /// (stat again only if the mtime was set). Failures are logged: the file is then
+    /// just not recorded. Blocking.
+    fn stamp_after_the_tick(&self, meta: fs::Metadata) -> fs::Metadata {
         use nix::time::{clock_gettime, ClockId};
         if self.mtime_given.load(Ordering::Acquire) {
-            return;
+            return meta;
         }
-        let (Ok(meta), Ok(coarse)) = (
-            self.file.metadata(),
-            clock_gettime(ClockId::CLOCK_REALTIME_COARSE),
-        ) else {
-            return;
+        let Ok(coarse) = clock_gettime(ClockId::CLOCK_REALTIME_COARSE) else {
+            return meta;
         };
-        let mtime = i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec());
         let tick = i128::from(coarse.tv_sec()) * 1_000_000_000 + i128::from(coarse.tv_nsec());
-        if mtime < tick {
-            return;
+        if ManifestKey::of(&meta, 0).mtime_ns < tick {
+            return meta;
         }
         let now = TimeSpec::from(
             std::time::SystemTime::now()
@@ -987,7 +985,9 @@ impl OpenFile {
         );
         if let Err(e) = futimens(self.file.as_raw_fd(), &TimeSpec::UTIME_OMIT, &now) {
             tracing::debug!(file = %self.what, "cannot set the mtime past the clock tick: {e}");
+            return meta;
         }
+        self.file.metadata().unwrap_or(meta)
     }
 
     /// Gives a staged file its final name (see the module docs); returns whether there
@@ -1019,8 +1019,11 @@ impl OpenFile {
         }
         .map_err(FileError::io(what, FileOp::Fsync))?;
         // The version written, before the rename moves its ctime, and its manifest.
-        self.stamp_after_the_tick();
-        let before = self.file.metadata().ok();
+        let before = self
+            .file
+            .metadata()
+            .ok()
+            .map(|meta| self.stamp_after_the_tick(meta));
         let manifest = before.as_ref().and_then(|b| self.manifest_at_commit(b));
         if *exclusive {
             renameat2(None, tmp, None, final_path, RenameFlags::RENAME_NOREPLACE)

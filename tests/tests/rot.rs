@@ -79,6 +79,20 @@ impl Rig {
         out.json()
     }
 
+    /// Reads the share's `rel` through a new mount (with `--hash hash`, if given);
+    /// asserts that the read fails with EIO and that ferryd logged the damage.
+    fn mount_read_fails_on_rot(&self, rel: &str, hash: Option<HashAlgorithm>) {
+        let mut mount = Mount::builder(self.server.remote("data", ""));
+        for arg in hash_arg(hash) {
+            mount = mount.arg(arg);
+        }
+        let mount = mount.start();
+        let err = fs::read(mount.join(rel)).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(nix::libc::EIO), "{rel}: {err}");
+        let base = rel.rsplit('/').next().unwrap();
+        assert!(self.logged_damage(base) >= 1, "{}", self.server.stderr());
+    }
+
     /// ferryd's log lines naming damage to `rel`.
     fn logged_damage(&self, rel: &str) -> usize {
         self.server
@@ -93,6 +107,11 @@ impl Rig {
 /// at the commit, whose ctime comes after this mtime.
 fn source(path: &Path, len: u64, seed: u64) {
     write_random_file(path, len, seed);
+}
+
+/// The message of the first error of rcp's `--json` summary.
+fn first_error(json: &serde_json::Value) -> String {
+    json["errors"][0]["message"].as_str().unwrap().to_string()
 }
 
 /// `--hash` for a reader that asks for `alg`, or nothing for rcp's default.
@@ -127,7 +146,7 @@ fn per_file_download_fails_on_rot(alg: HashAlgorithm, down: Option<HashAlgorithm
     let out = rcp(args);
     out.assert_code(INTEGRITY);
     let json = out.json();
-    let message = json["errors"][0]["message"].as_str().unwrap().to_string();
+    let message = first_error(&json);
     assert!(
         message.contains("big.bin") && message.contains("chunk 1"),
         "{message}"
@@ -243,14 +262,7 @@ fn a_file_written_through_the_mount_is_checked_at_rest(alg: HashAlgorithm, keep_
         assert_files_equal(&original, &rig.fs.path().join(name));
         rig.fs.rot(&rig.fs.path().join(name), *offset);
         rig.download_fails_on_rot(name);
-        let mount = Mount::builder(rig.server.remote("data", ""))
-            .arg("--hash")
-            .arg(alg.name())
-            .start();
-        let err = fs::read(mount.join(name)).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(nix::libc::EIO), "{name}: {err}");
-        let base = name.rsplit('/').next().unwrap();
-        assert!(rig.logged_damage(base) >= 1, "{}", rig.server.stderr());
+        rig.mount_read_fails_on_rot(name, Some(alg));
     }
 }
 
@@ -272,15 +284,12 @@ fn rot_while_unmounted_is_caught_after_a_remount_under_another_device_number() {
     rig.server.restart::<&str>(&[]);
     for (name, chunk) in [("big.bin", "chunk 2"), ("small.txt", "chunk 0")] {
         let json = rig.download_fails_on_rot(name);
-        let message = json["errors"][0]["message"].as_str().unwrap().to_string();
+        let message = first_error(&json);
         assert!(
             message.contains(name) && message.contains(chunk),
             "{message}"
         );
-        let mount = Mount::builder(rig.server.remote("data", "")).start();
-        let err = fs::read(mount.join(name)).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(nix::libc::EIO), "{name}: {err}");
-        assert!(rig.logged_damage(name) >= 1, "{}", rig.server.stderr());
+        rig.mount_read_fails_on_rot(name, None);
     }
 }
 
@@ -296,12 +305,9 @@ fn a_share_exported_read_only_later_still_checks_its_records() {
     rig.fs.rot(&rig.fs.path().join("big.bin"), 7);
     rig.server = Server::start(&[Share::ro("data", rig.fs.path())]);
     let json = rig.download_fails_on_rot("big.bin");
-    let message = json["errors"][0]["message"].as_str().unwrap().to_string();
+    let message = first_error(&json);
     assert!(message.contains("chunk 0"), "{message}");
-    let mount = Mount::builder(rig.server.remote("data", "")).start();
-    let err = fs::read(mount.join("big.bin")).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(nix::libc::EIO), "{err}");
-    assert!(rig.logged_damage("big.bin") >= 1, "{}", rig.server.stderr());
+    rig.mount_read_fails_on_rot("big.bin", None);
 }
 
 /// A file renamed and then made executable through the mount (ferryd's `Move` and
@@ -341,7 +347,7 @@ fn a_file_renamed_and_chmodded_through_the_mount_keeps_its_record() {
     );
     rig.fs.rot(&on_server, MIB + 3);
     let json = rig.download_fails_on_rot("moved/new.bin");
-    let message = json["errors"][0]["message"].as_str().unwrap().to_string();
+    let message = first_error(&json);
     assert!(message.contains("chunk 1"), "{message}");
     assert!(rig.logged_damage("new.bin") >= 1, "{}", rig.server.stderr());
 }
@@ -402,7 +408,7 @@ fn a_file_written_through_the_mount_in_pieces_is_checked_at_rest(alg: HashAlgori
     assert_files_equal(&rig.local("src"), &on_server);
     rig.fs.rot(&on_server, 2 * MIB + 100);
     let json = rig.download_fails_on_rot("pieces.bin");
-    let message = json["errors"][0]["message"].as_str().unwrap().to_string();
+    let message = first_error(&json);
     assert!(message.contains("chunk 2"), "{message}");
     assert!(
         rig.logged_damage("pieces.bin") >= 1,
@@ -448,7 +454,7 @@ fn first_download_records_a_file_written_underneath(alg: HashAlgorithm) {
     let out = download();
     out.assert_code(INTEGRITY);
     let json = out.json();
-    let message = json["errors"][0]["message"].as_str().unwrap().to_string();
+    let message = first_error(&json);
     assert!(
         message.contains("foreign.bin") && message.contains("chunk 2"),
         "{message}"

@@ -52,6 +52,13 @@ pub fn components(path: &str) -> Result<Vec<&str>, PathError> {
     Ok(out)
 }
 
+/// True for a name a peer's directory listing may hold: one path component (no `/`,
+/// no NUL), not empty, not `.` or `..`. A client joins listed names onto local paths
+/// and hands them to the kernel, so it drops every other name the peer sends.
+pub fn valid_name(name: &str) -> bool {
+    !(name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,6 +69,14 @@ mod tests {
         assert_eq!(components(".").unwrap(), Vec::<&str>::new());
         assert_eq!(components("a//b/./c/").unwrap(), vec!["a", "b", "c"]);
         assert_eq!(components("..a/b..").unwrap(), vec!["..a", "b.."]);
+    }
+
+    #[test]
+    fn listed_names_are_one_component() {
+        assert!(valid_name("a.b") && valid_name("..a") && valid_name("a b"));
+        for bad in ["", ".", "..", "a/b", "/", "a\0b"] {
+            assert!(!valid_name(bad), "{bad:?}");
+        }
     }
 
     #[test]

@@ -411,6 +411,18 @@ impl Inner {
             .await?;
         let entries: Vec<DirEntry> = listed
             .into_iter()
+            .filter(|(e, _)| {
+                // A lying server's `a/b` or `..` never reaches the kernel or a path.
+                let ok = ferry_common::path::valid_name(&e.name);
+                if !ok {
+                    tracing::warn!(
+                        dir = path,
+                        name = e.name,
+                        "ignoring an invalid name the server listed"
+                    );
+                }
+                ok
+            })
             .map(|(e, owner)| {
                 if let Some(o) = owner {
                     self.remember_owner(&e.attr, o);

@@ -1268,7 +1268,9 @@ pub fn set_attrs(
     let what = share.display(rel);
     // The share root's own mode, owner and times may be set (a tree unpacked into a
     // mount sets them), never its size; everything else resolves as a write target.
-    let path = if rel.split('/').all(|c| c.is_empty() || c == ".") && attrs.size.is_none() {
+    // `/` and other absolute or `..` paths are refused as for every request.
+    let at_root = share.components(rel)?.is_empty();
+    let path = if at_root && attrs.size.is_none() {
         share.check_writable()?;
         share.root().to_path_buf()
     } else {

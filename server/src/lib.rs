@@ -214,7 +214,20 @@ impl Server {
             if share.read_only() {
                 continue;
             }
-            let r = cleanup::clean_tree(share.root(), self.partial_ttl, self.started);
+            let mut r = cleanup::clean_tree(share.root(), self.partial_ttl, self.started);
+            // The state directory is not walked above; its incoming files are transfer
+            // files like any other (partial fetches of `Replicate`).
+            let incoming = share
+                .root()
+                .join(ferry_common::STATE_DIR)
+                .join(crate::share::INCOMING_DIR);
+            if incoming.is_dir() {
+                let i = cleanup::clean_tree(&incoming, self.partial_ttl, self.started);
+                r.removed += i.removed;
+                r.kept += i.kept;
+                r.live += i.live;
+                r.failed += i.failed;
+            }
             tracing::info!(
                 "share {}: startup cleanup removed {} stale temporary files, kept {} resumable partial uploads ({} hidden files in use, {} failures)",
                 share.name(),

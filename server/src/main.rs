@@ -180,7 +180,7 @@ struct Args {
 }
 
 fn parse_node_id(s: &str) -> Result<String, String> {
-    if ferry_common::cluster::valid_share_name(s) {
+    if ferry_common::cluster::valid_node_id(s) {
         Ok(s.to_owned())
     } else {
         Err("node ids are 1-64 letters, digits, '-', '_' or '.', not starting with '.'".into())

@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -36,6 +36,9 @@ use ferry_common::{STATE_DIR, TEMP_PREFIX};
 
 use crate::config::{ConfigError, ShareConfig};
 use crate::store::ManifestStore;
+
+/// The directory, in the state directory, that [`Share::incoming_dir`] names.
+pub const INCOMING_DIR: &str = "incoming";
 
 /// Most symlinks followed while resolving one path (the kernel's `MAXSYMLINKS`).
 const MAX_SYMLINKS: usize = 40;
@@ -195,6 +198,33 @@ impl Share {
     /// True if every write is refused.
     pub fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    /// The share's private directory for files fetched from elsewhere before they take
+    /// a name in the share (a cluster node's `Replicate`): [`INCOMING_DIR`] in the
+    /// state directory, which no request can name or list. Made (mode 0700) if missing;
+    /// refused unless it and the state directory are real directories, not symlinks.
+    /// Blocking.
+    pub fn incoming_dir(&self) -> Result<PathBuf, ShareError> {
+        self.check_writable()?;
+        let state = self.root.join(STATE_DIR);
+        let dir = state.join(INCOMING_DIR);
+        let fail = |source: io::Error| ShareError::ResolveDir {
+            path: self.display(STATE_DIR),
+            source,
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(fail)?;
+        for d in [&state, &dir] {
+            let meta = std::fs::symlink_metadata(d).map_err(fail)?;
+            if !meta.is_dir() {
+                return Err(fail(io::Error::from(io::ErrorKind::NotADirectory)));
+            }
+        }
+        Ok(dir)
     }
 
     /// The share's persistent manifest store: a read-only share's is read (records

@@ -396,6 +396,19 @@ impl Cluster {
         format!("cluster://{}/{share}/{path}", self.etcd_endpoint())
     }
 
+    /// The layout of file `path` of cluster share `share`, read from etcd; panics if
+    /// there is no such file.
+    pub fn layout_of(&self, share: &str, path: &str) -> ferry_common::cluster::Layout {
+        let endpoint = self.etcd_endpoint();
+        crate::runtime().block_on(async {
+            let meta = ferry_client::cluster::Meta::connect(&[endpoint])
+                .await
+                .expect("etcd");
+            let v = meta.existing(share, path).await.expect("the entry");
+            v.entry.layout.expect("a file's layout")
+        })
+    }
+
     /// Node `k`'s ferryd address, `10.A.K.2:7447`.
     pub fn node_addr(&self, k: usize) -> String {
         self.node(k).spec.listen.clone()

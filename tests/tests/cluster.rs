@@ -465,8 +465,9 @@ fn replicate_requests_are_confined_to_live_members_and_the_store() {
         .unwrap();
         c.authenticate("cluster").await.unwrap();
         assert!(c.negotiated().unwrap().cluster);
+        let object = ferry_common::cluster::object_path("data", &"ab".repeat(16), 0);
         let outsider = c
-            .replicate("cluster", "data/x/y", "127.0.0.1:1", 10, [0; 32])
+            .replicate("cluster", &object, "127.0.0.1:1", 10, [0; 32])
             .await;
         let wrong_share = c
             .replicate("other", "x", &cluster.node_addr(2), 10, [0; 32])
@@ -496,7 +497,7 @@ fn replicate_requests_are_confined_to_live_members_and_the_store() {
         refused.1
     );
     // Nothing was written in the store.
-    assert!(!cluster.node_store(1).join("data/x").exists());
+    assert!(!cluster.node_store(1).join("data").exists());
 }
 
 #[test]

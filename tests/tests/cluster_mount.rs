@@ -26,14 +26,7 @@ const READ_LIMIT: Duration = Duration::from_secs(30);
 
 /// The layout of file `path` of share `data`, from etcd.
 fn layout_of(cluster: &Cluster, path: &str) -> Layout {
-    let endpoint = cluster.etcd_endpoint();
-    ferry_tests::runtime().block_on(async {
-        let meta = ferry_client::cluster::Meta::connect(&[endpoint])
-            .await
-            .expect("etcd");
-        let v = meta.existing("data", path).await.expect("the entry");
-        v.entry.layout.expect("a file's layout")
-    })
+    cluster.layout_of("data", path)
 }
 
 /// Node number `k` of node id `nK`.

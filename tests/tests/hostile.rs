@@ -25,9 +25,9 @@ use ferry_client::Client;
 use ferry_common::chunk::{hash_chunk, manifest_id};
 use ferry_common::codec::{MAX_CTRL_FRAME_BYTES, MAX_REQUEST_FRAME_BYTES};
 use ferry_common::msg::{
-    BatchFile, BatchedFile, ErrorKind, FileKind, Hello, MappedFile, Message, RegionDesc,
-    RemoteError, Request, Response, ServerStats, Timestamp, Welcome, BATCH_MAX_FILES,
-    DEFAULT_CHUNK_BYTES, MAX_NAME_BYTES, MAX_PATH_BYTES, SMALL_FILE_MAX_BYTES,
+    AttrEntry, BatchFile, BatchedFile, ErrorKind, FileKind, Hello, MappedFile, Message, MetaEntry,
+    NewDir, RegionDesc, RemoteError, Request, Response, ServerStats, SetAttrs, Timestamp, Welcome,
+    BATCH_MAX_FILES, DEFAULT_CHUNK_BYTES, MAX_NAME_BYTES, MAX_PATH_BYTES, SMALL_FILE_MAX_BYTES,
 };
 use ferry_common::proto::MAX_INFLIGHT_REQUESTS;
 use ferry_common::transport::tcp::wire::{Header, READ_REQ};
@@ -168,6 +168,10 @@ fn error_kind(r: Response) -> ErrorKind {
         Response::LinkedBatch { results } if results.len() == 1 => match &results[0] {
             Some(e) => e.kind,
             None => panic!("expected the link to fail, it was made"),
+        },
+        Response::MetaSet { results } if results.len() == 1 => match &results[0] {
+            Some(e) => e.kind,
+            None => panic!("expected the entry to fail, it was set"),
         },
         other => panic!("expected an error, got {other:?}"),
     }
@@ -844,9 +848,21 @@ enum PathRequest {
     /// the one path of a `DownloadBatch`: its entry must carry the error.
     UploadBatch,
     DownloadBatch,
+    /// The requests of the `meta`, `dirs`, `write` and `finish` capabilities; the path
+    /// as the one entry of a batch, as `Move`'s source and then its destination.
+    StatMeta,
+    ListDirMeta,
+    SetMeta,
+    MakeDirs,
+    SetAttrBatch,
+    SetAttrs,
+    Move,
+    MoveTo,
+    FileOpen,
+    FilePut,
 }
 
-const EVERY_KIND: [PathRequest; 23] = [
+const EVERY_KIND: [PathRequest; 33] = [
     PathRequest::Stat { follow: true },
     PathRequest::Stat { follow: false },
     PathRequest::ListDir,
@@ -870,16 +886,28 @@ const EVERY_KIND: [PathRequest; 23] = [
     PathRequest::Verify,
     PathRequest::UploadBatch,
     PathRequest::DownloadBatch,
+    PathRequest::StatMeta,
+    PathRequest::ListDirMeta,
+    PathRequest::SetMeta,
+    PathRequest::MakeDirs,
+    PathRequest::SetAttrBatch,
+    PathRequest::SetAttrs,
+    PathRequest::Move,
+    PathRequest::MoveTo,
+    PathRequest::FileOpen,
+    PathRequest::FilePut,
 ];
 
 /// The kinds that follow a final symlink.
-const FOLLOWING: [PathRequest; 6] = [
+const FOLLOWING: [PathRequest; 8] = [
     PathRequest::Stat { follow: true },
     PathRequest::ListDir,
     PathRequest::DownloadOpen,
     PathRequest::MapOpen,
     PathRequest::Manifest,
     PathRequest::DownloadBatch,
+    PathRequest::StatMeta,
+    PathRequest::ListDirMeta,
 ];
 
 /// A region of no bytes: an upload batch of empty files needs no READ.
@@ -1015,6 +1043,83 @@ impl PathRequest {
                 paths: vec![path],
                 region: NO_REGION,
             },
+            other => other.on_write_caps(share, path),
+        }
+    }
+
+    /// [`PathRequest::on`] for the requests of the later capabilities.
+    fn on_write_caps(self, share: String, path: String) -> Request {
+        let attrs = SetAttrs {
+            mode: Some(0o777),
+            mtime: Some(Default::default()),
+            ..SetAttrs::default()
+        };
+        match self {
+            PathRequest::StatMeta => Request::StatMeta {
+                share,
+                path,
+                follow: true,
+            },
+            PathRequest::ListDirMeta => Request::ListDirMeta {
+                share,
+                path,
+                cursor: 0,
+            },
+            PathRequest::SetMeta => Request::SetMeta {
+                share,
+                entries: vec![MetaEntry {
+                    path,
+                    uid: Some(0),
+                    gid: Some(0),
+                    mtime: Some(Default::default()),
+                }],
+            },
+            PathRequest::MakeDirs => Request::MakeDirs {
+                share,
+                dirs: vec![NewDir { path, mode: 0o777 }],
+            },
+            PathRequest::SetAttrBatch => Request::SetAttrBatch {
+                share,
+                entries: vec![AttrEntry {
+                    path,
+                    mode: Some(0o777),
+                    uid: None,
+                    gid: None,
+                    mtime: Some(Default::default()),
+                }],
+            },
+            PathRequest::SetAttrs => Request::SetAttrs { share, path, attrs },
+            PathRequest::Move => Request::Move {
+                share,
+                from: path,
+                to: "moved".into(),
+                no_replace: false,
+            },
+            PathRequest::MoveTo => Request::Move {
+                share,
+                from: "sub/f".into(),
+                to: path,
+                no_replace: false,
+            },
+            PathRequest::FileOpen => Request::FileOpen {
+                share,
+                path,
+                create: Some(0o777),
+                exclusive: false,
+                truncate: true,
+            },
+            PathRequest::FilePut => Request::FilePut {
+                share,
+                path,
+                mode: 0o777,
+                exclusive: false,
+                region: NO_REGION,
+                algorithm: HashAlgorithm::Blake3,
+                extents: Vec::new(),
+                hashes: Vec::new(),
+                attrs,
+            },
+            other => unreachable!("{other:?} is built by PathRequest::on"),
         }
     }
 }
@@ -1096,7 +1201,14 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
 
     for kind in EVERY_KIND {
         for (path, expected) in &cases {
-            let got = error_kind(raw.call(kind.on(SHARE, path)));
+            let got = match raw.call(kind.on(SHARE, path)) {
+                r @ (Response::Error(_)
+                | Response::UploadedBatch { .. }
+                | Response::DownloadedBatch { .. }
+                | Response::LinkedBatch { .. }
+                | Response::MetaSet { .. }) => error_kind(r),
+                other => panic!("{kind:?} {path:?} was not refused: {other:?}"),
+            };
             assert_eq!(got, *expected, "{kind:?} {path:?}");
         }
         for share in ["../data", "data/..", "data\0", "", "/"] {
@@ -1976,4 +2088,179 @@ fn a_barrage_of_hostile_connections_leaves_memory_and_descriptors_bounded() {
         thread::sleep(Duration::from_millis(50));
     }
     healthy.check(&env, "the barrage ended");
+}
+
+/// The regular files below `dir`, relative to it, skipping ferryd's hidden names.
+fn store_files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_owned()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if e.file_name().to_string_lossy().starts_with(".ferry") {
+                continue;
+            }
+            if fs::symlink_metadata(&p).unwrap().is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every entry below `dir` (names, kinds and sizes, recursively, never following a
+/// symlink): what a refused `Replicate` must leave as it was.
+fn tree_listing(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_owned()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let m = fs::symlink_metadata(e.path()).unwrap();
+            out.push(format!(
+                "{} {:?} {}",
+                e.path().display(),
+                m.file_type(),
+                m.len()
+            ));
+            if m.is_dir() {
+                todo.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `Replicate` (a node asked by a holder of the cluster secret to fetch an object from
+/// another live node) with paths that climb out of the store, absolute paths, other
+/// spellings of an object's path, and an object path whose directories are symlinks
+/// that lead out: each refused before anything is fetched or made, nothing outside
+/// the store changes, and nothing is named in the store either. An object that does
+/// not verify names nothing, not even its directory; the same request with the right
+/// manifest replicates the object (so the refusals are the paths', not the request's).
+#[test]
+fn replicate_paths_that_leave_the_store_are_refused_before_anything_is_made() {
+    use ferry_common::cluster::STORE_SHARE;
+    use ferry_tests::{rcp, rcp_args, skip_without_cluster, Cluster};
+    if skip_without_cluster(
+        "replicate_paths_that_leave_the_store_are_refused_before_anything_is_made",
+    ) {
+        return;
+    }
+    // One stripe on one replica: the other node's store holds nothing at all.
+    let cluster = Cluster::start_with_share(2, "data", 1, 1);
+    let src = cluster.dir().join("src.bin");
+    let size = 300_000;
+    write_random_file(&src, size, 41);
+    rcp(rcp_args![&src, cluster.url("data", "f")]).assert_success();
+    let layout = cluster.layout_of("data", "f");
+    assert_eq!(layout.stripes.len(), 1);
+    let object = layout.object_path("data", 0);
+    let manifest = layout.manifest(0).expect("a manifest");
+    let holder = layout.stripes[0].replicas[0].clone();
+    let (from, to) = if holder == cluster.node_id(1) {
+        (1, 2)
+    } else {
+        (2, 1)
+    };
+    let store = cluster.node_store(to);
+    assert!(
+        !store.join("data").exists(),
+        "one replica: node {to} holds nothing"
+    );
+
+    // Outside the store: a directory with a canary, and symlinks in the store to it.
+    let outside = cluster.dir().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("canary"), b"never to be written").unwrap();
+    std::os::unix::fs::symlink(&outside, store.join("abs-dir")).unwrap();
+    let before_outside = tree_listing(&outside);
+    let before_store = store_files(&store);
+    let climb = "../".repeat(store.components().count());
+    let abs = outside.join("pwn");
+    let id = &layout.id;
+    let hostile: Vec<String> = vec![
+        format!("{climb}{}/sub/pwn", outside.display()),
+        format!("../outside/sub/{id}.0"),
+        abs.display().to_string(),
+        format!("{}/{}/{id}.0", outside.display(), &id[..2]),
+        format!("data/../../outside/{id}.0"),
+        format!("data//{}/{id}.0", &id[..2]),
+        format!("data/{}/{id}.0/x", &id[..2]),
+        format!("data/{}/{id}.00", &id[..2]),
+        "data/x/y".into(),
+        String::new(),
+    ];
+    let from_addr = cluster.node_addr(from);
+    let (host, port) = cluster
+        .node_addr(to)
+        .rsplit_once(':')
+        .map(|(h, p)| (h.to_owned(), p.parse().unwrap()))
+        .unwrap();
+    let rt = runtime();
+    let c = rt
+        .block_on(ferry_tests::connect_to(&host, port, TransportChoice::Tcp))
+        .unwrap();
+    rt.block_on(c.authenticate(STORE_SHARE)).unwrap();
+    let replicate = |path: &str, manifest| {
+        rt.block_on(c.replicate(STORE_SHARE, path, &from_addr, size, manifest))
+    };
+    for path in &hostile {
+        let err = replicate(path, manifest).expect_err(path);
+        assert_eq!(
+            err.remote_kind(),
+            Some(ErrorKind::InvalidPath),
+            "{path:?}: {err}"
+        );
+    }
+    // A path of an object's shape whose first directory is a symlink out of the store.
+    let through = format!("abs-dir/{}/{id}.0", &id[..2]);
+    let err = replicate(&through, manifest).expect_err("through abs-dir");
+    assert_eq!(err.remote_kind(), Some(ErrorKind::OutsideShare), "{err}");
+    // A valid object path whose share directory, then whose fan directory, is a
+    // symlink that leads out of the store.
+    let fan_dir = store.join("data").join(&id[..2]);
+    for link in [store.join("data"), fan_dir.clone()] {
+        fs::create_dir_all(link.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&outside, &link).unwrap();
+        let err = replicate(&object, manifest).expect_err("through a symlink");
+        assert_eq!(
+            err.remote_kind(),
+            Some(ErrorKind::OutsideShare),
+            "{link:?}: {err}"
+        );
+        fs::remove_file(&link).unwrap();
+    }
+    fs::remove_dir(store.join("data")).unwrap();
+    assert_eq!(
+        tree_listing(&outside),
+        before_outside,
+        "outside the store changed"
+    );
+    assert_eq!(store_files(&store), before_store, "the store gained a name");
+    assert!(!store.join("data").exists());
+
+    // An object that does not verify: refused after the fetch, and no directory made.
+    let mut wrong = manifest;
+    wrong[0] ^= 1;
+    let err = replicate(&object, wrong).expect_err("a wrong manifest");
+    assert_eq!(err.remote_kind(), Some(ErrorKind::Integrity), "{err}");
+    assert!(
+        !store.join("data").exists(),
+        "made a directory for an object that failed"
+    );
+
+    // The same request with the right manifest replicates it.
+    replicate(&object, manifest).expect("a valid replicate");
+    let want = fs::read(cluster.node_store(from).join(&object)).unwrap();
+    assert_eq!(fs::read(store.join(&object)).unwrap(), want);
+    assert_eq!(
+        tree_listing(&outside),
+        before_outside,
+        "outside the store changed"
+    );
+    c.close();
 }

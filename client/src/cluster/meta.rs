@@ -141,7 +141,15 @@ impl Meta {
         let mut out: Vec<NodeInfo> = resp
             .kvs()
             .iter()
-            .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+            .filter_map(|kv| serde_json::from_slice::<NodeInfo>(kv.value()).ok())
+            .filter(|n| {
+                // Node ids name sessions, logs and layouts' replicas: never a path.
+                let ok = cluster::valid_node_id(&n.id);
+                if !ok {
+                    tracing::warn!(id = n.id, "ignoring a node record whose id is not valid");
+                }
+                ok
+            })
             .collect();
         out.sort_by(|a: &NodeInfo, b| a.id.cmp(&b.id));
         Ok(out)
@@ -381,6 +389,17 @@ impl Meta {
             let Some((share, path)) = kv.key_str().ok().and_then(parse_entry_key) else {
                 continue;
             };
+            // A client joins these paths onto local directories: a key that is not one
+            // spelling of a path below the share (`..`, absolute, empty components) is
+            // never listed.
+            if !cluster::valid_share_name(share) || !cluster::valid_entry_path(path) {
+                tracing::warn!(
+                    share,
+                    path,
+                    "ignoring an etcd entry whose key is not a valid path"
+                );
+                continue;
+            }
             out.push((
                 share.to_owned(),
                 path.to_owned(),
@@ -540,7 +559,11 @@ pub fn root_entry() -> Entry {
     }
 }
 
+/// The entry etcd holds at `path`, checked ([`Entry::validate`]) before any path is
+/// built from it.
 fn decode(value: &[u8], path: &str) -> Result<Entry, ClientError> {
-    serde_json::from_slice(value)
-        .map_err(|e| ClientError::Cluster(format!("{path}: bad entry in etcd: {e}")))
+    let bad = |e: String| ClientError::Cluster(format!("{path}: bad entry in etcd: {e}"));
+    let entry: Entry = serde_json::from_slice(value).map_err(|e| bad(e.to_string()))?;
+    entry.validate().map_err(bad)?;
+    Ok(entry)
 }

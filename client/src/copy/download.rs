@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use ferry_common::attr::set_owner_and_mtime;
 use ferry_common::msg::{DirEntry, FileKind, Owner};
+use ferry_common::path::valid_name;
 use ferry_common::proto::ProtoError;
 use ferry_common::staging::link_path;
 use rayon::prelude::*;
@@ -246,11 +247,6 @@ async fn walk_remote(
     for (dir, item, listing) in listed {
         walk_listed(dir, item, listing, hard_links, plan, shared);
     }
-}
-
-/// True for a name a listing may hold: one path component, not `.` or `..`.
-fn valid_name(name: &str) -> bool {
-    !(name.contains('/') || name == ".." || name == "." || name.is_empty())
 }
 
 /// The directory `entry` of the listed `dir` (planned as `item`), to be listed and

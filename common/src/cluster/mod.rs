@@ -125,6 +125,74 @@ pub fn valid_share_name(name: &str) -> bool {
         && !name.starts_with('.')
 }
 
+/// Checks a node id (`ferryd --node-id`, and the ids etcd lists): the same rules as a
+/// share name, so an id read from etcd is never a path.
+pub fn valid_node_id(id: &str) -> bool {
+    valid_share_name(id)
+}
+
+/// Checks a layout id: exactly [`LAYOUT_ID_HEX`] lowercase hex digits, as
+/// [`Layout::new_id`] and the copy drivers make them. An object path is built from it,
+/// so an id read from etcd that is anything else is refused before it names a path.
+pub fn valid_layout_id(id: &str) -> bool {
+    id.len() == LAYOUT_ID_HEX && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Hex digits of a layout id (16 bytes).
+pub const LAYOUT_ID_HEX: usize = 32;
+
+/// Checks a namespace path as etcd may hold it: a valid share path
+/// ([`crate::path::components`]: no `..`, not absolute, no NUL, bounded), not the
+/// root, and in its one spelling (no empty or `.` components), so that a client that
+/// joins it onto a local directory stays below that directory.
+pub fn valid_entry_path(path: &str) -> bool {
+    crate::path::components(path).is_ok_and(|c| !c.is_empty() && c.join("/") == path)
+}
+
+/// A store object's path taken apart: `SHARE/FAN/ID.INDEX` ([`object_path`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectPath<'p> {
+    /// The cluster share whose file the object is a stripe of.
+    pub share: &'p str,
+    /// The layout id.
+    pub id: &'p str,
+    /// The stripe's index.
+    pub index: usize,
+}
+
+impl<'p> ObjectPath<'p> {
+    /// Parses `path` if, and only if, it is exactly what [`object_path`] makes of a valid
+    /// share name, a valid layout id and an index: three components, no `..`, no
+    /// absolute path, no other spelling. A node takes only such paths from a peer that
+    /// asks it to fetch an object (`Replicate`).
+    pub fn parse(path: &'p str) -> Option<ObjectPath<'p>> {
+        let mut parts = path.split('/');
+        let (share, fan, name) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || !valid_share_name(share) {
+            return None;
+        }
+        let (id, index) = name.split_once('.')?;
+        let digits_ok = !index.is_empty() && index.len() <= 10;
+        if !valid_layout_id(id) || fan != &id[..2] || !digits_ok {
+            return None;
+        }
+        if !index.bytes().all(|b| b.is_ascii_digit()) || (index.len() > 1 && index.starts_with('0'))
+        {
+            return None;
+        }
+        let index = index.parse().ok()?;
+        Some(ObjectPath { share, id, index })
+    }
+
+    /// The directories above the object, parents first (`SHARE`, `SHARE/FAN`).
+    pub fn dirs(&self) -> [String; 2] {
+        [
+            self.share.to_owned(),
+            format!("{}/{}", self.share, &self.id[..2]),
+        ]
+    }
+}
+
 /// A storage node's registration, refreshed while it lives.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
@@ -208,6 +276,20 @@ pub struct Entry {
     pub layout: Option<Layout>,
 }
 
+impl Entry {
+    /// Checks an entry read from etcd before a path is built from it: a file's layout
+    /// (if any) passes [`Layout::validate`] for its size; a directory or symlink has
+    /// none.
+    pub fn validate(&self) -> Result<(), String> {
+        match (&self.kind, &self.layout) {
+            (EntryKind::File, Some(l)) => l.validate(self.size),
+            (EntryKind::File, None) => Ok(()),
+            (_, Some(_)) => Err("a directory or symlink with a layout".into()),
+            (_, None) => Ok(()),
+        }
+    }
+}
+
 /// Where a file's bytes are.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Layout {
@@ -231,6 +313,41 @@ pub struct Stripe {
 }
 
 impl Layout {
+    /// Checks a layout read from etcd before any path is built from it: a valid id
+    /// ([`valid_layout_id`]), a stripe size that is a positive multiple of
+    /// [`STRIPE_ALIGN`], the stripes a file of `size` bytes has, each with a manifest
+    /// of 64 hex digits and replicas that are valid node ids.
+    pub fn validate(&self, size: u64) -> Result<(), String> {
+        if !valid_layout_id(&self.id) {
+            return Err(format!(
+                "layout id {:?} is not {LAYOUT_ID_HEX} hex digits",
+                self.id
+            ));
+        }
+        if self.stripe_bytes == 0 || self.stripe_bytes % STRIPE_ALIGN != 0 {
+            return Err(format!(
+                "stripe size {} is not a multiple of 1 MiB",
+                self.stripe_bytes
+            ));
+        }
+        if self.stripes.len() != stripe_count(size, self.stripe_bytes) {
+            return Err(format!(
+                "{} stripes for {size} bytes in stripes of {}",
+                self.stripes.len(),
+                self.stripe_bytes
+            ));
+        }
+        for (i, s) in self.stripes.iter().enumerate() {
+            if self.manifest(i).is_none() {
+                return Err(format!("stripe {i}: manifest is not 64 hex digits"));
+            }
+            if let Some(bad) = s.replicas.iter().find(|n| !valid_node_id(n)) {
+                return Err(format!("stripe {i}: {bad:?} is not a node id"));
+            }
+        }
+        Ok(())
+    }
+
     /// A fresh layout id.
     pub fn new_id() -> String {
         crate::seal::to_hex(&rand::random::<[u8; 16]>())
@@ -319,6 +436,86 @@ mod tests {
             ..ShareConfig::default()
         };
         assert!(no_replicas.validate().is_err());
+    }
+
+    #[test]
+    fn object_paths_parse_only_in_their_one_spelling() {
+        let id = "ab12".repeat(8);
+        let good = object_path("s", &id, 17);
+        assert_eq!(
+            ObjectPath::parse(&good),
+            Some(ObjectPath {
+                share: "s",
+                id: &id,
+                index: 17
+            })
+        );
+        assert_eq!(
+            ObjectPath::parse(&good).unwrap().dirs(),
+            ["s".to_owned(), "s/ab".to_owned()]
+        );
+        let upper = id.to_uppercase();
+        for bad in [
+            "../../../../tmp/x/sub/pwn".to_owned(),
+            "/tmp/y/pwn".to_owned(),
+            format!("/s/ab/{id}.0"),
+            format!("s/../ab/{id}.0"),
+            format!("s/ab/../{id}.0"),
+            format!("s//ab/{id}.0"),
+            format!("s/./ab/{id}.0"),
+            format!("s/ab/{id}.0/x"),
+            format!("s/cd/{id}.0"),
+            format!("s/AB/{upper}.0"),
+            format!("s/ab/{id}"),
+            format!("s/ab/{id}."),
+            format!("s/ab/{id}.01"),
+            format!("s/ab/{id}.-1"),
+            format!("s/ab/{id}.1x"),
+            format!(".s/ab/{id}.0"),
+            format!("s/ab/{id}a.0"),
+            format!("s/ab/{id}.0\0"),
+            "s/ab".to_owned(),
+            String::new(),
+        ] {
+            assert_eq!(ObjectPath::parse(&bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn entry_paths_and_layouts_from_etcd_are_checked() {
+        assert!(valid_entry_path("a/b.bin"));
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/../b",
+            "/etc/passwd",
+            "a//b",
+            "a/./b",
+            "a/",
+            "a\0",
+        ] {
+            assert!(!valid_entry_path(bad), "{bad:?}");
+        }
+        let mut l = Layout {
+            id: "0f".repeat(16),
+            algorithm: HashAlgorithm::Blake3,
+            stripe_bytes: 1 << 20,
+            stripes: vec![Stripe {
+                replicas: vec!["n1".into()],
+                manifest: "00".repeat(32),
+            }],
+        };
+        assert_eq!(l.validate(5), Ok(()));
+        assert!(l.validate(0).is_err(), "one stripe for an empty file");
+        l.id = "../../../tmp".into();
+        assert!(l.validate(5).is_err());
+        l.id = "0f".repeat(16);
+        l.stripes[0].replicas = vec!["../n".into()];
+        assert!(l.validate(5).is_err());
+        l.stripes[0].replicas = vec!["n1".into()];
+        l.stripes[0].manifest = "zz".into();
+        assert!(l.validate(5).is_err());
     }
 
     #[test]

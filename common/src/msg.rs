@@ -889,7 +889,9 @@ pub enum Request {
         region: RegionDesc,
     },
     /// Change attributes through a handle (`ftruncate`, `fchmod`, `fchown`,
-    /// `futimens`); answered by [`Response::Attr`] with the attributes after.
+    /// `futimens`); answered by [`Response::Attr`] with the attributes after. With
+    /// nothing to change it is an `fstat` (a mount revalidating an open handle at
+    /// `open(2)`, for close-to-open), and leaves the file as it was.
     FileSetAttr {
         /// Handle.
         handle: u64,

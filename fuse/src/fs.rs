@@ -90,6 +90,9 @@ struct Inner {
     /// This mount's id (`/proc/self/mountinfo`), read at the first close that needs
     /// it; `None` inside when it could not be found.
     mount_id: OnceLock<Option<u64>>,
+    /// The session's channel for telling the kernel to drop what it cached of a node
+    /// (set once the session exists, [`FerryFs::notifier_slot`]).
+    notifier: Arc<OnceLock<fuser::Notifier>>,
 }
 
 /// Owners remembered before the table is emptied (it refills from the next lookups).
@@ -157,9 +160,17 @@ impl FerryFs {
                 fresh_dirs: Mutex::new(HashMap::new()),
                 mountpoint: None,
                 mount_id: OnceLock::new(),
+                notifier: Arc::new(OnceLock::new()),
             }),
             rt,
         }
+    }
+
+    /// Where the session's [`fuser::Notifier`] goes once the session exists: until it
+    /// is set, an open cannot drop attributes the kernel cached (close-to-open then
+    /// holds only after `attr_timeout`).
+    pub fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
+        self.inner.notifier.clone()
     }
 
     /// Tells the filesystem its absolute mountpoint (resolved before mounting), so that
@@ -362,9 +373,15 @@ impl Inner {
                 .map_or(0, |a| a.size);
             auto_chunk(size)
         });
+        let before = lock(&self.nodes).attr(&path, Instant::now(), Duration::MAX);
         let file = self.reader.open(&self.share, &sp, chunk_bytes).await?;
+        if let Err(e) = self.check_same_file(ino.0, &path, &file.attr()) {
+            file.release();
+            return Err(e);
+        }
         let version = file.version();
         lock(&self.nodes).store_attr(&path, file.attr(), Instant::now());
+        self.revalidated(ino.0, before.as_ref(), &file.attr());
         let keep = lock(&self.versions).insert(ino.0, version) == Some(version);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.read_gens).insert(fh, (ino.0, self.gen_of(ino.0)));
@@ -460,6 +477,21 @@ impl Inner {
 /// of `/proc/<opener>/task/<tid>`, not a read of `/proc/<tid>/status`. An opener
 /// thread that has exited counts as another process (its file is then published at
 /// its last release instead of this close).
+/// A `write` through `wf`: at `offset`, or with `append` at the end of the file as the
+/// handle knows it ([`WriteFile::append`]).
+async fn write_or_append(
+    wf: &Arc<WriteFile>,
+    append: bool,
+    offset: u64,
+    data: &[u8],
+) -> Result<(), OpError> {
+    if append {
+        wf.append(data).await.map(|_| ())
+    } else {
+        wf.write(offset, data).await
+    }
+}
+
 fn same_process(opener: u32, tid: u32) -> bool {
     tid == opener || Path::new(&format!("/proc/{opener}/task/{tid}")).exists()
 }
@@ -621,9 +653,17 @@ impl Inner {
             return Err(read_only());
         }
         let _one = self.open_lock.lock().await;
+        let before = lock(&self.nodes).attr(path, Instant::now(), Duration::MAX);
         let wf = match self.wfile(ino) {
             Some(wf) => {
                 wf.add_ref();
+                // Close-to-open: the handle may predate another client's close (or be
+                // one whose release is still on its way); its size and times are
+                // asked of the server again.
+                if let Err(e) = wf.revalidate().await {
+                    wf.drop_ref();
+                    return Err(e);
+                }
                 if how.truncate {
                     let attrs = ferry_common::msg::SetAttrs {
                         size: Some(0),
@@ -652,6 +692,15 @@ impl Inner {
                     })
                     .await?;
                 let staged = opened.staged;
+                // A staged file is a new server file by design; an open in place must
+                // be of the file the node is.
+                if !staged {
+                    if let Err(e) = self.check_same_file(ino, path, &opened.attr) {
+                        let handle = opened.handle;
+                        let _ = conn.client.file_close(handle).await;
+                        return Err(e);
+                    }
+                }
                 let wf = WriteFile::new(self.remote.clone(), conn, label, opened, algorithm)?;
                 lock(&self.wfiles).insert(ino, wf.clone());
                 if staged {
@@ -662,9 +711,53 @@ impl Inner {
             }
         };
         let attr = wf.attr();
+        self.revalidated(ino, before.as_ref(), &attr);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.wfhs).insert(fh, (ino, wf));
         Ok((fh, attr))
+    }
+
+    /// Fails with `ESTALE` when the server file an open of node `ino` found at `path`
+    /// (`fresh`) is not the file the node is (its name was replaced by a rename or a
+    /// copy since the kernel looked it up). The kernel then walks the path again with
+    /// `LOOKUP_REVAL`, whose lookup finds the new file under a new node, and opens
+    /// that: so an open after another client's replacing close gets a descriptor
+    /// whose `fstat`, reads and writes are all of the new file.
+    fn check_same_file(&self, ino: u64, path: &str, fresh: &Attr) -> Result<(), OpError> {
+        let key = lock(&self.nodes).key(ino);
+        match key {
+            Some(k) if k != (fresh.dev, fresh.ino) => {
+                lock(&self.nodes).store_attr(path, fresh.clone(), Instant::now());
+                Err(OpError::new(
+                    Errno::ESTALE,
+                    format!("{path}: replaced on the server since it was looked up"),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Close-to-open at an open of node `ino`: `fresh` is what the server said at this
+    /// open, `before` what this mount last knew (and may have told the kernel). When
+    /// the file changed in between (or this mount knew nothing), the kernel is told to
+    /// drop its cached attributes, so its size (what an `O_APPEND` write and a read's
+    /// end of file go by) and times are asked for again, and answered with `fresh`.
+    /// Its page cache is the open reply's business (`FOPEN_KEEP_CACHE` only for an
+    /// unchanged version).
+    fn revalidated(&self, ino: u64, before: Option<&Attr>, fresh: &Attr) {
+        let same = before.is_some_and(|b| {
+            (b.size, b.mtime, b.ctime, b.ino) == (fresh.size, fresh.mtime, fresh.ctime, fresh.ino)
+        });
+        if same {
+            return;
+        }
+        if let Some(n) = self.notifier.get() {
+            // Attributes only (offset -1): no page is touched, so this cannot wait on
+            // a page lock the kernel holds for the request being answered.
+            if let Err(e) = n.inval_inode(INodeNo(ino), -1, 0) {
+                tracing::debug!(ino, "cannot drop the kernel's cached attributes: {e}");
+            }
+        }
     }
 
     async fn create(
@@ -1059,7 +1152,9 @@ fn answer_read(reader: &Reader, reply: ReplyData, got: Result<Vec<u8>, OpError>)
 
 /// Logs a failed operation at a level that fits its errno, and returns the errno.
 fn fail(op: &str, e: OpError) -> Errno {
-    if e.errno == Errno::ENOENT {
+    // A missing name, and a node whose name another client replaced (the kernel
+    // looks it up again), are the normal course of things.
+    if e.errno == Errno::ENOENT || e.errno == Errno::ESTALE {
         tracing::debug!("{op}: {}", e.message);
     } else {
         tracing::warn!("{op}: {}", e.message);
@@ -1656,7 +1751,7 @@ impl fuser::Filesystem for FerryFs {
         offset: u64,
         data: &[u8],
         _write_flags: fuser::WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<fuser::LockOwner>,
         reply: fuser::ReplyWrite,
     ) {
@@ -1664,17 +1759,22 @@ impl fuser::Filesystem for FerryFs {
             return reply.error(Errno::EBADF);
         };
         let len = data.len() as u32;
+        // `O_APPEND` (the descriptor's flags as they are now): at the end of the file as
+        // the server had it at this open plus this mount's writes since, not at the
+        // kernel's offset, which comes from the size it cached before another client's
+        // close.
+        let append = flags.0 & nix::libc::O_APPEND != 0;
         // The bytes are copied into the write-back cache on this thread while another
         // stays free for the kernel; past that, on the runtime.
         if let Some(_held) = ThreadClaim::take(&self.inner.blocked_reads, self.inner.opts.threads) {
-            return match self.rt.block_on(wf.write(offset, data)) {
+            return match self.rt.block_on(write_or_append(&wf, append, offset, data)) {
                 Ok(()) => reply.written(len),
                 Err(e) => reply.error(fail("write", e)),
             };
         }
         let data = data.to_vec();
         self.spawn(|_| async move {
-            match wf.write(offset, &data).await {
+            match write_or_append(&wf, append, offset, &data).await {
                 Ok(()) => reply.written(len),
                 Err(e) => reply.error(fail("write", e)),
             }

@@ -211,13 +211,16 @@ fn run(args: Args, notify: bool) -> Result<(), Failure> {
         writable,
     )
     .with_mountpoint(at.absolute.clone());
+    let notifier = fs.notifier_slot();
     let mounted = format!(
         "mounted {} on {} over {via}, {}",
         remote.display(),
         args.mountpoint.display(),
         if writable { "read-write" } else { "read-only" }
     );
-    mount_and_serve(fs, rt, at, &mounted)
+    mount_and_serve(fs, rt, at, &mounted, |n| {
+        let _ = notifier.set(n);
+    })
 }
 
 /// Where and how [`mount_and_serve`] mounts.
@@ -264,11 +267,13 @@ impl<'a> MountAt<'a> {
 
 /// Mounts `fs`, raises the kernel's readahead, unmounts on SIGINT/SIGTERM, logs
 /// `mounted`, tells a waiting parent, and serves until the mount goes.
+/// `with_notifier` gets the session's notifier before the first request is served.
 fn mount_and_serve<FS: Filesystem>(
     fs: FS,
     rt: tokio::runtime::Runtime,
     at: MountAt<'_>,
     mounted: &str,
+    with_notifier: impl FnOnce(fuser::Notifier),
 ) -> Result<(), Failure> {
     let (session, unmounter) = ferry_fuse::mount::mount(fs, at.mountpoint, &at.fsname, &at.config)
         .map_err(|e| {
@@ -277,6 +282,7 @@ fn mount_and_serve<FS: Filesystem>(
                 anyhow::anyhow!("cannot mount on {}: {e}", at.mountpoint.display()),
             )
         })?;
+    with_notifier(session.notifier());
     if let Err(e) = ferry_fuse::mount::set_readahead(&at.absolute, at.readahead_kib) {
         tracing::debug!("kernel readahead left at its default: {e}");
     }
@@ -355,7 +361,7 @@ fn run_cluster(args: Args, notify: bool) -> Result<(), Failure> {
         args.mountpoint.display(),
         if writable { "read-write" } else { "read-only" }
     );
-    mount_and_serve(fs, rt, at, &mounted)
+    mount_and_serve(fs, rt, at, &mounted, |_| {})
 }
 
 /// What a writable cluster mount writes with: its own connection to the cluster, the

@@ -484,6 +484,51 @@ impl WriteFile {
     pub async fn write(self: &Arc<Self>, offset: u64, data: &[u8]) -> Result<(), OpError> {
         self.check()?;
         let mut st = self.state.lock().await;
+        self.write_locked(&mut st, offset, data).await
+    }
+
+    /// Copies `data` into the write-back cache at the end of the file as this handle
+    /// knows it (the server's size at the last open or revalidation, grown by this
+    /// mount's writes): an `O_APPEND` write, whatever offset the kernel computed from
+    /// its own cached size. Returns the offset written at. Appends through one handle
+    /// are serialised by its state lock, so two never land on the same bytes.
+    pub async fn append(self: &Arc<Self>, data: &[u8]) -> Result<u64, OpError> {
+        self.check()?;
+        let mut st = self.state.lock().await;
+        let offset = lock(&self.view).size;
+        self.write_locked(&mut st, offset, data).await?;
+        Ok(offset)
+    }
+
+    /// Close-to-open at an open that finds this handle still held (another descriptor
+    /// of this mount, or one whose release has not arrived yet): writes back what is
+    /// cached, then asks the server for the file's attributes through the handle, so
+    /// the size and times a later append or `getattr` uses are the server's, with
+    /// every other client's close before this open in them. A file not yet named
+    /// (created here, nobody else sees it) needs no revalidation.
+    pub async fn revalidate(self: &Arc<Self>) -> Result<Attr, OpError> {
+        self.check()?;
+        let mut st = self.state.lock().await;
+        if matches!(st.opened, Opened::Deferred(_)) || st.staged {
+            return Ok(self.attr());
+        }
+        self.settle_all(&mut st).await?;
+        let handle = self.handle(&mut st).await?;
+        let attr = self
+            .call("revalidate", |c| async move {
+                c.client.file_set_attr(handle, SetAttrs::default()).await
+            })
+            .await?;
+        Ok(self.settle(attr))
+    }
+
+    /// [`WriteFile::write`] with the state lock held.
+    async fn write_locked(
+        self: &Arc<Self>,
+        st: &mut State,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), OpError> {
         if st.closed {
             return Err(OpError::new(
                 Errno::EBADF,
@@ -516,7 +561,7 @@ impl WriteFile {
             f.used += n;
             done += n;
             if f.used == self.bufs.cap || f.extents.len() >= MAX_WRITE_EXTENTS - 1 {
-                self.submit(&mut st).await;
+                self.submit(st).await;
             }
         }
         st.dirty = true;

@@ -786,6 +786,11 @@ impl OpenFile {
 
     /// `FileSetAttr`: see [`SetAttrs`] for the order. Blocking.
     pub fn set_attrs(&self, attrs: &SetAttrs) -> Result<Response, FileError> {
+        // Nothing to change is an `fstat` (a mount revalidating at open): the file is
+        // not touched by it.
+        if attrs.is_empty() {
+            return Ok(Response::Attr(self.attr()?));
+        }
         self.touched();
         let r = apply(Target::Fd(&self.file), attrs, &self.what);
         if r.is_ok() && attrs.mtime.is_some() {

@@ -31,6 +31,10 @@ REMOTE PATHS:
                               a cluster share: files striped and replicated over
                               the storage nodes that etcd lists (default port 2379);
                               the secret is the cluster's. See `ferry cluster --help`.
+                              etcd over TLS and with a user: --etcd-ca, --etcd-cert,
+                              --etcd-key, --etcd-user, --etcd-password-file, or the
+                              cluster configuration file (--cluster-config FILE,
+                              $FERRY_CLUSTER_CONFIG, /etc/ferry/cluster.toml).
 
 SECRETS:
   Each share has a secret, which rcp proves to the server without sending it.
@@ -147,6 +151,10 @@ struct Args {
     /// share's setting).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
     replicas: Option<u8>,
+
+    /// etcd's TLS and user settings, for cluster:// operands.
+    #[command(flatten)]
+    etcd: ferry_client::cluster::EtcdArgs,
 
     /// More log output on stderr (repeat for more). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
@@ -516,16 +524,17 @@ async fn run_cluster(args: Args, started: Instant) -> u8 {
         Ok(c) => c.with_hash(args.hash).with_encryption(args.encryption),
         Err(e) => return fail_early(&args, direction, e, started),
     };
-    let cluster = match ferry_client::cluster::Cluster::connect(
-        std::slice::from_ref(&etcd),
-        args.transport,
-        credentials,
-    )
-    .await
-    {
+    let etcd_config = match args.etcd.resolve(Some(vec![etcd.clone()])) {
         Ok(c) => c,
-        Err(e) => return fail_early(&args, direction, e, started),
+        Err(e) => return fail_early(&args, direction, e.into(), started),
     };
+    let cluster =
+        match ferry_client::cluster::Cluster::connect(&etcd_config, args.transport, credentials)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => return fail_early(&args, direction, e, started),
+        };
     let show = !args.quiet && !args.json && std::io::stderr().is_terminal();
     if show || args.verbose > 0 {
         eprintln!(

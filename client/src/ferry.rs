@@ -132,9 +132,9 @@ enum Command {
     /// (writes everything under /ferry/, e.g. shares), ferry-node (writes
     /// /ferry/nodes/ and /ferry/members/) and ferry-client (writes /ferry/ns/ and
     /// /ferry/shared/), each reading all of /ferry/. Passwords are the first line of
-    /// DIR/USER.password, made up (mode 0600) where the file is missing. Run it as
-    /// etcd's root user once authentication is on; running it again changes nothing
-    /// but the passwords to the files'.
+    /// DIR/USER.password, made up (mode 0600) where the file is missing. Once
+    /// authentication is on, run it again as etcd's root user (--etcd-user root): it
+    /// re-applies the roles and sets each user's password to its file's.
     AuthSetup {
         #[command(flatten)]
         common: Common,

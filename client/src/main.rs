@@ -461,6 +461,17 @@ async fn run(args: Args) -> u8 {
     code
 }
 
+/// Connects to the cluster whose etcd is at `etcd` (a `cluster://` operand's host),
+/// with the etcd settings of `args` and the cluster configuration file.
+async fn connect_cluster(
+    args: &Args,
+    etcd: &str,
+    credentials: Credentials,
+) -> Result<ferry_client::cluster::Cluster, ClientError> {
+    let config = args.etcd.resolve(Some(vec![etcd.to_owned()]))?;
+    ferry_client::cluster::Cluster::connect(&config, args.transport, credentials).await
+}
+
 /// `rcp` with a `cluster://` operand: the copy goes to or from a cluster share.
 async fn run_cluster(args: Args, started: Instant) -> u8 {
     use ferry_client::cluster::copy::{self as ccopy, ClusterPath};
@@ -524,17 +535,10 @@ async fn run_cluster(args: Args, started: Instant) -> u8 {
         Ok(c) => c.with_hash(args.hash).with_encryption(args.encryption),
         Err(e) => return fail_early(&args, direction, e, started),
     };
-    let etcd_config = match args.etcd.resolve(Some(vec![etcd.clone()])) {
+    let cluster = match connect_cluster(&args, &etcd, credentials).await {
         Ok(c) => c,
-        Err(e) => return fail_early(&args, direction, e.into(), started),
+        Err(e) => return fail_early(&args, direction, e, started),
     };
-    let cluster =
-        match ferry_client::cluster::Cluster::connect(&etcd_config, args.transport, credentials)
-            .await
-        {
-            Ok(c) => c,
-            Err(e) => return fail_early(&args, direction, e, started),
-        };
     let show = !args.quiet && !args.json && std::io::stderr().is_terminal();
     if show || args.verbose > 0 {
         eprintln!(

@@ -220,6 +220,26 @@ fn main() -> ExitCode {
     }
 }
 
+/// With `--cluster`: etcd's settings (the endpoints, with the TLS and user settings
+/// of the options and the cluster configuration file), also put in `config` for
+/// `Replicate`.
+#[cfg(feature = "cluster")]
+fn cluster_node(
+    args: &Args,
+    config: &mut Config,
+) -> anyhow::Result<Option<ferry_client::cluster::EtcdConfig>> {
+    let Some(endpoints) = &args.cluster else {
+        return Ok(None);
+    };
+    let endpoints = endpoints.split(',').map(str::to_owned).collect();
+    let etcd = args.etcd.resolve(Some(endpoints)).context("--cluster")?;
+    config.cluster = Some(ferry_server::ClusterNode {
+        etcd: etcd.clone(),
+        transport: args.transport,
+    });
+    Ok(Some(etcd))
+}
+
 fn init_logging(verbose: u8) {
     let default = match verbose {
         0 => "info",
@@ -279,18 +299,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         config.encryption = e;
     }
     #[cfg(feature = "cluster")]
-    let etcd = match &args.cluster {
-        Some(e) => {
-            let endpoints = e.split(',').map(str::to_owned).collect();
-            let etcd = args.etcd.resolve(Some(endpoints)).context("--cluster")?;
-            config.cluster = Some(ferry_server::ClusterNode {
-                etcd: etcd.clone(),
-                transport: args.transport,
-            });
-            Some(etcd)
-        }
-        None => None,
-    };
+    let etcd = cluster_node(&args, &mut config)?;
     let server = Server::new(&config)?;
     // Stale hidden files of a killed ferryd go in the background: a large share must
     // not delay serving, and nothing a live transfer uses is touched.

@@ -16,7 +16,8 @@ use ferry_client::ClientError;
 use ferry_common::cluster::{NodeInfo, ShareConfig};
 use ferry_tests::{
     assert_files_equal, ferry, ferryd_has_cluster_mode, rcp_args, rcp_env, skip_without_cluster,
-    write_random_file, Cluster, ClusterOptions, RcpOutput, LEASE_TTL, MIB,
+    skip_without_fuse, write_random_file, Cluster, ClusterOptions, Mount, RcpOutput, LEASE_TTL,
+    MIB,
 };
 
 /// How long a refused client may take to say so (etcd-client's connect timeout is
@@ -308,4 +309,51 @@ fn etcd_auth_setup_lets_each_role_write_only_its_own_keys() {
         .assert_stderr_has("permission denied to user ferry-client");
 
     check_roles(&cluster);
+}
+
+#[test]
+fn a_cluster_share_mounts_through_a_tls_etcd() {
+    let name = "a_cluster_share_mounts_through_a_tls_etcd";
+    if skip_without_cluster(name) || skip_without_fuse(name) {
+        return;
+    }
+    let cluster = tls_cluster(1, None);
+    cluster.wait_nodes(1, REGISTER_LIMIT);
+    cluster.add_share("data", 1, 1);
+    let local = cluster.dir().join("local");
+    std::fs::create_dir(&local).unwrap();
+    let src = local.join("f");
+    write_random_file(&src, 2 * MIB + 5, 43);
+    rcp_env(
+        &cluster.client_env(),
+        rcp_args![&src, cluster.url("data", "f")],
+    )
+    .assert_success();
+    let certs = cluster.certs().expect("a TLS cluster").clone();
+    let config = cluster.cluster_config().expect("a TLS cluster").to_owned();
+
+    // Without the client certificate the mount is refused, saying why.
+    let refused = Mount::builder(cluster.url("data", ""))
+        .arg("--etcd-ca")
+        .arg(&certs.ca)
+        .opt("ro")
+        .try_start()
+        .expect_err("a mount without the client certificate");
+    assert_eq!(refused.code, Some(3), "{refused}");
+    assert!(
+        refused.stderr.contains("client certificate required"),
+        "{refused}"
+    );
+    assert!(refused.elapsed < REFUSAL_LIMIT, "{refused}");
+
+    // With the cluster configuration file it mounts and reads the file back.
+    let mount = Mount::builder(cluster.url("data", ""))
+        .arg("--cluster-config")
+        .arg(&config)
+        .opt("ro")
+        .start();
+    assert_eq!(
+        std::fs::read(mount.join("f")).unwrap(),
+        std::fs::read(&src).unwrap()
+    );
 }

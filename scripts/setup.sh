@@ -56,6 +56,8 @@ PACKAGES=(
     etcd-server
     # network namespaces, veth pairs and tc shaping for the cluster tests
     iproute2
+    # certificates for the TLS etcd of the cluster tests (tests/src/certs.rs)
+    openssl
 )
 
 # Commands needed by the scripts, as COMMAND:PACKAGE. The package is installed

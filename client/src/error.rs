@@ -74,6 +74,10 @@ pub enum ClientError {
     /// that did not resolve, no live node, a stripe with no readable replica).
     #[error("{0}")]
     Cluster(String),
+    /// The cluster's etcd refused or failed (TLS, user authentication, a role that
+    /// does not allow the operation, no answer).
+    #[error(transparent)]
+    Etcd(#[from] crate::cluster::etcd_connect::EtcdError),
     /// The server accepted our proof but could not prove it knows the share's secret
     /// itself: it is not the server that holds the secret.
     #[error(
@@ -85,6 +89,12 @@ pub enum ClientError {
         /// The share.
         share: String,
     },
+}
+
+impl From<crate::cluster::etcd_config::EtcdConfigError> for ClientError {
+    fn from(e: crate::cluster::etcd_config::EtcdConfigError) -> Self {
+        ClientError::Etcd(e.into())
+    }
 }
 
 /// True for a full filesystem: `ENOSPC`, or `EDQUOT` (the quota is exhausted).
@@ -143,6 +153,7 @@ impl ClientError {
             ClientError::Secret(_) => "secret",
             ClientError::ServerNotAuthentic { .. } => "auth_failed",
             ClientError::Cluster(_) => "cluster",
+            ClientError::Etcd(e) => e.kind(),
         }
     }
 }

@@ -31,6 +31,10 @@ REMOTE PATHS:
                               a cluster share: files striped and replicated over
                               the storage nodes that etcd lists (default port 2379);
                               the secret is the cluster's. See `ferry cluster --help`.
+                              etcd over TLS and with a user: --etcd-ca, --etcd-cert,
+                              --etcd-key, --etcd-user, --etcd-password-file, or the
+                              cluster configuration file (--cluster-config FILE,
+                              $FERRY_CLUSTER_CONFIG, /etc/ferry/cluster.toml).
 
 SECRETS:
   Each share has a secret, which rcp proves to the server without sending it.
@@ -147,6 +151,10 @@ struct Args {
     /// share's setting).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
     replicas: Option<u8>,
+
+    /// etcd's TLS and user settings, for cluster:// operands.
+    #[command(flatten)]
+    etcd: ferry_client::cluster::EtcdArgs,
 
     /// More log output on stderr (repeat for more). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count)]
@@ -453,6 +461,17 @@ async fn run(args: Args) -> u8 {
     code
 }
 
+/// Connects to the cluster whose etcd is at `etcd` (a `cluster://` operand's host),
+/// with the etcd settings of `args` and the cluster configuration file.
+async fn connect_cluster(
+    args: &Args,
+    etcd: &str,
+    credentials: Credentials,
+) -> Result<ferry_client::cluster::Cluster, ClientError> {
+    let config = args.etcd.resolve(Some(vec![etcd.to_owned()]))?;
+    ferry_client::cluster::Cluster::connect(&config, args.transport, credentials).await
+}
+
 /// `rcp` with a `cluster://` operand: the copy goes to or from a cluster share.
 async fn run_cluster(args: Args, started: Instant) -> u8 {
     use ferry_client::cluster::copy::{self as ccopy, ClusterPath};
@@ -516,13 +535,7 @@ async fn run_cluster(args: Args, started: Instant) -> u8 {
         Ok(c) => c.with_hash(args.hash).with_encryption(args.encryption),
         Err(e) => return fail_early(&args, direction, e, started),
     };
-    let cluster = match ferry_client::cluster::Cluster::connect(
-        std::slice::from_ref(&etcd),
-        args.transport,
-        credentials,
-    )
-    .await
-    {
+    let cluster = match connect_cluster(&args, &etcd, credentials).await {
         Ok(c) => c,
         Err(e) => return fail_early(&args, direction, e, started),
     };

@@ -91,7 +91,10 @@ one, never a mix, and a new file only once closed; a failed store gives EIO and
 publishes nothing. mkdir, rmdir, unlink, symlink, chmod, touch and rename of files
 are one etcd transaction each; renaming a directory gives EXDEV (mv copies), hard
 links and device nodes EPERM (writeback, sync_close and chunk_size do not apply).
-The secret is the cluster's (the store share's), given the same way.
+The secret is the cluster's (the store share's), given the same way. etcd over TLS
+and with a user: --etcd-ca, --etcd-cert, --etcd-key, --etcd-user and
+--etcd-password-file, or the cluster configuration file (--cluster-config FILE,
+$FERRY_CLUSTER_CONFIG, else /etc/ferry/cluster.toml when it exists).
 
 Secrets: the share's secret comes from --secret-file (or -o secret_file=PATH, or
 $FERRY_SECRET_FILE), a file of mode 0600, or from $FERRY_SECRET.
@@ -131,6 +134,9 @@ struct Args {
         env = "FERRY_ENCRYPTION"
     )]
     encryption: ferry_common::seal::Encryption,
+    /// etcd's TLS and user settings, for a cluster:// share.
+    #[command(flatten)]
+    etcd: ferry_client::cluster::EtcdArgs,
     /// More logging on stderr (-v: debug, -vv: trace).
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -334,14 +340,25 @@ fn run_cluster(args: Args, notify: bool) -> Result<(), Failure> {
 
     let rt = runtime()?;
     let credentials = credentials(&args, &opts)?;
+    let etcd = args
+        .etcd
+        .resolve(Some(vec![source.etcd.clone()]))
+        .map_err(|e| (exit::USAGE, anyhow::anyhow!("{e}")))?;
     let nodes = rt.block_on(check_cluster(
         &source,
+        &etcd,
         &opts,
         args.transport,
         credentials.clone(),
     ))?;
     let writer = if writable {
-        Some(rt.block_on(cluster_writer(&source, &opts, args.transport, credentials))?)
+        Some(rt.block_on(cluster_writer(
+            &source,
+            &etcd,
+            &opts,
+            args.transport,
+            credentials,
+        ))?)
     } else {
         None
     };
@@ -368,14 +385,14 @@ fn run_cluster(args: Args, notify: bool) -> Result<(), Failure> {
 /// share's settings, and a private staging directory `/var/tmp/ferry-mount-PID`.
 async fn cluster_writer(
     source: &ferry_client::cluster::copy::ClusterPath,
+    etcd: &ferry_client::cluster::EtcdConfig,
     opts: &MountOptions,
     transport: TransportChoice,
     credentials: Credentials,
 ) -> Result<ferry_fuse::cluster::write::Writer, Failure> {
-    let endpoints = std::slice::from_ref(&source.etcd);
     let cluster = tokio::time::timeout(
         opts.timeout,
-        ferry_client::cluster::Cluster::connect(endpoints, transport, credentials),
+        ferry_client::cluster::Cluster::connect(etcd, transport, credentials),
     )
     .await
     .map_err(|_| {
@@ -418,6 +435,7 @@ async fn cluster_writer(
 /// namespace still mounts). Returns the nodes, with that node's connection open.
 async fn check_cluster(
     source: &ferry_client::cluster::copy::ClusterPath,
+    etcd_config: &ferry_client::cluster::EtcdConfig,
     opts: &MountOptions,
     transport: TransportChoice,
     credentials: Credentials,
@@ -425,7 +443,7 @@ async fn check_cluster(
     let etcd = &source.etcd;
     let meta = tokio::time::timeout(
         opts.timeout,
-        ferry_client::cluster::Meta::connect(std::slice::from_ref(etcd)),
+        ferry_client::cluster::Meta::connect(etcd_config),
     )
     .await
     .map_err(|_| {
@@ -434,7 +452,15 @@ async fn check_cluster(
             anyhow::anyhow!("etcd {etcd}: no answer within {:?}", opts.timeout),
         )
     })?
-    .map_err(|e| (exit::CONNECT, anyhow::anyhow!("{e}")))?;
+    .map_err(|e| {
+        // etcd refusing the user or its password is an authentication failure.
+        let code = if e.kind() == "auth_failed" {
+            exit::AUTH
+        } else {
+            exit::CONNECT
+        };
+        (code, anyhow::anyhow!("{e}"))
+    })?;
     let mount_err = |e: ferry_client::ClientError| {
         let code = if e.remote_kind().is_some() {
             exit::MOUNT

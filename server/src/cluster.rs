@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use ferry_client::cluster::member;
+use ferry_client::cluster::{member, EtcdConfig};
 use ferry_common::cluster::NodeInfo;
 
 /// Size and free bytes of the file system holding `store`.
@@ -21,7 +21,7 @@ fn space(store: &std::path::Path) -> (u64, u64) {
 
 /// Registers this node and keeps it registered, for as long as ferryd runs.
 pub async fn join(
-    endpoints: String,
+    etcd: EtcdConfig,
     id: String,
     addr: String,
     transports: Vec<String>,
@@ -42,8 +42,7 @@ pub async fn join(
             started,
         }
     };
-    let endpoints: Vec<String> = endpoints.split(',').map(str::to_owned).collect();
-    member::keep_registered(endpoints, ttl, info, |node, lease| {
+    member::keep_registered(etcd, ttl, info, |node, lease| {
         tracing::info!(
             node = %node.id,
             addr = %node.addr,

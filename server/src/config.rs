@@ -175,8 +175,9 @@ pub struct Config {
 /// reach other nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterNode {
-    /// etcd's endpoints.
-    pub endpoints: Vec<String>,
+    /// etcd's endpoints, TLS and user (`--cluster` and the etcd options).
+    #[cfg(feature = "cluster")]
+    pub etcd: ferry_client::cluster::EtcdConfig,
     /// The transport to other nodes.
     pub transport: ferry_common::transport::TransportChoice,
 }

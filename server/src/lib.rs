@@ -189,6 +189,15 @@ impl Server {
         self.cluster.as_ref()
     }
 
+    /// The encryption policy of share `name` (its own, else the configuration's
+    /// default); also what this node asks of the nodes it fetches that share from.
+    pub fn policy(&self, name: &str) -> Encryption {
+        self.policies
+            .get(name)
+            .copied()
+            .unwrap_or(config::DEFAULT_ENCRYPTION)
+    }
+
     /// The secret guarding share `name`, if it has one.
     pub fn secret(&self, name: &str) -> Option<&ferry_common::auth::Secret> {
         match self.access.get(name) {

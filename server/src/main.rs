@@ -152,8 +152,15 @@ struct Args {
     /// Join the Ferry cluster whose etcd is at ENDPOINTS (HOST:PORT or URLs,
     /// comma-separated) as a storage node: registers this ferryd under a lease and
     /// serves the stripes of cluster shares from --store. Needs --node-id and --store.
+    /// etcd over TLS or with a user: the --etcd-* options below, or the cluster
+    /// configuration file (--cluster-config).
     #[arg(long, value_name = "ENDPOINTS", requires_all = ["node_id", "store"], env = "FERRYD_CLUSTER")]
     cluster: Option<String>,
+
+    /// etcd's TLS and user settings (with --cluster).
+    #[cfg(feature = "cluster")]
+    #[command(flatten)]
+    etcd: ferry_client::cluster::EtcdArgs,
 
     /// This node's id in the cluster (unique; keep it across restarts).
     #[arg(long, value_name = "ID", value_parser = parse_node_id)]
@@ -211,6 +218,26 @@ fn main() -> ExitCode {
             })
         }
     }
+}
+
+/// With `--cluster`: etcd's settings (the endpoints, with the TLS and user settings
+/// of the options and the cluster configuration file), also put in `config` for
+/// `Replicate`.
+#[cfg(feature = "cluster")]
+fn cluster_node(
+    args: &Args,
+    config: &mut Config,
+) -> anyhow::Result<Option<ferry_client::cluster::EtcdConfig>> {
+    let Some(endpoints) = &args.cluster else {
+        return Ok(None);
+    };
+    let endpoints = endpoints.split(',').map(str::to_owned).collect();
+    let etcd = args.etcd.resolve(Some(endpoints)).context("--cluster")?;
+    config.cluster = Some(ferry_server::ClusterNode {
+        etcd: etcd.clone(),
+        transport: args.transport,
+    });
+    Ok(Some(etcd))
 }
 
 fn init_logging(verbose: u8) {
@@ -271,10 +298,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(e) = args.encryption {
         config.encryption = e;
     }
-    config.cluster = args.cluster.as_ref().map(|e| ferry_server::ClusterNode {
-        endpoints: e.split(',').map(str::to_owned).collect(),
-        transport: args.transport,
-    });
+    #[cfg(feature = "cluster")]
+    let etcd = cluster_node(&args, &mut config)?;
     let server = Server::new(&config)?;
     // Stale hidden files of a killed ferryd go in the background: a large share must
     // not delay serving, and nothing a live transfer uses is touched.
@@ -310,7 +335,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     let mut serving = Vec::new();
     #[cfg(feature = "cluster")]
-    if let (Some(endpoints), Some(id), Some(store)) = (&args.cluster, &args.node_id, &args.store) {
+    if let (Some(etcd), Some(id), Some(store)) = (&etcd, &args.node_id, &args.store) {
         let addr = match &args.advertise {
             Some(a) => a.clone(),
             None if local.ip().is_unspecified() => anyhow::bail!(
@@ -327,7 +352,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             transports.push("rdma".to_owned());
         }
         serving.push(tokio::spawn(cluster::join(
-            endpoints.clone(),
+            etcd.clone(),
             id.clone(),
             addr,
             transports,

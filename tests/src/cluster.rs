@@ -16,6 +16,15 @@
 //! its arguments come from one function, [`ferryd_args`]. [`NodeMode::Plain`] runs
 //! today's ferryd instead (`--share data=<tmp>/nodeK`), to test the plumbing alone.
 //!
+//! With [`ClusterOptions::tls`], etcd serves TLS only and requires client certificates
+//! (`certs.rs` makes them in `<tmp>/tls/`); `<tmp>/tls/cluster.toml` is a cluster
+//! configuration file naming the CA and the client certificate, which every node's
+//! ferryd is given (`--cluster-config`) and every client the harness runs gets in
+//! `$FERRY_CLUSTER_CONFIG` ([`Cluster::client_env`]). With
+//! [`ClusterOptions::node_etcd_user`], nodes also log in to etcd as that user, its
+//! password in `<tmp>/etcd-users/USER.password` (`ferry cluster auth-setup
+//! --password-dir` writes it there).
+//!
 //! Dropping the [`Cluster`] (also on panic) SIGKILLs every ferryd and etcd, deletes the
 //! namespaces (their veth pairs go with them) and the temp dir, and releases the
 //! subnet; if the thread is panicking it first prints every node's and etcd's log.
@@ -33,7 +42,8 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::etcd::{etcd_healthy, etcd_program, Etcd};
+use crate::certs::{make_certs, Certs};
+use crate::etcd::{etcd_program, Etcd};
 use crate::netns::{reap_stale, NetNs, Subnet, NS_PREFIX};
 use crate::rcp::{spawn_program, ProgramOutput};
 use crate::server::{bin, read_log, set_ferryd_env, wait_for_port_file, Share};
@@ -84,6 +94,8 @@ pub struct NodeSpec {
     pub listen: String,
     /// Where ferryd writes its address once it listens.
     pub port_file: PathBuf,
+    /// More arguments in cluster mode: etcd's TLS and user settings.
+    pub etcd_args: Vec<OsString>,
 }
 
 /// The arguments of a node's ferryd (the program and its environment are the
@@ -109,6 +121,7 @@ pub fn ferryd_args(spec: &NodeSpec) -> Vec<OsString> {
     ]);
     if spec.mode == NodeMode::Cluster {
         args.extend(["--lease-ttl".into(), LEASE_TTL.as_secs().to_string().into()]);
+        args.extend(spec.etcd_args.iter().cloned());
     }
     args
 }
@@ -224,12 +237,16 @@ impl Node {
 }
 
 /// What [`Cluster::start_with`] starts.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ClusterOptions {
     /// How many storage nodes, `1..=`[`MAX_NODES`].
     pub nodes: usize,
     /// How their ferryd runs.
     pub mode: NodeMode,
+    /// etcd serves TLS only and requires client certificates (see the module docs).
+    pub tls: bool,
+    /// The etcd user the nodes log in as, if any (see the module docs).
+    pub node_etcd_user: Option<String>,
 }
 
 /// An etcd and N ferryd nodes, each node in its own network namespace; see the
@@ -240,6 +257,10 @@ pub struct Cluster {
     /// Declared (and so dropped) before `_subnet`: the namespaces go before the claim.
     nodes: Vec<Node>,
     etcd: Etcd,
+    /// With TLS: the certificates, and the cluster configuration file naming them.
+    tls: Option<(Certs, PathBuf)>,
+    /// The etcd user the harness's clients log in as, and its password file.
+    client_user: Option<(String, String)>,
     _subnet: Subnet,
     dir: TempDir,
 }
@@ -252,6 +273,7 @@ impl Cluster {
         Cluster::start_with(ClusterOptions {
             nodes,
             mode: NodeMode::Cluster,
+            ..ClusterOptions::default()
         })
     }
 
@@ -262,11 +284,19 @@ impl Cluster {
     pub fn start_with_share(nodes: usize, share: &str, replicas: u8, stripe_mib: u64) -> Cluster {
         let cluster = Cluster::start(nodes);
         cluster.wait_nodes(nodes, Duration::from_secs(20));
-        ferry([
+        cluster.add_share(share, replicas, stripe_mib);
+        cluster
+    }
+
+    /// Creates cluster share `share` with `replicas` replicas and stripes of
+    /// `stripe_mib` MiB (`ferry cluster add-share`, with [`Cluster::client_env`]).
+    #[track_caller]
+    pub fn add_share(&self, share: &str, replicas: u8, stripe_mib: u64) {
+        self.ferry([
             "cluster",
             "add-share",
             "--etcd",
-            &cluster.etcd_endpoint(),
+            &self.etcd_endpoint(),
             share,
             "--replicas",
             &replicas.to_string(),
@@ -274,7 +304,6 @@ impl Cluster {
             &stripe_mib.to_string(),
         ])
         .assert_success();
-        cluster
     }
 
     /// Starts `nodes` plain ferryd nodes ([`NodeMode::Plain`]) and an etcd they do not
@@ -283,6 +312,7 @@ impl Cluster {
         Cluster::start_with(ClusterOptions {
             nodes,
             mode: NodeMode::Plain,
+            ..ClusterOptions::default()
         })
     }
 
@@ -317,10 +347,17 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("node {k}'s network namespace: {e}"));
             namespaces.push(ns);
         }
-        let hosts = namespaces.iter().map(NetNs::host_ip).collect();
-        let etcd = Etcd::start(dir.path(), format!("ferrytest-{pid}-{serial}"), hosts)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let hosts: Vec<_> = namespaces.iter().map(NetNs::host_ip).collect();
+        let name = format!("ferrytest-{pid}-{serial}");
+        let tls = opts.tls.then(|| tls_files(dir.path(), &hosts));
+        let etcd = match &tls {
+            Some((certs, _)) => Etcd::start_tls(dir.path(), name, hosts, certs.clone()),
+            None => Etcd::start(dir.path(), name, hosts),
+        }
+        .unwrap_or_else(|e| panic!("{e}"));
         let port = etcd.client_port();
+        let scheme = etcd.scheme();
+        let etcd_args = node_etcd_args(dir.path(), &tls, &opts.node_etcd_user);
         let nodes = namespaces
             .into_iter()
             .enumerate()
@@ -331,11 +368,12 @@ impl Cluster {
                 Node {
                     spec: NodeSpec {
                         mode: opts.mode,
-                        etcd_url: format!("http://{}:{port}", ns.host_ip()),
+                        etcd_url: format!("{scheme}://{}:{port}", ns.host_ip()),
                         node_id: format!("n{k}"),
                         store,
                         listen: format!("{}:{NODE_PORT}", ns.ns_ip()),
                         port_file: dir.path().join(format!("node{k}.port")),
+                        etcd_args: etcd_args.clone(),
                     },
                     log_path: dir.path().join(format!("node{k}.stderr")),
                     child: None,
@@ -346,6 +384,8 @@ impl Cluster {
         let mut cluster = Cluster {
             nodes,
             etcd,
+            tls,
+            client_user: None,
             _subnet: subnet,
             dir,
         };
@@ -380,14 +420,70 @@ impl Cluster {
         format!("127.0.0.1:{}", self.etcd.client_port())
     }
 
-    /// etcd's URL as node `k` reaches it, `http://10.A.K.1:PORT`.
+    /// etcd's URL as node `k` reaches it, `http://10.A.K.1:PORT` (`https://` with
+    /// TLS).
     pub fn etcd_url_for(&self, k: usize) -> String {
         self.node(k).spec.etcd_url.clone()
     }
 
     /// Whether etcd answers `GET /health` healthy on `127.0.0.1`.
     pub fn etcd_healthy(&self) -> bool {
-        etcd_healthy(std::net::Ipv4Addr::LOCALHOST, self.etcd.client_port())
+        self.etcd.healthy()
+    }
+
+    /// With TLS: the certificates etcd and the clients use.
+    pub fn certs(&self) -> Option<&Certs> {
+        self.tls.as_ref().map(|(c, _)| c)
+    }
+
+    /// With TLS: the cluster configuration file naming the CA and the client
+    /// certificate (`[tls]`).
+    pub fn cluster_config(&self) -> Option<&Path> {
+        self.tls.as_ref().map(|(_, f)| f.as_path())
+    }
+
+    /// Where etcd users' password files are (`ferry cluster auth-setup
+    /// --password-dir`): `<tmp>/etcd-users`, made at start.
+    pub fn etcd_users_dir(&self) -> PathBuf {
+        etcd_users_dir(self.dir.path())
+    }
+
+    /// Makes the harness's clients log in to etcd as `user` (password in
+    /// [`Cluster::etcd_users_dir`]`/USER.password`), or as nobody.
+    pub fn set_client_etcd_user(&mut self, user: Option<&str>) {
+        self.client_user = user.map(|u| {
+            let file = self.etcd_users_dir().join(format!("{u}.password"));
+            let file = file.to_str().expect("the temp dir's path is UTF-8");
+            (u.to_owned(), file.to_owned())
+        });
+    }
+
+    /// The environment of the harness's clients: `$FERRY_CLUSTER_CONFIG` set to
+    /// [`Cluster::cluster_config`] with TLS, `$FERRY_ETCD_USER` and
+    /// `$FERRY_ETCD_PASSWORD_FILE` to [`Cluster::set_client_etcd_user`]'s; each
+    /// removed otherwise. For [`crate::rcp_env`].
+    pub fn client_env(&self) -> Vec<(&'static str, Option<&str>)> {
+        let config = self.cluster_config().map(|p| {
+            p.to_str()
+                .expect("the temp dir's path is UTF-8 (tempfile names it)")
+        });
+        let user = self.client_user.as_ref();
+        vec![
+            ("FERRY_CLUSTER_CONFIG", config),
+            ("FERRY_ETCD_USER", user.map(|u| u.0.as_str())),
+            ("FERRY_ETCD_PASSWORD_FILE", user.map(|u| u.1.as_str())),
+        ]
+    }
+
+    /// Runs `ferry ARGS...` as [`ferry`] does, with [`Cluster::client_env`].
+    #[track_caller]
+    pub fn ferry<I, S>(&self, args: I) -> ProgramOutput
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        spawn_program("ferry", &bin("ferry"), None, &self.client_env(), args)
+            .wait_at_most(FERRY_TIMEOUT)
     }
 
     /// The rcp URL of `path` in cluster share `share`:
@@ -401,9 +497,11 @@ impl Cluster {
     pub fn layout_of(&self, share: &str, path: &str) -> ferry_common::cluster::Layout {
         let endpoint = self.etcd_endpoint();
         crate::runtime().block_on(async {
-            let meta = ferry_client::cluster::Meta::connect(&[endpoint])
-                .await
-                .expect("etcd");
+            let meta = ferry_client::cluster::Meta::connect(
+                &ferry_client::cluster::EtcdConfig::plain(vec![endpoint]),
+            )
+            .await
+            .expect("etcd");
             let v = meta.existing(share, path).await.expect("the entry");
             v.entry.layout.expect("a file's layout")
         })
@@ -493,7 +591,7 @@ impl Cluster {
     /// stdout, and unless the exit code agrees with the counts.
     #[track_caller]
     pub fn status(&self) -> serde_json::Value {
-        let out = ferry([
+        let out = self.ferry([
             "cluster",
             "status",
             "--etcd",
@@ -519,7 +617,7 @@ impl Cluster {
         let args = ["cluster", "status", "--etcd", endpoint.as_str(), "--json"];
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let out = spawn_program("ferry", &bin("ferry"), None, &[], args)
+            let out = spawn_program("ferry", &bin("ferry"), None, &self.client_env(), args)
                 .wait_at_most(left.max(Duration::from_secs(1)));
             // 8: some stripes lack replicas (a node is down), which is what a test
             // waiting for fewer nodes expects.
@@ -558,6 +656,47 @@ impl Cluster {
         );
         text
     }
+}
+
+/// `<tmp>/etcd-users`.
+fn etcd_users_dir(tmp: &Path) -> PathBuf {
+    tmp.join("etcd-users")
+}
+
+/// Makes `<tmp>/tls/` (certificates for etcd on `127.0.0.1` and `hosts`) and the
+/// cluster configuration file `<tmp>/tls/cluster.toml` naming the CA and the client
+/// certificate by paths relative to it.
+fn tls_files(tmp: &Path, hosts: &[std::net::Ipv4Addr]) -> (Certs, PathBuf) {
+    let dir = tmp.join("tls");
+    fs::create_dir(&dir).expect("cannot create the certificates' directory");
+    let certs = make_certs(&dir, hosts);
+    let config = dir.join("cluster.toml");
+    fs::write(
+        &config,
+        "# etcd over TLS with a client certificate (the test harness's)\n\
+         [tls]\nca = \"ca.pem\"\ncert = \"client.pem\"\nkey = \"client.key\"\n",
+    )
+    .expect("cannot write the cluster configuration file");
+    (certs, config)
+}
+
+/// A node's etcd arguments: the cluster configuration file with TLS, and its user.
+fn node_etcd_args(
+    tmp: &Path,
+    tls: &Option<(Certs, PathBuf)>,
+    user: &Option<String>,
+) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::new();
+    fs::create_dir_all(etcd_users_dir(tmp)).expect("cannot create the etcd users' directory");
+    if let Some((_, config)) = tls {
+        args.extend(["--cluster-config".into(), config.clone().into_os_string()]);
+    }
+    if let Some(user) = user {
+        let password = etcd_users_dir(tmp).join(format!("{user}.password"));
+        args.extend(["--etcd-user".into(), user.into()]);
+        args.extend(["--etcd-password-file".into(), password.into_os_string()]);
+    }
+    args
 }
 
 /// The number of `nodes` with `"live": true` in `ferry cluster status --json`'s
@@ -600,6 +739,7 @@ mod tests {
             store: "/tmp/c/node2".into(),
             listen: "10.100.2.2:7447".into(),
             port_file: "/tmp/c/node2.port".into(),
+            etcd_args: vec!["--cluster-config".into(), "/tmp/c/tls/cluster.toml".into()],
         };
         let args: Vec<String> = ferryd_args(&spec)
             .into_iter()
@@ -613,7 +753,8 @@ mod tests {
         assert_eq!(
             args_of(NodeMode::Cluster),
             "--cluster http://10.100.2.1:2379 --node-id n2 --store /tmp/c/node2 \
-             --listen 10.100.2.2:7447 --port-file /tmp/c/node2.port --lease-ttl 3"
+             --listen 10.100.2.2:7447 --port-file /tmp/c/node2.port --lease-ttl 3 \
+             --cluster-config /tmp/c/tls/cluster.toml"
         );
     }
 

@@ -6,6 +6,11 @@
 //! `http://127.0.0.1:PORT`, and is a one-member cluster on `127.0.0.1:PEER_PORT`. Both
 //! ports are picked free (bind port 0, release); a start that loses the race for them
 //! is retried on others. It is ready once `GET /health` answers `"health":"true"`.
+//!
+//! [`Etcd::start_tls`] serves clients over TLS only, requiring a client certificate
+//! signed by the test CA (`--client-cert-auth --trusted-ca-file`), and advertises
+//! `https://`; its `/health` is then asked on a plain metrics port of its own
+//! (`--listen-metrics-urls http://127.0.0.1:M`), a third free port.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -15,6 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::certs::Certs;
 use crate::files::unused_local_port;
 use crate::server::read_log;
 
@@ -64,6 +70,10 @@ pub struct Etcd {
     extra_hosts: Vec<Ipv4Addr>,
     client_port: u16,
     peer_port: u16,
+    /// With TLS: the plain port `/health` is asked on.
+    metrics_port: u16,
+    /// Serve clients over TLS with these certificates (client certificates required).
+    tls: Option<Certs>,
     child: Option<Child>,
 }
 
@@ -72,6 +82,26 @@ impl Etcd {
     /// `dir/etcd.stderr`, serving clients on `127.0.0.1` and on each of `extra_hosts`,
     /// and waits until it is healthy.
     pub fn start(dir: &Path, name: String, extra_hosts: Vec<Ipv4Addr>) -> Result<Etcd, String> {
+        Etcd::start_with(dir, name, extra_hosts, None)
+    }
+
+    /// [`Etcd::start`], serving clients over TLS with `certs` (server certificate and
+    /// key; client certificates must chain to `certs.ca`).
+    pub fn start_tls(
+        dir: &Path,
+        name: String,
+        extra_hosts: Vec<Ipv4Addr>,
+        certs: Certs,
+    ) -> Result<Etcd, String> {
+        Etcd::start_with(dir, name, extra_hosts, Some(certs))
+    }
+
+    fn start_with(
+        dir: &Path,
+        name: String,
+        extra_hosts: Vec<Ipv4Addr>,
+        tls: Option<Certs>,
+    ) -> Result<Etcd, String> {
         let mut etcd = Etcd {
             name,
             data_dir: dir.join("etcd"),
@@ -79,13 +109,17 @@ impl Etcd {
             extra_hosts,
             client_port: 0,
             peer_port: 0,
+            metrics_port: 0,
+            tls,
             child: None,
         };
         let mut last = String::new();
         for _ in 0..PORT_TRIES {
             etcd.client_port = unused_local_port();
             etcd.peer_port = unused_local_port();
-            if etcd.client_port == etcd.peer_port {
+            etcd.metrics_port = unused_local_port();
+            let ports = [etcd.client_port, etcd.peer_port, etcd.metrics_port];
+            if ports[0] == ports[1] || ports[1] == ports[2] || ports[0] == ports[2] {
                 continue;
             }
             match etcd.restart() {
@@ -126,7 +160,7 @@ impl Etcd {
     fn command(&self, log: File) -> Result<Child, String> {
         let client_urls: Vec<String> = std::iter::once(Ipv4Addr::LOCALHOST)
             .chain(self.extra_hosts.iter().copied())
-            .map(|h| format!("http://{h}:{}", self.client_port))
+            .map(|h| format!("{}://{h}:{}", self.scheme(), self.client_port))
             .collect();
         let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
         let mut cmd = Command::new(etcd_program());
@@ -160,14 +194,44 @@ impl Etcd {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
+        if let Some(certs) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&certs.server_cert)
+                .arg("--key-file")
+                .arg(&certs.server_key)
+                .arg("--client-cert-auth")
+                .arg("--trusted-ca-file")
+                .arg(&certs.ca)
+                .arg("--listen-metrics-urls")
+                .arg(format!("http://127.0.0.1:{}", self.metrics_port));
+        }
         cmd.spawn()
             .map_err(|e| format!("cannot start {}: {e}", etcd_program().display()))
+    }
+
+    /// `https` when clients are served over TLS, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// Whether etcd answers `/health` healthy (on the metrics port with TLS).
+    pub fn healthy(&self) -> bool {
+        let port = if self.tls.is_some() {
+            self.metrics_port
+        } else {
+            self.client_port
+        };
+        etcd_healthy(Ipv4Addr::LOCALHOST, port)
     }
 
     fn wait_healthy(&mut self) -> Result<(), String> {
         let start = Instant::now();
         loop {
-            if etcd_healthy(Ipv4Addr::LOCALHOST, self.client_port) {
+            if self.healthy() {
                 return Ok(());
             }
             let child = self.child.as_mut().expect("etcd was started");

@@ -55,6 +55,7 @@
 
 #![forbid(unsafe_code)]
 
+mod certs;
 mod cluster;
 mod env;
 mod etcd;
@@ -77,6 +78,7 @@ mod tree;
 mod user;
 mod wire_proxy;
 
+pub use certs::{make_certs, Certs, CLIENT_CN};
 pub use cluster::{
     ferry, ferryd_args, ferryd_has_cluster_mode, skip_without_cluster, Cluster, ClusterOptions,
     NodeMode, NodeSpec, FERRY_TIMEOUT, LEASE_TTL, MAX_NODES, NODE_PORT, PLAIN_SHARE,

@@ -84,6 +84,16 @@ where
     spawn_program("rcp", program, None, &[], args)
 }
 
+/// The environment variables of the etcd options, which no test inherits.
+pub const ETCD_ENV: [&str; 6] = [
+    "FERRY_CLUSTER_CONFIG",
+    "FERRY_ETCD_CA",
+    "FERRY_ETCD_CERT",
+    "FERRY_ETCD_KEY",
+    "FERRY_ETCD_USER",
+    "FERRY_ETCD_PASSWORD_FILE",
+];
+
 /// Starts the Ferry client program at `program` (`rcp`, or `ferry`; `name` is how
 /// messages call it) with `ARGS...` as [`spawn_rcp_env`] starts rcp: the test transport
 /// and [`crate::TEST_SECRET`] in its environment, then the changes of `env`.
@@ -110,6 +120,10 @@ where
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    // etcd settings come only from the test's arguments and `env`.
+    for key in ETCD_ENV {
+        cmd.env_remove(key);
+    }
     for (key, value) in env {
         match value {
             Some(v) => cmd.env(key, v),

@@ -63,6 +63,9 @@ pub(crate) fn set_ferryd_env(cmd: &mut Command) {
         // default `required` is tested by tests/tests/encryption.rs, which
         // removes this.
         .env("FERRYD_ENCRYPTION", "preferred");
+    for key in crate::rcp::ETCD_ENV {
+        cmd.env_remove(key);
+    }
 }
 
 /// Polls (at most [`STARTUP_TIMEOUT`]) for the port file of the ferryd `child`, whose

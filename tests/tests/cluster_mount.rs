@@ -293,7 +293,10 @@ fn a_cluster_mount_of_a_directory_and_refusals() {
 fn entry_of(cluster: &Cluster, path: &str) -> Option<ferry_common::cluster::Entry> {
     let endpoint = cluster.etcd_endpoint();
     ferry_tests::runtime().block_on(async {
-        let meta = ferry_client::cluster::Meta::connect(&[endpoint])
+        let meta =
+            ferry_client::cluster::Meta::connect(&ferry_client::cluster::EtcdConfig::plain(vec![
+                endpoint,
+            ]))
             .await
             .expect("etcd");
         meta.entry("data", path)

@@ -142,6 +142,10 @@ pub struct BackupArgs {
     #[arg(long, value_name = "FILE", env = "FERRY_SECRET_FILE")]
     secret_file: Option<PathBuf>,
 
+    /// etcd's TLS and user settings, for a cluster:// target.
+    #[command(flatten)]
+    etcd: ferry_client::cluster::EtcdArgs,
+
     /// Encryption (as for a copy): `preferred`, `required` or `off`.
     #[arg(
         long,
@@ -243,12 +247,8 @@ async fn run_cluster(args: &BackupArgs, src: &Path, dest: &str) -> u8 {
     let show = !args.quiet && !args.json && std::io::stderr().is_terminal();
     let bar = progress_bar(show);
     let result = async {
-        let cluster = Cluster::connect(
-            std::slice::from_ref(&target.etcd),
-            args.transport,
-            credentials,
-        )
-        .await?;
+        let etcd = args.etcd.resolve(Some(vec![target.etcd.clone()]))?;
+        let cluster = Cluster::connect(&etcd, args.transport, credentials).await?;
         let r = cbackup::backup(
             &cluster,
             src,

@@ -42,6 +42,14 @@ pub fn of(e: &ClientError) -> u8 {
         ClientError::Local { .. } | ClientError::SourceChanged { .. } => LOCAL,
         ClientError::Integrity { .. } => INTEGRITY,
         ClientError::Usage(_) => USAGE,
+        ClientError::Etcd(e) => match e.kind() {
+            "connect" => CONNECT,
+            "auth_failed" => AUTH,
+            "permission_denied" => REMOTE,
+            "usage" => USAGE,
+            "io" => LOCAL,
+            _ => OTHER,
+        },
         _ => OTHER,
     }
 }

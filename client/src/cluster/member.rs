@@ -10,23 +10,24 @@ use std::time::Duration;
 
 use ferry_common::cluster::NodeInfo;
 
+use super::etcd_config::EtcdConfig;
 use super::meta::Meta;
 use crate::error::ClientError;
 
 /// How long to wait before trying etcd again after it failed.
 const RETRY: Duration = Duration::from_secs(1);
 
-/// Keeps node `info()` registered at `endpoints` with a lease of `ttl_secs`, for ever
+/// Keeps node `info()` registered in the etcd of `etcd` with a lease of `ttl_secs`, for ever
 /// (until the task is dropped). `info` is called at each renewal for the current free
 /// space. `on_registered` is called after each (re-)registration.
 pub async fn keep_registered(
-    endpoints: Vec<String>,
+    etcd: EtcdConfig,
     ttl_secs: i64,
     info: impl Fn() -> NodeInfo,
     on_registered: impl Fn(&NodeInfo, i64),
 ) {
     loop {
-        if let Err(e) = register_once(&endpoints, ttl_secs, &info, &on_registered).await {
+        if let Err(e) = register_once(&etcd, ttl_secs, &info, &on_registered).await {
             tracing::warn!("cluster registration: {e}; trying again");
         }
         tokio::time::sleep(RETRY).await;
@@ -34,15 +35,14 @@ pub async fn keep_registered(
 }
 
 async fn register_once(
-    endpoints: &[String],
+    config: &EtcdConfig,
     ttl_secs: i64,
     info: &impl Fn() -> NodeInfo,
     on_registered: &impl Fn(&NodeInfo, i64),
 ) -> Result<(), ClientError> {
-    let meta = Meta::connect(endpoints).await?;
+    let meta = Meta::connect(config).await?;
     let mut etcd = meta.etcd();
-    let etcd_err =
-        |op: &str, e: etcd_client::Error| ClientError::Cluster(format!("etcd: {op}: {e}"));
+    let etcd_err = |op: &str, e: etcd_client::Error| meta.err(op, e);
     let lease = etcd
         .lease_grant(ttl_secs, None)
         .await

@@ -5,17 +5,18 @@
 //! revision with the one the writer read (0: absent), so a writer never overwrites a
 //! version it has not seen; [`Meta::commit`] reports [`Commit::Conflict`] instead.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{
-    Client as Etcd, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp,
-};
+use etcd_client::{Client as Etcd, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use ferry_common::cluster::{
     self, children_prefix, entry_key, node_key, nodes_prefix, parse_entry_key, share_key,
     shares_prefix, Entry, NodeInfo, ShareConfig,
 };
 use ferry_common::msg::{ErrorKind, RemoteError};
 
+use super::etcd_config::{EtcdConfig, EtcdConfigError};
+use super::etcd_connect::{classify, connect_options, request_error, EtcdError};
 use crate::error::ClientError;
 
 /// How long connecting to etcd may take.
@@ -30,6 +31,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Meta {
     etcd: Etcd,
     endpoints: Vec<String>,
+    /// What it connected with (to say who was refused).
+    config: Arc<EtcdConfig>,
 }
 
 impl std::fmt::Debug for Meta {
@@ -65,49 +68,34 @@ fn not_found(what: String) -> ClientError {
     })
 }
 
-/// `http://` in front of an endpoint that has no scheme.
-pub fn endpoint_url(endpoint: &str) -> String {
-    if endpoint.contains("://") {
-        endpoint.to_owned()
-    } else {
-        format!("http://{endpoint}")
-    }
-}
-
 impl Meta {
-    /// Connects to etcd at `endpoints` (`HOST:PORT` or URLs, comma-separated lists
-    /// allowed).
-    pub async fn connect(endpoints: &[String]) -> Result<Meta, ClientError> {
-        let urls: Vec<String> = endpoints
-            .iter()
-            .flat_map(|e| e.split(','))
-            .filter(|e| !e.is_empty())
-            .map(endpoint_url)
-            .collect();
+    /// Connects to etcd as `config` says (TLS, user) and asks it once, so that an
+    /// unreachable or refusing etcd fails here, with an [`EtcdError`] that says why.
+    pub async fn connect(config: &EtcdConfig) -> Result<Meta, ClientError> {
+        let urls = config.urls();
         let shown = urls.join(",");
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_timeout(REQUEST_TIMEOUT);
-        let mut etcd =
-            Etcd::connect(&urls, Some(opts))
-                .await
-                .map_err(|e| ClientError::Connect {
-                    addr: format!("etcd {shown}"),
-                    cause: e.to_string(),
-                })?;
+        if urls.is_empty() {
+            return Err(EtcdError::Config(EtcdConfigError::Invalid(
+                "no etcd endpoint given".into(),
+            ))
+            .into());
+        }
+        let opts = connect_options(config, CONNECT_TIMEOUT, REQUEST_TIMEOUT)?;
+        // With a user, connecting authenticates (and so reaches etcd) already.
+        let mut etcd = Etcd::connect(&urls, Some(opts))
+            .await
+            .map_err(|e| classify(config, &shown, &e))?;
         // The connection is lazy: ask once, so an unreachable etcd fails here.
         etcd.get(
             cluster::ROOT_PREFIX,
             Some(GetOptions::new().with_count_only()),
         )
         .await
-        .map_err(|e| ClientError::Connect {
-            addr: format!("etcd {shown}"),
-            cause: e.to_string(),
-        })?;
+        .map_err(|e| classify(config, &shown, &e))?;
         Ok(Meta {
             etcd,
             endpoints: urls,
+            config: Arc::new(config.clone()),
         })
     }
 
@@ -116,8 +104,9 @@ impl Meta {
         &self.endpoints
     }
 
-    fn err(&self, op: &str, e: etcd_client::Error) -> ClientError {
-        ClientError::Cluster(format!("etcd {}: {op}: {e}", self.endpoints.join(",")))
+    /// The error of request `op` that failed with `e`.
+    pub(crate) fn err(&self, op: &str, e: etcd_client::Error) -> ClientError {
+        request_error(&self.config, &self.endpoints.join(","), op, &e).into()
     }
 
     /// The raw etcd client, for the node's lease keeper.

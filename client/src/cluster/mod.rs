@@ -1,7 +1,11 @@
 //! Cluster shares: files striped and replicated over storage nodes, their namespace
 //! and layouts in etcd (the model: [`ferry_common::cluster`]).
 //!
-//! - [`meta`]: the etcd side (nodes, shares, entries, compare-and-swap commits).
+//! - [`meta`]: the etcd side (nodes, shares, entries, compare-and-swap commits), over
+//!   a connection made from an [`EtcdConfig`] ([`etcd_config`]: endpoints, TLS, user;
+//!   from options and the cluster configuration file) by [`etcd_connect`], which also
+//!   says why etcd refused one; [`auth_setup`]: turning on etcd's authentication with
+//!   Ferry's roles.
 //! - [`Cluster`] (here): a client's view of one cluster: etcd, the live nodes, and one
 //!   ferryd session per node, opened when first needed.
 //! - [`files`]: one file up ([`Cluster::put_file`]: stripes to their nodes in parallel,
@@ -12,8 +16,11 @@
 //!   [`status`]: the nodes and the stripes' health.
 //! - [`member`]: a node's registration under its lease (ferryd's side).
 
+pub mod auth_setup;
 pub mod backup;
 pub mod copy;
+pub mod etcd_config;
+pub mod etcd_connect;
 pub mod files;
 pub mod member;
 pub mod meta;
@@ -28,6 +35,8 @@ use ferry_common::transport::TransportChoice;
 
 use crate::client::{Client, Credentials};
 use crate::error::ClientError;
+pub use etcd_config::{EtcdArgs, EtcdConfig};
+pub use etcd_connect::EtcdError;
 pub use meta::Meta;
 
 /// Default etcd client port.
@@ -80,15 +89,15 @@ pub fn split_addr(addr: &str) -> Option<(String, u16)> {
 }
 
 impl Cluster {
-    /// Connects to the cluster's etcd at `endpoints`; nodes are connected to as they
+    /// Connects to the cluster's etcd as `etcd` says; nodes are connected to as they
     /// are needed, over `transport`, proving the store share's secret from
     /// `credentials`.
     pub async fn connect(
-        endpoints: &[String],
+        etcd: &EtcdConfig,
         transport: TransportChoice,
         credentials: Credentials,
     ) -> Result<Cluster, ClientError> {
-        let meta = Meta::connect(endpoints).await?;
+        let meta = Meta::connect(etcd).await?;
         let cluster = Cluster {
             inner: Arc::new(Inner {
                 meta,

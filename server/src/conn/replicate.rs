@@ -27,7 +27,6 @@ use ferry_common::cluster::{ObjectPath, STORE_SHARE};
 use ferry_common::msg::{
     ErrorKind, Hash256, HashAlgorithm, NewDir, RemoteError, Response, Timestamp,
 };
-use ferry_common::seal::Encryption;
 
 use super::blocking::blocking;
 use super::Conn;
@@ -81,7 +80,7 @@ pub(super) async fn replicate(
     }
     let local_share = conn.share(share)?;
     let wanted = admit(&local_share, path, size, manifest)?;
-    let meta = Meta::connect(&node.endpoints)
+    let meta = Meta::connect(&node.etcd)
         .await
         .map_err(|e| refuse(ErrorKind::Io, format!("cluster metadata: {e}")))?;
     let nodes = meta
@@ -98,7 +97,7 @@ pub(super) async fn replicate(
         Some(s) => Credentials::with_default(s.clone()),
         None => Credentials::none(),
     }
-    .with_encryption(Encryption::Preferred);
+    .with_encryption(conn.server.policy(STORE_SHARE));
     let incoming = {
         let s = local_share.clone();
         blocking(move || s.incoming_dir()).await?

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use ferry_client::cluster::health::{Health, HealthPolicy};
 use ferry_client::location::{self, Location};
 use ferry_client::Credentials;
 use ferry_common::msg::{Attr, ErrorKind, FileKind, HashAlgorithm};
@@ -335,7 +336,14 @@ fn run_cluster(args: Args, notify: bool) -> Result<(), Failure> {
         credentials.clone(),
     ))?;
     let writer = if writable {
-        Some(rt.block_on(cluster_writer(&source, &opts, args.transport, credentials))?)
+        let health = nodes.health().clone();
+        Some(rt.block_on(cluster_writer(
+            &source,
+            &opts,
+            args.transport,
+            credentials,
+            health,
+        ))?)
     } else {
         None
     };
@@ -365,11 +373,12 @@ async fn cluster_writer(
     opts: &MountOptions,
     transport: TransportChoice,
     credentials: Credentials,
+    health: Arc<Health>,
 ) -> Result<ferry_fuse::cluster::write::Writer, Failure> {
     let endpoints = std::slice::from_ref(&source.etcd);
     let cluster = tokio::time::timeout(
         opts.timeout,
-        ferry_client::cluster::Cluster::connect(endpoints, transport, credentials),
+        ferry_client::cluster::Cluster::connect_sharing(endpoints, transport, credentials, health),
     )
     .await
     .map_err(|_| {
@@ -455,6 +464,7 @@ async fn check_cluster(
         opts.timeout,
         opts.cache_bytes,
         opts.readahead_chunks,
+        Arc::new(Health::new(HealthPolicy::from_env())),
     );
     let live = nodes
         .refresh()

@@ -519,18 +519,25 @@ impl Client {
         queue: impl FnOnce(&mut ClientSession) -> Result<u64, ProtoError>,
     ) -> Result<Response, ClientError> {
         let (tx, rx) = oneshot::channel();
-        {
+        let sooner = {
             let mut session = lock(&self.inner.session);
             let mut waiters = lock(&self.inner.waiters);
             if let Some(reason) = &waiters.closed {
                 return Err(ClientError::Disconnected(reason.clone()));
             }
+            let before = session.poll_timeout();
             let id = queue(&mut session)?;
             // Registered while the session is locked: the driver cannot see the
             // response before the waiter exists.
             waiters.map.insert(id, tx);
+            session
+                .poll_timeout()
+                .is_some_and(|t| before.is_none_or(|b| t < b))
+        };
+        if sooner {
+            // The request started the liveness clock: the driver must wake for it.
+            self.inner.wake.notify_one();
         }
-        self.inner.wake.notify_one();
         flush(&self.inner).await;
         match rx.await {
             Ok(Ok(Response::Error(e))) => Err(ClientError::Remote(e)),

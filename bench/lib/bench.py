@@ -30,6 +30,13 @@ Subcommands (python3 bench/lib/bench.py CMD ARGS...):
   iperf JSON                bytes/s the iperf3 receiver got
   field JSON KEY...         a value of rcp's --json output (KEY path into the object)
   live JSON                 how many nodes `ferry cluster status --json` reports live
+  hung LIMIT_S DELAY_S PID OUT ERR -- CMD...
+                            run CMD (stdout to OUT, stderr to ERR), SIGSTOP process PID
+                            DELAY_S seconds in (SIGCONT when CMD ends, whatever
+                            happens); print CMD's wall seconds, or a one-line reason
+                            and exit 3 if it failed, ended before the stop or ran past
+                            LIMIT_S
+  readlat FILE              read FILE 1 MiB at a time; print "SECONDS LONGEST_READ_S"
   report WORK OUT_BASE README  the markdown table, JSON and PNG chart of a run
 
 bench/run records every measurement as one line of WORK/results.tsv:
@@ -1273,6 +1280,66 @@ def cluster_report(meta, res):
     return {"rate_mb_s": rate, "configs": configs, "link_mb_s": link, "link_text": link_text}
 
 
+# The hung-node rows (bench/lib/jobs.sh cluster_hung), seconds of the tool alone:
+# cluster_hung_{up,down}_ok healthy, cluster_hung_{up,down} with node 1 SIGSTOPped part-way,
+# cluster_hung_mount (a read through ferry-mount with node 1 stopped) and
+# cluster_hung_mount_stall (its longest single read). Targets: each hung copy within
+# 2x its healthy time plus 3 s; no mount read stalls more than 3 s.
+HUNG_FACTOR, HUNG_SLACK_S, HUNG_STALL_S = 2.0, 3.0, 3.0
+
+
+def hung_report(meta, res):
+    """The hung-node rows as a JSON-able dict: per direction the healthy and hung
+    medians, their ratio, the target time and its verdict; the mount's read and longest
+    stall against theirs."""
+    if not any(k.startswith("cluster_hung_") for k in res):
+        return None
+    reps = int(meta["reps"])
+
+    def text(row):
+        return cell_of(res.get(row, {}), "ferry", "s", reps)[0]
+
+    out = {}
+    for d in ("up", "down"):
+        ok, hung = med(res, f"cluster_hung_{d}_ok", "ferry"), med(res, f"cluster_hung_{d}", "ferry")
+        target = None if ok is None else HUNG_FACTOR * ok + HUNG_SLACK_S
+        out[d] = {"healthy_s": ok, "hung_s": hung, "healthy_text": text(f"cluster_hung_{d}_ok"),
+                  "hung_text": text(f"cluster_hung_{d}"),
+                  "ratio": None if ok is None or hung is None else hung / ok,
+                  "target_s": target,
+                  "target_met": None if target is None or hung is None else hung <= target}
+    stall = med(res, "cluster_hung_mount_stall", "ferry")
+    out["mount"] = {"read_s": med(res, "cluster_hung_mount", "ferry"),
+                    "read_text": text("cluster_hung_mount"), "longest_read_s": stall,
+                    "target_s": HUNG_STALL_S,
+                    "target_met": None if stall is None else stall <= HUNG_STALL_S}
+    return out
+
+
+def hung_markdown(meta, h):
+    """The report's hung-node section."""
+    if not h:
+        return ""
+    out = [f"Hung node (`bench/run --only cluster`): one {meta['size_label']} file to and from"
+           " a fresh cluster of 3 nodes (share `bench`, 2 replicas, links shaped as above),"
+           " healthy and then with node 1 stopped by SIGSTOP a third of the healthy time into"
+           " the copy (alive, its connections open, answering nothing; SIGCONT after); seconds"
+           " of the tool alone. Target: each within 2× its healthy time plus 3 s. Then the"
+           " file read through `ferry-mount -o ro` with node 1 stopped before the read: the"
+           " longest single 1 MiB read (target: at most 3 s).",
+           "",
+           "| direction | healthy | node 1 hung | ratio | target | met? |",
+           "|---|---:|---:|---:|---:|---|"]
+    for d, name in (("up", "upload"), ("down", "download")):
+        r = h[d]
+        out.append(f"| {name} | {r['healthy_text']} s | {r['hung_text']} s | {f2(r['ratio'], '.2f', '×')}"
+                   f" | ≤ {f2(r['target_s'], '.2f', ' s')} | {met(r['target_met'])} |")
+    m = h["mount"]
+    out.append(f"| mount read (longest read) | — | {m['read_text']} s ({f2(m['longest_read_s'], '.2f', ' s')})"
+               f" | — | ≤ {m['target_s']:g} s | {met(m['target_met'])} |")
+    return "\n".join(out)
+
+
 def cluster_markdown(meta, cl):
     """The report's cluster section: one line per configuration, both directions."""
     if not cl:
@@ -1377,6 +1444,10 @@ def report(argv):
     cluster_md = cluster_markdown(meta, cluster)
     if cluster_md:
         md += ["", cluster_md]
+    hung_rows = hung_report(meta, res)
+    hung_md = hung_markdown(meta, hung_rows)
+    if hung_md:
+        md += ["", hung_md]
     st = alone_table(alone)
     if st:
         md += ["", "The copy jobs again, each run timed to the tool's exit alone (no sync after"
@@ -1390,6 +1461,7 @@ def report(argv):
         f.write(md_text)
     with open(out_base + ".json", "w") as f:
         json.dump({"meta": meta, "rows": table, "rows_tool_alone": alone, **cpu, "crypt": crypt, "cluster": cluster,
+                   "hung": hung_rows,
                    "raw": res}, f,
                   indent=1, ensure_ascii=False)
         f.write("\n")
@@ -1419,7 +1491,54 @@ def report(argv):
             sys.exit(f"[bench] ERROR: {why}")
 
 
+def hung(args):
+    """See the module docs: a command timed with a process SIGSTOPped part-way."""
+    limit, delay, pid, out, err = float(args[0]), float(args[1]), int(args[2]), args[3], args[4]
+    cmd = args[args.index("--") + 1:]
+    t0 = time.monotonic()
+    with open(out, "wb") as o, open(err, "wb") as e:
+        p = subprocess.Popen(cmd, stdout=o, stderr=e)
+    stopped = False
+    try:
+        try:
+            p.wait(timeout=delay)
+            print(f"ended before the node was stopped ({time.monotonic() - t0:.2f} s in)")
+            sys.exit(3)
+        except subprocess.TimeoutExpired:
+            os.kill(pid, signal.SIGSTOP)
+            stopped = True
+        try:
+            code = p.wait(timeout=max(limit - delay, 1))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            print(f"ran past {limit:g} s with the node stopped")
+            sys.exit(3)
+    finally:
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
+    took = time.monotonic() - t0
+    if code != 0:
+        tail = open(err, errors="replace").read().strip().splitlines()[-1:] or [""]
+        print(f"exit {code}: {tail[0][:120]}")
+        sys.exit(3)
+    print(f"{took:.3f}")
+
+
+def readlat(args):
+    """See the module docs: a whole-file read and its longest single read(2)."""
+    worst, t0 = 0.0, time.monotonic()
+    with open(args[0], "rb", buffering=0) as f:
+        while True:
+            t = time.monotonic()
+            chunk = f.read(1 << 20)
+            worst = max(worst, time.monotonic() - t)
+            if not chunk:
+                break
+    print(f"{time.monotonic() - t0:.3f} {worst:.3f}")
+
+
 if __name__ == "__main__":
-    {"run": run_timed, "port": free_port, "hashspeed": hashspeed, "mktree": mktree, "mkmixed": mkmixed, "change": change,
+    {"run": run_timed, "hung": hung, "readlat": readlat, "port": free_port, "hashspeed": hashspeed, "mktree": mktree, "mkmixed": mkmixed, "change": change,
      "treesum": treesum, "plaincopy": plaincopy, "fio": fio, "iperf": iperf, "field": field, "live": live,
      "report": report}[sys.argv[1]](sys.argv[2:])

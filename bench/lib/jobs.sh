@@ -726,10 +726,17 @@ job_rdma() {
 # (N = 1, 2, 4, replicas 1) and cluster_up_n4r2, cluster_down_n4r2 (replicas 2, for
 # information), MB/s (ROW: the tool alone; ROW.sync: until durable). cluster_link_up and
 # cluster_link_down: iperf3 -l 1M of the big file's size through one shaped veth (iperf3
-# -s in node 1's namespace), the rate the link really gives. bench/run runs the job only
-# where cluster_usable says it can.
+# -s in node 1's namespace), the rate the link really gives. The hung-node rows
+# (cluster_hung, seconds): on a fresh cluster of 3 nodes with 2 replicas, the big file up
+# and down healthy (cluster_hung_up_ok, cluster_hung_down_ok) and again with node 1
+# SIGSTOPped a third of the healthy time in (cluster_hung_up, cluster_hung_down), and a
+# read through ferry-mount -o ro with node 1 stopped before it (cluster_hung_mount, and
+# cluster_hung_mount_stall: its longest 1 MiB read). bench/run runs the job only where
+# cluster_usable says it can.
 CLUSTER_ROWS=(cluster_up_n1 cluster_down_n1 cluster_up_n2 cluster_down_n2 cluster_up_n4 cluster_down_n4
-    cluster_up_n4r2 cluster_down_n4r2 cluster_link_up cluster_link_down)
+    cluster_up_n4r2 cluster_down_n4r2 cluster_link_up cluster_link_down
+    cluster_hung_up_ok cluster_hung_down_ok cluster_hung_up cluster_hung_down cluster_hung_mount
+    cluster_hung_mount_stall)
 # cluster_usable: whether this machine and build can run the job; REASON says why not.
 cluster_usable() {
     local c
@@ -804,6 +811,91 @@ cluster_link() {
     stop_pid "$pid"
     cluster_down
 }
+# cluster_hung_copy ROW HEALTHY_S CMD...: CMD timed with node 1 SIGSTOPped a third of
+# HEALTHY_S in (SIGCONT when CMD ends); records the seconds in ROW.
+cluster_hung_copy() {
+    local row="$1" delay out
+    delay="$(awk -v t="$2" 'BEGIN { printf "%.2f", t / 3 }')"
+    shift 2
+    settle "$BIG"
+    if out="$(python3 "$BENCH_PY" hung "$(limit "$CLUSTER_LIMIT_S")" "$delay" "${CLUSTER_PID[1]}" \
+        "$WORK/out" "$WORK/err" -- "$@")"; then
+        record "$row" ferry "$out"
+    else
+        fail "$row" ferry "$out" || true
+        return 1
+    fi
+}
+# cluster_wait_live N: until ferry cluster status reports N live nodes (20 s).
+cluster_wait_live() {
+    local _
+    for _ in $(seq 1 100); do
+        [ "$(cluster_live)" != "$1" ] || return 0
+        sleep 0.2
+    done
+    return 1
+}
+# cluster_hung_mount: ferry-mount -f -o ro of share bench, node 1 stopped, the big file
+# read through it (bench.py readlat), node 1 continued, the mount gone (SIGTERM).
+cluster_hung_mount() {
+    local mnt="$WORK/cluster/mnt" out node1="${CLUSTER_PID[1]}" mpid
+    mkdir -p "$mnt"
+    "$FERRY_MOUNT" -f -o ro --transport tcp "${MOUNT_ENC[@]}" "cluster://127.0.0.1:$CLUSTER_PORT/bench" "$mnt" \
+        {CLUSTER_LOCK_FD}>&- >>"$WORK/logs/cluster-mount.log" 2>&1 &
+    mpid=$!
+    track "$mpid"
+    if ! wait_mounted "$mnt" fuse.ferry "$mpid"; then
+        fail cluster_hung_mount ferry "ferry-mount did not mount: $(tail -n 1 "$WORK/logs/cluster-mount.log")" || true
+        stop_pid "$mpid"
+        untrack "$mpid"
+        return 0
+    fi
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    kill -STOP "$node1"
+    if out="$(timeout -s KILL "$(limit "$CLUSTER_LIMIT_S")" python3 "$BENCH_PY" readlat "$mnt/big.bin" 2>&1)"; then
+        record cluster_hung_mount ferry "${out% *}"
+        record cluster_hung_mount_stall ferry "${out#* }"
+    else
+        fail cluster_hung_mount ferry "$out" || true
+    fi
+    kill -CONT "$node1"
+    stop_pid "$mpid"
+    untrack "$mpid"
+    [ -z "$(fstype_at "$mnt")" ] || umount -l "$mnt" 2>/dev/null || true
+}
+# cluster_hung: the hung-node rows (see CLUSTER_ROWS), on a fresh cluster of 3 nodes.
+cluster_hung() {
+    local url rcp=("$RCP" --json --transport tcp "${RCP_ENC[@]}") up="" down=""
+    peer_ok cluster_hung_up ferry || return 0
+    if ! cluster_up 3 2; then
+        cluster_down
+        fail cluster_hung_up ferry "$REASON" || true
+        return 0
+    fi
+    url="cluster://127.0.0.1:$CLUSTER_PORT/bench/big.bin"
+    SOURCE=("$BIG")
+    timed cluster_hung_up_ok ferry "$CLUSTER_LIMIT_S" "${rcp[@]}" --replicas 2 "$BIG" "$url" &&
+        record cluster_hung_up_ok ferry "$T" && up="$T"
+    timed cluster_hung_down_ok ferry "$CLUSTER_LIMIT_S" "${rcp[@]}" "$url" "$WORK/cluster/back.bin" &&
+        record cluster_hung_down_ok ferry "$T" && down="$T"
+    if [ -n "$down" ] && cluster_hung_copy cluster_hung_down "$down" "${rcp[@]}" "$url" "$WORK/cluster/back.bin"; then
+        cmp -s "$BIG" "$WORK/cluster/back.bin" ||
+            fail cluster_hung_down ferry "the copy downloaded with node 1 hung differs from the original" || true
+    fi
+    # Node 1's lease ran out while it was stopped: it registers again once continued.
+    cluster_wait_live 3 || warn "cluster_hung: node 1 did not register again within 20 s"
+    if [ -n "$up" ] && cluster_hung_copy cluster_hung_up "$up" "${rcp[@]}" --replicas 2 "$BIG" "$url.2"; then
+        cluster_wait_live 3 || true
+        "${rcp[@]}" "$url.2" "$WORK/cluster/back.bin" >/dev/null 2>>"$WORK/logs/ferry.log" &&
+            cmp -s "$BIG" "$WORK/cluster/back.bin" ||
+            fail cluster_hung_up ferry "the file uploaded with node 1 hung does not read back whole" || true
+    fi
+    rm -f "$WORK/cluster/back.bin"
+    cluster_wait_live 3 || true
+    cluster_hung_mount
+    cluster_down
+}
 # A Ferry failure here gets "failed: ..." cells and the run goes on (cluster mode is
 # new): FERRY_SOFT.
 job_cluster() {
@@ -812,6 +904,7 @@ job_cluster() {
     FERRY_SOFT=1
     for n in 1 2 4; do cluster_config "$n" 1 "n$n"; done
     cluster_config 4 2 n4r2
+    cluster_hung
     FERRY_SOFT=0
     cluster_link
 }

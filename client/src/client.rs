@@ -16,14 +16,14 @@ use ferry_common::msg::{
     VerifyReport, Welcome, BATCH_MAX_PATH_BYTES, LINK_BATCH_MAX, META_BATCH_MAX,
 };
 use ferry_common::proto::caps::{EncryptOffer, Negotiated, Offer};
-use ferry_common::proto::client::{ClientEvent, ClientSession};
+use ferry_common::proto::client::{ClientEvent, ClientSession, Liveness};
 use ferry_common::proto::manifest::{ManifestError, ManifestReader};
 use ferry_common::proto::ProtoError;
 use ferry_common::seal::{Encryption, KeyShare, Suite};
 use ferry_common::transport::sealed::Sealed;
 use ferry_common::transport::tcp::Tcp;
 use ferry_common::transport::{Buffer, SharedTransport, TransportChoice, TransportError};
-use tokio::sync::{oneshot, OnceCell};
+use tokio::sync::{oneshot, Notify, OnceCell};
 
 use crate::error::ClientError;
 
@@ -32,6 +32,10 @@ pub const SOFTWARE: &str = concat!("ferry-client/", env!("CARGO_PKG_VERSION"));
 
 /// How long to wait for a TCP connection to be accepted.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the liveness watch looks at the session's timers beside the driver (which
+/// may be held up sending to a server that stopped reading).
+const LIVENESS_TICK: Duration = Duration::from_millis(250);
 
 type Waiter = oneshot::Sender<Result<Response, ClientError>>;
 
@@ -50,6 +54,9 @@ struct Inner {
     /// The client's key share until the welcome uses it.
     key_share: Mutex<Option<KeyShare>>,
     session: Mutex<ClientSession>,
+    /// Wakes the driver after a request was queued, so that it re-reads the session's
+    /// next deadline (the liveness clock starts with the first request).
+    wake: Notify,
     waiters: Mutex<Waiters>,
     connected: Mutex<Option<oneshot::Sender<Result<Welcome, String>>>>,
     welcome: Mutex<Option<Welcome>>,
@@ -83,6 +90,8 @@ pub struct Credentials {
     encryption: Encryption,
     /// Leave the directory batches out of the offer.
     no_dir_batches: bool,
+    /// When the session gives up on a silent server.
+    liveness: Liveness,
 }
 
 impl Credentials {
@@ -99,7 +108,27 @@ impl Credentials {
             hash_only: None,
             encryption: Encryption::default(),
             no_dir_batches: false,
+            liveness: Liveness::default(),
         }
+    }
+
+    /// Ends a session whose server sends nothing, not even an answer to a liveness
+    /// probe, for `silence_limit` while requests wait (default
+    /// [`ferry_common::proto::SERVER_SILENCE_LIMIT`]); the requests fail with
+    /// [`ClientError::Hung`].
+    pub fn with_silence_limit(self, silence_limit: std::time::Duration) -> Credentials {
+        self.with_liveness(Liveness::with_limit(silence_limit))
+    }
+
+    /// Sessions probe and give up on a silent server as `liveness` says.
+    pub fn with_liveness(mut self, liveness: Liveness) -> Credentials {
+        self.liveness = liveness;
+        self
+    }
+
+    /// The liveness policy sessions get.
+    pub fn liveness(&self) -> Liveness {
+        self.liveness
     }
 
     /// Offers only `algorithm` for chunk hashes (`rcp --hash`, `ferry-mount --hash`):
@@ -270,16 +299,14 @@ impl Client {
         };
         let offer = credentials.offer(key_share.as_ref());
         let sealed = Sealed::new(transport);
+        let mut session = ClientSession::with_offer(Instant::now(), SOFTWARE, nonce, offer);
+        session.set_liveness(credentials.liveness);
         let inner = Arc::new(Inner {
             transport: sealed.clone(),
             sealed,
             key_share: Mutex::new(key_share),
-            session: Mutex::new(ClientSession::with_offer(
-                Instant::now(),
-                SOFTWARE,
-                nonce,
-                offer,
-            )),
+            session: Mutex::new(session),
+            wake: Notify::new(),
             waiters: Mutex::new(Waiters::default()),
             connected: Mutex::new(Some(tx)),
             welcome: Mutex::new(None),
@@ -292,6 +319,7 @@ impl Client {
             hashes_used: Mutex::new(Vec::new()),
         });
         tokio::spawn(drive(inner.clone()));
+        tokio::spawn(watch_liveness(Arc::downgrade(&inner)));
         flush(&inner).await;
         match rx.await {
             Ok(Ok(w)) => {
@@ -408,6 +436,13 @@ impl Client {
         &self.inner.addr
     }
 
+    /// Since when requests have waited with nothing at all heard from the server
+    /// (no response, no answer to a liveness probe); `None` while nothing waits. What
+    /// tells a hung server from a busy one, which keeps answering probes.
+    pub fn silent_since(&self) -> Option<Instant> {
+        lock(&self.inner.session).silent_since()
+    }
+
     /// Sends `req` and waits for its response; a [`Response::Error`] becomes
     /// [`ClientError::Remote`]. If `req` names a share this session has a secret for
     /// and has not yet proved, the proof goes first.
@@ -457,7 +492,10 @@ impl Client {
 
     /// One proof of `share`'s secret; the session checks the server's own proof.
     async fn prove(&self, share: &str, secret: &Secret) -> Result<(), ClientError> {
-        match self.exchange(|s| s.authenticate(share, secret)).await? {
+        match self
+            .exchange(|s| s.authenticate(Instant::now(), share, secret))
+            .await?
+        {
             Response::Authenticated { proof: Some(_) } => Ok(()),
             Response::Authenticated { proof: None } => {
                 tracing::info!(
@@ -471,7 +509,7 @@ impl Client {
     }
 
     async fn call_raw(&self, req: Request) -> Result<Response, ClientError> {
-        self.exchange(|s| s.request(req)).await
+        self.exchange(|s| s.request(Instant::now(), req)).await
     }
 
     /// Queues one request with `queue` (which returns its id), sends it and waits for
@@ -481,16 +519,24 @@ impl Client {
         queue: impl FnOnce(&mut ClientSession) -> Result<u64, ProtoError>,
     ) -> Result<Response, ClientError> {
         let (tx, rx) = oneshot::channel();
-        {
+        let sooner = {
             let mut session = lock(&self.inner.session);
             let mut waiters = lock(&self.inner.waiters);
             if let Some(reason) = &waiters.closed {
                 return Err(ClientError::Disconnected(reason.clone()));
             }
+            let before = session.poll_timeout();
             let id = queue(&mut session)?;
             // Registered while the session is locked: the driver cannot see the
             // response before the waiter exists.
             waiters.map.insert(id, tx);
+            session
+                .poll_timeout()
+                .is_some_and(|t| before.is_none_or(|b| t < b))
+        };
+        if sooner {
+            // The request started the liveness clock: the driver must wake for it.
+            self.inner.wake.notify_one();
         }
         flush(&self.inner).await;
         match rx.await {
@@ -1048,6 +1094,8 @@ async fn drive(inner: Arc<Inner>) {
                 Err(e) => break e.to_string(),
             },
             () = sleep => lock(&inner.session).handle_timeout(Instant::now()),
+            // A request was queued: the deadline is read again.
+            () = inner.wake.notified() => {}
         }
         if let Some(reason) = pump(&inner) {
             let text = reason.to_string();
@@ -1056,22 +1104,71 @@ async fn drive(inner: Arc<Inner>) {
         }
         flush(&inner).await;
     };
+    // A session the liveness watch closed says why, whatever the transport said after.
+    if let Some(r) = lock(&inner.session).close_reason() {
+        closed_by.get_or_insert_with(|| r.clone());
+    }
+    let reason = closed_by.as_ref().map_or(reason, ToString::to_string);
+    end_session(&inner, &reason, closed_by.as_ref());
+}
+
+/// Runs the session's timers beside [`drive`], which can be held up in a send to a
+/// server that stopped reading: a session the silence limit closes is ended here, its
+/// waiting calls failed and its transport closed (which fails the held-up send).
+async fn watch_liveness(inner: std::sync::Weak<Inner>) {
+    loop {
+        tokio::time::sleep(LIVENESS_TICK).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if lock(&inner.waiters).closed.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        let (fired, closed) = {
+            let mut s = lock(&inner.session);
+            let due = s.poll_timeout().is_some_and(|t| t <= now);
+            if due {
+                s.handle_timeout(now);
+            }
+            (due, s.close_reason().cloned())
+        };
+        if let Some(reason) = closed {
+            end_session(&inner, &reason.to_string(), Some(&reason));
+            return;
+        }
+        if fired {
+            // A probe, queued: sent even if the driver is held up.
+            tokio::spawn(async move { flush(&inner).await });
+        }
+    }
+}
+
+/// Ends the session for `reason` (the session's own, `closed_by`, if it closed
+/// itself): closes the transport, fails the handshake if it was still waiting and
+/// every waiting call. Invariant: after the first call the waiters stay closed and
+/// empty; later calls change nothing.
+fn end_session(inner: &Inner, reason: &str, closed_by: Option<&ProtoError>) {
     inner.transport.close();
     if let Some(tx) = lock(&inner.connected).take() {
-        let _ = tx.send(Err(reason.clone()));
+        let _ = tx.send(Err(reason.to_owned()));
     }
     let waiters: Vec<Waiter> = {
         let mut w = lock(&inner.waiters);
-        w.closed = Some(reason.clone());
+        w.closed.get_or_insert_with(|| reason.to_owned());
         w.map.drain().map(|(_, w)| w).collect()
     };
     for w in waiters {
-        let error = match &closed_by {
+        let error = match closed_by {
             Some(ProtoError::ServerNotAuthentic(share)) => ClientError::ServerNotAuthentic {
                 addr: inner.addr.clone(),
                 share: share.clone(),
             },
-            _ => ClientError::Disconnected(reason.clone()),
+            Some(ProtoError::ServerSilent(after)) => ClientError::Hung {
+                addr: inner.addr.clone(),
+                after: *after,
+            },
+            _ => ClientError::Disconnected(reason.to_owned()),
         };
         let _ = w.send(Err(error));
     }

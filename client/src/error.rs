@@ -64,6 +64,26 @@ pub enum ClientError {
     /// The connection to the server ended.
     #[error("connection to the server lost: {0}")]
     Disconnected(String),
+    /// The server stopped answering: requests waited and it sent nothing, not even an
+    /// answer to a liveness probe, for `after` ([`ferry_common::proto::client::Liveness`]).
+    /// The session is closed.
+    #[error("server {addr} is not responding: nothing received for {after:?} while requests waited (it is hung, stopped or unreachable)")]
+    Hung {
+        /// `host:port` of the server.
+        addr: String,
+        /// How long it was silent.
+        after: std::time::Duration,
+    },
+    /// A storage node moved no bytes and sent nothing for `after` during a stripe
+    /// transfer (the cluster's progress deadline): the operation was abandoned there,
+    /// and the node is suspect for a while.
+    #[error("storage node {node} made no progress for {after:?}")]
+    Stalled {
+        /// The node's id.
+        node: String,
+        /// The progress deadline it missed.
+        after: std::time::Duration,
+    },
     /// The peer broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(#[from] ProtoError),
@@ -149,6 +169,7 @@ impl ClientError {
             ClientError::SourceChanged { .. } => "changed",
             ClientError::Usage(_) => "usage",
             ClientError::Transport(_) | ClientError::Disconnected(_) => "io",
+            ClientError::Hung { .. } | ClientError::Stalled { .. } => "hung",
             ClientError::Protocol(_) => "protocol",
             ClientError::Secret(_) => "secret",
             ClientError::ServerNotAuthentic { .. } => "auth_failed",

@@ -576,9 +576,15 @@ fn stage_error(dest: &Path, e: StageError) -> ClientError {
 
 /// True for the failures after which a download's partial file is kept for a later
 /// run to resume: the connection was lost (the server was killed or restarted, the
-/// network failed). The others remove it.
+/// network failed, the server hung). The others remove it.
 fn keeps_partial(e: &ClientError) -> bool {
-    matches!(e, ClientError::Disconnected(_) | ClientError::Transport(_))
+    matches!(
+        e,
+        ClientError::Disconnected(_)
+            | ClientError::Transport(_)
+            | ClientError::Hung { .. }
+            | ClientError::Stalled { .. }
+    )
 }
 
 /// Opens the hidden file a download of `dest` goes to (resuming an interrupted one of

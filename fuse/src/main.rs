@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use ferry_client::cluster::health::{Health, HealthPolicy};
 use ferry_client::location::{self, Location};
 use ferry_client::Credentials;
 use ferry_common::msg::{Attr, ErrorKind, FileKind, HashAlgorithm};
@@ -352,12 +353,14 @@ fn run_cluster(args: Args, notify: bool) -> Result<(), Failure> {
         credentials.clone(),
     ))?;
     let writer = if writable {
+        let health = nodes.health().clone();
         Some(rt.block_on(cluster_writer(
             &source,
             &etcd,
             &opts,
             args.transport,
             credentials,
+            health,
         ))?)
     } else {
         None
@@ -389,10 +392,11 @@ async fn cluster_writer(
     opts: &MountOptions,
     transport: TransportChoice,
     credentials: Credentials,
+    health: Arc<Health>,
 ) -> Result<ferry_fuse::cluster::write::Writer, Failure> {
     let cluster = tokio::time::timeout(
         opts.timeout,
-        ferry_client::cluster::Cluster::connect(etcd, transport, credentials),
+        ferry_client::cluster::Cluster::connect_sharing(etcd, transport, credentials, health),
     )
     .await
     .map_err(|_| {
@@ -487,6 +491,7 @@ async fn check_cluster(
         opts.timeout,
         opts.cache_bytes,
         opts.readahead_chunks,
+        Arc::new(Health::new(HealthPolicy::from_env())),
     );
     let live = nodes
         .refresh()

@@ -70,7 +70,10 @@ pub fn errno_of(e: &ClientError) -> Errno {
             ErrorKind::AuthRequired | ErrorKind::AuthFailed => Errno::EACCES,
             _ => Errno::EIO,
         },
-        ClientError::Disconnected(_) | ClientError::Connect { .. } => Errno::ENOTCONN,
+        ClientError::Disconnected(_)
+        | ClientError::Connect { .. }
+        | ClientError::Hung { .. }
+        | ClientError::Stalled { .. } => Errno::ENOTCONN,
         _ => Errno::EIO,
     }
 }
@@ -80,6 +83,8 @@ pub fn is_fatal(e: &ClientError) -> bool {
     matches!(
         e,
         ClientError::Disconnected(_)
+            | ClientError::Hung { .. }
+            | ClientError::Stalled { .. }
             | ClientError::Transport(_)
             | ClientError::Protocol(_)
             | ClientError::Connect { .. }

@@ -40,6 +40,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
 use crate::certs::{make_certs, Certs};
@@ -57,7 +58,8 @@ pub const MAX_NODES: usize = 8;
 /// The share a [`NodeMode::Plain`] node serves its store as.
 pub const PLAIN_SHARE: &str = "data";
 
-/// The `--lease-ttl` of every node: how long etcd keeps a node that stopped renewing.
+/// The `--lease-ttl` of every node unless [`ClusterOptions::lease_ttl`] says otherwise:
+/// how long etcd keeps a node that stopped renewing.
 pub const LEASE_TTL: Duration = Duration::from_secs(3);
 
 /// How long one `ferry` run may take before it is killed and the test fails.
@@ -96,6 +98,8 @@ pub struct NodeSpec {
     pub port_file: PathBuf,
     /// More arguments in cluster mode: etcd's TLS and user settings.
     pub etcd_args: Vec<OsString>,
+    /// Its `--lease-ttl` (cluster mode).
+    pub lease_ttl: Duration,
 }
 
 /// The arguments of a node's ferryd (the program and its environment are the
@@ -120,7 +124,8 @@ pub fn ferryd_args(spec: &NodeSpec) -> Vec<OsString> {
         spec.port_file.clone().into_os_string(),
     ]);
     if spec.mode == NodeMode::Cluster {
-        args.extend(["--lease-ttl".into(), LEASE_TTL.as_secs().to_string().into()]);
+        let ttl = spec.lease_ttl.as_secs().max(1);
+        args.extend(["--lease-ttl".into(), ttl.to_string().into()]);
         args.extend(spec.etcd_args.iter().cloned());
     }
     args
@@ -229,15 +234,63 @@ impl Node {
 
     fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            // Ignoring errors: it may have exited already.
+            // A stopped process dies of SIGKILL too; SIGCONT first all the same, so
+            // nothing of the test is ever left stopped. Ignoring errors: it may have
+            // exited already.
+            let _ = self.signal(&child, Signal::SIGCONT);
             let _ = child.kill();
             let _ = child.wait();
         }
     }
+
+    /// Sends `signal` to the running ferryd `child`.
+    fn signal(&self, child: &Child, signal: Signal) -> Result<(), String> {
+        let pid = i32::try_from(child.id()).map_err(|e| e.to_string())?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
+            .map_err(|e| format!("node {}: {signal}: {e}", self.spec.node_id))
+    }
+
+    /// Sends `signal` to the node's ferryd; panics if it is not running.
+    #[track_caller]
+    fn send(&self, signal: Signal) {
+        let child = self
+            .child
+            .as_ref()
+            .unwrap_or_else(|| panic!("{} is not running", self.spec.node_id));
+        self.signal(child, signal).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// A node stopped by [`Cluster::stop_node`]: continued when dropped, so no test leaves
+/// a ferryd stopped (a failing one included).
+#[derive(Debug)]
+#[must_use = "the node is continued when this guard drops"]
+pub struct StoppedNode {
+    pid: nix::unistd::Pid,
+}
+
+impl StoppedNode {
+    /// Continues the node now.
+    pub fn cont(self) {}
+}
+
+impl Drop for StoppedNode {
+    fn drop(&mut self) {
+        // Ignoring errors: the node may have been killed since.
+        let _ = nix::sys::signal::kill(self.pid, Signal::SIGCONT);
+    }
+}
+
+/// The state letter of process `pid` in `/proc/PID/stat` (`T`: stopped by a signal).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `PID (COMM) S ...`: COMM may hold spaces and parentheses; the state follows the
+    // last `)`.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
 /// What [`Cluster::start_with`] starts.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ClusterOptions {
     /// How many storage nodes, `1..=`[`MAX_NODES`].
     pub nodes: usize,
@@ -247,6 +300,21 @@ pub struct ClusterOptions {
     pub tls: bool,
     /// The etcd user the nodes log in as, if any (see the module docs).
     pub node_etcd_user: Option<String>,
+    /// Every node's `--lease-ttl` (whole seconds; [`LEASE_TTL`] normally).
+    pub lease_ttl: Duration,
+}
+
+impl Default for ClusterOptions {
+    /// One cluster-mode node, plain etcd, leases of [`LEASE_TTL`].
+    fn default() -> ClusterOptions {
+        ClusterOptions {
+            nodes: 1,
+            mode: NodeMode::Cluster,
+            tls: false,
+            node_etcd_user: None,
+            lease_ttl: LEASE_TTL,
+        }
+    }
 }
 
 /// An etcd and N ferryd nodes, each node in its own network namespace; see the
@@ -282,7 +350,25 @@ impl Cluster {
     /// stripes of `stripe_mib` MiB (`ferry cluster add-share`).
     #[track_caller]
     pub fn start_with_share(nodes: usize, share: &str, replicas: u8, stripe_mib: u64) -> Cluster {
-        let cluster = Cluster::start(nodes);
+        Cluster::start_with_share_ttl(nodes, share, replicas, stripe_mib, LEASE_TTL)
+    }
+
+    /// [`Cluster::start_with_share`] with every node's lease `lease_ttl` (a node stopped
+    /// by [`Cluster::stop_node`] stays registered that long).
+    #[track_caller]
+    pub fn start_with_share_ttl(
+        nodes: usize,
+        share: &str,
+        replicas: u8,
+        stripe_mib: u64,
+        lease_ttl: Duration,
+    ) -> Cluster {
+        let cluster = Cluster::start_with(ClusterOptions {
+            nodes,
+            mode: NodeMode::Cluster,
+            lease_ttl,
+            ..ClusterOptions::default()
+        });
         cluster.wait_nodes(nodes, Duration::from_secs(20));
         cluster.add_share(share, replicas, stripe_mib);
         cluster
@@ -374,6 +460,7 @@ impl Cluster {
                         listen: format!("{}:{NODE_PORT}", ns.ns_ip()),
                         port_file: dir.path().join(format!("node{k}.port")),
                         etcd_args: etcd_args.clone(),
+                        lease_ttl: opts.lease_ttl,
                     },
                     log_path: dir.path().join(format!("node{k}.stderr")),
                     child: None,
@@ -544,6 +631,39 @@ impl Cluster {
     /// runs out after [`LEASE_TTL`]).
     pub fn kill_node(&mut self, k: usize) {
         self.node_mut(k).kill();
+    }
+
+    /// SIGSTOPs node `k`'s ferryd: alive, its connections and listening socket open,
+    /// answering nothing (a hung node). Its lease runs out after its TTL unless
+    /// it is continued. It is continued (SIGCONT) when the returned guard drops, or
+    /// [`Cluster::cont_node`]; dropping the cluster continues and kills it.
+    #[track_caller]
+    pub fn stop_node(&mut self, k: usize) -> StoppedNode {
+        let node = self.node(k);
+        node.send(Signal::SIGSTOP);
+        let pid = node
+            .child
+            .as_ref()
+            .map(Child::id)
+            .expect("running: just signalled");
+        StoppedNode {
+            pid: nix::unistd::Pid::from_raw(i32::try_from(pid).expect("a pid")),
+        }
+    }
+
+    /// SIGCONTs node `k`'s ferryd, stopped by [`Cluster::stop_node`].
+    #[track_caller]
+    pub fn cont_node(&mut self, k: usize) {
+        self.node(k).send(Signal::SIGCONT);
+    }
+
+    /// Whether node `k`'s ferryd is stopped by a signal now (`/proc/PID/stat`).
+    pub fn node_stopped(&self, k: usize) -> bool {
+        self.node(k)
+            .child
+            .as_ref()
+            .and_then(|c| process_state(c.id()))
+            == Some('T')
     }
 
     /// Starts node `k`'s ferryd again with the same store, address and arguments and
@@ -740,12 +860,21 @@ mod tests {
             listen: "10.100.2.2:7447".into(),
             port_file: "/tmp/c/node2.port".into(),
             etcd_args: vec!["--cluster-config".into(), "/tmp/c/tls/cluster.toml".into()],
+            lease_ttl: LEASE_TTL,
         };
         let args: Vec<String> = ferryd_args(&spec)
             .into_iter()
             .map(|a| a.into_string().unwrap())
             .collect();
         args.join(" ")
+    }
+
+    #[test]
+    fn the_state_of_a_process_is_read_past_its_name() {
+        // This test's own thread is running, or between two steps of it sleeping.
+        let state = process_state(std::process::id());
+        assert!(matches!(state, Some('R' | 'S')), "{state:?}");
+        assert_eq!(process_state(u32::MAX), None);
     }
 
     #[test]

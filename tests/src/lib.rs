@@ -81,7 +81,7 @@ mod wire_proxy;
 pub use certs::{make_certs, Certs, CLIENT_CN};
 pub use cluster::{
     ferry, ferryd_args, ferryd_has_cluster_mode, skip_without_cluster, Cluster, ClusterOptions,
-    NodeMode, NodeSpec, FERRY_TIMEOUT, LEASE_TTL, MAX_NODES, NODE_PORT, PLAIN_SHARE,
+    NodeMode, NodeSpec, StoppedNode, FERRY_TIMEOUT, LEASE_TTL, MAX_NODES, NODE_PORT, PLAIN_SHARE,
 };
 pub use env::{Env, EnvBuilder, DEFAULT_SHARE};
 pub use etcd::{etcd_healthy, etcd_program, Etcd, ETCD_STARTUP_TIMEOUT};

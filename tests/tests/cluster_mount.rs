@@ -517,3 +517,41 @@ fn a_cluster_mount_writes_whole_files_at_close_and_changes_the_namespace() {
         started.elapsed()
     );
 }
+
+#[test]
+fn issue_41_a_mount_reads_around_a_hung_node() {
+    let name = "issue_41_a_mount_reads_around_a_hung_node";
+    if skip_without_cluster(name) || skip_without_fuse(name) {
+        return;
+    }
+    // A stopped node stays registered for the whole test (its lease outlives it): the
+    // mount's deadline, not etcd, must pass it over.
+    let mut cluster = Cluster::start_with_share_ttl(3, "data", 2, 1, Duration::from_secs(60));
+    let src = cluster.dir().join("f");
+    write_random_file(&src, 8 * MIB, 41);
+    rcp(rcp_args![&src, cluster.url("data", "f")]).assert_success();
+    let want = fs::read(&src).unwrap();
+    // Stripe 0's first replica: the node a read of the file tries first.
+    let layout = layout_of(&cluster, "f");
+    let hung = node_number(&layout.stripes[0].replicas[0]);
+    let mount = Mount::builder(cluster.url("data", "")).opt("ro").start();
+    let stopped = cluster.stop_node(hung);
+    drop_caches();
+    let started = Instant::now();
+    let got = fs::read(mount.join("f")).unwrap();
+    let took = started.elapsed();
+    assert!(got == want, "the bytes read through the mount differ");
+    assert!(
+        cluster.node_stopped(hung),
+        "node {hung} ran again during the read"
+    );
+    let named = mount.log_lines_with(&[&format!("storage node n{hung} is suspect")]);
+    assert!(
+        !named.is_empty(),
+        "the mount did not pass node {hung} over\n{}",
+        mount.log()
+    );
+    // Generous: the progress deadline is 2 s; a silent session used to cost 30.
+    assert!(took < Duration::from_secs(20), "read took {took:?}");
+    stopped.cont();
+}

@@ -12,6 +12,11 @@
 //! file (resumable, as single-server downloads are), and its manifest is compared
 //! with the layout's; a replica that fails or holds other bytes is passed over for
 //! the next.
+//!
+//! Both ways, every stripe transfer on a node runs under the progress deadline of
+//! [`super::health`]: a node that fails or stalls is suspected (its session dropped)
+//! and the stripe moves on, a read to the next replica, a write to the next node in
+//! the layout's order; suspect nodes are placed on and read from last.
 
 use std::collections::VecDeque;
 use std::fs;
@@ -27,6 +32,7 @@ use ferry_common::msg::{ErrorKind, Hash256, HashAlgorithm, RemoteError};
 use ferry_common::seal::to_hex;
 use tokio::task::JoinSet;
 
+use super::health::Progress;
 use super::meta::Commit;
 use super::Cluster;
 use crate::error::ClientError;
@@ -366,7 +372,8 @@ impl Cluster {
         for (i, s) in layout.stripes.iter().enumerate() {
             let object = layout.object_path(share, i);
             for node in &s.replicas {
-                if !self.is_live(node) {
+                // A suspect node's copies stay: named by no layout, never read.
+                if !self.is_live(node) || self.is_suspect(node) {
                     continue;
                 }
                 if let Ok(c) = self.session(node).await {
@@ -398,46 +405,24 @@ impl Cluster {
         let mut queue: VecDeque<String> = placed.into();
         let mut last_err = None;
         while holders.len() < want {
-            // The placed nodes all at once; replacements one by one.
-            let batch: Vec<String> = if tried.is_empty() {
-                queue.drain(..).collect()
-            } else {
-                let usable = self.usable_nodes();
-                let need = range.end - range.start;
-                match placement::next_replica(id, &usable, &tried, need) {
-                    Some(n) => vec![n.id.clone()],
-                    None => break,
-                }
+            let need = range.end - range.start;
+            let Some(batch) = self.next_batch(id, &mut queue, &mut tried, need) else {
+                break;
             };
             let mut set = JoinSet::new();
             for (k, node) in batch.into_iter().enumerate() {
                 tried.push(node.clone());
-                let (cluster, local, object, range) = (
-                    self.clone(),
-                    local.to_owned(),
-                    object.clone(),
-                    range.clone(),
-                );
                 // Progress counts the first copy of each stripe only.
                 let progress = if k == 0 && holders.is_empty() {
                     progress.clone()
                 } else {
                     transfer_quiet()
                 };
-                set.spawn(async move {
-                    let r = async {
-                        let c = cluster.session(&node).await?;
-                        if let Some(held) = held(&c, &object, &local, range.clone()).await {
-                            progress(held.copied.bytes);
-                            return Ok(held);
-                        }
-                        cluster.object_dir(&node, &c, &object).await?;
-                        transfer::upload_range(&c, &local, range, STORE_SHARE, &object, progress)
-                            .await
-                    }
-                    .await;
-                    (node, r)
-                });
+                let (local, object) = (local.to_owned(), object.clone());
+                set.spawn(
+                    self.clone()
+                        .put_on(node, local, object, range.clone(), progress),
+                );
             }
             while let Some(joined) = set.join_next().await {
                 let Ok((node, r)) = joined else { continue };
@@ -457,7 +442,7 @@ impl Cluster {
                         holders.push(node);
                     }
                     Err(e) if node_failure(&e) => {
-                        self.mark_failed(&node, &e).await;
+                        self.passed_over(&node, &e).await;
                         last_err = Some(e);
                     }
                     Err(e) => return Err(e),
@@ -569,7 +554,13 @@ impl Cluster {
         }
         let asm = Arc::into_inner(asm).expect("every stripe task has ended");
         if let Some(e) = first_err {
-            if !matches!(e, ClientError::Disconnected(_) | ClientError::Transport(_)) {
+            if !matches!(
+                e,
+                ClientError::Disconnected(_)
+                    | ClientError::Transport(_)
+                    | ClientError::Hung { .. }
+                    | ClientError::Stalled { .. }
+            ) {
                 asm.discard();
             }
             return Err(e);
@@ -582,6 +573,65 @@ impl Cluster {
         })
     }
 
+    /// The nodes to write a stripe to next: first the placed ones (`queue`) all at once,
+    /// a suspect one passed over untried; then replacements one by one, the next in
+    /// the file's order not yet `tried`. `None` when no node is left.
+    fn next_batch(
+        &self,
+        id: &str,
+        queue: &mut VecDeque<String>,
+        tried: &mut Vec<String>,
+        need: u64,
+    ) -> Option<Vec<String>> {
+        if !queue.is_empty() {
+            let (good, suspect): (Vec<String>, Vec<String>) =
+                queue.drain(..).partition(|n| !self.is_suspect(n));
+            tried.extend(suspect);
+            if !good.is_empty() {
+                return Some(good);
+            }
+        }
+        let usable = self.usable_nodes();
+        placement::next_replica(id, &usable, tried, need).map(|n| vec![n.id.clone()])
+    }
+
+    /// One stripe's upload (bytes `range` of `local`, as `object`) to `node`, reused if
+    /// the node already holds it, under the progress deadline; gives the node back with
+    /// the outcome.
+    async fn put_on(
+        self,
+        node: String,
+        local: std::path::PathBuf,
+        object: String,
+        range: std::ops::Range<u64>,
+        progress: ProgressFn,
+    ) -> (String, Result<transfer::Uploaded, ClientError>) {
+        let op = |p: Progress| {
+            let (cluster, node, object, local) = (&self, &node, &object, &local);
+            async move {
+                let c = cluster.session(node).await?;
+                p.attach(&c);
+                if let Some(held) = held(&c, object, local, range.clone()).await {
+                    progress(held.copied.bytes);
+                    return Ok(held);
+                }
+                cluster.object_dir(node, &c, object).await?;
+                let progress = p.wrap(progress);
+                transfer::upload_range(&c, local, range, STORE_SHARE, object, progress).await
+            }
+        };
+        let r = self.watched(&node, op).await;
+        (node, r)
+    }
+
+    /// A node failed (or stalled) an operation: it is suspect, unless the stall
+    /// already made it so.
+    async fn passed_over(&self, node: &str, e: &ClientError) {
+        if !matches!(e, ClientError::Stalled { .. }) {
+            self.suspect(node, e).await;
+        }
+    }
+
     /// The chunk size of the first of `nodes` that answers.
     async fn chunk_bytes(&self, nodes: &[String]) -> Result<u32, ClientError> {
         let mut last = None;
@@ -589,7 +639,7 @@ impl Cluster {
             match self.session(&node).await {
                 Ok(c) => return Ok(c.welcome().chunk_bytes),
                 Err(e) => {
-                    self.mark_failed(&node, &e).await;
+                    self.suspect(&node, &e).await;
                     last = Some(e);
                 }
             }
@@ -600,15 +650,11 @@ impl Cluster {
         }))
     }
 
-    /// `replicas` in the order to read from: live nodes that have not failed in this
-    /// run first (in the layout's order), then the others.
+    /// `replicas` in the order to read from: live nodes that are not suspect first (in
+    /// the layout's order), then the suspect ones.
     fn read_order(&self, replicas: &[String]) -> Vec<String> {
-        let (mut good, rest): (Vec<String>, Vec<String>) = replicas
-            .iter()
-            .cloned()
-            .partition(|n| self.is_live(n) && !self.has_failed(n));
-        good.extend(rest.into_iter().filter(|n| self.is_live(n)));
-        good
+        self.health()
+            .read_order(replicas, |n| self.is_live(n), std::time::Instant::now())
     }
 
     async fn get_stripe(
@@ -627,20 +673,25 @@ impl Cluster {
         })?;
         let mut last = None;
         for node in self.read_order(&layout.stripes[index].replicas) {
-            let r = async {
-                let c = self.session(&node).await?;
-                transfer::download_range(
-                    &c,
-                    STORE_SHARE,
-                    &object,
-                    asm,
-                    range.start,
-                    range.end - range.start,
-                    progress.clone(),
-                )
-                .await
-            }
-            .await;
+            let op = |p: Progress| {
+                let (node, object, range) = (&node, &object, range.clone());
+                let progress = p.wrap(progress.clone());
+                async move {
+                    let c = self.session(node).await?;
+                    p.attach(&c);
+                    transfer::download_range(
+                        &c,
+                        STORE_SHARE,
+                        object,
+                        asm,
+                        range.start,
+                        range.end - range.start,
+                        progress,
+                    )
+                    .await
+                }
+            };
+            let r = self.watched(&node, op).await;
             match r {
                 Ok(got) if got.manifest == want && got.algorithm == layout.algorithm => {
                     return Ok(got.bytes_sent)
@@ -659,7 +710,7 @@ impl Cluster {
                     last = Some(e);
                 }
                 Err(e) if node_failure(&e) => {
-                    self.mark_failed(&node, &e).await;
+                    self.passed_over(&node, &e).await;
                     last = Some(e);
                 }
                 Err(e) => return Err(e),

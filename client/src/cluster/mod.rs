@@ -12,6 +12,8 @@
 //!   then the entry in one transaction) and down ([`Cluster::get_file`]: stripes from
 //!   any live replica, each checked against the layout's manifest).
 //! - [`copy`]: `rcp` on cluster shares: files and trees, up and down.
+//! - [`health`]: the progress deadline every stripe transfer runs under, and the
+//!   nodes suspect lately (read last, placed on last, for a while).
 //! - [`repair`]: re-replicating under-replicated stripes node to node, and
 //!   [`status`]: the nodes and the stripes' health.
 //! - [`member`]: a node's registration under its lease (ferryd's side).
@@ -22,13 +24,16 @@ pub mod copy;
 pub mod etcd_config;
 pub mod etcd_connect;
 pub mod files;
+pub mod health;
 pub mod member;
 pub mod meta;
 pub mod repair;
 pub mod status;
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use ferry_common::cluster::{NodeInfo, STORE_SHARE};
 use ferry_common::transport::TransportChoice;
@@ -37,6 +42,7 @@ use crate::client::{Client, Credentials};
 use crate::error::ClientError;
 pub use etcd_config::{EtcdArgs, EtcdConfig};
 pub use etcd_connect::EtcdError;
+use health::{Health, Progress};
 pub use meta::Meta;
 
 /// Default etcd client port.
@@ -52,17 +58,28 @@ struct Inner {
     meta: Meta,
     transport: TransportChoice,
     credentials: Credentials,
-    /// One session per node id, authenticated for the store share.
+    /// One session per node id, authenticated for the store share. A node's session
+    /// is dropped when the node is suspected, never reused.
     sessions: tokio::sync::Mutex<HashMap<String, Client>>,
-    /// Nodes that failed an operation in this run: not chosen for new stripes, tried
-    /// last for reads.
-    failed: Mutex<HashSet<String>>,
+    /// Nodes that failed or stalled lately: not chosen for new stripes, tried last for
+    /// reads, until they are forgiven ([`health`]).
+    health: Arc<Health>,
     /// The last view of the live nodes.
     nodes: Mutex<Vec<NodeInfo>>,
     /// Object directories known to exist, as (node, directory).
     dirs: Mutex<HashSet<(String, String)>>,
     /// Per node, the permits of the stripe transfers it may have in flight.
     slots: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+}
+
+/// How node sessions probe: within a quarter of the progress deadline of silence, so a
+/// live node's answer comes well inside the deadline.
+fn node_liveness(health: &Health) -> ferry_common::proto::client::Liveness {
+    let deadline = health.policy().progress_deadline;
+    ferry_common::proto::client::Liveness {
+        probe_after: (deadline / 4).min(ferry_common::proto::PROBE_AFTER),
+        silence_limit: ferry_common::proto::SERVER_SILENCE_LIMIT.max(deadline),
+    }
 }
 
 /// Stripe transfers in flight per node, over every file of a run: with two windows
@@ -97,14 +114,27 @@ impl Cluster {
         transport: TransportChoice,
         credentials: Credentials,
     ) -> Result<Cluster, ClientError> {
+        let health = Arc::new(Health::new(health::HealthPolicy::from_env()));
+        Cluster::connect_sharing(etcd, transport, credentials, health).await
+    }
+
+    /// [`Cluster::connect`], keeping node health in `health` (shared with another view
+    /// of the same cluster: the mount's readers).
+    pub async fn connect_sharing(
+        etcd: &EtcdConfig,
+        transport: TransportChoice,
+        credentials: Credentials,
+        health: Arc<Health>,
+    ) -> Result<Cluster, ClientError> {
         let meta = Meta::connect(etcd).await?;
+        let credentials = credentials.with_liveness(node_liveness(&health));
         let cluster = Cluster {
             inner: Arc::new(Inner {
                 meta,
                 transport,
                 credentials,
                 sessions: tokio::sync::Mutex::new(HashMap::new()),
-                failed: Mutex::new(HashSet::new()),
+                health,
                 nodes: Mutex::new(Vec::new()),
                 dirs: Mutex::new(HashSet::new()),
                 slots: Mutex::new(HashMap::new()),
@@ -126,14 +156,35 @@ impl Cluster {
         Ok(nodes)
     }
 
-    /// The live nodes as last read, without those that failed in this run.
+    /// The live nodes as last read, without the suspect ones.
     pub fn usable_nodes(&self) -> Vec<NodeInfo> {
-        let failed = lock(&self.inner.failed).clone();
+        let now = Instant::now();
         lock(&self.inner.nodes)
             .iter()
-            .filter(|n| !failed.contains(&n.id))
+            .filter(|n| !self.inner.health.is_suspect(&n.id, now))
             .cloned()
             .collect()
+    }
+
+    /// The node-health policy and the nodes suspect lately.
+    pub fn health(&self) -> &Arc<Health> {
+        &self.inner.health
+    }
+
+    /// Runs `op` on node `id` under the progress deadline ([`health::watch`]); a
+    /// stall suspects the node (dropping its session) and fails with
+    /// [`ClientError::Stalled`].
+    pub async fn watched<T, F, Fut>(&self, id: &str, op: F) -> Result<T, ClientError>
+    where
+        F: FnOnce(Progress) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        let deadline = self.inner.health.policy().progress_deadline;
+        let r = health::watch(id, deadline, op).await;
+        if let Err(e @ ClientError::Stalled { .. }) = &r {
+            self.suspect(id, e).await;
+        }
+        r
     }
 
     /// The address of live node `id`, as last read.
@@ -149,30 +200,28 @@ impl Cluster {
         lock(&self.inner.nodes).iter().any(|n| n.id == id)
     }
 
-    /// Marks node `id` as failed for the rest of this run and drops its session.
-    pub async fn mark_failed(&self, id: &str, why: &ClientError) {
-        tracing::warn!(node = id, "storage node failed: {why}");
-        lock(&self.inner.failed).insert(id.to_owned());
+    /// Marks node `id` suspect ([`health`]) and drops its session: operations still
+    /// on it fail, and the next one opens a fresh session.
+    pub async fn suspect(&self, id: &str, why: &ClientError) {
+        self.inner
+            .health
+            .suspect(id, &why.to_string(), Instant::now());
         if let Some(c) = self.inner.sessions.lock().await.remove(id) {
             c.close();
         }
     }
 
-    /// Forgets which nodes failed: a long-lived client (the mount) starts each
-    /// operation with every live node usable again.
-    pub fn clear_failed(&self) {
-        lock(&self.inner.failed).clear();
+    /// True if node `id` is suspect now.
+    pub fn is_suspect(&self, id: &str) -> bool {
+        self.inner.health.is_suspect(id, Instant::now())
     }
 
-    /// True if node `id` failed in this run.
-    pub fn has_failed(&self, id: &str) -> bool {
-        lock(&self.inner.failed).contains(id)
-    }
-
-    /// The session with node `id` (opened and authenticated on first use).
+    /// The session with node `id` (opened and authenticated on first use, within the
+    /// progress deadline: a node that does not answer the handshake is
+    /// [`ClientError::Stalled`]). Opening does not hold the table, so a hung node
+    /// delays no other node's sessions; of two opened at once, the first kept wins.
     pub async fn session(&self, id: &str) -> Result<Client, ClientError> {
-        let mut sessions = self.inner.sessions.lock().await;
-        if let Some(c) = sessions.get(id) {
+        if let Some(c) = self.inner.sessions.lock().await.get(id) {
             return Ok(c.clone());
         }
         let node = lock(&self.inner.nodes)
@@ -183,14 +232,32 @@ impl Cluster {
         let (host, port) = split_addr(&node.addr).ok_or_else(|| {
             ClientError::Cluster(format!("storage node {id}: bad address {}", node.addr))
         })?;
-        let client = Client::connect_with(
-            &host,
-            port,
-            self.inner.transport,
-            self.inner.credentials.clone(),
-        )
-        .await?;
-        client.authenticate(STORE_SHARE).await?;
+        let deadline = self.inner.health.policy().progress_deadline;
+        let open = async {
+            let client = Client::connect_with(
+                &host,
+                port,
+                self.inner.transport,
+                self.inner.credentials.clone(),
+            )
+            .await?;
+            client.authenticate(STORE_SHARE).await?;
+            Ok::<_, ClientError>(client)
+        };
+        let client = match tokio::time::timeout(deadline, open).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(ClientError::Stalled {
+                    node: id.to_owned(),
+                    after: deadline,
+                })
+            }
+        };
+        let mut sessions = self.inner.sessions.lock().await;
+        if let Some(kept) = sessions.get(id) {
+            client.close();
+            return Ok(kept.clone());
+        }
         sessions.insert(id.to_owned(), client.clone());
         Ok(client)
     }

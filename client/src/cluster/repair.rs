@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use ferry_common::cluster::{placement, stripe_range, EntryKind, Layout, STORE_SHARE};
 use serde::Serialize;
 
+use super::health::Progress;
 use super::meta::Commit;
 use super::Cluster;
 use crate::error::ClientError;
@@ -156,10 +157,13 @@ async fn copy_stripe(
             let Some(addr) = cluster.addr_of(node) else {
                 continue;
             };
-            match target
-                .replicate(STORE_SHARE, &object, &addr, len, want)
-                .await
-            {
+            // Under the progress deadline: the new holder answers probes while it
+            // fetches; one that hangs is suspect and the next node is tried.
+            let copy = |p: Progress| {
+                p.attach(&target);
+                target.replicate(STORE_SHARE, &object, &addr, len, want)
+            };
+            match cluster.watched(to, copy).await {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     tracing::warn!(from = node, to, object, "node-to-node copy failed: {e}");
@@ -173,19 +177,21 @@ async fn copy_stripe(
     let mut last = None;
     let mut fetched = false;
     for node in from {
-        let r = async {
+        let (object, local) = (&object, &local);
+        let fetch = |p: Progress| async move {
             let c = cluster.session(node).await?;
+            p.attach(&c);
             let asm = Assembly::open(
-                &local,
+                local,
                 len,
                 c.welcome().chunk_bytes,
                 layout.algorithm,
                 rand::random(),
             )
             .await?;
+            let progress = p.wrap(no_progress());
             let got =
-                transfer::download_range(&c, STORE_SHARE, &object, &asm, 0, len, no_progress())
-                    .await;
+                transfer::download_range(&c, STORE_SHARE, object, &asm, 0, len, progress).await;
             match got {
                 Ok(g) if g.manifest == want && g.algorithm == layout.algorithm => {
                     asm.finish(0o600, ferry_common::msg::Timestamp::default())
@@ -203,9 +209,8 @@ async fn copy_stripe(
                     Err(e)
                 }
             }
-        }
-        .await;
-        match r {
+        };
+        match cluster.watched(node, fetch).await {
             Ok(()) => {
                 fetched = true;
                 break;
@@ -216,13 +221,16 @@ async fn copy_stripe(
     if !fetched {
         return Err(last.unwrap_or_else(|| ClientError::Cluster("no live replica".into())));
     }
-    let up = async {
+    let (object, local) = (&object, &local);
+    let put = |p: Progress| async move {
         let c = cluster.session(to).await?;
-        cluster.object_dir(to, &c, &object).await?;
-        transfer::upload_range(&c, &local, 0..len, STORE_SHARE, &object, no_progress()).await
-    }
-    .await;
-    let _ = std::fs::remove_file(&local);
+        p.attach(&c);
+        cluster.object_dir(to, &c, object).await?;
+        let progress = p.wrap(no_progress());
+        transfer::upload_range(&c, local, 0..len, STORE_SHARE, object, progress).await
+    };
+    let up = cluster.watched(to, put).await;
+    let _ = std::fs::remove_file(local);
     let up = up?;
     if up.manifest != want {
         return Err(ClientError::Integrity {

@@ -44,6 +44,19 @@ use crate::msg::ErrorKind;
 /// How long a session may take to complete its handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a client waits with requests outstanding and nothing heard from the
+/// server before it probes the server ([`client::Liveness`]).
+pub const PROBE_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a client waits with requests outstanding and nothing at all heard from
+/// the server (no response, no answer to its probes) before it ends the session as
+/// hung. A live server answers probes from its connection task even while its requests
+/// wait on the disk (a long fsync), so only a server that cannot run at all (stopped,
+/// its machine frozen, the path to it black-holed) reaches this. Ten seconds: far
+/// above a probe's round trip on a loaded two-core machine, far below TCP's own
+/// retransmission give-up (minutes) and the encrypted transport's silence limit.
+pub const SERVER_SILENCE_LIMIT: Duration = Duration::from_secs(10);
+
 /// Most requests a client may have outstanding on one session.
 pub const MAX_INFLIGHT_REQUESTS: u32 = 256;
 
@@ -90,6 +103,10 @@ pub enum ProtoError {
     /// (or changed at the source).
     #[error("chunk {0} does not match its hash")]
     ChunkMismatch(u64),
+    /// Requests were outstanding and the server sent nothing, not even an answer to a
+    /// probe, for this long: it is hung (stopped, frozen) or the path to it is.
+    #[error("the server sent nothing for {0:?} while requests waited (liveness probes unanswered): it is hung or unreachable")]
+    ServerSilent(Duration),
     /// The server's proof of a share's secret was wrong: it does not know the secret.
     #[error("the server could not prove it knows the secret of share '{0}'")]
     ServerNotAuthentic(String),

@@ -7,10 +7,15 @@ use std::time::Instant;
 pub enum Timer {
     /// The handshake must finish by this deadline.
     Handshake,
+    /// Requests are outstanding and the server has been silent this long: probe it.
+    Probe,
+    /// Requests are outstanding and the server has been silent this long: it is hung
+    /// (or the path to it is), and the session ends.
+    Silence,
 }
 
 impl Timer {
-    const ALL: [Timer; 1] = [Timer::Handshake];
+    const ALL: [Timer; 3] = [Timer::Handshake, Timer::Probe, Timer::Silence];
 
     fn index(self) -> usize {
         self as usize

@@ -4,8 +4,9 @@
 //! Each storage node is reached through a [`Remote`] and a [`Reader`] of its own (a
 //! connection, its registered fetch buffers and a verified-chunk cache), the same
 //! one-sided read path as a single-server mount. Stripe `i` of an open file is opened
-//! on the first node of its replicas that serves it (live nodes that have not failed
-//! lately first, in the layout's order): the node maps the object, the manifest it
+//! on the first node of its replicas that serves it (live nodes that are not suspect
+//! first, in the layout's order: the cluster client's one node-health policy,
+//! [`ferry_client::cluster::health`]): the node maps the object, the manifest it
 //! sends is read by RDMA READ and checked against the version's manifest hash
 //! ([`Reader::open`]), and that hash, the algorithm and the size must then equal what
 //! the layout records for the stripe. Every chunk is then checked against those hashes
@@ -16,6 +17,11 @@
 //!   the layout's for that stripe, so a stale, damaged or foreign copy is never served;
 //! - a replica that cannot be opened, reached or verified is passed over for the next
 //!   one with no error to the reader; EIO comes only when no replica can serve;
+//! - every request to a storage node runs under the progress deadline
+//!   ([`ferry_client::cluster::health::PROGRESS_DEADLINE`], or `-o timeout` if
+//!   shorter): each moves at most [`FETCH_BYTES`], so a node that answers none in
+//!   that time made no progress; its connection is dropped (the next read reconnects)
+//!   and it is suspect;
 //! - an open file reads the layout it was opened with, whatever the namespace says
 //!   later.
 
@@ -23,6 +29,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ferry_client::cluster::health::Health;
 use ferry_client::cluster::{split_addr, Meta};
 use ferry_client::Credentials;
 use ferry_common::cluster::{stripe_count, Entry, Layout, NodeInfo, STORE_SHARE};
@@ -36,9 +43,6 @@ use crate::remote::{lock, OpError, Remote, FETCH_BYTES};
 
 /// How long the list of live nodes is trusted before etcd is asked again.
 pub const NODES_TTL: Duration = Duration::from_secs(2);
-
-/// How long a node that failed is tried only after the others.
-pub const FAILED_BACKOFF: Duration = Duration::from_secs(30);
 
 /// The part of one stripe a read wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,29 +75,6 @@ pub fn pieces(size: u64, stripe_bytes: u64, offset: u64, len: u32) -> Vec<Piece>
     out
 }
 
-/// `replicas` in the order to read from: those `live` and not failed within
-/// [`FAILED_BACKOFF`] of `now` (in the layout's order), then the live ones that failed
-/// lately. Nodes not live are left out.
-pub fn read_order(
-    replicas: &[String],
-    live: impl Fn(&str) -> bool,
-    failed: &HashMap<String, Instant>,
-    now: Instant,
-) -> Vec<String> {
-    let lately = |n: &str| {
-        failed
-            .get(n)
-            .is_some_and(|at| now.saturating_duration_since(*at) < FAILED_BACKOFF)
-    };
-    let (mut good, late): (Vec<String>, Vec<String>) = replicas
-        .iter()
-        .filter(|n| live(n))
-        .cloned()
-        .partition(|n| !lately(n));
-    good.extend(late);
-    good
-}
-
 /// One storage node's connection and reader.
 #[derive(Clone)]
 pub struct Link {
@@ -116,7 +97,6 @@ struct State {
     space: Vec<(u64, u64)>,
     refreshed: Option<Instant>,
     links: HashMap<String, Link>,
-    failed: HashMap<String, Instant>,
 }
 
 /// The storage nodes of one cluster mount.
@@ -127,6 +107,7 @@ pub struct Nodes {
     timeout: Duration,
     cache_bytes: u64,
     readahead: Option<u32>,
+    health: Arc<Health>,
     state: Mutex<State>,
     refreshing: tokio::sync::Mutex<()>,
 }
@@ -136,6 +117,8 @@ impl Nodes {
     /// `credentials` (the store share's secret) as they are first read from. Each
     /// node's reader gets `cache_bytes` split evenly over the nodes live when it is
     /// made (at least two fetch buffers' worth), and `readahead` chunks of readahead.
+    /// Nodes that fail or stall are suspect in `health` (shared with the mount's
+    /// writer).
     pub fn new(
         meta: Meta,
         choice: TransportChoice,
@@ -143,6 +126,7 @@ impl Nodes {
         timeout: Duration,
         cache_bytes: u64,
         readahead: Option<u32>,
+        health: Arc<Health>,
     ) -> Arc<Nodes> {
         Arc::new(Nodes {
             meta,
@@ -151,12 +135,12 @@ impl Nodes {
             timeout,
             cache_bytes,
             readahead,
+            health,
             state: Mutex::new(State {
                 live: HashMap::new(),
                 space: Vec::new(),
                 refreshed: None,
                 links: HashMap::new(),
-                failed: HashMap::new(),
             }),
             refreshing: tokio::sync::Mutex::new(()),
         })
@@ -204,23 +188,28 @@ impl Nodes {
         }
     }
 
-    /// The order to read `replicas` in now (see [`read_order`]).
+    /// The order to read `replicas` in now ([`Health::read_order`]).
     pub async fn order(&self, replicas: &[String]) -> Vec<String> {
         self.fresh().await;
         let state = lock(&self.state);
-        read_order(
-            replicas,
-            |n| state.live.contains_key(n),
-            &state.failed,
-            Instant::now(),
-        )
+        self.health
+            .read_order(replicas, |n| state.live.contains_key(n), Instant::now())
     }
 
-    /// Node `id` failed: it is tried after the others for [`FAILED_BACKOFF`].
-    pub fn mark_failed(&self, id: &str) {
-        lock(&self.state)
-            .failed
-            .insert(id.to_owned(), Instant::now());
+    /// The node-health policy and the nodes suspect lately.
+    pub fn health(&self) -> &Arc<Health> {
+        &self.health
+    }
+
+    /// Node `id` failed or stalled (`why`): it is suspect ([`Health::suspect`]).
+    pub fn suspect(&self, id: &str, why: &str) {
+        self.health.suspect(id, why, Instant::now());
+    }
+
+    /// The bound on each request to a storage node: the progress deadline, or the
+    /// mount's `-o timeout` if that is shorter.
+    fn op_timeout(&self) -> Duration {
+        self.timeout.min(self.health.policy().progress_deadline)
     }
 
     /// The link to live node `id`, made on first use (again if its address changed).
@@ -241,7 +230,7 @@ impl Nodes {
             port,
             self.choice,
             self.credentials.clone(),
-            self.timeout,
+            self.op_timeout(),
             0,
         ));
         let cache = (self.cache_bytes / state.live.len().max(1) as u64).max(2 * FETCH_BYTES as u64);
@@ -266,22 +255,23 @@ impl Nodes {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!("node {id} ({}): {}", link.addr, e.message);
-                    self.mark_failed(&id);
+                    self.suspect(&id, &e.message);
                     continue;
                 }
             };
-            match tokio::time::timeout(self.timeout, conn.client.authenticate(STORE_SHARE)).await {
+            let bound = self.op_timeout();
+            match tokio::time::timeout(bound, conn.client.authenticate(STORE_SHARE)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) if e.remote_kind().is_some() => return Err(e),
                 Ok(Err(e)) => {
                     tracing::warn!("node {id} ({}): {e}", link.addr);
                     link.remote.drop_conn(&conn, &e.to_string());
-                    self.mark_failed(&id);
+                    self.suspect(&id, &e.to_string());
                     continue;
                 }
                 Err(_) => {
                     link.remote.drop_conn(&conn, "no answer within the timeout");
-                    self.mark_failed(&id);
+                    self.suspect(&id, &format!("no answer within {bound:?}"));
                     continue;
                 }
             }
@@ -484,7 +474,7 @@ impl ClusterFile {
                 self.label,
                 opened.node
             );
-            nodes.mark_failed(&opened.node);
+            nodes.suspect(&opened.node, &why);
             passed.push(opened.node.clone());
             last = Some(format!("node {}: {why}", opened.node));
             let mut slot = self.stripes[index].lock().await;
@@ -542,7 +532,7 @@ impl ClusterFile {
                         e.message
                     );
                     if node_down {
-                        nodes.mark_failed(&node);
+                        nodes.suspect(&node, &e.message);
                     }
                     *last = Some(format!("node {node}: {}", e.message));
                     passed.push(node);
@@ -656,30 +646,5 @@ mod tests {
         let three = pieces(size, MIB, MIB - 1, (MIB + 2) as u32);
         assert_eq!(three.len(), 3);
         assert_eq!(three.iter().map(|p| u64::from(p.len)).sum::<u64>(), MIB + 2);
-    }
-
-    #[test]
-    fn live_nodes_first_then_those_that_failed_lately() {
-        let replicas: Vec<String> = ["n1", "n2", "n3"].map(String::from).to_vec();
-        let now = Instant::now();
-        let all = |_: &str| true;
-        let none = HashMap::new();
-        assert_eq!(read_order(&replicas, all, &none, now), replicas);
-        let failed = HashMap::from([("n1".to_owned(), now)]);
-        assert_eq!(
-            read_order(&replicas, all, &failed, now),
-            ["n2", "n3", "n1"].map(String::from).to_vec()
-        );
-        assert_eq!(
-            read_order(&replicas, all, &failed, now + FAILED_BACKOFF),
-            replicas,
-            "a failure is forgotten after the backoff"
-        );
-        let not_n2 = |n: &str| n != "n2";
-        assert_eq!(
-            read_order(&replicas, not_n2, &failed, now),
-            ["n3", "n1"].map(String::from).to_vec(),
-            "a node not registered is not tried"
-        );
     }
 }

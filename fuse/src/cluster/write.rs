@@ -238,7 +238,6 @@ impl Inner {
         let local = w.dir.join(format!("h{fh}"));
         match entry.filter(|e| e.size > 0) {
             Some(e) => {
-                w.cluster.clear_failed();
                 w.cluster
                     .refresh_nodes()
                     .await
@@ -376,7 +375,6 @@ impl Inner {
         }
         let sp = self.share_path(&staged.path);
         let put = async {
-            w.cluster.clear_failed();
             w.cluster.refresh_nodes().await?;
             w.cluster
                 .put_file(&staged.local, &self.share, &sp, w.config, no_progress())

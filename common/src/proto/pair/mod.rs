@@ -194,7 +194,7 @@ impl Pair {
 
     /// Sends `body`, drives both sides, and returns its answer.
     fn call(&mut self, body: Request) -> Response {
-        let id = self.client.request(body).unwrap();
+        let id = self.client.request(self.now, body).unwrap();
         self.drive();
         self.response(id).expect("request answered")
     }

@@ -15,8 +15,8 @@ use crate::proto::{ProtoError, MAX_INFLIGHT_REQUESTS};
 fn handshake_then_requests_in_order() {
     let mut p = Pair::new();
     // Made before the welcome: must wait inside the session.
-    let a = p.client.request(stat("a")).unwrap();
-    let b = p.client.request(stat("b")).unwrap();
+    let a = p.client.request(p.now, stat("a")).unwrap();
+    let b = p.client.request(p.now, stat("b")).unwrap();
     p.drive();
     assert!(matches!(p.client_events[0], ClientEvent::Connected(_)));
     assert_eq!(p.client.welcome().unwrap().chunk_bytes, DEFAULT_CHUNK_BYTES);
@@ -31,7 +31,7 @@ fn in_flight_requests_are_bounded_by_the_welcome() {
     // The server holds every request; the client must stop at the limit.
     p.responder = Box::new(|_, _| None);
     for i in 0..1000 {
-        p.client.request(stat(&i.to_string())).unwrap();
+        p.client.request(p.now, stat(&i.to_string())).unwrap();
     }
     p.drive();
     assert_eq!(p.client.outstanding(), MAX_INFLIGHT_REQUESTS as usize);
@@ -43,7 +43,7 @@ fn in_flight_requests_are_bounded_by_the_welcome() {
 fn all_of_many_requests_are_answered() {
     let mut p = Pair::new();
     let ids: Vec<u64> = (0..1000)
-        .map(|i| p.client.request(stat(&i.to_string())).unwrap())
+        .map(|i| p.client.request(p.now, stat(&i.to_string())).unwrap())
         .collect();
     p.drive();
     let got: Vec<u64> = p.responses().into_iter().map(|(id, _)| id).collect();
@@ -132,7 +132,7 @@ fn response_to_unknown_request_closes_the_client_session() {
         p.client.handle_message(p.now, bogus),
         Err(ProtoError::UnknownRequest(99))
     );
-    assert!(p.client.request(stat("x")).is_err());
+    assert!(p.client.request(p.now, stat("x")).is_err());
 }
 
 #[test]
@@ -167,10 +167,13 @@ fn auth_with(p: &mut Pair, share: &str, key: &Secret) -> u64 {
     let proof = key.client_proof(share, &c, &s);
     let id = p
         .client
-        .request(Request::Auth {
-            share: share.into(),
-            proof,
-        })
+        .request(
+            p.now,
+            Request::Auth {
+                share: share.into(),
+                proof,
+            },
+        )
         .unwrap();
     p.drive();
     id
@@ -180,15 +183,18 @@ fn auth_with(p: &mut Pair, share: &str, key: &Secret) -> u64 {
 fn requests_wait_for_the_proof_of_their_share() {
     let mut p = guarded();
     p.responder = Box::new(|_, _| Some(Response::Ok));
-    let early = p.client.request(stat("a")).unwrap();
-    let stats = p.client.request(Request::Stats).unwrap();
+    let early = p.client.request(p.now, stat("a")).unwrap();
+    let stats = p.client.request(p.now, Request::Stats).unwrap();
     let open = p
         .client
-        .request(Request::Stat {
-            share: "pub".into(),
-            path: "".into(),
-            follow: false,
-        })
+        .request(
+            p.now,
+            Request::Stat {
+                share: "pub".into(),
+                path: "".into(),
+                follow: false,
+            },
+        )
         .unwrap();
     p.drive();
     let r = p.responses();
@@ -216,7 +222,7 @@ fn requests_wait_for_the_proof_of_their_share() {
         panic!("{answer:?}");
     };
     assert!(key.check_server_proof("s", &[1; 32], &[2; 32], &proof));
-    let later = p.client.request(stat("a")).unwrap();
+    let later = p.client.request(p.now, stat("a")).unwrap();
     p.drive();
     assert!(p.responses().contains(&(later, Response::Ok)));
     assert!(p.server_closed().is_none());
@@ -236,7 +242,7 @@ fn a_wrong_secret_is_refused_and_closes_the_session() {
         .iter()
         .any(|e| matches!(e, ServerEvent::Denied { share, .. } if share == "s")));
     // Nothing more is served.
-    let _ = p.client.request(stat("a"));
+    let _ = p.client.request(p.now, stat("a"));
     p.drive();
     assert_eq!(p.responses().len(), 1);
 }
@@ -252,10 +258,13 @@ fn a_proof_is_bound_to_its_share_and_session() {
     p.drive();
     let proof = key.client_proof("t", &[1; 32], &[2; 32]);
     p.client
-        .request(Request::Auth {
-            share: "s".into(),
-            proof,
-        })
+        .request(
+            p.now,
+            Request::Auth {
+                share: "s".into(),
+                proof,
+            },
+        )
         .unwrap();
     p.drive();
     assert!(matches!(p.server_closed(), Some(ProtoError::AuthFailed(_))));
@@ -267,10 +276,13 @@ fn a_proof_is_bound_to_its_share_and_session() {
     p.drive();
     let replayed = key.client_proof("s", &[1; 32], &[9; 32]);
     p.client
-        .request(Request::Auth {
-            share: "s".into(),
-            proof: replayed,
-        })
+        .request(
+            p.now,
+            Request::Auth {
+                share: "s".into(),
+                proof: replayed,
+            },
+        )
         .unwrap();
     p.drive();
     assert!(matches!(p.server_closed(), Some(ProtoError::AuthFailed(_))));
@@ -283,7 +295,7 @@ fn stats_and_unknown_shares_without_any_proof() {
         "s".to_string(),
         ShareAccess::Secret(key.clone()),
     )]));
-    let stats = p.client.request(Request::Stats).unwrap();
+    let stats = p.client.request(p.now, Request::Stats).unwrap();
     p.drive();
     assert_eq!(
         error_kind(&p.responses()[0].1),
@@ -297,7 +309,7 @@ fn stats_and_unknown_shares_without_any_proof() {
         Some(ErrorKind::NoSuchShare)
     );
     auth_with(&mut p, "s", &key);
-    let again = p.client.request(Request::Stats).unwrap();
+    let again = p.client.request(p.now, Request::Stats).unwrap();
     p.drive();
     assert!(p.responses().contains(&(again, Response::Ok)));
     assert_ne!(stats, again);
@@ -338,10 +350,13 @@ fn a_client_without_meta_gets_its_metadata_requests_refused() {
     assert!(!p.client.negotiated().unwrap().meta);
     let set = p
         .client
-        .request(Request::SetMeta {
-            share: "s".into(),
-            entries: vec![],
-        })
+        .request(
+            p.now,
+            Request::SetMeta {
+                share: "s".into(),
+                entries: vec![],
+            },
+        )
         .unwrap();
     p.drive();
     assert!(p.responses().iter().any(|(id, r)| *id == set
@@ -409,7 +424,7 @@ fn the_client_core_proves_a_secret_and_checks_the_servers_proof() {
     let key = secret("the-right-secret-0001");
     let mut p = guarded();
     p.drive();
-    let id = p.client.authenticate("s", &key).unwrap();
+    let id = p.client.authenticate(p.now, "s", &key).unwrap();
     p.drive();
     assert!(matches!(
         p.response(id),
@@ -417,7 +432,7 @@ fn the_client_core_proves_a_secret_and_checks_the_servers_proof() {
     ));
     assert_eq!(p.call(stat("a")), Response::Ok);
     // The open share answers without a proof.
-    let id = p.client.authenticate("pub", &key).unwrap();
+    let id = p.client.authenticate(p.now, "pub", &key).unwrap();
     p.drive();
     assert_eq!(
         p.response(id),
@@ -442,7 +457,7 @@ fn a_server_that_cannot_prove_the_secret_is_left() {
         _ => false,
     }));
     p.drive();
-    let id = p.client.authenticate("s", &key).unwrap();
+    let id = p.client.authenticate(p.now, "s", &key).unwrap();
     p.drive();
     assert_eq!(p.tampered, 1, "the fault fired once");
     assert_eq!(p.response(id), None);
@@ -450,7 +465,7 @@ fn a_server_that_cannot_prove_the_secret_is_left() {
         p.client_closed(),
         Some(&ProtoError::ServerNotAuthentic("s".into()))
     );
-    assert!(p.client.request(stat("a")).is_err());
+    assert!(p.client.request(p.now, stat("a")).is_err());
 }
 
 #[test]
@@ -458,7 +473,7 @@ fn authentication_waits_for_the_welcome() {
     let mut p = guarded();
     assert!(p
         .client
-        .authenticate("s", &secret("the-right-secret-0001"))
+        .authenticate(p.now, "s", &secret("the-right-secret-0001"))
         .is_err());
 }
 
@@ -491,7 +506,7 @@ fn an_encrypted_sessions_proofs_are_bound_to_its_transcript() {
     // The client core binds its proof, the server checks it, and the server's proof
     // checks out on the client.
     let key = secret("the-right-secret-0001");
-    let id = p.client.authenticate("s", &key).unwrap();
+    let id = p.client.authenticate(p.now, "s", &key).unwrap();
     p.drive();
     let r = p.responses();
     assert!(
@@ -511,4 +526,81 @@ fn a_proof_over_the_bare_nonces_fails_an_encrypted_session() {
     let r = p.responses();
     assert_eq!(error_kind(&r[0].1), Some(ErrorKind::AuthFailed), "{r:?}");
     assert!(matches!(p.server_closed(), Some(ProtoError::AuthFailed(_))));
+}
+
+/// Probes the server saw (liveness probes are `Counters` requests).
+fn probes_seen(p: &Pair) -> usize {
+    p.server_events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                ServerEvent::Request {
+                    body: Request::Counters,
+                    ..
+                }
+            )
+        })
+        .count()
+}
+
+/// Advances `p` in steps of a quarter second for `d`.
+fn advance_by(p: &mut Pair, d: Duration) {
+    let step = Duration::from_millis(250);
+    let mut gone = Duration::ZERO;
+    while gone < d {
+        p.advance(step);
+        gone += step;
+    }
+}
+
+#[test]
+fn a_server_silent_while_a_request_waits_ends_the_session_at_the_limit() {
+    let mut p = Pair::new();
+    p.drive();
+    // The server takes the request and answers nothing, its probes included.
+    p.responder = Box::new(|_, _| None);
+    let id = p.client.request(p.now, stat("a")).unwrap();
+    p.drive();
+    let limit = p.client.liveness().silence_limit;
+    advance_by(&mut p, limit - Duration::from_millis(250));
+    assert!(p.client_closed().is_none(), "closed before the limit");
+    assert_eq!(probes_seen(&p), 1, "one probe outstanding at a time");
+    advance_by(&mut p, Duration::from_millis(500));
+    assert_eq!(p.client_closed(), Some(&ProtoError::ServerSilent(limit)));
+    assert!(p.response(id).is_none());
+}
+
+#[test]
+fn a_busy_server_that_answers_probes_is_waited_for() {
+    let mut p = Pair::new();
+    p.drive();
+    // The request waits (a long fsync, say); the connection still answers probes.
+    p.responder = Box::new(|body, _| matches!(body, Request::Counters).then_some(Response::Ok));
+    let id = p.client.request(p.now, stat("a")).unwrap();
+    p.drive();
+    let limit = p.client.liveness().silence_limit;
+    advance_by(&mut p, 3 * limit);
+    assert!(p.client_closed().is_none(), "a live server was cut off");
+    assert!(probes_seen(&p) >= 3, "probes: {}", probes_seen(&p));
+    assert_eq!(p.client.outstanding(), 1);
+    assert!(
+        p.responses().is_empty(),
+        "a probe's answer reached the application"
+    );
+    // The answer still comes through when it is ready.
+    p.server.respond(id, Response::Ok);
+    p.drive();
+    assert_eq!(p.response(id), Some(Response::Ok));
+}
+
+#[test]
+fn an_idle_session_is_neither_probed_nor_closed() {
+    let mut p = Pair::new();
+    assert_eq!(p.call(stat("a")), Response::Ok);
+    let limit = p.client.liveness().silence_limit;
+    advance_by(&mut p, 3 * limit);
+    assert!(p.client_closed().is_none());
+    assert_eq!(probes_seen(&p), 0);
+    assert_eq!(p.client.poll_timeout(), None);
 }

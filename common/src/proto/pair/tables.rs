@@ -270,13 +270,16 @@ fn a_closed_session_forgets_what_was_being_opened() {
     // The driver never answers the open; then the session ends.
     p.responder = Box::new(|_, _| None);
     p.client
-        .request(Request::UploadOpen {
-            share: "s".into(),
-            path: "u".into(),
-            size: 1,
-            mode: 0o644,
-            mtime: Timestamp { secs: 0, nanos: 0 },
-        })
+        .request(
+            p.now,
+            Request::UploadOpen {
+                share: "s".into(),
+                path: "u".into(),
+                size: 1,
+                mode: 0o644,
+                mtime: Timestamp { secs: 0, nanos: 0 },
+            },
+        )
         .unwrap();
     p.drive();
     assert_eq!(p.server.conn().transfers(), 1);

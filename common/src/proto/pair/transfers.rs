@@ -76,12 +76,15 @@ fn send_windows(
         let region = sim.borrow_mut().memory.register(bytes);
         let id = p
             .client
-            .request(Request::UploadWindow {
-                transfer,
-                offset: w.offset,
-                region,
-                hashes,
-            })
+            .request(
+                p.now,
+                Request::UploadWindow {
+                    transfer,
+                    offset: w.offset,
+                    region,
+                    hashes,
+                },
+            )
             .unwrap();
         (id, region)
     };

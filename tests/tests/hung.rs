@@ -158,3 +158,61 @@ fn issue_41_rcp_against_a_hung_ferryd_fails_with_a_clear_message() {
         fails_against_hung_server(&mut cluster, &src, encryption);
     }
 }
+
+/// `Replicate` (a repair's node-to-node copy) from a node that is hung: the node asked
+/// to fetch gives up on the source at the progress deadline, not at the session's
+/// silence limit, names it, and names nothing in its store.
+#[test]
+fn issue_41_a_replicate_from_a_hung_node_fails_at_the_progress_deadline() {
+    use ferry_common::cluster::STORE_SHARE;
+    use ferry_common::transport::TransportChoice;
+    if skip_without_cluster("issue_41_a_replicate_from_a_hung_node_fails_at_the_progress_deadline")
+    {
+        return;
+    }
+    let mut cluster = Cluster::start_with_share_ttl(2, "data", 1, 1, HUNG_LEASE_TTL);
+    let src = cluster.dir().join("src");
+    let size = 300_000;
+    write_random_file(&src, size, 43);
+    rcp(rcp_args![&src, cluster.url("data", "f")]).assert_success();
+    let layout = cluster.layout_of("data", "f");
+    let holder = layout.stripes[0].replicas[0].clone();
+    let (from, to) = if holder == cluster.node_id(1) {
+        (1, 2)
+    } else {
+        (2, 1)
+    };
+    let from_addr = cluster.node_addr(from);
+    let to_addr = cluster.node_addr(to);
+    let (host, port) = to_addr.rsplit_once(':').unwrap();
+    let rt = ferry_tests::runtime();
+    let c = rt
+        .block_on(ferry_tests::connect_to(
+            host,
+            port.parse().unwrap(),
+            TransportChoice::Tcp,
+        ))
+        .unwrap();
+    rt.block_on(c.authenticate(STORE_SHARE)).unwrap();
+    let stopped = cluster.stop_node(from);
+    let object = layout.object_path("data", 0);
+    let manifest = layout.manifest(0).unwrap();
+    let at = Instant::now();
+    let err = rt
+        .block_on(c.replicate(STORE_SHARE, &object, &from_addr, size, manifest))
+        .expect_err("a fetch from a hung node");
+    let after = at.elapsed();
+    assert!(cluster.node_stopped(from), "the source ran again");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("storage node {from_addr} made no progress")),
+        "not the progress deadline: {text}"
+    );
+    assert!(after < HUNG_COPY_LIMIT, "took {after:?}: {text}");
+    assert!(
+        !cluster.node_store(to).join("data").exists(),
+        "named something"
+    );
+    c.close();
+    stopped.cont();
+}

@@ -87,6 +87,15 @@ impl HealthPolicy {
         }
         p
     }
+
+    /// The liveness policy of a session to a storage node: it probes well within the
+    /// progress deadline, so a live node answers before the deadline could pass.
+    pub fn node_liveness(&self) -> ferry_common::proto::client::Liveness {
+        ferry_common::proto::client::Liveness {
+            probe_after: (self.progress_deadline / 4).min(ferry_common::proto::PROBE_AFTER),
+            silence_limit: ferry_common::proto::SERVER_SILENCE_LIMIT.max(self.progress_deadline),
+        }
+    }
 }
 
 /// A positive, finite number of seconds.

@@ -75,11 +75,7 @@ struct Inner {
 /// How node sessions probe: within a quarter of the progress deadline of silence, so a
 /// live node's answer comes well inside the deadline.
 fn node_liveness(health: &Health) -> ferry_common::proto::client::Liveness {
-    let deadline = health.policy().progress_deadline;
-    ferry_common::proto::client::Liveness {
-        probe_after: (deadline / 4).min(ferry_common::proto::PROBE_AFTER),
-        silence_limit: ferry_common::proto::SERVER_SILENCE_LIMIT.max(deadline),
-    }
+    health.policy().node_liveness()
 }
 
 /// Stripe transfers in flight per node, over every file of a run: with two windows

@@ -20,6 +20,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use ferry_client::cluster::health::{self, HealthPolicy};
 use ferry_client::cluster::{split_addr, Meta};
 use ferry_client::transfer::{download_range, Assembly};
 use ferry_client::{ClientError, Credentials};
@@ -157,12 +158,18 @@ async fn fetch(
     // Named after the object, so a fetch cut short is resumed by the next one (the
     // staging journal is tagged with the manifest wanted).
     let staged = incoming.join(path.replace('/', "_"));
-    let fetched = async {
+    // The source node is held to the progress deadline, as every stripe transfer is:
+    // a hung source fails the fetch in seconds, and the repair moves on.
+    let policy = HealthPolicy::from_env();
+    let credentials = credentials.with_liveness(policy.node_liveness());
+    let into = &staged;
+    let fetched = health::watch(from, policy.progress_deadline, |progress| async move {
         let client =
             ferry_client::Client::connect_with(&host, port, transport, credentials).await?;
+        progress.attach(&client);
         client.authenticate(STORE_SHARE).await?;
         let asm = Assembly::open(
-            &staged,
+            into,
             wanted.size,
             client.welcome().chunk_bytes,
             HashAlgorithm::SUPPORTED[0],
@@ -176,7 +183,7 @@ async fn fetch(
             &asm,
             0,
             wanted.size,
-            ferry_client::progress::no_progress(),
+            progress.wrap(ferry_client::progress::no_progress()),
         )
         .await;
         client.close();
@@ -196,7 +203,7 @@ async fn fetch(
             }
             Err(e) => Err(e),
         }
-    }
+    })
     .await;
     fetched.map_err(|e| failed(from, e))?;
     Ok(staged)

@@ -226,10 +226,7 @@ impl Server {
             let mut r = cleanup::clean_tree(share.root(), self.partial_ttl, self.started);
             // The state directory is not walked above; its incoming files are transfer
             // files like any other (partial fetches of `Replicate`).
-            let incoming = share
-                .root()
-                .join(ferry_common::STATE_DIR)
-                .join(crate::share::INCOMING_DIR);
+            let incoming = share.incoming_path();
             if incoming.is_dir() {
                 let i = cleanup::clean_tree(&incoming, self.partial_ttl, self.started);
                 r.removed += i.removed;

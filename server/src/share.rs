@@ -200,6 +200,11 @@ impl Share {
         self.read_only
     }
 
+    /// Where [`Share::incoming_dir`] is (whether or not it exists yet).
+    pub fn incoming_path(&self) -> PathBuf {
+        self.root.join(STATE_DIR).join(INCOMING_DIR)
+    }
+
     /// The share's private directory for files fetched from elsewhere before they take
     /// a name in the share (a cluster node's `Replicate`): [`INCOMING_DIR`] in the
     /// state directory, which no request can name or list. Made (mode 0700) if missing;
@@ -207,8 +212,8 @@ impl Share {
     /// Blocking.
     pub fn incoming_dir(&self) -> Result<PathBuf, ShareError> {
         self.check_writable()?;
+        let dir = self.incoming_path();
         let state = self.root.join(STATE_DIR);
-        let dir = state.join(INCOMING_DIR);
         let fail = |source: io::Error| ShareError::ResolveDir {
             path: self.display(STATE_DIR),
             source,

@@ -72,12 +72,6 @@ struct Inner {
     slots: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
-/// How node sessions probe: within a quarter of the progress deadline of silence, so a
-/// live node's answer comes well inside the deadline.
-fn node_liveness(health: &Health) -> ferry_common::proto::client::Liveness {
-    health.policy().node_liveness()
-}
-
 /// Stripe transfers in flight per node, over every file of a run: with two windows
 /// outstanding each, enough to keep a node's link busy.
 pub const STRIPES_PER_NODE: usize = 2;
@@ -123,7 +117,7 @@ impl Cluster {
         health: Arc<Health>,
     ) -> Result<Cluster, ClientError> {
         let meta = Meta::connect(etcd).await?;
-        let credentials = credentials.with_liveness(node_liveness(&health));
+        let credentials = credentials.with_liveness(health.policy().node_liveness());
         let cluster = Cluster {
             inner: Arc::new(Inner {
                 meta,

@@ -125,6 +125,11 @@ pub fn valid_share_name(name: &str) -> bool {
         && !name.starts_with('.')
 }
 
+/// Checks a stripe size: a positive multiple of [`STRIPE_ALIGN`].
+pub fn valid_stripe_bytes(stripe_bytes: u64) -> bool {
+    stripe_bytes != 0 && stripe_bytes % STRIPE_ALIGN == 0
+}
+
 /// Checks a node id (`ferryd --node-id`, and the ids etcd lists): the same rules as a
 /// share name, so an id read from etcd is never a path.
 pub fn valid_node_id(id: &str) -> bool {
@@ -234,7 +239,7 @@ impl ShareConfig {
         if self.replicas == 0 || self.replicas > 8 {
             return Err(format!("replicas must be 1 to 8, not {}", self.replicas));
         }
-        if self.stripe_bytes == 0 || self.stripe_bytes % STRIPE_ALIGN != 0 {
+        if !valid_stripe_bytes(self.stripe_bytes) {
             return Err(format!(
                 "the stripe size must be a positive multiple of {} MiB",
                 STRIPE_ALIGN >> 20
@@ -324,7 +329,7 @@ impl Layout {
                 self.id
             ));
         }
-        if self.stripe_bytes == 0 || self.stripe_bytes % STRIPE_ALIGN != 0 {
+        if !valid_stripe_bytes(self.stripe_bytes) {
             return Err(format!(
                 "stripe size {} is not a multiple of 1 MiB",
                 self.stripe_bytes

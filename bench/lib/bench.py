@@ -502,6 +502,7 @@ CEILING_SOURCE = {
     "fusew_tar": "local disk: the same tar x and sync -f on the destination file system",
     "fusew_qd1": "local disk: the same fio job on the destination file system",
     "fusew_qd16": "local disk: the same fio job on the destination file system",
+    "conf_failed": "local disk: the same suite on the temp dir's file system",
 }
 TOOL_NAMES = dict(PEERS, ferry="Ferry")
 HIGHER, LOWER = "higher", "lower"
@@ -550,6 +551,9 @@ def rows(meta):
          ("disk", "sshfs", 2.0), g(2, "sshfs")),
         ("fusew_qd16", "FUSE 4 KiB random write QD16 (fio, end fsync)", "IOPS", HIGHER,
          ("disk", "sshfs", 2.0), g(2, "sshfs")),
+        # Issue 42: tests of pjdfstest failed (of conf_tests_TOOL run; the report's note).
+        ("conf_failed", "pjdfstest (POSIX conformance) tests failed, as root", "tests", LOWER,
+         ("abs", "le", 0.0), "0 failed"),
     ]
 
 
@@ -563,7 +567,7 @@ SYNC_ROWS = ["upload", "download", "small_up", "small_down", "mixed_up", "mixed_
 def fmt(v, unit):
     if v is None:
         return "—"
-    if unit in ("files/s", "IOPS"):
+    if unit in ("files/s", "IOPS", "tests"):
         return f"{v:,.0f}"
     if unit == "GB/s":
         return f"{v:.3f}"
@@ -792,6 +796,7 @@ def header(meta):
         " in the JSON (`mb_s` of each row)",
     ] + ([f"- encryption: {m['ferry_encryption']}"] if m.get("ferry_encryption") else [])
         + ([fusew_bullet(m)] if m.get("fusew_mib") else [])
+        + ([conformance_bullet(m)] if m.get("conf_tests_ceiling") else [])
         + [f"- {n}" for n in m.get("notes", "").split("\x1f") if n])
 
 
@@ -815,6 +820,23 @@ def fusew_bullet(m):
         f" {m['fio_s']} s, `--end_fsync=1`, at QD1 (psync) and QD16 ({m.get('fusew_engine')}),"
         " IOPS over fio's runtime, which includes the end fsync. Ferry vs target: the"
         " speed-up over sshfs, then the fraction of the local disk's speed"
+    )
+
+
+def conformance_bullet(m):
+    """The header's account of the conformance row (issue 42): the tests each tool ran."""
+    ran = ", ".join(f"{name} {int(m[k]):,}" for k, name in
+                    (("conf_tests_ferry", "ferry-mount"), ("conf_tests_sshfs", "sshfs"),
+                     ("conf_tests_ceiling", "local disk")) if m.get(k))
+    return (
+        "- POSIX conformance (issue 42): pjdfstest (upstream commit 85a8aea, from"
+        " `../shared/pjdfstest`), every test file run as root by `scripts/lib/pjdfstest.py`"
+        " (each in a directory of its own, 4 at a time, counted as `prove` counts) in"
+        " ferry-mount (`scripts/pjdfstest.sh`: a share with `owners = \"client\"`), in"
+        " sshfs (as root through the same sshd) and on the local disk, both ferry-mount"
+        " and sshfs with `-o allow_other,default_permissions`. Tests run: " + ran +
+        "; the cell is the number that failed. Each remaining ferry-mount failure is listed"
+        " with its reason in docs/conformance.md"
     )
 
 

@@ -626,6 +626,51 @@ job_mountwrite() {
     for t in "${FUSEW_TOOLS[@]}"; do fusew_fio fusew_qd16 "$t"; done
 }
 
+# --- (d'') POSIX conformance (issue 42): pjdfstest in ferry-mount, sshfs, the local disk ---
+# Each tool's count is the tests of the suite that failed (scripts/lib/pjdfstest.py counts
+# as prove does); the number run goes to the meta (conf_tests_TOOL), since a hung file
+# counts its unreported tests as failed.
+setup_conformance() {
+    CONF_SUITE="$WORK/pjdfstest"
+    python3 "$ROOT/scripts/lib/pjdfstest.py" build "${FERRY_PJDFSTEST_SRC:-$ROOT/../shared/pjdfstest}" \
+        "$CONF_SUITE" >>"$WORK/logs/pjdfstest-build.log" 2>&1 || die "pjdfstest did not build (see $WORK/logs/pjdfstest-build.log)"
+    MNT_SSHFS="$WORK/mnt-conf-sshfs"
+    mkdir -p "$MNT_SSHFS" "$WORK/conf-local"
+    chmod 755 "$WORK/conf-local"
+    MOUNTS+=("$MNT_SSHFS")
+}
+# conf_record TOOL JSON: the failures and the tests run, from the runner's JSON.
+conf_record() {
+    record conf_failed "$1" "$(python3 "$ROOT/bench/lib/bench.py" field "$2" counts failed)"
+    meta "conf_tests_$1" "$(python3 "$ROOT/bench/lib/bench.py" field "$2" counts tests)"
+}
+job_conformance() {
+    local json
+    [ "$(id -u)" = 0 ] || { record_skip conf_failed ferry "not run: needs root"; return 0; }
+    json="$WORK/conf-ceiling.json"
+    python3 "$ROOT/scripts/lib/pjdfstest.py" run "$CONF_SUITE" "$WORK/conf-local" --json "$json" \
+        >>"$WORK/logs/pjdfstest-local.log" 2>&1 || true
+    conf_record ceiling "$json"
+    if peer_ok conf_failed sshfs; then
+        if SSHFS_OPTS=allow_other,default_permissions mount_sshfs; then
+            json="$WORK/conf-sshfs.json"
+            python3 "$ROOT/scripts/lib/pjdfstest.py" run "$CONF_SUITE" "$MNT_SSHFS" --json "$json" \
+                >>"$WORK/logs/pjdfstest-sshfs.log" 2>&1 || true
+            conf_record sshfs "$json"
+            unmount_sshfs || warn "$REASON"
+        else
+            record_fail conf_failed sshfs "$REASON"
+        fi
+    fi
+    json="$WORK/conf-ferry.json"
+    if "$ROOT/scripts/pjdfstest.sh" --bin-dir "$(dirname "$FERRYD")" --no-expect --json "$json" \
+        >>"$WORK/logs/pjdfstest-ferry.log" 2>&1 && [ -s "$json" ]; then
+        conf_record ferry "$json"
+    else
+        record_fail conf_failed ferry "scripts/pjdfstest.sh failed: $(tail -n 1 "$WORK/logs/pjdfstest-ferry.log")"
+    fi
+}
+
 # --- (e) incremental backup -------------------------------------------------------------
 # backup_run ROW TOOL REP CMD...: one timed backup of $BSRC into $DST, timed until
 # $DST's file system is synced too; the snapshot it made must equal $BSRC (rcp

@@ -175,7 +175,7 @@ unmount_ferry() {
 mount_sshfs() {
     local o
     o="IdentityFile=$WORK/ssh/client_key,IdentitiesOnly=yes,BatchMode=yes,StrictHostKeyChecking=no"
-    o="$o,UserKnownHostsFile=/dev/null,LogLevel=ERROR,port=$SSH_PORT"
+    o="$o,UserKnownHostsFile=/dev/null,LogLevel=ERROR,port=$SSH_PORT${SSHFS_OPTS:+,$SSHFS_OPTS}"
     sshfs -f -F /dev/null -o "$o" "$SSH_USER_HOST:$SRV" "$MNT_SSHFS" >>"$WORK/logs/sshfs.log" 2>&1 &
     SSHFS_PID=$!
     track "$SSHFS_PID"

@@ -509,6 +509,9 @@ impl Client {
     }
 
     async fn call_raw(&self, req: Request) -> Result<Response, ClientError> {
+        // What the server would refuse as malformed (closing the session) fails here,
+        // alone.
+        codec::validate_request(&req).map_err(ClientError::Limit)?;
         self.exchange(|s| s.request(Instant::now(), req)).await
     }
 

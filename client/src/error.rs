@@ -87,6 +87,10 @@ pub enum ClientError {
     /// The peer broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(#[from] ProtoError),
+    /// A request was not sent: a field exceeds a protocol limit (a path longer than
+    /// the protocol carries, say). The session goes on.
+    #[error("request not sent: {0}")]
+    Limit(ferry_common::codec::CodecError),
     /// A local secret could not be loaded.
     #[error(transparent)]
     Secret(#[from] ferry_common::auth::SecretError),
@@ -171,6 +175,7 @@ impl ClientError {
             ClientError::Transport(_) | ClientError::Disconnected(_) => "io",
             ClientError::Hung { .. } | ClientError::Stalled { .. } => "hung",
             ClientError::Protocol(_) => "protocol",
+            ClientError::Limit(_) => "invalid_path",
             ClientError::Secret(_) => "secret",
             ClientError::ServerNotAuthentic { .. } => "auth_failed",
             ClientError::Cluster(_) => "cluster",

@@ -170,7 +170,10 @@ fn share_and_path(share: &str, path: &str) -> Result<(), CodecError> {
     limit("path", path.len(), MAX_PATH_BYTES)
 }
 
-fn validate_request(req: &Request) -> Result<(), CodecError> {
+/// Checks the protocol's length limits on every variable-length field of `req`: what a
+/// peer checks on receipt, so that a sender refuses one request instead of sending
+/// what its peer would take for a broken session.
+pub fn validate_request(req: &Request) -> Result<(), CodecError> {
     match req {
         Request::Stat { share, path, .. }
         | Request::ListDir { share, path, .. }

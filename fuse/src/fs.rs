@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use ferry_common::msg::{Attr, DirEntry, FileKind, FileVersion, HashAlgorithm, Timestamp};
+use ferry_common::msg::{
+    Attr, DirEntry, FileKind, FileVersion, HashAlgorithm, Timestamp, MAX_PATH_BYTES,
+};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
     OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
@@ -770,10 +772,7 @@ impl Inner {
         if !self.writable {
             return Err(read_only());
         }
-        let name = name
-            .to_str()
-            .ok_or_else(|| OpError::new(Errno::EINVAL, "name is not UTF-8"))?;
-        let path = join(&self.path_of(parent)?, name);
+        let path = self.child(parent, name)?;
         let sp = self.share_path(&path);
         let share = self.share.clone();
         let label = format!("{share}/{sp}");
@@ -988,7 +987,16 @@ impl Inner {
         let name = name
             .to_str()
             .ok_or_else(|| OpError::new(Errno::EINVAL, "name is not UTF-8"))?;
-        Ok(join(&self.path_of(parent)?, name))
+        let path = join(&self.path_of(parent)?, name);
+        // A path the protocol cannot carry is refused here, at once, for every call
+        // that names a child (a deferred create would otherwise fail only at close).
+        if self.share_path(&path).len() > MAX_PATH_BYTES {
+            return Err(OpError::new(
+                Errno::ENAMETOOLONG,
+                format!("{name}: the path from the share's root exceeds {MAX_PATH_BYTES} bytes"),
+            ));
+        }
+        Ok(path)
     }
 
     /// Whether `path` in directory `dir` is missing by [`Inner::fresh_dirs`]: `dir` was

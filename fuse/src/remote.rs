@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use ferry_client::error::ClientError;
 use ferry_client::{Client, Credentials};
+use ferry_common::codec::CodecError;
 use ferry_common::msg::{ErrorKind, RegionDesc};
 use ferry_common::transport::{
     Access, Buffer, Memory, Registration, RemoteSlice, TransportChoice, TransportError,
@@ -74,8 +75,21 @@ pub fn errno_of(e: &ClientError) -> Errno {
         | ClientError::Connect { .. }
         | ClientError::Hung { .. }
         | ClientError::Stalled { .. } => Errno::ENOTCONN,
+        ClientError::Limit(CodecError::Limit { field, .. }) if is_path_field(field) => {
+            Errno::ENAMETOOLONG
+        }
+        ClientError::Limit(_) => Errno::EINVAL,
         _ => Errno::EIO,
     }
+}
+
+/// Whether a request field the codec limits is a path or a name (too long:
+/// `ENAMETOOLONG`).
+fn is_path_field(field: &str) -> bool {
+    matches!(
+        field,
+        "path" | "from" | "to" | "base" | "target" | "symlink_target" | "name"
+    )
 }
 
 /// True if the error means the connection is gone (so the next call reconnects).

@@ -1991,3 +1991,62 @@ mount_test!(written_bytes_are_pulled_one_sided, |env| {
     drop(client);
     assert_clean_unmount(mount);
 });
+
+// A name the mount cannot carry (its path from the share's root is longer than the
+// protocol's MAX_PATH_BYTES, though each system call's own path is short: it is made
+// through /proc/self/fd/N of an open directory) fails that call alone with
+// ENAMETOOLONG: the request is never sent, so the server does not take it for a broken
+// session, and every other request goes on. Before, the server closed the connection
+// and the mount's other callers got ENOTCONN.
+mount_test!(a_path_longer_than_the_protocol_carries_fails_alone, |env| {
+    use std::os::fd::AsRawFd;
+
+    let mount = mount_rw(&env);
+    let component = "d".repeat(250);
+    let within =
+        |dir: &File, name: &str| PathBuf::from(format!("/proc/self/fd/{}/{name}", dir.as_raw_fd()));
+    // 16 directories of 250 bytes: 16 * 251 = 4016 bytes from the share's root.
+    let mut dir = File::open(mount.path()).unwrap();
+    let mut made = 0;
+    while (made + 1) * 251 <= 4096 {
+        let next = within(&dir, &component);
+        fs::create_dir(&next).unwrap_or_else(|e| panic!("mkdir at depth {made}: {e}"));
+        dir = File::open(&next).unwrap();
+        made += 1;
+    }
+    let too_long = within(&dir, &component);
+    let name_too_long = [nix::libc::ENAMETOOLONG];
+    assert_fails(
+        fs::create_dir(&too_long),
+        &name_too_long,
+        "mkdir past the limit",
+    );
+    assert_fails(
+        File::create(&too_long),
+        &name_too_long,
+        "create past the limit",
+    );
+    // Nothing can exist there: a lookup may answer ENOENT.
+    let absent = [nix::libc::ENAMETOOLONG, nix::libc::ENOENT];
+    assert_fails(
+        fs::symlink_metadata(&too_long),
+        &absent,
+        "stat past the limit",
+    );
+    // The same session goes on: a file made at the deepest level that fits, and one at
+    // the top, each read back.
+    fs::write(within(&dir, "f"), b"still here").unwrap();
+    assert_file_is(
+        &within(&dir, "f"),
+        b"still here",
+        "file beside the refused name",
+    );
+    fs::write(mount.path().join("top"), b"top").unwrap();
+    assert_file_is(
+        &env.share_dir(DEFAULT_SHARE).join("top"),
+        b"top",
+        "top file on the server",
+    );
+    let lost = mount.log_lines_with(&["lost"]);
+    assert!(lost.is_empty(), "the mount lost its connection: {lost:?}");
+});

@@ -13,10 +13,12 @@
 //! - per node, the server's identity of the file and the owners that hold locks on
 //!   it, so a close (`FLUSH` for the owner's record locks, `RELEASE` for `flock`)
 //!   releases exactly those, and only when there are any;
-//! - per descriptor that took a lock, the connection it was taken on. The server drops
-//!   a connection's locks when it ends, so after a reconnection such a descriptor would
-//!   run unlocked: its reads, writes and locks fail with `EIO` instead, until it is
-//!   closed.
+//! - per descriptor that took a lock, the connection it was taken on, while any owner
+//!   holds locks on its node through this mount. The server drops a connection's
+//!   locks when it ends, so after a reconnection such a descriptor would run unlocked:
+//!   its reads, writes and locks fail with `EIO` instead, until it is closed. An owner
+//!   that unlocks the whole file (SQLite at the end of each transaction) holds nothing
+//!   there any more.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -30,6 +32,9 @@ use crate::remote::{lock, OpError, Remote};
 /// Longest pause between two tries of a waiting `F_SETLKW`: how late at most a waiter
 /// learns that the lock was released.
 pub const WAIT_MAX: Duration = Duration::from_millis(50);
+
+/// The end of a lock of the whole file as the kernel sends it (`OFFSET_MAX`).
+const WHOLE_FILE_END: u64 = i64::MAX as u64;
 
 /// First pause of a waiting `F_SETLKW`.
 const WAIT_FIRST: Duration = Duration::from_millis(2);
@@ -64,8 +69,9 @@ struct NodeLocks {
 #[derive(Default)]
 pub struct Locks {
     nodes: Mutex<HashMap<u64, NodeLocks>>,
-    /// Descriptors that took a lock, and the connection they took it on.
-    fhs: Mutex<HashMap<u64, u64>>,
+    /// Descriptors that took a lock while their node has locks here: the connection
+    /// they took it on, and the node.
+    fhs: Mutex<HashMap<u64, (u64, u64)>>,
 }
 
 /// The lock kind of an `fcntl` lock type.
@@ -99,7 +105,7 @@ impl Locks {
     /// Whether descriptor `fh` took locks on a connection that is gone (`current` is
     /// the live one's id): its I/O must fail rather than run unlocked.
     pub fn lost(&self, fh: u64, current: impl FnOnce() -> Option<u64>) -> bool {
-        let taken_on = lock(&self.fhs).get(&fh).copied();
+        let taken_on = lock(&self.fhs).get(&fh).map(|&(conn, _)| conn);
         taken_on.is_some_and(|conn| Some(conn) != current())
     }
 
@@ -148,6 +154,9 @@ impl Locks {
             let Some(held) = answer.conflict else {
                 if ask.kind != LockKind::Unlock {
                     self.granted(ask, conn, answer.file);
+                } else if ask.start == 0 && ask.end >= WHOLE_FILE_END {
+                    // The owner holds nothing on the file any more.
+                    self.forget_owner(ask.ino, ask.owner);
                 }
                 return Ok(());
             };
@@ -187,24 +196,13 @@ impl Locks {
     /// Releases every lock `owner` holds on node `ino` (a close), if it holds any on
     /// the live connection.
     pub async fn release(&self, remote: &Remote, share: &str, ino: u64, owner: u64) {
-        let file = {
-            let mut nodes = lock(&self.nodes);
-            let Some(n) = nodes.get_mut(&ino) else {
-                return;
-            };
-            if !n.owners.remove(&owner) {
-                return;
-            }
-            let (conn, file) = (n.conn, n.file);
-            if n.owners.is_empty() {
-                nodes.remove(&ino);
-            }
-            // Locks of a connection that is gone went with it.
-            if remote.current().map(|c| c.id) != Some(conn) {
-                return;
-            }
-            file
+        let Some((conn, file)) = self.forget_owner(ino, owner) else {
+            return;
         };
+        // Locks of a connection that is gone went with it.
+        if remote.current().map(|c| c.id) != Some(conn) {
+            return;
+        }
         let got = remote
             .call("unlock at close", |c| async move {
                 c.client.lock_release(share, file, owner).await
@@ -216,8 +214,25 @@ impl Locks {
         }
     }
 
+    /// Forgets that `owner` holds locks on node `ino`; once no owner does, the node's
+    /// descriptors have nothing to lose. Returns the connection and file it held them
+    /// on, if it held any.
+    fn forget_owner(&self, ino: u64, owner: u64) -> Option<(u64, LockFile)> {
+        let mut nodes = lock(&self.nodes);
+        let n = nodes.get_mut(&ino)?;
+        if !n.owners.remove(&owner) {
+            return None;
+        }
+        let held = (n.conn, n.file);
+        if n.owners.is_empty() {
+            nodes.remove(&ino);
+            lock(&self.fhs).retain(|_, &mut (_, node)| node != ino);
+        }
+        Some(held)
+    }
+
     fn granted(&self, ask: LockAsk, conn: u64, file: LockFile) {
-        lock(&self.fhs).insert(ask.fh, conn);
+        lock(&self.fhs).insert(ask.fh, (conn, ask.ino));
         let mut nodes = lock(&self.nodes);
         let n = nodes.entry(ask.ino).or_insert_with(|| NodeLocks {
             conn,
@@ -311,5 +326,15 @@ mod tests {
         assert!(!locks.lost(8, || Some(4)));
         locks.forget_fh(9);
         assert!(!locks.lost(9, || Some(4)));
+        // An owner that dropped all it held leaves nothing to lose.
+        locks.granted(ask, 3, LockFile { dev: 1, ino: 2 });
+        assert!(locks.holds(5, 1));
+        assert_eq!(
+            locks.forget_owner(5, 1),
+            Some((3, LockFile { dev: 1, ino: 2 }))
+        );
+        assert!(!locks.holds(5, 1));
+        assert!(!locks.lost(9, || Some(4)));
+        assert_eq!(locks.forget_owner(5, 1), None);
     }
 }

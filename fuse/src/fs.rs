@@ -1201,11 +1201,15 @@ impl Inner {
                 wf.revalidate().await?;
             }
             // Read descriptors map the file again; the kernel drops its cached pages
-            // and attributes of it.
+            // and attributes of it. Dropping pages waits for reads in flight on them,
+            // which tasks of this runtime answer: off its worker threads.
             self.bump(ask.ino);
-            if let Some(n) = self.notifier.get() {
-                if let Err(e) = n.inval_inode(INodeNo(ask.ino), 0, 0) {
-                    tracing::debug!(ino = ask.ino, "cannot drop the kernel's cache: {e}");
+            if let Some(n) = self.notifier.get().cloned() {
+                let ino = ask.ino;
+                let dropped =
+                    tokio::task::spawn_blocking(move || n.inval_inode(INodeNo(ino), 0, 0)).await;
+                if let Ok(Err(e)) = dropped {
+                    tracing::debug!(ino, "cannot drop the kernel's cache: {e}");
                 }
             }
         }

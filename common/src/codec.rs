@@ -221,7 +221,11 @@ pub fn validate_request(req: &Request) -> Result<(), CodecError> {
         Request::StatFs { share }
         | Request::ShareInfo { share }
         | Request::ShareAccess { share }
+        | Request::LockRelease { share, .. }
         | Request::Auth { share, .. } => limit("share", share.len(), MAX_NAME_BYTES),
+        Request::Lock { share, path, .. } | Request::LockTest { share, path, .. } => {
+            share_and_path(share, path)
+        }
         Request::Symlink {
             share,
             path,
@@ -382,7 +386,8 @@ fn validate_response(resp: &Response) -> Result<(), CodecError> {
         | Response::ShareInfo { .. }
         | Response::FileWritten { .. }
         | Response::ShareAccess { .. }
-        | Response::Counters(_) => Ok(()),
+        | Response::Counters(_)
+        | Response::Lock { .. } => Ok(()),
     }
 }
 

@@ -33,6 +33,7 @@ pub mod cluster;
 pub mod codec;
 pub mod direct;
 pub mod journal;
+pub mod locks;
 pub mod msg;
 pub mod path;
 pub mod proto;

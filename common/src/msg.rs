@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{Nonce, Proof};
+pub use crate::locks::{LockFile, LockHeld, LockKind};
 
 /// Protocol version spoken by this build. Bumped only when the encoding of an existing
 /// message changes incompatibly; new features are negotiated as [`Capability`]s in the
@@ -1077,6 +1078,59 @@ pub enum Request {
         /// What to change after the write.
         attrs: SetAttrs,
     },
+    /// Take, change or drop (`kind` [`LockKind::Unlock`]) the byte-range lock of
+    /// `owner` on bytes `start..=end` of the file `path` resolves to (symlinks
+    /// followed), as `fcntl(F_SETLK)` does; a mount carries `flock` as a lock of the
+    /// whole file. Locks belong to the file (its `(dev, ino)` on the server), exclude
+    /// holders on every session, and belong to `(session, owner)`: a session's locks
+    /// all go when it ends. Answered by [`Response::Lock`]: no conflict means done; a
+    /// conflict names a lock that stopped it, and nothing changed (the client waits
+    /// and asks again for `F_SETLKW`). Sent only on a session that negotiated the
+    /// `locks` capability (`proto::caps::LOCKS`), as are the two requests below.
+    Lock {
+        /// Share name.
+        share: String,
+        /// Share-relative path of the file.
+        path: String,
+        /// The lock's owner within the session (the kernel's lock owner).
+        owner: u64,
+        /// Shared, exclusive, or unlock.
+        kind: LockKind,
+        /// First byte.
+        start: u64,
+        /// Last byte, inclusive (`u64::MAX` or `i64::MAX`: to the end of the file).
+        end: u64,
+        /// The process asking, reported to `F_GETLK` callers elsewhere.
+        pid: u32,
+    },
+    /// `fcntl(F_GETLK)`: the first lock of another owner that would stop `owner`
+    /// taking `kind` on `start..=end` of `path`. Answered by [`Response::Lock`]; nothing
+    /// changes.
+    LockTest {
+        /// Share name.
+        share: String,
+        /// Share-relative path of the file.
+        path: String,
+        /// The owner asking.
+        owner: u64,
+        /// Shared or exclusive.
+        kind: LockKind,
+        /// First byte.
+        start: u64,
+        /// Last byte, inclusive.
+        end: u64,
+    },
+    /// Drop every lock of `owner` on `file` (the identity a [`Response::Lock`] gave):
+    /// a mount sends it at the close of a descriptor whose owner locked the file.
+    /// Answered by [`Response::Ok`].
+    LockRelease {
+        /// Share name.
+        share: String,
+        /// The file.
+        file: LockFile,
+        /// The owner whose locks go.
+        owner: u64,
+    },
 }
 
 impl Request {
@@ -1116,7 +1170,10 @@ impl Request {
             | Request::Replicate { share, .. }
             | Request::MakeDirs { share, .. }
             | Request::SetAttrBatch { share, .. }
-            | Request::FilePut { share, .. } => Some(share),
+            | Request::FilePut { share, .. }
+            | Request::Lock { share, .. }
+            | Request::LockTest { share, .. }
+            | Request::LockRelease { share, .. } => Some(share),
             Request::UploadWindow { .. }
             | Request::UploadCommit { .. }
             | Request::DownloadWindow { .. }
@@ -1302,6 +1359,14 @@ pub enum Response {
         attr: Attr,
         /// The numeric owner and group.
         owner: Owner,
+    },
+    /// Answer to [`Request::Lock`] and [`Request::LockTest`].
+    Lock {
+        /// The file's identity on the server, for a later [`Request::LockRelease`].
+        file: LockFile,
+        /// The lock that stopped the request (or, for a test, would): `None` when the
+        /// lock was taken, changed or dropped (for a test: would be granted).
+        conflict: Option<LockHeld>,
     },
 }
 

@@ -451,6 +451,48 @@ fn request() -> impl Strategy<Value = Request> {
                     }
                 }
             ),
+        (
+            share_path(),
+            any::<u64>(),
+            lock_kind(),
+            any::<(u64, u64, u32)>()
+        )
+            .prop_map(
+                |((share, path), owner, kind, (start, end, pid))| Request::Lock {
+                    share,
+                    path,
+                    owner,
+                    kind,
+                    start,
+                    end,
+                    pid,
+                }
+            ),
+        (share_path(), any::<u64>(), lock_kind(), any::<(u64, u64)>()).prop_map(
+            |((share, path), owner, kind, (start, end))| Request::LockTest {
+                share,
+                path,
+                owner,
+                kind,
+                start,
+                end,
+            }
+        ),
+        (text(MAX_NAME_BYTES), any::<(u64, u64, u64)>()).prop_map(|(share, (dev, ino, owner))| {
+            Request::LockRelease {
+                share,
+                file: LockFile { dev, ino },
+                owner,
+            }
+        }),
+    ]
+}
+
+fn lock_kind() -> impl Strategy<Value = LockKind> {
+    prop_oneof![
+        Just(LockKind::Read),
+        Just(LockKind::Write),
+        Just(LockKind::Unlock)
     ]
 }
 
@@ -717,6 +759,19 @@ fn response() -> impl Strategy<Value = Response> {
             file_written_bytes: c[4],
         })),
         (attr(), owner()).prop_map(|(attr, owner)| Response::AttrMeta { attr, owner }),
+        (
+            any::<(u64, u64)>(),
+            proptest::option::of((lock_kind(), any::<(u64, u64, u32)>()))
+        )
+            .prop_map(|((dev, ino), held)| Response::Lock {
+                file: LockFile { dev, ino },
+                conflict: held.map(|(kind, (start, end, pid))| LockHeld {
+                    kind,
+                    start,
+                    end,
+                    pid,
+                }),
+            }),
     ]
 }
 
@@ -857,6 +912,9 @@ fn request_variant(r: &Request) -> usize {
         Request::SetAttrBatch { .. } => 45,
         Request::FileFinish { .. } => 46,
         Request::FilePut { .. } => 47,
+        Request::Lock { .. } => 48,
+        Request::LockTest { .. } => 49,
+        Request::LockRelease { .. } => 50,
     }
 }
 
@@ -891,6 +949,7 @@ fn response_variant(r: &Response) -> usize {
         Response::ShareAccess { .. } => 25,
         Response::Counters(_) => 26,
         Response::AttrMeta { .. } => 27,
+        Response::Lock { .. } => 28,
     }
 }
 
@@ -1378,7 +1437,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 48], [false; 28]);
+    let (mut requests, mut responses) = ([false; 51], [false; 29]);
     for _ in 0..4000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

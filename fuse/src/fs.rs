@@ -25,6 +25,7 @@ use fuser::{
 };
 use tokio::runtime::Handle;
 
+use crate::locks::{LockAsk, Locks};
 use crate::nodes::{join, Nodes, ROOT};
 use crate::options::MountOptions;
 use crate::reader::{auto_chunk, OpenFile, Reader};
@@ -95,6 +96,8 @@ struct Inner {
     /// The session's channel for telling the kernel to drop what it cached of a node
     /// (set once the session exists, [`FerryFs::notifier_slot`]).
     notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// The file locks taken through this mount ([`crate::locks`]).
+    locks: Locks,
 }
 
 /// Owners remembered before the table is emptied (it refills from the next lookups).
@@ -163,6 +166,7 @@ impl FerryFs {
                 mountpoint: None,
                 mount_id: OnceLock::new(),
                 notifier: Arc::new(OnceLock::new()),
+                locks: Locks::new(),
             }),
             rt,
         }
@@ -1158,6 +1162,93 @@ fn answer_read(reader: &Reader, reply: ReplyData, got: Result<Vec<u8>, OpError>)
     }
 }
 
+impl Inner {
+    /// Asks the kernel to forward `fcntl` locks and `flock` when the server holds
+    /// locks (the `locks` capability); otherwise the kernel keeps them local to this
+    /// mount, as before.
+    fn enable_locks(&self, config: &mut KernelConfig) {
+        if !self.remote.current().is_some_and(|c| c.client.has_locks()) {
+            tracing::warn!(
+                "the server does not hold locks: flock and fcntl locks stay local to this mount"
+            );
+            return;
+        }
+        let flags = fuser::InitFlags::FUSE_POSIX_LOCKS | fuser::InitFlags::FUSE_FLOCK_LOCKS;
+        if let Err(missing) = config.add_capabilities(flags) {
+            tracing::warn!("the kernel lacks {missing:?}: those locks stay local to this mount");
+        }
+    }
+
+    /// Whether descriptor `fh` lost its locks to a reconnection (see [`crate::locks`]).
+    fn lock_lost(&self, fh: u64) -> bool {
+        self.locks.lost(fh, || self.remote.current().map(|c| c.id))
+    }
+
+    /// `F_SETLK` (`waiter`: `F_SETLKW` by that thread). A lock taken makes the file's
+    /// bytes as the server has them what this mount shows (close-to-open at the lock,
+    /// as NFS does); what this mount wrote goes back before a lock is dropped.
+    async fn set_lock(&self, ask: LockAsk, waiter: Option<u32>) -> Result<(), OpError> {
+        if self.lock_lost(ask.fh) {
+            return Err(OpError::new(
+                Errno::EIO,
+                "its locks were lost to a reconnection",
+            ));
+        }
+        let path = self.lock_path(ask.ino).await?;
+        let wf = self.wfile(ask.ino);
+        if ask.kind == ferry_common::locks::LockKind::Unlock {
+            if let Some(wf) = &wf {
+                wf.write_back().await?;
+            }
+        }
+        self.locks
+            .set(&self.remote, &self.share, &path, ask, waiter)
+            .await?;
+        if ask.kind != ferry_common::locks::LockKind::Unlock {
+            if let Some(wf) = &wf {
+                wf.revalidate().await?;
+            }
+            // Read descriptors map the file again; the kernel drops its cached pages
+            // and attributes of it. Dropping pages waits for reads in flight on them,
+            // which tasks of this runtime answer: off its worker threads.
+            self.bump(ask.ino);
+            if let Some(n) = self.notifier.get().cloned() {
+                let ino = ask.ino;
+                let dropped =
+                    tokio::task::spawn_blocking(move || n.inval_inode(INodeNo(ino), 0, 0)).await;
+                if let Ok(Err(e)) = dropped {
+                    tracing::debug!(ino, "cannot drop the kernel's cache: {e}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `F_GETLK`: the lock in the way of `ask`, if any.
+    async fn test_lock(
+        &self,
+        ask: LockAsk,
+    ) -> Result<Option<ferry_common::locks::LockHeld>, OpError> {
+        if self.lock_lost(ask.fh) {
+            return Err(OpError::new(
+                Errno::EIO,
+                "its locks were lost to a reconnection",
+            ));
+        }
+        let path = self.lock_path(ask.ino).await?;
+        self.locks.test(&self.remote, &self.share, &path, ask).await
+    }
+
+    /// The share path of node `ino` for a lock request: a file created through this
+    /// mount that has not taken its name on the server takes it now (the server finds
+    /// the file to lock by its name, and other clients that lock it must see it).
+    async fn lock_path(&self, ino: u64) -> Result<String, OpError> {
+        let path = self.path_of(INodeNo(ino))?;
+        self.name_staged(&path).await?;
+        Ok(self.share_path(&path))
+    }
+}
+
 /// Logs a failed operation at a level that fits its errno, and returns the errno.
 fn fail(op: &str, e: OpError) -> Errno {
     // A missing name, and a node whose name another client replaced (the kernel
@@ -1180,6 +1271,7 @@ impl fuser::Filesystem for FerryFs {
         if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC) {
             tracing::warn!("the kernel lacks {missing:?}: O_TRUNC truncates in place");
         }
+        self.inner.enable_locks(config);
         Ok(())
     }
 
@@ -1310,6 +1402,9 @@ impl fuser::Filesystem for FerryFs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
+        if self.inner.lock_lost(fh.0) {
+            return reply.error(Errno::EIO);
+        }
         // A node open for writing on this mount is read through its handle, after its
         // cached writes went back.
         if let Some(wf) = self.inner.wfile(ino.0) {
@@ -1363,13 +1458,22 @@ impl fuser::Filesystem for FerryFs {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<fuser::LockOwner>,
+        lock_owner: Option<fuser::LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.inner.locks.forget_fh(fh.0);
+        if let Some(owner) = lock_owner {
+            // The last close of a descriptor that `flock`ed: its lock goes.
+            self.spawn(|fs| async move {
+                fs.locks
+                    .release(&fs.remote, &fs.share, ino.0, owner.0)
+                    .await
+            });
+        }
         lock(&self.inner.read_gens).remove(&fh.0);
         if let Some(file) = lock(&self.inner.files).remove(&fh.0) {
             let _guard = self.rt.enter();
@@ -1470,14 +1574,23 @@ impl fuser::Filesystem for FerryFs {
     fn flush(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
-        _lock_owner: fuser::LockOwner,
+        lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
         let Some((ino, wf)) = lock(&self.inner.wfhs).get(&fh.0).cloned() else {
-            // A read descriptor: nothing to write back.
-            return reply.ok();
+            // A read descriptor: nothing to write back; the closing owner's record
+            // locks on the file go (POSIX: any close by the owner drops them).
+            if !self.inner.locks.holds(ino.0, lock_owner.0) {
+                return reply.ok();
+            }
+            return self.spawn(|fs| async move {
+                fs.locks
+                    .release(&fs.remote, &fs.share, ino.0, lock_owner.0)
+                    .await;
+                reply.ok()
+            });
         };
         let opener = lock(&self.inner.openers).get(&fh.0).copied();
         let by_opener = opener.is_some_and(|tid| same_process(tid, req.pid()))
@@ -1492,6 +1605,10 @@ impl fuser::Filesystem for FerryFs {
             } else {
                 wf.write_back().await
             };
+            // Written back first: the next holder of the lock reads these bytes.
+            fs.locks
+                .release(&fs.remote, &fs.share, ino, lock_owner.0)
+                .await;
             fs.answer_sync(ino, got, "close", reply);
         });
     }
@@ -1550,6 +1667,83 @@ impl fuser::Filesystem for FerryFs {
                     reply.ok()
                 }
                 Err(e) => reply.error(fail("fallocate", e)),
+            }
+        });
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: fuser::LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: fuser::ReplyLock,
+    ) {
+        let kind = match crate::locks::kind_of(typ) {
+            Ok(k) => k,
+            Err(e) => return reply.error(e.errno),
+        };
+        let ask = LockAsk {
+            ino: ino.0,
+            fh: fh.0,
+            owner: lock_owner.0,
+            kind,
+            start,
+            end,
+            pid,
+        };
+        self.spawn(|fs| async move {
+            match fs.test_lock(ask).await {
+                Ok(Some(h)) => {
+                    let end = h.end.min(i64::MAX as u64);
+                    reply.locked(h.start, end, crate::locks::type_of(h.kind), h.pid)
+                }
+                Ok(None) => reply.locked(start, end, nix::libc::F_UNLCK, 0),
+                Err(e) => reply.error(fail("getlk", e)),
+            }
+        });
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: fuser::LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let kind = match crate::locks::kind_of(typ) {
+            Ok(k) => k,
+            Err(e) => return reply.error(e.errno),
+        };
+        let ask = LockAsk {
+            ino: ino.0,
+            fh: fh.0,
+            owner: lock_owner.0,
+            kind,
+            start,
+            end,
+            pid,
+        };
+        let waiter = sleep.then(|| req.pid());
+        self.spawn(|fs| async move {
+            match fs.set_lock(ask, waiter).await {
+                Ok(()) => reply.ok(),
+                // Contention and interruption are the normal course of locking.
+                Err(e) if e.errno == Errno::EAGAIN || e.errno == Errno::EINTR => {
+                    tracing::debug!("setlk: {}", e.message);
+                    reply.error(e.errno)
+                }
+                Err(e) => reply.error(fail("setlk", e)),
             }
         });
     }
@@ -1763,6 +1957,9 @@ impl fuser::Filesystem for FerryFs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: fuser::ReplyWrite,
     ) {
+        if self.inner.lock_lost(fh.0) {
+            return reply.error(Errno::EIO);
+        }
         let Some((_, wf)) = lock(&self.inner.wfhs).get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };

@@ -15,6 +15,7 @@
 //! - [`bufs`]: reply buffers reused across reads.
 //! - [`remote`]: the connection, reconnection, timeouts and registered fetch buffers.
 //! - [`writer`]: files open for writing — the write-back cache, staged files, syncs.
+//! - [`locks`]: `fcntl` and `flock` locks held by the server for every client.
 //! - [`options`]: `-o` parsing.
 //! - [`mount`]: mount(2) as `fuse.ferry`, and unmounting.
 //! - [`cluster`]: the mount of a cluster share (names from etcd, stripes through one
@@ -31,6 +32,7 @@ pub mod bufs;
 pub mod cache;
 pub mod cluster;
 pub mod fs;
+pub mod locks;
 pub mod mount;
 pub mod nodes;
 pub mod options;

@@ -110,6 +110,9 @@ pub fn is_fatal(e: &ClientError) -> bool {
 pub struct Conn {
     /// The session.
     pub client: Client,
+    /// This connection's number: each connection of a [`Remote`] gets the next one, so
+    /// state tied to the server's session (file locks) can tell it outlived it.
+    pub id: u64,
     /// Write-back buffers; `None` on a read-only mount.
     wbufs: Option<Arc<WriteBufs>>,
     bufs: Vec<(Arc<Buffer>, Registration)>,
@@ -148,7 +151,7 @@ impl Conn {
         self.wbufs.as_ref()
     }
 
-    fn new(client: Client, writeback_bytes: u64) -> Result<Conn, String> {
+    fn new(client: Client, id: u64, writeback_bytes: u64) -> Result<Conn, String> {
         let wbufs = if writeback_bytes > 0 && client.can_write() {
             Some(WriteBufs::new(
                 client.transport(),
@@ -169,6 +172,7 @@ impl Conn {
         }
         Ok(Conn {
             client,
+            id,
             wbufs,
             bufs,
             free: Mutex::new((0..FETCH_BUFFERS).collect()),
@@ -221,6 +225,8 @@ pub struct Remote {
     writeback_bytes: u64,
     current: Mutex<Option<Arc<Conn>>>,
     connecting: tokio::sync::Mutex<()>,
+    /// Connections made so far (the last one's [`Conn::id`]).
+    connects: std::sync::atomic::AtomicU64,
 }
 
 impl Remote {
@@ -243,6 +249,7 @@ impl Remote {
             writeback_bytes,
             current: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
+            connects: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -258,6 +265,11 @@ impl Remote {
         } else {
             format!("{}:{}", self.host, self.port)
         }
+    }
+
+    /// The live connection, if there is one (no connecting).
+    pub fn current(&self) -> Option<Arc<Conn>> {
+        lock(&self.current).clone()
     }
 
     /// The live connection, connecting (again) if there is none.
@@ -281,8 +293,11 @@ impl Remote {
             )
         })?
         .map_err(|e| OpError::new(Errno::ENOTCONN, e.to_string()))?;
+        let id = 1 + self
+            .connects
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let conn = Arc::new(
-            Conn::new(client, self.writeback_bytes).map_err(|e| OpError::new(Errno::EIO, e))?,
+            Conn::new(client, id, self.writeback_bytes).map_err(|e| OpError::new(Errno::EIO, e))?,
         );
         let kind = conn.client.transport().kind().as_str();
         let sealed = match conn.client.encryption() {

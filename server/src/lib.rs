@@ -141,6 +141,10 @@ pub struct Server {
     partial_ttl: Duration,
     /// The cluster this server is a node of.
     cluster: Option<config::ClusterNode>,
+    /// Every session's file locks (the `locks` capability).
+    locks: std::sync::Mutex<ferry_common::locks::LockTable>,
+    /// The id the next connection's locks are held under.
+    next_lock_session: AtomicU64,
 }
 
 impl Server {
@@ -181,7 +185,20 @@ impl Server {
             started: SystemTime::now(),
             partial_ttl: config.partial_ttl,
             cluster: config.cluster.clone(),
+            locks: std::sync::Mutex::new(ferry_common::locks::LockTable::new()),
+            next_lock_session: AtomicU64::new(1),
         }))
+    }
+
+    /// The file locks of every session. Held only for a table operation (no I/O).
+    pub(crate) fn locks(&self) -> std::sync::MutexGuard<'_, ferry_common::locks::LockTable> {
+        // Table operations do not panic; a poisoned table is still consistent.
+        self.locks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A fresh id for a connection's locks; never reused.
+    pub(crate) fn lock_session(&self) -> u64 {
+        self.next_lock_session.fetch_add(1, Ordering::Relaxed)
     }
 
     /// The cluster this server is a storage node of, if any.

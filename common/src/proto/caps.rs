@@ -31,6 +31,9 @@
 //!   one round trip (default: off; a client without it sends `FileOpen` at create and
 //!   `FileWrite`, `FileSetAttr` and `FileCommit` one after the other at close).
 //!   Optional like [`META`]; it needs [`WRITE`] too.
+//! - [`LOCKS`]: the lock requests [`Request::Lock`], [`Request::LockTest`] and
+//!   [`Request::LockRelease`] (default: off; a mount without it keeps `flock` and
+//!   `fcntl` locks local to itself). Optional like [`META`].
 //! - [`ENCRYPT`], [`ENCRYPT_KEY`], [`ENCRYPT_POLICY`]: session encryption
 //!   ([`crate::seal`]). The client offers the AEAD suites it accepts (fastest on its
 //!   CPU first), its X25519 key share and whether it requires encryption; a server
@@ -95,6 +98,14 @@ pub const FINISH: &str = "finish";
 
 /// The versions of the finish request this build speaks, preferred first.
 pub const FINISH_VERSIONS: &[&str] = &["1"];
+
+/// Name of the locks capability: whether the session may use [`Request::Lock`],
+/// [`Request::LockTest`] and [`Request::LockRelease`] (file locks held by the server,
+/// excluding holders on every session; [`crate::locks`]).
+pub const LOCKS: &str = "locks";
+
+/// The versions of the lock requests this build speaks, preferred first.
+pub const LOCKS_VERSIONS: &[&str] = &["1"];
 
 /// Name of the encryption capability: the AEAD suites a client accepts, preferred
 /// first; in a welcome, the one the session uses.
@@ -175,6 +186,8 @@ pub struct Offer {
     pub dirs: bool,
     /// Whether it offers the one-round-trip close ([`FINISH`]).
     pub finish: bool,
+    /// Whether it offers the lock requests ([`LOCKS`]).
+    pub locks: bool,
     /// Its offer to encrypt, if it makes one ([`ENCRYPT`]).
     pub encrypt: Option<EncryptOffer>,
 }
@@ -190,6 +203,7 @@ impl Default for Offer {
             cluster: true,
             dirs: true,
             finish: true,
+            locks: true,
             encrypt: None,
         }
     }
@@ -217,6 +231,9 @@ impl Offer {
         }
         if self.finish {
             caps.push(Capability::new(FINISH, &FINISH_VERSIONS.join(",")));
+        }
+        if self.locks {
+            caps.push(Capability::new(LOCKS, &LOCKS_VERSIONS.join(",")));
         }
         if let Some(e) = &self.encrypt {
             let suites: Vec<&str> = e.suites.iter().map(|s| s.name()).collect();
@@ -250,6 +267,8 @@ pub struct Negotiated {
     pub dirs: bool,
     /// Whether [`Request::FileFinish`] ([`FINISH`]) may be sent.
     pub finish: bool,
+    /// Whether the lock requests ([`LOCKS`]) may be sent.
+    pub locks: bool,
     /// The session's encryption, if it is encrypted ([`ENCRYPT`]).
     pub encryption: Option<Encrypted>,
 }
@@ -276,6 +295,9 @@ impl Negotiated {
         }
         if self.finish {
             caps.push(Capability::new(FINISH, FINISH_VERSIONS[0]));
+        }
+        if self.locks {
+            caps.push(Capability::new(LOCKS, LOCKS_VERSIONS[0]));
         }
         if let Some(e) = &self.encryption {
             caps.push(Capability::new(ENCRYPT, e.suite.name()));
@@ -312,6 +334,11 @@ impl Negotiated {
             Request::MakeDirs { .. } | Request::SetAttrBatch { .. } if !self.dirs => Err(DIRS),
             Request::FileFinish { .. } | Request::FilePut { .. } if !self.write => Err(WRITE),
             Request::FileFinish { .. } | Request::FilePut { .. } if !self.finish => Err(FINISH),
+            Request::Lock { .. } | Request::LockTest { .. } | Request::LockRelease { .. }
+                if !self.locks =>
+            {
+                Err(LOCKS)
+            }
             _ => Ok(()),
         }
     }
@@ -365,6 +392,8 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
     let finish = write
         && find(offered, FINISH)
             .is_some_and(|list| list.split(',').any(|v| FINISH_VERSIONS.contains(&v)));
+    let locks = find(offered, LOCKS)
+        .is_some_and(|list| list.split(',').any(|v| LOCKS_VERSIONS.contains(&v)));
     Ok(Negotiated {
         hash,
         accepted,
@@ -374,6 +403,7 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
         cluster,
         dirs,
         finish,
+        locks,
         encryption: None,
     })
 }
@@ -534,6 +564,16 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
             ))
         }
     };
+    let locks = match find(chosen, LOCKS) {
+        None => false,
+        Some(v) if offer.locks && LOCKS_VERSIONS.contains(&v) => true,
+        Some(v) => {
+            return Err(format!(
+                "the server chose locks version '{}', which this client did not offer",
+                v.escape_debug()
+            ))
+        }
+    };
     Ok(Negotiated {
         hash,
         accepted: Algorithms::of(&offer.hashes),
@@ -543,6 +583,7 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
         cluster,
         dirs,
         finish,
+        locks,
         encryption: accept_encryption(chosen, offer)?,
     })
 }
@@ -640,9 +681,46 @@ mod tests {
                 Capability::new(WRITE, "1"),
                 Capability::new(CLUSTER, "1"),
                 Capability::new(DIRS, "1"),
-                Capability::new(FINISH, "1")
+                Capability::new(FINISH, "1"),
+                Capability::new(LOCKS, "1")
             ]
         );
+    }
+
+    #[test]
+    fn locks_are_on_only_when_both_peers_speak_them() {
+        let lock = Request::LockRelease {
+            share: "s".into(),
+            file: crate::locks::LockFile { dev: 1, ino: 2 },
+            owner: 3,
+        };
+        let n = choose(
+            &Offer::default().to_capabilities(),
+            HashAlgorithm::SUPPORTED,
+        )
+        .unwrap();
+        assert!(n.locks);
+        assert_eq!(accept(&n.to_capabilities(), &Offer::default()).unwrap(), n);
+        assert_eq!(n.permits(&lock), Ok(()));
+        // A read-only client may lock too.
+        let read_only = Offer {
+            write: false,
+            ..Offer::default()
+        };
+        let n = choose(&read_only.to_capabilities(), HashAlgorithm::SUPPORTED).unwrap();
+        assert!(n.locks && !n.write);
+        // An older client offers none: off, and the requests are refused.
+        let n = choose(&[Capability::new(HASH, "sha256")], HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.locks);
+        assert_eq!(n.permits(&lock), Err(LOCKS));
+        // An older server welcomes without it: off.
+        assert!(
+            !accept(&[Capability::new(HASH, "sha256")], &Offer::default())
+                .unwrap()
+                .locks
+        );
+        let e = accept(&[Capability::new(LOCKS, "9")], &Offer::default()).unwrap_err();
+        assert!(e.contains("did not offer"), "{e}");
     }
 
     #[test]

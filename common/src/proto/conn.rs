@@ -65,6 +65,8 @@ pub enum Family {
     Namespace,
     /// The server's counters and on-disk verification.
     Admin,
+    /// File locks held by the server for every session ([`crate::locks`]).
+    Lock,
 }
 
 impl Family {
@@ -118,6 +120,9 @@ impl Family {
             | Request::Verify { .. }
             | Request::Counters
             | Request::Replicate { .. } => Family::Admin,
+            Request::Lock { .. } | Request::LockTest { .. } | Request::LockRelease { .. } => {
+                Family::Lock
+            }
         }
     }
 }

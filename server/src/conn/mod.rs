@@ -58,6 +58,7 @@ mod admin;
 mod batch;
 mod blocking;
 mod file;
+mod lock;
 mod map;
 mod namespace;
 #[cfg(feature = "cluster")]
@@ -95,6 +96,8 @@ struct Conn {
     /// Held while sending, so answers go out one task at a time and an answer waits
     /// in the session (once) rather than in many senders' hands.
     sending: tokio::sync::Mutex<()>,
+    /// The id this connection's file locks are held under; they go when it ends.
+    lock_session: u64,
 }
 
 /// A request the driver itself cannot perform. Each is mapped to the wire's
@@ -197,6 +200,7 @@ pub(crate) async fn run(
         server.queue_depth,
         server.registrations.clone(),
     );
+    let lock_session = server.lock_session();
     let conn = Arc::new(Conn {
         session: Mutex::new(session),
         server,
@@ -210,12 +214,18 @@ pub(crate) async fn run(
         maps: MapTable::new(),
         request_slots: Arc::new(Semaphore::new(MAX_INFLIGHT_REQUESTS as usize)),
         sending: tokio::sync::Mutex::new(()),
+        lock_session,
     });
     tracing::info!(peer = %conn.peer, transport = conn.transport.kind().as_str(), "connection opened");
     let mut tasks = JoinSet::new();
     let reason = conn.drive(&mut tasks).await;
     conn.transport.close();
     while tasks.join_next().await.is_some() {}
+    // No request of this connection runs any more: none can take a lock after this.
+    let released = conn.server.locks().release_session(conn.lock_session);
+    if released > 0 {
+        tracing::info!(peer = %conn.peer, "released {released} file locks");
+    }
     let open = std::mem::take(&mut *conn.transfers());
     if !open.is_empty() {
         tracing::info!(peer = %conn.peer, "dropping {} unfinished transfers", open.len());
@@ -428,6 +438,7 @@ impl Conn {
             cluster: false,
             dirs: false,
             finish: false,
+            locks: false,
             encryption: None,
         });
         let fresh = share.hash().unwrap_or(n.hash);
@@ -470,6 +481,7 @@ impl Conn {
             Family::Namespace => namespace::perform(self, body).await,
             Family::Admin => admin::perform(self, body).await,
             Family::File => file::perform(self, body, grant).await,
+            Family::Lock => lock::perform(self, body).await,
             // The session answers these itself; one reaching here is a bug there.
             Family::Session => Err(misrouted(&body).into()),
         }

@@ -109,7 +109,7 @@ fn attr() -> impl Strategy<Value = Attr> {
         )
 }
 
-const ERROR_KINDS: [ErrorKind; 23] = [
+const ERROR_KINDS: [ErrorKind; 25] = [
     ErrorKind::NotFound,
     ErrorKind::NoSuchShare,
     ErrorKind::PermissionDenied,
@@ -133,6 +133,8 @@ const ERROR_KINDS: [ErrorKind; 23] = [
     ErrorKind::Unsupported,
     ErrorKind::FileTooBig,
     ErrorKind::Invalid,
+    ErrorKind::NoAttribute,
+    ErrorKind::AttributeTooBig,
 ];
 
 fn remote_error() -> impl Strategy<Value = RemoteError> {
@@ -451,6 +453,47 @@ fn request() -> impl Strategy<Value = Request> {
                     }
                 }
             ),
+        (share_path(), xattr_name()).prop_map(|((share, path), name)| Request::XattrGet {
+            share,
+            path,
+            name
+        }),
+        share_path().prop_map(|(share, path)| Request::XattrList { share, path }),
+        (share_path(), xattr_name(), xattr_value(), xattr_mode()).prop_map(
+            |((share, path), name, value, mode)| Request::XattrSet {
+                share,
+                path,
+                name,
+                value,
+                mode
+            }
+        ),
+        (share_path(), xattr_name()).prop_map(|((share, path), name)| Request::XattrRemove {
+            share,
+            path,
+            name
+        }),
+    ]
+}
+
+/// An extended attribute name of up to `XATTR_NAME_MAX` bytes.
+fn xattr_name() -> impl Strategy<Value = Vec<u8>> {
+    vec(any::<u8>(), 0..=XATTR_NAME_MAX)
+}
+
+/// An extended attribute value (values at the limit: see the limit tests).
+fn xattr_value() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        4 => vec(any::<u8>(), 0..=64),
+        1 => vec(any::<u8>(), XATTR_SIZE_MAX..=XATTR_SIZE_MAX),
+    ]
+}
+
+fn xattr_mode() -> impl Strategy<Value = XattrSetMode> {
+    prop_oneof![
+        Just(XattrSetMode::Any),
+        Just(XattrSetMode::Create),
+        Just(XattrSetMode::Replace)
     ]
 }
 
@@ -717,6 +760,8 @@ fn response() -> impl Strategy<Value = Response> {
             file_written_bytes: c[4],
         })),
         (attr(), owner()).prop_map(|(attr, owner)| Response::AttrMeta { attr, owner }),
+        xattr_value().prop_map(|value| Response::XattrValue { value }),
+        vec(vec(1u8..=255, 1..=32), 0..=64).prop_map(|names| Response::XattrNames { names }),
     ]
 }
 
@@ -857,6 +902,10 @@ fn request_variant(r: &Request) -> usize {
         Request::SetAttrBatch { .. } => 45,
         Request::FileFinish { .. } => 46,
         Request::FilePut { .. } => 47,
+        Request::XattrGet { .. } => 48,
+        Request::XattrList { .. } => 49,
+        Request::XattrSet { .. } => 50,
+        Request::XattrRemove { .. } => 51,
     }
 }
 
@@ -891,6 +940,8 @@ fn response_variant(r: &Response) -> usize {
         Response::ShareAccess { .. } => 25,
         Response::Counters(_) => 26,
         Response::AttrMeta { .. } => 27,
+        Response::XattrValue { .. } => 28,
+        Response::XattrNames { .. } => 29,
     }
 }
 
@@ -1378,7 +1429,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 48], [false; 28]);
+    let (mut requests, mut responses) = ([false; 52], [false; 30]);
     for _ in 0..4000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

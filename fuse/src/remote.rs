@@ -67,6 +67,8 @@ pub fn errno_of(e: &ClientError) -> Errno {
             ErrorKind::Unsupported => Errno::EOPNOTSUPP,
             ErrorKind::FileTooBig => Errno::EFBIG,
             ErrorKind::Invalid => Errno::EINVAL,
+            ErrorKind::NoAttribute => Errno::ENODATA,
+            ErrorKind::AttributeTooBig => Errno::E2BIG,
             ErrorKind::AuthRequired | ErrorKind::AuthFailed => Errno::EACCES,
             _ => Errno::EIO,
         },

@@ -395,6 +395,9 @@ pub fn open(
         .custom_flags(nix::libc::O_NOFOLLOW)
         .open(&tmp)
         .map_err(FileError::io(&what, FileOp::Create))?;
+    if existing.is_some() {
+        keep_xattrs(&path, &tmp, &what);
+    }
     let lock = lock(&file, Duration::ZERO).ok().flatten();
     // From here on, dropping `opened` removes the hidden file.
     let opened = new(
@@ -420,6 +423,15 @@ pub fn open(
         .set_permissions(Permissions::from_mode(mode))
         .map_err(FileError::io(&what, FileOp::Chmod))?;
     Ok(opened)
+}
+
+/// Gives the staged file `tmp`, which is to replace `path`, the extended attributes
+/// of `path`, as a truncation in place would keep them (best effort, like its owner
+/// when ferryd is not root).
+fn keep_xattrs(path: &Path, tmp: &Path, what: &str) {
+    if let Err(e) = ferry_common::xattr::copy_all(path, tmp) {
+        tracing::debug!(file = %what, "extended attributes not kept: {e}");
+    }
 }
 
 /// The error of opening `what` without following it: a symlink met there is named.

@@ -31,6 +31,10 @@
 //!   one round trip (default: off; a client without it sends `FileOpen` at create and
 //!   `FileWrite`, `FileSetAttr` and `FileCommit` one after the other at close).
 //!   Optional like [`META`]; it needs [`WRITE`] too.
+//! - [`XATTR`]: the extended-attribute requests [`Request::XattrGet`],
+//!   [`Request::XattrList`], [`Request::XattrSet`] and [`Request::XattrRemove`]
+//!   (default: off; a mount without it answers every extended-attribute call as not
+//!   supported, and `rcp -X` refuses to start). Optional like [`META`].
 //! - [`ENCRYPT`], [`ENCRYPT_KEY`], [`ENCRYPT_POLICY`]: session encryption
 //!   ([`crate::seal`]). The client offers the AEAD suites it accepts (fastest on its
 //!   CPU first), its X25519 key share and whether it requires encryption; a server
@@ -95,6 +99,14 @@ pub const FINISH: &str = "finish";
 
 /// The versions of the finish request this build speaks, preferred first.
 pub const FINISH_VERSIONS: &[&str] = &["1"];
+
+/// Name of the extended-attribute capability: whether the session may use
+/// [`Request::XattrGet`], [`Request::XattrList`], [`Request::XattrSet`] and
+/// [`Request::XattrRemove`].
+pub const XATTR: &str = "xattr";
+
+/// The versions of the extended-attribute requests this build speaks, preferred first.
+pub const XATTR_VERSIONS: &[&str] = &["1"];
 
 /// Name of the encryption capability: the AEAD suites a client accepts, preferred
 /// first; in a welcome, the one the session uses.
@@ -175,6 +187,8 @@ pub struct Offer {
     pub dirs: bool,
     /// Whether it offers the one-round-trip close ([`FINISH`]).
     pub finish: bool,
+    /// Whether it offers the extended-attribute requests ([`XATTR`]).
+    pub xattr: bool,
     /// Its offer to encrypt, if it makes one ([`ENCRYPT`]).
     pub encrypt: Option<EncryptOffer>,
 }
@@ -190,6 +204,7 @@ impl Default for Offer {
             cluster: true,
             dirs: true,
             finish: true,
+            xattr: true,
             encrypt: None,
         }
     }
@@ -217,6 +232,9 @@ impl Offer {
         }
         if self.finish {
             caps.push(Capability::new(FINISH, &FINISH_VERSIONS.join(",")));
+        }
+        if self.xattr {
+            caps.push(Capability::new(XATTR, &XATTR_VERSIONS.join(",")));
         }
         if let Some(e) = &self.encrypt {
             let suites: Vec<&str> = e.suites.iter().map(|s| s.name()).collect();
@@ -250,6 +268,8 @@ pub struct Negotiated {
     pub dirs: bool,
     /// Whether [`Request::FileFinish`] ([`FINISH`]) may be sent.
     pub finish: bool,
+    /// Whether the extended-attribute requests ([`XATTR`]) may be sent.
+    pub xattr: bool,
     /// The session's encryption, if it is encrypted ([`ENCRYPT`]).
     pub encryption: Option<Encrypted>,
 }
@@ -276,6 +296,9 @@ impl Negotiated {
         }
         if self.finish {
             caps.push(Capability::new(FINISH, FINISH_VERSIONS[0]));
+        }
+        if self.xattr {
+            caps.push(Capability::new(XATTR, XATTR_VERSIONS[0]));
         }
         if let Some(e) = &self.encryption {
             caps.push(Capability::new(ENCRYPT, e.suite.name()));
@@ -312,6 +335,14 @@ impl Negotiated {
             Request::MakeDirs { .. } | Request::SetAttrBatch { .. } if !self.dirs => Err(DIRS),
             Request::FileFinish { .. } | Request::FilePut { .. } if !self.write => Err(WRITE),
             Request::FileFinish { .. } | Request::FilePut { .. } if !self.finish => Err(FINISH),
+            Request::XattrGet { .. }
+            | Request::XattrList { .. }
+            | Request::XattrSet { .. }
+            | Request::XattrRemove { .. }
+                if !self.xattr =>
+            {
+                Err(XATTR)
+            }
             _ => Ok(()),
         }
     }
@@ -365,6 +396,8 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
     let finish = write
         && find(offered, FINISH)
             .is_some_and(|list| list.split(',').any(|v| FINISH_VERSIONS.contains(&v)));
+    let xattr = find(offered, XATTR)
+        .is_some_and(|list| list.split(',').any(|v| XATTR_VERSIONS.contains(&v)));
     Ok(Negotiated {
         hash,
         accepted,
@@ -374,6 +407,7 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
         cluster,
         dirs,
         finish,
+        xattr,
         encryption: None,
     })
 }
@@ -543,8 +577,22 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
         cluster,
         dirs,
         finish,
+        xattr: accept_xattr(chosen, offer)?,
         encryption: accept_encryption(chosen, offer)?,
     })
+}
+
+/// Whether the server's `chosen` capabilities turn [`XATTR`] on: only a version the
+/// client's `offer` holds.
+fn accept_xattr(chosen: &[Capability], offer: &Offer) -> Result<bool, String> {
+    match find(chosen, XATTR) {
+        None => Ok(false),
+        Some(v) if offer.xattr && XATTR_VERSIONS.contains(&v) => Ok(true),
+        Some(v) => Err(format!(
+            "the server chose extended-attribute version '{}', which this client did not offer",
+            v.escape_debug()
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -640,7 +688,8 @@ mod tests {
                 Capability::new(WRITE, "1"),
                 Capability::new(CLUSTER, "1"),
                 Capability::new(DIRS, "1"),
-                Capability::new(FINISH, "1")
+                Capability::new(FINISH, "1"),
+                Capability::new(XATTR, "1")
             ]
         );
     }
@@ -817,6 +866,40 @@ mod tests {
             &older,
         )
         .unwrap_err();
+        assert!(e.contains("did not offer"), "{e}");
+    }
+
+    #[test]
+    fn xattr_is_on_only_when_both_peers_speak_it() {
+        let get = Request::XattrGet {
+            share: "s".into(),
+            path: "f".into(),
+            name: b"user.a".to_vec(),
+        };
+        let n = choose(
+            &Offer::default().to_capabilities(),
+            HashAlgorithm::SUPPORTED,
+        )
+        .unwrap();
+        assert!(n.xattr);
+        assert_eq!(accept(&n.to_capabilities(), &Offer::default()).unwrap(), n);
+        assert_eq!(n.permits(&get), Ok(()));
+        // An older client offers no `xattr`: off, nothing said of it, refused.
+        let older = Offer {
+            xattr: false,
+            ..Offer::default()
+        };
+        let n = choose(&older.to_capabilities(), HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.xattr);
+        assert!(find(&n.to_capabilities(), XATTR).is_none());
+        assert_eq!(n.permits(&get), Err(XATTR));
+        // An older server welcomes without it: off.
+        let n = accept(&[Capability::new(HASH, "sha256")], &Offer::default()).unwrap();
+        assert!(!n.xattr);
+        // No version in common: off, not refused; a server may not choose it unoffered.
+        let n = choose(&[Capability::new(XATTR, "9")], HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.xattr);
+        let e = accept(&[Capability::new(XATTR, "1")], &older).unwrap_err();
         assert!(e.contains("did not offer"), "{e}");
     }
 

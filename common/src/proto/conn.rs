@@ -102,7 +102,11 @@ impl Family {
             | Request::ShareAccess { .. }
             | Request::StatMeta { .. }
             | Request::MakeDirs { .. }
-            | Request::SetAttrBatch { .. } => Family::Namespace,
+            | Request::SetAttrBatch { .. }
+            | Request::XattrGet { .. }
+            | Request::XattrList { .. }
+            | Request::XattrSet { .. }
+            | Request::XattrRemove { .. } => Family::Namespace,
             Request::FileOpen { .. }
             | Request::FileWrite { .. }
             | Request::FileRead { .. }

@@ -428,6 +428,7 @@ impl Conn {
             cluster: false,
             dirs: false,
             finish: false,
+            xattr: false,
             encryption: None,
         });
         let fresh = share.hash().unwrap_or(n.hash);

@@ -314,6 +314,7 @@ fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::FileRead { .. }
         | Request::FileSetAttr { .. }
         | Request::FileAllocate { .. }
+        | Request::FileFallocate { .. }
         | Request::FileSync { .. }
         | Request::FileClose { .. }
         | Request::FileDiscard { .. }

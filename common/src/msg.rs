@@ -1130,6 +1130,33 @@ pub enum Request {
         /// The attribute's name (as in [`Request::XattrGet`]).
         name: Vec<u8>,
     },
+    /// `fallocate` through a handle with a mode that changes the file's bytes:
+    /// [`FallocMode`]. Reads of the range give zeros after; the size changes only as
+    /// the mode says. Answered by [`Response::Attr`] with the attributes after. Sent
+    /// only on a session that negotiated the `falloc` capability (and `write`).
+    FileFallocate {
+        /// Handle.
+        handle: u64,
+        /// First byte.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// What to do to the range.
+        mode: FallocMode,
+    },
+}
+
+/// What a [`Request::FileFallocate`] does to its range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FallocMode {
+    /// Deallocate it (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`): the size stays.
+    PunchHole,
+    /// Make it zeros, allocated (`FALLOC_FL_ZERO_RANGE`): past the end of the file
+    /// the size grows to its end unless `keep_size` (`FALLOC_FL_KEEP_SIZE`).
+    ZeroRange {
+        /// Leave the file's size as it is.
+        keep_size: bool,
+    },
 }
 
 /// How a [`Request::XattrSet`] treats an attribute that exists (`setxattr(2)`'s flags).
@@ -1200,6 +1227,7 @@ impl Request {
             | Request::FileDiscard { .. }
             | Request::FileCommit { .. }
             | Request::FileFinish { .. }
+            | Request::FileFallocate { .. }
             | Request::Counters => None,
         }
     }

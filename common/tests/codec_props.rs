@@ -468,6 +468,14 @@ fn request() -> impl Strategy<Value = Request> {
                 mode
             }
         ),
+        (any::<[u64; 3]>(), fallocate_mode()).prop_map(|([handle, offset, len], mode)| {
+            Request::FileFallocate {
+                handle,
+                offset,
+                len,
+                mode,
+            }
+        }),
         (share_path(), xattr_name()).prop_map(|((share, path), name)| Request::XattrRemove {
             share,
             path,
@@ -486,6 +494,13 @@ fn xattr_value() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         4 => vec(any::<u8>(), 0..=64),
         1 => vec(any::<u8>(), XATTR_SIZE_MAX..=XATTR_SIZE_MAX),
+    ]
+}
+
+fn fallocate_mode() -> impl Strategy<Value = FallocMode> {
+    prop_oneof![
+        Just(FallocMode::PunchHole),
+        any::<bool>().prop_map(|keep_size| FallocMode::ZeroRange { keep_size }),
     ]
 }
 
@@ -906,6 +921,7 @@ fn request_variant(r: &Request) -> usize {
         Request::XattrList { .. } => 49,
         Request::XattrSet { .. } => 50,
         Request::XattrRemove { .. } => 51,
+        Request::FileFallocate { .. } => 52,
     }
 }
 
@@ -1429,7 +1445,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 52], [false; 30]);
+    let (mut requests, mut responses) = ([false; 53], [false; 30]);
     for _ in 0..4000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

@@ -1532,16 +1532,14 @@ impl fuser::Filesystem for FerryFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let keep_size = match mode {
-            0 => false,
-            nix::libc::FALLOC_FL_KEEP_SIZE => true,
-            _ => return reply.error(Errno::EOPNOTSUPP),
+        let Some(how) = crate::writer::Allocation::of_mode(mode) else {
+            return reply.error(Errno::EOPNOTSUPP);
         };
         let Some((ino, wf)) = lock(&self.inner.wfhs).get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
         self.spawn(|fs| async move {
-            match wf.allocate(offset, length, keep_size).await {
+            match wf.allocate(offset, length, how).await {
                 Ok(_) => {
                     fs.bump(ino);
                     reply.ok()

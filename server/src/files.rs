@@ -41,7 +41,7 @@ use ferry_common::attr::attr_of;
 use ferry_common::chunk::{chunk_len, hash_chunk};
 use ferry_common::direct::DirectFile;
 use ferry_common::msg::{
-    Attr, Extent, Hash256, HashAlgorithm, RegionDesc, Response, SetAttrs, Timestamp,
+    Attr, Extent, FallocMode, Hash256, HashAlgorithm, RegionDesc, Response, SetAttrs, Timestamp,
 };
 use ferry_common::staging::{lock, scratch_path};
 use ferry_common::transport::{RemoteSlice, SharedTransport, TransportError};
@@ -822,17 +822,49 @@ impl OpenFile {
 
     /// `FileAllocate`: `fallocate`, mode 0 or `FALLOC_FL_KEEP_SIZE`. Blocking.
     pub fn allocate(&self, offset: u64, len: u64, keep_size: bool) -> Result<Response, FileError> {
+        let flags = if keep_size {
+            FallocateFlags::FALLOC_FL_KEEP_SIZE
+        } else {
+            FallocateFlags::empty()
+        };
+        self.fallocate(offset, len, flags)
+    }
+
+    /// `FileFallocate`: a hole punched or a range zeroed. The chunk hashes recorded
+    /// from the handle's writes no longer describe the range: they are dropped, so a
+    /// staged file's commit hashes what is on disk. Blocking.
+    pub fn change_range(
+        &self,
+        offset: u64,
+        len: u64,
+        mode: FallocMode,
+    ) -> Result<Response, FileError> {
+        let flags = match mode {
+            FallocMode::PunchHole => {
+                FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE
+            }
+            FallocMode::ZeroRange { keep_size: false } => FallocateFlags::FALLOC_FL_ZERO_RANGE,
+            FallocMode::ZeroRange { keep_size: true } => {
+                FallocateFlags::FALLOC_FL_ZERO_RANGE | FallocateFlags::FALLOC_FL_KEEP_SIZE
+            }
+        };
+        self.written().poison();
+        self.fallocate(offset, len, flags)
+    }
+
+    /// `fallocate(flags)` of the handle's file; the manifests of its versions forgotten.
+    fn fallocate(
+        &self,
+        offset: u64,
+        len: u64,
+        flags: FallocateFlags,
+    ) -> Result<Response, FileError> {
         let what = &self.what;
         let invalid = || {
             FileError::io(what, FileOp::Allocate)(io::Error::from_raw_os_error(nix::libc::EINVAL))
         };
         let offset = i64::try_from(offset).map_err(|_| invalid())?;
         let len = i64::try_from(len).map_err(|_| invalid())?;
-        let flags = if keep_size {
-            FallocateFlags::FALLOC_FL_KEEP_SIZE
-        } else {
-            FallocateFlags::empty()
-        };
         self.touched();
         let r = nix::fcntl::fallocate(self.file.as_raw_fd(), flags, offset, len)
             .map_err(errno(what, FileOp::Allocate));

@@ -35,6 +35,9 @@
 //!   [`Request::XattrList`], [`Request::XattrSet`] and [`Request::XattrRemove`]
 //!   (default: off; a mount without it answers every extended-attribute call as not
 //!   supported, and `rcp -X` refuses to start). Optional like [`META`].
+//! - [`FALLOC`]: [`Request::FileFallocate`], punching holes and zeroing ranges
+//!   through a handle (default: off; a mount without it answers those `fallocate`
+//!   modes `EOPNOTSUPP`). Optional like [`META`]; it needs [`WRITE`] too.
 //! - [`ENCRYPT`], [`ENCRYPT_KEY`], [`ENCRYPT_POLICY`]: session encryption
 //!   ([`crate::seal`]). The client offers the AEAD suites it accepts (fastest on its
 //!   CPU first), its X25519 key share and whether it requires encryption; a server
@@ -107,6 +110,13 @@ pub const XATTR: &str = "xattr";
 
 /// The versions of the extended-attribute requests this build speaks, preferred first.
 pub const XATTR_VERSIONS: &[&str] = &["1"];
+
+/// Name of the fallocate capability: whether the session may use
+/// [`Request::FileFallocate`] (punch a hole, zero a range).
+pub const FALLOC: &str = "falloc";
+
+/// The versions of the fallocate request this build speaks, preferred first.
+pub const FALLOC_VERSIONS: &[&str] = &["1"];
 
 /// Name of the encryption capability: the AEAD suites a client accepts, preferred
 /// first; in a welcome, the one the session uses.
@@ -189,6 +199,8 @@ pub struct Offer {
     pub finish: bool,
     /// Whether it offers the extended-attribute requests ([`XATTR`]).
     pub xattr: bool,
+    /// Whether it offers [`Request::FileFallocate`] ([`FALLOC`]).
+    pub falloc: bool,
     /// Its offer to encrypt, if it makes one ([`ENCRYPT`]).
     pub encrypt: Option<EncryptOffer>,
 }
@@ -205,6 +217,7 @@ impl Default for Offer {
             dirs: true,
             finish: true,
             xattr: true,
+            falloc: true,
             encrypt: None,
         }
     }
@@ -235,6 +248,9 @@ impl Offer {
         }
         if self.xattr {
             caps.push(Capability::new(XATTR, &XATTR_VERSIONS.join(",")));
+        }
+        if self.falloc {
+            caps.push(Capability::new(FALLOC, &FALLOC_VERSIONS.join(",")));
         }
         if let Some(e) = &self.encrypt {
             let suites: Vec<&str> = e.suites.iter().map(|s| s.name()).collect();
@@ -270,6 +286,8 @@ pub struct Negotiated {
     pub finish: bool,
     /// Whether the extended-attribute requests ([`XATTR`]) may be sent.
     pub xattr: bool,
+    /// Whether [`Request::FileFallocate`] ([`FALLOC`]) may be sent.
+    pub falloc: bool,
     /// The session's encryption, if it is encrypted ([`ENCRYPT`]).
     pub encryption: Option<Encrypted>,
 }
@@ -299,6 +317,9 @@ impl Negotiated {
         }
         if self.xattr {
             caps.push(Capability::new(XATTR, XATTR_VERSIONS[0]));
+        }
+        if self.falloc {
+            caps.push(Capability::new(FALLOC, FALLOC_VERSIONS[0]));
         }
         if let Some(e) = &self.encryption {
             caps.push(Capability::new(ENCRYPT, e.suite.name()));
@@ -343,6 +364,8 @@ impl Negotiated {
             {
                 Err(XATTR)
             }
+            Request::FileFallocate { .. } if !self.write => Err(WRITE),
+            Request::FileFallocate { .. } if !self.falloc => Err(FALLOC),
             _ => Ok(()),
         }
     }
@@ -398,6 +421,10 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
             .is_some_and(|list| list.split(',').any(|v| FINISH_VERSIONS.contains(&v)));
     let xattr = find(offered, XATTR)
         .is_some_and(|list| list.split(',').any(|v| XATTR_VERSIONS.contains(&v)));
+    // Only with the write requests whose handles it acts on.
+    let falloc = write
+        && find(offered, FALLOC)
+            .is_some_and(|list| list.split(',').any(|v| FALLOC_VERSIONS.contains(&v)));
     Ok(Negotiated {
         hash,
         accepted,
@@ -408,6 +435,7 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
         dirs,
         finish,
         xattr,
+        falloc,
         encryption: None,
     })
 }
@@ -578,6 +606,7 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
         dirs,
         finish,
         xattr: accept_xattr(chosen, offer)?,
+        falloc: accept_falloc(chosen, offer, write)?,
         encryption: accept_encryption(chosen, offer)?,
     })
 }
@@ -590,6 +619,19 @@ fn accept_xattr(chosen: &[Capability], offer: &Offer) -> Result<bool, String> {
         Some(v) if offer.xattr && XATTR_VERSIONS.contains(&v) => Ok(true),
         Some(v) => Err(format!(
             "the server chose extended-attribute version '{}', which this client did not offer",
+            v.escape_debug()
+        )),
+    }
+}
+
+/// Whether the server's `chosen` capabilities turn [`FALLOC`] on: only a version the
+/// client's `offer` holds, and only with `write`.
+fn accept_falloc(chosen: &[Capability], offer: &Offer, write: bool) -> Result<bool, String> {
+    match find(chosen, FALLOC) {
+        None => Ok(false),
+        Some(v) if offer.falloc && write && FALLOC_VERSIONS.contains(&v) => Ok(true),
+        Some(v) => Err(format!(
+            "the server chose fallocate version '{}', which this client did not offer (or without write)",
             v.escape_debug()
         )),
     }
@@ -689,7 +731,8 @@ mod tests {
                 Capability::new(CLUSTER, "1"),
                 Capability::new(DIRS, "1"),
                 Capability::new(FINISH, "1"),
-                Capability::new(XATTR, "1")
+                Capability::new(XATTR, "1"),
+                Capability::new(FALLOC, "1")
             ]
         );
     }
@@ -900,6 +943,42 @@ mod tests {
         let n = choose(&[Capability::new(XATTR, "9")], HashAlgorithm::SUPPORTED).unwrap();
         assert!(!n.xattr);
         let e = accept(&[Capability::new(XATTR, "1")], &older).unwrap_err();
+        assert!(e.contains("did not offer"), "{e}");
+    }
+
+    #[test]
+    fn falloc_is_on_only_with_write_and_when_both_peers_speak_it() {
+        let punch = Request::FileFallocate {
+            handle: 1,
+            offset: 0,
+            len: 1,
+            mode: crate::msg::FallocMode::PunchHole,
+        };
+        let n = choose(
+            &Offer::default().to_capabilities(),
+            HashAlgorithm::SUPPORTED,
+        )
+        .unwrap();
+        assert!(n.falloc);
+        assert_eq!(accept(&n.to_capabilities(), &Offer::default()).unwrap(), n);
+        assert_eq!(n.permits(&punch), Ok(()));
+        let older = Offer {
+            falloc: false,
+            ..Offer::default()
+        };
+        let n = choose(&older.to_capabilities(), HashAlgorithm::SUPPORTED).unwrap();
+        assert!(n.write && !n.falloc);
+        assert_eq!(n.permits(&punch), Err(FALLOC));
+        let read_only = Offer {
+            write: false,
+            ..Offer::default()
+        };
+        let n = choose(&read_only.to_capabilities(), HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.falloc);
+        assert_eq!(n.permits(&punch), Err(WRITE));
+        let n = accept(&[Capability::new(WRITE, "1")], &Offer::default()).unwrap();
+        assert!(!n.falloc);
+        let e = accept(&[Capability::new(FALLOC, "1")], &Offer::default()).unwrap_err();
         assert!(e.contains("did not offer"), "{e}");
     }
 

@@ -112,6 +112,7 @@ impl Family {
             | Request::FileRead { .. }
             | Request::FileSetAttr { .. }
             | Request::FileAllocate { .. }
+            | Request::FileFallocate { .. }
             | Request::FileSync { .. }
             | Request::FileClose { .. }
             | Request::FileDiscard { .. }
@@ -312,6 +313,7 @@ impl ConnState {
             }
             Request::FileSetAttr { handle, .. }
             | Request::FileAllocate { handle, .. }
+            | Request::FileFallocate { handle, .. }
             | Request::FileSync { handle, .. }
             | Request::FileCommit { handle } => self.open_file(*handle),
             Request::FileClose { handle } | Request::FileDiscard { handle } => {

@@ -429,6 +429,7 @@ impl Conn {
             dirs: false,
             finish: false,
             xattr: false,
+            falloc: false,
             encryption: None,
         });
         let fresh = share.hash().unwrap_or(n.hash);

@@ -23,6 +23,9 @@ use super::{fail, lock, read_only, Inner, OpError};
 /// The attribute the kernel reads before every write (to drop file capabilities).
 const CAPABILITY: &[u8] = b"security.capability";
 
+/// Nodes remembered without `security.capability` before the table is emptied.
+const CAPABILITY_ABSENT_KEPT: usize = 100_000;
+
 /// `name` checked as the protocol carries it, or the errno a local file system gives.
 fn checked(name: &OsStr) -> Result<Vec<u8>, OpError> {
     let bytes = name.as_bytes();
@@ -108,7 +111,12 @@ impl Inner {
             })
             .await;
         if capability && matches!(&got, Err(e) if e.errno == Errno::ENODATA) {
-            lock(&self.no_capability).insert(ino.0, Instant::now());
+            let mut absent = lock(&self.no_capability);
+            if absent.len() >= CAPABILITY_ABSENT_KEPT {
+                // Bounded: the table refills from the next writes' checks.
+                absent.clear();
+            }
+            absent.insert(ino.0, Instant::now());
         }
         got
     }

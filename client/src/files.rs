@@ -7,7 +7,8 @@
 //! until the call returns (the server reads or writes it meanwhile).
 
 use ferry_common::msg::{
-    Attr, Counters, Extent, Hash256, HashAlgorithm, Owner, RegionDesc, Request, Response, SetAttrs,
+    Attr, Counters, ErrorKind, Extent, FallocMode, Hash256, HashAlgorithm, Owner, RegionDesc,
+    RemoteError, Request, Response, SetAttrs,
 };
 use ferry_common::proto::caps::WRITE;
 use ferry_common::proto::ProtoError;
@@ -193,6 +194,36 @@ impl Client {
             offset,
             len,
             keep_size,
+        };
+        expect_attr(self.call_write(req).await?)
+    }
+
+    /// Whether the session negotiated the `falloc` capability, without which
+    /// [`Client::file_fallocate`] fails `Unsupported` unsent.
+    pub fn has_falloc(&self) -> bool {
+        self.negotiated().is_some_and(|n| n.falloc)
+    }
+
+    /// A hole punched or a range zeroed through a handle ([`FallocMode`]); returns the
+    /// attributes after.
+    pub async fn file_fallocate(
+        &self,
+        handle: u64,
+        offset: u64,
+        len: u64,
+        mode: FallocMode,
+    ) -> Result<Attr, ClientError> {
+        if !self.has_falloc() {
+            return Err(ClientError::Remote(RemoteError::new(
+                ErrorKind::Unsupported,
+                "the server cannot punch holes or zero ranges (it is older than the falloc capability)",
+            )));
+        }
+        let req = Request::FileFallocate {
+            handle,
+            offset,
+            len,
+            mode,
         };
         expect_attr(self.call_write(req).await?)
     }

@@ -57,6 +57,7 @@ pub mod progress;
 pub mod schedule;
 pub mod transfer;
 pub mod walk;
+pub mod xattrs;
 
 pub use client::{Client, Credentials};
 pub use error::ClientError;

@@ -94,6 +94,12 @@ struct Args {
     #[arg(short = 'H', long)]
     hard_links: bool,
 
+    /// Copy extended attributes (user.*; trusted.* and security.* where the receiving
+    /// side runs as root), as `rsync -X` does: set on each copied file, directory and
+    /// symlink itself. Needs a server with the xattr capability; not with --cluster.
+    #[arg(short = 'X', long)]
+    xattrs: bool,
+
     /// Files over one chunk (1 MiB) in flight at once, largest first; batches of
     /// small files and files of up to one chunk run 8 x N (at most 256) at once beside
     /// them.
@@ -395,6 +401,7 @@ async fn run(args: Args) -> u8 {
         recursive: args.recursive,
         jobs: args.jobs.into(),
         hard_links: args.hard_links,
+        xattrs: args.xattrs,
     };
     let report = match &direction {
         Direction::Upload(srcs, dst) => copy::upload(&client, srcs, dst, &opts, progress).await,
@@ -480,6 +487,10 @@ async fn run_cluster(args: Args, started: Instant) -> u8 {
         Down(Vec<ClusterPath>, PathBuf),
     }
     let planned = (|| {
+        if args.xattrs {
+            let why = "-X: extended attributes are not carried to or from a cluster";
+            return Err(ClientError::Usage(why.into()));
+        }
         let (dest, sources) = args
             .operands
             .split_last()
@@ -552,6 +563,7 @@ async fn run_cluster(args: Args, started: Instant) -> u8 {
         recursive: args.recursive,
         jobs: args.jobs.into(),
         hard_links: args.hard_links,
+        xattrs: false,
     };
     let report = match &plan {
         Plan::Up(srcs, dst) => {

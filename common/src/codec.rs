@@ -17,17 +17,25 @@ use crate::msg::{
     MAX_CAPABILITY_NAME_BYTES, MAX_CAPABILITY_VALUE_BYTES, MAX_DIR_PAGE_ENTRIES,
     MAX_ERROR_MESSAGE_BYTES, MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MAX_NAME_BYTES,
     MAX_PATH_BYTES, MAX_VERIFY_BAD_CHUNKS, MAX_WINDOW_CHUNKS, MAX_WRITE_EXTENTS, META_BATCH_MAX,
+    XATTR_LIST_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX,
 };
 
 /// Largest control frame either side sends or accepts, in bytes.
 pub const MAX_CTRL_FRAME_BYTES: usize = 1 << 20;
 
-/// Largest control message a client sends (a `Hello` or a `Request`), in bytes: what a
-/// server accepts from its peer. Every message within [`validate`]'s limits is far
-/// shorter (the longest, a `Symlink` with a path and a target of 4096 bytes each, takes
-/// under 9 KiB); a server refuses a longer frame before reading it, so the requests
-/// waiting for it on one connection hold at most 256 times this.
+/// Largest control message a client sends (a `Hello` or a `Request`), in bytes: what
+/// every server accepts from its peer, and what clients pack batches to. Every message
+/// within [`validate`]'s limits is far shorter (the longest, a `Symlink` with a path
+/// and a target of 4096 bytes each, takes under 9 KiB), but for an `XattrSet` with a
+/// large value, which only a server of the `xattr` capability is sent (see
+/// [`MAX_SERVER_REQUEST_FRAME_BYTES`]).
 pub const MAX_REQUEST_FRAME_BYTES: usize = 64 << 10;
+
+/// Largest request frame this build's server accepts: [`MAX_REQUEST_FRAME_BYTES`] and
+/// room for an `XattrSet` of a value of [`XATTR_SIZE_MAX`] bytes with a path of 4096
+/// and a name of 255 (under 70 KiB). A server refuses a longer frame before reading
+/// it, so the requests waiting for it on one connection hold at most 256 times this.
+pub const MAX_SERVER_REQUEST_FRAME_BYTES: usize = 80 << 10;
 
 /// Bytes of the varint postcard writes for the length `n`.
 fn varint_bytes(n: usize) -> usize {
@@ -170,6 +178,29 @@ fn share_and_path(share: &str, path: &str) -> Result<(), CodecError> {
     limit("path", path.len(), MAX_PATH_BYTES)
 }
 
+/// [`validate_request`] of the requests of the `xattr` capability.
+fn validate_xattr_request(req: &Request) -> Result<(), CodecError> {
+    match req {
+        Request::XattrGet { share, path, name } | Request::XattrRemove { share, path, name } => {
+            share_and_path(share, path)?;
+            limit("xattr name", name.len(), XATTR_NAME_MAX)
+        }
+        Request::XattrSet {
+            share,
+            path,
+            name,
+            value,
+            ..
+        } => {
+            share_and_path(share, path)?;
+            limit("xattr name", name.len(), XATTR_NAME_MAX)?;
+            limit("xattr value", value.len(), XATTR_SIZE_MAX)
+        }
+        Request::XattrList { share, path } => share_and_path(share, path),
+        _ => Ok(()),
+    }
+}
+
 /// Checks the protocol's length limits on every variable-length field of `req`: what a
 /// peer checks on receipt, so that a sender refuses one request instead of sending
 /// what its peer would take for a broken session.
@@ -235,6 +266,10 @@ pub fn validate_request(req: &Request) -> Result<(), CodecError> {
             limit("target", target.len(), MAX_PATH_BYTES)
         }
         Request::UploadWindow { hashes, .. } => limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS),
+        Request::XattrGet { .. }
+        | Request::XattrList { .. }
+        | Request::XattrSet { .. }
+        | Request::XattrRemove { .. } => validate_xattr_request(req),
         Request::FilePut {
             share,
             path,
@@ -286,6 +321,7 @@ pub fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::FileRead { .. }
         | Request::FileSetAttr { .. }
         | Request::FileAllocate { .. }
+        | Request::FileFallocate { .. }
         | Request::FileSync { .. }
         | Request::FileClose { .. }
         | Request::FileDiscard { .. }
@@ -374,6 +410,14 @@ fn validate_response(resp: &Response) -> Result<(), CodecError> {
                 BatchedFile::Err(e) => validate_error(e),
                 BatchedFile::NotIncluded => Ok(()),
             })
+        }
+        Response::XattrValue { value } => limit("xattr value", value.len(), XATTR_SIZE_MAX),
+        Response::XattrNames { names } => {
+            names
+                .iter()
+                .try_for_each(|n| limit("xattr name", n.len(), XATTR_NAME_MAX))?;
+            let listed: usize = names.iter().map(|n| n.len() + 1).sum();
+            limit("xattr names", listed, XATTR_LIST_MAX)
         }
         Response::Ok
         | Response::FsStat(_)
@@ -1320,5 +1364,41 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn the_longest_xattr_set_fits_a_server_request_frame_and_more_is_refused() {
+        let set = |name: usize, value: usize| Message::Request {
+            id: u64::MAX,
+            body: Request::XattrSet {
+                share: "s".repeat(MAX_NAME_BYTES),
+                path: "p".repeat(MAX_PATH_BYTES),
+                name: vec![b'n'; name],
+                value: vec![7; value],
+                mode: XattrSetMode::Replace,
+            },
+        };
+        let full = set(XATTR_NAME_MAX, XATTR_SIZE_MAX);
+        let bytes = encode(&full).unwrap();
+        assert!(
+            bytes.len() < MAX_SERVER_REQUEST_FRAME_BYTES,
+            "{}",
+            bytes.len()
+        );
+        assert_eq!(decode(&bytes).unwrap(), full);
+        for (name, value) in [(XATTR_NAME_MAX + 1, 0), (1, XATTR_SIZE_MAX + 1)] {
+            let bytes = encode(&set(name, value)).unwrap();
+            assert!(matches!(decode(&bytes), Err(CodecError::Limit { .. })));
+        }
+        let names = |n: usize| Message::Response {
+            id: 1,
+            body: Response::XattrNames {
+                names: vec![vec![b'n'; XATTR_NAME_MAX]; n],
+            },
+        };
+        let fit = XATTR_LIST_MAX / (XATTR_NAME_MAX + 1);
+        assert!(decode(&encode(&names(fit)).unwrap()).is_ok());
+        let over = encode(&names(fit + 1)).unwrap();
+        assert!(matches!(decode(&over), Err(CodecError::Limit { .. })));
     }
 }

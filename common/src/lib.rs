@@ -44,6 +44,7 @@ pub mod staging;
 pub mod transport;
 pub mod unnamed;
 pub mod writeback;
+pub mod xattr;
 
 /// The TCP port ferryd listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 7447;

@@ -30,6 +30,14 @@ pub const MAX_WINDOW_CHUNKS: usize = 64;
 pub const MAX_PATH_BYTES: usize = 4096;
 /// Longest single path component accepted, in bytes.
 pub const MAX_NAME_BYTES: usize = 255;
+/// Longest extended attribute name, namespace prefix included (`XATTR_NAME_MAX`).
+pub const XATTR_NAME_MAX: usize = 255;
+/// Largest extended attribute value (`XATTR_SIZE_MAX`), carried inline in a control
+/// message (never file data).
+pub const XATTR_SIZE_MAX: usize = 64 << 10;
+/// Largest list of an entry's extended attribute names, each counted with a
+/// terminating NUL as `listxattr(2)` returns it (`XATTR_LIST_MAX`).
+pub const XATTR_LIST_MAX: usize = 64 << 10;
 /// Most entries in one directory-listing page.
 pub const MAX_DIR_PAGE_ENTRIES: usize = 1024;
 /// Longest human-readable error message carried in a response.
@@ -1131,6 +1139,89 @@ pub enum Request {
         /// The owner whose locks go.
         owner: u64,
     },
+    /// The value of the extended attribute `name` of the entry `path` itself (a final
+    /// symlink is not followed: `lgetxattr(2)`). Answered by [`Response::XattrValue`].
+    /// Sent only on a session that negotiated the `xattr` capability, as are the three
+    /// requests below.
+    XattrGet {
+        /// Share name.
+        share: String,
+        /// Share-relative path.
+        path: String,
+        /// The attribute's name, namespace prefix included (at most
+        /// [`XATTR_NAME_MAX`] bytes, no NUL).
+        name: Vec<u8>,
+    },
+    /// The names of the extended attributes of the entry `path` itself that the
+    /// server may show (`llistxattr(2)`). Answered by [`Response::XattrNames`].
+    XattrList {
+        /// Share name.
+        share: String,
+        /// Share-relative path.
+        path: String,
+    },
+    /// Sets the extended attribute `name` of the entry `path` itself to `value`
+    /// (`lsetxattr(2)`). Answered by [`Response::Ok`].
+    XattrSet {
+        /// Share name.
+        share: String,
+        /// Share-relative path.
+        path: String,
+        /// The attribute's name (as in [`Request::XattrGet`]).
+        name: Vec<u8>,
+        /// Its new value (at most [`XATTR_SIZE_MAX`] bytes).
+        value: Vec<u8>,
+        /// Whether the attribute must exist, or must not, before.
+        mode: XattrSetMode,
+    },
+    /// Removes the extended attribute `name` of the entry `path` itself
+    /// (`lremovexattr(2)`). Answered by [`Response::Ok`].
+    XattrRemove {
+        /// Share name.
+        share: String,
+        /// Share-relative path.
+        path: String,
+        /// The attribute's name (as in [`Request::XattrGet`]).
+        name: Vec<u8>,
+    },
+    /// `fallocate` through a handle with a mode that changes the file's bytes:
+    /// [`FallocMode`]. Reads of the range give zeros after; the size changes only as
+    /// the mode says. Answered by [`Response::Attr`] with the attributes after. Sent
+    /// only on a session that negotiated the `falloc` capability (and `write`).
+    FileFallocate {
+        /// Handle.
+        handle: u64,
+        /// First byte.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// What to do to the range.
+        mode: FallocMode,
+    },
+}
+
+/// What a [`Request::FileFallocate`] does to its range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FallocMode {
+    /// Deallocate it (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`): the size stays.
+    PunchHole,
+    /// Make it zeros, allocated (`FALLOC_FL_ZERO_RANGE`): past the end of the file
+    /// the size grows to its end unless `keep_size` (`FALLOC_FL_KEEP_SIZE`).
+    ZeroRange {
+        /// Leave the file's size as it is.
+        keep_size: bool,
+    },
+}
+
+/// How a [`Request::XattrSet`] treats an attribute that exists (`setxattr(2)`'s flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum XattrSetMode {
+    /// Create it or replace it (no flag).
+    Any,
+    /// Fail with [`ErrorKind::Exists`] if it exists (`XATTR_CREATE`).
+    Create,
+    /// Fail with [`ErrorKind::NoAttribute`] unless it exists (`XATTR_REPLACE`).
+    Replace,
 }
 
 impl Request {
@@ -1174,6 +1265,10 @@ impl Request {
             | Request::Lock { share, .. }
             | Request::LockTest { share, .. }
             | Request::LockRelease { share, .. } => Some(share),
+            Request::XattrGet { share, .. }
+            | Request::XattrList { share, .. }
+            | Request::XattrSet { share, .. }
+            | Request::XattrRemove { share, .. } => Some(share),
             Request::UploadWindow { .. }
             | Request::UploadCommit { .. }
             | Request::DownloadWindow { .. }
@@ -1189,6 +1284,7 @@ impl Request {
             | Request::FileDiscard { .. }
             | Request::FileCommit { .. }
             | Request::FileFinish { .. }
+            | Request::FileFallocate { .. }
             | Request::Counters => None,
         }
     }
@@ -1368,6 +1464,17 @@ pub enum Response {
         /// lock was taken, changed or dropped (for a test: would be granted).
         conflict: Option<LockHeld>,
     },
+    /// Answer to [`Request::XattrGet`].
+    XattrValue {
+        /// The value (at most [`XATTR_SIZE_MAX`] bytes).
+        value: Vec<u8>,
+    },
+    /// Answer to [`Request::XattrList`].
+    XattrNames {
+        /// The names, in the server's order (together at most [`XATTR_LIST_MAX`]
+        /// bytes, a NUL counted after each).
+        names: Vec<Vec<u8>>,
+    },
 }
 
 /// What a tree holds, as [`Request::DiskUsage`] reports it. Symlinks are counted, never
@@ -1514,6 +1621,12 @@ pub enum ErrorKind {
     /// The server's filesystem refused the arguments (`EINVAL`: a directory moved into
     /// itself, a negative size).
     Invalid,
+    /// The entry has no extended attribute of that name (`ENODATA`). Sent only in
+    /// answer to the requests of the `xattr` capability, as is the kind below.
+    NoAttribute,
+    /// An extended attribute's name or value is over the protocol's limits or the
+    /// server's file system's (`E2BIG`, `ERANGE`).
+    AttributeTooBig,
 }
 
 impl ErrorKind {
@@ -1543,6 +1656,8 @@ impl ErrorKind {
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::FileTooBig => "file_too_big",
             ErrorKind::Invalid => "invalid",
+            ErrorKind::NoAttribute => "no_attribute",
+            ErrorKind::AttributeTooBig => "attribute_too_big",
         }
     }
 }

@@ -109,7 +109,7 @@ fn attr() -> impl Strategy<Value = Attr> {
         )
 }
 
-const ERROR_KINDS: [ErrorKind; 23] = [
+const ERROR_KINDS: [ErrorKind; 25] = [
     ErrorKind::NotFound,
     ErrorKind::NoSuchShare,
     ErrorKind::PermissionDenied,
@@ -133,6 +133,8 @@ const ERROR_KINDS: [ErrorKind; 23] = [
     ErrorKind::Unsupported,
     ErrorKind::FileTooBig,
     ErrorKind::Invalid,
+    ErrorKind::NoAttribute,
+    ErrorKind::AttributeTooBig,
 ];
 
 fn remote_error() -> impl Strategy<Value = RemoteError> {
@@ -485,6 +487,34 @@ fn request() -> impl Strategy<Value = Request> {
                 owner,
             }
         }),
+        (share_path(), xattr_name()).prop_map(|((share, path), name)| Request::XattrGet {
+            share,
+            path,
+            name
+        }),
+        share_path().prop_map(|(share, path)| Request::XattrList { share, path }),
+        (share_path(), xattr_name(), xattr_value(), xattr_mode()).prop_map(
+            |((share, path), name, value, mode)| Request::XattrSet {
+                share,
+                path,
+                name,
+                value,
+                mode
+            }
+        ),
+        (any::<[u64; 3]>(), fallocate_mode()).prop_map(|([handle, offset, len], mode)| {
+            Request::FileFallocate {
+                handle,
+                offset,
+                len,
+                mode,
+            }
+        }),
+        (share_path(), xattr_name()).prop_map(|((share, path), name)| Request::XattrRemove {
+            share,
+            path,
+            name
+        }),
     ]
 }
 
@@ -493,6 +523,34 @@ fn lock_kind() -> impl Strategy<Value = LockKind> {
         Just(LockKind::Read),
         Just(LockKind::Write),
         Just(LockKind::Unlock)
+    ]
+}
+
+/// An extended attribute name of up to `XATTR_NAME_MAX` bytes.
+fn xattr_name() -> impl Strategy<Value = Vec<u8>> {
+    vec(any::<u8>(), 0..=XATTR_NAME_MAX)
+}
+
+/// An extended attribute value (values at the limit: see the limit tests).
+fn xattr_value() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        4 => vec(any::<u8>(), 0..=64),
+        1 => vec(any::<u8>(), XATTR_SIZE_MAX..=XATTR_SIZE_MAX),
+    ]
+}
+
+fn fallocate_mode() -> impl Strategy<Value = FallocMode> {
+    prop_oneof![
+        Just(FallocMode::PunchHole),
+        any::<bool>().prop_map(|keep_size| FallocMode::ZeroRange { keep_size }),
+    ]
+}
+
+fn xattr_mode() -> impl Strategy<Value = XattrSetMode> {
+    prop_oneof![
+        Just(XattrSetMode::Any),
+        Just(XattrSetMode::Create),
+        Just(XattrSetMode::Replace)
     ]
 }
 
@@ -772,6 +830,8 @@ fn response() -> impl Strategy<Value = Response> {
                     pid,
                 }),
             }),
+        xattr_value().prop_map(|value| Response::XattrValue { value }),
+        vec(vec(1u8..=255, 1..=32), 0..=64).prop_map(|names| Response::XattrNames { names }),
     ]
 }
 
@@ -915,6 +975,11 @@ fn request_variant(r: &Request) -> usize {
         Request::Lock { .. } => 48,
         Request::LockTest { .. } => 49,
         Request::LockRelease { .. } => 50,
+        Request::XattrGet { .. } => 51,
+        Request::XattrList { .. } => 52,
+        Request::XattrSet { .. } => 53,
+        Request::XattrRemove { .. } => 54,
+        Request::FileFallocate { .. } => 55,
     }
 }
 
@@ -950,6 +1015,8 @@ fn response_variant(r: &Response) -> usize {
         Response::Counters(_) => 26,
         Response::AttrMeta { .. } => 27,
         Response::Lock { .. } => 28,
+        Response::XattrValue { .. } => 29,
+        Response::XattrNames { .. } => 30,
     }
 }
 
@@ -1437,7 +1504,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 51], [false; 29]);
+    let (mut requests, mut responses) = ([false; 56], [false; 31]);
     for _ in 0..4000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

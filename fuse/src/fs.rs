@@ -32,6 +32,8 @@ use crate::reader::{auto_chunk, OpenFile, Reader};
 use crate::remote::{errno_of, lock, OpError, Remote};
 use crate::writer::WriteFile;
 
+mod xattr;
+
 /// The mounted share.
 pub struct FerryFs {
     inner: Arc<Inner>,
@@ -98,6 +100,8 @@ struct Inner {
     notifier: Arc<OnceLock<fuser::Notifier>>,
     /// The file locks taken through this mount ([`crate::locks`]).
     locks: Locks,
+    /// Nodes found without `security.capability`, and when (see [`xattr`]).
+    no_capability: Mutex<HashMap<u64, Instant>>,
 }
 
 /// Owners remembered before the table is emptied (it refills from the next lookups).
@@ -167,6 +171,7 @@ impl FerryFs {
                 mount_id: OnceLock::new(),
                 notifier: Arc::new(OnceLock::new()),
                 locks: Locks::new(),
+                no_capability: Mutex::new(HashMap::new()),
             }),
             rt,
         }
@@ -1652,16 +1657,14 @@ impl fuser::Filesystem for FerryFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let keep_size = match mode {
-            0 => false,
-            nix::libc::FALLOC_FL_KEEP_SIZE => true,
-            _ => return reply.error(Errno::EOPNOTSUPP),
+        let Some(how) = crate::writer::Allocation::of_mode(mode) else {
+            return reply.error(Errno::EOPNOTSUPP);
         };
         let Some((ino, wf)) = lock(&self.inner.wfhs).get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
         self.spawn(|fs| async move {
-            match wf.allocate(offset, length, keep_size).await {
+            match wf.allocate(offset, length, how).await {
                 Ok(_) => {
                     fs.bump(ino);
                     reply.ok()
@@ -1757,23 +1760,53 @@ impl fuser::Filesystem for FerryFs {
     fn getxattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
+        ino: INodeNo,
+        name: &OsStr,
+        size: u32,
         reply: fuser::ReplyXattr,
     ) {
-        // Extended attributes are not exported. ENOSYS tells the kernel so once: it
-        // stops asking (every write would otherwise ask for `security.capability`
-        // first) and answers EOPNOTSUPP itself.
-        reply.error(Errno::ENOSYS);
+        let name = name.to_owned();
+        self.spawn(move |fs| async move {
+            let got = fs.getxattr(ino, &name).await;
+            xattr::answer_xattr("getxattr", reply, size, got);
+        });
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
-        }
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        self.spawn(move |fs| async move {
+            let got = fs.listxattr(ino).await;
+            xattr::answer_xattr("listxattr", reply, size, got);
+        });
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let mode = match xattr::set_mode(flags) {
+            Ok(m) if position == 0 => m,
+            Ok(_) => return reply.error(Errno::EINVAL),
+            Err(e) => return reply.error(e),
+        };
+        let (name, value) = (name.to_owned(), value.to_vec());
+        self.spawn(move |fs| async move {
+            let got = fs.change_xattr(ino, &name, Some((value, mode))).await;
+            xattr::answer_change("setxattr", reply, got);
+        });
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = name.to_owned();
+        self.spawn(move |fs| async move {
+            let got = fs.change_xattr(ino, &name, None).await;
+            xattr::answer_change("removexattr", reply, got);
+        });
     }
 
     fn setattr(

@@ -194,9 +194,11 @@ impl Reader {
         chunk_bytes: u32,
     ) -> Result<Mapped, OpError> {
         let what = format!("open {share}/{path}");
+        // A server at its mapped-bytes or mapped-files limit answers Busy until other
+        // opens release theirs: wait for it within the timeout.
         let (conn, map) = self
             .remote
-            .call(&what, |c| {
+            .call_patient(&what, |c| {
                 let (share, path) = (share.to_string(), path.to_string());
                 async move {
                     let m = c.client.map_open(&share, &path, chunk_bytes).await?;

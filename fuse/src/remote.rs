@@ -68,6 +68,8 @@ pub fn errno_of(e: &ClientError) -> Errno {
             ErrorKind::Unsupported => Errno::EOPNOTSUPP,
             ErrorKind::FileTooBig => Errno::EFBIG,
             ErrorKind::Invalid => Errno::EINVAL,
+            ErrorKind::NoAttribute => Errno::ENODATA,
+            ErrorKind::AttributeTooBig => Errno::E2BIG,
             ErrorKind::AuthRequired | ErrorKind::AuthFailed => Errno::EACCES,
             _ => Errno::EIO,
         },
@@ -352,6 +354,42 @@ impl Remote {
                         self.timeout
                     ),
                 ))
+            }
+        }
+    }
+}
+
+/// The first pause before a request the server answered `Busy` is sent again; each
+/// further one doubles, up to [`BUSY_MAX_PAUSE`].
+const BUSY_FIRST_PAUSE: Duration = Duration::from_millis(5);
+
+/// The longest pause between two tries of a request the server answered `Busy`.
+const BUSY_MAX_PAUSE: Duration = Duration::from_millis(250);
+
+impl Remote {
+    /// [`Remote::call`] for a request the server may refuse as `Busy` (at a resource
+    /// limit that other clients' releases free: mapped bytes, mapped files): tried
+    /// again after a pause ([`BUSY_FIRST_PAUSE`], doubling to [`BUSY_MAX_PAUSE`])
+    /// until the mount's timeout since the first try has passed, so load makes the
+    /// caller wait, never fail with EIO. Past the timeout the caller gets `EBUSY`.
+    /// Every other answer is returned as it is.
+    pub async fn call_patient<T, F, Fut>(&self, what: &str, f: F) -> Result<T, OpError>
+    where
+        F: Fn(Arc<Conn>) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        let deadline = std::time::Instant::now() + self.timeout;
+        let mut pause = BUSY_FIRST_PAUSE;
+        loop {
+            match self.call(what, &f).await {
+                Err(e)
+                    if e.errno == Errno::EBUSY && std::time::Instant::now() + pause < deadline =>
+                {
+                    tracing::info!("server busy, trying again in {pause:?}: {}", e.message);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(BUSY_MAX_PAUSE);
+                }
+                other => return other,
             }
         }
     }

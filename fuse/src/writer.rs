@@ -43,6 +43,38 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::remote::{errno_of, lock, Conn, OpError, Remote};
 
+/// What a `fallocate` through a handle does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocation {
+    /// Reserve the range (mode 0, or `FALLOC_FL_KEEP_SIZE`).
+    Reserve {
+        /// Leave the size as it is.
+        keep_size: bool,
+    },
+    /// Punch a hole or zero the range (capability `falloc`).
+    Change(ferry_common::msg::FallocMode),
+}
+
+impl Allocation {
+    /// The allocation of `fallocate(2)`'s `mode`, if the mount supports it.
+    pub fn of_mode(mode: i32) -> Option<Allocation> {
+        use ferry_common::msg::FallocMode;
+        use nix::libc::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE};
+        Some(match mode {
+            0 => Allocation::Reserve { keep_size: false },
+            FALLOC_FL_KEEP_SIZE => Allocation::Reserve { keep_size: true },
+            m if m == FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE => {
+                Allocation::Change(FallocMode::PunchHole)
+            }
+            FALLOC_FL_ZERO_RANGE => Allocation::Change(FallocMode::ZeroRange { keep_size: false }),
+            m if m == FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE => {
+                Allocation::Change(FallocMode::ZeroRange { keep_size: true })
+            }
+            _ => return None,
+        })
+    }
+}
+
 /// Size of one write-back buffer: the most one `FileWrite` (or one `FileRead` through a
 /// handle) moves, unless the server's chunk size makes that smaller.
 pub const WRITE_BUF_BYTES: usize = 4 << 20;
@@ -891,12 +923,14 @@ impl WriteFile {
         Ok(self.settle(attr))
     }
 
-    /// `fallocate` through the handle.
+    /// `fallocate` through the handle, after writing back what is cached (the range's
+    /// pending bytes land first, so a hole or zeros are never undone by an older
+    /// write; later writes queue behind it on the state lock).
     pub async fn allocate(
         self: &Arc<Self>,
         offset: u64,
         len: u64,
-        keep_size: bool,
+        how: Allocation,
     ) -> Result<Attr, OpError> {
         self.check()?;
         let mut st = self.state.lock().await;
@@ -904,7 +938,14 @@ impl WriteFile {
         let handle = self.handle(&mut st).await?;
         let attr = self
             .call("fallocate", |c| async move {
-                c.client.file_allocate(handle, offset, len, keep_size).await
+                match how {
+                    Allocation::Reserve { keep_size } => {
+                        c.client.file_allocate(handle, offset, len, keep_size).await
+                    }
+                    Allocation::Change(mode) => {
+                        c.client.file_fallocate(handle, offset, len, mode).await
+                    }
+                }
             })
             .await?;
         st.dirty = true;

@@ -12,6 +12,7 @@ use std::io;
 
 use ferry_common::msg::{ErrorKind, RemoteError};
 use ferry_common::path::PathError;
+use ferry_common::xattr::NameError;
 
 use crate::batch::BatchError;
 use crate::conn::ConnError;
@@ -25,6 +26,7 @@ use crate::pool::PoolError;
 use crate::share::ShareError;
 use crate::transfer::TransferError;
 use crate::verify::VerifyError;
+use crate::xattrs::XattrError;
 
 /// `EDQUOT`: the disk quota is exhausted (reported as "no space").
 const EDQUOT: i32 = 122;
@@ -186,6 +188,39 @@ impl From<FsError> for RemoteError {
             FsError::Rename { path, source } => io_error("rename", &path, &source),
             FsError::Fsync { path, source } => io_error("fsync", &path, &source),
             FsError::StatFs { path, source } => io_error("statfs", &path, &source),
+        }
+    }
+}
+
+impl From<XattrError> for RemoteError {
+    fn from(e: XattrError) -> RemoteError {
+        use nix::libc;
+        match e {
+            XattrError::Share(e) => e.into(),
+            e @ XattrError::Name {
+                source: NameError::Namespace,
+                ..
+            } => RemoteError::new(ErrorKind::Unsupported, e.to_string()),
+            e @ XattrError::Name {
+                source: NameError::TooLong(_),
+                ..
+            } => RemoteError::new(ErrorKind::AttributeTooBig, e.to_string()),
+            e @ XattrError::Name { .. } => RemoteError::new(ErrorKind::Invalid, e.to_string()),
+            XattrError::Io {
+                path,
+                op,
+                name,
+                source,
+            } => {
+                let kind = match source.raw_os_error() {
+                    Some(libc::ENODATA) => ErrorKind::NoAttribute,
+                    Some(libc::E2BIG | libc::ERANGE) => ErrorKind::AttributeTooBig,
+                    Some(libc::EPERM) => ErrorKind::PermissionDenied,
+                    _ => write_kind_of(&source),
+                };
+                let what = format!("{path}: cannot {op} extended attribute {name:?}");
+                RemoteError::new(kind, format!("{what}: {source}"))
+            }
         }
     }
 }

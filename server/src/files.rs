@@ -41,7 +41,7 @@ use ferry_common::attr::attr_of;
 use ferry_common::chunk::{chunk_len, hash_chunk};
 use ferry_common::direct::DirectFile;
 use ferry_common::msg::{
-    Attr, Extent, Hash256, HashAlgorithm, RegionDesc, Response, SetAttrs, Timestamp,
+    Attr, Extent, FallocMode, Hash256, HashAlgorithm, RegionDesc, Response, SetAttrs, Timestamp,
 };
 use ferry_common::staging::{lock, scratch_path};
 use ferry_common::transport::{RemoteSlice, SharedTransport, TransportError};
@@ -395,6 +395,9 @@ pub fn open(
         .custom_flags(nix::libc::O_NOFOLLOW)
         .open(&tmp)
         .map_err(FileError::io(&what, FileOp::Create))?;
+    if existing.is_some() {
+        keep_xattrs(&path, &tmp, &what);
+    }
     let lock = lock(&file, Duration::ZERO).ok().flatten();
     // From here on, dropping `opened` removes the hidden file.
     let opened = new(
@@ -420,6 +423,15 @@ pub fn open(
         .set_permissions(Permissions::from_mode(mode))
         .map_err(FileError::io(&what, FileOp::Chmod))?;
     Ok(opened)
+}
+
+/// Gives the staged file `tmp`, which is to replace `path`, the extended attributes
+/// of `path`, as a truncation in place would keep them (best effort, like its owner
+/// when ferryd is not root).
+fn keep_xattrs(path: &Path, tmp: &Path, what: &str) {
+    if let Err(e) = ferry_common::xattr::copy_all(path, tmp) {
+        tracing::debug!(file = %what, "extended attributes not kept: {e}");
+    }
 }
 
 /// The error of opening `what` without following it: a symlink met there is named.
@@ -810,17 +822,49 @@ impl OpenFile {
 
     /// `FileAllocate`: `fallocate`, mode 0 or `FALLOC_FL_KEEP_SIZE`. Blocking.
     pub fn allocate(&self, offset: u64, len: u64, keep_size: bool) -> Result<Response, FileError> {
+        let flags = if keep_size {
+            FallocateFlags::FALLOC_FL_KEEP_SIZE
+        } else {
+            FallocateFlags::empty()
+        };
+        self.fallocate(offset, len, flags)
+    }
+
+    /// `FileFallocate`: a hole punched or a range zeroed. The chunk hashes recorded
+    /// from the handle's writes no longer describe the range: they are dropped, so a
+    /// staged file's commit hashes what is on disk. Blocking.
+    pub fn change_range(
+        &self,
+        offset: u64,
+        len: u64,
+        mode: FallocMode,
+    ) -> Result<Response, FileError> {
+        let flags = match mode {
+            FallocMode::PunchHole => {
+                FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE
+            }
+            FallocMode::ZeroRange { keep_size: false } => FallocateFlags::FALLOC_FL_ZERO_RANGE,
+            FallocMode::ZeroRange { keep_size: true } => {
+                FallocateFlags::FALLOC_FL_ZERO_RANGE | FallocateFlags::FALLOC_FL_KEEP_SIZE
+            }
+        };
+        self.written().poison();
+        self.fallocate(offset, len, flags)
+    }
+
+    /// `fallocate(flags)` of the handle's file; the manifests of its versions forgotten.
+    fn fallocate(
+        &self,
+        offset: u64,
+        len: u64,
+        flags: FallocateFlags,
+    ) -> Result<Response, FileError> {
         let what = &self.what;
         let invalid = || {
             FileError::io(what, FileOp::Allocate)(io::Error::from_raw_os_error(nix::libc::EINVAL))
         };
         let offset = i64::try_from(offset).map_err(|_| invalid())?;
         let len = i64::try_from(len).map_err(|_| invalid())?;
-        let flags = if keep_size {
-            FallocateFlags::FALLOC_FL_KEEP_SIZE
-        } else {
-            FallocateFlags::empty()
-        };
         self.touched();
         let r = nix::fcntl::fallocate(self.file.as_raw_fd(), flags, offset, len)
             .map_err(errno(what, FileOp::Allocate));

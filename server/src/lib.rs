@@ -70,6 +70,7 @@ pub(crate) mod traffic;
 pub(crate) mod transfer;
 pub(crate) mod verify;
 pub(crate) mod written;
+pub(crate) mod xattrs;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -78,7 +79,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use ferry_common::auth::{Secret, ShareAccess};
-use ferry_common::codec::MAX_REQUEST_FRAME_BYTES;
+use ferry_common::codec::MAX_SERVER_REQUEST_FRAME_BYTES;
 use ferry_common::msg::{ErrorKind, RemoteError, ServerStats};
 use ferry_common::proto::server::AccessTable;
 use ferry_common::proto::HANDSHAKE_TIMEOUT;
@@ -408,7 +409,8 @@ impl Server {
             };
             self.admit(peer.to_string(), Instant::now(), async move {
                 // A server receives only hellos and requests.
-                let t = Tcp::start_with_limit(stream, MAX_REQUEST_FRAME_BYTES as u32).await?;
+                let t =
+                    Tcp::start_with_limit(stream, MAX_SERVER_REQUEST_FRAME_BYTES as u32).await?;
                 let t: SharedTransport = Arc::new(t);
                 Ok(t)
             });

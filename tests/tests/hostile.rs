@@ -23,11 +23,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use ferry_client::Client;
 use ferry_common::chunk::{hash_chunk, manifest_id};
-use ferry_common::codec::{MAX_CTRL_FRAME_BYTES, MAX_REQUEST_FRAME_BYTES};
+use ferry_common::codec::{MAX_CTRL_FRAME_BYTES, MAX_SERVER_REQUEST_FRAME_BYTES};
 use ferry_common::msg::{
     AttrEntry, BatchFile, BatchedFile, ErrorKind, FileKind, Hello, MappedFile, Message, MetaEntry,
     NewDir, RegionDesc, RemoteError, Request, Response, ServerStats, SetAttrs, Timestamp, Welcome,
-    BATCH_MAX_FILES, DEFAULT_CHUNK_BYTES, MAX_NAME_BYTES, MAX_PATH_BYTES, SMALL_FILE_MAX_BYTES,
+    XattrSetMode, BATCH_MAX_FILES, DEFAULT_CHUNK_BYTES, MAX_NAME_BYTES, MAX_PATH_BYTES,
+    SMALL_FILE_MAX_BYTES,
 };
 use ferry_common::proto::MAX_INFLIGHT_REQUESTS;
 use ferry_common::transport::tcp::wire::{Header, READ_REQ};
@@ -248,12 +249,12 @@ fn bad_frames() -> Vec<BadFrame> {
             "length over what a server accepts",
             frame_bytes(
                 Header::Ctrl {
-                    len: MAX_REQUEST_FRAME_BYTES as u32 + 1,
+                    len: MAX_SERVER_REQUEST_FRAME_BYTES as u32 + 1,
                 },
                 &[],
             ),
             false,
-            "exceeds the 65536 this side accepts",
+            "exceeds the 81920 this side accepts",
         ),
         bad(
             "4 GiB length",
@@ -860,9 +861,14 @@ enum PathRequest {
     MoveTo,
     FileOpen,
     FilePut,
+    /// The requests of the `xattr` capability.
+    XattrGet,
+    XattrList,
+    XattrSet,
+    XattrRemove,
 }
 
-const EVERY_KIND: [PathRequest; 33] = [
+const EVERY_KIND: [PathRequest; 37] = [
     PathRequest::Stat { follow: true },
     PathRequest::Stat { follow: false },
     PathRequest::ListDir,
@@ -896,6 +902,10 @@ const EVERY_KIND: [PathRequest; 33] = [
     PathRequest::MoveTo,
     PathRequest::FileOpen,
     PathRequest::FilePut,
+    PathRequest::XattrGet,
+    PathRequest::XattrList,
+    PathRequest::XattrSet,
+    PathRequest::XattrRemove,
 ];
 
 /// The kinds that follow a final symlink.
@@ -1119,6 +1129,24 @@ impl PathRequest {
                 hashes: Vec::new(),
                 attrs,
             },
+            PathRequest::XattrGet => Request::XattrGet {
+                share,
+                path,
+                name: b"user.hostile".to_vec(),
+            },
+            PathRequest::XattrList => Request::XattrList { share, path },
+            PathRequest::XattrSet => Request::XattrSet {
+                share,
+                path,
+                name: b"user.hostile".to_vec(),
+                value: b"v".to_vec(),
+                mode: XattrSetMode::Any,
+            },
+            PathRequest::XattrRemove => Request::XattrRemove {
+                share,
+                path,
+                name: b"user.hostile".to_vec(),
+            },
             other => unreachable!("{other:?} is built by PathRequest::on"),
         }
     }
@@ -1251,6 +1279,16 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
         assert_eq!(got, InvalidPath, "SetAttr {link:?}");
         let got = error_kind(raw.call(PathRequest::Mkdir.on(SHARE, link)));
         assert_eq!(got, ErrorKind::Exists, "Mkdir {link:?}");
+        // The extended-attribute requests act on the link itself: it has none, and
+        // the kernel allows no `user.*` attribute on a symlink.
+        let got = error_kind(raw.call(PathRequest::XattrGet.on(SHARE, link)));
+        assert_eq!(got, ErrorKind::NoAttribute, "XattrGet {link:?}");
+        let got = error_kind(raw.call(PathRequest::XattrSet.on(SHARE, link)));
+        assert_eq!(got, ErrorKind::PermissionDenied, "XattrSet {link:?}");
+        match raw.call(PathRequest::XattrList.on(SHARE, link)) {
+            Response::XattrNames { names } => assert!(names.is_empty(), "{link}: {names:?}"),
+            other => panic!("XattrList {link}: {other:?}"),
+        }
         // DiskUsage describes the link itself, and never walks what it points at.
         match raw.call(PathRequest::DiskUsage.on(SHARE, link)) {
             Response::DiskUsage(u) => assert_eq!((u.files, u.dirs), (1, 0), "{link}"),
@@ -1272,6 +1310,9 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
         (PathRequest::LinkTo, ".ferry-tmp.0123456789abcdef"),
         (PathRequest::LinkBatchTo, ".ferry-tmp.0123456789abcdef"),
         (PathRequest::LinkBatchTo, ""),
+        (PathRequest::XattrSet, ""),
+        (PathRequest::XattrSet, ".ferry-tmp.0123456789abcdef"),
+        (PathRequest::XattrRemove, ""),
     ] {
         let got = error_kind(raw.call(kind.on(SHARE, path)));
         assert_eq!(got, InvalidPath, "{kind:?} {path:?}");
@@ -1341,6 +1382,9 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
 
     healthy.check(&env, "hostile paths");
     assert_eq!(outside(&env), before, "something outside the share changed");
+    let canary = env.root().join("outside/canary");
+    let got = ferry_common::xattr::get(&canary, b"user.hostile");
+    assert!(got.is_err(), "an xattr was set outside the share: {got:?}");
     ferry_tests::assert_no_temp_files(&env.share(""));
 }
 
@@ -1907,7 +1951,7 @@ fn a_barrage_of_hostile_connections_leaves_memory_and_descriptors_bounded() {
         let mut raw = open_raw(&env, stage);
         let mut bytes = frame_bytes(
             Header::Ctrl {
-                len: MAX_REQUEST_FRAME_BYTES as u32,
+                len: MAX_SERVER_REQUEST_FRAME_BYTES as u32,
             },
             &[],
         );

@@ -165,6 +165,7 @@ ferrytest!(
             recursive: true,
             jobs: 4,
             hard_links: false,
+            xattrs: false,
         };
         let report = runtime().block_on(async {
             let credentials = credentials().without_dir_batches();

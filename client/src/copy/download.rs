@@ -103,6 +103,9 @@ pub async fn download(
         }
     }
     set_local_meta(&plan.meta, &plan.dirs, &skipped, &shared);
+    if opts.xattrs {
+        super::xattrs::download_xattrs(client, &plan.roots, &shared).await;
+    }
     set_dir_attrs(&plan.dirs, &skipped, &shared);
     finish_report(shared)
 }
@@ -169,6 +172,7 @@ async fn plan_source(
             ClientError::Usage(format!("{}: is a directory (use -r)", src.display())),
         ),
         FileKind::Dir => {
+            plan.roots.push((src.clone(), target.clone()));
             let root = DirItem {
                 target,
                 mode: attr.mode,
@@ -177,7 +181,10 @@ async fn plan_source(
             };
             walk_remote(client, src, root, (owners, opts.hard_links), plan, shared).await;
         }
-        FileKind::File => plan.files.push((src.clone(), target, attr.size)),
+        FileKind::File => {
+            plan.roots.push((src.clone(), target.clone()));
+            plan.files.push((src.clone(), target, attr.size))
+        }
         _ => shared.fail(
             src.display(),
             ClientError::Usage(format!(

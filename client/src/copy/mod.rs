@@ -11,13 +11,15 @@
 //! Modules: `plan` (what a copy will do, and its options) and `report` (what it did,
 //! recorded item by item), then the two directions that use them: `upload` (local
 //! to server, whose files start while deeper directories are still being made:
-//! `gate`) and `download` (server to local).
+//! `gate`) and `download` (server to local); `xattrs` carries extended attributes
+//! after either (`-X`).
 
 mod download;
 mod gate;
 mod plan;
 mod report;
 mod upload;
+mod xattrs;
 
 pub use download::download;
 pub use plan::CopyOptions;

@@ -17,6 +17,8 @@ pub struct CopyOptions {
     /// Keep hard links inside the copied trees (`-H`): a file's further names are made
     /// links to its first, not copies.
     pub hard_links: bool,
+    /// Carry extended attributes (`-X`, see `copy::xattrs`).
+    pub xattrs: bool,
 }
 
 /// Items of the many-files lane per `--jobs`: a batch of small files or a file of at
@@ -105,6 +107,8 @@ pub(super) struct Plan<S, T> {
     /// With `-H`: (first name, further name) of each further name of a file with
     /// several names in the sources; made a hard link once the first is copied.
     pub links: Vec<(T, T)>,
+    /// Each source planned and its target: where `-X` walks.
+    pub roots: Vec<(S, T)>,
     /// With `-H`: the first name planned of each inode (device, inode number) with
     /// several names.
     pub first_names: HashMap<(u64, u64), T>,
@@ -118,6 +122,7 @@ impl<S, T> Default for Plan<S, T> {
             symlinks: Vec::new(),
             meta: Vec::new(),
             links: Vec::new(),
+            roots: Vec::new(),
             first_names: HashMap::new(),
         }
     }

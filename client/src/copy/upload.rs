@@ -82,6 +82,9 @@ pub async fn upload(
         let dirs: &[DirItem<String>] = if client.has_dirs() { &[] } else { &plan.dirs };
         upload_meta(client, dest, &plan.meta, dirs, &dir_failed, &shared).await;
     }
+    if opts.xattrs {
+        super::xattrs::upload_xattrs(client, dest, &plan.roots, &shared).await;
+    }
     finish_dirs(client, dest, &plan.dirs, &dir_failed, &shared).await;
     finish_report(shared)
 }
@@ -249,8 +252,10 @@ fn plan_source(
         let why = format!("{}: is a directory (use -r)", src.display());
         shared.fail(shown(), ClientError::Usage(why));
     } else if meta.is_dir() {
+        plan.roots.push((src.to_path_buf(), target.clone()));
         plan_tree(src, &target, &meta, opts.hard_links, plan, shared);
     } else if meta.is_file() {
+        plan.roots.push((src.to_path_buf(), target.clone()));
         plan.meta.push(EntryMeta {
             target: target.clone(),
             owner: Some(owner_of(&meta)),

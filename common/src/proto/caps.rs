@@ -34,6 +34,13 @@
 //! - [`LOCKS`]: the lock requests [`Request::Lock`], [`Request::LockTest`] and
 //!   [`Request::LockRelease`] (default: off; a mount without it keeps `flock` and
 //!   `fcntl` locks local to itself). Optional like [`META`].
+//! - [`XATTR`]: the extended-attribute requests [`Request::XattrGet`],
+//!   [`Request::XattrList`], [`Request::XattrSet`] and [`Request::XattrRemove`]
+//!   (default: off; a mount without it answers every extended-attribute call as not
+//!   supported, and `rcp -X` refuses to start). Optional like [`META`].
+//! - [`FALLOC`]: [`Request::FileFallocate`], punching holes and zeroing ranges
+//!   through a handle (default: off; a mount without it answers those `fallocate`
+//!   modes `EOPNOTSUPP`). Optional like [`META`]; it needs [`WRITE`] too.
 //! - [`ENCRYPT`], [`ENCRYPT_KEY`], [`ENCRYPT_POLICY`]: session encryption
 //!   ([`crate::seal`]). The client offers the AEAD suites it accepts (fastest on its
 //!   CPU first), its X25519 key share and whether it requires encryption; a server
@@ -106,6 +113,20 @@ pub const LOCKS: &str = "locks";
 
 /// The versions of the lock requests this build speaks, preferred first.
 pub const LOCKS_VERSIONS: &[&str] = &["1"];
+/// Name of the extended-attribute capability: whether the session may use
+/// [`Request::XattrGet`], [`Request::XattrList`], [`Request::XattrSet`] and
+/// [`Request::XattrRemove`].
+pub const XATTR: &str = "xattr";
+
+/// The versions of the extended-attribute requests this build speaks, preferred first.
+pub const XATTR_VERSIONS: &[&str] = &["1"];
+
+/// Name of the fallocate capability: whether the session may use
+/// [`Request::FileFallocate`] (punch a hole, zero a range).
+pub const FALLOC: &str = "falloc";
+
+/// The versions of the fallocate request this build speaks, preferred first.
+pub const FALLOC_VERSIONS: &[&str] = &["1"];
 
 /// Name of the encryption capability: the AEAD suites a client accepts, preferred
 /// first; in a welcome, the one the session uses.
@@ -188,6 +209,10 @@ pub struct Offer {
     pub finish: bool,
     /// Whether it offers the lock requests ([`LOCKS`]).
     pub locks: bool,
+    /// Whether it offers the extended-attribute requests ([`XATTR`]).
+    pub xattr: bool,
+    /// Whether it offers [`Request::FileFallocate`] ([`FALLOC`]).
+    pub falloc: bool,
     /// Its offer to encrypt, if it makes one ([`ENCRYPT`]).
     pub encrypt: Option<EncryptOffer>,
 }
@@ -204,6 +229,8 @@ impl Default for Offer {
             dirs: true,
             finish: true,
             locks: true,
+            xattr: true,
+            falloc: true,
             encrypt: None,
         }
     }
@@ -234,6 +261,12 @@ impl Offer {
         }
         if self.locks {
             caps.push(Capability::new(LOCKS, &LOCKS_VERSIONS.join(",")));
+        }
+        if self.xattr {
+            caps.push(Capability::new(XATTR, &XATTR_VERSIONS.join(",")));
+        }
+        if self.falloc {
+            caps.push(Capability::new(FALLOC, &FALLOC_VERSIONS.join(",")));
         }
         if let Some(e) = &self.encrypt {
             let suites: Vec<&str> = e.suites.iter().map(|s| s.name()).collect();
@@ -269,6 +302,10 @@ pub struct Negotiated {
     pub finish: bool,
     /// Whether the lock requests ([`LOCKS`]) may be sent.
     pub locks: bool,
+    /// Whether the extended-attribute requests ([`XATTR`]) may be sent.
+    pub xattr: bool,
+    /// Whether [`Request::FileFallocate`] ([`FALLOC`]) may be sent.
+    pub falloc: bool,
     /// The session's encryption, if it is encrypted ([`ENCRYPT`]).
     pub encryption: Option<Encrypted>,
 }
@@ -298,6 +335,12 @@ impl Negotiated {
         }
         if self.locks {
             caps.push(Capability::new(LOCKS, LOCKS_VERSIONS[0]));
+        }
+        if self.xattr {
+            caps.push(Capability::new(XATTR, XATTR_VERSIONS[0]));
+        }
+        if self.falloc {
+            caps.push(Capability::new(FALLOC, FALLOC_VERSIONS[0]));
         }
         if let Some(e) = &self.encryption {
             caps.push(Capability::new(ENCRYPT, e.suite.name()));
@@ -339,6 +382,16 @@ impl Negotiated {
             {
                 Err(LOCKS)
             }
+            Request::XattrGet { .. }
+            | Request::XattrList { .. }
+            | Request::XattrSet { .. }
+            | Request::XattrRemove { .. }
+                if !self.xattr =>
+            {
+                Err(XATTR)
+            }
+            Request::FileFallocate { .. } if !self.write => Err(WRITE),
+            Request::FileFallocate { .. } if !self.falloc => Err(FALLOC),
             _ => Ok(()),
         }
     }
@@ -394,6 +447,12 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
             .is_some_and(|list| list.split(',').any(|v| FINISH_VERSIONS.contains(&v)));
     let locks = find(offered, LOCKS)
         .is_some_and(|list| list.split(',').any(|v| LOCKS_VERSIONS.contains(&v)));
+    let xattr = find(offered, XATTR)
+        .is_some_and(|list| list.split(',').any(|v| XATTR_VERSIONS.contains(&v)));
+    // Only with the write requests whose handles it acts on.
+    let falloc = write
+        && find(offered, FALLOC)
+            .is_some_and(|list| list.split(',').any(|v| FALLOC_VERSIONS.contains(&v)));
     Ok(Negotiated {
         hash,
         accepted,
@@ -404,6 +463,8 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
         dirs,
         finish,
         locks,
+        xattr,
+        falloc,
         encryption: None,
     })
 }
@@ -584,8 +645,36 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
         dirs,
         finish,
         locks,
+        xattr: accept_xattr(chosen, offer)?,
+        falloc: accept_falloc(chosen, offer, write)?,
         encryption: accept_encryption(chosen, offer)?,
     })
+}
+
+/// Whether the server's `chosen` capabilities turn [`XATTR`] on: only a version the
+/// client's `offer` holds.
+fn accept_xattr(chosen: &[Capability], offer: &Offer) -> Result<bool, String> {
+    match find(chosen, XATTR) {
+        None => Ok(false),
+        Some(v) if offer.xattr && XATTR_VERSIONS.contains(&v) => Ok(true),
+        Some(v) => Err(format!(
+            "the server chose extended-attribute version '{}', which this client did not offer",
+            v.escape_debug()
+        )),
+    }
+}
+
+/// Whether the server's `chosen` capabilities turn [`FALLOC`] on: only a version the
+/// client's `offer` holds, and only with `write`.
+fn accept_falloc(chosen: &[Capability], offer: &Offer, write: bool) -> Result<bool, String> {
+    match find(chosen, FALLOC) {
+        None => Ok(false),
+        Some(v) if offer.falloc && write && FALLOC_VERSIONS.contains(&v) => Ok(true),
+        Some(v) => Err(format!(
+            "the server chose fallocate version '{}', which this client did not offer (or without write)",
+            v.escape_debug()
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -682,7 +771,9 @@ mod tests {
                 Capability::new(CLUSTER, "1"),
                 Capability::new(DIRS, "1"),
                 Capability::new(FINISH, "1"),
-                Capability::new(LOCKS, "1")
+                Capability::new(LOCKS, "1"),
+                Capability::new(XATTR, "1"),
+                Capability::new(FALLOC, "1")
             ]
         );
     }
@@ -895,6 +986,76 @@ mod tests {
             &older,
         )
         .unwrap_err();
+        assert!(e.contains("did not offer"), "{e}");
+    }
+
+    #[test]
+    fn xattr_is_on_only_when_both_peers_speak_it() {
+        let get = Request::XattrGet {
+            share: "s".into(),
+            path: "f".into(),
+            name: b"user.a".to_vec(),
+        };
+        let n = choose(
+            &Offer::default().to_capabilities(),
+            HashAlgorithm::SUPPORTED,
+        )
+        .unwrap();
+        assert!(n.xattr);
+        assert_eq!(accept(&n.to_capabilities(), &Offer::default()).unwrap(), n);
+        assert_eq!(n.permits(&get), Ok(()));
+        // An older client offers no `xattr`: off, nothing said of it, refused.
+        let older = Offer {
+            xattr: false,
+            ..Offer::default()
+        };
+        let n = choose(&older.to_capabilities(), HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.xattr);
+        assert!(find(&n.to_capabilities(), XATTR).is_none());
+        assert_eq!(n.permits(&get), Err(XATTR));
+        // An older server welcomes without it: off.
+        let n = accept(&[Capability::new(HASH, "sha256")], &Offer::default()).unwrap();
+        assert!(!n.xattr);
+        // No version in common: off, not refused; a server may not choose it unoffered.
+        let n = choose(&[Capability::new(XATTR, "9")], HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.xattr);
+        let e = accept(&[Capability::new(XATTR, "1")], &older).unwrap_err();
+        assert!(e.contains("did not offer"), "{e}");
+    }
+
+    #[test]
+    fn falloc_is_on_only_with_write_and_when_both_peers_speak_it() {
+        let punch = Request::FileFallocate {
+            handle: 1,
+            offset: 0,
+            len: 1,
+            mode: crate::msg::FallocMode::PunchHole,
+        };
+        let n = choose(
+            &Offer::default().to_capabilities(),
+            HashAlgorithm::SUPPORTED,
+        )
+        .unwrap();
+        assert!(n.falloc);
+        assert_eq!(accept(&n.to_capabilities(), &Offer::default()).unwrap(), n);
+        assert_eq!(n.permits(&punch), Ok(()));
+        let older = Offer {
+            falloc: false,
+            ..Offer::default()
+        };
+        let n = choose(&older.to_capabilities(), HashAlgorithm::SUPPORTED).unwrap();
+        assert!(n.write && !n.falloc);
+        assert_eq!(n.permits(&punch), Err(FALLOC));
+        let read_only = Offer {
+            write: false,
+            ..Offer::default()
+        };
+        let n = choose(&read_only.to_capabilities(), HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.falloc);
+        assert_eq!(n.permits(&punch), Err(WRITE));
+        let n = accept(&[Capability::new(WRITE, "1")], &Offer::default()).unwrap();
+        assert!(!n.falloc);
+        let e = accept(&[Capability::new(FALLOC, "1")], &Offer::default()).unwrap_err();
         assert!(e.contains("did not offer"), "{e}");
     }
 

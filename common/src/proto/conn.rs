@@ -104,12 +104,17 @@ impl Family {
             | Request::ShareAccess { .. }
             | Request::StatMeta { .. }
             | Request::MakeDirs { .. }
-            | Request::SetAttrBatch { .. } => Family::Namespace,
+            | Request::SetAttrBatch { .. }
+            | Request::XattrGet { .. }
+            | Request::XattrList { .. }
+            | Request::XattrSet { .. }
+            | Request::XattrRemove { .. } => Family::Namespace,
             Request::FileOpen { .. }
             | Request::FileWrite { .. }
             | Request::FileRead { .. }
             | Request::FileSetAttr { .. }
             | Request::FileAllocate { .. }
+            | Request::FileFallocate { .. }
             | Request::FileSync { .. }
             | Request::FileClose { .. }
             | Request::FileDiscard { .. }
@@ -313,6 +318,7 @@ impl ConnState {
             }
             Request::FileSetAttr { handle, .. }
             | Request::FileAllocate { handle, .. }
+            | Request::FileFallocate { handle, .. }
             | Request::FileSync { handle, .. }
             | Request::FileCommit { handle } => self.open_file(*handle),
             Request::FileClose { handle } | Request::FileDiscard { handle } => {

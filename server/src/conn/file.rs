@@ -126,6 +126,12 @@ pub(super) async fn perform(
             let file = conn.file(handle)?;
             blocking(move || file.allocate(offset, len, keep_size)).await
         }
+        Request::FileFallocate {
+            offset, len, mode, ..
+        } => {
+            let file = conn.file(handle)?;
+            blocking(move || file.change_range(offset, len, mode)).await
+        }
         Request::FileSync { data_only, .. } => {
             let file = conn.file(handle)?;
             blocking(move || file.sync(data_only)).await

@@ -439,6 +439,8 @@ impl Conn {
             dirs: false,
             finish: false,
             locks: false,
+            xattr: false,
+            falloc: false,
             encryption: None,
         });
         let fresh = share.hash().unwrap_or(n.hash);

@@ -2,7 +2,8 @@
 //! directories, symlinks, links, renames, removals and space, each one blocking
 //! filesystem call (or one batch of them) in the share; and those of the `write`
 //! capability that name paths (`Move`, `SetAttrs`, `ShareAccess`); and the directory
-//! batches of the `dirs` capability (`MakeDirs`, `SetAttrBatch`).
+//! batches of the `dirs` capability (`MakeDirs`, `SetAttrBatch`); and the requests of
+//! the `xattr` capability (`XattrGet`, `XattrList`, `XattrSet`, `XattrRemove`).
 
 use std::sync::Arc;
 
@@ -10,7 +11,8 @@ use ferry_common::msg::{RemoteError, Request, Response};
 
 use super::blocking::blocking;
 use super::{misrouted, Conn};
-use crate::{dirs, du, files, fsops, links, meta, remove};
+use crate::share::Share;
+use crate::{dirs, du, files, fsops, links, meta, remove, xattrs};
 
 /// Performs one namespace request.
 pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response, RemoteError> {
@@ -87,8 +89,39 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
             Request::SetAttrs { path, attrs, .. } => {
                 files::set_attrs(&share, &path, &attrs, &manifests)?
             }
+            body @ (Request::XattrGet { .. }
+            | Request::XattrList { .. }
+            | Request::XattrSet { .. }
+            | Request::XattrRemove { .. }) => xattr(&share, body)?,
             other => return Err(misrouted(&other).into()),
         })
     })
     .await
+}
+
+/// Performs one request of the `xattr` capability.
+fn xattr(share: &Share, body: Request) -> Result<Response, RemoteError> {
+    Ok(match body {
+        Request::XattrGet { path, name, .. } => Response::XattrValue {
+            value: xattrs::get(share, &path, &name)?,
+        },
+        Request::XattrList { path, .. } => Response::XattrNames {
+            names: xattrs::list(share, &path)?,
+        },
+        Request::XattrSet {
+            path,
+            name,
+            value,
+            mode,
+            ..
+        } => {
+            xattrs::set(share, &path, &name, &value, mode)?;
+            Response::Ok
+        }
+        Request::XattrRemove { path, name, .. } => {
+            xattrs::remove(share, &path, &name)?;
+            Response::Ok
+        }
+        other => return Err(misrouted(&other).into()),
+    })
 }

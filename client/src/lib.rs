@@ -52,6 +52,7 @@ pub mod files;
 pub mod filter;
 pub mod links;
 pub mod location;
+pub mod posix;
 pub mod progress;
 pub mod schedule;
 pub mod transfer;

@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use ferry_common::msg::{Attr, DirEntry, FileKind, FileVersion, HashAlgorithm, Timestamp};
+use ferry_common::msg::{
+    Attr, DirEntry, FileKind, FileVersion, HashAlgorithm, NodeKind, TimeSet, Timestamp,
+};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
     OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
@@ -209,6 +211,49 @@ impl FerryFs {
     }
 }
 
+impl FerryFs {
+    /// [`FerryFs::run`] with every request `f` sends acting as the caller of `req`
+    /// (see `ferry_client::posix`).
+    fn run_as<F, Fut>(&self, req: &Request, f: F)
+    where
+        F: FnOnce(Arc<Inner>) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let caller = caller_of(req);
+        self.run(move |fs| ferry_client::posix::as_caller(caller, f(fs)));
+    }
+
+    /// [`FerryFs::spawn`] acting as the caller of `req`, as [`FerryFs::run_as`].
+    fn spawn_as<F, Fut>(&self, req: &Request, f: F)
+    where
+        F: FnOnce(Arc<Inner>) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let caller = caller_of(req);
+        self.spawn(move |fs| ferry_client::posix::as_caller(caller, f(fs)));
+    }
+}
+
+/// The caller of a kernel request: its ids and its thread's supplementary groups.
+fn caller_of(req: &Request) -> ferry_common::msg::Caller {
+    ferry_client::posix::caller_of(req.pid(), req.uid(), req.gid())
+}
+
+/// What the kernel is told a node of `kind` is.
+fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::File | FileKind::Other => FileType::RegularFile,
+        FileKind::Node { kind, .. } => match kind {
+            NodeKind::Fifo => FileType::NamedPipe,
+            NodeKind::Socket => FileType::Socket,
+            NodeKind::Char => FileType::CharDevice,
+            NodeKind::Block => FileType::BlockDevice,
+        },
+    }
+}
+
 fn system(t: Timestamp) -> SystemTime {
     t.to_system()
 }
@@ -257,10 +302,10 @@ impl Inner {
         } else {
             None
         };
-        let kind = match a.kind {
-            FileKind::Dir => FileType::Directory,
-            FileKind::Symlink => FileType::Symlink,
-            FileKind::File | FileKind::Other => FileType::RegularFile,
+        let kind = file_type(a.kind);
+        let rdev = match a.kind {
+            FileKind::Node { rdev, .. } => u32::try_from(rdev).unwrap_or(0),
+            _ => 0,
         };
         FileAttr {
             ino: INodeNo(ino),
@@ -275,7 +320,7 @@ impl Inner {
             nlink: a.nlink.max(1),
             uid: owner.map_or(self.uid, |o| o.uid),
             gid: owner.map_or(self.gid, |o| o.gid),
-            rdev: 0,
+            rdev,
             blksize: 4096,
             flags: 0,
         }
@@ -570,6 +615,15 @@ fn read_only() -> OpError {
     OpError::new(Errno::EROFS, "the mount is read-only")
 }
 
+/// A time of a `setattr` as `utimensat` has it: omitted, now, or given.
+fn time_set(t: Option<fuser::TimeOrNow>) -> TimeSet {
+    match t {
+        None => TimeSet::Omit,
+        Some(fuser::TimeOrNow::Now) => TimeSet::Now,
+        Some(fuser::TimeOrNow::SpecificTime(t)) => TimeSet::At(Timestamp::from_system(t)),
+    }
+}
+
 fn timestamp(t: fuser::TimeOrNow) -> Timestamp {
     match t {
         fuser::TimeOrNow::SpecificTime(t) => Timestamp::from_system(t),
@@ -854,6 +908,7 @@ impl Inner {
             path: self.share_path(&path),
             mode: how.create.unwrap_or(0o644),
             exclusive: how.exclusive,
+            caller: ferry_client::posix::current_caller(),
         };
         let wf = WriteFile::deferred(self.remote.clone(), conn, create, attr.clone(), algorithm)?;
         let id = {
@@ -957,6 +1012,43 @@ impl Inner {
         Ok(attr)
     }
 
+    /// `setattr`: on a `posix` session with no descriptor open for writing here,
+    /// times go by `SetTimes` (the server's now for `UTIME_NOW`, whose permission rule
+    /// differs from a given time's) after the rest; else as [`Inner::setattr`].
+    async fn setattr_posix(
+        &self,
+        ino: INodeNo,
+        mut attrs: ferry_common::msg::SetAttrs,
+        (atime, mtime): (TimeSet, TimeSet),
+    ) -> Result<Attr, OpError> {
+        let times = (atime, mtime) != (TimeSet::Omit, TimeSet::Omit);
+        let posix = self.remote.conn().await?.client.has_posix();
+        if !times || !posix || self.wfile(ino.0).is_some() {
+            return self.setattr(ino, attrs).await;
+        }
+        (attrs.atime, attrs.mtime) = (None, None);
+        if !attrs.is_empty() {
+            self.setattr(ino, attrs).await?;
+        }
+        let path = self.path_of(ino)?;
+        let sp = self.share_path(&path);
+        let attr = self
+            .change(format!("utimens {sp}"), |c, share| async move {
+                c.client.set_times(&share, &sp, atime, mtime).await
+            })
+            .await?;
+        lock(&self.nodes).store_attr(&path, attr.clone(), Instant::now());
+        Ok(attr)
+    }
+
+    /// Forgets the cached attributes of every name of the inode of `attr` (its link
+    /// count or ctime changed by a link, unlink or rename of one of them).
+    fn inode_changed(&self, attr: &Attr) {
+        if attr.kind != FileKind::Dir {
+            lock(&self.nodes).changed_inode(attr.dev, attr.ino);
+        }
+    }
+
     /// Runs a namespace change on the server: `what` for messages, `f` the call.
     async fn change<T, F, Fut>(&self, what: String, f: F) -> Result<T, OpError>
     where
@@ -1027,6 +1119,27 @@ impl Inner {
         Ok(made)
     }
 
+    /// `mknod` of a FIFO, socket or device node (a `posix` session's `MakeNode`).
+    async fn make_node(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        kind: NodeKind,
+        mode: u32,
+        rdev: u64,
+    ) -> Result<(u64, Attr), OpError> {
+        let path = self.child(parent, name)?;
+        let sp = self.share_path(&path);
+        let (attr, owner) = self
+            .change(format!("mknod {sp}"), |c, share| async move {
+                c.client.make_node(&share, &sp, kind, mode, rdev).await
+            })
+            .await?;
+        self.remember_owner(&attr, owner);
+        let made = self.made(&path).await?;
+        Ok(made)
+    }
+
     async fn symlink(
         &self,
         parent: INodeNo,
@@ -1061,7 +1174,9 @@ impl Inner {
         })
         .await?;
         lock(&self.nodes).changed(&from);
-        self.made(&to).await
+        let made = self.made(&to).await?;
+        self.inode_changed(&made.1);
+        Ok(made)
     }
 
     /// unlink (`dir` false) or rmdir (`dir` true).
@@ -1097,6 +1212,7 @@ impl Inner {
             }
             Err(e) => Err(e),
             Ok(()) => {
+                self.inode_changed(&attr);
                 let mut nodes = lock(&self.nodes);
                 nodes.removed(&path, Instant::now());
                 nodes.changed(parent_of(&path));
@@ -1126,11 +1242,20 @@ impl Inner {
         self.name_staged(&from).await?;
         self.name_staged(&to).await?;
         let no_replace = flags.contains(fuser::RenameFlags::RENAME_NOREPLACE);
+        // The moved inode's ctime changes, and a replaced one loses a link.
+        let before: Vec<Attr> = {
+            let nodes = lock(&self.nodes);
+            [&from, &to]
+                .iter()
+                .filter_map(|p| nodes.attr(p, Instant::now(), Duration::MAX))
+                .collect()
+        };
         let (sf, st) = (self.share_path(&from), self.share_path(&to));
         self.change(format!("rename {sf} to {st}"), |c, share| async move {
             c.client.move_entry(&share, &sf, &st, no_replace).await
         })
         .await?;
+        before.iter().for_each(|a| self.inode_changed(a));
         let mut nodes = lock(&self.nodes);
         nodes.renamed(&from, &to, Instant::now());
         nodes.changed(parent_of(&from));
@@ -1259,7 +1384,7 @@ impl fuser::Filesystem for FerryFs {
                 truncate: flags.0 & nix::libc::O_TRUNC != 0,
             };
             let opener = Some(req.pid());
-            self.spawn(|fs| async move {
+            self.spawn_as(req, |fs| async move {
                 let got = match fs.path_of(ino) {
                     Ok(path) => fs.open_write(ino.0, &path, how).await,
                     Err(e) => Err(e),
@@ -1276,7 +1401,7 @@ impl fuser::Filesystem for FerryFs {
             });
             return;
         }
-        self.spawn(|fs| async move {
+        self.spawn_as(req, |fs| async move {
             match fs.open(ino).await {
                 Ok((fh, keep)) => {
                     let flags = if keep {
@@ -1407,11 +1532,7 @@ impl fuser::Filesystem for FerryFs {
                 n => match entries.get((n - 2) as usize) {
                     None => break,
                     Some(e) => {
-                        let kind = match e.attr.kind {
-                            FileKind::Dir => FileType::Directory,
-                            FileKind::Symlink => FileType::Symlink,
-                            FileKind::File | FileKind::Other => FileType::RegularFile,
-                        };
+                        let kind = file_type(e.attr.kind);
                         reply.add(INodeNo(e.attr.ino.max(2)), n + 1, kind, &e.name)
                     }
                 },
@@ -1576,7 +1697,7 @@ impl fuser::Filesystem for FerryFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -1600,8 +1721,9 @@ impl fuser::Filesystem for FerryFs {
             atime: atime.map(timestamp),
             mtime: mtime.map(timestamp),
         };
-        self.run(|fs| async move {
-            match fs.setattr(ino, attrs).await {
+        let times = (time_set(atime), time_set(mtime));
+        self.run_as(req, |fs| async move {
+            match fs.setattr_posix(ino, attrs, times).await {
                 Ok(a) => {
                     let a = fs.wfile(ino.0).map_or(a, |wf| wf.attr());
                     reply.attr(&Duration::ZERO, &fs.file_attr(ino.0, &a))
@@ -1613,20 +1735,38 @@ impl fuser::Filesystem for FerryFs {
 
     fn mknod(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        if mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
-            // FIFOs, sockets and devices are not kept on a share.
-            return reply.error(Errno::EPERM);
-        }
+        let node = match mode & nix::libc::S_IFMT {
+            nix::libc::S_IFREG => None,
+            nix::libc::S_IFIFO => Some(NodeKind::Fifo),
+            nix::libc::S_IFSOCK => Some(NodeKind::Socket),
+            nix::libc::S_IFCHR => Some(NodeKind::Char),
+            nix::libc::S_IFBLK => Some(NodeKind::Block),
+            _ => return reply.error(Errno::EINVAL),
+        };
         let name = name.to_owned();
-        self.spawn(|fs| async move {
+        if let Some(kind) = node {
+            let mode = mode & !umask & 0o7777;
+            return self.spawn_as(req, |fs| async move {
+                match fs
+                    .make_node(parent, &name, kind, mode, u64::from(rdev))
+                    .await
+                {
+                    Ok((ino, attr)) => {
+                        reply.entry(&fs.opts.entry_ttl, &fs.file_attr(ino, &attr), Generation(0))
+                    }
+                    Err(e) => reply.error(fail("mknod", e)),
+                }
+            });
+        }
+        self.spawn_as(req, |fs| async move {
             let made = async {
                 let flags = nix::libc::O_EXCL;
                 let (ino, fh, _) = fs.create(parent, &name, mode & !umask, flags).await?;
@@ -1648,7 +1788,7 @@ impl fuser::Filesystem for FerryFs {
 
     fn mkdir(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -1656,7 +1796,7 @@ impl fuser::Filesystem for FerryFs {
         reply: ReplyEntry,
     ) {
         let name = name.to_owned();
-        self.spawn(|fs| async move {
+        self.spawn_as(req, |fs| async move {
             match fs.mkdir(parent, &name, mode & !umask).await {
                 Ok((ino, attr)) => {
                     reply.entry(&fs.opts.entry_ttl, &fs.file_attr(ino, &attr), Generation(0))
@@ -1666,9 +1806,9 @@ impl fuser::Filesystem for FerryFs {
         });
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name.to_owned();
-        self.spawn(|fs| async move {
+        self.spawn_as(req, |fs| async move {
             match fs.remove(parent, &name, false).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("unlink", e)),
@@ -1676,9 +1816,9 @@ impl fuser::Filesystem for FerryFs {
         });
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name.to_owned();
-        self.spawn(|fs| async move {
+        self.spawn_as(req, |fs| async move {
             match fs.remove(parent, &name, true).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("rmdir", e)),
@@ -1688,14 +1828,14 @@ impl fuser::Filesystem for FerryFs {
 
     fn symlink(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         link_name: &OsStr,
         target: &Path,
         reply: ReplyEntry,
     ) {
         let (name, target) = (link_name.to_owned(), target.to_owned());
-        self.spawn(|fs| async move {
+        self.spawn_as(req, |fs| async move {
             match fs.symlink(parent, &name, &target).await {
                 Ok((ino, attr)) => {
                     reply.entry(&fs.opts.entry_ttl, &fs.file_attr(ino, &attr), Generation(0))
@@ -1707,7 +1847,7 @@ impl fuser::Filesystem for FerryFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -1716,7 +1856,7 @@ impl fuser::Filesystem for FerryFs {
         reply: ReplyEmpty,
     ) {
         let (name, newname) = (name.to_owned(), newname.to_owned());
-        self.spawn(|fs| async move {
+        self.spawn_as(req, |fs| async move {
             match fs.rename(parent, &name, newparent, &newname, flags).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("rename", e)),
@@ -1726,14 +1866,14 @@ impl fuser::Filesystem for FerryFs {
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
         let newname = newname.to_owned();
-        self.spawn(|fs| async move {
+        self.spawn_as(req, |fs| async move {
             match fs.link(ino, newparent, &newname).await {
                 Ok((ino, attr)) => {
                     reply.entry(&fs.opts.entry_ttl, &fs.file_attr(ino, &attr), Generation(0))
@@ -1793,7 +1933,7 @@ impl fuser::Filesystem for FerryFs {
     ) {
         let name = name.to_owned();
         let opener = Some(req.pid());
-        self.run(|fs| async move {
+        self.run_as(req, |fs| async move {
             match fs.create(parent, &name, mode & !umask, flags).await {
                 Ok((ino, fh, attr)) => {
                     if let Some(tid) = opener {

@@ -261,6 +261,13 @@ impl Nodes {
         self.store_missing(path, now);
     }
 
+    /// Forgets the cached attributes of every name of inode `ino` on `dev` (its link
+    /// count or ctime changed).
+    pub fn changed_inode(&mut self, dev: u64, ino: u64) {
+        self.attrs
+            .retain(|_, (a, _)| !(a.dev == dev && a.ino == ino));
+    }
+
     /// Forgets the cached attributes of `path` (it changed).
     pub fn changed(&mut self, path: &str) {
         self.attrs.remove(path);

@@ -2,7 +2,7 @@
 
 use std::fs::{self, File, Permissions};
 use std::io;
-use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{symlink, DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use ferry_common::attr::{attr_of, owner_of};
@@ -308,8 +308,13 @@ pub fn mkdir(share: &Share, rel: &str, mode: u32, exist_ok: bool) -> Result<Resp
     let path = share.resolve_for_write(rel)?;
     match fs::DirBuilder::new().mode(mode & 0o7777).create(&path) {
         Ok(()) => {
-            // The umask may have cleared bits: set exactly what was asked.
-            fs::set_permissions(&path, Permissions::from_mode(mode & 0o7777))
+            // The umask may have cleared bits: set exactly what was asked, and keep
+            // the set-group-ID bit a caller's directory inherited from its parent.
+            let inherited = match crate::owners::acting() {
+                true => fs::symlink_metadata(&path).map_or(0, |m| m.mode() & 0o2000),
+                false => 0,
+            };
+            fs::set_permissions(&path, Permissions::from_mode(mode & 0o7777 | inherited))
                 .map_err(|source| FsError::Chmod { path: what, source })?;
             Ok(Response::Ok)
         }

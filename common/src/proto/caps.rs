@@ -31,6 +31,10 @@
 //!   one round trip (default: off; a client without it sends `FileOpen` at create and
 //!   `FileWrite`, `FileSetAttr` and `FileCommit` one after the other at close).
 //!   Optional like [`META`]; it needs [`WRITE`] too.
+//! - [`POSIX`]: a mount of many users on a local-like file system:
+//!   [`Request::AsCaller`], [`Request::MakeNode`], [`Request::SetTimes`], and special
+//!   files listed as what they are ([`crate::msg::FileKind::Node`]; a session without
+//!   it sees them as `Other`). Optional like [`META`]; it needs [`WRITE`] too.
 //! - [`ENCRYPT`], [`ENCRYPT_KEY`], [`ENCRYPT_POLICY`]: session encryption
 //!   ([`crate::seal`]). The client offers the AEAD suites it accepts (fastest on its
 //!   CPU first), its X25519 key share and whether it requires encryption; a server
@@ -95,6 +99,13 @@ pub const FINISH: &str = "finish";
 
 /// The versions of the finish request this build speaks, preferred first.
 pub const FINISH_VERSIONS: &[&str] = &["1"];
+
+/// Name of the POSIX capability: requests acting as a caller, special files, and
+/// `utimensat`'s `UTIME_NOW`/`UTIME_OMIT`.
+pub const POSIX: &str = "posix";
+
+/// The versions of the POSIX requests this build speaks, preferred first.
+pub const POSIX_VERSIONS: &[&str] = &["1"];
 
 /// Name of the encryption capability: the AEAD suites a client accepts, preferred
 /// first; in a welcome, the one the session uses.
@@ -175,6 +186,8 @@ pub struct Offer {
     pub dirs: bool,
     /// Whether it offers the one-round-trip close ([`FINISH`]).
     pub finish: bool,
+    /// Whether it offers the POSIX requests ([`POSIX`]).
+    pub posix: bool,
     /// Its offer to encrypt, if it makes one ([`ENCRYPT`]).
     pub encrypt: Option<EncryptOffer>,
 }
@@ -190,6 +203,7 @@ impl Default for Offer {
             cluster: true,
             dirs: true,
             finish: true,
+            posix: true,
             encrypt: None,
         }
     }
@@ -217,6 +231,9 @@ impl Offer {
         }
         if self.finish {
             caps.push(Capability::new(FINISH, &FINISH_VERSIONS.join(",")));
+        }
+        if self.posix {
+            caps.push(Capability::new(POSIX, &POSIX_VERSIONS.join(",")));
         }
         if let Some(e) = &self.encrypt {
             let suites: Vec<&str> = e.suites.iter().map(|s| s.name()).collect();
@@ -250,6 +267,9 @@ pub struct Negotiated {
     pub dirs: bool,
     /// Whether [`Request::FileFinish`] ([`FINISH`]) may be sent.
     pub finish: bool,
+    /// Whether the POSIX requests ([`POSIX`]) may be sent, and special files are
+    /// listed as what they are.
+    pub posix: bool,
     /// The session's encryption, if it is encrypted ([`ENCRYPT`]).
     pub encryption: Option<Encrypted>,
 }
@@ -276,6 +296,9 @@ impl Negotiated {
         }
         if self.finish {
             caps.push(Capability::new(FINISH, FINISH_VERSIONS[0]));
+        }
+        if self.posix {
+            caps.push(Capability::new(POSIX, POSIX_VERSIONS[0]));
         }
         if let Some(e) = &self.encryption {
             caps.push(Capability::new(ENCRYPT, e.suite.name()));
@@ -312,6 +335,16 @@ impl Negotiated {
             Request::MakeDirs { .. } | Request::SetAttrBatch { .. } if !self.dirs => Err(DIRS),
             Request::FileFinish { .. } | Request::FilePut { .. } if !self.write => Err(WRITE),
             Request::FileFinish { .. } | Request::FilePut { .. } if !self.finish => Err(FINISH),
+            Request::AsCaller { .. } | Request::MakeNode { .. } | Request::SetTimes { .. }
+                if !self.posix =>
+            {
+                Err(POSIX)
+            }
+            Request::AsCaller { request, .. } => match **request {
+                // Never nested, never around the session's own request.
+                Request::AsCaller { .. } | Request::Auth { .. } => Err(POSIX),
+                ref inner => self.permits(inner),
+            },
             _ => Ok(()),
         }
     }
@@ -365,6 +398,10 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
     let finish = write
         && find(offered, FINISH)
             .is_some_and(|list| list.split(',').any(|v| FINISH_VERSIONS.contains(&v)));
+    // Only with the write requests it extends.
+    let posix = write
+        && find(offered, POSIX)
+            .is_some_and(|list| list.split(',').any(|v| POSIX_VERSIONS.contains(&v)));
     Ok(Negotiated {
         hash,
         accepted,
@@ -374,6 +411,7 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
         cluster,
         dirs,
         finish,
+        posix,
         encryption: None,
     })
 }
@@ -534,6 +572,16 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
             ))
         }
     };
+    let posix = match find(chosen, POSIX) {
+        None => false,
+        Some(v) if offer.posix && write && POSIX_VERSIONS.contains(&v) => true,
+        Some(v) => {
+            return Err(format!(
+                "the server chose posix version '{}', which this client did not offer (or without write)",
+                v.escape_debug()
+            ))
+        }
+    };
     Ok(Negotiated {
         hash,
         accepted: Algorithms::of(&offer.hashes),
@@ -543,6 +591,7 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
         cluster,
         dirs,
         finish,
+        posix,
         encryption: accept_encryption(chosen, offer)?,
     })
 }

@@ -2,7 +2,8 @@
 //! directories, symlinks, links, renames, removals and space, each one blocking
 //! filesystem call (or one batch of them) in the share; and those of the `write`
 //! capability that name paths (`Move`, `SetAttrs`, `ShareAccess`); and the directory
-//! batches of the `dirs` capability (`MakeDirs`, `SetAttrBatch`).
+//! batches of the `dirs` capability (`MakeDirs`, `SetAttrBatch`); and the `posix`
+//! capability's `MakeNode` and `SetTimes` ([`crate::nodes`]).
 
 use std::sync::Arc;
 
@@ -10,7 +11,7 @@ use ferry_common::msg::{RemoteError, Request, Response};
 
 use super::blocking::blocking;
 use super::{misrouted, Conn};
-use crate::{dirs, du, files, fsops, links, meta, remove};
+use crate::{dirs, du, files, fsops, links, meta, nodes, remove};
 
 /// Performs one namespace request.
 pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response, RemoteError> {
@@ -87,6 +88,16 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
             Request::SetAttrs { path, attrs, .. } => {
                 files::set_attrs(&share, &path, &attrs, &manifests)?
             }
+            Request::MakeNode {
+                path,
+                kind,
+                mode,
+                rdev,
+                ..
+            } => nodes::make_node(&share, &path, kind, mode, rdev)?,
+            Request::SetTimes {
+                path, atime, mtime, ..
+            } => nodes::set_times(&share, &path, atime, mtime)?,
             other => return Err(misrouted(&other).into()),
         })
     })

@@ -662,8 +662,16 @@ impl Inner {
         if nodes.id_of(path) == Some(ino) {
             nodes.store_attr(path, attr.clone(), Instant::now());
         }
-        // A file this mount created has its server file now.
+        // A file this mount created has its server file now, and keeps the owner it
+        // was shown with until its attributes are fetched again.
+        let was = nodes.key(ino);
         nodes.rekey(ino, (attr.dev, attr.ino));
+        if let Some((dev, old)) = was {
+            let mut owners = lock(&self.owners);
+            if let Some(o) = owners.get(&(dev, old)).copied() {
+                owners.insert((attr.dev, attr.ino), o);
+            }
+        }
         nodes.changed(parent_of(path));
         drop(nodes);
         lock(&self.staged).remove(path);
@@ -860,6 +868,9 @@ impl Inner {
             })
             .await?;
         let attr = opened.attr.clone();
+        if let Some(o) = self.created_owner(parent_of(&path)) {
+            self.remember_owner(&attr, o);
+        }
         let staged = opened.staged;
         let ino = lock(&self.nodes).remember(&path, (attr.dev, attr.ino));
         let wf = WriteFile::new(self.remote.clone(), conn, label, opened, algorithm)?;
@@ -875,6 +886,22 @@ impl Inner {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.wfhs).insert(fh, (ino, wf));
         Ok((ino, fh, attr))
+    }
+
+    /// The owner a file the current caller creates in `dir` gets from the server's
+    /// kernel: the caller's uid, and the directory's group where it is set-group-ID,
+    /// else the caller's; shown until the file's attributes are fetched again. `None`
+    /// without a caller or where owners are not shown.
+    fn created_owner(&self, dir: &str) -> Option<ferry_common::msg::Owner> {
+        let caller = ferry_client::posix::current_caller().filter(|_| self.show_owners)?;
+        let parent = lock(&self.nodes).attr(dir, Instant::now(), Duration::MAX);
+        let inherited = parent
+            .filter(|p| p.mode & 0o2000 != 0)
+            .and_then(|p| lock(&self.owners).get(&(p.dev, p.ino)).map(|o| o.gid));
+        Some(ferry_common::msg::Owner {
+            uid: caller.uid,
+            gid: inherited.unwrap_or(caller.gid),
+        })
     }
 
     /// A file created `O_EXCL` or `O_TRUNC`, which nobody else can see before it takes
@@ -910,6 +937,9 @@ impl Inner {
             exclusive: how.exclusive,
             caller: ferry_client::posix::current_caller(),
         };
+        if let Some(o) = self.created_owner(parent_of(&path)) {
+            self.remember_owner(&attr, o);
+        }
         let wf = WriteFile::deferred(self.remote.clone(), conn, create, attr.clone(), algorithm)?;
         let id = {
             let mut nodes = lock(&self.nodes);

@@ -1053,20 +1053,34 @@ impl Inner {
     ) -> Result<Attr, OpError> {
         let times = (atime, mtime) != (TimeSet::Omit, TimeSet::Omit);
         let posix = self.remote.conn().await?.client.has_posix();
-        if !times || !posix || self.wfile(ino.0).is_some() {
+        if !times || !posix {
             return self.setattr(ino, attrs).await;
         }
+        let all = attrs;
         (attrs.atime, attrs.mtime) = (None, None);
         if !attrs.is_empty() {
             self.setattr(ino, attrs).await?;
         }
         let path = self.path_of(ino)?;
         let sp = self.share_path(&path);
-        let attr = self
+        let got = self
             .change(format!("utimens {sp}"), |c, share| async move {
                 c.client.set_times(&share, &sp, atime, mtime).await
             })
-            .await?;
+            .await;
+        let attr = match got {
+            // A file this mount has not named yet is its creator's: its times go with
+            // its handle.
+            Err(e) if e.errno == Errno::ENOENT && self.wfile(ino.0).is_some() => {
+                let times = ferry_common::msg::SetAttrs {
+                    atime: all.atime,
+                    mtime: all.mtime,
+                    ..Default::default()
+                };
+                return self.setattr(ino, times).await;
+            }
+            got => got?,
+        };
         lock(&self.nodes).store_attr(&path, attr.clone(), Instant::now());
         Ok(attr)
     }

@@ -355,6 +355,7 @@ impl From<BatchError> for RemoteError {
             BatchError::Open(e) => e.into(),
             BatchError::Pool(e) => e.into(),
             e @ BatchError::Task(_) => with_cause(ErrorKind::Io, &e),
+            e @ BatchError::Act(_) => with_cause(ErrorKind::PermissionDenied, &e),
             e @ (BatchError::RegionWraps | BatchError::WrongHash { .. }) => {
                 RemoteError::new(ErrorKind::Protocol, e.to_string())
             }

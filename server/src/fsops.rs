@@ -2,7 +2,7 @@
 
 use std::fs::{self, File, Permissions};
 use std::io;
-use std::os::unix::fs::{symlink, DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
 use ferry_common::attr::{attr_of, owner_of};
@@ -307,14 +307,12 @@ pub fn mkdir(share: &Share, rel: &str, mode: u32, exist_ok: bool) -> Result<Resp
     let what = share.display(rel);
     let path = share.resolve_for_write(rel)?;
     match fs::DirBuilder::new().mode(mode & 0o7777).create(&path) {
+        // A caller's directory has its mode already (no umask while acting), and
+        // keeps the set-group-ID bit it inherited, which a chmod would clear.
+        Ok(()) if crate::owners::acting() => Ok(Response::Ok),
         Ok(()) => {
-            // The umask may have cleared bits: set exactly what was asked, and keep
-            // the set-group-ID bit a caller's directory inherited from its parent.
-            let inherited = match crate::owners::acting() {
-                true => fs::symlink_metadata(&path).map_or(0, |m| m.mode() & 0o2000),
-                false => 0,
-            };
-            fs::set_permissions(&path, Permissions::from_mode(mode & 0o7777 | inherited))
+            // The umask may have cleared bits: set exactly what was asked.
+            fs::set_permissions(&path, Permissions::from_mode(mode & 0o7777))
                 .map_err(|source| FsError::Chmod { path: what, source })?;
             Ok(Response::Ok)
         }

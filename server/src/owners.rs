@@ -105,8 +105,9 @@ tokio::task_local! {
 }
 
 thread_local! {
-    /// What the acting caller of this thread may make: (devices, set-ID bits).
-    static ALLOWS: Cell<Option<(bool, bool)>> = const { Cell::new(None) };
+    /// What the acting caller of this thread may make: (devices, set-ID bits), and
+    /// whether it is root.
+    static ALLOWS: Cell<Option<(bool, bool, bool)>> = const { Cell::new(None) };
 }
 
 /// Runs `fut` acting as `acting` (every [`spawn_blocking`] it makes acts so).
@@ -128,7 +129,7 @@ where
             return Ok(f());
         };
         let _guard = creds::act_as(a.uid, a.gid, &a.groups)?;
-        ALLOWS.with(|c| c.set(Some((a.devices, a.setid))));
+        ALLOWS.with(|c| c.set(Some((a.devices, a.setid, a.uid == 0))));
         let out = f();
         ALLOWS.with(|c| c.set(None));
         Ok(out)
@@ -148,7 +149,7 @@ pub enum Refused {
 
 /// Whether this thread's caller may make a node of `kind` (always, when not acting).
 pub fn check_node(kind: NodeKind) -> Result<(), Refused> {
-    let devices = ALLOWS.with(Cell::get).is_none_or(|(d, _)| d);
+    let devices = ALLOWS.with(Cell::get).is_none_or(|(d, _, _)| d);
     match kind {
         NodeKind::Char | NodeKind::Block if !devices => Err(Refused::Device),
         _ => Ok(()),
@@ -158,11 +159,17 @@ pub fn check_node(kind: NodeKind) -> Result<(), Refused> {
 /// Whether this thread's caller may give a non-directory the permission bits `mode`
 /// (always, when not acting).
 pub fn check_setid(mode: u32) -> Result<(), Refused> {
-    let setid = ALLOWS.with(Cell::get).is_none_or(|(_, s)| s);
+    let setid = ALLOWS.with(Cell::get).is_none_or(|(_, s, _)| s);
     if mode & 0o6000 != 0 && !setid {
         return Err(Refused::SetId);
     }
     Ok(())
+}
+
+/// Whether this thread acts as a caller other than root, who may not give files
+/// away: metadata batches then leave owners as they are, as rsync run by a user does.
+pub fn acting_unprivileged() -> bool {
+    ALLOWS.with(Cell::get).is_some_and(|(_, _, root)| !root)
 }
 
 /// Whether this thread acts as a caller (whose kernel rules then hold as they are:

@@ -39,10 +39,14 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
                 fsops::list_dir_meta(&share, &path, cursor)?
             }
             Request::SetMeta { entries, .. } => Response::MetaSet {
-                results: meta::set_meta(&share, entries, meta::applies_owners())
-                    .into_iter()
-                    .map(|r| r.err().map(RemoteError::from))
-                    .collect(),
+                results: meta::set_meta(
+                    &share,
+                    entries,
+                    meta::applies_owners() && !crate::owners::acting_unprivileged(),
+                )
+                .into_iter()
+                .map(|r| r.err().map(RemoteError::from))
+                .collect(),
             },
             Request::MakeDirs { dirs, .. } => Response::MetaSet {
                 results: dirs::make_dirs(&share, &dirs)
@@ -51,10 +55,14 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
                     .collect(),
             },
             Request::SetAttrBatch { entries, .. } => Response::MetaSet {
-                results: dirs::set_attr_batch(&share, &entries, meta::applies_owners())
-                    .into_iter()
-                    .map(|r| r.err().map(RemoteError::from))
-                    .collect(),
+                results: dirs::set_attr_batch(
+                    &share,
+                    &entries,
+                    meta::applies_owners() && !crate::owners::acting_unprivileged(),
+                )
+                .into_iter()
+                .map(|r| r.err().map(RemoteError::from))
+                .collect(),
             },
             Request::Mkdir {
                 path,

@@ -8,12 +8,16 @@
 //! broadcasts the change), so it is never used here. A [`Guard`] restores the thread's
 //! file-system ids and groups when dropped, so a pooled thread never runs a later task
 //! as the user of an earlier one. A thread that acts as someone is marked, for
-//! [`acting`].
+//! [`acting`]. Such a thread first unshares its file-system attributes (`CLONE_FS`)
+//! so that, while acting, its umask is 0 (the caller's modes come with the caller's
+//! umask applied) without changing the process's.
 
 use std::cell::Cell;
 use std::io;
 
 use nix::libc;
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::stat::{umask, Mode};
 use nix::unistd::{setfsgid, setfsuid, Gid, Uid};
 
 /// Most supplementary groups a caller may carry (the kernel's `NGROUPS_MAX`).
@@ -21,6 +25,9 @@ pub const MAX_GROUPS: usize = crate::msg::CALLER_MAX_GROUPS;
 
 thread_local! {
     static ACTING: Cell<bool> = const { Cell::new(false) };
+    /// This thread has its own umask (and working directory), unshared from the
+    /// process's, so it can make entries with exactly the caller's modes.
+    static OWN_FS: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Whether this thread is acting as a caller (a [`Guard`] is alive on it).
@@ -35,6 +42,7 @@ pub struct Guard {
     uid: Uid,
     gid: Gid,
     groups: Vec<libc::gid_t>,
+    umask: Mode,
 }
 
 /// Makes the calling thread act as `uid`/`gid` with supplementary `groups` for file
@@ -45,12 +53,18 @@ pub fn act_as(uid: u32, gid: u32, groups: &[u32]) -> io::Result<Guard> {
     if groups.len() > MAX_GROUPS {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
+    if !OWN_FS.with(Cell::get) {
+        unshare(CloneFlags::CLONE_FS).map_err(io::Error::from)?;
+        OWN_FS.with(|o| o.set(true));
+    }
     let saved = thread_groups()?;
     set_thread_groups(groups)?;
     let guard = Guard {
         uid: setfsuid(Uid::from_raw(uid)),
         gid: setfsgid(Gid::from_raw(gid)),
         groups: saved,
+        // The caller's modes arrive with its own umask applied: none is added here.
+        umask: umask(Mode::empty()),
     };
     ACTING.with(|a| a.set(true));
     // setfsuid answers the previous id whether or not it changed it: asking again
@@ -68,6 +82,7 @@ impl Drop for Guard {
     fn drop(&mut self) {
         setfsuid(self.uid);
         setfsgid(self.gid);
+        umask(self.umask);
         if let Err(e) = set_thread_groups(&self.groups) {
             // A thread that cannot get its groups back must not serve anyone else.
             panic!("cannot restore this thread's supplementary groups: {e}");

@@ -75,6 +75,7 @@ fn file_kind() -> impl Strategy<Value = FileKind> {
         Just(FileKind::Dir),
         Just(FileKind::Symlink),
         Just(FileKind::Other),
+        (node_kind(), any::<u64>()).prop_map(|(kind, rdev)| FileKind::Node { kind, rdev }),
     ]
 }
 
@@ -451,6 +452,57 @@ fn request() -> impl Strategy<Value = Request> {
                     }
                 }
             ),
+        (share_path(), node_kind(), any::<u32>(), any::<u64>()).prop_map(
+            |((share, path), kind, mode, rdev)| Request::MakeNode {
+                share,
+                path,
+                kind,
+                mode,
+                rdev,
+            }
+        ),
+        (share_path(), time_set(), time_set()).prop_map(|((share, path), atime, mtime)| {
+            Request::SetTimes {
+                share,
+                path,
+                atime,
+                mtime,
+            }
+        }),
+        (
+            any::<u32>(),
+            any::<u32>(),
+            vec(any::<u32>(), 0..=32),
+            share_path(),
+            any::<bool>()
+        )
+            .prop_map(|(uid, gid, groups, (share, path), follow)| {
+                Request::AsCaller {
+                    caller: Caller { uid, gid, groups },
+                    request: Box::new(Request::Stat {
+                        share,
+                        path,
+                        follow,
+                    }),
+                }
+            }),
+    ]
+}
+
+fn node_kind() -> impl Strategy<Value = NodeKind> {
+    prop_oneof![
+        Just(NodeKind::Fifo),
+        Just(NodeKind::Socket),
+        Just(NodeKind::Char),
+        Just(NodeKind::Block),
+    ]
+}
+
+fn time_set() -> impl Strategy<Value = TimeSet> {
+    prop_oneof![
+        Just(TimeSet::Omit),
+        Just(TimeSet::Now),
+        timestamp().prop_map(TimeSet::At),
     ]
 }
 
@@ -857,6 +909,9 @@ fn request_variant(r: &Request) -> usize {
         Request::SetAttrBatch { .. } => 45,
         Request::FileFinish { .. } => 46,
         Request::FilePut { .. } => 47,
+        Request::AsCaller { .. } => 48,
+        Request::MakeNode { .. } => 49,
+        Request::SetTimes { .. } => 50,
     }
 }
 
@@ -1378,7 +1433,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 48], [false; 28]);
+    let (mut requests, mut responses) = ([false; 51], [false; 28]);
     for _ in 0..4000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

@@ -966,6 +966,14 @@ impl WriteFile {
     }
 }
 
+/// Runs `fut` as `caller`'s, if one is given.
+async fn in_scope<F: std::future::Future>(caller: Option<Caller>, fut: F) -> F::Output {
+    match caller {
+        Some(c) => ferry_client::posix::as_caller(c, fut).await,
+        None => fut.await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1015,13 +1023,5 @@ mod tests {
         assert!(f.overlaps(&[(100_000, 100_001), (9000, 9001)]));
         f.live.clear();
         assert!(!f.overlaps(&[(0, u64::MAX)]));
-    }
-}
-
-/// Runs `fut` as `caller`'s, if one is given.
-async fn in_scope<F: std::future::Future>(caller: Option<Caller>, fut: F) -> F::Output {
-    match caller {
-        Some(c) => ferry_client::posix::as_caller(c, fut).await,
-        None => fut.await,
     }
 }

@@ -104,7 +104,7 @@ pub enum ConfigError {
     #[error("invalid size '{0}': expected bytes, optionally with a K, M, G or T suffix (powers of 1024)")]
     Size(String),
     /// An `--owners` value is not `client` or `server` with known options.
-    #[error("invalid owners '{0}': expected client or server, then any of no_root_squash, allow_devices, allow_setid (comma-separated)")]
+    #[error("invalid --owners '{0}': expected NAME=client or NAME=server for a served share NAME, then any of no_root_squash, allow_devices, allow_setid (comma-separated)")]
     Owners(String),
     /// A duration is not a number with an optional s, m, h or d suffix.
     #[error("invalid duration '{0}': expected seconds, or a number with an s, m, h or d suffix (e.g. 90m, 24h)")]
@@ -328,6 +328,22 @@ impl Config {
             encryption: parsed.encryption.unwrap_or(DEFAULT_ENCRYPTION),
             cluster: None,
         })
+    }
+
+    /// Applies `--owners NAME=VALUE` options (see [`ShareConfig::set_owners`]).
+    pub fn apply_owners(&mut self, specs: &[String]) -> Result<(), ConfigError> {
+        for spec in specs {
+            let (name, value) = spec
+                .split_once('=')
+                .ok_or_else(|| ConfigError::Owners(spec.clone()))?;
+            let share = self
+                .shares
+                .iter_mut()
+                .find(|s| s.name == name)
+                .ok_or_else(|| ConfigError::Owners(spec.clone()))?;
+            share.set_owners(value)?;
+        }
+        Ok(())
     }
 
     /// Applies `--secret-file` flags: `NAME=FILE` sets share NAME's secret file (it wins

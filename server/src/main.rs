@@ -297,17 +297,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     raise_fd_limit(config.max_connections);
     let default_env = std::env::var_os(DEFAULT_SECRET_ENV).map(|_| DEFAULT_SECRET_ENV);
     config.apply_secrets(&args.secret_files, default_env)?;
-    for spec in &args.owners {
-        let (name, value) = spec
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--owners {spec}: expected NAME=client|server"))?;
-        let share = config
-            .shares
-            .iter_mut()
-            .find(|s| s.name == name)
-            .ok_or_else(|| anyhow::anyhow!("--owners {spec}: no share '{name}'"))?;
-        share.set_owners(value)?;
-    }
+    config.apply_owners(&args.owners)?;
     config.insecure_no_auth = args.insecure_no_auth;
     for share in config.shares.iter_mut().filter(|s| s.hash.is_none()) {
         share.hash = args.hash;

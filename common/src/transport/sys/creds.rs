@@ -136,8 +136,8 @@ mod tests {
             return;
         }
         let before = thread_groups().unwrap();
+        let (acted, done) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
         std::thread::scope(|s| {
-            let (acted, done) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
             s.spawn(|| {
                 acted.wait();
                 // Another thread of the process keeps its own groups meanwhile.

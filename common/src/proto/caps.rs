@@ -689,9 +689,49 @@ mod tests {
                 Capability::new(WRITE, "1"),
                 Capability::new(CLUSTER, "1"),
                 Capability::new(DIRS, "1"),
-                Capability::new(FINISH, "1")
+                Capability::new(FINISH, "1"),
+                Capability::new(POSIX, "1")
             ]
         );
+    }
+
+    #[test]
+    fn posix_is_on_only_with_write_and_never_nests() {
+        let stat = Request::Stat {
+            share: "s".into(),
+            path: "p".into(),
+            follow: false,
+        };
+        let wrap = |request: Request| Request::AsCaller {
+            caller: crate::msg::Caller {
+                uid: 1,
+                gid: 1,
+                groups: vec![],
+            },
+            request: Box::new(request),
+        };
+        let n = choose(
+            &Offer::default().to_capabilities(),
+            HashAlgorithm::SUPPORTED,
+        )
+        .unwrap();
+        assert!(n.posix);
+        assert_eq!(accept(&n.to_capabilities(), &Offer::default()).unwrap(), n);
+        assert_eq!(n.permits(&wrap(stat.clone())), Ok(()));
+        assert_eq!(n.permits(&wrap(wrap(stat.clone()))), Err(POSIX));
+        let older = Offer {
+            posix: false,
+            ..Offer::default()
+        };
+        let n = choose(&older.to_capabilities(), HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.posix);
+        assert_eq!(n.permits(&wrap(stat)), Err(POSIX));
+        let read_only = Offer {
+            write: false,
+            ..Offer::default()
+        };
+        let n = choose(&read_only.to_capabilities(), HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.posix);
     }
 
     #[test]

@@ -452,7 +452,7 @@ impl Client {
                 self.authenticate(share).await?;
             }
         }
-        self.call_raw(req).await
+        self.call_raw(crate::posix::wrap(self, req)).await
     }
 
     /// Proves this session knows `share`'s secret (once per session; later calls

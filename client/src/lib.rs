@@ -53,6 +53,7 @@ pub mod filter;
 pub mod links;
 pub mod location;
 pub mod locks;
+pub mod posix;
 pub mod progress;
 pub mod schedule;
 pub mod transfer;

@@ -217,6 +217,8 @@ fn plan(args: &Args) -> Result<Direction, ClientError> {
 
 fn main() -> ExitCode {
     raise_fd_limit();
+    // Files it makes on a share whose owners are the clients' are its user's.
+    ferry_client::posix::set_process_caller(ferry_client::posix::process_caller());
     // `rcp backup ...` is a command of its own (a source that is literally named
     // `backup` is given as `./backup`).
     if std::env::args_os().nth(1).is_some_and(|a| a == "backup") {

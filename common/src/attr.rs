@@ -2,14 +2,14 @@
 
 use std::fs::{self, Metadata, Permissions};
 use std::io;
-use std::os::unix::fs::{lchown, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{lchown, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nix::sys::stat::{utimensat, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 
-use crate::msg::{Attr, FileKind, Owner, Timestamp};
+use crate::msg::{Attr, FileKind, NodeKind, Owner, Timestamp};
 
 impl Timestamp {
     /// The timestamp of `t`.
@@ -54,7 +54,22 @@ pub fn kind_of(meta: &Metadata) -> FileKind {
     } else if t.is_symlink() {
         FileKind::Symlink
     } else {
-        FileKind::Other
+        let kind = if t.is_fifo() {
+            NodeKind::Fifo
+        } else if t.is_socket() {
+            NodeKind::Socket
+        } else if t.is_char_device() {
+            NodeKind::Char
+        } else if t.is_block_device() {
+            NodeKind::Block
+        } else {
+            return FileKind::Other;
+        };
+        let rdev = match kind {
+            NodeKind::Char | NodeKind::Block => meta.rdev(),
+            NodeKind::Fifo | NodeKind::Socket => 0,
+        };
+        FileKind::Node { kind, rdev }
     }
 }
 

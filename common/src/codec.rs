@@ -13,7 +13,7 @@
 
 use crate::msg::{
     Attr, BatchedFile, Capability, DirEntry, Message, RemoteError, Request, Response,
-    BATCH_MAX_FILES, BATCH_MAX_PATH_BYTES, LINK_BATCH_MAX, MAX_CAPABILITIES,
+    BATCH_MAX_FILES, BATCH_MAX_PATH_BYTES, CALLER_MAX_GROUPS, LINK_BATCH_MAX, MAX_CAPABILITIES,
     MAX_CAPABILITY_NAME_BYTES, MAX_CAPABILITY_VALUE_BYTES, MAX_DIR_PAGE_ENTRIES,
     MAX_ERROR_MESSAGE_BYTES, MAX_MANIFEST_PAGE_CHUNKS, MAX_MAP_REGIONS, MAX_NAME_BYTES,
     MAX_PATH_BYTES, MAX_VERIFY_BAD_CHUNKS, MAX_WINDOW_CHUNKS, MAX_WRITE_EXTENTS, META_BATCH_MAX,
@@ -220,7 +220,13 @@ pub fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::ListDirMeta { share, path, .. }
         | Request::FileOpen { share, path, .. }
         | Request::SetAttrs { share, path, .. }
-        | Request::StatMeta { share, path, .. } => share_and_path(share, path),
+        | Request::StatMeta { share, path, .. }
+        | Request::MakeNode { share, path, .. }
+        | Request::SetTimes { share, path, .. } => share_and_path(share, path),
+        Request::AsCaller { caller, request } => {
+            limit("groups", caller.groups.len(), CALLER_MAX_GROUPS)?;
+            validate_request(request)
+        }
         Request::Replicate {
             share, path, from, ..
         } => {

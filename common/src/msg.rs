@@ -360,6 +360,55 @@ pub enum FileKind {
     Symlink,
     /// Anything else (device, fifo, socket); never transferred.
     Other,
+    /// A FIFO, socket or device node, as what it is: sent only to a session that
+    /// negotiated the `posix` capability (`proto::caps::POSIX`); other sessions see
+    /// [`FileKind::Other`] (see [`Response::hide_nodes`]). Never opened for data.
+    Node {
+        /// Which kind of node.
+        kind: NodeKind,
+        /// The device number of a device node (`st_rdev`), 0 for the others.
+        rdev: u64,
+    },
+}
+
+/// The kind of a special file ([`FileKind::Node`], [`Request::MakeNode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeKind {
+    /// A named pipe.
+    Fifo,
+    /// A Unix-domain socket's name.
+    Socket,
+    /// A character device.
+    Char,
+    /// A block device.
+    Block,
+}
+
+/// Who a [`Request::AsCaller`] acts as: numeric ids, as NFS's AUTH_SYS sends them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Caller {
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+    /// Supplementary groups, at most [`CALLER_MAX_GROUPS`].
+    pub groups: Vec<u32>,
+}
+
+/// Most supplementary groups a [`Caller`] may carry (the kernel's `NGROUPS_MAX`).
+pub const CALLER_MAX_GROUPS: usize = 65_536;
+
+/// One time of a [`Request::SetTimes`] (`utimensat`'s `UTIME_OMIT`, `UTIME_NOW`, or a
+/// time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TimeSet {
+    /// Left as it is (`UTIME_OMIT`).
+    Omit,
+    /// The server's current time (`UTIME_NOW`), which a user with write access may set
+    /// on a file it does not own.
+    Now,
+    /// This time, which only the owner may set.
+    At(Timestamp),
 }
 
 /// Attributes of a filesystem object.
@@ -1198,6 +1247,48 @@ pub enum Request {
         /// What to do to the range.
         mode: FallocMode,
     },
+    /// Perform `request` as `caller`: on a share whose owners are the clients' (and a
+    /// ferryd running as root), the server makes the request's file-system calls with
+    /// the caller's file-system ids and groups (uid 0 squashed unless the share says
+    /// otherwise), so the kernel checks permissions and picks owners as for a local
+    /// process of that user; elsewhere as if unwrapped. Answered as `request` is. Sent
+    /// only on a session that negotiated `posix` (`proto::caps::POSIX`); never nested,
+    /// never around [`Request::Auth`].
+    AsCaller {
+        /// Who the request acts for.
+        caller: Caller,
+        /// The request.
+        request: Box<Request>,
+    },
+    /// Make a FIFO, socket or device node `path` (`mknod`), with permission bits
+    /// `mode` and, for a device, device number `rdev`; answered by
+    /// [`Response::AttrMeta`]. A device node is refused unless the share allows devices
+    /// and its file system is mounted `nodev`. Sent only on a `posix` session.
+    MakeNode {
+        /// Share name.
+        share: String,
+        /// Share-relative path of the new node.
+        path: String,
+        /// What to make.
+        kind: NodeKind,
+        /// Permission bits.
+        mode: u32,
+        /// Device number (devices only).
+        rdev: u64,
+    },
+    /// Set the access and modification times of `path` (its final component never
+    /// followed), each omitted, the server's now, or a given time (`utimensat`);
+    /// answered by [`Response::Attr`]. Sent only on a `posix` session.
+    SetTimes {
+        /// Share name.
+        share: String,
+        /// Share-relative path.
+        path: String,
+        /// The access time.
+        atime: TimeSet,
+        /// The modification time.
+        mtime: TimeSet,
+    },
 }
 
 /// What a [`Request::FileFallocate`] does to its range.
@@ -1268,7 +1359,10 @@ impl Request {
             Request::XattrGet { share, .. }
             | Request::XattrList { share, .. }
             | Request::XattrSet { share, .. }
-            | Request::XattrRemove { share, .. } => Some(share),
+            | Request::XattrRemove { share, .. }
+            | Request::MakeNode { share, .. }
+            | Request::SetTimes { share, .. } => Some(share),
+            Request::AsCaller { request, .. } => request.share(),
             Request::UploadWindow { .. }
             | Request::UploadCommit { .. }
             | Request::DownloadWindow { .. }
@@ -1475,6 +1569,35 @@ pub enum Response {
         /// bytes, a NUL counted after each).
         names: Vec<Vec<u8>>,
     },
+}
+
+impl Response {
+    /// Shows every special file the response describes as [`FileKind::Other`], for a
+    /// session that did not negotiate `posix` (whose decoder knows no
+    /// [`FileKind::Node`]).
+    pub fn hide_nodes(&mut self) {
+        let hide = |a: &mut Attr| {
+            if let FileKind::Node { .. } = a.kind {
+                a.kind = FileKind::Other;
+            }
+        };
+        match self {
+            Response::Attr(attr)
+            | Response::DownloadOpened { attr, .. }
+            | Response::FileOpened { attr, .. }
+            | Response::AttrMeta { attr, .. } => hide(attr),
+            Response::Mapped(m) => hide(&mut m.attr),
+            Response::Dir { entries, .. } | Response::DirMeta { entries, .. } => {
+                entries.iter_mut().for_each(|e| hide(&mut e.attr))
+            }
+            Response::DownloadedBatch { files } => files.iter_mut().for_each(|f| {
+                if let BatchedFile::Ok { attr, .. } = f {
+                    hide(attr)
+                }
+            }),
+            _ => {}
+        }
+    }
 }
 
 /// What a tree holds, as [`Request::DiskUsage`] reports it. Symlinks are counted, never

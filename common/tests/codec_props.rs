@@ -75,6 +75,7 @@ fn file_kind() -> impl Strategy<Value = FileKind> {
         Just(FileKind::Dir),
         Just(FileKind::Symlink),
         Just(FileKind::Other),
+        (node_kind(), any::<u64>()).prop_map(|(kind, rdev)| FileKind::Node { kind, rdev }),
     ]
 }
 
@@ -515,6 +516,40 @@ fn request() -> impl Strategy<Value = Request> {
             path,
             name
         }),
+        (share_path(), node_kind(), any::<u32>(), any::<u64>()).prop_map(
+            |((share, path), kind, mode, rdev)| Request::MakeNode {
+                share,
+                path,
+                kind,
+                mode,
+                rdev,
+            }
+        ),
+        (share_path(), time_set(), time_set()).prop_map(|((share, path), atime, mtime)| {
+            Request::SetTimes {
+                share,
+                path,
+                atime,
+                mtime,
+            }
+        }),
+        (
+            any::<u32>(),
+            any::<u32>(),
+            vec(any::<u32>(), 0..=32),
+            share_path(),
+            any::<bool>()
+        )
+            .prop_map(|(uid, gid, groups, (share, path), follow)| {
+                Request::AsCaller {
+                    caller: Caller { uid, gid, groups },
+                    request: Box::new(Request::Stat {
+                        share,
+                        path,
+                        follow,
+                    }),
+                }
+            }),
     ]
 }
 
@@ -551,6 +586,23 @@ fn xattr_mode() -> impl Strategy<Value = XattrSetMode> {
         Just(XattrSetMode::Any),
         Just(XattrSetMode::Create),
         Just(XattrSetMode::Replace)
+    ]
+}
+
+fn node_kind() -> impl Strategy<Value = NodeKind> {
+    prop_oneof![
+        Just(NodeKind::Fifo),
+        Just(NodeKind::Socket),
+        Just(NodeKind::Char),
+        Just(NodeKind::Block),
+    ]
+}
+
+fn time_set() -> impl Strategy<Value = TimeSet> {
+    prop_oneof![
+        Just(TimeSet::Omit),
+        Just(TimeSet::Now),
+        timestamp().prop_map(TimeSet::At),
     ]
 }
 
@@ -980,6 +1032,9 @@ fn request_variant(r: &Request) -> usize {
         Request::XattrSet { .. } => 53,
         Request::XattrRemove { .. } => 54,
         Request::FileFallocate { .. } => 55,
+        Request::AsCaller { .. } => 56,
+        Request::MakeNode { .. } => 57,
+        Request::SetTimes { .. } => 58,
     }
 }
 
@@ -1504,7 +1559,7 @@ fn every_request_and_response_variant_is_generated() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
-    let (mut requests, mut responses) = ([false; 56], [false; 31]);
+    let (mut requests, mut responses) = ([false; 59], [false; 31]);
     for _ in 0..4000 {
         match message().new_tree(&mut runner).unwrap().current() {
             Message::Request { body, .. } => requests[request_variant(&body)] = true,

@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use ferry_common::msg::{
-    Attr, DirEntry, FileKind, FileVersion, HashAlgorithm, Timestamp, MAX_PATH_BYTES,
+    Attr, DirEntry, FileKind, FileVersion, HashAlgorithm, NodeKind, TimeSet, Timestamp,
+    MAX_PATH_BYTES,
 };
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
@@ -220,6 +221,49 @@ impl FerryFs {
     }
 }
 
+impl FerryFs {
+    /// [`FerryFs::run`] with every request `f` sends acting as the caller of `req`
+    /// (see `ferry_client::posix`).
+    fn run_as<F, Fut>(&self, req: &Request, f: F)
+    where
+        F: FnOnce(Arc<Inner>) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let caller = caller_of(req);
+        self.run(move |fs| ferry_client::posix::as_caller(caller, f(fs)));
+    }
+
+    /// [`FerryFs::spawn`] acting as the caller of `req`, as [`FerryFs::run_as`].
+    fn spawn_as<F, Fut>(&self, req: &Request, f: F)
+    where
+        F: FnOnce(Arc<Inner>) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let caller = caller_of(req);
+        self.spawn(move |fs| ferry_client::posix::as_caller(caller, f(fs)));
+    }
+}
+
+/// The caller of a kernel request: its ids and its thread's supplementary groups.
+fn caller_of(req: &Request) -> ferry_common::msg::Caller {
+    ferry_client::posix::caller_of(req.pid(), req.uid(), req.gid())
+}
+
+/// What the kernel is told a node of `kind` is.
+fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::File | FileKind::Other => FileType::RegularFile,
+        FileKind::Node { kind, .. } => match kind {
+            NodeKind::Fifo => FileType::NamedPipe,
+            NodeKind::Socket => FileType::Socket,
+            NodeKind::Char => FileType::CharDevice,
+            NodeKind::Block => FileType::BlockDevice,
+        },
+    }
+}
+
 fn system(t: Timestamp) -> SystemTime {
     t.to_system()
 }
@@ -268,10 +312,10 @@ impl Inner {
         } else {
             None
         };
-        let kind = match a.kind {
-            FileKind::Dir => FileType::Directory,
-            FileKind::Symlink => FileType::Symlink,
-            FileKind::File | FileKind::Other => FileType::RegularFile,
+        let kind = file_type(a.kind);
+        let rdev = match a.kind {
+            FileKind::Node { rdev, .. } => u32::try_from(rdev).unwrap_or(0),
+            _ => 0,
         };
         FileAttr {
             ino: INodeNo(ino),
@@ -286,7 +330,7 @@ impl Inner {
             nlink: a.nlink.max(1),
             uid: owner.map_or(self.uid, |o| o.uid),
             gid: owner.map_or(self.gid, |o| o.gid),
-            rdev: 0,
+            rdev,
             blksize: 4096,
             flags: 0,
         }
@@ -581,6 +625,15 @@ fn read_only() -> OpError {
     OpError::new(Errno::EROFS, "the mount is read-only")
 }
 
+/// A time of a `setattr` as `utimensat` has it: omitted, now, or given.
+fn time_set(t: Option<fuser::TimeOrNow>) -> TimeSet {
+    match t {
+        None => TimeSet::Omit,
+        Some(fuser::TimeOrNow::Now) => TimeSet::Now,
+        Some(fuser::TimeOrNow::SpecificTime(t)) => TimeSet::At(Timestamp::from_system(t)),
+    }
+}
+
 fn timestamp(t: fuser::TimeOrNow) -> Timestamp {
     match t {
         fuser::TimeOrNow::SpecificTime(t) => Timestamp::from_system(t),
@@ -619,8 +672,16 @@ impl Inner {
         if nodes.id_of(path) == Some(ino) {
             nodes.store_attr(path, attr.clone(), Instant::now());
         }
-        // A file this mount created has its server file now.
+        // A file this mount created has its server file now, and keeps the owner it
+        // was shown with until its attributes are fetched again.
+        let was = nodes.key(ino);
         nodes.rekey(ino, (attr.dev, attr.ino));
+        if let Some((dev, old)) = was {
+            let mut owners = lock(&self.owners);
+            if let Some(o) = owners.get(&(dev, old)).copied() {
+                owners.insert((attr.dev, attr.ino), o);
+            }
+        }
         nodes.changed(parent_of(path));
         drop(nodes);
         lock(&self.staged).remove(path);
@@ -814,6 +875,9 @@ impl Inner {
             })
             .await?;
         let attr = opened.attr.clone();
+        if let Some(o) = self.created_owner(parent_of(&path)) {
+            self.remember_owner(&attr, o);
+        }
         let staged = opened.staged;
         let ino = lock(&self.nodes).remember(&path, (attr.dev, attr.ino));
         let wf = WriteFile::new(self.remote.clone(), conn, label, opened, algorithm)?;
@@ -829,6 +893,22 @@ impl Inner {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.wfhs).insert(fh, (ino, wf));
         Ok((ino, fh, attr))
+    }
+
+    /// The owner a file the current caller creates in `dir` gets from the server's
+    /// kernel: the caller's uid, and the directory's group where it is set-group-ID,
+    /// else the caller's; shown until the file's attributes are fetched again. `None`
+    /// without a caller or where owners are not shown.
+    fn created_owner(&self, dir: &str) -> Option<ferry_common::msg::Owner> {
+        let caller = ferry_client::posix::current_caller().filter(|_| self.show_owners)?;
+        let parent = lock(&self.nodes).attr(dir, Instant::now(), Duration::MAX);
+        let inherited = parent
+            .filter(|p| p.mode & 0o2000 != 0)
+            .and_then(|p| lock(&self.owners).get(&(p.dev, p.ino)).map(|o| o.gid));
+        Some(ferry_common::msg::Owner {
+            uid: caller.uid,
+            gid: inherited.unwrap_or(caller.gid),
+        })
     }
 
     /// A file created `O_EXCL` or `O_TRUNC`, which nobody else can see before it takes
@@ -862,7 +942,11 @@ impl Inner {
             path: self.share_path(&path),
             mode: how.create.unwrap_or(0o644),
             exclusive: how.exclusive,
+            caller: ferry_client::posix::current_caller(),
         };
+        if let Some(o) = self.created_owner(parent_of(&path)) {
+            self.remember_owner(&attr, o);
+        }
         let wf = WriteFile::deferred(self.remote.clone(), conn, create, attr.clone(), algorithm)?;
         let id = {
             let mut nodes = lock(&self.nodes);
@@ -965,6 +1049,57 @@ impl Inner {
         Ok(attr)
     }
 
+    /// `setattr`: on a `posix` session with no descriptor open for writing here,
+    /// times go by `SetTimes` (the server's now for `UTIME_NOW`, whose permission rule
+    /// differs from a given time's) after the rest; else as [`Inner::setattr`].
+    async fn setattr_posix(
+        &self,
+        ino: INodeNo,
+        mut attrs: ferry_common::msg::SetAttrs,
+        (atime, mtime): (TimeSet, TimeSet),
+    ) -> Result<Attr, OpError> {
+        let times = (atime, mtime) != (TimeSet::Omit, TimeSet::Omit);
+        let posix = self.remote.conn().await?.client.has_posix();
+        if !times || !posix {
+            return self.setattr(ino, attrs).await;
+        }
+        let all = attrs;
+        (attrs.atime, attrs.mtime) = (None, None);
+        if !attrs.is_empty() {
+            self.setattr(ino, attrs).await?;
+        }
+        let path = self.path_of(ino)?;
+        let sp = self.share_path(&path);
+        let got = self
+            .change(format!("utimens {sp}"), |c, share| async move {
+                c.client.set_times(&share, &sp, atime, mtime).await
+            })
+            .await;
+        let attr = match got {
+            // A file this mount has not named yet is its creator's: its times go with
+            // its handle.
+            Err(e) if e.errno == Errno::ENOENT && self.wfile(ino.0).is_some() => {
+                let times = ferry_common::msg::SetAttrs {
+                    atime: all.atime,
+                    mtime: all.mtime,
+                    ..Default::default()
+                };
+                return self.setattr(ino, times).await;
+            }
+            got => got?,
+        };
+        lock(&self.nodes).store_attr(&path, attr.clone(), Instant::now());
+        Ok(attr)
+    }
+
+    /// Forgets the cached attributes of every name of the inode of `attr` (its link
+    /// count or ctime changed by a link, unlink or rename of one of them).
+    fn inode_changed(&self, attr: &Attr) {
+        if attr.kind != FileKind::Dir {
+            lock(&self.nodes).changed_inode(attr.dev, attr.ino);
+        }
+    }
+
     /// Runs a namespace change on the server: `what` for messages, `f` the call.
     async fn change<T, F, Fut>(&self, what: String, f: F) -> Result<T, OpError>
     where
@@ -1044,6 +1179,27 @@ impl Inner {
         Ok(made)
     }
 
+    /// `mknod` of a FIFO, socket or device node (a `posix` session's `MakeNode`).
+    async fn make_node(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        kind: NodeKind,
+        mode: u32,
+        rdev: u64,
+    ) -> Result<(u64, Attr), OpError> {
+        let path = self.child(parent, name)?;
+        let sp = self.share_path(&path);
+        let (attr, owner) = self
+            .change(format!("mknod {sp}"), |c, share| async move {
+                c.client.make_node(&share, &sp, kind, mode, rdev).await
+            })
+            .await?;
+        self.remember_owner(&attr, owner);
+        let made = self.made(&path).await?;
+        Ok(made)
+    }
+
     async fn symlink(
         &self,
         parent: INodeNo,
@@ -1078,7 +1234,9 @@ impl Inner {
         })
         .await?;
         lock(&self.nodes).changed(&from);
-        self.made(&to).await
+        let made = self.made(&to).await?;
+        self.inode_changed(&made.1);
+        Ok(made)
     }
 
     /// unlink (`dir` false) or rmdir (`dir` true).
@@ -1114,6 +1272,7 @@ impl Inner {
             }
             Err(e) => Err(e),
             Ok(()) => {
+                self.inode_changed(&attr);
                 let mut nodes = lock(&self.nodes);
                 nodes.removed(&path, Instant::now());
                 nodes.changed(parent_of(&path));
@@ -1143,11 +1302,20 @@ impl Inner {
         self.name_staged(&from).await?;
         self.name_staged(&to).await?;
         let no_replace = flags.contains(fuser::RenameFlags::RENAME_NOREPLACE);
+        // The moved inode's ctime changes, and a replaced one loses a link.
+        let before: Vec<Attr> = {
+            let nodes = lock(&self.nodes);
+            [&from, &to]
+                .iter()
+                .filter_map(|p| nodes.attr(p, Instant::now(), Duration::MAX))
+                .collect()
+        };
         let (sf, st) = (self.share_path(&from), self.share_path(&to));
         self.change(format!("rename {sf} to {st}"), |c, share| async move {
             c.client.move_entry(&share, &sf, &st, no_replace).await
         })
         .await?;
+        before.iter().for_each(|a| self.inode_changed(a));
         let mut nodes = lock(&self.nodes);
         nodes.renamed(&from, &to, Instant::now());
         nodes.changed(parent_of(&from));
@@ -1364,7 +1532,7 @@ impl fuser::Filesystem for FerryFs {
                 truncate: flags.0 & nix::libc::O_TRUNC != 0,
             };
             let opener = Some(req.pid());
-            self.spawn(|fs| async move {
+            self.spawn_as(req, |fs| async move {
                 let got = match fs.path_of(ino) {
                     Ok(path) => fs.open_write(ino.0, &path, how).await,
                     Err(e) => Err(e),
@@ -1381,7 +1549,7 @@ impl fuser::Filesystem for FerryFs {
             });
             return;
         }
-        self.spawn(|fs| async move {
+        self.spawn_as(req, |fs| async move {
             match fs.open(ino).await {
                 Ok((fh, keep)) => {
                     let flags = if keep {
@@ -1524,11 +1692,7 @@ impl fuser::Filesystem for FerryFs {
                 n => match entries.get((n - 2) as usize) {
                     None => break,
                     Some(e) => {
-                        let kind = match e.attr.kind {
-                            FileKind::Dir => FileType::Directory,
-                            FileKind::Symlink => FileType::Symlink,
-                            FileKind::File | FileKind::Other => FileType::RegularFile,
-                        };
+                        let kind = file_type(e.attr.kind);
                         reply.add(INodeNo(e.attr.ino.max(2)), n + 1, kind, &e.name)
                     }
                 },
@@ -1781,7 +1945,7 @@ impl fuser::Filesystem for FerryFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -1795,15 +1959,15 @@ impl fuser::Filesystem for FerryFs {
             Err(e) => return reply.error(e),
         };
         let (name, value) = (name.to_owned(), value.to_vec());
-        self.spawn(move |fs| async move {
+        self.spawn_as(req, move |fs| async move {
             let got = fs.change_xattr(ino, &name, Some((value, mode))).await;
             xattr::answer_change("setxattr", reply, got);
         });
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name.to_owned();
-        self.spawn(move |fs| async move {
+        self.spawn_as(req, move |fs| async move {
             let got = fs.change_xattr(ino, &name, None).await;
             xattr::answer_change("removexattr", reply, got);
         });
@@ -1811,7 +1975,7 @@ impl fuser::Filesystem for FerryFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -1835,8 +1999,9 @@ impl fuser::Filesystem for FerryFs {
             atime: atime.map(timestamp),
             mtime: mtime.map(timestamp),
         };
-        self.run(|fs| async move {
-            match fs.setattr(ino, attrs).await {
+        let times = (time_set(atime), time_set(mtime));
+        self.run_as(req, |fs| async move {
+            match fs.setattr_posix(ino, attrs, times).await {
                 Ok(a) => {
                     let a = fs.wfile(ino.0).map_or(a, |wf| wf.attr());
                     reply.attr(&Duration::ZERO, &fs.file_attr(ino.0, &a))
@@ -1848,20 +2013,38 @@ impl fuser::Filesystem for FerryFs {
 
     fn mknod(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        if mode & nix::libc::S_IFMT != nix::libc::S_IFREG {
-            // FIFOs, sockets and devices are not kept on a share.
-            return reply.error(Errno::EPERM);
-        }
+        let node = match mode & nix::libc::S_IFMT {
+            nix::libc::S_IFREG => None,
+            nix::libc::S_IFIFO => Some(NodeKind::Fifo),
+            nix::libc::S_IFSOCK => Some(NodeKind::Socket),
+            nix::libc::S_IFCHR => Some(NodeKind::Char),
+            nix::libc::S_IFBLK => Some(NodeKind::Block),
+            _ => return reply.error(Errno::EINVAL),
+        };
         let name = name.to_owned();
-        self.spawn(|fs| async move {
+        if let Some(kind) = node {
+            let mode = mode & !umask & 0o7777;
+            return self.spawn_as(req, |fs| async move {
+                match fs
+                    .make_node(parent, &name, kind, mode, u64::from(rdev))
+                    .await
+                {
+                    Ok((ino, attr)) => {
+                        reply.entry(&fs.opts.entry_ttl, &fs.file_attr(ino, &attr), Generation(0))
+                    }
+                    Err(e) => reply.error(fail("mknod", e)),
+                }
+            });
+        }
+        self.spawn_as(req, |fs| async move {
             let made = async {
                 let flags = nix::libc::O_EXCL;
                 let (ino, fh, _) = fs.create(parent, &name, mode & !umask, flags).await?;
@@ -1883,7 +2066,7 @@ impl fuser::Filesystem for FerryFs {
 
     fn mkdir(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -1891,7 +2074,7 @@ impl fuser::Filesystem for FerryFs {
         reply: ReplyEntry,
     ) {
         let name = name.to_owned();
-        self.spawn(|fs| async move {
+        self.spawn_as(req, |fs| async move {
             match fs.mkdir(parent, &name, mode & !umask).await {
                 Ok((ino, attr)) => {
                     reply.entry(&fs.opts.entry_ttl, &fs.file_attr(ino, &attr), Generation(0))
@@ -1901,9 +2084,9 @@ impl fuser::Filesystem for FerryFs {
         });
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name.to_owned();
-        self.spawn(|fs| async move {
+        self.spawn_as(req, |fs| async move {
             match fs.remove(parent, &name, false).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("unlink", e)),
@@ -1911,9 +2094,9 @@ impl fuser::Filesystem for FerryFs {
         });
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = name.to_owned();
-        self.spawn(|fs| async move {
+        self.spawn_as(req, |fs| async move {
             match fs.remove(parent, &name, true).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("rmdir", e)),
@@ -1923,14 +2106,14 @@ impl fuser::Filesystem for FerryFs {
 
     fn symlink(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         link_name: &OsStr,
         target: &Path,
         reply: ReplyEntry,
     ) {
         let (name, target) = (link_name.to_owned(), target.to_owned());
-        self.spawn(|fs| async move {
+        self.spawn_as(req, |fs| async move {
             match fs.symlink(parent, &name, &target).await {
                 Ok((ino, attr)) => {
                     reply.entry(&fs.opts.entry_ttl, &fs.file_attr(ino, &attr), Generation(0))
@@ -1942,7 +2125,7 @@ impl fuser::Filesystem for FerryFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -1951,7 +2134,7 @@ impl fuser::Filesystem for FerryFs {
         reply: ReplyEmpty,
     ) {
         let (name, newname) = (name.to_owned(), newname.to_owned());
-        self.spawn(|fs| async move {
+        self.spawn_as(req, |fs| async move {
             match fs.rename(parent, &name, newparent, &newname, flags).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("rename", e)),
@@ -1961,14 +2144,14 @@ impl fuser::Filesystem for FerryFs {
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
         let newname = newname.to_owned();
-        self.spawn(|fs| async move {
+        self.spawn_as(req, |fs| async move {
             match fs.link(ino, newparent, &newname).await {
                 Ok((ino, attr)) => {
                     reply.entry(&fs.opts.entry_ttl, &fs.file_attr(ino, &attr), Generation(0))
@@ -2031,7 +2214,7 @@ impl fuser::Filesystem for FerryFs {
     ) {
         let name = name.to_owned();
         let opener = Some(req.pid());
-        self.run(|fs| async move {
+        self.run_as(req, |fs| async move {
             match fs.create(parent, &name, mode & !umask, flags).await {
                 Ok((ino, fh, attr)) => {
                     if let Some(tid) = opener {

@@ -36,7 +36,13 @@ struct Node {
     lookups: u64,
     /// The server file; `None` for the root.
     key: Option<FileKey>,
+    /// Other names it was looked up by (hard links), at most [`OTHER_NAMES`]: one
+    /// takes over `path` when that name is removed, so the node stays reachable.
+    others: Vec<String>,
 }
+
+/// Most other names a node remembers.
+const OTHER_NAMES: usize = 8;
 
 /// Node ids, attribute cache and negative cache of one mount.
 #[derive(Debug)]
@@ -66,6 +72,7 @@ impl Nodes {
                 path: String::new(),
                 lookups: 1,
                 key: None,
+                others: Vec::new(),
             },
         );
         Nodes {
@@ -101,12 +108,17 @@ impl Nodes {
             path: path.to_string(),
             lookups: 0,
             key: Some(key),
+            others: Vec::new(),
         });
         node.lookups += 1;
         if node.path != path {
             let old = std::mem::replace(&mut node.path, path.to_string());
+            node.others.retain(|p| p != path);
             if self.by_path.get(&old) == Some(&id) {
                 self.by_path.remove(&old);
+                if node.others.len() < OTHER_NAMES {
+                    node.others.push(old);
+                }
             }
         }
         self.by_path.insert(path.to_string(), id);
@@ -257,8 +269,23 @@ impl Nodes {
     /// `path` was removed (on the server): its cached attributes go and it is
     /// remembered as missing; its node keeps its id until the kernel forgets it.
     pub fn removed(&mut self, path: &str, now: Instant) {
-        self.by_path.remove(path);
+        if let Some(id) = self.by_path.remove(path) {
+            // Another name of a hard-linked file takes over.
+            let node = self.nodes.get_mut(&id);
+            if let Some(other) = node.and_then(|n| n.others.pop().map(|o| (n, o))) {
+                let (node, other) = other;
+                node.path = other.clone();
+                self.by_path.entry(other).or_insert(id);
+            }
+        }
         self.store_missing(path, now);
+    }
+
+    /// Forgets the cached attributes of every name of inode `ino` on `dev` (its link
+    /// count or ctime changed).
+    pub fn changed_inode(&mut self, dev: u64, ino: u64) {
+        self.attrs
+            .retain(|_, (a, _)| !(a.dev == dev && a.ino == ino));
     }
 
     /// Forgets the cached attributes of `path` (it changed).

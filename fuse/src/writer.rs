@@ -35,7 +35,9 @@ use std::time::Duration;
 use ferry_client::error::ClientError;
 use ferry_client::files::OpenedFile;
 use ferry_common::chunk::hash_chunk;
-use ferry_common::msg::{Attr, Extent, HashAlgorithm, RegionDesc, SetAttrs, MAX_WRITE_EXTENTS};
+use ferry_common::msg::{
+    Attr, Caller, Extent, HashAlgorithm, RegionDesc, SetAttrs, MAX_WRITE_EXTENTS,
+};
 use ferry_common::proto::conn::file_io_max;
 use ferry_common::transport::{Access, Buffer, Memory, Registration, SharedTransport};
 use fuser::Errno;
@@ -226,6 +228,9 @@ pub struct Create {
     pub mode: u32,
     /// `O_EXCL`.
     pub exclusive: bool,
+    /// Who created it: the server makes it as this caller when it makes it (see
+    /// `ferry_client::posix`).
+    pub caller: Option<Caller>,
 }
 
 struct State {
@@ -389,15 +394,17 @@ impl WriteFile {
             path,
             mode,
             exclusive,
+            caller,
         } = create;
         let opened = match put {
             // Created with O_EXCL or O_TRUNC: a new staged file, as `FileOpen` would
             // have made at create.
             None => {
                 self.call("open", |c| async move {
-                    c.client
-                        .file_open(&share, &path, Some(mode), exclusive, true)
-                        .await
+                    let open = c
+                        .client
+                        .file_open(&share, &path, Some(mode), exclusive, true);
+                    in_scope(caller, open).await
                 })
                 .await?
             }
@@ -753,7 +760,8 @@ impl WriteFile {
                 let attr = self
                     .call("close", |conn| async move {
                         let target = (c.share.as_str(), c.path.as_str(), c.mode, c.exclusive);
-                        conn.client.file_put(target, write, algorithm, attrs).await
+                        let put = conn.client.file_put(target, write, algorithm, attrs);
+                        in_scope(c.caller.clone(), put).await
                     })
                     .await?;
                 st.opened = Opened::Put(create.clone(), (attr.dev, attr.ino));
@@ -996,6 +1004,14 @@ impl WriteFile {
             }
         }
         Ok(out)
+    }
+}
+
+/// Runs `fut` as `caller`'s, if one is given.
+async fn in_scope<F: std::future::Future>(caller: Option<Caller>, fut: F) -> F::Output {
+    match caller {
+        Some(c) => ferry_client::posix::as_caller(c, fut).await,
+        None => fut.await,
     }
 }
 

@@ -101,6 +101,9 @@ pub enum BatchError {
     /// The blocking task that wrote or read the batch's files failed.
     #[error("server task failed")]
     Task(#[source] JoinError),
+    /// The batch's blocking task could not act as its caller.
+    #[error("cannot act as the caller")]
+    Act(#[source] std::io::Error),
     /// A region whose end lies past the address space.
     #[error("a batch region that wraps around")]
     RegionWraps,
@@ -208,19 +211,22 @@ pub async fn upload(
     }
     let buf = lease.buffer().clone();
     let (count, bytes) = (files.len(), region.len);
-    let (staged, results, share) = tokio::task::spawn_blocking(move || {
+    // Made as the request's caller where the share's owners are the clients'.
+    let (staged, results, share) = crate::owners::spawn_blocking(move || {
         let data = buf.blocking_read();
         let (staged, results) = stage_all(&share, algorithm, &files, &data[..]);
         (staged, results, share)
     })
     .await
-    .map_err(BatchError::Task)?;
+    .map_err(BatchError::Task)?
+    .map_err(BatchError::Act)?;
     // Every byte is in the new files: the buffer goes back to the pool before the
     // flushes, so the next window or batch of the connection need not wait for them.
     drop(lease);
-    let results = tokio::task::spawn_blocking(move || commit_staged(&share, staged, results))
+    let results = crate::owners::spawn_blocking(move || commit_staged(&share, staged, results))
         .await
-        .map_err(BatchError::Task)?;
+        .map_err(BatchError::Task)?
+        .map_err(BatchError::Act)?;
     let failed = results.iter().filter(|r| r.is_some()).count();
     tracing::debug!(files = count, bytes, failed, "upload batch");
     Ok(results)
@@ -428,12 +434,14 @@ pub async fn download(
     let what = share.display("");
     let file_max = io.file_max;
     let (hashing, cache) = (io.hashing, io.cache.clone());
-    let (files, used) = tokio::task::spawn_blocking(move || {
+    // Read as the request's caller where the share's owners are the clients'.
+    let (files, used) = crate::owners::spawn_blocking(move || {
         let mut data = buf.blocking_write();
         read_all(&share, &paths, &mut data[..room], file_max, hashing, cache)
     })
     .await
-    .map_err(BatchError::Task)?;
+    .map_err(BatchError::Task)?
+    .map_err(BatchError::Act)?;
     if used > 0 {
         // `used <= room <= capacity`, which fits a u32, and lies inside the region.
         let slice = RemoteSlice::of(&region, 0, used as u32).ok_or(BatchError::RegionWraps)?;

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::owners::{OwnerPolicy, Owners};
 use ferry_common::msg::HashAlgorithm;
 use ferry_common::seal::Encryption;
 use serde::Deserialize;
@@ -102,6 +103,9 @@ pub enum ConfigError {
     /// A byte size is not a number with an optional K, M, G or T suffix.
     #[error("invalid size '{0}': expected bytes, optionally with a K, M, G or T suffix (powers of 1024)")]
     Size(String),
+    /// An `--owners` value is not `client` or `server` with known options.
+    #[error("invalid --owners '{0}': expected NAME=client or NAME=server for a served share NAME, then any of no_root_squash, allow_devices, allow_setid (comma-separated)")]
+    Owners(String),
     /// A duration is not a number with an optional s, m, h or d suffix.
     #[error("invalid duration '{0}': expected seconds, or a number with an s, m, h or d suffix (e.g. 90m, 24h)")]
     Duration(String),
@@ -134,6 +138,57 @@ pub struct ShareConfig {
     /// `"preferred"` or `"off"`); unset: the server's default ([`Config::encryption`]).
     #[serde(default)]
     pub encryption: Option<Encryption>,
+    /// Whose files the share's new entries are (`owners = "client"`: the calling
+    /// users', ferryd running as root; see [`crate::owners`]).
+    #[serde(default)]
+    pub owners: Owners,
+    /// With client owners, uid 0 acts as nobody (default on, as NFS).
+    #[serde(default = "on")]
+    pub root_squash: bool,
+    /// With client owners, callers may make device nodes where the share's file
+    /// system is mounted `nodev`.
+    #[serde(default)]
+    pub allow_devices: bool,
+    /// With client owners, callers may set set-ID bits on files where the share's
+    /// file system is mounted `nosuid`.
+    #[serde(default)]
+    pub allow_setid: bool,
+}
+
+fn on() -> bool {
+    true
+}
+
+impl ShareConfig {
+    /// The share's owner policy.
+    pub fn owner_policy(&self) -> OwnerPolicy {
+        OwnerPolicy {
+            owners: self.owners,
+            root_squash: self.root_squash,
+            allow_devices: self.allow_devices,
+            allow_setid: self.allow_setid,
+        }
+    }
+
+    /// Applies an `--owners` option's value: `client` or `server`, then any of
+    /// `no_root_squash`, `allow_devices`, `allow_setid`, comma-separated.
+    pub fn set_owners(&mut self, value: &str) -> Result<(), ConfigError> {
+        let mut words = value.split(',');
+        self.owners = match words.next() {
+            Some("client") => Owners::Client,
+            Some("server") => Owners::Server,
+            _ => return Err(ConfigError::Owners(value.into())),
+        };
+        for w in words {
+            match w {
+                "no_root_squash" => self.root_squash = false,
+                "allow_devices" => self.allow_devices = true,
+                "allow_setid" => self.allow_setid = true,
+                _ => return Err(ConfigError::Owners(value.into())),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Reads a hash algorithm's name (`"blake3"`, `"sha256"`).
@@ -275,6 +330,22 @@ impl Config {
         })
     }
 
+    /// Applies `--owners NAME=VALUE` options (see [`ShareConfig::set_owners`]).
+    pub fn apply_owners(&mut self, specs: &[String]) -> Result<(), ConfigError> {
+        for spec in specs {
+            let (name, value) = spec
+                .split_once('=')
+                .ok_or_else(|| ConfigError::Owners(spec.clone()))?;
+            let share = self
+                .shares
+                .iter_mut()
+                .find(|s| s.name == name)
+                .ok_or_else(|| ConfigError::Owners(spec.clone()))?;
+            share.set_owners(value)?;
+        }
+        Ok(())
+    }
+
     /// Applies `--secret-file` flags: `NAME=FILE` sets share NAME's secret file (it wins
     /// over the config file's), a bare `FILE` becomes the secret file of every share
     /// that has no secret yet. Then `default_env`, if given, becomes the secret
@@ -402,6 +473,10 @@ pub fn parse_share_spec(spec: &str) -> Result<ShareConfig, ConfigError> {
         secret_env: None,
         hash: None,
         encryption: None,
+        owners: Owners::Server,
+        root_squash: true,
+        allow_devices: false,
+        allow_setid: false,
     })
 }
 
@@ -436,6 +511,10 @@ mod tests {
                 secret_env: None,
                 hash: None,
                 encryption: None,
+                owners: Owners::Server,
+                root_squash: true,
+                allow_devices: false,
+                allow_setid: false,
             }
         );
         assert!(parse_share_spec("ro=/srv/x:ro").unwrap().read_only);

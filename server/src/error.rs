@@ -117,6 +117,19 @@ fn io_error(op: &str, what: &str, e: &io::Error) -> RemoteError {
     RemoteError::new(kind_of(e), format!("{what}: {cause}"))
 }
 
+impl From<crate::owners::Refused> for RemoteError {
+    fn from(e: crate::owners::Refused) -> RemoteError {
+        RemoteError::new(ErrorKind::PermissionDenied, e.to_string())
+    }
+}
+
+impl From<crate::nodes::NodeError> for RemoteError {
+    fn from(e: crate::nodes::NodeError) -> RemoteError {
+        let (op, what, source) = e.parts();
+        write_io_error(op, what, source)
+    }
+}
+
 impl From<ShareError> for RemoteError {
     fn from(e: ShareError) -> RemoteError {
         match e {
@@ -159,6 +172,7 @@ impl From<ConnError> for RemoteError {
             | ConnError::NoFile { .. }
             | ConnError::WrongKind { .. }) => RemoteError::new(ErrorKind::Protocol, e.to_string()),
             e @ ConnError::Task(_) => with_cause(ErrorKind::Io, &e),
+            e @ ConnError::Act(_) => with_cause(ErrorKind::PermissionDenied, &e),
         }
     }
 }
@@ -231,6 +245,7 @@ impl From<FileError> for RemoteError {
             FileError::Share(e) => e.into(),
             FileError::Fs(e) => e.into(),
             FileError::Pool(e) => e.into(),
+            FileError::Refused(e) => e.into(),
             FileError::Io { path, op, source } => write_io_error(op.verb(), &path, &source),
             e @ (FileError::Reserved { .. }
             | FileError::Symlink { .. }
@@ -375,6 +390,7 @@ impl From<BatchError> for RemoteError {
             BatchError::Open(e) => e.into(),
             BatchError::Pool(e) => e.into(),
             e @ BatchError::Task(_) => with_cause(ErrorKind::Io, &e),
+            e @ BatchError::Act(_) => with_cause(ErrorKind::PermissionDenied, &e),
             e @ (BatchError::RegionWraps | BatchError::WrongHash { .. }) => {
                 RemoteError::new(ErrorKind::Protocol, e.to_string())
             }

@@ -123,6 +123,9 @@ pub enum FileError {
     /// The path cannot be used (see [`ShareError`]).
     #[error(transparent)]
     Share(#[from] ShareError),
+    /// The caller may not make this on the share ([`crate::owners`]).
+    #[error(transparent)]
+    Refused(#[from] crate::owners::Refused),
     /// A directory is in the way, or the path names no regular file (see
     /// [`FsError`]).
     #[error(transparent)]
@@ -365,7 +368,10 @@ pub fn open(
         Some(m) if m.file_type().is_symlink() => return Err(FileError::Symlink { path: what }),
         Some(m) => {
             check_regular(m, &what)?;
-            if !truncate {
+            // A caller's truncation is the file's own, as on a local file system: its
+            // inode, links and owner stay (the caller may not own it).
+            let in_place = !truncate || crate::owners::acting();
+            if in_place {
                 let file = OpenOptions::new()
                     .read(true)
                     .write(true)
@@ -376,13 +382,20 @@ pub fn open(
                     .metadata()
                     .map_err(FileError::io(&what, FileOp::Stat))?;
                 check_regular(&meta, &what)?;
+                if truncate {
+                    file.set_len(0)
+                        .map_err(FileError::io(&what, FileOp::Truncate))?;
+                }
                 return Ok(new(file, Stage::InPlace));
             }
             let owner = applies_owners().then_some((m.uid(), m.gid()));
             (m.mode() & 0o7777, owner)
         }
         None => match create {
-            Some(mode) => (mode & 0o7777, None),
+            Some(mode) => {
+                crate::owners::check_setid(mode)?;
+                (mode & 0o7777, None)
+            }
             None => return Err(FileError::NotFound { path: what }),
         },
     };
@@ -1410,7 +1423,8 @@ fn apply(target: Target<'_>, attrs: &SetAttrs, what: &str) -> Result<(), FileErr
         .map_err(errno(what, FileOp::Chown))?;
         // chown clears the set-id bits of a non-directory: put them back unless the
         // request sets a mode of its own.
-        let setid = meta.mode() & 0o6000 != 0;
+        // A caller's chown clears them as the kernel's rules say.
+        let setid = meta.mode() & 0o6000 != 0 && !crate::owners::acting();
         if attrs.mode.is_none() && setid && !meta.is_dir() && !meta.file_type().is_symlink() {
             set_mode(target, meta.mode() & 0o7777, what)?;
         }
@@ -1418,6 +1432,9 @@ fn apply(target: Target<'_>, attrs: &SetAttrs, what: &str) -> Result<(), FileErr
     if let Some(mode) = attrs.mode {
         if meta.file_type().is_symlink() {
             return Err(refuse("mode"));
+        }
+        if !meta.is_dir() {
+            crate::owners::check_setid(mode)?;
         }
         set_mode(target, mode & 0o7777, what)?;
     }

@@ -307,6 +307,9 @@ pub fn mkdir(share: &Share, rel: &str, mode: u32, exist_ok: bool) -> Result<Resp
     let what = share.display(rel);
     let path = share.resolve_for_write(rel)?;
     match fs::DirBuilder::new().mode(mode & 0o7777).create(&path) {
+        // A caller's directory has its mode already (no umask while acting), and
+        // keeps the set-group-ID bit it inherited, which a chmod would clear.
+        Ok(()) if crate::owners::acting() => Ok(Response::Ok),
         Ok(()) => {
             // The umask may have cleared bits: set exactly what was asked.
             fs::set_permissions(&path, Permissions::from_mode(mode & 0o7777))

@@ -62,6 +62,8 @@ pub(crate) mod links;
 pub(crate) mod manifests;
 pub(crate) mod map;
 pub(crate) mod meta;
+pub(crate) mod nodes;
+pub mod owners;
 pub(crate) mod pool;
 pub(crate) mod remove;
 pub(crate) mod share;

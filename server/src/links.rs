@@ -16,7 +16,8 @@
 //! - a parent descriptor is a directory inside the share, reached without following a
 //!   symlink after the resolution; a directory swapped for a symlink later does not
 //!   redirect it (it holds a directory, not a path);
-//! - the source's final component is never followed and must be a regular file: a
+//! - the source's final component is never followed and must be a regular file (or,
+//!   for a caller on a client-owners share, a FIFO, socket or device node): a
 //!   handle on it (`O_PATH | O_NOFOLLOW`) is checked, the entry is linked by name
 //!   without following it, and the new name must then hold the handle's inode (which the
 //!   handle keeps from being freed and reused); if the source was swapped meanwhile, the
@@ -328,7 +329,13 @@ impl<'a> Parents<'a> {
         let before = handle
             .metadata()
             .map_err(|e| LinkError::Stat(from_what.clone(), e))?;
-        if !before.is_file() {
+        // A caller on a client-owners share links special files too (never opened).
+        let special = crate::owners::acting() && {
+            use std::os::unix::fs::FileTypeExt;
+            let t = before.file_type();
+            t.is_fifo() || t.is_socket() || t.is_char_device() || t.is_block_device()
+        };
+        if !before.is_file() && !special {
             return Err(not_a_file());
         }
         // linkat(2) without AT_SYMLINK_FOLLOW: the entry itself, never a symlink's

@@ -84,6 +84,12 @@ struct Args {
     #[arg(long = "secret-file", value_name = "[NAME=]FILE")]
     secret_files: Vec<String>,
 
+    /// Whose files a share's entries are: NAME=client (the calling users', ferryd
+    /// running as root) or NAME=server (ferryd's, the default), then any of
+    /// no_root_squash, allow_devices, allow_setid (comma-separated). Repeatable.
+    #[arg(long = "owners", value_name = "NAME=client|server[,OPTION...]")]
+    owners: Vec<String>,
+
     /// Serve shares that have no secret to anyone who can connect (for a lab or a
     /// demo on loopback; logged as a warning).
     #[arg(long)]
@@ -291,6 +297,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     raise_fd_limit(config.max_connections);
     let default_env = std::env::var_os(DEFAULT_SECRET_ENV).map(|_| DEFAULT_SECRET_ENV);
     config.apply_secrets(&args.secret_files, default_env)?;
+    config.apply_owners(&args.owners)?;
     config.insecure_no_auth = args.insecure_no_auth;
     for share in config.shares.iter_mut().filter(|s| s.hash.is_none()) {
         share.hash = args.hash;

@@ -35,6 +35,7 @@ use ferry_common::path::{components, PathError};
 use ferry_common::{STATE_DIR, TEMP_PREFIX};
 
 use crate::config::{ConfigError, ShareConfig};
+use crate::owners::{OwnerPolicy, Owners};
 use crate::store::ManifestStore;
 
 /// The directory, in the state directory, that [`Share::incoming_dir`] names.
@@ -154,6 +155,8 @@ pub struct Share {
     /// The algorithm the share's new data is recorded in, if the configuration fixes
     /// one (else the session's).
     hash: Option<HashAlgorithm>,
+    /// Whose files its entries are ([`crate::owners`]).
+    owners: OwnerPolicy,
     /// The persistent manifest store, in the server's chunk size (read-only for a
     /// read-only share).
     store: Arc<ManifestStore>,
@@ -171,6 +174,13 @@ impl Share {
         if !root.is_dir() {
             return Err(bad("not a directory".into()));
         }
+        let owners = cfg.owner_policy();
+        if owners.owners == Owners::Client && !nix::unistd::geteuid().is_root() {
+            return Err(bad(
+                "owners = \"client\" needs ferryd running as root (to act as the clients' users)"
+                    .into(),
+            ));
+        }
         let store = Arc::new(if cfg.read_only {
             ManifestStore::reader(&root, DEFAULT_CHUNK_BYTES)
         } else {
@@ -181,6 +191,7 @@ impl Share {
             root,
             read_only: cfg.read_only,
             hash: cfg.hash,
+            owners,
             store,
         })
     }
@@ -193,6 +204,11 @@ impl Share {
     /// The canonical root directory.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Whose files its entries are.
+    pub fn owners(&self) -> &OwnerPolicy {
+        &self.owners
     }
 
     /// True if every write is refused.
@@ -536,6 +552,10 @@ pub(crate) fn test_share(name: &str, path: &Path, read_only: bool) -> Share {
         secret_env: None,
         hash: None,
         encryption: None,
+        owners: crate::owners::Owners::Server,
+        root_squash: true,
+        allow_devices: false,
+        allow_setid: false,
     })
     .unwrap()
 }

@@ -45,6 +45,10 @@ async fn faulty_server_handle(
             // that they reach the hash checks this file is about (an encrypted
             // session ends at the first forged piece, tests/tests/encryption.rs).
             encryption: Some(ferry_common::seal::Encryption::Off),
+            owners: Default::default(),
+            root_squash: true,
+            allow_devices: false,
+            allow_setid: false,
         }],
     );
     config.queue_depth = 4;

@@ -357,6 +357,10 @@ async fn budget_server(root: &Path, max_mapped_bytes: u64) -> (Arc<Server>, Stri
             secret_env: None,
             hash: None,
             encryption: None,
+            owners: Default::default(),
+            root_squash: true,
+            allow_devices: false,
+            allow_setid: false,
         }],
     );
     config.max_mapped_bytes = max_mapped_bytes;

@@ -128,7 +128,7 @@ pub async fn verify_snapshot(client: &Client, share: &str, snapshot: &str) -> Ve
             match e.attr.kind {
                 FileKind::Dir => dirs.push(rel),
                 FileKind::File => files.push((rel, e.attr.size)),
-                FileKind::Symlink | FileKind::Other => {}
+                FileKind::Symlink | FileKind::Other | FileKind::Node { .. } => {}
             }
         }
     }

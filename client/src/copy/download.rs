@@ -344,7 +344,7 @@ fn walk_listed(
                     ClientError::Usage("symlink without target".into()),
                 ),
             },
-            FileKind::Other => {
+            FileKind::Other | FileKind::Node { .. } => {
                 lock(&shared.report).skipped.push(child.display());
             }
         }

@@ -41,6 +41,10 @@
 //! - [`FALLOC`]: [`Request::FileFallocate`], punching holes and zeroing ranges
 //!   through a handle (default: off; a mount without it answers those `fallocate`
 //!   modes `EOPNOTSUPP`). Optional like [`META`]; it needs [`WRITE`] too.
+//! - [`POSIX`]: a mount of many users on a local-like file system:
+//!   [`Request::AsCaller`], [`Request::MakeNode`], [`Request::SetTimes`], and special
+//!   files listed as what they are ([`crate::msg::FileKind::Node`]; a session without
+//!   it sees them as `Other`). Optional like [`META`]; it needs [`WRITE`] too.
 //! - [`ENCRYPT`], [`ENCRYPT_KEY`], [`ENCRYPT_POLICY`]: session encryption
 //!   ([`crate::seal`]). The client offers the AEAD suites it accepts (fastest on its
 //!   CPU first), its X25519 key share and whether it requires encryption; a server
@@ -127,6 +131,12 @@ pub const FALLOC: &str = "falloc";
 
 /// The versions of the fallocate request this build speaks, preferred first.
 pub const FALLOC_VERSIONS: &[&str] = &["1"];
+/// Name of the POSIX capability: requests acting as a caller, special files, and
+/// `utimensat`'s `UTIME_NOW`/`UTIME_OMIT`.
+pub const POSIX: &str = "posix";
+
+/// The versions of the POSIX requests this build speaks, preferred first.
+pub const POSIX_VERSIONS: &[&str] = &["1"];
 
 /// Name of the encryption capability: the AEAD suites a client accepts, preferred
 /// first; in a welcome, the one the session uses.
@@ -213,6 +223,8 @@ pub struct Offer {
     pub xattr: bool,
     /// Whether it offers [`Request::FileFallocate`] ([`FALLOC`]).
     pub falloc: bool,
+    /// Whether it offers the POSIX requests ([`POSIX`]).
+    pub posix: bool,
     /// Its offer to encrypt, if it makes one ([`ENCRYPT`]).
     pub encrypt: Option<EncryptOffer>,
 }
@@ -231,6 +243,7 @@ impl Default for Offer {
             locks: true,
             xattr: true,
             falloc: true,
+            posix: true,
             encrypt: None,
         }
     }
@@ -267,6 +280,9 @@ impl Offer {
         }
         if self.falloc {
             caps.push(Capability::new(FALLOC, &FALLOC_VERSIONS.join(",")));
+        }
+        if self.posix {
+            caps.push(Capability::new(POSIX, &POSIX_VERSIONS.join(",")));
         }
         if let Some(e) = &self.encrypt {
             let suites: Vec<&str> = e.suites.iter().map(|s| s.name()).collect();
@@ -306,6 +322,9 @@ pub struct Negotiated {
     pub xattr: bool,
     /// Whether [`Request::FileFallocate`] ([`FALLOC`]) may be sent.
     pub falloc: bool,
+    /// Whether the POSIX requests ([`POSIX`]) may be sent, and special files are
+    /// listed as what they are.
+    pub posix: bool,
     /// The session's encryption, if it is encrypted ([`ENCRYPT`]).
     pub encryption: Option<Encrypted>,
 }
@@ -341,6 +360,9 @@ impl Negotiated {
         }
         if self.falloc {
             caps.push(Capability::new(FALLOC, FALLOC_VERSIONS[0]));
+        }
+        if self.posix {
+            caps.push(Capability::new(POSIX, POSIX_VERSIONS[0]));
         }
         if let Some(e) = &self.encryption {
             caps.push(Capability::new(ENCRYPT, e.suite.name()));
@@ -392,6 +414,16 @@ impl Negotiated {
             }
             Request::FileFallocate { .. } if !self.write => Err(WRITE),
             Request::FileFallocate { .. } if !self.falloc => Err(FALLOC),
+            Request::AsCaller { .. } | Request::MakeNode { .. } | Request::SetTimes { .. }
+                if !self.posix =>
+            {
+                Err(POSIX)
+            }
+            Request::AsCaller { request, .. } => match **request {
+                // Never nested, never around the session's own request.
+                Request::AsCaller { .. } | Request::Auth { .. } => Err(POSIX),
+                ref inner => self.permits(inner),
+            },
             _ => Ok(()),
         }
     }
@@ -453,6 +485,10 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
     let falloc = write
         && find(offered, FALLOC)
             .is_some_and(|list| list.split(',').any(|v| FALLOC_VERSIONS.contains(&v)));
+    // Only with the write requests it extends.
+    let posix = write
+        && find(offered, POSIX)
+            .is_some_and(|list| list.split(',').any(|v| POSIX_VERSIONS.contains(&v)));
     Ok(Negotiated {
         hash,
         accepted,
@@ -465,6 +501,7 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
         locks,
         xattr,
         falloc,
+        posix,
         encryption: None,
     })
 }
@@ -635,6 +672,16 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
             ))
         }
     };
+    let posix = match find(chosen, POSIX) {
+        None => false,
+        Some(v) if offer.posix && write && POSIX_VERSIONS.contains(&v) => true,
+        Some(v) => {
+            return Err(format!(
+                "the server chose posix version '{}', which this client did not offer (or without write)",
+                v.escape_debug()
+            ))
+        }
+    };
     Ok(Negotiated {
         hash,
         accepted: Algorithms::of(&offer.hashes),
@@ -647,6 +694,7 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
         locks,
         xattr: accept_xattr(chosen, offer)?,
         falloc: accept_falloc(chosen, offer, write)?,
+        posix,
         encryption: accept_encryption(chosen, offer)?,
     })
 }
@@ -773,7 +821,8 @@ mod tests {
                 Capability::new(FINISH, "1"),
                 Capability::new(LOCKS, "1"),
                 Capability::new(XATTR, "1"),
-                Capability::new(FALLOC, "1")
+                Capability::new(FALLOC, "1"),
+                Capability::new(POSIX, "1")
             ]
         );
     }
@@ -812,6 +861,45 @@ mod tests {
         );
         let e = accept(&[Capability::new(LOCKS, "9")], &Offer::default()).unwrap_err();
         assert!(e.contains("did not offer"), "{e}");
+    }
+
+    #[test]
+    fn posix_is_on_only_with_write_and_never_nests() {
+        let stat = Request::Stat {
+            share: "s".into(),
+            path: "p".into(),
+            follow: false,
+        };
+        let wrap = |request: Request| Request::AsCaller {
+            caller: crate::msg::Caller {
+                uid: 1,
+                gid: 1,
+                groups: vec![],
+            },
+            request: Box::new(request),
+        };
+        let n = choose(
+            &Offer::default().to_capabilities(),
+            HashAlgorithm::SUPPORTED,
+        )
+        .unwrap();
+        assert!(n.posix);
+        assert_eq!(accept(&n.to_capabilities(), &Offer::default()).unwrap(), n);
+        assert_eq!(n.permits(&wrap(stat.clone())), Ok(()));
+        assert_eq!(n.permits(&wrap(wrap(stat.clone()))), Err(POSIX));
+        let older = Offer {
+            posix: false,
+            ..Offer::default()
+        };
+        let n = choose(&older.to_capabilities(), HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.posix);
+        assert_eq!(n.permits(&wrap(stat)), Err(POSIX));
+        let read_only = Offer {
+            write: false,
+            ..Offer::default()
+        };
+        let n = choose(&read_only.to_capabilities(), HashAlgorithm::SUPPORTED).unwrap();
+        assert!(!n.posix);
     }
 
     #[test]

@@ -108,7 +108,10 @@ impl Family {
             | Request::XattrGet { .. }
             | Request::XattrList { .. }
             | Request::XattrSet { .. }
-            | Request::XattrRemove { .. } => Family::Namespace,
+            | Request::XattrRemove { .. }
+            | Request::MakeNode { .. }
+            | Request::SetTimes { .. } => Family::Namespace,
+            Request::AsCaller { request, .. } => Family::of(request),
             Request::FileOpen { .. }
             | Request::FileWrite { .. }
             | Request::FileRead { .. }
@@ -214,6 +217,8 @@ impl ConnState {
     /// to send; the request then changes nothing.
     pub fn admit(&mut self, id: u64, body: &Request) -> Result<Grant, RemoteError> {
         match body {
+            // The codec bounds the caller's groups.
+            Request::AsCaller { request, .. } => self.admit(id, request),
             Request::UploadOpen { .. } | Request::UploadOpenBase { .. } => {
                 self.open_transfer(id, TransferKind::Upload)
             }

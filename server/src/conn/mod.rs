@@ -149,6 +149,9 @@ pub(crate) enum ConnError {
     /// A blocking task of a request failed (it panicked or was cancelled).
     #[error("server task failed")]
     Task(#[source] JoinError),
+    /// A request's blocking task could not act as its caller.
+    #[error("cannot act as the caller")]
+    Act(#[source] std::io::Error),
 }
 
 /// A transfer in a connection's table, counted in the server's open transfers until its
@@ -359,10 +362,13 @@ impl Conn {
                     };
                     let conn = self.clone();
                     tasks.spawn(async move {
-                        let response = match conn.dispatch(body, grant).await {
+                        let mut response = match conn.dispatch(body, grant).await {
                             Ok(r) => r,
                             Err(e) => Response::Error(e),
                         };
+                        if !conn.posix() {
+                            response.hide_nodes();
+                        }
                         conn.session().respond(id, response);
                         conn.flush().await;
                         drop(permit);
@@ -441,6 +447,7 @@ impl Conn {
             locks: false,
             xattr: false,
             falloc: false,
+            posix: false,
             encryption: None,
         });
         let fresh = share.hash().unwrap_or(n.hash);
@@ -476,6 +483,42 @@ impl Conn {
         grant: Grant,
     ) -> Result<Response, RemoteError> {
         self.server.count_request();
+        if let Request::AsCaller { caller, request } = body {
+            return match self.acting(&caller, &request, grant) {
+                Some(acting) => crate::owners::scope(acting, self.perform(*request, grant)).await,
+                None => self.perform(*request, grant).await,
+            };
+        }
+        self.perform(body, grant).await
+    }
+
+    /// Whether the session negotiated `posix` (it sees special files as what they are).
+    fn posix(&self) -> bool {
+        self.session().negotiated().is_some_and(|n| n.posix)
+    }
+
+    /// Who `caller`'s `request` acts as: its share's policy (for a request on a
+    /// handle, the share the handle was opened in); `None` runs it as ferryd.
+    fn acting(
+        &self,
+        caller: &ferry_common::msg::Caller,
+        request: &Request,
+        grant: Grant,
+    ) -> Option<crate::owners::Acting> {
+        let share = match (request.share(), grant) {
+            (Some(name), _) => self.share(name).ok()?,
+            (None, Grant::File(handle)) => self.files().get(&handle)?.share().clone(),
+            (None, _) => return None,
+        };
+        share.owners().acting(caller, share.root())
+    }
+
+    /// Performs an unwrapped request in its family's module.
+    async fn perform(
+        self: &Arc<Self>,
+        body: Request,
+        grant: Grant,
+    ) -> Result<Response, RemoteError> {
         match Family::of(&body) {
             Family::Transfer => transfer::perform(self, body, grant).await,
             Family::Batch => batch::perform(self, body).await,

@@ -2,8 +2,9 @@
 //! directories, symlinks, links, renames, removals and space, each one blocking
 //! filesystem call (or one batch of them) in the share; and those of the `write`
 //! capability that name paths (`Move`, `SetAttrs`, `ShareAccess`); and the directory
-//! batches of the `dirs` capability (`MakeDirs`, `SetAttrBatch`); and the requests of
-//! the `xattr` capability (`XattrGet`, `XattrList`, `XattrSet`, `XattrRemove`).
+//! batches of the `dirs` capability (`MakeDirs`, `SetAttrBatch`); the requests of the
+//! `xattr` capability (`XattrGet`, `XattrList`, `XattrSet`, `XattrRemove`); and the
+//! `posix` capability's `MakeNode` and `SetTimes` ([`crate::nodes`]).
 
 use std::sync::Arc;
 
@@ -12,7 +13,7 @@ use ferry_common::msg::{RemoteError, Request, Response};
 use super::blocking::blocking;
 use super::{misrouted, Conn};
 use crate::share::Share;
-use crate::{dirs, du, files, fsops, links, meta, remove, xattrs};
+use crate::{dirs, du, files, fsops, links, meta, nodes, remove, xattrs};
 
 /// Performs one namespace request.
 pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response, RemoteError> {
@@ -40,10 +41,14 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
                 fsops::list_dir_meta(&share, &path, cursor)?
             }
             Request::SetMeta { entries, .. } => Response::MetaSet {
-                results: meta::set_meta(&share, entries, meta::applies_owners())
-                    .into_iter()
-                    .map(|r| r.err().map(RemoteError::from))
-                    .collect(),
+                results: meta::set_meta(
+                    &share,
+                    entries,
+                    meta::applies_owners() && !crate::owners::acting_unprivileged(),
+                )
+                .into_iter()
+                .map(|r| r.err().map(RemoteError::from))
+                .collect(),
             },
             Request::MakeDirs { dirs, .. } => Response::MetaSet {
                 results: dirs::make_dirs(&share, &dirs)
@@ -52,10 +57,14 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
                     .collect(),
             },
             Request::SetAttrBatch { entries, .. } => Response::MetaSet {
-                results: dirs::set_attr_batch(&share, &entries, meta::applies_owners())
-                    .into_iter()
-                    .map(|r| r.err().map(RemoteError::from))
-                    .collect(),
+                results: dirs::set_attr_batch(
+                    &share,
+                    &entries,
+                    meta::applies_owners() && !crate::owners::acting_unprivileged(),
+                )
+                .into_iter()
+                .map(|r| r.err().map(RemoteError::from))
+                .collect(),
             },
             Request::Mkdir {
                 path,
@@ -93,6 +102,16 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
             | Request::XattrList { .. }
             | Request::XattrSet { .. }
             | Request::XattrRemove { .. }) => xattr(&share, body)?,
+            Request::MakeNode {
+                path,
+                kind,
+                mode,
+                rdev,
+                ..
+            } => nodes::make_node(&share, &path, kind, mode, rdev)?,
+            Request::SetTimes {
+                path, atime, mtime, ..
+            } => nodes::set_times(&share, &path, atime, mtime)?,
             other => return Err(misrouted(&other).into()),
         })
     })

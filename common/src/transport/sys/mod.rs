@@ -6,6 +6,8 @@
 //!   that take cold data with direct I/O.
 //! - [`at`]: opening a name relative to a directory descriptor (`openat`) as an owned
 //!   file, for ferryd's descriptor-relative path work.
+//! - [`creds`]: acting as another user on one thread (file-system ids and
+//!   supplementary groups), for ferryd's shares whose owners are the clients'.
 //! - `verbs` (feature `rdma`): RAII wrappers over libibverbs and librdmacm (rdma-sys).
 //!
 //! Every `unsafe` block carries a `// SAFETY:` comment stating why the call is sound.
@@ -15,6 +17,7 @@
 
 pub mod at;
 pub mod cached;
+pub mod creds;
 pub mod mem;
 
 #[cfg(feature = "rdma")]

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # pjdfstest, the POSIX conformance suite, inside a real ferry-mount (issue 42): builds
 # the suite from a copy of ../shared/pjdfstest (read-only upstream source), starts a
-# ferryd on loopback exporting a share with client owners, mounts it with
+# ferryd on loopback exporting a share with client owners (root not squashed, device
+# nodes and set-ID bits allowed: the suite makes both, as root) on a tmpfs mounted
+# `nodev,nosuid` (which ferryd requires for those), mounts it with
 # `-o allow_other,default_permissions` (the suite runs steps as uids 65533-65534) and
 # runs every test file in it (scripts/lib/pjdfstest.py). Every failure must be one
 # that docs/conformance.md lists with its reason, and every listed one must still
@@ -48,13 +50,17 @@ cleanup() {
         for _ in $(seq 100); do kill -0 "$MOUNT_PID" 2>/dev/null || break; sleep 0.1; done
     fi
     if grep -q " $WORK/mnt " /proc/self/mountinfo; then umount -l "$WORK/mnt" || true; fi
-    [ -z "$FERRYD_PID" ] || kill -TERM "$FERRYD_PID" 2>/dev/null || true
+    if [ -n "$FERRYD_PID" ]; then
+        kill -TERM "$FERRYD_PID" 2>/dev/null || true
+        for _ in $(seq 100); do kill -0 "$FERRYD_PID" 2>/dev/null || break; sleep 0.1; done
+    fi
+    if grep -q " $WORK/share " /proc/self/mountinfo; then umount -l "$WORK/share" || true; fi
     if [ "$rc" -ne 0 ]; then
         for f in ferryd.log ferry-mount.log; do
-            [ -s "$WORK/$f" ] && { log "last lines of $f:"; tail -n 20 "$WORK/$f" >&2; }
+            [ -s "$WORK/$f" ] && { log "last lines of $f:"; tail -n 20 "$WORK/$f" | cut -c1-300 >&2; }
         done
     fi
-    grep -q " $WORK/mnt " /proc/self/mountinfo || rm -rf "$WORK"
+    grep -q " $WORK/mnt \| $WORK/share " /proc/self/mountinfo || rm -rf "$WORK"
     exit "$rc"
 }
 trap cleanup EXIT
@@ -63,6 +69,7 @@ log "building the suite from $SRC"
 python3 "$ROOT/scripts/lib/pjdfstest.py" build "$SRC" "$WORK/suite"
 
 mkdir -m 755 "$WORK/share" "$WORK/mnt"
+mount -t tmpfs -o size=1g,mode=755,nodev,nosuid ferry-pjdfstest "$WORK/share"
 "$BIN_DIR/ferryd" --generate-secret "$WORK/secret" 2>/dev/null
 cat >"$WORK/ferryd.toml" <<EOF
 listen = "127.0.0.1:0"
@@ -70,6 +77,9 @@ listen = "127.0.0.1:0"
 name = "posix"
 path = "$WORK/share"
 owners = "client"
+root_squash = false
+allow_devices = true
+allow_setid = true
 EOF
 "$BIN_DIR/ferryd" --config "$WORK/ferryd.toml" --secret-file "$WORK/secret" \
     --transport tcp --port-file "$WORK/port" 2>"$WORK/ferryd.log" &
@@ -86,7 +96,7 @@ for _ in $(seq 200); do
     sleep 0.1
 done
 grep -q " $WORK/mnt .* - fuse.ferry " /proc/self/mountinfo || die "ferry-mount did not mount within 20 s"
-log "ferryd $(cat "$WORK/port") (share posix, owners = client) mounted on $WORK/mnt"
+log "ferryd $(cat "$WORK/port") (share posix on a nodev,nosuid tmpfs, owners = client, no root squash, devices and set-ID bits allowed) mounted on $WORK/mnt"
 
 python3 "$ROOT/scripts/lib/pjdfstest.py" run "$WORK/suite" "$WORK/mnt" --jobs 4 \
     ${JSON:+--json "$JSON"} "${ONLY[@]}" "${EXPECT[@]}"

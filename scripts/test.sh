@@ -53,6 +53,12 @@ export FERRY_PREV_BIN_DIR
 step "test (cargo test --workspace)"
 cargo test --workspace
 
+# pjdfstest, the POSIX conformance suite, as root in a real ferry-mount of a share with
+# client owners; every failure must be one docs/conformance.md lists (and every listed
+# one must still fail).
+step "pjdfstest in a ferry-mount (scripts/pjdfstest.sh)"
+scripts/pjdfstest.sh
+
 # Short coverage-guided fuzz run of every target (tests/fuzz, docs/fuzzing.md);
 # installs cargo-fuzz once. A crash fails the step and names the input.
 step "fuzz smoke run (scripts/fuzz.sh --seconds ${FERRY_FUZZ_SECONDS:-20})"

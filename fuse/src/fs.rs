@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use ferry_common::msg::{
     Attr, DirEntry, FileKind, FileVersion, HashAlgorithm, NodeKind, TimeSet, Timestamp,
-    MAX_PATH_BYTES,
+    MAX_NAME_BYTES, MAX_PATH_BYTES,
 };
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
@@ -394,6 +394,7 @@ impl Inner {
         let name = name
             .to_str()
             .ok_or_else(|| OpError::new(Errno::ENOENT, "name is not UTF-8"))?;
+        check_name_len(name)?;
         let dir = self.path_of(parent)?;
         let path = join(&dir, name);
         let staged = lock(&self.staged).get(&path).map(|(_, wf)| wf.clone());
@@ -616,6 +617,19 @@ pub(crate) fn tgid_of(tid: u32) -> Option<u32> {
 }
 
 /// The directory holding mount-relative `path` ("" for the root).
+/// `ENAMETOOLONG` for a name longer than a name may be (`NAME_MAX`, the protocol's and
+/// every Linux file system's 255 bytes): the kernel hands a FUSE file system names up
+/// to 1,024 bytes.
+fn check_name_len(name: &str) -> Result<(), OpError> {
+    if name.len() > MAX_NAME_BYTES {
+        return Err(OpError::new(
+            Errno::ENAMETOOLONG,
+            format!("a name of {} bytes (at most {MAX_NAME_BYTES})", name.len()),
+        ));
+    }
+    Ok(())
+}
+
 fn parent_of(path: &str) -> &str {
     path.rsplit_once('/').map_or("", |(dir, _)| dir)
 }
@@ -1131,6 +1145,7 @@ impl Inner {
         let name = name
             .to_str()
             .ok_or_else(|| OpError::new(Errno::EINVAL, "name is not UTF-8"))?;
+        check_name_len(name)?;
         let path = join(&self.path_of(parent)?, name);
         // A path the protocol cannot carry is refused here, at once, for every call
         // that names a child (a deferred create would otherwise fail only at close).

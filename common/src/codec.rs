@@ -178,6 +178,79 @@ fn share_and_path(share: &str, path: &str) -> Result<(), CodecError> {
     limit("path", path.len(), MAX_PATH_BYTES)
 }
 
+/// [`validate_request`] of the requests that name a second path (or a link target).
+fn validate_two_path_request(req: &Request) -> Result<(), CodecError> {
+    match req {
+        Request::Replicate {
+            share, path, from, ..
+        } => {
+            share_and_path(share, path)?;
+            limit("from", from.len(), MAX_PATH_BYTES)
+        }
+        Request::UploadOpenBase {
+            share, path, base, ..
+        } => {
+            share_and_path(share, path)?;
+            limit("base", base.len(), MAX_PATH_BYTES)
+        }
+        Request::Link { share, from, to }
+        | Request::Rename { share, from, to }
+        | Request::Move {
+            share, from, to, ..
+        } => {
+            share_and_path(share, from)?;
+            limit("to", to.len(), MAX_PATH_BYTES)
+        }
+        Request::Symlink {
+            share,
+            path,
+            target,
+        } => {
+            share_and_path(share, path)?;
+            limit("target", target.len(), MAX_PATH_BYTES)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// [`validate_request`] of the requests that carry many entries (paths, links).
+fn validate_batch_request(req: &Request) -> Result<(), CodecError> {
+    match req {
+        Request::LinkBatch { share, links } => {
+            limit("share", share.len(), MAX_NAME_BYTES)?;
+            limit("links", links.len(), LINK_BATCH_MAX)?;
+            links.iter().try_for_each(|(from, to)| {
+                limit("from", from.len(), MAX_PATH_BYTES)?;
+                limit("to", to.len(), MAX_PATH_BYTES)
+            })
+        }
+        Request::UploadBatch { share, files, .. } => {
+            limit("share", share.len(), MAX_NAME_BYTES)?;
+            batch_paths(files.iter().map(|f| f.path.as_str()), files.len())
+        }
+        Request::DownloadBatch { share, paths, .. } => {
+            limit("share", share.len(), MAX_NAME_BYTES)?;
+            batch_paths(paths.iter().map(String::as_str), paths.len())
+        }
+        Request::SetMeta { share, entries } => {
+            limit("share", share.len(), MAX_NAME_BYTES)?;
+            limit("entries", entries.len(), META_BATCH_MAX)?;
+            paths_within_budget(entries.iter().map(|e| e.path.as_str()))
+        }
+        Request::MakeDirs { share, dirs } => {
+            limit("share", share.len(), MAX_NAME_BYTES)?;
+            limit("dirs", dirs.len(), META_BATCH_MAX)?;
+            paths_within_budget(dirs.iter().map(|d| d.path.as_str()))
+        }
+        Request::SetAttrBatch { share, entries } => {
+            limit("share", share.len(), MAX_NAME_BYTES)?;
+            limit("entries", entries.len(), META_BATCH_MAX)?;
+            paths_within_budget(entries.iter().map(|e| e.path.as_str()))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// [`validate_request`] of the requests of the `xattr` capability.
 fn validate_xattr_request(req: &Request) -> Result<(), CodecError> {
     match req {
@@ -227,34 +300,18 @@ pub fn validate_request(req: &Request) -> Result<(), CodecError> {
             limit("groups", caller.groups.len(), CALLER_MAX_GROUPS)?;
             validate_request(request)
         }
-        Request::Replicate {
-            share, path, from, ..
-        } => {
-            share_and_path(share, path)?;
-            limit("from", from.len(), MAX_PATH_BYTES)
-        }
-        Request::UploadOpenBase {
-            share, path, base, ..
-        } => {
-            share_and_path(share, path)?;
-            limit("base", base.len(), MAX_PATH_BYTES)
-        }
-        Request::Link { share, from, to }
-        | Request::Rename { share, from, to }
-        | Request::Move {
-            share, from, to, ..
-        } => {
-            share_and_path(share, from)?;
-            limit("to", to.len(), MAX_PATH_BYTES)
-        }
-        Request::LinkBatch { share, links } => {
-            limit("share", share.len(), MAX_NAME_BYTES)?;
-            limit("links", links.len(), LINK_BATCH_MAX)?;
-            links.iter().try_for_each(|(from, to)| {
-                limit("from", from.len(), MAX_PATH_BYTES)?;
-                limit("to", to.len(), MAX_PATH_BYTES)
-            })
-        }
+        Request::Replicate { .. }
+        | Request::UploadOpenBase { .. }
+        | Request::Link { .. }
+        | Request::Rename { .. }
+        | Request::Move { .. }
+        | Request::Symlink { .. } => validate_two_path_request(req),
+        Request::LinkBatch { .. }
+        | Request::UploadBatch { .. }
+        | Request::DownloadBatch { .. }
+        | Request::SetMeta { .. }
+        | Request::MakeDirs { .. }
+        | Request::SetAttrBatch { .. } => validate_batch_request(req),
         Request::StatFs { share }
         | Request::ShareInfo { share }
         | Request::ShareAccess { share }
@@ -262,14 +319,6 @@ pub fn validate_request(req: &Request) -> Result<(), CodecError> {
         | Request::Auth { share, .. } => limit("share", share.len(), MAX_NAME_BYTES),
         Request::Lock { share, path, .. } | Request::LockTest { share, path, .. } => {
             share_and_path(share, path)
-        }
-        Request::Symlink {
-            share,
-            path,
-            target,
-        } => {
-            share_and_path(share, path)?;
-            limit("target", target.len(), MAX_PATH_BYTES)
         }
         Request::UploadWindow { hashes, .. } => limit("hashes", hashes.len(), MAX_WINDOW_CHUNKS),
         Request::XattrGet { .. }
@@ -295,29 +344,6 @@ pub fn validate_request(req: &Request) -> Result<(), CodecError> {
         } => {
             limit("extents", extents.len(), MAX_WRITE_EXTENTS)?;
             limit("hashes", hashes.len(), MAX_WRITE_EXTENTS)
-        }
-        Request::UploadBatch { share, files, .. } => {
-            limit("share", share.len(), MAX_NAME_BYTES)?;
-            batch_paths(files.iter().map(|f| f.path.as_str()), files.len())
-        }
-        Request::DownloadBatch { share, paths, .. } => {
-            limit("share", share.len(), MAX_NAME_BYTES)?;
-            batch_paths(paths.iter().map(String::as_str), paths.len())
-        }
-        Request::SetMeta { share, entries } => {
-            limit("share", share.len(), MAX_NAME_BYTES)?;
-            limit("entries", entries.len(), META_BATCH_MAX)?;
-            paths_within_budget(entries.iter().map(|e| e.path.as_str()))
-        }
-        Request::MakeDirs { share, dirs } => {
-            limit("share", share.len(), MAX_NAME_BYTES)?;
-            limit("dirs", dirs.len(), META_BATCH_MAX)?;
-            paths_within_budget(dirs.iter().map(|d| d.path.as_str()))
-        }
-        Request::SetAttrBatch { share, entries } => {
-            limit("share", share.len(), MAX_NAME_BYTES)?;
-            limit("entries", entries.len(), META_BATCH_MAX)?;
-            paths_within_budget(entries.iter().map(|e| e.path.as_str()))
         }
         Request::UploadCommit { .. }
         | Request::DownloadWindow { .. }

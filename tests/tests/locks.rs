@@ -424,7 +424,9 @@ fn a_lock_lost_to_a_reconnection_fails_later_io_with_eio() {
         &format!("127.0.0.1:{}", cutter.port),
         1,
     );
-    let a = Mount::start(via);
+    // The cutter is a TCP relay on loopback: this mount speaks TCP whatever the
+    // suite's transport (an RDMA connection cannot go through it).
+    let a = Mount::builder(via).transport("tcp").start();
     let b = Mount::start(env.remote(""));
     let mut holder = Locker::open_ro(&a.join("f"));
     let mut unlocked = Locker::open_ro(&a.join("f"));

@@ -7,9 +7,9 @@
 //! it made or found, so a tree sent parents first resolves every directory from its
 //! parent, one component, not from the share root.
 
-use std::fs::{self, DirBuilder, Permissions};
+use std::fs::{self, DirBuilder};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::sync::OnceLock;
 
 use ferry_common::attr::{set_attrs, SetMetaError};
@@ -38,11 +38,9 @@ fn make_dir(share: &Share, d: &NewDir, resolved: &mut ResolvedDirs) -> Result<()
             let exact =
                 umask().is_some_and(|u| mode & u == 0) && mode & 0o7000 == 0 && !parent.setgid;
             if !exact {
-                fs::set_permissions(&path, Permissions::from_mode(mode)).map_err(|source| {
-                    FsError::Chmod {
-                        path: what(),
-                        source,
-                    }
+                crate::fsops::chmod_entry(&path, mode).map_err(|source| FsError::Chmod {
+                    path: what(),
+                    source,
                 })?;
             }
             let made = ResolvedDir {

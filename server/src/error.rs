@@ -196,7 +196,6 @@ impl From<FsError> for RemoteError {
             FsError::Chmod { path, source } => io_error("chmod", &path, &source),
             FsError::Mkdir { path, source } => io_error("mkdir", &path, &source),
             FsError::Symlink { path, source } => io_error("symlink", &path, &source),
-            FsError::Open { path, source } => io_error("open", &path, &source),
             FsError::SetMtime { path, source } => io_error("set mtime", &path, &source),
             FsError::Chown { path, source } => io_error("chown", &path, &source),
             FsError::Rename { path, source } => io_error("rename", &path, &source),

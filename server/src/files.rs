@@ -1459,7 +1459,7 @@ fn set_mode(target: Target<'_>, mode: u32, what: &str) -> Result<(), FileError> 
     let perms = Permissions::from_mode(mode);
     match target {
         Target::Fd(f) => f.set_permissions(perms),
-        Target::Path(p) => fs::set_permissions(p, perms),
+        Target::Path(p) => crate::fsops::chmod_entry(p, mode),
     }
     .map_err(FileError::io(what, FileOp::Chmod))
 }

@@ -1,8 +1,8 @@
 //! Metadata requests, as blocking filesystem calls (run them off the async threads).
 
-use std::fs::{self, File, Permissions};
+use std::fs::{self, File};
 use std::io;
-use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{symlink, DirBuilderExt};
 use std::path::Path;
 
 use ferry_common::attr::{attr_of, owner_of};
@@ -10,6 +10,8 @@ use ferry_common::msg::{
     Attr, DirEntry, FileKind, FsStat, Owner, Response, Timestamp, MAX_DIR_PAGE_ENTRIES,
 };
 use ferry_common::{STATE_DIR, TEMP_PREFIX};
+use nix::sys::stat::{utimensat, UtimensatFlags};
+use nix::sys::time::TimeSpec;
 
 use crate::share::{Share, ShareError};
 
@@ -95,15 +97,6 @@ pub enum FsError {
     AttrOfSymlink {
         /// The path.
         path: String,
-    },
-    /// Opening the file failed.
-    #[error("{path}: cannot open")]
-    Open {
-        /// The path.
-        path: String,
-        /// Why.
-        #[source]
-        source: io::Error,
     },
     /// `lchown` failed.
     #[error("{path}: cannot chown")]
@@ -302,6 +295,23 @@ fn list_page(share: &Share, rel: &str, cursor: u64) -> Result<Page, FsError> {
     })
 }
 
+/// Sets the permission bits of the entry `path` names, never through a final symlink
+/// (`fchmodat(AT_SYMLINK_NOFOLLOW)`, which refuses a symlink with `EOPNOTSUPP`).
+/// Invariant: a write that checked or made its entry and then sets its mode by path
+/// does it here, so a symlink a concurrent request put in the entry's place (a
+/// `Symlink` renames over a name atomically) is refused, never followed out of the
+/// share.
+pub(crate) fn chmod_entry(path: &Path, mode: u32) -> io::Result<()> {
+    let mode = nix::sys::stat::Mode::from_bits_truncate(mode & 0o7777);
+    nix::sys::stat::fchmodat(
+        None,
+        path,
+        mode,
+        nix::sys::stat::FchmodatFlags::NoFollowSymlink,
+    )
+    .map_err(io::Error::from)
+}
+
 /// `Mkdir`.
 pub fn mkdir(share: &Share, rel: &str, mode: u32, exist_ok: bool) -> Result<Response, FsError> {
     let what = share.display(rel);
@@ -312,8 +322,7 @@ pub fn mkdir(share: &Share, rel: &str, mode: u32, exist_ok: bool) -> Result<Resp
         Ok(()) if crate::owners::acting() => Ok(Response::Ok),
         Ok(()) => {
             // The umask may have cleared bits: set exactly what was asked.
-            fs::set_permissions(&path, Permissions::from_mode(mode & 0o7777))
-                .map_err(|source| FsError::Chmod { path: what, source })?;
+            chmod_entry(&path, mode).map_err(|source| FsError::Chmod { path: what, source })?;
             Ok(Response::Ok)
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && exist_ok => {
@@ -386,20 +395,26 @@ pub fn set_attr(
         return Err(FsError::AttrOfSymlink { path: what });
     }
     if let Some(mode) = mode {
-        fs::set_permissions(&path, Permissions::from_mode(mode & 0o7777)).map_err(|source| {
-            FsError::Chmod {
-                path: what.clone(),
-                source,
-            }
-        })?;
-    }
-    if let Some(t) = mtime {
-        let f = File::open(&path).map_err(|source| FsError::Open {
+        chmod_entry(&path, mode).map_err(|source| FsError::Chmod {
             path: what.clone(),
             source,
         })?;
-        f.set_modified(t.to_system())
-            .map_err(|source| FsError::SetMtime { path: what, source })?;
+    }
+    if let Some(t) = mtime {
+        // By path, never opened: opening would follow a symlink put in the entry's
+        // place since the check above, wait on a FIFO, or open a device.
+        let mtime = TimeSpec::new(t.secs, i64::from(t.nanos.min(999_999_999)));
+        utimensat(
+            None,
+            &path,
+            &TimeSpec::UTIME_OMIT,
+            &mtime,
+            UtimensatFlags::NoFollowSymlink,
+        )
+        .map_err(|e| FsError::SetMtime {
+            path: what,
+            source: e.into(),
+        })?;
     }
     Ok(Response::Ok)
 }

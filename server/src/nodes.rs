@@ -5,9 +5,7 @@
 //! time). Each is one blocking call, made as the request's caller where the share's
 //! owners are the clients' ([`crate::owners`]).
 
-use std::fs::{self, Permissions};
 use std::io;
-use std::os::unix::fs::PermissionsExt;
 
 use ferry_common::msg::{NodeKind, RemoteError, Response, TimeSet};
 use nix::sys::stat::{mknod, utimensat, Mode, SFlag, UtimensatFlags};
@@ -75,8 +73,9 @@ pub(crate) fn make_node(
         source,
     };
     mknod(&path, flag, bits, rdev).map_err(|e| failed(e.into()))?;
-    // chmod of a node changes its inode; it never opens it.
-    fs::set_permissions(&path, Permissions::from_mode(mode & 0o7777)).map_err(failed)?;
+    // chmod of a node changes its inode; it never opens it, nor follows a symlink
+    // put in its place since.
+    fsops::chmod_entry(&path, mode).map_err(failed)?;
     Ok(fsops::stat_meta(share, rel, false)?)
 }
 

@@ -25,10 +25,10 @@ use ferry_client::Client;
 use ferry_common::chunk::{hash_chunk, manifest_id};
 use ferry_common::codec::{MAX_CTRL_FRAME_BYTES, MAX_SERVER_REQUEST_FRAME_BYTES};
 use ferry_common::msg::{
-    AttrEntry, BatchFile, BatchedFile, ErrorKind, FileKind, Hello, MappedFile, Message, MetaEntry,
-    NewDir, RegionDesc, RemoteError, Request, Response, ServerStats, SetAttrs, Timestamp, Welcome,
-    XattrSetMode, BATCH_MAX_FILES, DEFAULT_CHUNK_BYTES, MAX_NAME_BYTES, MAX_PATH_BYTES,
-    SMALL_FILE_MAX_BYTES,
+    AttrEntry, BatchFile, BatchedFile, Caller, ErrorKind, FileKind, Hello, LockKind, MappedFile,
+    Message, MetaEntry, NewDir, NodeKind, RegionDesc, RemoteError, Request, Response, ServerStats,
+    SetAttrs, TimeSet, Timestamp, Welcome, XattrSetMode, BATCH_MAX_FILES, DEFAULT_CHUNK_BYTES,
+    MAX_NAME_BYTES, MAX_PATH_BYTES, SMALL_FILE_MAX_BYTES,
 };
 use ferry_common::proto::MAX_INFLIGHT_REQUESTS;
 use ferry_common::transport::tcp::wire::{Header, READ_REQ};
@@ -866,9 +866,16 @@ enum PathRequest {
     XattrList,
     XattrSet,
     XattrRemove,
+    /// The requests of the `locks` capability: `Lock` takes an exclusive lock.
+    Lock,
+    LockTest,
+    /// The path-naming requests of the `posix` capability: `MakeNode` makes a FIFO,
+    /// `SetTimes` sets both times to a given time.
+    MakeNode,
+    SetTimes,
 }
 
-const EVERY_KIND: [PathRequest; 37] = [
+const EVERY_KIND: [PathRequest; 41] = [
     PathRequest::Stat { follow: true },
     PathRequest::Stat { follow: false },
     PathRequest::ListDir,
@@ -906,10 +913,14 @@ const EVERY_KIND: [PathRequest; 37] = [
     PathRequest::XattrList,
     PathRequest::XattrSet,
     PathRequest::XattrRemove,
+    PathRequest::Lock,
+    PathRequest::LockTest,
+    PathRequest::MakeNode,
+    PathRequest::SetTimes,
 ];
 
 /// The kinds that follow a final symlink.
-const FOLLOWING: [PathRequest; 8] = [
+const FOLLOWING: [PathRequest; 10] = [
     PathRequest::Stat { follow: true },
     PathRequest::ListDir,
     PathRequest::DownloadOpen,
@@ -918,6 +929,8 @@ const FOLLOWING: [PathRequest; 8] = [
     PathRequest::DownloadBatch,
     PathRequest::StatMeta,
     PathRequest::ListDirMeta,
+    PathRequest::Lock,
+    PathRequest::LockTest,
 ];
 
 /// A region of no bytes: an upload batch of empty files needs no READ.
@@ -1147,10 +1160,73 @@ impl PathRequest {
                 path,
                 name: b"user.hostile".to_vec(),
             },
+            other => other.on_lock_and_posix_caps(share, path),
+        }
+    }
+
+    /// [`PathRequest::on`] for the requests of the `locks` and `posix` capabilities.
+    fn on_lock_and_posix_caps(self, share: String, path: String) -> Request {
+        match self {
+            PathRequest::Lock => Request::Lock {
+                share,
+                path,
+                owner: HOSTILE_LOCK_OWNER,
+                kind: LockKind::Write,
+                start: 0,
+                end: u64::MAX,
+                pid: 1,
+            },
+            PathRequest::LockTest => lock_test(share, path, HOSTILE_LOCK_OWNER),
+            PathRequest::MakeNode => Request::MakeNode {
+                share,
+                path,
+                kind: NodeKind::Fifo,
+                mode: 0o666,
+                rdev: 0,
+            },
+            PathRequest::SetTimes => Request::SetTimes {
+                share,
+                path,
+                atime: TimeSet::At(HOSTILE_TIME),
+                mtime: TimeSet::At(HOSTILE_TIME),
+            },
             other => unreachable!("{other:?} is built by PathRequest::on"),
         }
     }
+
+    /// [`PathRequest::on`], wrapped in `AsCaller` for `caller` if there is one.
+    fn on_as(self, caller: Option<&Caller>, share: &str, path: &str) -> Request {
+        let request = self.on(share, path);
+        match caller {
+            Some(caller) => Request::AsCaller {
+                caller: caller.clone(),
+                request: Box::new(request),
+            },
+            None => request,
+        }
+    }
 }
+
+/// A `LockTest` of `owner` for an exclusive lock of the whole file `path`.
+fn lock_test(share: String, path: String, owner: u64) -> Request {
+    Request::LockTest {
+        share,
+        path,
+        owner,
+        kind: LockKind::Write,
+        start: 0,
+        end: u64::MAX,
+    }
+}
+
+/// The lock owner of every hostile `Lock` and `LockTest`.
+const HOSTILE_LOCK_OWNER: u64 = 7;
+
+/// The times a hostile `SetTimes` sets: unlike the canary's (2001).
+const HOSTILE_TIME: Timestamp = Timestamp {
+    secs: 1_234_567_890,
+    nanos: 0,
+};
 
 /// Plants the canary outside the share and, inside, symlinks that lead to it.
 fn plant_escapes(env: &Env) {
@@ -1181,25 +1257,23 @@ fn plant_escapes(env: &Env) {
     symlink(".ferry-state", env.share("to-state")).unwrap();
 }
 
-#[test]
-fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
-    let env = Env::new();
-    plant_escapes(&env);
-    let before = outside(&env);
-    let healthy = Healthy::open(&env);
-    let mut raw = open_raw(&env, Stage::InSession);
+/// The hostile paths every path-naming request kind is tried with, and what each kind
+/// must answer for each.
+fn escape_cases(env: &Env) -> Vec<(String, ErrorKind)> {
+    use ErrorKind::{InvalidPath, OutsideShare};
     let canary = env.root().join("outside/canary");
     let canary = canary.to_str().unwrap();
     let long_name = "n".repeat(MAX_NAME_BYTES + 1);
     let long_inner = format!("sub/{long_name}");
-
-    use ErrorKind::{InvalidPath, NoSuchShare, OutsideShare};
     // (path, what every request kind must answer).
     let mut cases: Vec<(String, ErrorKind)> = [
         ("../outside/canary", OutsideShare),
         ("sub/../../outside/canary", OutsideShare),
         ("sub/..", OutsideShare),
         ("..", OutsideShare),
+        // New names next to the share and in the directory outside.
+        ("../made-outside", OutsideShare),
+        ("../../outside/new", OutsideShare),
         ("/", OutsideShare),
         (canary, OutsideShare),
         ("sub/a\0b", InvalidPath),
@@ -1226,73 +1300,44 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
     let longest = format!("{}{}", "d/".repeat(MAX_PATH_BYTES / 2 - 1), "dd");
     assert_eq!(longest.len(), MAX_PATH_BYTES);
     cases.push((longest, ErrorKind::NotFound));
+    cases
+}
 
+/// Sends every path-naming request kind (wrapped in `AsCaller` for `caller` if there
+/// is one) with each of `cases` and with share names that are not names, and checks
+/// each answer; then final symlinks that lead outside to every kind that follows them,
+/// and the names the server reserves to the kinds that write them.
+#[track_caller]
+fn assert_every_kind_refused(
+    raw: &mut RawClient,
+    cases: &[(String, ErrorKind)],
+    caller: Option<&Caller>,
+) {
+    use ErrorKind::{InvalidPath, NoSuchShare, OutsideShare};
     for kind in EVERY_KIND {
-        for (path, expected) in &cases {
-            let got = match raw.call(kind.on(SHARE, path)) {
+        for (path, expected) in cases {
+            let got = match raw.call(kind.on_as(caller, SHARE, path)) {
                 r @ (Response::Error(_)
                 | Response::UploadedBatch { .. }
                 | Response::DownloadedBatch { .. }
                 | Response::LinkedBatch { .. }
                 | Response::MetaSet { .. }) => error_kind(r),
-                other => panic!("{kind:?} {path:?} was not refused: {other:?}"),
+                other => panic!("{kind:?} {path:?} as {caller:?} was not refused: {other:?}"),
             };
-            assert_eq!(got, *expected, "{kind:?} {path:?}");
+            assert_eq!(got, *expected, "{kind:?} {path:?} as {caller:?}");
         }
         for share in ["../data", "data/..", "data\0", "", "/"] {
-            let got = error_kind(raw.call(kind.on(share, "x")));
-            assert_eq!(got, NoSuchShare, "{kind:?} in share {share:?}");
+            let got = error_kind(raw.call(kind.on_as(caller, share, "x")));
+            assert_eq!(
+                got, NoSuchShare,
+                "{kind:?} in share {share:?} as {caller:?}"
+            );
         }
     }
-
-    // Final symlinks that lead outside: refused by every kind that follows them...
-    let made = Request::Symlink {
-        share: SHARE.into(),
-        path: "made".into(),
-        target: "../../outside/canary".into(),
-    };
-    // (Stored verbatim: following it is what is checked.)
-    assert_eq!(raw.call(made), Response::Ok);
-    for link in [
-        "abs-dir",
-        "rel-dir",
-        "abs-file",
-        "rel-file",
-        "sub-up",
-        "made",
-        "dangling-out",
-    ] {
+    for link in FINAL_LINKS_OUT {
         for kind in FOLLOWING {
-            let got = error_kind(raw.call(kind.on(SHARE, link)));
-            assert_eq!(got, OutsideShare, "{kind:?} {link:?}");
-        }
-        // ...and described, not followed, by a Stat without follow.
-        match raw.call(PathRequest::Stat { follow: false }.on(SHARE, link)) {
-            Response::Attr(a) => assert_eq!(a.kind, FileKind::Symlink, "{link}"),
-            other => panic!("lstat {link}: {other:?}"),
-        }
-        // Verify does not follow a final symlink at all.
-        let got = error_kind(raw.call(PathRequest::Verify.on(SHARE, link)));
-        assert_eq!(got, InvalidPath, "Verify {link:?}");
-        // The writes that name the link itself do not go through it.
-        let got = error_kind(raw.call(PathRequest::SetAttr.on(SHARE, link)));
-        assert_eq!(got, InvalidPath, "SetAttr {link:?}");
-        let got = error_kind(raw.call(PathRequest::Mkdir.on(SHARE, link)));
-        assert_eq!(got, ErrorKind::Exists, "Mkdir {link:?}");
-        // The extended-attribute requests act on the link itself: it has none, and
-        // the kernel allows no `user.*` attribute on a symlink.
-        let got = error_kind(raw.call(PathRequest::XattrGet.on(SHARE, link)));
-        assert_eq!(got, ErrorKind::NoAttribute, "XattrGet {link:?}");
-        let got = error_kind(raw.call(PathRequest::XattrSet.on(SHARE, link)));
-        assert_eq!(got, ErrorKind::PermissionDenied, "XattrSet {link:?}");
-        match raw.call(PathRequest::XattrList.on(SHARE, link)) {
-            Response::XattrNames { names } => assert!(names.is_empty(), "{link}: {names:?}"),
-            other => panic!("XattrList {link}: {other:?}"),
-        }
-        // DiskUsage describes the link itself, and never walks what it points at.
-        match raw.call(PathRequest::DiskUsage.on(SHARE, link)) {
-            Response::DiskUsage(u) => assert_eq!((u.files, u.dirs), (1, 0), "{link}"),
-            other => panic!("DiskUsage {link}: {other:?}"),
+            let got = error_kind(raw.call(kind.on_as(caller, SHARE, link)));
+            assert_eq!(got, OutsideShare, "{kind:?} {link:?} as {caller:?}");
         }
     }
     // Names the server reserves, and the share root, are not write targets.
@@ -1313,9 +1358,133 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
         (PathRequest::XattrSet, ""),
         (PathRequest::XattrSet, ".ferry-tmp.0123456789abcdef"),
         (PathRequest::XattrRemove, ""),
+        (PathRequest::MakeNode, ""),
+        (PathRequest::MakeNode, "."),
+        (PathRequest::MakeNode, ".ferry-tmp.0123456789abcdef"),
+        (PathRequest::SetTimes, ".ferry-tmp.0123456789abcdef"),
     ] {
-        let got = error_kind(raw.call(kind.on(SHARE, path)));
-        assert_eq!(got, InvalidPath, "{kind:?} {path:?}");
+        let got = error_kind(raw.call(kind.on_as(caller, SHARE, path)));
+        assert_eq!(got, InvalidPath, "{kind:?} {path:?} as {caller:?}");
+    }
+}
+
+/// The symlinks of [`plant_escapes`] that lead outside the share, and `made`, which a
+/// client makes with a `Symlink` request ([`make_link_out`]).
+const FINAL_LINKS_OUT: [&str; 7] = [
+    "abs-dir",
+    "rel-dir",
+    "abs-file",
+    "rel-file",
+    "sub-up",
+    "made",
+    "dangling-out",
+];
+
+/// Makes the symlink `made`, which leads to the canary, with a `Symlink` request
+/// (stored verbatim: following it is what is checked).
+fn make_link_out(raw: &mut RawClient) {
+    let made = Request::Symlink {
+        share: SHARE.into(),
+        path: "made".into(),
+        target: "../../outside/canary".into(),
+    };
+    assert_eq!(raw.call(made), Response::Ok);
+}
+
+/// Nothing outside the share changed since `before`: entries, content, modes, times,
+/// extended attributes; and no lock is held on the canary. A session of its own
+/// checks the locks: through a hard link to the canary made inside the share only
+/// now, after a lock it can see (on `sub/f`, taken by another new session) shows that
+/// it would.
+#[track_caller]
+fn assert_outside_untouched(env: &Env, before: &Outside) {
+    assert_eq!(&outside(env), before, "something outside the share changed");
+    let canary = env.root().join("outside/canary");
+    let got = ferry_common::xattr::get(&canary, b"user.hostile");
+    assert!(got.is_err(), "an xattr was set outside the share: {got:?}");
+    let (mut locker, mut other) = (
+        open_raw(env, Stage::InSession),
+        open_raw(env, Stage::InSession),
+    );
+    let held = |other: &mut RawClient, path: &str| {
+        let test = lock_test(SHARE.into(), path.into(), HOSTILE_LOCK_OWNER + 1);
+        match other.call(test) {
+            Response::Lock { conflict, .. } => conflict,
+            other => panic!("LockTest {path}: {other:?}"),
+        }
+    };
+    match locker.call(PathRequest::Lock.on(SHARE, "sub/f")) {
+        Response::Lock { conflict, .. } => assert_eq!(conflict, None, "lock sub/f"),
+        other => panic!("lock sub/f: {other:?}"),
+    }
+    assert!(held(&mut other, "sub/f").is_some(), "the lock on sub/f");
+    fs::hard_link(&canary, env.share("canary-link")).unwrap();
+    let got = held(&mut other, "canary-link");
+    fs::remove_file(env.share("canary-link")).unwrap();
+    assert_eq!(
+        got, None,
+        "a lock was taken on the canary outside the share"
+    );
+}
+
+/// Plants the escapes ([`plant_escapes`]) and `made` ([`make_link_out`]), and opens a
+/// healthy session and a raw one; returns what is outside as it was then, and the two.
+fn escapes_and_sessions(env: &Env) -> (Outside, Healthy, RawClient) {
+    plant_escapes(env);
+    let before = outside(env);
+    let healthy = Healthy::open(env);
+    let mut raw = open_raw(env, Stage::InSession);
+    make_link_out(&mut raw);
+    (before, healthy, raw)
+}
+
+#[test]
+fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
+    use ErrorKind::InvalidPath;
+    let env = Env::new();
+    let (before, healthy, mut raw) = escapes_and_sessions(&env);
+    assert_every_kind_refused(&mut raw, &escape_cases(&env), None);
+
+    for link in FINAL_LINKS_OUT {
+        // Final symlinks that lead outside are described, not followed, by a Stat
+        // without follow.
+        match raw.call(PathRequest::Stat { follow: false }.on(SHARE, link)) {
+            Response::Attr(a) => assert_eq!(a.kind, FileKind::Symlink, "{link}"),
+            other => panic!("lstat {link}: {other:?}"),
+        }
+        // Verify does not follow a final symlink at all.
+        let got = error_kind(raw.call(PathRequest::Verify.on(SHARE, link)));
+        assert_eq!(got, InvalidPath, "Verify {link:?}");
+        // The writes that name the link itself do not go through it.
+        let got = error_kind(raw.call(PathRequest::SetAttr.on(SHARE, link)));
+        assert_eq!(got, InvalidPath, "SetAttr {link:?}");
+        let got = error_kind(raw.call(PathRequest::Mkdir.on(SHARE, link)));
+        assert_eq!(got, ErrorKind::Exists, "Mkdir {link:?}");
+        let got = error_kind(raw.call(PathRequest::MakeNode.on(SHARE, link)));
+        assert_eq!(got, ErrorKind::Exists, "MakeNode {link:?}");
+        // SetTimes sets the times of the link itself (what is outside keeps its own).
+        match raw.call(PathRequest::SetTimes.on(SHARE, link)) {
+            Response::Attr(a) => {
+                assert_eq!(a.kind, FileKind::Symlink, "SetTimes {link}");
+                assert_eq!(a.mtime, HOSTILE_TIME, "SetTimes {link}");
+            }
+            other => panic!("SetTimes {link}: {other:?}"),
+        }
+        // The extended-attribute requests act on the link itself: it has none, and
+        // the kernel allows no `user.*` attribute on a symlink.
+        let got = error_kind(raw.call(PathRequest::XattrGet.on(SHARE, link)));
+        assert_eq!(got, ErrorKind::NoAttribute, "XattrGet {link:?}");
+        let got = error_kind(raw.call(PathRequest::XattrSet.on(SHARE, link)));
+        assert_eq!(got, ErrorKind::PermissionDenied, "XattrSet {link:?}");
+        match raw.call(PathRequest::XattrList.on(SHARE, link)) {
+            Response::XattrNames { names } => assert!(names.is_empty(), "{link}: {names:?}"),
+            other => panic!("XattrList {link}: {other:?}"),
+        }
+        // DiskUsage describes the link itself, and never walks what it points at.
+        match raw.call(PathRequest::DiskUsage.on(SHARE, link)) {
+            Response::DiskUsage(u) => assert_eq!((u.files, u.dirs), (1, 0), "{link}"),
+            other => panic!("DiskUsage {link}: {other:?}"),
+        }
     }
     for target in ["", "a\0b"] {
         let bad = Request::Symlink {
@@ -1381,11 +1550,116 @@ fn paths_that_leave_the_share_are_refused_for_every_request_kind() {
     log_line(&env, &[&peer, "path exceeds its limit"]);
 
     healthy.check(&env, "hostile paths");
-    assert_eq!(outside(&env), before, "something outside the share changed");
-    let canary = env.root().join("outside/canary");
-    let got = ferry_common::xattr::get(&canary, b"user.hostile");
-    assert!(got.is_err(), "an xattr was set outside the share: {got:?}");
+    assert_outside_untouched(&env, &before);
     ferry_tests::assert_no_temp_files(&env.share(""));
+}
+
+/// The same hostile paths, each request wrapped in `AsCaller`, on a share whose owners
+/// are the clients' (so ferryd acts as the caller): for root (not squashed, so the
+/// kernel's permission checks stop nothing) and for another user, every wrapped
+/// request is refused exactly as unwrapped, and nothing outside changes.
+#[test]
+fn path_requests_as_a_caller_are_refused_as_unwrapped() {
+    let env = Env::builder()
+        .server_arg("--owners")
+        .server_arg(format!("{SHARE}=client,no_root_squash"))
+        .start();
+    let (before, healthy, mut raw) = escapes_and_sessions(&env);
+    let cases = escape_cases(&env);
+    let root = Caller {
+        uid: 0,
+        gid: 0,
+        groups: Vec::new(),
+    };
+    let user = Caller {
+        uid: 65_533,
+        gid: 65_533,
+        groups: vec![0, 65_533],
+    };
+    for caller in [root, user] {
+        assert_every_kind_refused(&mut raw, &cases, Some(&caller));
+        healthy.check(&env, &format!("hostile paths as {caller:?}"));
+    }
+    assert_outside_untouched(&env, &before);
+    ferry_tests::assert_no_temp_files(&env.share(""));
+}
+
+/// `SetAttr` of a FIFO sets its mode and mtime without opening it (an open for reading
+/// would wait for a writer, holding one of ferryd's threads for good).
+#[test]
+fn set_attr_of_a_fifo_never_opens_it() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let env = Env::new();
+    let mut raw = open_raw(&env, Stage::InSession);
+    match raw.call(PathRequest::MakeNode.on(SHARE, "fifo")) {
+        Response::AttrMeta { attr, .. } => assert_eq!(attr.mode, 0o666),
+        other => panic!("MakeNode: {other:?}"),
+    }
+    let set = Request::SetAttr {
+        share: SHARE.into(),
+        path: "fifo".into(),
+        mode: Some(0o640),
+        mtime: Some(HOSTILE_TIME),
+    };
+    assert_eq!(raw.call(set), Response::Ok);
+    let meta = fs::symlink_metadata(env.share("fifo")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+    assert_eq!(meta.mtime(), HOSTILE_TIME.secs);
+    Healthy::open(&env).check(&env, "SetAttr of a FIFO");
+}
+
+/// How long [`a_symlink_swapped_in_while_a_mode_is_set_is_never_followed`] races.
+const SWAP_RACE: Duration = Duration::from_secs(3);
+
+/// One session keeps making `x` (a FIFO, a directory) and setting its mode, which
+/// ferryd does by path after making or checking it; another keeps putting a symlink
+/// to the canary outside in its place (`Symlink` renames over a name atomically). A
+/// mode is never set through that symlink: the canary keeps its mode.
+#[test]
+fn a_symlink_swapped_in_while_a_mode_is_set_is_never_followed() {
+    let env = Env::new();
+    let (before, healthy, mut maker) = escapes_and_sessions(&env);
+    let mut swapper = open_raw(&env, Stage::InSession);
+    let canary = env.root().join("outside/canary");
+    let canary = canary.to_str().unwrap().to_owned();
+    let end = Instant::now() + SWAP_RACE;
+    let swaps = thread::scope(|s| {
+        let swaps = s.spawn(move || {
+            let mut swaps = 0u32;
+            while Instant::now() < end {
+                let link = Request::Symlink {
+                    share: SHARE.into(),
+                    path: "x".into(),
+                    target: canary.clone(),
+                };
+                if swapper.call(link) == Response::Ok {
+                    swaps += 1;
+                }
+            }
+            swaps
+        });
+        // The mode only, on the FIFO (see `set_attr_of_a_fifo_never_opens_it`); the
+        // mode and the mtime on the directory.
+        let mode_only = Request::SetAttr {
+            share: SHARE.into(),
+            path: "x".into(),
+            mode: Some(0o777),
+            mtime: None,
+        };
+        while Instant::now() < end {
+            // Every answer goes: what matters is what happens outside.
+            maker.call(PathRequest::Remove.on(SHARE, "x"));
+            maker.call(PathRequest::MakeNode.on(SHARE, "x"));
+            maker.call(mode_only.clone());
+            maker.call(PathRequest::Remove.on(SHARE, "x"));
+            maker.call(PathRequest::Mkdir.on(SHARE, "x"));
+            maker.call(PathRequest::SetAttr.on(SHARE, "x"));
+        }
+        swaps.join().unwrap()
+    });
+    assert!(swaps > 0, "the symlink was never put in place");
+    healthy.check(&env, "modes set while symlinks are swapped in");
+    assert_eq!(outside(&env), before, "something outside the share changed");
 }
 
 /// One `LinkBatch` mixing links that must be made with links whose source or new name

@@ -551,6 +551,15 @@ impl Client<'_> {
             | Request::Replicate { share, .. }
             | Request::MakeDirs { share, .. }
             | Request::SetAttrBatch { share, .. }
+            | Request::Lock { share, .. }
+            | Request::LockTest { share, .. }
+            | Request::LockRelease { share, .. }
+            | Request::XattrGet { share, .. }
+            | Request::XattrList { share, .. }
+            | Request::XattrSet { share, .. }
+            | Request::XattrRemove { share, .. }
+            | Request::MakeNode { share, .. }
+            | Request::SetTimes { share, .. }
             | Request::StatFs { share } => match flags & (F_DATA | F_RO) {
                 F_DATA => *share = "data".into(),
                 F_RO => *share = "ro".into(),
@@ -683,7 +692,13 @@ impl Client<'_> {
             | Request::FileSync { handle, .. }
             | Request::FileClose { handle }
             | Request::FileDiscard { handle }
-            | Request::FileCommit { handle } => latest(handle, self.last_file),
+            | Request::FileCommit { handle }
+            | Request::FileFallocate { handle, .. } => latest(handle, self.last_file),
+            // The wrapped request, adjusted as it would be unwrapped.
+            Request::AsCaller { request, .. } => {
+                let inner = std::mem::replace(request.as_mut(), Request::Stats);
+                **request = self.adjust(flags, inner);
+            }
             Request::Stats | Request::Counters => {}
             // A wrong proof ends the connection, which the harness does not model:
             // proofs for the real shares are made valid (re-proving is allowed).

@@ -167,6 +167,25 @@ fn needs_write(body: &Request) -> bool {
     )
 }
 
+/// Whether `body` needs a capability this harness's server never offers (`locks`,
+/// `xattr`, `falloc`, `posix`).
+fn needs_unoffered(body: &Request) -> bool {
+    matches!(
+        body,
+        Request::Lock { .. }
+            | Request::LockTest { .. }
+            | Request::LockRelease { .. }
+            | Request::XattrGet { .. }
+            | Request::XattrList { .. }
+            | Request::XattrSet { .. }
+            | Request::XattrRemove { .. }
+            | Request::FileFallocate { .. }
+            | Request::AsCaller { .. }
+            | Request::MakeNode { .. }
+            | Request::SetTimes { .. }
+    )
+}
+
 /// A write of no extents: its region must be empty and it may carry no hashes.
 fn nothing_to_write(region: &RegionDesc, hashes: &[Hash256]) -> Result<(), ErrorKind> {
     if region.len != 0 || !hashes.is_empty() {
@@ -561,8 +580,12 @@ impl Harness {
             }
             return Ok(());
         }
-        // This server is no cluster node: the cluster capability is never granted.
-        if (needs_write(&body) && !self.write) || matches!(body, Request::Replicate { .. }) {
+        // This server is no cluster node, and offers none of the mount's optional
+        // capabilities (locks, xattr, falloc, posix): their requests are always refused.
+        if (needs_write(&body) && !self.write)
+            || matches!(body, Request::Replicate { .. })
+            || needs_unoffered(&body)
+        {
             self.transmits
                 .push_back(Transmit::Error(id, ErrorKind::Protocol));
             return Ok(());

@@ -26,7 +26,7 @@ use fuser::{
 };
 use tokio::runtime::Handle;
 
-use crate::locks::{LockAsk, Locks};
+use crate::locks::{LockAsk, LockBackend, Locks, ServerLocks};
 use crate::nodes::{join, Nodes, ROOT};
 use crate::options::MountOptions;
 use crate::reader::{auto_chunk, OpenFile, Reader};
@@ -1367,9 +1367,17 @@ impl Inner {
         }
     }
 
+    /// Where this mount's locks are held: the server, per connection.
+    fn lock_backend(&self) -> ServerLocks<'_> {
+        ServerLocks {
+            remote: &self.remote,
+            share: &self.share,
+        }
+    }
+
     /// Whether descriptor `fh` lost its locks to a reconnection (see [`crate::locks`]).
     fn lock_lost(&self, fh: u64) -> bool {
-        self.locks.lost(fh, || self.remote.current().map(|c| c.id))
+        self.locks.lost(fh, || self.lock_backend().current())
     }
 
     /// `F_SETLK` (`waiter`: `F_SETLKW` by that thread). A lock taken makes the file's
@@ -1390,7 +1398,7 @@ impl Inner {
             }
         }
         self.locks
-            .set(&self.remote, &self.share, &path, ask, waiter)
+            .set(&self.lock_backend(), &path, ask, waiter)
             .await?;
         if ask.kind != ferry_common::locks::LockKind::Unlock {
             if let Some(wf) = &wf {
@@ -1424,7 +1432,7 @@ impl Inner {
             ));
         }
         let path = self.lock_path(ask.ino).await?;
-        self.locks.test(&self.remote, &self.share, &path, ask).await
+        self.locks.test(&self.lock_backend(), &path, ask).await
     }
 
     /// The share path of node `ino` for a lock request: a file created through this
@@ -1656,11 +1664,9 @@ impl fuser::Filesystem for FerryFs {
         self.inner.locks.forget_fh(fh.0);
         if let Some(owner) = lock_owner {
             // The last close of a descriptor that `flock`ed: its lock goes.
-            self.spawn(|fs| async move {
-                fs.locks
-                    .release(&fs.remote, &fs.share, ino.0, owner.0)
-                    .await
-            });
+            self.spawn(
+                |fs| async move { fs.locks.release(&fs.lock_backend(), ino.0, owner.0).await },
+            );
         }
         lock(&self.inner.read_gens).remove(&fh.0);
         if let Some(file) = lock(&self.inner.files).remove(&fh.0) {
@@ -1771,7 +1777,7 @@ impl fuser::Filesystem for FerryFs {
             }
             return self.spawn(|fs| async move {
                 fs.locks
-                    .release(&fs.remote, &fs.share, ino.0, lock_owner.0)
+                    .release(&fs.lock_backend(), ino.0, lock_owner.0)
                     .await;
                 reply.ok()
             });
@@ -1791,7 +1797,7 @@ impl fuser::Filesystem for FerryFs {
             };
             // Written back first: the next holder of the lock reads these bytes.
             fs.locks
-                .release(&fs.remote, &fs.share, ino, lock_owner.0)
+                .release(&fs.lock_backend(), ino, lock_owner.0)
                 .await;
             fs.answer_sync(ino, got, "close", reply);
         });
@@ -1865,28 +1871,13 @@ impl fuser::Filesystem for FerryFs {
         pid: u32,
         reply: fuser::ReplyLock,
     ) {
-        let kind = match crate::locks::kind_of(typ) {
-            Ok(k) => k,
-            Err(e) => return reply.error(e.errno),
-        };
-        let ask = LockAsk {
-            ino: ino.0,
-            fh: fh.0,
-            owner: lock_owner.0,
-            kind,
-            start,
-            end,
-            pid,
+        let ask = match crate::locks::ask_of((ino.0, fh.0, lock_owner.0), (start, end), typ, pid) {
+            Ok(a) => a,
+            Err(errno) => return reply.error(errno),
         };
         self.spawn(|fs| async move {
-            match fs.test_lock(ask).await {
-                Ok(Some(h)) => {
-                    let end = h.end.min(i64::MAX as u64);
-                    reply.locked(h.start, end, crate::locks::type_of(h.kind), h.pid)
-                }
-                Ok(None) => reply.locked(start, end, nix::libc::F_UNLCK, 0),
-                Err(e) => reply.error(fail("getlk", e)),
-            }
+            let got = fs.test_lock(ask).await;
+            crate::locks::answer_getlk(reply, ask, got)
         });
     }
 
@@ -1903,30 +1894,14 @@ impl fuser::Filesystem for FerryFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        let kind = match crate::locks::kind_of(typ) {
-            Ok(k) => k,
-            Err(e) => return reply.error(e.errno),
-        };
-        let ask = LockAsk {
-            ino: ino.0,
-            fh: fh.0,
-            owner: lock_owner.0,
-            kind,
-            start,
-            end,
-            pid,
+        let ask = match crate::locks::ask_of((ino.0, fh.0, lock_owner.0), (start, end), typ, pid) {
+            Ok(a) => a,
+            Err(errno) => return reply.error(errno),
         };
         let waiter = sleep.then(|| req.pid());
         self.spawn(|fs| async move {
-            match fs.set_lock(ask, waiter).await {
-                Ok(()) => reply.ok(),
-                // Contention and interruption are the normal course of locking.
-                Err(e) if e.errno == Errno::EAGAIN || e.errno == Errno::EINTR => {
-                    tracing::debug!("setlk: {}", e.message);
-                    reply.error(e.errno)
-                }
-                Err(e) => reply.error(fail("setlk", e)),
-            }
+            let got = fs.set_lock(ask, waiter).await;
+            crate::locks::answer_setlk(reply, got)
         });
     }
 

@@ -19,8 +19,13 @@
 //!   its reads, writes and locks fail with `EIO` instead, until it is closed. An owner
 //!   that unlocks the whole file (SQLite at the end of each transaction) holds nothing
 //!   there any more.
+//!
+//! Where the locks are held is a [`LockBackend`]: ferryd for a single server's share
+//! ([`ServerLocks`], the connection is what they are held under), etcd for a cluster
+//! share (`crate::cluster::locks`, under the mount's lease).
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -59,10 +64,116 @@ pub struct LockAsk {
 }
 
 struct NodeLocks {
-    /// The connection the locks were taken on.
+    /// The connection (or lease) the locks were taken on.
     conn: u64,
     file: LockFile,
+    /// The share path they were taken by (a cluster share's locks are named by it).
+    path: String,
     owners: HashSet<u64>,
+}
+
+/// What a lock request left: what the lock is held under (a connection's or a lease's
+/// id), the file's identity, and the lock of another owner in the way (then nothing
+/// changed).
+pub struct LockAnswer {
+    /// The connection or lease.
+    pub conn: u64,
+    /// The file's identity where the locks are held.
+    pub file: LockFile,
+    /// The lock in the way, if any.
+    pub conflict: Option<LockHeld>,
+}
+
+/// Where a mount's locks are held.
+pub trait LockBackend {
+    /// The id of the connection (or lease) locks are held under now; locks taken
+    /// under another are gone.
+    fn current(&self) -> Option<u64>;
+
+    /// Takes, changes or drops `ask` on share path `path`; never waits.
+    fn set(
+        &self,
+        path: &str,
+        ask: LockAsk,
+    ) -> impl Future<Output = Result<LockAnswer, OpError>> + Send;
+
+    /// The lock of another owner in the way of `ask`, if any.
+    fn test(
+        &self,
+        path: &str,
+        ask: LockAsk,
+    ) -> impl Future<Output = Result<Option<LockHeld>, OpError>> + Send;
+
+    /// Drops every lock `owner` took on `file` (at `path`) under `conn`, which is the
+    /// current one.
+    fn release(
+        &self,
+        conn: u64,
+        file: LockFile,
+        path: &str,
+        owner: u64,
+    ) -> impl Future<Output = Result<(), OpError>> + Send;
+}
+
+/// The locks of a single server's share: ferryd holds them per connection.
+pub struct ServerLocks<'a> {
+    /// The server.
+    pub remote: &'a Remote,
+    /// The share.
+    pub share: &'a str,
+}
+
+impl LockBackend for ServerLocks<'_> {
+    fn current(&self) -> Option<u64> {
+        self.remote.current().map(|c| c.id)
+    }
+
+    async fn set(&self, path: &str, ask: LockAsk) -> Result<LockAnswer, OpError> {
+        let share = self.share;
+        let range = (ask.start, ask.end);
+        self.remote
+            .call(&format!("lock {share}/{path}"), |c| async move {
+                let a = c
+                    .client
+                    .lock(share, path, ask.owner, ask.kind, range, ask.pid)
+                    .await?;
+                Ok(LockAnswer {
+                    conn: c.id,
+                    file: a.file,
+                    conflict: a.conflict,
+                })
+            })
+            .await
+    }
+
+    async fn test(&self, path: &str, ask: LockAsk) -> Result<Option<LockHeld>, OpError> {
+        let share = self.share;
+        let range = (ask.start, ask.end);
+        let answer = self
+            .remote
+            .call(&format!("lock test {share}/{path}"), |c| async move {
+                c.client
+                    .lock_test(share, path, ask.owner, ask.kind, range)
+                    .await
+            })
+            .await?;
+        Ok(answer.conflict)
+    }
+
+    async fn release(
+        &self,
+        _conn: u64,
+        file: LockFile,
+        _path: &str,
+        owner: u64,
+    ) -> Result<(), OpError> {
+        let share = self.share;
+        self.remote
+            .call("unlock at close", |c| async move {
+                c.client.lock_release(share, file, owner).await
+            })
+            .await
+    }
 }
 
 /// What this mount holds; see the module docs.
@@ -125,35 +236,17 @@ impl Locks {
     /// while another owner holds it if `waiter` (the asking thread) is given.
     pub async fn set(
         &self,
-        remote: &Remote,
-        share: &str,
+        backend: &impl LockBackend,
         path: &str,
         ask: LockAsk,
         waiter: Option<u32>,
     ) -> Result<(), OpError> {
         let mut pause = WAIT_FIRST;
         loop {
-            let (conn, answer) = remote
-                .call(&format!("lock {share}/{path}"), |c| async move {
-                    let id = c.id;
-                    let a = c
-                        .client
-                        .lock(
-                            share,
-                            path,
-                            ask.owner,
-                            ask.kind,
-                            (ask.start, ask.end),
-                            ask.pid,
-                        )
-                        .await?;
-                    Ok((id, a))
-                })
-                .await
-                .map_err(no_locks)?;
+            let answer = backend.set(path, ask).await.map_err(no_locks)?;
             let Some(held) = answer.conflict else {
                 if ask.kind != LockKind::Unlock {
-                    self.granted(ask, conn, answer.file);
+                    self.granted(ask, answer.conn, answer.file, path);
                 } else if ask.start == 0 && ask.end >= WHOLE_FILE_END {
                     // The owner holds nothing on the file any more.
                     self.forget_owner(ask.ino, ask.owner);
@@ -166,7 +259,7 @@ impl Locks {
             if signal_pending(tid) {
                 return Err(OpError::new(
                     Errno::EINTR,
-                    format!("lock {share}/{path}: interrupted while waiting"),
+                    format!("lock {path}: interrupted while waiting"),
                 ));
             }
             tokio::time::sleep(pause).await;
@@ -177,53 +270,39 @@ impl Locks {
     /// The lock of another owner that would stop `ask`, if any.
     pub async fn test(
         &self,
-        remote: &Remote,
-        share: &str,
+        backend: &impl LockBackend,
         path: &str,
         ask: LockAsk,
     ) -> Result<Option<LockHeld>, OpError> {
-        let answer = remote
-            .call(&format!("lock test {share}/{path}"), |c| async move {
-                c.client
-                    .lock_test(share, path, ask.owner, ask.kind, (ask.start, ask.end))
-                    .await
-            })
-            .await
-            .map_err(no_locks)?;
-        Ok(answer.conflict)
+        backend.test(path, ask).await.map_err(no_locks)
     }
 
-    /// Releases every lock `owner` holds on node `ino` (a close), if it holds any on
-    /// the live connection.
-    pub async fn release(&self, remote: &Remote, share: &str, ino: u64, owner: u64) {
-        let Some((conn, file)) = self.forget_owner(ino, owner) else {
+    /// Releases every lock `owner` holds on node `ino` (a close), if it holds any
+    /// under the backend's current connection or lease.
+    pub async fn release(&self, backend: &impl LockBackend, ino: u64, owner: u64) {
+        let Some((conn, file, path)) = self.forget_owner(ino, owner) else {
             return;
         };
-        // Locks of a connection that is gone went with it.
-        if remote.current().map(|c| c.id) != Some(conn) {
+        // Locks of a connection (or lease) that is gone went with it.
+        if backend.current() != Some(conn) {
             return;
         }
-        let got = remote
-            .call("unlock at close", |c| async move {
-                c.client.lock_release(share, file, owner).await
-            })
-            .await;
-        if let Err(e) = got {
-            // The connection's end releases them if the server is gone.
+        if let Err(e) = backend.release(conn, file, &path, owner).await {
+            // The connection's (or lease's) end releases them if the server is gone.
             tracing::warn!("cannot release the locks of a closed file: {}", e.message);
         }
     }
 
     /// Forgets that `owner` holds locks on node `ino`; once no owner does, the node's
-    /// descriptors have nothing to lose. Returns the connection and file it held them
-    /// on, if it held any.
-    fn forget_owner(&self, ino: u64, owner: u64) -> Option<(u64, LockFile)> {
+    /// descriptors have nothing to lose. Returns the connection, file and path it held
+    /// them on, if it held any.
+    fn forget_owner(&self, ino: u64, owner: u64) -> Option<(u64, LockFile, String)> {
         let mut nodes = lock(&self.nodes);
         let n = nodes.get_mut(&ino)?;
         if !n.owners.remove(&owner) {
             return None;
         }
-        let held = (n.conn, n.file);
+        let held = (n.conn, n.file, n.path.clone());
         if n.owners.is_empty() {
             nodes.remove(&ino);
             lock(&self.fhs).retain(|_, &mut (_, node)| node != ino);
@@ -231,12 +310,13 @@ impl Locks {
         Some(held)
     }
 
-    fn granted(&self, ask: LockAsk, conn: u64, file: LockFile) {
+    fn granted(&self, ask: LockAsk, conn: u64, file: LockFile, path: &str) {
         lock(&self.fhs).insert(ask.fh, (conn, ask.ino));
         let mut nodes = lock(&self.nodes);
         let n = nodes.entry(ask.ino).or_insert_with(|| NodeLocks {
             conn,
             file,
+            path: path.to_owned(),
             owners: HashSet::new(),
         });
         if n.conn != conn || n.file != file {
@@ -244,9 +324,56 @@ impl Locks {
             // name no longer holds: only the new lock counts.
             n.conn = conn;
             n.file = file;
+            n.path = path.to_owned();
             n.owners.clear();
         }
         n.owners.insert(ask.owner);
+    }
+}
+
+/// The lock request of a FUSE `getlk` or `setlk`; `EINVAL` for an unknown lock type.
+pub fn ask_of(
+    (ino, fh, owner): (u64, u64, u64),
+    (start, end): (u64, u64),
+    typ: i32,
+    pid: u32,
+) -> Result<LockAsk, Errno> {
+    Ok(LockAsk {
+        ino,
+        fh,
+        owner,
+        kind: kind_of(typ).map_err(|e| e.errno)?,
+        start,
+        end,
+        pid,
+    })
+}
+
+/// Answers a `getlk` for `ask` with what the test found.
+pub fn answer_getlk(reply: fuser::ReplyLock, ask: LockAsk, got: Result<Option<LockHeld>, OpError>) {
+    match got {
+        Ok(Some(h)) => reply.locked(h.start, h.end.min(WHOLE_FILE_END), type_of(h.kind), h.pid),
+        Ok(None) => reply.locked(ask.start, ask.end, nix::libc::F_UNLCK, 0),
+        Err(e) => {
+            tracing::warn!("getlk: {}", e.message);
+            reply.error(e.errno)
+        }
+    }
+}
+
+/// Answers a `setlk`: contention and interruption are the normal course of locking,
+/// logged only for debugging.
+pub fn answer_setlk(reply: fuser::ReplyEmpty, got: Result<(), OpError>) {
+    match got {
+        Ok(()) => reply.ok(),
+        Err(e) if e.errno == Errno::EAGAIN || e.errno == Errno::EINTR => {
+            tracing::debug!("setlk: {}", e.message);
+            reply.error(e.errno)
+        }
+        Err(e) => {
+            tracing::warn!("setlk: {}", e.message);
+            reply.error(e.errno)
+        }
     }
 }
 
@@ -319,7 +446,7 @@ mod tests {
             end: 0,
             pid: 1,
         };
-        locks.granted(ask, 3, LockFile { dev: 1, ino: 2 });
+        locks.granted(ask, 3, LockFile { dev: 1, ino: 2 }, "f");
         assert!(!locks.lost(9, || Some(3)));
         assert!(locks.lost(9, || Some(4)));
         assert!(locks.lost(9, || None));
@@ -327,11 +454,11 @@ mod tests {
         locks.forget_fh(9);
         assert!(!locks.lost(9, || Some(4)));
         // An owner that dropped all it held leaves nothing to lose.
-        locks.granted(ask, 3, LockFile { dev: 1, ino: 2 });
+        locks.granted(ask, 3, LockFile { dev: 1, ino: 2 }, "f");
         assert!(locks.holds(5, 1));
         assert_eq!(
             locks.forget_owner(5, 1),
-            Some((3, LockFile { dev: 1, ino: 2 }))
+            Some((3, LockFile { dev: 1, ino: 2 }, "f".to_owned()))
         );
         assert!(!locks.holds(5, 1));
         assert!(!locks.lost(9, || Some(4)));

@@ -557,3 +557,86 @@ print(db.execute("PRAGMA integrity_check").fetchone()[0])
         );
     }
 }
+
+/// Whether process `pid` is stopped (`T` in `/proc/PID/stat`).
+fn is_stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+    state == Some(Some('T'))
+}
+
+/// A cluster share's locks are held in etcd under each mount's lease: `flock` and
+/// `fcntl` ranges exclude across two cluster mounts, a waiter wakes at release,
+/// `F_GETLK` names the holder, a close releases; a holder whose `ferry-mount` hangs
+/// (SIGSTOP) loses its locks once its lease expires, and after it resumes its locked
+/// descriptor fails with `EIO` instead of running unlocked.
+#[test]
+fn cluster_locks_exclude_across_two_mounts_and_a_hung_mount_loses_them() {
+    let name = "cluster_locks_exclude_across_two_mounts_and_a_hung_mount_loses_them";
+    if skip(name) || ferry_tests::skip_without_cluster(name) {
+        return;
+    }
+    let cluster = ferry_tests::Cluster::start_with_share(2, "data", 1, 1);
+    let a = Mount::start(cluster.url("data", ""));
+    let b = Mount::start(cluster.url("data", ""));
+    std::fs::write(a.join("f"), b"0123456789").unwrap();
+    let mut holder = Locker::open(&a.join("f"));
+    let mut other = Locker::open(&b.join("f"));
+
+    assert_eq!(holder.ask("flock ex nb"), "ok");
+    assert_eq!(other.ask("flock ex nb"), "err EAGAIN");
+    other.start_waiting("flock ex", SYS_FLOCK);
+    assert!(other.quiet(), "the waiter got the lock while it was held");
+    assert_eq!(holder.ask("flock un"), "ok");
+    assert_eq!(other.next(), "ok", "the waiter did not get the lock");
+    assert_eq!(other.ask("flock un"), "ok");
+
+    assert_eq!(holder.ask("setlk w 0 100"), "ok");
+    assert_eq!(other.ask("setlk w 100 100"), "ok");
+    assert_eq!(other.ask("setlk r 50 10"), "err EAGAIN");
+    let pid = holder.pid();
+    assert_eq!(other.ask("getlk r 0 0"), format!("w 0 100 {pid}"));
+    assert_eq!(holder.ask("close"), "ok");
+    eventually(&mut other, "setlk w 0 100", "ok");
+    assert_eq!(other.ask("setlk u 0 0"), "ok");
+
+    // A hung mount: its lease expires, and the other mount takes the lock.
+    let mut holder = Locker::open(&a.join("f"));
+    assert_eq!(holder.ask("setlk w 0 0"), "ok");
+    assert_eq!(other.ask("setlk w 0 1"), "err EAGAIN");
+    assert!(send_signal(a.pid(), "STOP"));
+    let stopped = Instant::now();
+    let ttl = Duration::from_secs(10);
+    let deadline = stopped + ttl + RELEASED;
+    loop {
+        let got = other.ask("setlk w 0 1");
+        if got == "ok" {
+            break;
+        }
+        assert_eq!(got, "err EAGAIN");
+        assert!(
+            Instant::now() < deadline,
+            "still locked {:?} after the stop",
+            stopped.elapsed()
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        is_stopped(a.pid()),
+        "the holder's mount did not stay stopped"
+    );
+    assert!(
+        stopped.elapsed() >= ttl - Duration::from_secs(1),
+        "released after {:?}, before the lease could expire",
+        stopped.elapsed()
+    );
+    assert!(send_signal(a.pid(), "CONT"));
+    assert_eq!(holder.ask("write x"), "err EIO", "{}", a.log());
+    assert_eq!(holder.ask("setlk w 0 0"), "err EIO");
+    assert_eq!(holder.ask("close"), "ok");
+    // A new descriptor locks again, under a new lease.
+    assert_eq!(other.ask("setlk u 0 0"), "ok");
+    let mut again = Locker::open(&a.join("f"));
+    assert_eq!(again.ask("setlk w 0 0"), "ok");
+    assert_eq!(other.ask("setlk w 0 1"), "err EAGAIN");
+}

@@ -7,7 +7,7 @@
 //! | user (role)    | writes                                  | reads       |
 //! |----------------|-----------------------------------------|-------------|
 //! | `ferry-node`   | `/ferry/nodes/`, `/ferry/members/`      | `/ferry/`   |
-//! | `ferry-client` | `/ferry/ns/`, `/ferry/shared/`          | `/ferry/`   |
+//! | `ferry-client` | `/ferry/ns/`, `/ferry/shared/`, `/ferry/locks/` | `/ferry/` |
 //! | `ferry-admin`  | everything under `/ferry/` (`shares/`)  | `/ferry/`   |
 //! | `root`         | everything (etcd's own `root` role)     | everything  |
 //!
@@ -26,6 +26,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use etcd_client::Permission;
+use ferry_common::cluster::locks::all_locks_prefix;
 use ferry_common::cluster::{members_prefix, nodes_prefix, ns_prefix, ROOT_PREFIX};
 
 use super::meta::Meta;
@@ -53,7 +54,10 @@ fn shared_prefix() -> String {
 pub fn role_writes() -> [(&'static str, Vec<String>); 3] {
     [
         (NODE_ROLE, vec![nodes_prefix(), members_prefix()]),
-        (CLIENT_ROLE, vec![ns_prefix(), shared_prefix()]),
+        (
+            CLIENT_ROLE,
+            vec![ns_prefix(), shared_prefix(), all_locks_prefix()],
+        ),
         (ADMIN_ROLE, vec![ROOT_PREFIX.to_owned()]),
     ]
 }

@@ -25,6 +25,7 @@ pub mod etcd_config;
 pub mod etcd_connect;
 pub mod files;
 pub mod health;
+pub mod locks;
 pub mod member;
 pub mod meta;
 pub mod repair;

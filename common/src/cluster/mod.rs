@@ -30,6 +30,7 @@
 //!
 //! [`placement`] chooses the nodes.
 
+pub mod locks;
 pub mod placement;
 
 use serde::{Deserialize, Serialize};

@@ -19,12 +19,14 @@
 //!   [`crate::reader::Reader`] each: the single-server mount's verified one-sided
 //!   read path) and open files, read stripe by stripe from any replica that verifies.
 //! - [`write`]: staged writes published whole at close, and the namespace changes.
+//! - [`locks`]: `flock` and `fcntl` locks, held in etcd under the mount's lease.
 //!
 //! Invariants: a read-only mount never changes the cluster (every modifying operation
 //! answers EROFS, and the kernel mount is `ro`); a file's bytes reach a reader only after their
 //! chunk matched a hash list whose manifest id is the one the layout records; an open
 //! descriptor reads the layout it was opened with.
 
+pub mod locks;
 pub mod names;
 pub mod stripes;
 pub mod write;
@@ -46,9 +48,11 @@ use tokio::runtime::Handle;
 
 use crate::bufs::BufPool;
 use crate::fs::tgid_of;
+use crate::locks::Locks;
 use crate::nodes::join;
 use crate::options::MountOptions;
 use crate::remote::{errno_of, lock, OpError};
+use ferry_client::cluster::locks::ClusterLocks;
 use names::{Names, ROOT};
 use stripes::{ClusterFile, Nodes, ReadOut};
 use write::{Staged, Writer};
@@ -90,6 +94,10 @@ struct Inner {
     writes: Mutex<HashMap<u64, Arc<Staged>>>,
     /// The handle open for writing each path last (its attributes are the path's).
     staged: Mutex<HashMap<String, Arc<Staged>>>,
+    /// What this mount holds of the share's locks ([`locks`]).
+    locks: Locks,
+    /// The share's locks in etcd, under this mount's lease.
+    held: Arc<ClusterLocks>,
 }
 
 impl ClusterFs {
@@ -103,6 +111,7 @@ impl ClusterFs {
         opts: MountOptions,
         writer: Option<Writer>,
     ) -> ClusterFs {
+        let held = locks::cluster_locks(nodes.meta().clone(), &share);
         ClusterFs {
             inner: Arc::new(Inner {
                 nodes,
@@ -120,6 +129,8 @@ impl ClusterFs {
                 writer,
                 writes: Mutex::new(HashMap::new()),
                 staged: Mutex::new(HashMap::new()),
+                locks: Locks::new(),
+                held,
             }),
             rt,
         }
@@ -359,6 +370,10 @@ impl fuser::Filesystem for ClusterFs {
                 tracing::warn!("the kernel lacks {missing:?}: O_TRUNC fetches first");
             }
         }
+        let flags = fuser::InitFlags::FUSE_POSIX_LOCKS | fuser::InitFlags::FUSE_FLOCK_LOCKS;
+        if let Err(missing) = config.add_capabilities(flags) {
+            tracing::warn!("the kernel lacks {missing:?}: those locks stay local to this mount");
+        }
         Ok(())
     }
 
@@ -366,6 +381,12 @@ impl fuser::Filesystem for ClusterFs {
         if let Some(w) = &self.inner.writer {
             w.remove_staging();
         }
+        // Every lock of this mount goes now, not at the lease's expiry.
+        let timeout = self.inner.opts.timeout;
+        let held = &self.inner.held;
+        let _ = self
+            .rt
+            .block_on(async { tokio::time::timeout(timeout, held.close()).await });
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -459,6 +480,9 @@ impl fuser::Filesystem for ClusterFs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
+        if let Err(e) = self.inner.lock_lost(fh.0) {
+            return reply.error(fail("read", e));
+        }
         let staged = lock(&self.inner.writes).get(&fh.0).cloned();
         if let Some(staged) = staged {
             return match staged.read(offset, size) {
@@ -486,13 +510,18 @@ impl fuser::Filesystem for ClusterFs {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<fuser::LockOwner>,
+        lock_owner: Option<fuser::LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.inner.locks.forget_fh(fh.0);
+        if let Some(owner) = lock_owner {
+            // The last close of a descriptor that `flock`ed: its lock goes.
+            self.spawn(|fs| async move { fs.release_locks(ino.0, owner.0).await });
+        }
         let staged = lock(&self.inner.writes).remove(&fh.0);
         if let Some(staged) = staged {
             // Whatever the last flush left unpublished goes now (errors: the log).
@@ -512,18 +541,80 @@ impl fuser::Filesystem for ClusterFs {
     fn flush(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
-        _lock_owner: fuser::LockOwner,
+        lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
         // close(2) by the opener publishes (close-to-open); by another process (a
-        // child closing an inherited descriptor at exec) it does not.
+        // child closing an inherited descriptor at exec) it does not. Either way the
+        // closing owner's record locks go (POSIX: any close by the owner drops them),
+        // after what it wrote is published.
         let staged = lock(&self.inner.writes).get(&fh.0).cloned();
-        if staged.is_some_and(|s| !s.closed_by_opener(tgid_of(req.pid()))) {
+        let staged = staged.filter(|s| s.closed_by_opener(tgid_of(req.pid())));
+        let locked = self.inner.locks.holds(ino.0, lock_owner.0);
+        if staged.is_none() && !locked {
             return reply.ok();
         }
-        self.publish(fh, "close", reply);
+        self.spawn(|fs| async move {
+            let got = match staged {
+                Some(s) => fs.publish(&s).await,
+                None => Ok(()),
+            };
+            if locked {
+                fs.release_locks(ino.0, lock_owner.0).await;
+            }
+            match got {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("close", e)),
+            }
+        });
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: fuser::LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: fuser::ReplyLock,
+    ) {
+        let ask = match crate::locks::ask_of((ino.0, fh.0, lock_owner.0), (start, end), typ, pid) {
+            Ok(a) => a,
+            Err(errno) => return reply.error(errno),
+        };
+        self.spawn(|fs| async move {
+            let got = fs.test_lock(ask).await;
+            crate::locks::answer_getlk(reply, ask, got)
+        });
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: fuser::LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let ask = match crate::locks::ask_of((ino.0, fh.0, lock_owner.0), (start, end), typ, pid) {
+            Ok(a) => a,
+            Err(errno) => return reply.error(errno),
+        };
+        let waiter = sleep.then(|| req.pid());
+        self.spawn(|fs| async move {
+            let got = fs.set_lock(ask, waiter).await;
+            crate::locks::answer_setlk(reply, got)
+        });
     }
 
     fn fsync(
@@ -772,6 +863,9 @@ impl fuser::Filesystem for ClusterFs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: fuser::ReplyWrite,
     ) {
+        if let Err(e) = self.inner.lock_lost(fh.0) {
+            return reply.error(fail("write", e));
+        }
         let Some(staged) = lock(&self.inner.writes).get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };

@@ -47,6 +47,10 @@ struct Waiters {
     closed: Option<String>,
 }
 
+/// A handshake's outcome: the welcome, or why it failed and the kind of the server's
+/// refusal if it refused.
+type Handshake = Result<Welcome, (String, Option<ErrorKind>)>;
+
 struct Inner {
     transport: SharedTransport,
     /// The encryption layer (`transport` itself), armed when the welcome agrees.
@@ -58,7 +62,9 @@ struct Inner {
     /// next deadline (the liveness clock starts with the first request).
     wake: Notify,
     waiters: Mutex<Waiters>,
-    connected: Mutex<Option<oneshot::Sender<Result<Welcome, String>>>>,
+    /// The handshake's outcome: the welcome, or why it failed and the kind of the
+    /// server's refusal if it refused.
+    connected: Mutex<Option<oneshot::Sender<Handshake>>>,
     welcome: Mutex<Option<Welcome>>,
     /// What the handshake agreed on, kept once it is done.
     negotiated: Mutex<Option<Negotiated>>,
@@ -295,6 +301,7 @@ impl Client {
             _ => Some(KeyShare::generate().map_err(|e| ClientError::Handshake {
                 addr: addr.clone(),
                 cause: e.to_string(),
+                refused: None,
             })?),
         };
         let offer = credentials.offer(key_share.as_ref());
@@ -327,10 +334,15 @@ impl Client {
                 *lock(&inner.negotiated) = lock(&inner.session).negotiated();
                 Ok(Client { inner })
             }
-            Ok(Err(cause)) => Err(ClientError::Handshake { addr, cause }),
+            Ok(Err((cause, refused))) => Err(ClientError::Handshake {
+                addr,
+                cause,
+                refused,
+            }),
             Err(_) => Err(ClientError::Handshake {
                 addr,
                 cause: "connection closed during the handshake".into(),
+                refused: None,
             }),
         }
     }
@@ -1154,7 +1166,11 @@ async fn watch_liveness(inner: std::sync::Weak<Inner>) {
 fn end_session(inner: &Inner, reason: &str, closed_by: Option<&ProtoError>) {
     inner.transport.close();
     if let Some(tx) = lock(&inner.connected).take() {
-        let _ = tx.send(Err(reason.to_owned()));
+        let refused = match closed_by {
+            Some(ProtoError::Refused(e)) => Some(e.kind),
+            _ => None,
+        };
+        let _ = tx.send(Err((reason.to_owned(), refused)));
     }
     let waiters: Vec<Waiter> = {
         let mut w = lock(&inner.waiters);

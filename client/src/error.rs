@@ -26,6 +26,9 @@ pub enum ClientError {
         addr: String,
         /// Why.
         cause: String,
+        /// The kind of the server's refusal, when it refused the session (`Busy`: at
+        /// its connection limit).
+        refused: Option<ErrorKind>,
     },
     /// The server refused or failed a request.
     #[error("{}", .0.message)]
@@ -153,6 +156,21 @@ impl ClientError {
             ClientError::Remote(e) => Some(e.kind),
             _ => None,
         }
+    }
+
+    /// Whether the server is at a resource limit (a request or the session itself
+    /// refused `Busy`): trying again later may succeed.
+    pub fn is_busy(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Remote(RemoteError {
+                kind: ErrorKind::Busy,
+                ..
+            }) | ClientError::Handshake {
+                refused: Some(ErrorKind::Busy),
+                ..
+            }
+        )
     }
 
     /// The snake_case kind used in `--json` output.

@@ -283,18 +283,7 @@ impl Remote {
         if let Some(c) = lock(&self.current).clone() {
             return Ok(c);
         }
-        let client = tokio::time::timeout(
-            self.timeout,
-            Client::connect_with(&self.host, self.port, self.choice, self.credentials.clone()),
-        )
-        .await
-        .map_err(|_| {
-            OpError::new(
-                Errno::ENOTCONN,
-                format!("connecting to {} timed out", self.addr()),
-            )
-        })?
-        .map_err(|e| OpError::new(Errno::ENOTCONN, e.to_string()))?;
+        let client = self.connect_patient().await?;
         let id = 1 + self
             .connects
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -314,6 +303,41 @@ impl Remote {
         }
         *lock(&self.current) = Some(conn.clone());
         Ok(conn)
+    }
+
+    /// Connects within the timeout. A server at its connection limit (the session
+    /// refused `Busy`) is asked again after a pause ([`BUSY_FIRST_PAUSE`], doubling to
+    /// [`BUSY_MAX_PAUSE`]) until the timeout since the first try has passed, so a busy
+    /// server makes the caller wait; past the timeout the caller gets `EBUSY`. Any
+    /// other failure is `ENOTCONN`.
+    async fn connect_patient(&self) -> Result<Client, OpError> {
+        let deadline = std::time::Instant::now() + self.timeout;
+        let mut pause = BUSY_FIRST_PAUSE;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let creds = self.credentials.clone();
+            let got = tokio::time::timeout(
+                left,
+                Client::connect_with(&self.host, self.port, self.choice, creds),
+            )
+            .await;
+            match got {
+                Ok(Ok(client)) => return Ok(client),
+                Ok(Err(e)) if e.is_busy() && std::time::Instant::now() + pause < deadline => {
+                    tracing::info!("server busy, trying again in {pause:?}: {e}");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(BUSY_MAX_PAUSE);
+                }
+                Ok(Err(e)) if e.is_busy() => return Err(OpError::new(Errno::EBUSY, e.to_string())),
+                Ok(Err(e)) => return Err(OpError::new(Errno::ENOTCONN, e.to_string())),
+                Err(_) => {
+                    return Err(OpError::new(
+                        Errno::ENOTCONN,
+                        format!("connecting to {} timed out", self.addr()),
+                    ))
+                }
+            }
+        }
     }
 
     /// Forgets `conn` if it is the current connection and closes it; the next call

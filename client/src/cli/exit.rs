@@ -74,6 +74,7 @@ mod tests {
         let handshake = ClientError::Handshake {
             addr: "h:1".into(),
             cause: "at the limit".into(),
+            refused: Some(ErrorKind::Busy),
         };
         assert_eq!(of(&handshake), CONNECT);
         let full = ClientError::local("/f", "cannot write", std::io::Error::from_raw_os_error(28));

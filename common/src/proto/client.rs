@@ -342,7 +342,7 @@ impl ClientSession {
                 self.flush_queue(now);
                 Ok(())
             }
-            (State::AwaitWelcome, Message::Refused(e)) => Err(ProtoError::Refused(e.message)),
+            (State::AwaitWelcome, Message::Refused(e)) => Err(ProtoError::Refused(e)),
             (State::Ready(..), Message::Response { id, body }) => {
                 if !self.outstanding.remove(&id) {
                     return Err(ProtoError::UnknownRequest(id));

@@ -39,7 +39,7 @@ pub mod transfer;
 mod pair;
 
 use crate::codec::CodecError;
-use crate::msg::ErrorKind;
+use crate::msg::{ErrorKind, RemoteError};
 
 /// How long a session may take to complete its handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -78,9 +78,9 @@ pub enum ProtoError {
     /// The peer does not speak this protocol (bad magic) or no common version.
     #[error("incompatible peer: {0}")]
     Incompatible(String),
-    /// The server refused the session.
-    #[error("server refused the session: {0}")]
-    Refused(String),
+    /// The server refused the session (its kind: `Busy` at its connection limit).
+    #[error("server refused the session: {}", .0.message)]
+    Refused(RemoteError),
     /// A response named a request that is not outstanding.
     #[error("response to unknown request {0}")]
     UnknownRequest(u64),

@@ -187,6 +187,27 @@ fn protocol(message: String) -> RemoteError {
     RemoteError::new(ErrorKind::Protocol, message)
 }
 
+/// Reserves the next handle of a table of handles (`false`: opening) whose next id is
+/// `next`, unless `most` are open or opening already: that is refused as busy, the
+/// message saying "more than `most` `what`".
+fn reserve_handle(
+    table: &mut HashMap<u64, bool>,
+    next: &mut u64,
+    most: usize,
+    what: &str,
+) -> Result<u64, RemoteError> {
+    if table.len() >= most {
+        return Err(RemoteError::new(
+            ErrorKind::Busy,
+            format!("more than {most} {what}"),
+        ));
+    }
+    let handle = *next;
+    *next += 1;
+    table.insert(handle, false);
+    Ok(handle)
+}
+
 impl ConnState {
     /// Takes the session's agreement on batches into account (at the handshake).
     pub fn set_medium_batches(&mut self, on: bool) {
@@ -219,6 +240,28 @@ impl ConnState {
         match body {
             // The codec bounds the caller's groups.
             Request::AsCaller { request, .. } => self.admit(id, request),
+            Request::UploadBatch { region, files, .. } => {
+                check_upload_batch(
+                    files,
+                    region,
+                    batch_capacity(self.chunk_bytes),
+                    self.batch_file_max(),
+                )?;
+                Ok(Grant::None)
+            }
+            _ => match Family::of(body) {
+                Family::Transfer => self.admit_transfer(id, body),
+                Family::Map => self.admit_map(id, body),
+                Family::File => self.admit_file(id, body),
+                _ => Ok(Grant::None),
+            },
+        }
+    }
+
+    /// [`Self::admit`] for a transfer request: an open reserves a new transfer, the
+    /// others name an open one of the right kind (`Close` takes it out of the table).
+    fn admit_transfer(&mut self, id: u64, body: &Request) -> Result<Grant, RemoteError> {
+        match body {
             Request::UploadOpen { .. } | Request::UploadOpenBase { .. } => {
                 self.open_transfer(id, TransferKind::Upload)
             }
@@ -239,19 +282,21 @@ impl ConnState {
                 }
                 _ => Err(no_transfer(*transfer)),
             },
+            _ => Ok(Grant::None),
+        }
+    }
+
+    /// [`Self::admit`] for a mapped-file request: `MapOpen` reserves a new handle,
+    /// `MapRelease` takes an open one out of the table.
+    fn admit_map(&mut self, id: u64, body: &Request) -> Result<Grant, RemoteError> {
+        match body {
             Request::MapOpen { .. } => {
-                if self.maps.len() >= MAX_OPEN_MAPS {
-                    return Err(RemoteError::new(
-                        ErrorKind::Busy,
-                        format!(
-                            "more than {MAX_OPEN_MAPS} mapped files open on one connection: \
-                             release some first"
-                        ),
-                    ));
-                }
-                let handle = self.next_map;
-                self.next_map += 1;
-                self.maps.insert(handle, false);
+                let handle = reserve_handle(
+                    &mut self.maps,
+                    &mut self.next_map,
+                    MAX_OPEN_MAPS,
+                    "mapped files open on one connection: release some first",
+                )?;
                 self.pending.insert(id, Pending::OpenMap(handle));
                 Ok(Grant::Map(handle))
             }
@@ -262,19 +307,22 @@ impl ConnState {
                 }
                 _ => Err(protocol(format!("no mapped file {handle}"))),
             },
+            _ => Ok(Grant::None),
+        }
+    }
+
+    /// [`Self::admit`] for a file-handle request: `FileOpen` reserves a new handle,
+    /// the others name an open one (`FileClose` and `FileDiscard` take it out of the
+    /// table), and a write or read is checked against this connection's limits.
+    fn admit_file(&mut self, id: u64, body: &Request) -> Result<Grant, RemoteError> {
+        match body {
             Request::FileOpen { .. } => {
-                if self.files.len() >= MAX_OPEN_FILES {
-                    return Err(RemoteError::new(
-                        ErrorKind::Busy,
-                        format!(
-                            "more than {MAX_OPEN_FILES} files open for writing on one \
-                             connection: close some first"
-                        ),
-                    ));
-                }
-                let handle = self.next_file;
-                self.next_file += 1;
-                self.files.insert(handle, false);
+                let handle = reserve_handle(
+                    &mut self.files,
+                    &mut self.next_file,
+                    MAX_OPEN_FILES,
+                    "files open for writing on one connection: close some first",
+                )?;
                 self.pending.insert(id, Pending::OpenFile(handle));
                 Ok(Grant::File(handle))
             }
@@ -330,15 +378,6 @@ impl ConnState {
                 let grant = self.open_file(*handle)?;
                 self.files.remove(handle);
                 Ok(grant)
-            }
-            Request::UploadBatch { region, files, .. } => {
-                check_upload_batch(
-                    files,
-                    region,
-                    batch_capacity(self.chunk_bytes),
-                    self.batch_file_max(),
-                )?;
-                Ok(Grant::None)
             }
             _ => Ok(Grant::None),
         }

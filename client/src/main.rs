@@ -362,21 +362,8 @@ async fn run(args: Args) -> u8 {
         Direction::Upload(_, r) => r.clone(),
         Direction::Download(rs, _) => rs[0].clone(),
     };
-    let credentials = match Credentials::from_file_or_env(args.secret_file.as_deref()) {
-        Ok(c) => c.with_hash(args.hash).with_encryption(args.encryption),
-        Err(e) => return fail_early(&args, direction_name(&direction), e, started),
-    };
-    let connected =
-        Client::connect_with(&server.host, server.port, args.transport, credentials).await;
-    // Prove the secret at once, so a wrong one fails before any work. A share that
-    // does not exist is reported by the copy, item by item.
-    let client = match connected {
-        Ok(c) => match c.authenticate(&server.share).await {
-            Err(e) if e.remote_kind() != Some(ferry_common::msg::ErrorKind::NoSuchShare) => {
-                return fail_early(&args, direction_name(&direction), e, started)
-            }
-            _ => c,
-        },
+    let client = match connect_server(&args, &server).await {
+        Ok(c) => c,
         Err(e) => return fail_early(&args, direction_name(&direction), e, started),
     };
     let mut link = Link::of(&client);
@@ -412,23 +399,7 @@ async fn run(args: Args) -> u8 {
     bar.finish_and_clear();
     client.close();
     let seconds = started.elapsed().as_secs_f64();
-    // One line per failed item, except that a lost connection is said once.
-    let mut lost = 0;
-    for e in &report.errors {
-        if matches!(e.error, ClientError::Disconnected(_)) {
-            lost += 1;
-            if lost > 1 {
-                continue;
-            }
-        }
-        eprintln!("rcp: {}", describe(&e.path, &e.error));
-    }
-    if lost > 1 {
-        eprintln!(
-            "rcp: {} more items not copied: connection to the server lost",
-            lost - 1
-        );
-    }
+    print_errors(&report);
     if !args.quiet {
         for path in &report.skipped {
             eprintln!("rcp: {path}: skipped (not a regular file, directory or symlink)");
@@ -457,17 +428,57 @@ async fn run(args: Args) -> u8 {
             0 => String::new(),
             n => format!(", {} of it resumed", indicatif::BinaryBytes(n)),
         };
-        eprintln!(
-            "rcp: {} files, {} dirs, {} symlinks, {}{resumed} in {:.2} s ({}/s)",
-            report.files,
-            report.dirs,
-            report.symlinks,
-            indicatif::BinaryBytes(report.bytes),
-            seconds,
-            indicatif::BinaryBytes((report.bytes as f64 / seconds.max(1e-9)) as u64),
-        );
+        print_summary(&report, &resumed, seconds);
     }
     code
+}
+
+/// A session to the server of `server` for `args`, its secret already proved, so a
+/// wrong one fails before any work. A share that does not exist is reported by the
+/// copy, item by item.
+async fn connect_server(args: &Args, server: &Remote) -> Result<Client, ClientError> {
+    let credentials = Credentials::from_file_or_env(args.secret_file.as_deref())?
+        .with_hash(args.hash)
+        .with_encryption(args.encryption);
+    let c = Client::connect_with(&server.host, server.port, args.transport, credentials).await?;
+    match c.authenticate(&server.share).await {
+        Err(e) if e.remote_kind() != Some(ferry_common::msg::ErrorKind::NoSuchShare) => Err(e),
+        _ => Ok(c),
+    }
+}
+
+/// One line per failed item of `report`, except that a lost connection is said once.
+fn print_errors(report: &Report) {
+    let mut lost = 0;
+    for e in &report.errors {
+        if matches!(e.error, ClientError::Disconnected(_)) {
+            lost += 1;
+            if lost > 1 {
+                continue;
+            }
+        }
+        eprintln!("rcp: {}", describe(&e.path, &e.error));
+    }
+    if lost > 1 {
+        eprintln!(
+            "rcp: {} more items not copied: connection to the server lost",
+            lost - 1
+        );
+    }
+}
+
+/// The terminal's last line of a copy: what moved (`resumed` says how much of it was
+/// resumed, if any), how long it took and how fast.
+fn print_summary(report: &Report, resumed: &str, seconds: f64) {
+    eprintln!(
+        "rcp: {} files, {} dirs, {} symlinks, {}{resumed} in {:.2} s ({}/s)",
+        report.files,
+        report.dirs,
+        report.symlinks,
+        indicatif::BinaryBytes(report.bytes),
+        seconds,
+        indicatif::BinaryBytes((report.bytes as f64 / seconds.max(1e-9)) as u64),
+    );
 }
 
 /// Connects to the cluster whose etcd is at `etcd` (a `cluster://` operand's host),
@@ -483,66 +494,15 @@ async fn connect_cluster(
 
 /// `rcp` with a `cluster://` operand: the copy goes to or from a cluster share.
 async fn run_cluster(args: Args, started: Instant) -> u8 {
-    use ferry_client::cluster::copy::{self as ccopy, ClusterPath};
-    enum Plan {
-        Up(Vec<PathBuf>, ClusterPath),
-        Down(Vec<ClusterPath>, PathBuf),
-    }
-    let planned = (|| {
-        if args.xattrs {
-            let why = "-X: extended attributes are not carried to or from a cluster";
-            return Err(ClientError::Usage(why.into()));
-        }
-        let (dest, sources) = args
-            .operands
-            .split_last()
-            .expect("clap requires two operands");
-        let cluster_of = |a: &str| ccopy::parse(a).transpose();
-        match cluster_of(dest)? {
-            Some(dst) => {
-                let locals = sources
-                    .iter()
-                    .map(|s| match cluster_of(s)? {
-                        None if location::parse(s, ferry_common::DEFAULT_PORT)
-                            .is_ok_and(|l| matches!(l, Location::Local(_))) =>
-                        {
-                            Ok(PathBuf::from(s))
-                        }
-                        _ => Err(ClientError::Usage(format!(
-                            "{s}: copying between servers or clusters is not supported"
-                        ))),
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(Plan::Up(locals, dst))
-            }
-            None => {
-                let remotes = sources
-                    .iter()
-                    .map(|s| {
-                        cluster_of(s)?.ok_or_else(|| {
-                            ClientError::Usage(format!(
-                                "{s}: every source must be in the same cluster (cluster://...)"
-                            ))
-                        })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                if let Some(o) = remotes.iter().find(|r| r.etcd != remotes[0].etcd) {
-                    return Err(ClientError::Usage(format!(
-                        "{}: all sources must be in the same cluster",
-                        o.display()
-                    )));
-                }
-                Ok(Plan::Down(remotes, PathBuf::from(dest)))
-            }
-        }
-    })();
+    use ferry_client::cluster::copy as ccopy;
+    let planned = plan_cluster(&args);
     let plan = match planned {
         Ok(p) => p,
         Err(e) => return fail_early(&args, "", e, started),
     };
     let (direction, etcd) = match &plan {
-        Plan::Up(_, d) => ("upload", d.etcd.clone()),
-        Plan::Down(s, _) => ("download", s[0].etcd.clone()),
+        ClusterPlan::Up(_, d) => ("upload", d.etcd.clone()),
+        ClusterPlan::Down(s, _) => ("download", s[0].etcd.clone()),
     };
     let credentials = match Credentials::from_file_or_env(args.secret_file.as_deref()) {
         Ok(c) => c.with_hash(args.hash).with_encryption(args.encryption),
@@ -568,10 +528,10 @@ async fn run_cluster(args: Args, started: Instant) -> u8 {
         xattrs: false,
     };
     let report = match &plan {
-        Plan::Up(srcs, dst) => {
+        ClusterPlan::Up(srcs, dst) => {
             ccopy::upload(&cluster, srcs, dst, &opts, args.replicas, progress).await
         }
-        Plan::Down(srcs, dst) => ccopy::download(&cluster, srcs, dst, &opts, progress).await,
+        ClusterPlan::Down(srcs, dst) => ccopy::download(&cluster, srcs, dst, &opts, progress).await,
     };
     bar.finish_and_clear();
     let link = cluster.any_session().await.map(|c| Link::of(&c));
@@ -584,17 +544,67 @@ async fn run_cluster(args: Args, started: Instant) -> u8 {
     if args.json {
         print_json(direction, link.as_ref(), &report, seconds, code);
     } else if show {
-        eprintln!(
-            "rcp: {} files, {} dirs, {} symlinks, {} in {:.2} s ({}/s)",
-            report.files,
-            report.dirs,
-            report.symlinks,
-            indicatif::BinaryBytes(report.bytes),
-            seconds,
-            indicatif::BinaryBytes((report.bytes as f64 / seconds.max(1e-9)) as u64),
-        );
+        print_summary(&report, "", seconds);
     }
     code
+}
+
+/// A copy to or from a cluster share.
+enum ClusterPlan {
+    Up(Vec<PathBuf>, ferry_client::cluster::copy::ClusterPath),
+    Down(Vec<ferry_client::cluster::copy::ClusterPath>, PathBuf),
+}
+
+/// The cluster copy `args` ask for: local sources to a cluster, or sources in one
+/// cluster to a local destination.
+fn plan_cluster(args: &Args) -> Result<ClusterPlan, ClientError> {
+    use ferry_client::cluster::copy as ccopy;
+    if args.xattrs {
+        let why = "-X: extended attributes are not carried to or from a cluster";
+        return Err(ClientError::Usage(why.into()));
+    }
+    let (dest, sources) = args
+        .operands
+        .split_last()
+        .expect("clap requires two operands");
+    let cluster_of = |a: &str| ccopy::parse(a).transpose();
+    match cluster_of(dest)? {
+        Some(dst) => {
+            let locals = sources
+                .iter()
+                .map(|s| match cluster_of(s)? {
+                    None if location::parse(s, ferry_common::DEFAULT_PORT)
+                        .is_ok_and(|l| matches!(l, Location::Local(_))) =>
+                    {
+                        Ok(PathBuf::from(s))
+                    }
+                    _ => Err(ClientError::Usage(format!(
+                        "{s}: copying between servers or clusters is not supported"
+                    ))),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(ClusterPlan::Up(locals, dst))
+        }
+        None => {
+            let remotes = sources
+                .iter()
+                .map(|s| {
+                    cluster_of(s)?.ok_or_else(|| {
+                        ClientError::Usage(format!(
+                            "{s}: every source must be in the same cluster (cluster://...)"
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if let Some(o) = remotes.iter().find(|r| r.etcd != remotes[0].etcd) {
+                return Err(ClientError::Usage(format!(
+                    "{}: all sources must be in the same cluster",
+                    o.display()
+                )));
+            }
+            Ok(ClusterPlan::Down(remotes, PathBuf::from(dest)))
+        }
+    }
 }
 
 fn direction_name(d: &Direction) -> &'static str {

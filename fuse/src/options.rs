@@ -110,97 +110,14 @@ pub const KNOWN: &str =
 
 impl MountOptions {
     /// Applies one `-o` argument (comma-separated options) on top of `self`.
-    pub fn parse_into<'a>(&mut self, arg: &'a str) -> Result<(), String> {
+    pub fn parse_into(&mut self, arg: &str) -> Result<(), String> {
         for opt in arg.split(',').map(str::trim).filter(|o| !o.is_empty()) {
             let (key, value) = match opt.split_once('=') {
                 Some((k, v)) => (k, Some(v)),
                 None => (opt, None),
             };
-            let need = |v: Option<&'a str>| -> Result<&'a str, String> {
-                v.filter(|v| !v.is_empty())
-                    .ok_or_else(|| format!("option '{key}' needs a value ({key}=...)"))
-            };
-            let flag = |v: Option<&str>| match v {
-                None => Ok(()),
-                Some(_) => Err(format!("option '{key}' takes no value")),
-            };
-            match key {
-                "ro" => {
-                    flag(value)?;
-                    self.write = WriteMode::ReadOnly;
-                }
-                "rw" => {
-                    flag(value)?;
-                    self.write = WriteMode::ReadWrite;
-                }
-                "sync_close" => {
-                    flag(value)?;
-                    self.sync_close = true;
-                }
-                "writeback" => {
-                    let mib: u64 = number(key, need(value)?)?;
-                    if !(1..=65_536).contains(&mib) {
-                        return Err("writeback must be from 1 to 65536 (MiB)".into());
-                    }
-                    self.writeback_bytes = mib << 20;
-                }
-                "allow_other" => {
-                    flag(value)?;
-                    self.access = Access::All;
-                }
-                "allow_root" => {
-                    flag(value)?;
-                    self.access = Access::OwnerAndRoot;
-                }
-                "default_permissions" => {
-                    flag(value)?;
-                    self.default_permissions = true;
-                }
-                "attr_timeout" => self.attr_ttl = seconds(key, need(value)?)?,
-                "entry_timeout" => self.entry_ttl = seconds(key, need(value)?)?,
-                "negative_timeout" => self.negative_ttl = seconds(key, need(value)?)?,
-                "timeout" => {
-                    self.timeout = seconds(key, need(value)?)?;
-                    if self.timeout.is_zero() {
-                        return Err("timeout must be greater than 0".into());
-                    }
-                }
-                "cache_size" => {
-                    let mib: u64 = number(key, need(value)?)?;
-                    self.cache_bytes = mib
-                        .checked_mul(1 << 20)
-                        .ok_or_else(|| format!("cache_size={mib} is too large"))?;
-                }
-                "chunk_size" => {
-                    let bytes = size(key, need(value)?)?;
-                    let ok = bytes.is_power_of_two()
-                        && (u64::from(MIN_CHUNK_BYTES)..=MAX_MOUNT_CHUNK).contains(&bytes);
-                    if !ok {
-                        return Err(format!(
-                            "chunk_size must be a power of two from {}K to {}M",
-                            MIN_CHUNK_BYTES >> 10,
-                            MAX_MOUNT_CHUNK >> 20
-                        ));
-                    }
-                    self.chunk_bytes = Some(bytes as u32);
-                }
-                "readahead" => self.readahead_chunks = Some(number(key, need(value)?)?),
-                "max_readahead" => {
-                    self.max_readahead_kib = number(key, need(value)?)?;
-                    if !(4..=65_536).contains(&self.max_readahead_kib) {
-                        return Err("max_readahead must be from 4 to 65536 (KiB)".into());
-                    }
-                }
-                "threads" => {
-                    self.threads = number(key, need(value)?)?;
-                    if !(1..=64).contains(&self.threads) {
-                        return Err("threads must be from 1 to 64".into());
-                    }
-                }
-                "fsname" => self.fsname = Some(need(value)?.to_string()),
-                "secret_file" => self.secret_file = Some(need(value)?.into()),
-                "encryption" => self.encryption = Some(need(value)?.parse()?),
-                other => return Err(format!("unknown mount option '{other}' (known: {KNOWN})")),
+            if !self.set_flag(key, value)? {
+                self.set_valued(key, value)?;
             }
         }
         let min_cache = 2 * crate::remote::FETCH_BYTES as u64;
@@ -209,6 +126,89 @@ impl MountOptions {
                 "cache_size must hold at least {} MiB with this chunk size",
                 min_cache.div_ceil(1 << 20)
             ));
+        }
+        Ok(())
+    }
+
+    /// Applies `key` if it is an option that takes no value (refused with one):
+    /// whether it is one.
+    fn set_flag(&mut self, key: &str, value: Option<&str>) -> Result<bool, String> {
+        let set: fn(&mut MountOptions) = match key {
+            "ro" => |o| o.write = WriteMode::ReadOnly,
+            "rw" => |o| o.write = WriteMode::ReadWrite,
+            "sync_close" => |o| o.sync_close = true,
+            "allow_other" => |o| o.access = Access::All,
+            "allow_root" => |o| o.access = Access::OwnerAndRoot,
+            "default_permissions" => |o| o.default_permissions = true,
+            _ => return Ok(false),
+        };
+        if value.is_some() {
+            return Err(format!("option '{key}' takes no value"));
+        }
+        set(self);
+        Ok(true)
+    }
+
+    /// Applies the option `key`, which needs a `value`; an unknown `key` is refused.
+    fn set_valued(&mut self, key: &str, value: Option<&str>) -> Result<(), String> {
+        let need = || {
+            value
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| format!("option '{key}' needs a value ({key}=...)"))
+        };
+        match key {
+            "writeback" => {
+                let mib: u64 = number(key, need()?)?;
+                if !(1..=65_536).contains(&mib) {
+                    return Err("writeback must be from 1 to 65536 (MiB)".into());
+                }
+                self.writeback_bytes = mib << 20;
+            }
+            "attr_timeout" => self.attr_ttl = seconds(key, need()?)?,
+            "entry_timeout" => self.entry_ttl = seconds(key, need()?)?,
+            "negative_timeout" => self.negative_ttl = seconds(key, need()?)?,
+            "timeout" => {
+                self.timeout = seconds(key, need()?)?;
+                if self.timeout.is_zero() {
+                    return Err("timeout must be greater than 0".into());
+                }
+            }
+            "cache_size" => {
+                let mib: u64 = number(key, need()?)?;
+                self.cache_bytes = mib
+                    .checked_mul(1 << 20)
+                    .ok_or_else(|| format!("cache_size={mib} is too large"))?;
+            }
+            "chunk_size" => {
+                let bytes = size(key, need()?)?;
+                let ok = bytes.is_power_of_two()
+                    && (u64::from(MIN_CHUNK_BYTES)..=MAX_MOUNT_CHUNK).contains(&bytes);
+                if !ok {
+                    return Err(format!(
+                        "chunk_size must be a power of two from {}K to {}M",
+                        MIN_CHUNK_BYTES >> 10,
+                        MAX_MOUNT_CHUNK >> 20
+                    ));
+                }
+                self.chunk_bytes = Some(bytes as u32);
+            }
+            "readahead" => self.readahead_chunks = Some(number(key, need()?)?),
+            "max_readahead" => {
+                self.max_readahead_kib = number(key, need()?)?;
+                if !(4..=65_536).contains(&self.max_readahead_kib) {
+                    return Err("max_readahead must be from 4 to 65536 (KiB)".into());
+                }
+            }
+            "threads" => {
+                self.threads = number(key, need()?)?;
+                if !(1..=64).contains(&self.threads) {
+                    return Err("threads must be from 1 to 64".into());
+                }
+            }
+            "fsname" => self.fsname = Some(need()?.to_string()),
+            "secret_file" => self.secret_file = Some(need()?.into()),
+            "encryption" => self.encryption = Some(need()?.parse()?),
+            other => return Err(format!("unknown mount option '{other}' (known: {KNOWN})")),
         }
         Ok(())
     }

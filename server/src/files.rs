@@ -372,21 +372,7 @@ pub fn open(
             // inode, links and owner stay (the caller may not own it).
             let in_place = !truncate || crate::owners::acting();
             if in_place {
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .custom_flags(nix::libc::O_NOFOLLOW)
-                    .open(&path)
-                    .map_err(|e| open_error(&what, e))?;
-                let meta = file
-                    .metadata()
-                    .map_err(FileError::io(&what, FileOp::Stat))?;
-                check_regular(&meta, &what)?;
-                if truncate {
-                    file.set_len(0)
-                        .map_err(FileError::io(&what, FileOp::Truncate))?;
-                }
-                return Ok(new(file, Stage::InPlace));
+                return Ok(new(open_in_place(&path, &what, truncate)?, Stage::InPlace));
             }
             let owner = applies_owners().then_some((m.uid(), m.gid()));
             (m.mode() & 0o7777, owner)
@@ -422,20 +408,47 @@ pub fn open(
             _lock: lock,
         },
     );
+    set_owner_and_mode(&opened.file, owner, mode, &what)?;
+    Ok(opened)
+}
+
+/// Opens the existing regular file `path` (`what`) to write it in place, never
+/// through a symlink; empties it if `truncate`.
+fn open_in_place(path: &Path, what: &str, truncate: bool) -> Result<File, FileError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| open_error(what, e))?;
+    let meta = file.metadata().map_err(FileError::io(what, FileOp::Stat))?;
+    check_regular(&meta, what)?;
+    if truncate {
+        file.set_len(0)
+            .map_err(FileError::io(what, FileOp::Truncate))?;
+    }
+    Ok(file)
+}
+
+/// Gives a new staged file (`what`) the `owner` of the file it replaces, if any, and
+/// then exactly `mode`: after the chown (which clears set-id bits), and not under the
+/// umask.
+fn set_owner_and_mode(
+    file: &File,
+    owner: Option<(u32, u32)>,
+    mode: u32,
+    what: &str,
+) -> Result<(), FileError> {
     if let Some((uid, gid)) = owner {
         nix::unistd::fchown(
-            opened.file.as_raw_fd(),
+            file.as_raw_fd(),
             Some(Uid::from_raw(uid)),
             Some(Gid::from_raw(gid)),
         )
-        .map_err(errno(&what, FileOp::Chown))?;
+        .map_err(errno(what, FileOp::Chown))?;
     }
-    // After the chown (which clears set-id bits), and exactly (the umask is not).
-    opened
-        .file
-        .set_permissions(Permissions::from_mode(mode))
-        .map_err(FileError::io(&what, FileOp::Chmod))?;
-    Ok(opened)
+    file.set_permissions(Permissions::from_mode(mode))
+        .map_err(FileError::io(what, FileOp::Chmod))
 }
 
 /// Gives the staged file `tmp`, which is to replace `path`, the extended attributes

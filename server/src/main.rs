@@ -275,36 +275,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "--cluster: this ferryd was built without cluster support (cargo feature `cluster`)"
         );
     }
-    let mut shares = args.shares.clone();
-    if let Some(store) = &args.store {
-        std::fs::create_dir_all(store)
-            .with_context(|| format!("cannot create the store {}", store.display()))?;
-        shares.push(format!(
-            "{}={}",
-            ferry_common::cluster::STORE_SHARE,
-            store.display()
-        ));
-    }
-    let mut config = Config::build(
-        args.config.as_deref(),
-        args.listen,
-        args.queue_depth,
-        args.max_mapped_bytes,
-        args.partial_ttl,
-        args.max_connections,
-        &shares,
-    )?;
-    raise_fd_limit(config.max_connections);
-    let default_env = std::env::var_os(DEFAULT_SECRET_ENV).map(|_| DEFAULT_SECRET_ENV);
-    config.apply_secrets(&args.secret_files, default_env)?;
-    config.apply_owners(&args.owners)?;
-    config.insecure_no_auth = args.insecure_no_auth;
-    for share in config.shares.iter_mut().filter(|s| s.hash.is_none()) {
-        share.hash = args.hash;
-    }
-    if let Some(e) = args.encryption {
-        config.encryption = e;
-    }
+    #[allow(unused_mut)] // Only `cluster_node` changes it (feature `cluster`).
+    let mut config = build_config(&args)?;
     #[cfg(feature = "cluster")]
     let etcd = cluster_node(&args, &mut config)?;
     let server = Server::new(&config)?;
@@ -314,23 +286,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     tokio::task::spawn_blocking(move || cleaner.clean_stale_files());
     let listeners = listen(args.transport, config.listen)?;
     let local = listeners.local;
-    for s in &config.shares {
-        tracing::info!(
-            share = %s.name,
-            path = %s.path.display(),
-            read_only = s.read_only,
-            hash = s.hash.map_or("client's choice", |h| h.name()),
-            encryption = s.encryption.unwrap_or(config.encryption).as_str(),
-            secret = !server.is_open(&s.name),
-            "exporting share"
-        );
-        if server.is_open(&s.name) {
-            tracing::warn!(
-                share = %s.name,
-                "share served WITHOUT a secret (--insecure-no-auth): anyone who can connect may use it"
-            );
-        }
-    }
+    log_shares(&config, &server);
     if let Some(path) = &args.port_file {
         write_port_file(path, local)
             .with_context(|| format!("cannot write port file {}", path.display()))?;
@@ -384,6 +340,63 @@ async fn run(args: Args) -> anyhow::Result<()> {
         s.abort();
     }
     Ok(())
+}
+
+/// The configuration the command line asks for (the configuration file, if any,
+/// with the flags on top); raises the open-files limit to serve it.
+fn build_config(args: &Args) -> anyhow::Result<Config> {
+    let mut shares = args.shares.clone();
+    if let Some(store) = &args.store {
+        std::fs::create_dir_all(store)
+            .with_context(|| format!("cannot create the store {}", store.display()))?;
+        shares.push(format!(
+            "{}={}",
+            ferry_common::cluster::STORE_SHARE,
+            store.display()
+        ));
+    }
+    let mut config = Config::build(
+        args.config.as_deref(),
+        args.listen,
+        args.queue_depth,
+        args.max_mapped_bytes,
+        args.partial_ttl,
+        args.max_connections,
+        &shares,
+    )?;
+    raise_fd_limit(config.max_connections);
+    let default_env = std::env::var_os(DEFAULT_SECRET_ENV).map(|_| DEFAULT_SECRET_ENV);
+    config.apply_secrets(&args.secret_files, default_env)?;
+    config.apply_owners(&args.owners)?;
+    config.insecure_no_auth = args.insecure_no_auth;
+    for share in config.shares.iter_mut().filter(|s| s.hash.is_none()) {
+        share.hash = args.hash;
+    }
+    if let Some(e) = args.encryption {
+        config.encryption = e;
+    }
+    Ok(config)
+}
+
+/// Logs the shares served, warning of those served without a secret.
+fn log_shares(config: &Config, server: &Server) {
+    for s in &config.shares {
+        tracing::info!(
+            share = %s.name,
+            path = %s.path.display(),
+            read_only = s.read_only,
+            hash = s.hash.map_or("client's choice", |h| h.name()),
+            encryption = s.encryption.unwrap_or(config.encryption).as_str(),
+            secret = !server.is_open(&s.name),
+            "exporting share"
+        );
+        if server.is_open(&s.name) {
+            tracing::warn!(
+                share = %s.name,
+                "share served WITHOUT a secret (--insecure-no-auth): anyone who can connect may use it"
+            );
+        }
+    }
 }
 
 /// The listeners `--transport` asked for, bound.

@@ -238,25 +238,48 @@ fn two_mounts(file: &str) -> (Env, Mount, Mount) {
     (env, a, b)
 }
 
+/// For `test` (`None` if it is skipped): two mounts of one share with a file `f` on
+/// it, and a locker of `f` on each: (env, mount a, mount b, locker on a, locker on b).
+fn two_lockers(test: &str) -> Option<(Env, Mount, Mount, Locker, Locker)> {
+    if skip(test) {
+        return None;
+    }
+    let (env, a, b) = two_mounts("f");
+    let holder = Locker::open(&a.join("f"));
+    let other = Locker::open(&b.join("f"));
+    Some((env, a, b, holder, other))
+}
+
+/// `other` starts the blocking `wait` (seen blocked in `syscall`) on what `holder`
+/// holds: it must wait until `holder` asks `release`, and then get it.
+#[track_caller]
+fn waits_for_release(
+    holder: &mut Locker,
+    other: &mut Locker,
+    (wait, syscall): (&str, u64),
+    release: &str,
+) {
+    other.start_waiting(wait, syscall);
+    assert!(other.quiet(), "{wait}: the waiter got it while it was held");
+    assert_eq!(holder.ask(release), "ok");
+    assert_eq!(other.next(), "ok", "{wait}: the waiter did not get it");
+}
+
 /// `flock(LOCK_EX)` on one mount makes `LOCK_EX|LOCK_NB` on the other fail with
 /// `EWOULDBLOCK`; a blocking `LOCK_EX` there waits, and gets the lock once the holder
 /// unlocks; a shared lock admits other shared locks only.
 #[test]
 fn flock_excludes_across_two_mounts_and_a_waiter_wakes_at_release() {
-    if skip("flock_excludes_across_two_mounts_and_a_waiter_wakes_at_release") {
+    let Some((_env, _a, _b, mut holder, mut other)) =
+        two_lockers("flock_excludes_across_two_mounts_and_a_waiter_wakes_at_release")
+    else {
         return;
-    }
-    let (_env, a, b) = two_mounts("f");
-    let mut holder = Locker::open(&a.join("f"));
-    let mut other = Locker::open(&b.join("f"));
+    };
     assert_eq!(holder.ask("flock ex nb"), "ok");
     assert_eq!(other.ask("flock ex nb"), "err EAGAIN");
     assert_eq!(other.ask("flock sh nb"), "err EAGAIN");
 
-    other.start_waiting("flock ex", SYS_FLOCK);
-    assert!(other.quiet(), "the waiter got the lock while it was held");
-    assert_eq!(holder.ask("flock un"), "ok");
-    assert_eq!(other.next(), "ok", "the waiter did not get the lock");
+    waits_for_release(&mut holder, &mut other, ("flock ex", SYS_FLOCK), "flock un");
     assert_eq!(holder.ask("flock ex nb"), "err EAGAIN");
 
     // Shared locks share.
@@ -272,12 +295,11 @@ fn flock_excludes_across_two_mounts_and_a_waiter_wakes_at_release() {
 /// process, and `F_SETLKW` waits for the range to be unlocked.
 #[test]
 fn fcntl_ranges_exclude_across_two_mounts_and_getlk_names_the_holder() {
-    if skip("fcntl_ranges_exclude_across_two_mounts_and_getlk_names_the_holder") {
+    let Some((_env, _a, _b, mut holder, mut other)) =
+        two_lockers("fcntl_ranges_exclude_across_two_mounts_and_getlk_names_the_holder")
+    else {
         return;
-    }
-    let (_env, a, b) = two_mounts("f");
-    let mut holder = Locker::open(&a.join("f"));
-    let mut other = Locker::open(&b.join("f"));
+    };
     assert_eq!(holder.ask("setlk w 0 100"), "ok");
     assert_eq!(other.ask("setlk w 100 100"), "ok");
     assert_eq!(other.ask("setlk r 50 100"), "err EAGAIN");
@@ -290,10 +312,8 @@ fn fcntl_ranges_exclude_across_two_mounts_and_getlk_names_the_holder() {
     assert_eq!(other.ask("setlk r 50 10"), "ok");
     assert_eq!(other.ask("setlk w 0 10"), "err EAGAIN");
 
-    other.start_waiting("setlkw w 0 10", SYS_FCNTL);
-    assert!(other.quiet(), "the waiter got the range while it was held");
-    assert_eq!(holder.ask("setlk u 0 50"), "ok");
-    assert_eq!(other.next(), "ok", "the waiter did not get the range");
+    let wait = ("setlkw w 0 10", SYS_FCNTL);
+    waits_for_release(&mut holder, &mut other, wait, "setlk u 0 50");
     assert_eq!(holder.ask("setlk w 55 1"), "err EAGAIN");
     assert_eq!(holder.ask("setlk w 70 10"), "ok");
 }
@@ -332,12 +352,11 @@ fn locks_go_when_their_holder_closes_or_is_killed() {
 /// The locks of a mount whose `ferry-mount` is SIGKILLed go with its session.
 #[test]
 fn locks_go_when_the_holding_mount_is_killed() {
-    if skip("locks_go_when_the_holding_mount_is_killed") {
+    let Some((_env, a, _b, mut holder, mut other)) =
+        two_lockers("locks_go_when_the_holding_mount_is_killed")
+    else {
         return;
-    }
-    let (_env, a, b) = two_mounts("f");
-    let mut holder = Locker::open(&a.join("f"));
-    let mut other = Locker::open(&b.join("f"));
+    };
     assert_eq!(holder.ask("flock ex nb"), "ok");
     assert_eq!(other.ask("flock ex nb"), "err EAGAIN");
     assert!(send_signal(a.pid(), "KILL"));
@@ -348,12 +367,11 @@ fn locks_go_when_the_holding_mount_is_killed() {
 /// A waiter interrupted by a signal gets `EINTR`, and holds nothing after.
 #[test]
 fn a_signal_interrupts_a_lock_waiter_with_eintr() {
-    if skip("a_signal_interrupts_a_lock_waiter_with_eintr") {
+    let Some((_env, _a, _b, mut holder, mut other)) =
+        two_lockers("a_signal_interrupts_a_lock_waiter_with_eintr")
+    else {
         return;
-    }
-    let (_env, a, b) = two_mounts("f");
-    let mut holder = Locker::open(&a.join("f"));
-    let mut other = Locker::open(&b.join("f"));
+    };
     assert_eq!(holder.ask("flock ex nb"), "ok");
     other.start_waiting("flock ex", SYS_FLOCK);
     assert!(send_signal(other.pid(), "USR1"));

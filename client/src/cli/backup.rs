@@ -211,16 +211,7 @@ fn valid_glob(glob: &str) -> Result<String, String> {
 /// `--list` and `--verify` are for single servers only.
 async fn run_cluster(args: &BackupArgs, src: &Path, dest: &str) -> u8 {
     use ferry_client::cluster::{backup as cbackup, copy::parse as parse_cluster, Cluster};
-    let unsupported = if !args.to.is_empty() {
-        Some("--to")
-    } else if args.dry_run {
-        Some("--dry-run")
-    } else if !args.rules.is_empty() {
-        Some("--include/--exclude")
-    } else {
-        None
-    };
-    if let Some(flag) = unsupported {
+    if let Some(flag) = cluster_unsupported(args) {
         eprintln!("rcp: backup: {flag} is not supported with a cluster target (yet)");
         return exit::USAGE;
     }
@@ -272,7 +263,33 @@ async fn run_cluster(args: &BackupArgs, src: &Path, dest: &str) -> u8 {
             (exit::of(&e), None)
         }
     };
-    if let Some(r) = &report {
+    print_cluster_report(args, code, report.as_ref(), &target.display(), seconds);
+    code
+}
+
+/// The first flag given that a cluster target does not support, if any.
+fn cluster_unsupported(args: &BackupArgs) -> Option<&'static str> {
+    if !args.to.is_empty() {
+        Some("--to")
+    } else if args.dry_run {
+        Some("--dry-run")
+    } else if !args.rules.is_empty() {
+        Some("--include/--exclude")
+    } else {
+        None
+    }
+}
+
+/// Reports a cluster backup (its exit `code`, its `report` unless it failed as a
+/// whole) on standard error, or as JSON on standard output with `--json`.
+fn print_cluster_report(
+    args: &BackupArgs,
+    code: u8,
+    report: Option<&ferry_client::cluster::backup::BackupReport>,
+    target: &str,
+    seconds: f64,
+) {
+    if let Some(r) = report {
         for (path, e) in &r.errors {
             eprintln!("rcp: {path}: {e}");
         }
@@ -286,13 +303,13 @@ async fn run_cluster(args: &BackupArgs, src: &Path, dest: &str) -> u8 {
             serde_json::json!({
                 "ok": code == exit::OK,
                 "exit_code": code,
-                "target": target.display(),
+                "target": target,
                 "seconds": seconds,
                 "report": report,
             })
         );
     } else if !args.quiet {
-        if let Some(r) = report.as_ref().filter(|r| r.errors.is_empty()) {
+        if let Some(r) = report.filter(|r| r.errors.is_empty()) {
             eprintln!(
                 "rcp: snapshot {} published: {} files ({} unchanged, linked; {} uploaded), {} dirs, {} symlinks, {} sent in {:.2} s{}",
                 r.snapshot,
@@ -311,7 +328,6 @@ async fn run_cluster(args: &BackupArgs, src: &Path, dest: &str) -> u8 {
             );
         }
     }
-    code
 }
 
 /// Runs `rcp backup` and returns the exit code: the copy's table, plus

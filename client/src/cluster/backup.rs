@@ -23,12 +23,15 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use ferry_common::cluster::{Entry, EntryKind, Layout};
+use ferry_common::cluster::{Entry, EntryKind, Layout, ShareConfig};
 use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::copy::{mkdir, plan_local, ClusterPath, UpItem};
+use super::copy::{
+    below_offset, dir_entry, join, lock, mkdir, plan_local, symlink_entry, ClusterPath, UpItem,
+};
+use super::meta::Versioned;
 use super::Cluster;
 use crate::backup::admin::Retention;
 use crate::backup::{is_snapshot_name, snapshot_name};
@@ -60,18 +63,6 @@ pub struct BackupReport {
     pub errors: Vec<(String, String)>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn join(a: &str, b: &str) -> String {
-    if a.is_empty() {
-        b.to_owned()
-    } else {
-        format!("{a}/{b}")
-    }
-}
-
 /// Backs `src` up as a new snapshot under `dest` (its path is the prefix), then
 /// applies `retention`.
 pub async fn backup(
@@ -97,37 +88,12 @@ pub async fn backup(
     let mut at = String::new();
     for part in prefix.split('/').filter(|p| !p.is_empty()) {
         at = join(&at, part);
-        mkdir(cluster, &share, &at, &dir_entry(&md)).await?;
+        mkdir(cluster, &share, &at, &dir_entry_of(&md)).await?;
     }
     let now = SystemTime::now();
     let name = snapshot_name(now);
     let snap = join(&prefix, &name);
-    let existing = cluster.meta().below(&share, &prefix).await?;
-    let depth = if prefix.is_empty() {
-        0
-    } else {
-        prefix.len() + 1
-    };
-    let mut snapshots: Vec<String> = existing
-        .iter()
-        .filter(|(p, v)| v.entry.kind == EntryKind::Dir && !p[depth..].contains('/'))
-        .map(|(p, _)| p[depth..].to_owned())
-        .filter(|n| is_snapshot_name(n) && *n < name)
-        .collect();
-    snapshots.sort();
-    let previous: HashMap<String, Entry> = match snapshots.last() {
-        Some(prev) => {
-            let base = format!("{}/", join(&prefix, prev));
-            existing
-                .iter()
-                .filter_map(|(p, v)| {
-                    p.strip_prefix(&base)
-                        .map(|rel| (rel.to_owned(), v.entry.clone()))
-                })
-                .collect()
-        }
-        None => HashMap::new(),
-    };
+    let (snapshots, previous) = previous_snapshot(cluster, &share, &prefix, &name).await?;
 
     let mut items = Vec::new();
     let mut total = 0;
@@ -138,103 +104,17 @@ pub async fn backup(
         snapshot: name.clone(),
         ..BackupReport::default()
     }));
-    // Directories first (parents before children), all but the snapshot's root.
-    for item in &items {
-        if let UpItem::Dir { path, mode, mtime } = item {
-            if *path == snap {
-                continue;
-            }
-            let entry = Entry {
-                kind: EntryKind::Dir,
-                mode: *mode,
-                mtime: *mtime,
-                size: 0,
-                target: None,
-                layout: None,
-            };
-            match cluster.commit_entry_with(&share, path, &entry, false).await {
-                Ok(_) => lock(&report).dirs += 1,
-                Err(e) => lock(&report).errors.push((path.clone(), e.to_string())),
-            }
-        }
-    }
-    let limit = Arc::new(Semaphore::new(jobs.max(1)));
-    let previous = Arc::new(previous);
-    let mut tasks = JoinSet::new();
-    for item in items {
-        let (cluster, share, report, limit, progress, previous) = (
-            cluster.clone(),
-            share.clone(),
-            report.clone(),
-            limit.clone(),
-            progress.clone(),
-            previous.clone(),
-        );
-        let rel_of = {
-            let snap = snap.clone();
-            move |p: &str| p.strip_prefix(&format!("{snap}/")).unwrap_or(p).to_owned()
-        };
-        match item {
-            UpItem::Dir { .. } => {}
-            UpItem::File { local, path } => {
-                tasks.spawn(async move {
-                    let _permit = limit.acquire_owned().await;
-                    let r = back_up_file(
-                        &cluster,
-                        &share,
-                        &local,
-                        &path,
-                        &rel_of(&path),
-                        &previous,
-                        config,
-                        &progress,
-                    )
-                    .await;
-                    let mut rep = lock(&report);
-                    match r {
-                        Ok((bytes, sent, linked)) => {
-                            rep.files += 1;
-                            rep.bytes += bytes;
-                            rep.bytes_sent += sent;
-                            if linked {
-                                rep.unchanged += 1;
-                            } else {
-                                rep.uploaded += 1;
-                            }
-                        }
-                        Err(e) => rep
-                            .errors
-                            .push((local.display().to_string(), e.to_string())),
-                    }
-                });
-            }
-            UpItem::Symlink {
-                path,
-                target,
-                mtime,
-            } => {
-                tasks.spawn(async move {
-                    let entry = Entry {
-                        kind: EntryKind::Symlink,
-                        mode: 0o777,
-                        mtime,
-                        size: target.len() as u64,
-                        target: Some(target),
-                        layout: None,
-                    };
-                    let r = cluster
-                        .commit_entry_with(&share, &path, &entry, false)
-                        .await;
-                    let mut rep = lock(&report);
-                    match r {
-                        Ok(_) => rep.symlinks += 1,
-                        Err(e) => rep.errors.push((path, e.to_string())),
-                    }
-                });
-            }
-        }
-    }
-    while tasks.join_next().await.is_some() {}
+    put_dirs(cluster, &share, &snap, &items, &report).await;
+    let snapshot = Snapshot {
+        cluster: cluster.clone(),
+        share: share.clone(),
+        root: snap.clone(),
+        previous: Arc::new(previous),
+        config,
+        progress,
+        report: report.clone(),
+    };
+    put_files_and_links(Arc::new(snapshot), items, jobs).await;
     let mut report = Arc::try_unwrap(report)
         .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
         .unwrap_or_default();
@@ -251,7 +131,7 @@ pub async fn backup(
     // Publication: one entry makes the whole snapshot visible.
     match cluster
         .meta()
-        .commit(&share, &snap, &dir_entry(&md), 0)
+        .commit(&share, &snap, &dir_entry_of(&md), 0)
         .await?
     {
         super::meta::Commit::Done(_) => {}
@@ -266,15 +146,164 @@ pub async fn backup(
     Ok(report)
 }
 
-fn dir_entry(md: &std::fs::Metadata) -> Entry {
-    Entry {
-        kind: EntryKind::Dir,
-        mode: md.mode() & 0o7777,
-        mtime: ferry_common::attr::attr_of(md, None).mtime,
-        size: 0,
-        target: None,
-        layout: None,
+/// The names of the directories right below `prefix` among `entries` (paths below
+/// it, as `Meta::below` gives them).
+fn top_dirs<'a>(
+    entries: &'a [(String, Versioned)],
+    prefix: &str,
+) -> impl Iterator<Item = String> + 'a {
+    let depth = below_offset(prefix);
+    entries
+        .iter()
+        .filter(move |(p, v)| v.entry.kind == EntryKind::Dir && !p[depth..].contains('/'))
+        .map(move |(p, _)| p[depth..].to_owned())
+}
+
+/// The published snapshots under `prefix` older than `name` (sorted), and the
+/// entries of the newest of them by path relative to its root (empty if none).
+async fn previous_snapshot(
+    cluster: &Cluster,
+    share: &str,
+    prefix: &str,
+    name: &str,
+) -> Result<(Vec<String>, HashMap<String, Entry>), ClientError> {
+    let existing = cluster.meta().below(share, prefix).await?;
+    let mut snapshots: Vec<String> = top_dirs(&existing, prefix)
+        .filter(|n| is_snapshot_name(n) && n.as_str() < name)
+        .collect();
+    snapshots.sort();
+    let previous = match snapshots.last() {
+        Some(prev) => {
+            let base = format!("{}/", join(prefix, prev));
+            existing
+                .iter()
+                .filter_map(|(p, v)| {
+                    p.strip_prefix(&base)
+                        .map(|rel| (rel.to_owned(), v.entry.clone()))
+                })
+                .collect()
+        }
+        None => HashMap::new(),
+    };
+    Ok((snapshots, previous))
+}
+
+/// Puts the planned directories but the snapshot's root `snap` (it is published
+/// last), parents before children, while the snapshot is invisible.
+async fn put_dirs(
+    cluster: &Cluster,
+    share: &str,
+    snap: &str,
+    items: &[UpItem],
+    report: &Mutex<BackupReport>,
+) {
+    for item in items {
+        if let UpItem::Dir { path, mode, mtime } = item {
+            if *path == snap {
+                continue;
+            }
+            let entry = dir_entry(*mode, *mtime);
+            match cluster.commit_entry_with(share, path, &entry, false).await {
+                Ok(_) => lock(report).dirs += 1,
+                Err(e) => lock(report).errors.push((path.clone(), e.to_string())),
+            }
+        }
     }
+}
+
+/// What the tasks of one backup share.
+struct Snapshot {
+    cluster: Cluster,
+    share: String,
+    /// The snapshot's root path in the share.
+    root: String,
+    /// The previous snapshot's entries, by path relative to its root.
+    previous: Arc<HashMap<String, Entry>>,
+    config: ShareConfig,
+    progress: Arc<dyn Progress>,
+    report: Arc<Mutex<BackupReport>>,
+}
+
+/// Puts the planned files (`jobs` at a time, linked or uploaded) and symlinks, each
+/// in its own task, while the snapshot is invisible.
+async fn put_files_and_links(snapshot: Arc<Snapshot>, items: Vec<UpItem>, jobs: usize) {
+    let limit = Arc::new(Semaphore::new(jobs.max(1)));
+    let mut tasks = JoinSet::new();
+    for item in items {
+        let s = snapshot.clone();
+        match item {
+            UpItem::Dir { .. } => {}
+            UpItem::File { local, path } => {
+                let limit = limit.clone();
+                tasks.spawn(async move {
+                    let _permit = limit.acquire_owned().await;
+                    s.put_file(&local, &path).await
+                });
+            }
+            UpItem::Symlink {
+                path,
+                target,
+                mtime,
+            } => {
+                tasks.spawn(async move {
+                    let entry = symlink_entry(target, mtime);
+                    let r = s
+                        .cluster
+                        .commit_entry_with(&s.share, &path, &entry, false)
+                        .await;
+                    let mut rep = lock(&s.report);
+                    match r {
+                        Ok(_) => rep.symlinks += 1,
+                        Err(e) => rep.errors.push((path, e.to_string())),
+                    }
+                });
+            }
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+impl Snapshot {
+    /// Backs up the file `local` at `path` ([`back_up_file`]) and records the outcome.
+    async fn put_file(&self, local: &Path, path: &str) {
+        let rel = path
+            .strip_prefix(&format!("{}/", self.root))
+            .unwrap_or(path);
+        let r = back_up_file(
+            &self.cluster,
+            &self.share,
+            local,
+            path,
+            rel,
+            &self.previous,
+            self.config,
+            &self.progress,
+        )
+        .await;
+        let mut rep = lock(&self.report);
+        match r {
+            Ok((bytes, sent, linked)) => {
+                rep.files += 1;
+                rep.bytes += bytes;
+                rep.bytes_sent += sent;
+                if linked {
+                    rep.unchanged += 1;
+                } else {
+                    rep.uploaded += 1;
+                }
+            }
+            Err(e) => rep
+                .errors
+                .push((local.display().to_string(), e.to_string())),
+        }
+    }
+}
+
+fn dir_entry_of(md: &std::fs::Metadata) -> Entry {
+    dir_entry(
+        md.mode() & 0o7777,
+        ferry_common::attr::attr_of(md, None).mtime,
+    )
 }
 
 /// One file: linked to the previous snapshot's layout when its size and mtime did
@@ -287,7 +316,7 @@ async fn back_up_file(
     path: &str,
     rel: &str,
     previous: &HashMap<String, Entry>,
-    config: ferry_common::cluster::ShareConfig,
+    config: ShareConfig,
     progress: &Arc<dyn Progress>,
 ) -> Result<(u64, u64, bool), ClientError> {
     let md = std::fs::metadata(local).map_err(|e| ClientError::local(local, "cannot stat", e))?;
@@ -329,17 +358,9 @@ async fn tidy(
     let Ok(all) = cluster.meta().below_all(share, prefix).await else {
         return removed;
     };
-    let depth = if prefix.is_empty() {
-        0
-    } else {
-        prefix.len() + 1
-    };
+    let depth = below_offset(prefix);
     let top = |p: &str| p[depth..].split('/').next().unwrap_or("").to_owned();
-    let present: HashSet<String> = all
-        .iter()
-        .filter(|(p, v)| v.entry.kind == EntryKind::Dir && !p[depth..].contains('/'))
-        .map(|(p, _)| p[depth..].to_owned())
-        .collect();
+    let present: HashSet<String> = top_dirs(&all, prefix).collect();
     // Leftovers: snapshot-named subtrees older than `new` whose root was never put.
     let mut doomed: Vec<String> = all
         .iter()

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use ferry_common::cluster::{Entry, EntryKind, ShareConfig};
-use ferry_common::msg::{ErrorKind, RemoteError};
+use ferry_common::msg::{ErrorKind, RemoteError, Timestamp};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -64,7 +64,8 @@ impl ClusterPath {
     }
 }
 
-fn join(dir: &str, name: &str) -> String {
+/// `name` in directory `dir` (`""`: the root).
+pub(super) fn join(dir: &str, name: &str) -> String {
     if dir.is_empty() {
         name.to_owned()
     } else {
@@ -102,12 +103,46 @@ pub fn parse(arg: &str) -> Option<Result<ClusterPath, ClientError>> {
     })())
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn remote(kind: ErrorKind, message: String) -> ClientError {
     ClientError::Remote(RemoteError { kind, message })
+}
+
+/// Where the path of an entry below directory `dir` (`""`: the root) starts its part
+/// relative to `dir`: `&path[below_offset(dir)..]`.
+pub(super) fn below_offset(dir: &str) -> usize {
+    if dir.is_empty() {
+        0
+    } else {
+        dir.len() + 1
+    }
+}
+
+/// The entry of a directory with `mode` and `mtime`.
+pub(super) fn dir_entry(mode: u32, mtime: Timestamp) -> Entry {
+    Entry {
+        kind: EntryKind::Dir,
+        mode,
+        mtime,
+        size: 0,
+        target: None,
+        layout: None,
+    }
+}
+
+/// The entry of a symlink to `target` with `mtime`.
+pub(super) fn symlink_entry(target: String, mtime: Timestamp) -> Entry {
+    Entry {
+        kind: EntryKind::Symlink,
+        mode: 0o777,
+        mtime,
+        size: target.len() as u64,
+        target: Some(target),
+        layout: None,
+    }
 }
 
 /// What one copy records.
@@ -116,6 +151,12 @@ struct Tally {
 }
 
 impl Tally {
+    /// An empty report, shared by a copy's tasks.
+    fn new() -> Arc<Tally> {
+        Arc::new(Tally {
+            report: Mutex::new(Report::default()),
+        })
+    }
     fn fail(&self, path: String, error: ClientError) {
         lock(&self.report).errors.push(ItemError { path, error });
     }
@@ -126,6 +167,10 @@ impl Tally {
         r.bytes_sent += c.bytes_sent;
         r.bytes_reused += c.bytes_reused;
     }
+    /// The report so far, leaving an empty one.
+    fn take(&self) -> Report {
+        std::mem::take(&mut *lock(&self.report))
+    }
 }
 
 /// A local item to upload, planned.
@@ -133,7 +178,7 @@ pub(super) enum UpItem {
     Dir {
         path: String,
         mode: u32,
-        mtime: ferry_common::msg::Timestamp,
+        mtime: Timestamp,
     },
     File {
         local: PathBuf,
@@ -142,7 +187,7 @@ pub(super) enum UpItem {
     Symlink {
         path: String,
         target: String,
-        mtime: ferry_common::msg::Timestamp,
+        mtime: Timestamp,
     },
 }
 
@@ -215,15 +260,12 @@ pub async fn upload(
     replicas: Option<u8>,
     progress: Arc<dyn Progress>,
 ) -> Report {
-    let tally = Arc::new(Tally {
-        report: Mutex::new(Report::default()),
-    });
+    let tally = Tally::new();
     let r = upload_inner(cluster, sources, dest, opts, replicas, progress, &tally).await;
     if let Err(e) = r {
         tally.fail(dest.display(), e);
     }
-    let report = std::mem::take(&mut *lock(&tally.report));
-    report
+    tally.take()
 }
 
 async fn upload_inner(
@@ -240,16 +282,70 @@ async fn upload_inner(
         config.replicas = r;
         config.validate().map_err(ClientError::Usage)?;
     }
+    let dest_is_dir = upload_dest_is_dir(cluster, sources.len(), dest).await?;
+    let (items, total) = plan_upload(sources, dest, dest_is_dir, opts.recursive, tally);
+    progress.set_total(total);
+    upload_dirs(cluster, &items, dest, tally).await;
+    let limit = Arc::new(Semaphore::new(opts.jobs.max(1)));
+    let mut tasks = JoinSet::new();
+    for item in items {
+        let (cluster, tally, shown) = (cluster.clone(), tally.clone(), dest.clone());
+        match item {
+            UpItem::Dir { .. } => {}
+            UpItem::File { local, path } => {
+                let (limit, progress) = (limit.clone(), progress.clone());
+                tasks.spawn(async move {
+                    let _permit = limit.acquire_owned().await;
+                    upload_file(&cluster, &shown, &local, &path, config, &progress, &tally).await
+                });
+            }
+            UpItem::Symlink {
+                path,
+                target,
+                mtime,
+            } => {
+                let entry = symlink_entry(target, mtime);
+                tasks.spawn(async move {
+                    upload_symlink(&cluster, &shown, &path, &entry, &tally).await
+                });
+            }
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Whether `dest` is an existing directory (the sources go into it) or names the one
+/// source's copy; fails if it must be a directory (several sources, a trailing `/`)
+/// and is not one.
+async fn upload_dest_is_dir(
+    cluster: &Cluster,
+    sources: usize,
+    dest: &ClusterPath,
+) -> Result<bool, ClientError> {
     let existing = cluster.meta().entry(&dest.share, &dest.path).await?;
     let dest_is_dir = existing
         .as_ref()
         .is_some_and(|v| v.entry.kind == EntryKind::Dir);
-    if !dest_is_dir && (sources.len() > 1 || dest.dir_hint) {
+    if !dest_is_dir && (sources > 1 || dest.dir_hint) {
         return Err(remote(
             ErrorKind::NotFound,
             format!("{}: no such directory", dest.display()),
         ));
     }
+    Ok(dest_is_dir)
+}
+
+/// Plans the upload of every source ([`plan_local`]): the items and their bytes. A
+/// source that cannot be planned is recorded as failed, and what is neither a file, a
+/// directory nor a symlink as skipped.
+fn plan_upload(
+    sources: &[PathBuf],
+    dest: &ClusterPath,
+    dest_is_dir: bool,
+    recursive: bool,
+    tally: &Tally,
+) -> (Vec<UpItem>, u64) {
     let mut items = Vec::new();
     let mut total = 0;
     let mut skipped = Vec::new();
@@ -266,7 +362,7 @@ async fn upload_inner(
         if let Err(e) = plan_local(
             src,
             &target,
-            opts.recursive,
+            recursive,
             &mut items,
             &mut total,
             &mut skipped,
@@ -275,82 +371,62 @@ async fn upload_inner(
         }
     }
     lock(&tally.report).skipped = skipped;
-    progress.set_total(total);
-    let share = dest.share.clone();
-    // Directories first, in pre-order (parents before children), one at a time.
-    for item in &items {
+    (items, total)
+}
+
+/// Makes the planned directories, in pre-order (parents before children), one at a
+/// time, before any file goes into them.
+async fn upload_dirs(cluster: &Cluster, items: &[UpItem], dest: &ClusterPath, tally: &Tally) {
+    for item in items {
         if let UpItem::Dir { path, mode, mtime } = item {
-            let entry = Entry {
-                kind: EntryKind::Dir,
-                mode: *mode,
-                mtime: *mtime,
-                size: 0,
-                target: None,
-                layout: None,
-            };
-            match mkdir(cluster, &share, path, &entry).await {
+            match mkdir(cluster, &dest.share, path, &dir_entry(*mode, *mtime)).await {
                 Ok(()) => lock(&tally.report).dirs += 1,
                 Err(e) => tally.fail(format!("{}/{path}", dest.display()), e),
             }
         }
     }
-    let limit = Arc::new(Semaphore::new(opts.jobs.max(1)));
-    let mut tasks = JoinSet::new();
-    for item in items {
-        let (cluster, share, tally, limit, progress) = (
-            cluster.clone(),
-            share.clone(),
-            tally.clone(),
-            limit.clone(),
-            progress.clone(),
-        );
-        let shown = dest.clone();
-        match item {
-            UpItem::Dir { .. } => {}
-            UpItem::File { local, path } => {
-                tasks.spawn(async move {
-                    let _permit = limit.acquire_owned().await;
-                    match cluster
-                        .put_file(&local, &share, &path, config, advance_fn(&progress))
-                        .await
-                    {
-                        Ok(c) => tally.copied(c),
-                        Err(e) if e.remote_kind().is_some() => {
-                            tally.fail(format!("{}/{path}", display_root(&shown)), e)
-                        }
-                        Err(e) => tally.fail(local.display().to_string(), e),
-                    }
-                });
-            }
-            UpItem::Symlink {
-                path,
-                target,
-                mtime,
-            } => {
-                let entry = Entry {
-                    kind: EntryKind::Symlink,
-                    mode: 0o777,
-                    mtime,
-                    size: target.len() as u64,
-                    target: Some(target),
-                    layout: None,
-                };
-                tasks.spawn(async move {
-                    match cluster.commit_entry(&share, &path, &entry).await {
-                        Ok(old) => {
-                            lock(&tally.report).symlinks += 1;
-                            if let Some(l) = old.and_then(|o| o.layout) {
-                                cluster.remove_unshared(&share, &l).await;
-                            }
-                        }
-                        Err(e) => tally.fail(format!("{}/{path}", display_root(&shown)), e),
-                    }
-                });
+}
+
+/// Uploads one file to `path` of `dest`'s share, striped over the nodes.
+async fn upload_file(
+    cluster: &Cluster,
+    dest: &ClusterPath,
+    local: &Path,
+    path: &str,
+    config: ShareConfig,
+    progress: &Arc<dyn Progress>,
+    tally: &Tally,
+) {
+    match cluster
+        .put_file(local, &dest.share, path, config, advance_fn(progress))
+        .await
+    {
+        Ok(c) => tally.copied(c),
+        Err(e) if e.remote_kind().is_some() => {
+            tally.fail(format!("{}/{path}", display_root(dest)), e)
+        }
+        Err(e) => tally.fail(local.display().to_string(), e),
+    }
+}
+
+/// Puts the symlink `entry` at `path` of `dest`'s share; the objects of a file it
+/// replaces go unless another entry shares them.
+async fn upload_symlink(
+    cluster: &Cluster,
+    dest: &ClusterPath,
+    path: &str,
+    entry: &Entry,
+    tally: &Tally,
+) {
+    match cluster.commit_entry(&dest.share, path, entry).await {
+        Ok(old) => {
+            lock(&tally.report).symlinks += 1;
+            if let Some(l) = old.and_then(|o| o.layout) {
+                cluster.remove_unshared(&dest.share, &l).await;
             }
         }
+        Err(e) => tally.fail(format!("{}/{path}", display_root(dest)), e),
     }
-    while tasks.join_next().await.is_some() {}
-    Ok(())
 }
 
 fn display_root(p: &ClusterPath) -> String {
@@ -402,9 +478,7 @@ pub async fn download(
     opts: &CopyOptions,
     progress: Arc<dyn Progress>,
 ) -> Report {
-    let tally = Arc::new(Tally {
-        report: Mutex::new(Report::default()),
-    });
+    let tally = Tally::new();
     let dest_is_dir = dest.is_dir();
     if sources.len() > 1 && !dest_is_dir {
         tally.fail(
@@ -415,85 +489,28 @@ pub async fn download(
                 std::io::Error::from(std::io::ErrorKind::NotFound),
             ),
         );
-        let report = std::mem::take(&mut *lock(&tally.report));
-        return report;
+        return tally.take();
     }
-    // Everything to fetch: (cluster path, entry, local target).
-    let mut files: Vec<(ClusterPath, Entry, PathBuf)> = Vec::new();
-    let mut dirs: Vec<(PathBuf, Entry)> = Vec::new();
-    let mut total = 0;
+    let mut plan = DownPlan::default();
     for src in sources {
         let target = if dest_is_dir {
             dest.join(src.base_name())
         } else {
             dest.to_owned()
         };
-        let root = match cluster.meta().existing(&src.share, &src.path).await {
-            Ok(v) => v.entry,
-            Err(e) => {
-                tally.fail(src.display(), e);
-                continue;
-            }
-        };
-        match root.kind {
-            EntryKind::Dir if !opts.recursive => tally.fail(
-                src.display(),
-                ClientError::Usage(format!("{}: is a directory (use -r)", src.display())),
-            ),
-            EntryKind::Dir => {
-                let below = match cluster.meta().below(&src.share, &src.path).await {
-                    Ok(b) => b,
-                    Err(e) => {
-                        tally.fail(src.display(), e);
-                        continue;
-                    }
-                };
-                dirs.push((target.clone(), root));
-                let strip = if src.path.is_empty() {
-                    0
-                } else {
-                    src.path.len() + 1
-                };
-                for (path, v) in below {
-                    let local = target.join(&path[strip..]);
-                    match v.entry.kind {
-                        EntryKind::Dir => dirs.push((local, v.entry)),
-                        _ => {
-                            total += v.entry.size;
-                            let cp = ClusterPath {
-                                path,
-                                dir_hint: false,
-                                ..src.clone()
-                            };
-                            files.push((cp, v.entry, local));
-                        }
-                    }
-                }
-            }
-            _ => {
-                total += root.size;
-                files.push((src.clone(), root, target));
-            }
+        if let Err(e) = plan.add(cluster, src, target, opts.recursive).await {
+            tally.fail(src.display(), e);
         }
     }
-    progress.set_total(total);
+    progress.set_total(plan.total);
     // Directories in pre-order (keys sort parents first), owner-writable until the end.
-    dirs.sort_by(|a, b| a.0.cmp(&b.0));
-    for (d, _) in &dirs {
-        match fs::create_dir(d) {
-            Ok(()) => lock(&tally.report).dirs += 1,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && d.is_dir() => {
-                lock(&tally.report).dirs += 1
-            }
-            Err(e) => tally.fail(
-                d.display().to_string(),
-                ClientError::local(d, "cannot create", e),
-            ),
-        }
+    plan.dirs.sort_by(|a, b| a.0.cmp(&b.0));
+    for (d, _) in &plan.dirs {
+        make_local_dir(d, &tally);
     }
     let limit = Arc::new(Semaphore::new(opts.jobs.max(1)));
     let mut tasks = JoinSet::new();
-    for (src, entry, local) in files {
+    for (src, entry, local) in plan.files {
         let (cluster, tally, limit, progress) = (
             cluster.clone(),
             tally.clone(),
@@ -503,53 +520,138 @@ pub async fn download(
         tasks.spawn(async move {
             let _permit = limit.acquire_owned().await;
             match entry.kind {
-                EntryKind::Symlink => {
-                    let target = entry.target.clone().unwrap_or_default();
-                    let _ = fs::remove_file(&local);
-                    match std::os::unix::fs::symlink(&target, &local) {
-                        Ok(()) => {
-                            let t = nix::sys::time::TimeSpec::new(
-                                entry.mtime.secs,
-                                i64::from(entry.mtime.nanos),
-                            );
-                            let _ = nix::sys::stat::utimensat(
-                                None,
-                                &local,
-                                &t,
-                                &t,
-                                nix::sys::stat::UtimensatFlags::NoFollowSymlink,
-                            );
-                            lock(&tally.report).symlinks += 1;
-                        }
-                        Err(e) => tally.fail(
-                            local.display().to_string(),
-                            ClientError::local(&local, "cannot create symlink", e),
-                        ),
-                    }
-                }
-                _ => match cluster
-                    .get_file(&src.share, &src.path, &entry, &local, advance_fn(&progress))
-                    .await
-                {
-                    Ok(c) => tally.copied(c),
-                    Err(e @ ClientError::Local { .. }) => {
-                        tally.fail(local.display().to_string(), e)
-                    }
-                    Err(e) => tally.fail(src.display(), e),
-                },
+                EntryKind::Symlink => make_local_symlink(&local, &entry, &tally),
+                _ => fetch_file(&cluster, &src, &entry, &local, &progress, &tally).await,
             }
         });
     }
     while tasks.join_next().await.is_some() {}
     // Directory modes and mtimes, deepest first.
-    for (d, entry) in dirs.iter().rev() {
-        let _ = fs::set_permissions(d, fs::Permissions::from_mode(entry.mode & 0o7777));
-        if entry.mtime != ferry_common::msg::Timestamp::default() {
-            if let Ok(f) = fs::File::open(d) {
-                let _ = f.set_modified(entry.mtime.to_system());
+    for (d, entry) in plan.dirs.iter().rev() {
+        set_local_dir_attrs(d, entry);
+    }
+    tally.take()
+}
+
+/// What a download fetches, planned.
+#[derive(Default)]
+struct DownPlan {
+    /// Files and symlinks: (cluster path, entry, local target).
+    files: Vec<(ClusterPath, Entry, PathBuf)>,
+    /// Local directories to make, with their entries.
+    dirs: Vec<(PathBuf, Entry)>,
+    /// The bytes of the files.
+    total: u64,
+}
+
+impl DownPlan {
+    /// Adds `src`, to be written at the local `target`: a file or a symlink, or (with
+    /// `recursive`) a directory and its whole subtree, read in one etcd range read.
+    async fn add(
+        &mut self,
+        cluster: &Cluster,
+        src: &ClusterPath,
+        target: PathBuf,
+        recursive: bool,
+    ) -> Result<(), ClientError> {
+        let root = cluster.meta().existing(&src.share, &src.path).await?.entry;
+        match root.kind {
+            EntryKind::Dir if !recursive => Err(ClientError::Usage(format!(
+                "{}: is a directory (use -r)",
+                src.display()
+            ))),
+            EntryKind::Dir => {
+                let below = cluster.meta().below(&src.share, &src.path).await?;
+                self.dirs.push((target.clone(), root));
+                let strip = below_offset(&src.path);
+                for (path, v) in below {
+                    let local = target.join(&path[strip..]);
+                    match v.entry.kind {
+                        EntryKind::Dir => self.dirs.push((local, v.entry)),
+                        _ => {
+                            self.total += v.entry.size;
+                            let cp = ClusterPath {
+                                path,
+                                dir_hint: false,
+                                ..src.clone()
+                            };
+                            self.files.push((cp, v.entry, local));
+                        }
+                    }
+                }
+                Ok(())
+            }
+            _ => {
+                self.total += root.size;
+                self.files.push((src.clone(), root, target));
+                Ok(())
             }
         }
     }
-    let report = std::mem::take(&mut *lock(&tally.report));
-    report
+}
+
+/// Creates the local directory `d` (one already there counts as made).
+fn make_local_dir(d: &Path, tally: &Tally) {
+    match fs::create_dir(d) {
+        Ok(()) => lock(&tally.report).dirs += 1,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && d.is_dir() => {
+            lock(&tally.report).dirs += 1
+        }
+        Err(e) => tally.fail(
+            d.display().to_string(),
+            ClientError::local(d, "cannot create", e),
+        ),
+    }
+}
+
+/// Makes the symlink `entry` at `local` (replacing what is there), with its mtime.
+fn make_local_symlink(local: &Path, entry: &Entry, tally: &Tally) {
+    let target = entry.target.clone().unwrap_or_default();
+    let _ = fs::remove_file(local);
+    match std::os::unix::fs::symlink(&target, local) {
+        Ok(()) => {
+            let t = nix::sys::time::TimeSpec::new(entry.mtime.secs, i64::from(entry.mtime.nanos));
+            let _ = nix::sys::stat::utimensat(
+                None,
+                local,
+                &t,
+                &t,
+                nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+            );
+            lock(&tally.report).symlinks += 1;
+        }
+        Err(e) => tally.fail(
+            local.display().to_string(),
+            ClientError::local(local, "cannot create symlink", e),
+        ),
+    }
+}
+
+/// Fetches the file `src` (its `entry`) into `local`.
+async fn fetch_file(
+    cluster: &Cluster,
+    src: &ClusterPath,
+    entry: &Entry,
+    local: &Path,
+    progress: &Arc<dyn Progress>,
+    tally: &Tally,
+) {
+    match cluster
+        .get_file(&src.share, &src.path, entry, local, advance_fn(progress))
+        .await
+    {
+        Ok(c) => tally.copied(c),
+        Err(e @ ClientError::Local { .. }) => tally.fail(local.display().to_string(), e),
+        Err(e) => tally.fail(src.display(), e),
+    }
+}
+
+/// Sets a downloaded directory's mode and mtime (after its contents are written).
+fn set_local_dir_attrs(d: &Path, entry: &Entry) {
+    let _ = fs::set_permissions(d, fs::Permissions::from_mode(entry.mode & 0o7777));
+    if entry.mtime != Timestamp::default() {
+        if let Ok(f) = fs::File::open(d) {
+            let _ = f.set_modified(entry.mtime.to_system());
+        }
+    }
 }

@@ -203,54 +203,9 @@ impl Cluster {
             }
         }
         let id = layout_id(share, path, &md);
-        let count = stripe_count(size, config.stripe_bytes);
-        let nodes = self.usable_nodes();
-        let need = config.stripe_bytes.min(size).max(1);
-        let placed = placement::place(&id, count, config.replicas.into(), &nodes, need)
-            .map_err(|e| ClientError::Cluster(format!("{share}/{path}: {e}")))?;
-        let mut tasks = JoinSet::new();
-        for (i, replicas) in placed.into_iter().enumerate() {
-            // Each node works on STRIPES_PER_NODE stripes at a time (over every
-            // file of this run), so every link stays busy until its queue is empty.
-            let limit = self.node_slots(&replicas[0]);
-            let (cluster, local, share, id, progress) = (
-                self.clone(),
-                local.to_owned(),
-                share.to_owned(),
-                id.clone(),
-                progress.clone(),
-            );
-            let range = stripe_range(size, config.stripe_bytes, i);
-            let want = usize::from(config.replicas);
-            tasks.spawn(async move {
-                let _permit = limit.acquire_owned().await;
-                let r = cluster
-                    .put_stripe(&local, &share, &id, i, range, replicas, want, progress)
-                    .await;
-                (i, r)
-            });
-        }
-        let mut stripes: Vec<Option<PutStripe>> = (0..count).map(|_| None).collect();
-        let mut first_err = None;
-        while let Some(joined) = tasks.join_next().await {
-            match joined {
-                Ok((i, Ok(s))) => stripes[i] = Some(s),
-                Ok((_, Err(e))) => {
-                    first_err.get_or_insert(e);
-                    tasks.abort_all();
-                }
-                Err(e) if e.is_cancelled() => {}
-                Err(e) => {
-                    first_err.get_or_insert(ClientError::Cluster(format!("stripe task: {e}")));
-                }
-            }
-        }
-        if let Some(e) = first_err {
-            // The objects already written are named by no layout: `ferry cluster
-            // repair` removes them (they are never read).
-            return Err(e);
-        }
-        let stripes: Vec<PutStripe> = stripes.into_iter().flatten().collect();
+        let stripes = self
+            .put_stripes(local, (share, path), &id, size, config, progress)
+            .await?;
         let algorithm = match stripes.first() {
             Some(s) => s.algorithm,
             None => HashAlgorithm::SUPPORTED[0],
@@ -291,6 +246,68 @@ impl Cluster {
             self.remove_unshared(share, &old).await;
         }
         Ok(copied)
+    }
+
+    /// Places the stripes of the `size` bytes of `local` (layout `id`, to be `path` of
+    /// `share`) on the nodes and uploads them, each to its replicas: all of them, in
+    /// order, or the first error (the others are then stopped).
+    async fn put_stripes(
+        &self,
+        local: &Path,
+        (share, path): (&str, &str),
+        id: &str,
+        size: u64,
+        config: ShareConfig,
+        progress: ProgressFn,
+    ) -> Result<Vec<PutStripe>, ClientError> {
+        let count = stripe_count(size, config.stripe_bytes);
+        let nodes = self.usable_nodes();
+        let need = config.stripe_bytes.min(size).max(1);
+        let placed = placement::place(id, count, config.replicas.into(), &nodes, need)
+            .map_err(|e| ClientError::Cluster(format!("{share}/{path}: {e}")))?;
+        let mut tasks = JoinSet::new();
+        for (i, replicas) in placed.into_iter().enumerate() {
+            // Each node works on STRIPES_PER_NODE stripes at a time (over every
+            // file of this run), so every link stays busy until its queue is empty.
+            let limit = self.node_slots(&replicas[0]);
+            let (cluster, local, share, id, progress) = (
+                self.clone(),
+                local.to_owned(),
+                share.to_owned(),
+                id.to_owned(),
+                progress.clone(),
+            );
+            let range = stripe_range(size, config.stripe_bytes, i);
+            let want = usize::from(config.replicas);
+            tasks.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                let r = cluster
+                    .put_stripe(&local, &share, &id, i, range, replicas, want, progress)
+                    .await;
+                (i, r)
+            });
+        }
+        let mut stripes: Vec<Option<PutStripe>> = (0..count).map(|_| None).collect();
+        let mut first_err = None;
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok((i, Ok(s))) => stripes[i] = Some(s),
+                Ok((_, Err(e))) => {
+                    first_err.get_or_insert(e);
+                    tasks.abort_all();
+                }
+                Err(e) if e.is_cancelled() => {}
+                Err(e) => {
+                    first_err.get_or_insert(ClientError::Cluster(format!("stripe task: {e}")));
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            // The objects already written are named by no layout: `ferry cluster
+            // repair` removes them (they are never read).
+            return Err(e);
+        }
+        Ok(stripes.into_iter().flatten().collect())
     }
 
     /// Commits `entry` at `path`, replacing whatever file or symlink is there (a

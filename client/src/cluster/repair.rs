@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use ferry_common::cluster::{placement, stripe_range, EntryKind, Layout, STORE_SHARE};
+use ferry_common::msg::{Hash256, HashAlgorithm};
 use serde::Serialize;
 
 use super::health::Progress;
@@ -30,6 +31,7 @@ use super::Cluster;
 use crate::error::ClientError;
 use crate::progress::no_progress;
 use crate::transfer::{self, Assembly};
+use crate::Client;
 
 /// What a repair did.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -152,75 +154,18 @@ async fn copy_stripe(
         .ok_or_else(|| ClientError::Cluster("bad manifest in the layout".into()))?;
     let target = cluster.session(to).await?;
     if target.negotiated().is_some_and(|n| n.cluster) {
-        let mut last = None;
-        for node in from {
-            let Some(addr) = cluster.addr_of(node) else {
-                continue;
-            };
-            // Under the progress deadline: the new holder answers probes while it
-            // fetches; one that hangs is suspect and the next node is tried.
-            let copy = |p: Progress| {
-                p.attach(&target);
-                target.replicate(STORE_SHARE, &object, &addr, len, want)
-            };
-            match cluster.watched(to, copy).await {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    tracing::warn!(from = node, to, object, "node-to-node copy failed: {e}");
-                    last = Some(e);
-                }
-            }
-        }
-        return Err(last.unwrap_or_else(|| ClientError::Cluster("no live replica".into())));
+        return replicate(cluster, &target, (from, to), &object, len, want).await;
     }
     let local: PathBuf = scratch.join(format!("ferry-repair-{}-{index}", layout.id));
-    let mut last = None;
-    let mut fetched = false;
-    for node in from {
-        let (object, local) = (&object, &local);
-        let fetch = |p: Progress| async move {
-            let c = cluster.session(node).await?;
-            p.attach(&c);
-            let asm = Assembly::open(
-                local,
-                len,
-                c.welcome().chunk_bytes,
-                layout.algorithm,
-                rand::random(),
-            )
-            .await?;
-            let progress = p.wrap(no_progress());
-            let got =
-                transfer::download_range(&c, STORE_SHARE, object, &asm, 0, len, progress).await;
-            match got {
-                Ok(g) if g.manifest == want && g.algorithm == layout.algorithm => {
-                    asm.finish(0o600, ferry_common::msg::Timestamp::default())
-                        .await
-                }
-                Ok(_) => {
-                    asm.discard();
-                    Err(ClientError::Integrity {
-                        what: format!("node {node}: {object}"),
-                        chunk: 0,
-                    })
-                }
-                Err(e) => {
-                    asm.discard();
-                    Err(e)
-                }
-            }
-        };
-        match cluster.watched(node, fetch).await {
-            Ok(()) => {
-                fetched = true;
-                break;
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    if !fetched {
-        return Err(last.unwrap_or_else(|| ClientError::Cluster("no live replica".into())));
-    }
+    fetch_stripe(
+        cluster,
+        from,
+        &object,
+        &local,
+        len,
+        (layout.algorithm, want),
+    )
+    .await?;
     let (object, local) = (&object, &local);
     let put = |p: Progress| async move {
         let c = cluster.session(to).await?;
@@ -239,4 +184,88 @@ async fn copy_stripe(
         });
     }
     Ok(())
+}
+
+/// Has node `to` (its session `target`, of the `cluster` capability) fetch stripe
+/// `object` from one of `from` itself, node to node, checked against `want`.
+async fn replicate(
+    cluster: &Cluster,
+    target: &Client,
+    (from, to): (&[String], &str),
+    object: &str,
+    len: u64,
+    want: Hash256,
+) -> Result<(), ClientError> {
+    let mut last = None;
+    for node in from {
+        let Some(addr) = cluster.addr_of(node) else {
+            continue;
+        };
+        // Under the progress deadline: the new holder answers probes while it
+        // fetches; one that hangs is suspect and the next node is tried.
+        let copy = |p: Progress| {
+            p.attach(target);
+            target.replicate(STORE_SHARE, object, &addr, len, want)
+        };
+        match cluster.watched(to, copy).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                tracing::warn!(from = node, to, object, "node-to-node copy failed: {e}");
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| ClientError::Cluster("no live replica".into())))
+}
+
+/// Fetches stripe `object` (`len` bytes) from one of `from` into the scratch file
+/// `local`, checked against the layout's `algorithm` and manifest `want`.
+async fn fetch_stripe(
+    cluster: &Cluster,
+    from: &[String],
+    object: &str,
+    local: &Path,
+    len: u64,
+    (algorithm, want): (HashAlgorithm, Hash256),
+) -> Result<(), ClientError> {
+    let mut last = None;
+    for node in from {
+        let fetch = |p: Progress| async move {
+            let c = cluster.session(node).await?;
+            p.attach(&c);
+            let asm = Assembly::open(
+                local,
+                len,
+                c.welcome().chunk_bytes,
+                algorithm,
+                rand::random(),
+            )
+            .await?;
+            let progress = p.wrap(no_progress());
+            let got =
+                transfer::download_range(&c, STORE_SHARE, object, &asm, 0, len, progress).await;
+            match got {
+                Ok(g) if g.manifest == want && g.algorithm == algorithm => {
+                    asm.finish(0o600, ferry_common::msg::Timestamp::default())
+                        .await
+                }
+                Ok(_) => {
+                    asm.discard();
+                    Err(ClientError::Integrity {
+                        what: format!("node {node}: {object}"),
+                        chunk: 0,
+                    })
+                }
+                Err(e) => {
+                    asm.discard();
+                    Err(e)
+                }
+            }
+        };
+        match cluster.watched(node, fetch).await {
+            Ok(()) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| ClientError::Cluster("no live replica".into())))
 }

@@ -462,33 +462,20 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
     };
     let accepted = Algorithms::of(&common);
     // An optional feature: no version in common leaves it off.
-    let meta =
-        find(offered, META).is_some_and(|list| list.split(',').any(|v| META_VERSIONS.contains(&v)));
-    let medium_batches =
-        find(offered, BATCH).is_some_and(|list| list.split(',').any(|v| BATCH_MODES.contains(&v)));
-    let write = find(offered, WRITE)
-        .is_some_and(|list| list.split(',').any(|v| WRITE_VERSIONS.contains(&v)));
+    let meta = offers(offered, META, META_VERSIONS);
+    let medium_batches = offers(offered, BATCH, BATCH_MODES);
+    let write = offers(offered, WRITE, WRITE_VERSIONS);
     // Offered; the server turns it off unless it is a cluster node.
-    let cluster = find(offered, CLUSTER)
-        .is_some_and(|list| list.split(',').any(|v| CLUSTER_VERSIONS.contains(&v)));
-    let dirs =
-        find(offered, DIRS).is_some_and(|list| list.split(',').any(|v| DIRS_VERSIONS.contains(&v)));
+    let cluster = offers(offered, CLUSTER, CLUSTER_VERSIONS);
+    let dirs = offers(offered, DIRS, DIRS_VERSIONS);
     // Only with the write requests it finishes.
-    let finish = write
-        && find(offered, FINISH)
-            .is_some_and(|list| list.split(',').any(|v| FINISH_VERSIONS.contains(&v)));
-    let locks = find(offered, LOCKS)
-        .is_some_and(|list| list.split(',').any(|v| LOCKS_VERSIONS.contains(&v)));
-    let xattr = find(offered, XATTR)
-        .is_some_and(|list| list.split(',').any(|v| XATTR_VERSIONS.contains(&v)));
+    let finish = write && offers(offered, FINISH, FINISH_VERSIONS);
+    let locks = offers(offered, LOCKS, LOCKS_VERSIONS);
+    let xattr = offers(offered, XATTR, XATTR_VERSIONS);
     // Only with the write requests whose handles it acts on.
-    let falloc = write
-        && find(offered, FALLOC)
-            .is_some_and(|list| list.split(',').any(|v| FALLOC_VERSIONS.contains(&v)));
+    let falloc = write && offers(offered, FALLOC, FALLOC_VERSIONS);
     // Only with the write requests it extends.
-    let posix = write
-        && find(offered, POSIX)
-            .is_some_and(|list| list.split(',').any(|v| POSIX_VERSIONS.contains(&v)));
+    let posix = write && offers(offered, POSIX, POSIX_VERSIONS);
     Ok(Negotiated {
         hash,
         accepted,
@@ -504,6 +491,12 @@ pub fn choose(offered: &[Capability], supported: &[HashAlgorithm]) -> Result<Neg
         posix,
         encryption: None,
     })
+}
+
+/// Whether the client's `offered` capabilities offer `name` in a version among
+/// `versions` (an optional feature: no version in common leaves it off).
+fn offers(offered: &[Capability], name: &str, versions: &[&str]) -> bool {
+    find(offered, name).is_some_and(|list| list.split(',').any(|v| versions.contains(&v)))
 }
 
 /// The server's encryption decision for a client's `offered` capabilities, given what
@@ -602,16 +595,9 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
                 name.escape_debug()
             )
         })?;
-    let meta = match find(chosen, META) {
-        None => false,
-        Some(v) if offer.meta && META_VERSIONS.contains(&v) => true,
-        Some(v) => {
-            return Err(format!(
-                "the server chose metadata version '{}', which this client did not offer",
-                v.escape_debug()
-            ))
-        }
-    };
+    let version =
+        |name, offered, versions, what| accept_version(chosen, name, offered, versions, what, "");
+    let meta = version(META, offer.meta, META_VERSIONS, "metadata version")?;
     let medium_batches = match find(chosen, BATCH) {
         None | Some("small") => false,
         Some(v) if offer.medium_batches && BATCH_MODES.contains(&v) => true,
@@ -622,66 +608,17 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
             ))
         }
     };
-    let write = match find(chosen, WRITE) {
-        None => false,
-        Some(v) if offer.write && WRITE_VERSIONS.contains(&v) => true,
-        Some(v) => {
-            return Err(format!(
-                "the server chose write version '{}', which this client did not offer",
-                v.escape_debug()
-            ))
-        }
+    let write = version(WRITE, offer.write, WRITE_VERSIONS, "write version")?;
+    // Capabilities that work only with `write`.
+    let with_write = |name, offered: bool, versions, what| {
+        let note = " (or without write)";
+        accept_version(chosen, name, offered && write, versions, what, note)
     };
-    let cluster = match find(chosen, CLUSTER) {
-        None => false,
-        Some(v) if offer.cluster && CLUSTER_VERSIONS.contains(&v) => true,
-        Some(v) => {
-            return Err(format!(
-                "the server chose cluster version '{}', which this client did not offer",
-                v.escape_debug()
-            ))
-        }
-    };
-    let dirs = match find(chosen, DIRS) {
-        None => false,
-        Some(v) if offer.dirs && DIRS_VERSIONS.contains(&v) => true,
-        Some(v) => {
-            return Err(format!(
-                "the server chose directory-batch version '{}', which this client did not offer",
-                v.escape_debug()
-            ))
-        }
-    };
-    let finish = match find(chosen, FINISH) {
-        None => false,
-        Some(v) if offer.finish && write && FINISH_VERSIONS.contains(&v) => true,
-        Some(v) => {
-            return Err(format!(
-                "the server chose finish version '{}', which this client did not offer (or without write)",
-                v.escape_debug()
-            ))
-        }
-    };
-    let locks = match find(chosen, LOCKS) {
-        None => false,
-        Some(v) if offer.locks && LOCKS_VERSIONS.contains(&v) => true,
-        Some(v) => {
-            return Err(format!(
-                "the server chose locks version '{}', which this client did not offer",
-                v.escape_debug()
-            ))
-        }
-    };
-    let posix = match find(chosen, POSIX) {
-        None => false,
-        Some(v) if offer.posix && write && POSIX_VERSIONS.contains(&v) => true,
-        Some(v) => {
-            return Err(format!(
-                "the server chose posix version '{}', which this client did not offer (or without write)",
-                v.escape_debug()
-            ))
-        }
-    };
+    let cluster = version(CLUSTER, offer.cluster, CLUSTER_VERSIONS, "cluster version")?;
+    let dirs = version(DIRS, offer.dirs, DIRS_VERSIONS, "directory-batch version")?;
+    let finish = with_write(FINISH, offer.finish, FINISH_VERSIONS, "finish version")?;
+    let locks = version(LOCKS, offer.locks, LOCKS_VERSIONS, "locks version")?;
+    let posix = with_write(POSIX, offer.posix, POSIX_VERSIONS, "posix version")?;
     Ok(Negotiated {
         hash,
         accepted: Algorithms::of(&offer.hashes),
@@ -692,34 +629,34 @@ pub fn accept(chosen: &[Capability], offer: &Offer) -> Result<Negotiated, String
         dirs,
         finish,
         locks,
-        xattr: accept_xattr(chosen, offer)?,
-        falloc: accept_falloc(chosen, offer, write)?,
+        xattr: version(
+            XATTR,
+            offer.xattr,
+            XATTR_VERSIONS,
+            "extended-attribute version",
+        )?,
+        falloc: with_write(FALLOC, offer.falloc, FALLOC_VERSIONS, "fallocate version")?,
         posix,
         encryption: accept_encryption(chosen, offer)?,
     })
 }
 
-/// Whether the server's `chosen` capabilities turn [`XATTR`] on: only a version the
-/// client's `offer` holds.
-fn accept_xattr(chosen: &[Capability], offer: &Offer) -> Result<bool, String> {
-    match find(chosen, XATTR) {
+/// Whether the server's `chosen` capabilities turn capability `name` on: only a
+/// version among `versions`, and only one the client `offered`. A refusal names the
+/// choice as `what` (then `note`).
+fn accept_version(
+    chosen: &[Capability],
+    name: &str,
+    offered: bool,
+    versions: &[&str],
+    what: &str,
+    note: &str,
+) -> Result<bool, String> {
+    match find(chosen, name) {
         None => Ok(false),
-        Some(v) if offer.xattr && XATTR_VERSIONS.contains(&v) => Ok(true),
+        Some(v) if offered && versions.contains(&v) => Ok(true),
         Some(v) => Err(format!(
-            "the server chose extended-attribute version '{}', which this client did not offer",
-            v.escape_debug()
-        )),
-    }
-}
-
-/// Whether the server's `chosen` capabilities turn [`FALLOC`] on: only a version the
-/// client's `offer` holds, and only with `write`.
-fn accept_falloc(chosen: &[Capability], offer: &Offer, write: bool) -> Result<bool, String> {
-    match find(chosen, FALLOC) {
-        None => Ok(false),
-        Some(v) if offer.falloc && write && FALLOC_VERSIONS.contains(&v) => Ok(true),
-        Some(v) => Err(format!(
-            "the server chose fallocate version '{}', which this client did not offer (or without write)",
+            "the server chose {what} '{}', which this client did not offer{note}",
             v.escape_debug()
         )),
     }

@@ -174,17 +174,75 @@ pub struct ConnState {
     medium_batches: bool,
     transfers: HashMap<u64, Slot>,
     next_transfer: u64,
-    /// Mapped files: `false` while opening, `true` once open.
-    maps: HashMap<u64, bool>,
-    next_map: u64,
-    /// File handles: `false` while opening, `true` once open.
-    files: HashMap<u64, bool>,
-    next_file: u64,
+    /// Mapped files.
+    maps: Handles,
+    /// File handles.
+    files: Handles,
     pending: HashMap<u64, Pending>,
 }
 
 fn protocol(message: String) -> RemoteError {
     RemoteError::new(ErrorKind::Protocol, message)
+}
+
+/// A table of handles (mapped files, file handles): `false` while opening, `true`
+/// once open. An id is never reused.
+#[derive(Debug)]
+struct Handles {
+    open: HashMap<u64, bool>,
+    next: u64,
+    /// Most handles open or opening at once.
+    most: usize,
+    /// What a refusal at `most` says after "more than `most`".
+    busy: &'static str,
+}
+
+impl Handles {
+    fn new(most: usize, busy: &'static str) -> Handles {
+        Handles {
+            open: HashMap::new(),
+            next: 1,
+            most,
+            busy,
+        }
+    }
+
+    /// Reserves the next handle (opening), unless `most` are open or opening already:
+    /// that is refused as busy.
+    fn reserve(&mut self) -> Result<u64, RemoteError> {
+        if self.open.len() >= self.most {
+            return Err(RemoteError::new(
+                ErrorKind::Busy,
+                format!("more than {} {}", self.most, self.busy),
+            ));
+        }
+        let handle = self.next;
+        self.next += 1;
+        self.open.insert(handle, false);
+        Ok(handle)
+    }
+
+    /// Whether `handle` is open (not just opening).
+    fn is_open(&self, handle: u64) -> bool {
+        self.open.get(&handle) == Some(&true)
+    }
+
+    /// Settles the open of `handle`: open if it succeeded (`ok`), else gone.
+    fn settle(&mut self, handle: u64, ok: bool) {
+        if ok {
+            self.open.insert(handle, true);
+        } else {
+            self.open.remove(&handle);
+        }
+    }
+
+    fn remove(&mut self, handle: u64) {
+        self.open.remove(&handle);
+    }
+
+    fn len(&self) -> usize {
+        self.open.len()
+    }
 }
 
 impl ConnState {
@@ -205,10 +263,14 @@ impl ConnState {
             medium_batches: false,
             transfers: HashMap::new(),
             next_transfer: 1,
-            maps: HashMap::new(),
-            next_map: 1,
-            files: HashMap::new(),
-            next_file: 1,
+            maps: Handles::new(
+                MAX_OPEN_MAPS,
+                "mapped files open on one connection: release some first",
+            ),
+            files: Handles::new(
+                MAX_OPEN_FILES,
+                "files open for writing on one connection: close some first",
+            ),
             pending: HashMap::new(),
         }
     }
@@ -219,6 +281,28 @@ impl ConnState {
         match body {
             // The codec bounds the caller's groups.
             Request::AsCaller { request, .. } => self.admit(id, request),
+            Request::UploadBatch { region, files, .. } => {
+                check_upload_batch(
+                    files,
+                    region,
+                    batch_capacity(self.chunk_bytes),
+                    self.batch_file_max(),
+                )?;
+                Ok(Grant::None)
+            }
+            _ => match Family::of(body) {
+                Family::Transfer => self.admit_transfer(id, body),
+                Family::Map => self.admit_map(id, body),
+                Family::File => self.admit_file(id, body),
+                _ => Ok(Grant::None),
+            },
+        }
+    }
+
+    /// [`Self::admit`] for a transfer request: an open reserves a new transfer, the
+    /// others name an open one of the right kind (`Close` takes it out of the table).
+    fn admit_transfer(&mut self, id: u64, body: &Request) -> Result<Grant, RemoteError> {
+        match body {
             Request::UploadOpen { .. } | Request::UploadOpenBase { .. } => {
                 self.open_transfer(id, TransferKind::Upload)
             }
@@ -239,42 +323,35 @@ impl ConnState {
                 }
                 _ => Err(no_transfer(*transfer)),
             },
+            _ => Ok(Grant::None),
+        }
+    }
+
+    /// [`Self::admit`] for a mapped-file request: `MapOpen` reserves a new handle,
+    /// `MapRelease` takes an open one out of the table.
+    fn admit_map(&mut self, id: u64, body: &Request) -> Result<Grant, RemoteError> {
+        match body {
             Request::MapOpen { .. } => {
-                if self.maps.len() >= MAX_OPEN_MAPS {
-                    return Err(RemoteError::new(
-                        ErrorKind::Busy,
-                        format!(
-                            "more than {MAX_OPEN_MAPS} mapped files open on one connection: \
-                             release some first"
-                        ),
-                    ));
-                }
-                let handle = self.next_map;
-                self.next_map += 1;
-                self.maps.insert(handle, false);
+                let handle = self.maps.reserve()?;
                 self.pending.insert(id, Pending::OpenMap(handle));
                 Ok(Grant::Map(handle))
             }
-            Request::MapRelease { handle } => match self.maps.get(handle) {
-                Some(true) => {
-                    self.maps.remove(handle);
-                    Ok(Grant::Map(*handle))
-                }
-                _ => Err(protocol(format!("no mapped file {handle}"))),
-            },
+            Request::MapRelease { handle } if self.maps.is_open(*handle) => {
+                self.maps.remove(*handle);
+                Ok(Grant::Map(*handle))
+            }
+            Request::MapRelease { handle } => Err(protocol(format!("no mapped file {handle}"))),
+            _ => Ok(Grant::None),
+        }
+    }
+
+    /// [`Self::admit`] for a file-handle request: `FileOpen` reserves a new handle,
+    /// the others name an open one (`FileClose` and `FileDiscard` take it out of the
+    /// table), and a write or read is checked against this connection's limits.
+    fn admit_file(&mut self, id: u64, body: &Request) -> Result<Grant, RemoteError> {
+        match body {
             Request::FileOpen { .. } => {
-                if self.files.len() >= MAX_OPEN_FILES {
-                    return Err(RemoteError::new(
-                        ErrorKind::Busy,
-                        format!(
-                            "more than {MAX_OPEN_FILES} files open for writing on one \
-                             connection: close some first"
-                        ),
-                    ));
-                }
-                let handle = self.next_file;
-                self.next_file += 1;
-                self.files.insert(handle, false);
+                let handle = self.files.reserve()?;
                 self.pending.insert(id, Pending::OpenFile(handle));
                 Ok(Grant::File(handle))
             }
@@ -328,26 +405,18 @@ impl ConnState {
             | Request::FileCommit { handle } => self.open_file(*handle),
             Request::FileClose { handle } | Request::FileDiscard { handle } => {
                 let grant = self.open_file(*handle)?;
-                self.files.remove(handle);
+                self.files.remove(*handle);
                 Ok(grant)
-            }
-            Request::UploadBatch { region, files, .. } => {
-                check_upload_batch(
-                    files,
-                    region,
-                    batch_capacity(self.chunk_bytes),
-                    self.batch_file_max(),
-                )?;
-                Ok(Grant::None)
             }
             _ => Ok(Grant::None),
         }
     }
 
     fn open_file(&self, handle: u64) -> Result<Grant, RemoteError> {
-        match self.files.get(&handle) {
-            Some(true) => Ok(Grant::File(handle)),
-            _ => Err(protocol(format!("no open file handle {handle}"))),
+        if self.files.is_open(handle) {
+            Ok(Grant::File(handle))
+        } else {
+            Err(protocol(format!("no open file handle {handle}")))
         }
     }
 
@@ -391,20 +460,8 @@ impl ConnState {
             Some(Pending::Commit(t)) if ok => {
                 self.transfers.remove(&t);
             }
-            Some(Pending::OpenMap(handle)) => {
-                if ok {
-                    self.maps.insert(handle, true);
-                } else {
-                    self.maps.remove(&handle);
-                }
-            }
-            Some(Pending::OpenFile(handle)) => {
-                if ok {
-                    self.files.insert(handle, true);
-                } else {
-                    self.files.remove(&handle);
-                }
-            }
+            Some(Pending::OpenMap(handle)) => self.maps.settle(handle, ok),
+            Some(Pending::OpenFile(handle)) => self.files.settle(handle, ok),
             Some(Pending::Commit(_)) | None => {}
         }
     }
@@ -417,12 +474,8 @@ impl ConnState {
                 Pending::OpenTransfer(t) => {
                     self.transfers.remove(&t);
                 }
-                Pending::OpenMap(h) => {
-                    self.maps.remove(&h);
-                }
-                Pending::OpenFile(h) => {
-                    self.files.remove(&h);
-                }
+                Pending::OpenMap(h) => self.maps.remove(h),
+                Pending::OpenFile(h) => self.files.remove(h),
                 Pending::Commit(_) => {}
             }
         }

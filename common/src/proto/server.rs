@@ -30,8 +30,8 @@ use super::{ProtoError, HANDSHAKE_TIMEOUT, MAX_INFLIGHT_REQUESTS};
 use crate::auth::{Nonce, ShareAccess};
 use crate::codec::{self, CodecError};
 use crate::msg::{
-    ErrorKind, Message, RemoteError, Request, Response, Welcome, HELLO_MAGIC, MAX_WINDOW_CHUNKS,
-    PROTOCOL_VERSION,
+    ErrorKind, Hello, Message, RemoteError, Request, Response, Welcome, HELLO_MAGIC,
+    MAX_WINDOW_CHUNKS, PROTOCOL_VERSION,
 };
 use crate::seal::{Encryption, PUBLIC_KEY_BYTES};
 
@@ -185,48 +185,7 @@ impl ServerSession {
 
     fn on_message(&mut self, msg: Message) -> Result<(), ProtoError> {
         match (&self.state, msg) {
-            (State::AwaitHello, Message::Hello(h)) => {
-                let mut negotiated = self
-                    .check_hello(h.magic, h.min_version, h.max_version)
-                    .and_then(|()| {
-                        caps::choose(&h.capabilities, HashAlgorithm::SUPPORTED)
-                            .map_err(|m| self.refuse(m))
-                    })?;
-                let server = self.key_share.map(|key| ServerEncryption {
-                    wants: self.params.wants_encryption(),
-                    key,
-                });
-                negotiated.encryption =
-                    caps::choose_encryption(&h.capabilities, server).map_err(|m| self.refuse(m))?;
-                negotiated.cluster &= self.params.cluster;
-                self.timers.stop(Timer::Handshake);
-                self.conn.set_medium_batches(negotiated.medium_batches);
-                let welcome = Welcome {
-                    version: PROTOCOL_VERSION,
-                    software: self.params.software.clone(),
-                    chunk_bytes: self.params.chunk_bytes,
-                    max_window_chunks: MAX_WINDOW_CHUNKS as u32,
-                    max_inflight_requests: MAX_INFLIGHT_REQUESTS,
-                    nonce: self.nonce,
-                    capabilities: negotiated.to_capabilities(),
-                };
-                let transcript = handshake_transcript(&h, &welcome)?;
-                self.transcript = Some(transcript);
-                let proof_nonce = match negotiated.encryption {
-                    Some(_) => crate::auth::bind_to_transcript(&self.nonce, &transcript),
-                    None => self.nonce,
-                };
-                self.state = State::Ready {
-                    client_nonce: h.nonce,
-                    negotiated,
-                    proof_nonce,
-                };
-                self.transmit.push_back(Message::Welcome(welcome));
-                self.events.push_back(ServerEvent::Ready {
-                    software: h.software,
-                });
-                Ok(())
-            }
+            (State::AwaitHello, Message::Hello(h)) => self.on_hello(h),
             (
                 &State::Ready {
                     client_nonce,
@@ -234,49 +193,7 @@ impl ServerSession {
                     proof_nonce,
                 },
                 Message::Request { id, body },
-            ) => {
-                if self.outstanding.contains(&id) {
-                    return Err(ProtoError::DuplicateRequest(id));
-                }
-                if self.outstanding.len() >= MAX_INFLIGHT_REQUESTS as usize {
-                    return Err(ProtoError::TooManyRequests(MAX_INFLIGHT_REQUESTS));
-                }
-                if let Request::Auth { share, proof } = &body {
-                    let nonces = (client_nonce, proof_nonce);
-                    let encrypted = negotiated.encryption.is_some();
-                    return self.authenticate(id, share, proof, nonces, encrypted);
-                }
-                if let Err(cap) = negotiated.permits(&body) {
-                    let refusal = RemoteError::new(
-                        ErrorKind::Protocol,
-                        format!("this request needs the '{cap}' capability, which the session did not negotiate"),
-                    );
-                    self.transmit.push_back(Message::Response {
-                        id,
-                        body: Response::Error(refusal),
-                    });
-                    return Ok(());
-                }
-                if let Some(refusal) = self.refusal(&body, negotiated.encryption.is_some()) {
-                    self.transmit.push_back(Message::Response {
-                        id,
-                        body: Response::Error(refusal),
-                    });
-                    return Ok(());
-                }
-                match self.conn.admit(id, &body) {
-                    Ok(grant) => {
-                        self.outstanding.insert(id);
-                        self.events
-                            .push_back(ServerEvent::Request { id, body, grant });
-                    }
-                    Err(refusal) => self.transmit.push_back(Message::Response {
-                        id,
-                        body: Response::Error(refusal),
-                    }),
-                }
-                Ok(())
-            }
+            ) => self.on_request(id, body, negotiated, (client_nonce, proof_nonce)),
             (State::Closed, _) => Ok(()),
             (state, msg) => Err(ProtoError::Unexpected {
                 got: message_name(&msg),
@@ -287,6 +204,102 @@ impl ServerSession {
                 },
             }),
         }
+    }
+
+    /// The client's hello: negotiates the session's capabilities, queues the welcome
+    /// and makes the session ready (a hello it cannot accept is refused).
+    fn on_hello(&mut self, h: Hello) -> Result<(), ProtoError> {
+        let mut negotiated = self
+            .check_hello(h.magic, h.min_version, h.max_version)
+            .and_then(|()| {
+                caps::choose(&h.capabilities, HashAlgorithm::SUPPORTED).map_err(|m| self.refuse(m))
+            })?;
+        let server = self.key_share.map(|key| ServerEncryption {
+            wants: self.params.wants_encryption(),
+            key,
+        });
+        negotiated.encryption =
+            caps::choose_encryption(&h.capabilities, server).map_err(|m| self.refuse(m))?;
+        negotiated.cluster &= self.params.cluster;
+        self.timers.stop(Timer::Handshake);
+        self.conn.set_medium_batches(negotiated.medium_batches);
+        let welcome = Welcome {
+            version: PROTOCOL_VERSION,
+            software: self.params.software.clone(),
+            chunk_bytes: self.params.chunk_bytes,
+            max_window_chunks: MAX_WINDOW_CHUNKS as u32,
+            max_inflight_requests: MAX_INFLIGHT_REQUESTS,
+            nonce: self.nonce,
+            capabilities: negotiated.to_capabilities(),
+        };
+        let transcript = handshake_transcript(&h, &welcome)?;
+        self.transcript = Some(transcript);
+        let proof_nonce = match negotiated.encryption {
+            Some(_) => crate::auth::bind_to_transcript(&self.nonce, &transcript),
+            None => self.nonce,
+        };
+        self.state = State::Ready {
+            client_nonce: h.nonce,
+            negotiated,
+            proof_nonce,
+        };
+        self.transmit.push_back(Message::Welcome(welcome));
+        self.events.push_back(ServerEvent::Ready {
+            software: h.software,
+        });
+        Ok(())
+    }
+
+    /// Request `id` in a ready session: `Auth` is answered here; any other request is
+    /// refused unless the session negotiated its capability, the share allows it and
+    /// the connection's tables admit it, else it goes to the driver.
+    /// `(client_nonce, proof_nonce)` are what an `Auth`'s proof is bound to.
+    fn on_request(
+        &mut self,
+        id: u64,
+        body: Request,
+        negotiated: Negotiated,
+        nonces: (Nonce, Nonce),
+    ) -> Result<(), ProtoError> {
+        if self.outstanding.contains(&id) {
+            return Err(ProtoError::DuplicateRequest(id));
+        }
+        if self.outstanding.len() >= MAX_INFLIGHT_REQUESTS as usize {
+            return Err(ProtoError::TooManyRequests(MAX_INFLIGHT_REQUESTS));
+        }
+        if let Request::Auth { share, proof } = &body {
+            let encrypted = negotiated.encryption.is_some();
+            return self.authenticate(id, share, proof, nonces, encrypted);
+        }
+        if let Err(cap) = negotiated.permits(&body) {
+            let refusal = RemoteError::new(
+                ErrorKind::Protocol,
+                format!("this request needs the '{cap}' capability, which the session did not negotiate"),
+            );
+            self.answer_refusal(id, refusal);
+            return Ok(());
+        }
+        if let Some(refusal) = self.refusal(&body, negotiated.encryption.is_some()) {
+            self.answer_refusal(id, refusal);
+            return Ok(());
+        }
+        match self.conn.admit(id, &body) {
+            Ok(grant) => {
+                self.outstanding.insert(id);
+                self.events
+                    .push_back(ServerEvent::Request { id, body, grant });
+            }
+            Err(refusal) => self.answer_refusal(id, refusal),
+        }
+        Ok(())
+    }
+
+    /// Queues `refusal` as the answer to request `id`, which the driver never sees.
+    fn answer_refusal(&mut self, id: u64, refusal: RemoteError) {
+        self.transmit.push_back(Message::Response {
+            id,
+            body: Response::Error(refusal),
+        });
     }
 
     /// Checks a hello's magic and version range; a hello this server cannot accept is

@@ -51,32 +51,55 @@ pub(super) async fn perform(
             create,
             exclusive,
             truncate,
-        } => {
-            let share = conn.share(&share)?;
-            let (chunk_bytes, manifests) = (conn.server.chunk_bytes, conn.server.manifests.clone());
-            let opened = blocking(move || {
-                let f = files::open(
-                    share,
-                    &path,
-                    create,
-                    exclusive,
-                    truncate,
-                    chunk_bytes,
-                    manifests,
-                )?;
-                let attr = f.attr()?;
-                Ok::<_, files::FileError>((f, attr))
-            })
-            .await?;
-            let (file, attr) = opened;
-            let staged = file.staged();
-            conn.files().insert(handle, Arc::new(file));
-            Ok(Response::FileOpened {
-                handle,
-                attr,
-                staged,
-            })
+        } => open(conn, handle, (share, path), create, exclusive, truncate).await,
+        Request::FileWrite { .. } | Request::FileFinish { .. } | Request::FileRead { .. } => {
+            move_data(conn, handle, body).await
         }
+        other => on_file(conn, handle, other).await,
+    }
+}
+
+/// `FileOpen`: opens (or creates, or stages) the file and enters it in the
+/// connection's table under `handle` before the answer is queued.
+async fn open(
+    conn: &Arc<Conn>,
+    handle: u64,
+    (share, path): (String, String),
+    create: Option<u32>,
+    exclusive: bool,
+    truncate: bool,
+) -> Result<Response, RemoteError> {
+    let share = conn.share(&share)?;
+    let (chunk_bytes, manifests) = (conn.server.chunk_bytes, conn.server.manifests.clone());
+    let opened = blocking(move || {
+        let f = files::open(
+            share,
+            &path,
+            create,
+            exclusive,
+            truncate,
+            chunk_bytes,
+            manifests,
+        )?;
+        let attr = f.attr()?;
+        Ok::<_, files::FileError>((f, attr))
+    })
+    .await?;
+    let (file, attr) = opened;
+    let staged = file.staged();
+    conn.files().insert(handle, Arc::new(file));
+    Ok(Response::FileOpened {
+        handle,
+        attr,
+        staged,
+    })
+}
+
+/// The requests that move bytes through the open file `handle` (`FileWrite`,
+/// `FileFinish`, `FileRead`); a write's hashes must be in the share's algorithm.
+async fn move_data(conn: &Arc<Conn>, handle: u64, body: Request) -> Result<Response, RemoteError> {
+    let file = conn.file(handle)?;
+    match body {
         Request::FileWrite {
             region,
             algorithm,
@@ -84,7 +107,6 @@ pub(super) async fn perform(
             hashes,
             ..
         } => {
-            let file = conn.file(handle)?;
             check_algorithm(conn, file.share(), file.what(), algorithm)?;
             Ok(file
                 .write(&conn.file_io(), region, algorithm, extents, hashes)
@@ -99,7 +121,6 @@ pub(super) async fn perform(
             commit,
             ..
         } => {
-            let file = conn.file(handle)?;
             if !extents.is_empty() {
                 check_algorithm(conn, file.share(), file.what(), algorithm)?;
             }
@@ -107,12 +128,19 @@ pub(super) async fn perform(
             Ok(file.finish(&conn.file_io(), write, attrs, commit).await?)
         }
         Request::FileRead { offset, region, .. } => {
-            let file = conn.file(handle)?;
             let algorithm = conn.hashing(file.share())?.fresh;
             Ok(file
                 .read(&conn.transport, &conn.pool, offset, region, algorithm)
                 .await?)
         }
+        other => Err(misrouted(&other).into()),
+    }
+}
+
+/// The requests that act on the open file `handle` without moving data, each on a
+/// blocking thread; `FileClose` and `FileDiscard` take it out of the table first.
+async fn on_file(conn: &Arc<Conn>, handle: u64, body: Request) -> Result<Response, RemoteError> {
+    match body {
         Request::FileSetAttr { attrs, .. } => {
             let file = conn.file(handle)?;
             blocking(move || file.set_attrs(&attrs)).await
@@ -137,10 +165,7 @@ pub(super) async fn perform(
             blocking(move || file.sync(data_only)).await
         }
         Request::FileClose { .. } => {
-            let file = conn
-                .files()
-                .remove(&handle)
-                .ok_or(ConnError::NoFile { handle })?;
+            let file = conn.take_file(handle)?;
             blocking(move || file.close()).await
         }
         Request::FileCommit { .. } => {
@@ -148,10 +173,7 @@ pub(super) async fn perform(
             blocking(move || file.publish()).await
         }
         Request::FileDiscard { .. } => {
-            let file = conn
-                .files()
-                .remove(&handle)
-                .ok_or(ConnError::NoFile { handle })?;
+            let file = conn.take_file(handle)?;
             // The last reference drops off the async threads: a staged file is
             // unlinked then.
             blocking(move || {
@@ -233,6 +255,13 @@ impl Conn {
         self.files()
             .get(&handle)
             .cloned()
+            .ok_or(ConnError::NoFile { handle })
+    }
+
+    /// Takes the open file `handle` out of the connection's table.
+    fn take_file(&self, handle: u64) -> Result<Arc<OpenFile>, ConnError> {
+        self.files()
+            .remove(&handle)
             .ok_or(ConnError::NoFile { handle })
     }
 }

@@ -10,7 +10,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
-use ferry_common::locks::{LockError, LockFile, LockOwner};
+use ferry_common::locks::{LockError, LockFile, LockHeld, LockOwner, LockTable};
 use ferry_common::msg::{ErrorKind, RemoteError, Request, Response};
 
 use super::blocking::blocking;
@@ -19,7 +19,6 @@ use crate::fsops::FsError;
 
 /// Performs one lock request.
 pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response, RemoteError> {
-    let session = conn.lock_session;
     match body {
         Request::Lock {
             share,
@@ -30,23 +29,23 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
             end,
             pid,
         } => {
-            let file = identify(conn, &share, path).await?;
-            let owner = LockOwner { session, owner };
-            let got = conn
-                .server
-                .locks()
-                .set(file, owner, kind, (start, end), pid);
-            let conflict = match got {
-                Ok(()) => None,
-                Err(LockError::Conflict(held)) => Some(held),
-                Err(e @ LockError::TooMany) => {
-                    return Err(RemoteError::new(ErrorKind::Busy, e.to_string()))
-                }
-                Err(e @ LockError::BadRange) => {
-                    return Err(RemoteError::new(ErrorKind::Invalid, e.to_string()))
-                }
-            };
-            Ok(Response::Lock { file, conflict })
+            answer(
+                conn,
+                &share,
+                path,
+                owner,
+                |locks, file, owner| match locks.set(file, owner, kind, (start, end), pid) {
+                    Ok(()) => Ok(None),
+                    Err(LockError::Conflict(held)) => Ok(Some(held)),
+                    Err(e @ LockError::TooMany) => {
+                        Err(RemoteError::new(ErrorKind::Busy, e.to_string()))
+                    }
+                    Err(e @ LockError::BadRange) => {
+                        Err(RemoteError::new(ErrorKind::Invalid, e.to_string()))
+                    }
+                },
+            )
+            .await
         }
         Request::LockTest {
             share,
@@ -56,21 +55,42 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
             start,
             end,
         } => {
-            let file = identify(conn, &share, path).await?;
-            let owner = LockOwner { session, owner };
-            let conflict = conn.server.locks().test(file, owner, kind, start, end);
-            Ok(Response::Lock { file, conflict })
+            answer(conn, &share, path, owner, |locks, file, owner| {
+                Ok(locks.test(file, owner, kind, start, end))
+            })
+            .await
         }
         Request::LockRelease { share, file, owner } => {
             // The share must be one the session may use, as for every request.
             conn.share(&share)?;
-            conn.server
-                .locks()
-                .release_owner(file, LockOwner { session, owner });
+            let owner = LockOwner {
+                session: conn.lock_session,
+                owner,
+            };
+            conn.server.locks().release_owner(file, owner);
             Ok(Response::Ok)
         }
         other => Err(misrouted(&other).into()),
     }
+}
+
+/// Answers a `Lock` or `LockTest` on the file `path` of `share` names, for `owner` of
+/// this connection's session: `decide` runs under the server's lock table and returns
+/// the lock in the way, if any.
+async fn answer(
+    conn: &Arc<Conn>,
+    share: &str,
+    path: String,
+    owner: u64,
+    decide: impl FnOnce(&mut LockTable, LockFile, LockOwner) -> Result<Option<LockHeld>, RemoteError>,
+) -> Result<Response, RemoteError> {
+    let file = identify(conn, share, path).await?;
+    let owner = LockOwner {
+        session: conn.lock_session,
+        owner,
+    };
+    let conflict = decide(&mut conn.server.locks(), file, owner)?;
+    Ok(Response::Lock { file, conflict })
 }
 
 /// The identity of the file `path` of `share` names (symlinks followed).

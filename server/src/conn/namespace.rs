@@ -40,32 +40,10 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
             Request::ListDirMeta { path, cursor, .. } => {
                 fsops::list_dir_meta(&share, &path, cursor)?
             }
-            Request::SetMeta { entries, .. } => Response::MetaSet {
-                results: meta::set_meta(
-                    &share,
-                    entries,
-                    meta::applies_owners() && !crate::owners::acting_unprivileged(),
-                )
-                .into_iter()
-                .map(|r| r.err().map(RemoteError::from))
-                .collect(),
-            },
-            Request::MakeDirs { dirs, .. } => Response::MetaSet {
-                results: dirs::make_dirs(&share, &dirs)
-                    .into_iter()
-                    .map(|r| r.err().map(RemoteError::from))
-                    .collect(),
-            },
-            Request::SetAttrBatch { entries, .. } => Response::MetaSet {
-                results: dirs::set_attr_batch(
-                    &share,
-                    &entries,
-                    meta::applies_owners() && !crate::owners::acting_unprivileged(),
-                )
-                .into_iter()
-                .map(|r| r.err().map(RemoteError::from))
-                .collect(),
-            },
+            body @ (Request::SetMeta { .. }
+            | Request::MakeDirs { .. }
+            | Request::SetAttrBatch { .. }
+            | Request::LinkBatch { .. }) => batch(&share, body)?,
             Request::Mkdir {
                 path,
                 mode,
@@ -77,12 +55,6 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
                 path, mode, mtime, ..
             } => fsops::set_attr(&share, &path, mode, mtime)?,
             Request::Link { from, to, .. } => links::link(&share, &from, &to)?,
-            Request::LinkBatch { links, .. } => Response::LinkedBatch {
-                results: links::link_batch(&share, &links)
-                    .into_iter()
-                    .map(|r| r.map(RemoteError::from))
-                    .collect(),
-            },
             Request::Rename { from, to, .. } => fsops::rename(&share, &from, &to)?,
             Request::Remove {
                 path, recursive, ..
@@ -116,6 +88,43 @@ pub(super) async fn perform(conn: &Arc<Conn>, body: Request) -> Result<Response,
         })
     })
     .await
+}
+
+/// Performs one request that applies a batch of changes (`SetMeta`, `MakeDirs`,
+/// `SetAttrBatch`, `LinkBatch`): each change is answered on its own.
+fn batch(share: &Share, body: Request) -> Result<Response, RemoteError> {
+    Ok(match body {
+        Request::SetMeta { entries, .. } => Response::MetaSet {
+            results: each_result(meta::set_meta(share, entries, owners_apply())),
+        },
+        Request::MakeDirs { dirs, .. } => Response::MetaSet {
+            results: each_result(dirs::make_dirs(share, &dirs)),
+        },
+        Request::SetAttrBatch { entries, .. } => Response::MetaSet {
+            results: each_result(dirs::set_attr_batch(share, &entries, owners_apply())),
+        },
+        Request::LinkBatch { links, .. } => Response::LinkedBatch {
+            results: links::link_batch(share, &links)
+                .into_iter()
+                .map(|r| r.map(RemoteError::from))
+                .collect(),
+        },
+        other => return Err(misrouted(&other).into()),
+    })
+}
+
+/// Whether a batch sets owners: the server applies them and acts for no
+/// unprivileged caller.
+fn owners_apply() -> bool {
+    meta::applies_owners() && !crate::owners::acting_unprivileged()
+}
+
+/// A batch's answers: `None` for each change made, else why it failed.
+fn each_result<E: Into<RemoteError>>(results: Vec<Result<(), E>>) -> Vec<Option<RemoteError>> {
+    results
+        .into_iter()
+        .map(|r| r.err().map(Into::into))
+        .collect()
 }
 
 /// Performs one request of the `xattr` capability.

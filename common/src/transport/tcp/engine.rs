@@ -178,28 +178,7 @@ async fn read_loop(
     };
     while let Some(header) = read_header(r).await? {
         match header {
-            Header::Ctrl { len } => {
-                // `Header::parse` refused anything over MAX_CTRL_FRAME_BYTES; this side
-                // may accept less.
-                if len > shared.max_recv_ctrl {
-                    return Err(TransportError::Protocol(format!(
-                        "control frame of {len} bytes exceeds the {} this side accepts",
-                        shared.max_recv_ctrl
-                    )));
-                }
-                let mut msg = vec![0u8; len as usize];
-                r.read_exact(&mut msg).await.map_err(io("read frame"))?;
-                match ctrl.try_send(Ok(msg)) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        return Err(TransportError::Protocol(format!(
-                            "peer has more than {CTRL_QUEUE} control messages waiting to be taken"
-                        )));
-                    }
-                    // The application dropped its end; keep serving one-sided ops.
-                    Err(mpsc::error::TrySendError::Closed(_)) => {}
-                }
-            }
+            Header::Ctrl { len } => recv_ctrl(shared, r, ctrl, len).await?,
             Header::ReadReq { id, slice } => {
                 count_served(shared)?;
                 let RemoteSlice { rkey, addr, len } = slice;
@@ -214,44 +193,10 @@ async fn read_loop(
             }
             Header::WriteReq { id, slice } => {
                 count_served(shared)?;
-                let RemoteSlice { rkey, addr, len } = slice;
-                let status = match shared.table.check(Op::Write, rkey, addr, len) {
-                    Ok(g) => {
-                        let Memory::Buffer(buf) = g.memory else {
-                            // The table grants remote write only to buffers.
-                            return Err(TransportError::Protocol(
-                                "write granted to read-only memory".into(),
-                            ));
-                        };
-                        let mut bytes = buf.write().await;
-                        r.read_exact(&mut bytes[g.offset..g.offset + len as usize])
-                            .await
-                            .map_err(io("read WRITE payload"))?;
-                        STATUS_OK
-                    }
-                    Err(fault) => {
-                        refusals.log(Op::Write, slice, fault);
-                        discard(r, u64::from(len)).await?;
-                        wire::status_of(fault)
-                    }
-                };
+                let status = take_write(shared, r, slice, &mut refusals).await?;
                 dispatch(shared, Outgoing::WriteResp { id, status });
             }
-            Header::ReadData { id, len } => {
-                let (dst, offset, slice, done) = pending_read(shared, id)?;
-                if len != slice.len {
-                    return Err(TransportError::Protocol(format!(
-                        "READ response of {len} bytes for a {}-byte READ",
-                        slice.len
-                    )));
-                }
-                let mut bytes = dst.write().await;
-                r.read_exact(&mut bytes[offset..offset + len as usize])
-                    .await
-                    .map_err(io("read READ payload"))?;
-                drop(bytes);
-                let _ = done.send(Ok(()));
-            }
+            Header::ReadData { id, len } => take_read_data(shared, r, id, len).await?,
             Header::ReadRefused { id, status } => {
                 let (_, _, slice, done) = pending_read(shared, id)?;
                 let _ = done.send(Err(refused(Op::Read, status, slice)?));
@@ -271,6 +216,89 @@ async fn read_loop(
             }
         }
     }
+    Ok(())
+}
+
+/// Takes a control frame of `len` bytes off the stream and queues it for the
+/// application; a peer that sends more than the queue holds is refused.
+async fn recv_ctrl(
+    shared: &Shared,
+    r: &mut BufReader<OwnedReadHalf>,
+    ctrl: &CtrlTx,
+    len: u32,
+) -> Result<(), TransportError> {
+    // `Header::parse` refused anything over MAX_CTRL_FRAME_BYTES; this side may accept
+    // less.
+    if len > shared.max_recv_ctrl {
+        return Err(TransportError::Protocol(format!(
+            "control frame of {len} bytes exceeds the {} this side accepts",
+            shared.max_recv_ctrl
+        )));
+    }
+    let mut msg = vec![0u8; len as usize];
+    r.read_exact(&mut msg).await.map_err(io("read frame"))?;
+    match ctrl.try_send(Ok(msg)) {
+        Ok(()) => Ok(()),
+        Err(mpsc::error::TrySendError::Full(_)) => Err(TransportError::Protocol(format!(
+            "peer has more than {CTRL_QUEUE} control messages waiting to be taken"
+        ))),
+        // The application dropped its end; keep serving one-sided ops.
+        Err(mpsc::error::TrySendError::Closed(_)) => Ok(()),
+    }
+}
+
+/// Serves the peer's WRITE of `slice`: its payload lands in our memory if the table
+/// grants it, else is read and dropped. Returns the status to answer.
+async fn take_write(
+    shared: &Shared,
+    r: &mut BufReader<OwnedReadHalf>,
+    slice: RemoteSlice,
+    refusals: &mut Refusals<'_>,
+) -> Result<u8, TransportError> {
+    let RemoteSlice { rkey, addr, len } = slice;
+    match shared.table.check(Op::Write, rkey, addr, len) {
+        Ok(g) => {
+            let Memory::Buffer(buf) = g.memory else {
+                // The table grants remote write only to buffers.
+                return Err(TransportError::Protocol(
+                    "write granted to read-only memory".into(),
+                ));
+            };
+            let mut bytes = buf.write().await;
+            r.read_exact(&mut bytes[g.offset..g.offset + len as usize])
+                .await
+                .map_err(io("read WRITE payload"))?;
+            Ok(STATUS_OK)
+        }
+        Err(fault) => {
+            refusals.log(Op::Write, slice, fault);
+            discard(r, u64::from(len)).await?;
+            Ok(wire::status_of(fault))
+        }
+    }
+}
+
+/// Takes the `len` bytes answering our READ `id` into its destination, and completes
+/// it.
+async fn take_read_data(
+    shared: &Shared,
+    r: &mut BufReader<OwnedReadHalf>,
+    id: u64,
+    len: u32,
+) -> Result<(), TransportError> {
+    let (dst, offset, slice, done) = pending_read(shared, id)?;
+    if len != slice.len {
+        return Err(TransportError::Protocol(format!(
+            "READ response of {len} bytes for a {}-byte READ",
+            slice.len
+        )));
+    }
+    let mut bytes = dst.write().await;
+    r.read_exact(&mut bytes[offset..offset + len as usize])
+        .await
+        .map_err(io("read READ payload"))?;
+    drop(bytes);
+    let _ = done.send(Ok(()));
     Ok(())
 }
 

@@ -173,7 +173,10 @@ mod tests {
     fn roles_write_only_their_prefixes() {
         let roles = role_writes();
         assert_eq!(roles[0].1, ["/ferry/nodes/", "/ferry/members/"]);
-        assert_eq!(roles[1].1, ["/ferry/ns/", "/ferry/shared/", "/ferry/locks/"]);
+        assert_eq!(
+            roles[1].1,
+            ["/ferry/ns/", "/ferry/shared/", "/ferry/locks/"]
+        );
         assert_eq!(roles[2].1, ["/ferry/"]);
     }
 

@@ -226,6 +226,7 @@ impl Share {
     /// state directory, which no request can name or list. Made (mode 0700) if missing;
     /// refused unless it and the state directory are real directories, not symlinks.
     /// Blocking.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub fn incoming_dir(&self) -> Result<PathBuf, ShareError> {
         self.check_writable()?;
         let dir = self.incoming_path();

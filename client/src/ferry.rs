@@ -1,10 +1,13 @@
-//! `ferry`: administration of a Ferry cluster (`ferry cluster status|add-share|repair`).
+//! `ferry`: administration of a Ferry cluster (`ferry cluster status|add-share|repair|gc`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use ferry_client::cluster::{auth_setup, repair, status, Cluster, EtcdArgs, EtcdConfig, EtcdError};
+use ferry_client::cluster::{
+    auth_setup, gc, repair, status, Cluster, EtcdArgs, EtcdConfig, EtcdError,
+};
 use ferry_client::{ClientError, Credentials};
 use ferry_common::cluster::{ShareConfig, STRIPE_ALIGN};
 use ferry_common::seal::Encryption;
@@ -23,6 +26,9 @@ EXAMPLES:
   rcp -r photos cluster://10.0.0.1:2379/data/
   ferry cluster status --etcd 10.0.0.1:2379
   ferry cluster repair --etcd 10.0.0.1:2379     after a node was lost for good
+  ferry cluster gc --etcd 10.0.0.1:2379 --dry-run
+                                                what gc would remove (objects no
+                                                layout names, older than 24h)
   ferry cluster auth-setup --password-dir /etc/ferry/etcd-users
                                                 turn on etcd's users and roles
 
@@ -42,8 +48,10 @@ ETCD SECURITY:
     password_file = \"ferry-client.password\"
 
 EXIT CODES:
-  0  success (status: every stripe has its replicas; repair: nothing left to do)
-  1  an error (etcd or a node unreachable, a stripe that could not be repaired)
+  0  success (status: every stripe has its replicas; repair: nothing left to do;
+     gc: every live node listed and its garbage removed)
+  1  an error (etcd or a node unreachable, a stripe that could not be repaired, an
+     object gc could not remove)
   2  usage error
   3  cannot connect to etcd, or etcd refused the connection (TLS, user, password)
   8  status: some stripes are under-replicated or unavailable";
@@ -76,6 +84,43 @@ struct Common {
     json: bool,
 }
 
+/// How the commands that talk to the storage nodes reach them.
+#[derive(clap::Args, Debug)]
+struct NodeArgs {
+    /// The cluster's secret (as for rcp).
+    #[arg(long, value_name = "FILE", env = "FERRY_SECRET_FILE")]
+    secret_file: Option<PathBuf>,
+    #[arg(
+        long,
+        value_name = "auto|rdma|tcp",
+        default_value = "auto",
+        env = "FERRY_TRANSPORT"
+    )]
+    transport: TransportChoice,
+    #[arg(
+        long,
+        value_name = "preferred|required|off",
+        default_value = "preferred",
+        env = "FERRY_ENCRYPTION"
+    )]
+    encryption: Encryption,
+}
+
+impl NodeArgs {
+    /// Connects to the cluster, its nodes to be reached as these options say.
+    async fn connect(&self, common: &Common) -> Result<Cluster, ClientError> {
+        let creds = Credentials::from_file_or_env(self.secret_file.as_deref())?
+            .with_encryption(self.encryption);
+        Cluster::connect(&common.etcd()?, self.transport, creds).await
+    }
+}
+
+/// `--grace`.
+fn parse_grace(arg: &str) -> Result<Duration, String> {
+    ferry_common::units::parse_duration(arg)
+        .ok_or_else(|| format!("{arg:?}: not a duration (seconds, or with s, m, h or d: 24h)"))
+}
+
 impl Common {
     /// The etcd settings: --etcd (or the file's endpoints) with the TLS and user
     /// settings of the options and the cluster configuration file.
@@ -106,27 +151,30 @@ enum Command {
         stripe_mib: u64,
     },
     /// Give every under-replicated stripe new replicas on live nodes (after a node
-    /// was lost), copied from a live replica and verified.
+    /// was lost), copied from a live replica and verified; then collect garbage as
+    /// `gc` does, with the default grace period.
     Repair {
         #[command(flatten)]
         common: Common,
-        /// The cluster's secret (as for rcp).
-        #[arg(long, value_name = "FILE", env = "FERRY_SECRET_FILE")]
-        secret_file: Option<PathBuf>,
-        #[arg(
-            long,
-            value_name = "auto|rdma|tcp",
-            default_value = "auto",
-            env = "FERRY_TRANSPORT"
-        )]
-        transport: TransportChoice,
-        #[arg(
-            long,
-            value_name = "preferred|required|off",
-            default_value = "preferred",
-            env = "FERRY_ENCRYPTION"
-        )]
-        encryption: Encryption,
+        #[command(flatten)]
+        nodes: NodeArgs,
+    },
+    /// Remove the stripe objects that no layout names (no file, no snapshot, of any
+    /// share) and that are older than the grace period, from every live node. Nodes
+    /// that are down are reported and left for a later run.
+    Gc {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        nodes: NodeArgs,
+        /// Keep unnamed objects changed within this long (`0`, `90m`, `24h`, `7d`):
+        /// an upload in flight writes its objects before it commits their layout.
+        /// Shorter than the longest upload is unsafe.
+        #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_grace)]
+        grace: Duration,
+        /// List what would be removed; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Turn on etcd's authentication with Ferry's roles: users root, ferry-admin
     /// (writes everything under /ferry/, e.g. shares), ferry-node (writes
@@ -192,15 +240,23 @@ async fn run(command: Command) -> Result<u8, ClientError> {
             replicas,
             stripe_mib,
         } => add_share(common, name, replicas, stripe_mib).await,
-        Command::Repair {
+        Command::Repair { common, nodes } => repair_cmd(common, nodes).await,
+        Command::Gc {
             common,
-            secret_file,
-            transport,
-            encryption,
+            nodes,
+            grace,
+            dry_run,
         } => {
-            let creds =
-                Credentials::from_file_or_env(secret_file.as_deref())?.with_encryption(encryption);
-            repair_cmd(common, transport, creds).await
+            let cluster = nodes.connect(&common).await?;
+            let r = gc::gc(&cluster, grace, dry_run).await;
+            cluster.close().await;
+            let r = r?;
+            if common.json {
+                println!("{}", serde_json::to_string(&r).expect("report serialises"));
+            } else {
+                print_gc(&r);
+            }
+            Ok(if r.failed.is_empty() { 0 } else { 1 })
         }
         Command::AuthSetup {
             common,
@@ -317,18 +373,27 @@ async fn add_share(
     Ok(0)
 }
 
-/// `ferry cluster repair`.
-async fn repair_cmd(
-    common: Common,
-    transport: TransportChoice,
-    creds: Credentials,
-) -> Result<u8, ClientError> {
-    let cluster = Cluster::connect(&common.etcd()?, transport, creds).await?;
+/// `ferry cluster repair`, then gc with the default grace period.
+async fn repair_cmd(common: Common, nodes: NodeArgs) -> Result<u8, ClientError> {
+    let cluster = nodes.connect(&common).await?;
     let scratch = std::env::temp_dir();
-    let r = repair::repair(&cluster, &scratch).await?;
+    let r = match repair::repair(&cluster, &scratch).await {
+        Ok(r) => r,
+        Err(e) => {
+            cluster.close().await;
+            return Err(e);
+        }
+    };
+    let collected = gc::gc(&cluster, gc::DEFAULT_GRACE, false).await;
     cluster.close().await;
+    let mut failed = r.failed.len();
     if common.json {
-        println!("{}", serde_json::to_string(&r).expect("report serialises"));
+        let mut j = serde_json::to_value(&r).expect("report serialises");
+        j["gc"] = match &collected {
+            Ok(g) => serde_json::to_value(g).expect("report serialises"),
+            Err(e) => serde_json::json!({"error": e.to_string()}),
+        };
+        println!("{j}");
     } else {
         println!(
             "{} files checked; {} stripes repaired ({} replicas, {} bytes copied); {} unavailable",
@@ -337,6 +402,44 @@ async fn repair_cmd(
         for f in &r.failed {
             eprintln!("ferry: {f}");
         }
+        if let Ok(g) = &collected {
+            print_gc(g);
+        }
     }
-    Ok(if r.failed.is_empty() { 0 } else { 1 })
+    match &collected {
+        Ok(g) => failed += g.failed.len(),
+        Err(e) => {
+            eprintln!("ferry: gc: {e}");
+            failed += 1;
+        }
+    }
+    Ok(if failed == 0 { 0 } else { 1 })
+}
+
+/// A gc report as text.
+fn print_gc(g: &gc::GcReport) {
+    let verb = if g.dry_run { "would remove" } else { "removed" };
+    for n in &g.nodes {
+        match n.state {
+            "up" => {
+                for o in &n.removed_objects {
+                    println!("{}: {verb} {o}", n.id);
+                }
+                println!(
+                    "node {}: {} objects ({} bytes); kept {} ({} within the grace period); {verb} {} ({} bytes)",
+                    n.id, n.found.objects, n.found.bytes, n.kept.objects, n.young.objects,
+                    n.removed.objects, n.removed.bytes
+                );
+            }
+            "down" => println!("node {}: down, not collected", n.id),
+            _ => {}
+        }
+    }
+    println!(
+        "gc (grace {}s): {} objects on the live nodes; kept {}; {verb} {} objects, {} bytes",
+        g.grace_secs, g.found.objects, g.kept.objects, g.removed.objects, g.removed.bytes
+    );
+    for f in &g.failed {
+        eprintln!("ferry: gc: {f}");
+    }
 }

@@ -24,6 +24,7 @@
 //! - [`staging`] holds a received file under a hidden name until it is complete; a
 //!   file of several chunks is a resumable partial whose [`journal`] records the chunks
 //!   written, so an interrupted transfer of it can resume.
+//! - [`units`] parses durations and sizes as administrators type them.
 #![warn(missing_docs)]
 
 pub mod attr;
@@ -42,6 +43,7 @@ pub mod seal;
 pub mod space;
 pub mod staging;
 pub mod transport;
+pub mod units;
 pub mod unnamed;
 pub mod writeback;
 pub mod xattr;

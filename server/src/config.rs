@@ -407,29 +407,7 @@ impl Config {
 /// Parses a duration: a number of seconds, optionally followed by `s`, `m`, `h` or `d`
 /// (`0`, `90m`, `24h`, `7d`).
 pub fn parse_duration(arg: &str) -> Result<Duration, ConfigError> {
-    let bad = || ConfigError::Duration(arg.to_string());
-    let (n, unit) = number_and_unit(arg).ok_or_else(bad)?;
-    let seconds: u64 = match unit {
-        None | Some('s') => 1,
-        Some('m') => 60,
-        Some('h') => 3600,
-        Some('d') => 86_400,
-        Some(_) => return Err(bad()),
-    };
-    n.checked_mul(seconds)
-        .map(Duration::from_secs)
-        .ok_or_else(bad)
-}
-
-/// Splits `s` into a number and an optional one-letter unit after it (lowercased):
-/// `"64G"` is `(64, Some('g'))`, `"7"` is `(7, None)`; `None` if there is no number.
-fn number_and_unit(s: &str) -> Option<(u64, Option<char>)> {
-    let s = s.trim();
-    let (digits, unit) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => (&s[..i], Some(c.to_ascii_lowercase())),
-        _ => (s, None),
-    };
-    Some((digits.trim().parse().ok()?, unit))
+    ferry_common::units::parse_duration(arg).ok_or_else(|| ConfigError::Duration(arg.to_string()))
 }
 
 /// Parses a byte size: a number, optionally followed by `K`, `M`, `G` or `T` (powers
@@ -441,7 +419,7 @@ pub fn parse_size(arg: &str) -> Result<u64, ConfigError> {
         .strip_suffix("iB")
         .or_else(|| s.strip_suffix('B'))
         .unwrap_or(s);
-    let (n, unit) = number_and_unit(s).ok_or_else(bad)?;
+    let (n, unit) = ferry_common::units::number_and_unit(s).ok_or_else(bad)?;
     let shift = match unit {
         None => 0,
         Some('k') => 10,

@@ -579,16 +579,26 @@ impl Cluster {
         format!("cluster://{}/{share}/{path}", self.etcd_endpoint())
     }
 
+    /// Runs `f` with a connection to the cluster's etcd, on a runtime of its own.
+    pub fn with_meta<T, F, Fut>(&self, f: F) -> T
+    where
+        F: FnOnce(ferry_client::cluster::Meta) -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        let endpoint = self.etcd_endpoint();
+        crate::runtime().block_on(async {
+            let config = ferry_client::cluster::EtcdConfig::plain(vec![endpoint]);
+            let meta = ferry_client::cluster::Meta::connect(&config)
+                .await
+                .expect("etcd");
+            f(meta).await
+        })
+    }
+
     /// The layout of file `path` of cluster share `share`, read from etcd; panics if
     /// there is no such file.
     pub fn layout_of(&self, share: &str, path: &str) -> ferry_common::cluster::Layout {
-        let endpoint = self.etcd_endpoint();
-        crate::runtime().block_on(async {
-            let meta = ferry_client::cluster::Meta::connect(
-                &ferry_client::cluster::EtcdConfig::plain(vec![endpoint]),
-            )
-            .await
-            .expect("etcd");
+        self.with_meta(|meta| async move {
             let v = meta.existing(share, path).await.expect("the entry");
             v.entry.layout.expect("a file's layout")
         })

@@ -112,7 +112,14 @@ async fn held(
         .await
         .ok()?
         .ok()?;
-    (mine == version.manifest).then_some(transfer::Uploaded {
+    if mine != version.manifest {
+        return None;
+    }
+    // gc counts its grace period from an object's last change: a reused object must
+    // look as young as a new upload's, or a gc could collect it before this copy
+    // commits the layout that names it. Gone meanwhile: it is uploaded anew.
+    refresh(c, object).await.ok()?;
+    Some(transfer::Uploaded {
         copied: Copied {
             bytes: len,
             bytes_sent: 0,
@@ -121,6 +128,13 @@ async fn held(
         manifest: mine,
         algorithm,
     })
+}
+
+/// Moves the ctime of `object` on node `c` to the node's now (its mode set to itself),
+/// so that gc's grace period starts again ([`ferry_common::cluster::gc`]).
+async fn refresh(c: &crate::Client, object: &str) -> Result<(), ClientError> {
+    let attr = c.stat(STORE_SHARE, object, false).await?;
+    c.set_attr(STORE_SHARE, object, Some(attr.mode), None).await
 }
 
 /// The manifest id of bytes `range` of `path` in chunks of `chunk` bytes.
@@ -154,6 +168,9 @@ struct PutStripe {
     stripe: Stripe,
     algorithm: HashAlgorithm,
     copied: Copied,
+    /// The holders whose copy was already there (an earlier, interrupted run's),
+    /// checked again before the layout is committed.
+    reused: Vec<String>,
 }
 
 impl Cluster {
@@ -205,6 +222,9 @@ impl Cluster {
         let id = layout_id(share, path, &md);
         let stripes = self
             .put_stripes(local, (share, path), &id, size, config, progress)
+            .await?;
+        let stripes = self
+            .recheck_reused(local, share, &id, size, config, stripes)
             .await?;
         let algorithm = match stripes.first() {
             Some(s) => s.algorithm,
@@ -303,8 +323,8 @@ impl Cluster {
             }
         }
         if let Some(e) = first_err {
-            // The objects already written are named by no layout: `ferry cluster
-            // repair` removes them (they are never read).
+            // The objects already written are named by no layout (never read): a
+            // re-run reuses them, else `ferry cluster gc` removes them.
             return Err(e);
         }
         Ok(stripes.into_iter().flatten().collect())
@@ -419,6 +439,7 @@ impl Cluster {
         let mut holders: Vec<String> = Vec::new();
         let mut result: Option<(Hash256, HashAlgorithm)> = None;
         let mut copied = Copied::default();
+        let mut reused = Vec::new();
         let mut queue: VecDeque<String> = placed.into();
         let mut last_err = None;
         while holders.len() < want {
@@ -456,6 +477,9 @@ impl Cluster {
                         }
                         copied.bytes_sent += up.copied.bytes_sent;
                         copied.bytes_reused += up.copied.bytes_reused;
+                        if up.copied.bytes_sent == 0 {
+                            reused.push(node.clone());
+                        }
                         holders.push(node);
                     }
                     Err(e) if node_failure(&e) => {
@@ -489,7 +513,44 @@ impl Cluster {
             },
             algorithm,
             copied,
+            reused,
         })
+    }
+
+    /// Checks, just before the commit, that every object reused from an earlier run is
+    /// still on its node (a gc with a grace period shorter than this copy may have
+    /// collected it); a stripe that lost one is uploaded again.
+    async fn recheck_reused(
+        &self,
+        local: &Path,
+        share: &str,
+        id: &str,
+        size: u64,
+        config: ShareConfig,
+        mut stripes: Vec<PutStripe>,
+    ) -> Result<Vec<PutStripe>, ClientError> {
+        for (i, s) in stripes.iter_mut().enumerate() {
+            let object = object_path(share, id, i);
+            let mut missing = false;
+            for node in &s.reused {
+                let there = match self.session(node).await {
+                    Ok(c) => c.stat(STORE_SHARE, &object, false).await.is_ok(),
+                    Err(_) => false,
+                };
+                missing |= !there;
+            }
+            if missing {
+                tracing::info!(object, "a reused object is gone; uploading it again");
+                let range = stripe_range(size, config.stripe_bytes, i);
+                let placed = s.stripe.replicas.clone();
+                let want = usize::from(config.replicas);
+                let quiet = transfer_quiet();
+                *s = self
+                    .put_stripe(local, share, id, i, range, placed, want, quiet)
+                    .await?;
+            }
+        }
+        Ok(stripes)
     }
 
     /// Downloads the file `entry` (at `path` of `share`) to the local path `dest`,

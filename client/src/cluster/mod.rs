@@ -15,7 +15,8 @@
 //! - [`health`]: the progress deadline every stripe transfer runs under, and the
 //!   nodes suspect lately (read last, placed on last, for a while).
 //! - [`repair`]: re-replicating under-replicated stripes node to node, and
-//!   [`status`]: the nodes and the stripes' health.
+//!   [`status`]: the nodes and the stripes' health; [`gc`]: removing the objects
+//!   no layout names, once older than a grace period.
 //! - [`member`]: a node's registration under its lease (ferryd's side).
 
 pub mod auth_setup;
@@ -24,6 +25,7 @@ pub mod copy;
 pub mod etcd_config;
 pub mod etcd_connect;
 pub mod files;
+pub mod gc;
 pub mod health;
 pub mod locks;
 pub mod member;

@@ -28,8 +28,9 @@
 //! - entries change only by a compare-and-swap on their mod revision, so two writers
 //!   of one name end with one whole file, never a mix.
 //!
-//! [`placement`] chooses the nodes.
+//! [`placement`] chooses the nodes; [`gc`] decides which objects no layout names.
 
+pub mod gc;
 pub mod locks;
 pub mod placement;
 

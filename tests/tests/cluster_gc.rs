@@ -93,6 +93,35 @@ fn remove_entries(cluster: &Cluster, path: &str) {
     });
 }
 
+/// Waits until node `k` has closed every client connection (the killed rcp's): a
+/// commit it had sent is then done, so no object appears later.
+fn wait_sessions_closed(cluster: &Cluster, k: usize) {
+    let port = cluster.node_addr(k).rsplit_once(':').unwrap().1.to_owned();
+    let filter = format!("( sport = :{port} )");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut ss = cluster.command_in(k, "ss");
+        ss.args([
+            "-Htn",
+            "state",
+            "established",
+            "state",
+            "close-wait",
+            &filter,
+        ]);
+        let out = ferry_tests::run_tool(&mut ss, Duration::from_secs(10));
+        if out.stdout.trim().is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {k} keeps connections: {}",
+            out.stdout
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Starts an upload of `src` to `data/NAME` over slowed links and SIGKILLs it once
 /// at least one of its objects is on a node. Returns the objects it left (the fault
 /// fired: rcp was still running, objects exist, no entry was committed).
@@ -126,6 +155,7 @@ fn interrupted_upload(
     up.kill();
     for k in 1..=cluster.node_count() {
         cluster.limit_rate(k, 2_000_000_000);
+        wait_sessions_closed(cluster, k);
     }
     // No entry: the download fails.
     let none = cluster.dir().join(format!("none-{name}"));

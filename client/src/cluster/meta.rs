@@ -17,6 +17,7 @@ use ferry_common::msg::{ErrorKind, RemoteError};
 
 use super::etcd_config::{EtcdConfig, EtcdConfigError};
 use super::etcd_connect::{classify, connect_options, request_error, EtcdError};
+use super::tree_rename::{Delete, Guard, TreeKey, TreePlan, TreeRead};
 use crate::error::ClientError;
 
 /// How long connecting to etcd may take.
@@ -490,6 +491,126 @@ impl Meta {
             .txn(txn)
             .await
             .map_err(|e| self.err("renaming an entry", e))?;
+        Ok(if resp.succeeded() {
+            Commit::Done(resp.header().map(|h| h.revision()).unwrap_or_default())
+        } else {
+            Commit::Conflict
+        })
+    }
+
+    /// Directory `from` of `share` with every key below it, and the target `to`, read
+    /// at one revision (one transaction of reads): what [`plan_tree_rename`] plans from.
+    ///
+    /// [`plan_tree_rename`]: super::tree_rename::plan_tree_rename
+    pub async fn read_tree(
+        &self,
+        share: &str,
+        from: &str,
+        to: &str,
+    ) -> Result<TreeRead, ClientError> {
+        let (from_key, to_key) = (entry_key(share, from), entry_key(share, to));
+        let txn = Txn::new().and_then(vec![
+            TxnOp::get(from_key.clone(), None),
+            TxnOp::get(
+                children_prefix(share, from),
+                Some(GetOptions::new().with_prefix()),
+            ),
+            TxnOp::get(to_key, None),
+            TxnOp::get(
+                children_prefix(share, to),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            ),
+        ]);
+        let resp = self
+            .etcd
+            .clone()
+            .txn(txn)
+            .await
+            .map_err(|e| self.err("reading a directory to rename", e))?;
+        let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
+        let gets: Vec<etcd_client::GetResponse> = resp
+            .op_responses()
+            .into_iter()
+            .filter_map(|op| match op {
+                etcd_client::TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let [src, below, dst, dst_below] = <[_; 4]>::try_from(gets)
+            .map_err(|_| ClientError::Cluster("etcd: a short answer to four reads".into()))?;
+        let mut keys = Vec::with_capacity(1 + below.kvs().len());
+        let mut source = None;
+        for kv in src.kvs().iter().chain(below.kvs()) {
+            let key = kv.key_str().map_err(|_| {
+                ClientError::Cluster(format!("{share}/{from}: a key that is not UTF-8"))
+            })?;
+            let suffix = key.strip_prefix(&from_key).unwrap_or_default().to_owned();
+            if suffix.is_empty() {
+                source = Some(decode(kv.value(), from)?);
+            }
+            keys.push(TreeKey {
+                suffix,
+                revision: kv.mod_revision(),
+                value: kv.value().to_vec(),
+            });
+        }
+        let target = match dst.kvs().first() {
+            Some(kv) => Some((decode(kv.value(), to)?, kv.mod_revision())),
+            None => None,
+        };
+        Ok(TreeRead {
+            revision,
+            source,
+            keys,
+            target,
+            target_below: usize::try_from(dst_below.count()).unwrap_or(usize::MAX),
+        })
+    }
+
+    /// Sends the directory rename `plan` ([`super::tree_rename`]): one transaction;
+    /// [`Commit::Conflict`] if anything it compares changed since it was read.
+    pub async fn apply_tree(&self, plan: &TreePlan) -> Result<Commit, ClientError> {
+        let when: Vec<Compare> = plan
+            .guards
+            .iter()
+            .map(|g| match g {
+                Guard::Revision { key, revision } => {
+                    Compare::mod_revision(key.as_str(), CompareOp::Equal, *revision)
+                }
+                // A range compare holds only if it holds for every key in the range
+                // (and, for an empty range, for an absent key: mod revision 0).
+                Guard::NotChangedSince { prefix, revision } => {
+                    Compare::mod_revision(prefix.as_str(), CompareOp::Less, revision + 1)
+                        .with_prefix()
+                }
+                Guard::NoneBelow { prefix } => {
+                    Compare::version(prefix.as_str(), CompareOp::Equal, 0).with_prefix()
+                }
+                Guard::Exists { key } => Compare::version(key.as_str(), CompareOp::Greater, 0),
+            })
+            .collect();
+        let mut ops: Vec<TxnOp> = plan
+            .deletes
+            .iter()
+            .map(|d| match d {
+                Delete::Key(k) => TxnOp::delete(k.as_str(), None),
+                Delete::Prefix(p) => TxnOp::delete(
+                    p.as_str(),
+                    Some(etcd_client::DeleteOptions::new().with_prefix()),
+                ),
+            })
+            .collect();
+        ops.extend(
+            plan.puts
+                .iter()
+                .map(|(k, v)| TxnOp::put(k.as_str(), v.clone(), None)),
+        );
+        let resp = self
+            .etcd
+            .clone()
+            .txn(Txn::new().when(when).and_then(ops))
+            .await
+            .map_err(|e| self.err("renaming a directory", e))?;
         Ok(if resp.succeeded() {
             Commit::Done(resp.header().map(|h| h.revision()).unwrap_or_default())
         } else {

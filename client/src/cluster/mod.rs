@@ -32,6 +32,7 @@ pub mod member;
 pub mod meta;
 pub mod repair;
 pub mod status;
+pub mod tree_rename;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;

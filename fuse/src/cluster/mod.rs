@@ -28,6 +28,7 @@
 
 pub mod locks;
 pub mod names;
+mod rename;
 pub mod stripes;
 pub mod write;
 

@@ -135,6 +135,49 @@ impl Names {
         }
         self.paths.insert(id, (to.to_owned(), kind));
     }
+
+    /// Directory `from` was renamed to `to` with everything below it: every node id
+    /// of a path at or below `from` now stands for the same path below `to`; the ids
+    /// of paths at or below `to` (a replaced empty directory) stand for nothing; and
+    /// nothing cached about either subtree is kept.
+    pub fn rename_tree(&mut self, from: &str, to: &str) {
+        let moved = |p: &str| within(p, from).map(|rest| format!("{to}{rest}"));
+        self.entries
+            .retain(|p, _| within(p, from).is_none() && within(p, to).is_none());
+        self.missing
+            .retain(|p, _| within(p, from).is_none() && within(p, to).is_none());
+        let replaced: Vec<(String, u8)> = self
+            .ids
+            .keys()
+            .filter(|(p, _)| within(p, to).is_some())
+            .cloned()
+            .collect();
+        for key in replaced {
+            if let Some(id) = self.ids.remove(&key) {
+                self.paths.remove(&id);
+            }
+        }
+        let renamed: Vec<((String, u8), u64)> = self
+            .ids
+            .iter()
+            .filter(|((p, _), _)| within(p, from).is_some())
+            .map(|(k, id)| (k.clone(), *id))
+            .collect();
+        for ((path, t), id) in renamed {
+            self.ids.remove(&(path.clone(), t));
+            let new = moved(&path).expect("filtered above");
+            self.ids.insert((new.clone(), t), id);
+            if let Some((p, _)) = self.paths.get_mut(&id) {
+                *p = new;
+            }
+        }
+    }
+}
+
+/// The rest of `path` after `dir` if `path` is `dir` (`""`) or below it (`/...`).
+fn within<'p>(path: &'p str, dir: &str) -> Option<&'p str> {
+    let rest = path.strip_prefix(dir)?;
+    (rest.is_empty() || rest.starts_with('/')).then_some(rest)
 }
 
 #[cfg(test)]
@@ -206,5 +249,36 @@ mod tests {
         assert!(n.entry("a", t0, ttl).is_none());
         n.forget("c");
         assert!(!n.is_missing("c", t0, ttl));
+    }
+
+    #[test]
+    fn a_directory_rename_moves_every_id_below_it_and_drops_the_caches() {
+        let mut n = Names::new();
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(1);
+        let d = n.id("d", EntryKind::Dir);
+        let f = n.id("d/sub/f", EntryKind::File);
+        let sibling = n.id("dx/f", EntryKind::File);
+        let old_target = n.id("e", EntryKind::Dir);
+        n.store("d/sub/f", entry(EntryKind::File, 1), t0, ttl);
+        n.store("dx/f", entry(EntryKind::File, 2), t0, ttl);
+        n.store_missing("e/sub/f", t0, ttl);
+        n.rename_tree("d", "e");
+        assert_eq!(n.path(d), Some(("e".into(), EntryKind::Dir)));
+        assert_eq!(n.path(f), Some(("e/sub/f".into(), EntryKind::File)));
+        assert_eq!(n.id("e/sub/f", EntryKind::File), f);
+        assert_eq!(
+            n.path(old_target),
+            None,
+            "the replaced directory's id is gone"
+        );
+        assert_eq!(n.path(sibling), Some(("dx/f".into(), EntryKind::File)));
+        assert!(n.entry("d/sub/f", t0, ttl).is_none());
+        assert!(!n.is_missing("e/sub/f", t0, ttl), "found at the new place");
+        assert!(
+            n.entry("dx/f", t0, ttl).is_some(),
+            "a like-named sibling stays"
+        );
+        assert_ne!(n.id("d/sub/f", EntryKind::File), f, "the old path is new");
     }
 }

@@ -14,7 +14,8 @@
 //!
 //! Invariants: a file written through the mount is visible to others only once a
 //! close or fsync published it, whole; every path the mount changes is dropped from
-//! its entry cache; a directory is never renamed (EXDEV: `mv` copies and removes).
+//! its entry cache; a directory is renamed with everything below it in one transaction
+//! ([`super::rename`]).
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
@@ -36,7 +37,7 @@ use crate::nodes::join;
 use crate::remote::{errno_of, lock, OpError};
 
 /// Compare-and-swap attempts before a change gives up (others kept changing it).
-const TRIES: usize = 10;
+pub(super) const TRIES: usize = 10;
 
 /// What a writable cluster mount needs besides the read path.
 pub struct Writer {
@@ -189,14 +190,14 @@ fn now() -> Timestamp {
 
 impl Inner {
     /// The writer, or EROFS on a read-only mount.
-    fn writer(&self) -> Result<&Writer, OpError> {
+    pub(super) fn writer(&self) -> Result<&Writer, OpError> {
         self.writer
             .as_ref()
             .ok_or_else(|| OpError::new(Errno::EROFS, "the mount is read-only"))
     }
 
     /// Forgets the cached entry of mount-relative `path` (changed here).
-    fn forget(&self, path: &str) {
+    pub(super) fn forget(&self, path: &str) {
         lock(&self.names).forget(path);
     }
 
@@ -218,7 +219,11 @@ impl Inner {
     }
 
     /// The path of `name` in directory node `parent`, mount- and share-relative.
-    fn child(&self, parent: INodeNo, name: &std::ffi::OsStr) -> Result<(String, String), OpError> {
+    pub(super) fn child(
+        &self,
+        parent: INodeNo,
+        name: &std::ffi::OsStr,
+    ) -> Result<(String, String), OpError> {
         let (dir, _) = self.path_of(parent)?;
         let path = join(&dir, utf8(name)?);
         let sp = self.share_path(&path);
@@ -583,85 +588,6 @@ impl Inner {
         Err(OpError::new(
             Errno::EIO,
             format!("{sp}: changed by others {TRIES} times in a row"),
-        ))
-    }
-
-    /// Renames a file or symlink in one etcd transaction (a directory: EXDEV, so
-    /// `mv` copies and removes); a replaced file's objects are removed afterwards.
-    pub(super) async fn rename(
-        &self,
-        parent: INodeNo,
-        name: &std::ffi::OsStr,
-        newparent: INodeNo,
-        newname: &std::ffi::OsStr,
-        flags: u32,
-    ) -> Result<(), OpError> {
-        let w = self.writer()?;
-        if flags & nix::libc::RENAME_EXCHANGE != 0 {
-            return Err(OpError::new(
-                Errno::EINVAL,
-                "RENAME_EXCHANGE is not supported",
-            ));
-        }
-        let noreplace = flags & nix::libc::RENAME_NOREPLACE != 0;
-        let (from, from_sp) = self.child(parent, name)?;
-        let (to, to_sp) = self.child(newparent, newname)?;
-        let meta = self.nodes.meta();
-        for _ in 0..TRIES {
-            let Some(src) = self
-                .etcd(&from_sp, meta.entry(&self.share, &from_sp))
-                .await?
-            else {
-                self.forget(&from);
-                return Err(OpError::new(Errno::ENOENT, from_sp));
-            };
-            if src.entry.kind == EntryKind::Dir {
-                return Err(OpError::new(
-                    Errno::EXDEV,
-                    format!("{from_sp}: directories are not renamed on a cluster mount"),
-                ));
-            }
-            if from_sp == to_sp {
-                return Ok(());
-            }
-            let dst = self.etcd(&to_sp, meta.entry(&self.share, &to_sp)).await?;
-            if let Some(d) = &dst {
-                if noreplace {
-                    return Err(OpError::new(Errno::EEXIST, to_sp));
-                }
-                if d.entry.kind == EntryKind::Dir {
-                    return Err(OpError::new(Errno::EISDIR, to_sp));
-                }
-            }
-            let to_rev = dst.as_ref().map_or(0, |d| d.revision);
-            let done = self
-                .etcd(
-                    &to_sp,
-                    meta.rename(
-                        &self.share,
-                        &from_sp,
-                        src.revision,
-                        &to_sp,
-                        to_rev,
-                        &src.entry,
-                    ),
-                )
-                .await?;
-            if let Commit::Done(_) = done {
-                lock(&self.names).rename(&from, &to, src.entry.kind);
-                let kept = src.entry.layout.as_ref().map(|l| l.id.as_str());
-                if let Some(old) = dst
-                    .and_then(|d| d.entry.layout)
-                    .filter(|l| Some(l.id.as_str()) != kept)
-                {
-                    w.cluster.remove_unshared(&self.share, &old).await;
-                }
-                return Ok(());
-            }
-        }
-        Err(OpError::new(
-            Errno::EIO,
-            format!("{from_sp} -> {to_sp}: changed by others {TRIES} times in a row"),
         ))
     }
 }

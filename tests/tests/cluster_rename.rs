@@ -323,3 +323,63 @@ fn a_directory_rename_fails_when_its_subtree_changed_after_the_read() {
         assert_eq!(below, ["e/s", "e/s/l"]);
     });
 }
+
+/// A file renamed while it is open for writing through the mount publishes at its new
+/// name at close, with every byte written before and after the rename; the old name
+/// stays gone (before, the close published it again under the old name).
+#[test]
+fn a_file_renamed_while_open_for_writing_publishes_at_its_new_name() {
+    let name = "a_file_renamed_while_open_for_writing_publishes_at_its_new_name";
+    if skip_without_cluster(name) || skip_without_fuse(name) {
+        return;
+    }
+    let cluster = Cluster::start_with_share(2, "data", 1, 1);
+    let mount = Mount::start(cluster.url("data", ""));
+    let mut f = fs::File::create(mount.join("log")).unwrap();
+    std::io::Write::write_all(&mut f, b"before\n").unwrap();
+    // Published (fsync publishes), so the rename moves an entry in etcd.
+    f.sync_all().unwrap();
+    fs::rename(mount.join("log"), mount.join("log.1")).unwrap();
+    std::io::Write::write_all(&mut f, b"after\n").unwrap();
+    drop(f);
+    assert_eq!(fs::read(mount.join("log.1")).unwrap(), b"before\nafter\n");
+    let back = cluster.dir().join("back");
+    rcp(rcp_args![cluster.url("data", "log.1"), &back]).assert_success();
+    assert_eq!(fs::read(&back).unwrap(), b"before\nafter\n");
+    let old = cluster.dir().join("old");
+    rcp(rcp_args![cluster.url("data", "log"), &old]).assert_failure();
+    assert!(
+        fs::metadata(mount.join("log")).is_err(),
+        "the old name came back at close"
+    );
+}
+
+/// A file created through the mount and renamed before its first close (not published
+/// yet) publishes at its new name only.
+#[test]
+fn a_new_file_renamed_before_its_close_publishes_at_its_new_name_only() {
+    let name = "a_new_file_renamed_before_its_close_publishes_at_its_new_name_only";
+    if skip_without_cluster(name) || skip_without_fuse(name) {
+        return;
+    }
+    let cluster = Cluster::start_with_share(2, "data", 1, 1);
+    let mount = Mount::start(cluster.url("data", ""));
+    let mut f = fs::File::create(mount.join("tmp")).unwrap();
+    std::io::Write::write_all(&mut f, b"one\n").unwrap();
+    fs::rename(mount.join("tmp"), mount.join("final")).unwrap();
+    std::io::Write::write_all(&mut f, b"two\n").unwrap();
+    drop(f);
+    assert_eq!(fs::read(mount.join("final")).unwrap(), b"one\ntwo\n");
+    assert!(
+        fs::metadata(mount.join("tmp")).is_err(),
+        "the old name exists"
+    );
+    let back = cluster.dir().join("back");
+    rcp(rcp_args![cluster.url("data", "final"), &back]).assert_success();
+    assert_eq!(fs::read(&back).unwrap(), b"one\ntwo\n");
+    rcp(rcp_args![
+        cluster.url("data", "tmp"),
+        cluster.dir().join("old")
+    ])
+    .assert_failure();
+}

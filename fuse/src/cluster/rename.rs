@@ -54,6 +54,10 @@ impl Inner {
                 .etcd(&from_sp, meta.entry(&self.share, &from_sp))
                 .await?
             else {
+                if self.staged_at(&from).is_some() {
+                    // Created here and not published yet: it moves where it will be.
+                    return self.rename_unpublished(&from, &to, noreplace).await;
+                }
                 self.forget(&from);
                 return Err(OpError::new(Errno::ENOENT, from_sp));
             };
@@ -109,6 +113,7 @@ impl Inner {
             return Ok(false);
         }
         lock(&self.names).rename(from, to, src.entry.kind);
+        self.follow_rename(from, to);
         let kept = src.entry.layout.as_ref().map(|l| l.id.as_str());
         if let Some(old) = dst
             .and_then(|d| d.entry.layout)
@@ -147,13 +152,52 @@ impl Inner {
         Ok(true)
     }
 
+    /// Renames file `from`, created through this mount and not published yet: its
+    /// handles publish at `to` (whose entry, if any, their publication replaces).
+    async fn rename_unpublished(
+        &self,
+        from: &str,
+        to: &str,
+        noreplace: bool,
+    ) -> Result<(), OpError> {
+        let to_sp = self.share_path(to);
+        let meta = self.nodes.meta();
+        let dst = self.etcd(&to_sp, meta.entry(&self.share, &to_sp)).await?;
+        match dst {
+            Some(_) if noreplace => return Err(OpError::new(Errno::EEXIST, to_sp)),
+            Some(d) if d.entry.kind == EntryKind::Dir => {
+                return Err(OpError::new(Errno::EISDIR, to_sp))
+            }
+            _ => {}
+        }
+        lock(&self.names).rename(from, to, EntryKind::File);
+        self.follow_rename(from, to);
+        self.forget(from);
+        self.forget(to);
+        Ok(())
+    }
+
+    /// File `from` (mount path) is now `to`: its handles open for writing here publish
+    /// there from now on, and the newest of them holds `to`'s attributes.
+    fn follow_rename(&self, from: &str, to: &str) {
+        for s in lock(&self.writes).values() {
+            if s.path() == from {
+                s.move_to(to);
+            }
+        }
+        let mut staged = lock(&self.staged);
+        if let Some(s) = staged.remove(from) {
+            staged.insert(to.to_owned(), s);
+        }
+    }
+
     /// EBUSY if a file at or below directory `dir` (mount path) is open for writing
     /// through this mount: its staged version would be published under the old name.
     fn refuse_staged_below(&self, dir: &str) -> Result<(), OpError> {
         let open = lock(&self.writes)
             .values()
-            .find(|s| is_within(&s.path, dir))
-            .map(|s| s.path.clone());
+            .map(|s| s.path())
+            .find(|p| is_within(p, dir));
         match open {
             Some(path) => Err(OpError::new(
                 Errno::EBUSY,

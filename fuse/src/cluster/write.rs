@@ -21,7 +21,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use ferry_client::cluster::meta::Commit;
@@ -68,8 +68,10 @@ impl Writer {
 
 /// One handle open for writing: its staging file.
 pub struct Staged {
-    /// Mount-relative path.
-    pub path: String,
+    /// Mount-relative path: where it is published. A rename of the file through this
+    /// mount moves it ([`Staged::move_to`]), so it is never published under a name
+    /// it no longer has.
+    path: Mutex<String>,
     /// The staging file.
     pub local: PathBuf,
     file: File,
@@ -83,6 +85,16 @@ pub struct Staged {
 }
 
 impl Staged {
+    /// Mount-relative path it publishes to.
+    pub fn path(&self) -> String {
+        lock(&self.path).clone()
+    }
+
+    /// The file was renamed to mount path `to`.
+    pub fn move_to(&self, to: &str) {
+        *lock(&self.path) = to.to_owned();
+    }
+
     /// The entry this handle would publish now (no layout yet).
     pub fn entry(&self) -> Result<Entry, OpError> {
         let md = self
@@ -276,7 +288,7 @@ impl Inner {
         opener: Option<u32>,
     ) {
         let staged = Arc::new(Staged {
-            path: path.clone(),
+            path: Mutex::new(path.clone()),
             local,
             file,
             dirty: AtomicBool::new(dirty),
@@ -378,7 +390,8 @@ impl Inner {
         if !staged.dirty.swap(false, Ordering::SeqCst) {
             return Ok(());
         }
-        let sp = self.share_path(&staged.path);
+        let path = staged.path();
+        let sp = self.share_path(&path);
         let put = async {
             w.cluster.refresh_nodes().await?;
             w.cluster
@@ -386,7 +399,7 @@ impl Inner {
                 .await
         };
         let got = put.await;
-        self.forget(&staged.path);
+        self.forget(&path);
         match got {
             Ok(_) => Ok(()),
             Err(e) => {
@@ -406,12 +419,10 @@ impl Inner {
             tracing::warn!("release: {}", e.message);
         }
         {
+            let path = staged.path();
             let mut map = lock(&self.staged);
-            if map
-                .get(&staged.path)
-                .is_some_and(|s| Arc::ptr_eq(s, &staged))
-            {
-                map.remove(&staged.path);
+            if map.get(&path).is_some_and(|s| Arc::ptr_eq(s, &staged)) {
+                map.remove(&path);
             }
         }
         let _ = std::fs::remove_file(&staged.local);
@@ -450,7 +461,7 @@ impl Inner {
             let fetch = (size > 0).then_some(&*entry);
             let (local, file) = self.stage(fh, &sp, fetch, entry.mode).await?;
             let staged = Staged {
-                path: path.clone(),
+                path: Mutex::new(path.clone()),
                 local,
                 file,
                 dirty: AtomicBool::new(false),

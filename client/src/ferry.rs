@@ -169,7 +169,7 @@ enum Command {
         nodes: NodeArgs,
         /// Keep unnamed objects changed within this long (`0`, `90m`, `24h`, `7d`):
         /// an upload in flight writes its objects before it commits their layout.
-        /// Shorter than the longest upload is unsafe.
+        /// Shorter than the longest upload could collect an upload still in flight.
         #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_grace)]
         grace: Duration,
         /// List what would be removed; remove nothing.

@@ -1063,9 +1063,10 @@ impl Inner {
         Ok(attr)
     }
 
-    /// `setattr`: on a `posix` session with no descriptor open for writing here,
-    /// times go by `SetTimes` (the server's now for `UTIME_NOW`, whose permission rule
-    /// differs from a given time's) after the rest; else as [`Inner::setattr`].
+    /// `setattr`: on a `posix` session, times go by `SetTimes` (the server's now for
+    /// `UTIME_NOW`, whose permission rule differs from a given time's) after the rest,
+    /// unless the file is open for writing here and not yet named on the server;
+    /// else as [`Inner::setattr`].
     async fn setattr_posix(
         &self,
         ino: INodeNo,
@@ -1076,6 +1077,14 @@ impl Inner {
         let posix = self.remote.conn().await?.client.has_posix();
         if !times || !posix {
             return self.setattr(ino, attrs).await;
+        }
+        // A descriptor open for writing here: its cached bytes land first, and its
+        // view (what `getattr` answers while it is open) takes the new times after.
+        let wf = self.wfile(ino.0);
+        if let Some(wf) = &wf {
+            if !wf.ready_for_times().await? {
+                return self.setattr(ino, attrs).await;
+            }
         }
         let all = attrs;
         (attrs.atime, attrs.mtime) = (None, None);
@@ -1102,6 +1111,9 @@ impl Inner {
             }
             got => got?,
         };
+        if let Some(wf) = &wf {
+            wf.times_set(&attr);
+        }
         lock(&self.nodes).store_attr(&path, attr.clone(), Instant::now());
         Ok(attr)
     }

@@ -561,6 +561,30 @@ impl WriteFile {
         Ok(self.settle(attr))
     }
 
+    /// Before times are set by path (`SetTimes`) while this handle is open: what is
+    /// cached is written back first, so no later write-back of bytes written before
+    /// the change moves the mtime past it. False when the file has no name of its own
+    /// on the server yet (staged, or not opened there): a change by path would miss it
+    /// (or change the file it replaces), so its times must go with its handle.
+    pub async fn ready_for_times(self: &Arc<Self>) -> Result<bool, OpError> {
+        self.check()?;
+        let mut st = self.state.lock().await;
+        if matches!(st.opened, Opened::Deferred(_)) || st.staged {
+            return Ok(false);
+        }
+        self.settle_all(&mut st).await?;
+        Ok(true)
+    }
+
+    /// The times the server answered a change by path with (see
+    /// [`WriteFile::ready_for_times`]): this handle's view shows them from now on.
+    pub fn times_set(&self, attr: &Attr) {
+        let mut v = lock(&self.view);
+        v.attr.atime = attr.atime;
+        v.attr.mtime = attr.mtime;
+        v.attr.ctime = attr.ctime;
+    }
+
     /// [`WriteFile::write`] with the state lock held.
     async fn write_locked(
         self: &Arc<Self>,

@@ -1064,6 +1064,43 @@ mount_test!(ops_chmod_chown_utimens, |env| {
     assert_clean_unmount(mount);
 });
 
+// Times set by path while a descriptor of this mount holds the file open for
+// writing, with bytes still in its write-back cache: `fstat`/`stat` through the mount
+// show the new times while the descriptor is open (it answers them), and the cached
+// bytes, written before, do not move the mtime when they reach the server at close
+// (`cp -p`'s order: write, set times, close).
+mount_test!(
+    times_set_while_open_for_writing_show_at_once_and_survive_the_close,
+    |env| {
+        fs::write(env.share("f"), b"old").unwrap();
+        let mount = mount_rw(&env);
+        let m = mount.join("f");
+        let mut held = OpenOptions::new().write(true).open(&m).unwrap();
+        held.write_all(b"new bytes, cached").unwrap();
+        run_ok(
+            Command::new("touch")
+                .args(["-m", "-d", "2001-02-03 04:05:06 UTC"])
+                .arg(&m),
+            "touch -d while open",
+        );
+        assert_eq!(mtime_of(&m), 981_173_106, "stat while the writer is open");
+        assert_eq!(
+            held.metadata().unwrap().mtime(),
+            981_173_106,
+            "fstat of the writer"
+        );
+        drop(held);
+        assert_file_is(&env.share("f"), b"new bytes, cached", "after the close");
+        assert_eq!(
+            mtime_of(&env.share("f")),
+            981_173_106,
+            "server mtime after close"
+        );
+        assert_eq!(mtime_of(&m), 981_173_106, "mount mtime after close");
+        assert_clean_unmount(mount);
+    }
+);
+
 mount_test!(ops_fallocate, |env| {
     if skip_without_tool("ops_fallocate", "fallocate") {
         return;

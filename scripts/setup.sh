@@ -54,6 +54,8 @@ PACKAGES=(
     # cluster mode's metadata store, started by the tests and the benchmark
     # (tests/tests/cluster.rs, bench cluster job) on ports of their own
     etcd-server
+    # etcdctl, which restores a saved etcd snapshot (tests/tests/cluster_snapshot.rs)
+    etcd-client
     # network namespaces, veth pairs and tc shaping for the cluster tests
     iproute2
     # certificates for the TLS etcd of the cluster tests (tests/src/certs.rs)

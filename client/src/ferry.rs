@@ -176,6 +176,17 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Save the cluster's metadata (etcd's whole database: shares, namespaces, layouts,
+    /// backup snapshots, members) to FILE, consistent at one revision. Restore it into
+    /// a fresh etcd with `etcdctl snapshot restore FILE` (etcd 3.4; `etcdutl` from
+    /// 3.5): see docs/cluster.md, "Saving and restoring the metadata". With etcd's
+    /// authentication on, connect as its root user.
+    EtcdSnapshot {
+        #[command(flatten)]
+        common: Common,
+        /// Where to save it (written whole under a hidden name, then renamed).
+        file: PathBuf,
+    },
     /// Turn on etcd's authentication with Ferry's roles: users root, ferry-admin
     /// (writes everything under /ferry/, e.g. shares), ferry-node (writes
     /// /ferry/nodes/ and /ferry/members/) and ferry-client (writes /ferry/ns/ and
@@ -262,7 +273,26 @@ async fn run(command: Command) -> Result<u8, ClientError> {
             common,
             password_dir,
         } => auth_setup_cmd(common, &password_dir).await,
+        Command::EtcdSnapshot { common, file } => etcd_snapshot_cmd(common, &file).await,
     }
+}
+
+/// `ferry cluster etcd-snapshot`.
+async fn etcd_snapshot_cmd(common: Common, file: &std::path::Path) -> Result<u8, ClientError> {
+    let meta = ferry_client::cluster::Meta::connect(&common.etcd()?).await?;
+    let r = ferry_client::cluster::snapshot::save(&meta, file).await?;
+    if common.json {
+        println!("{}", serde_json::to_string(&r).expect("report serialises"));
+    } else {
+        println!(
+            "saved {} bytes of etcd {} at revision {} to {}",
+            r.bytes,
+            r.etcd_version,
+            r.revision,
+            r.path.display()
+        );
+    }
+    Ok(0)
 }
 
 /// `ferry cluster auth-setup`.

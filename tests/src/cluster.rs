@@ -694,6 +694,16 @@ impl Cluster {
         self.etcd.restart().unwrap_or_else(|e| panic!("{e}"));
     }
 
+    /// Restores etcd from `snapshot` (`ferry cluster etcd-snapshot`'s file) into a fresh
+    /// data dir with `etcdctl snapshot restore`, on the same ports; waits until it is
+    /// healthy.
+    #[track_caller]
+    pub fn restore_etcd(&mut self, snapshot: &Path) {
+        self.etcd
+            .restore(snapshot)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
     /// Shapes node `k`'s link to `bytes_per_sec` each way (`tc` tbf at both ends of
     /// its veth; see `netns.rs` for the bucket and queue sizes).
     #[track_caller]

@@ -36,6 +36,14 @@ const HEALTH_IO_TIMEOUT: Duration = Duration::from_secs(2);
 /// How many port pairs a first start tries.
 const PORT_TRIES: usize = 5;
 
+/// The `etcdctl` that restores snapshots: `$FERRY_ETCDCTL`, else `/usr/bin/etcdctl`
+/// (Debian's etcd-client).
+pub fn etcdctl_program() -> PathBuf {
+    std::env::var_os("FERRY_ETCDCTL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/etcdctl"))
+}
+
 /// The etcd binary: `$FERRY_ETCD` if set, else `etcd` on `$PATH`, else `/usr/bin/etcd`.
 pub fn etcd_program() -> PathBuf {
     if let Some(path) = std::env::var_os("FERRY_ETCD") {
@@ -155,6 +163,42 @@ impl Etcd {
         let child = self.command(log)?;
         self.child = Some(child);
         self.wait_healthy().inspect_err(|_| self.kill())
+    }
+
+    /// SIGKILLs etcd, replaces its data dir by one restored from `snapshot` with
+    /// `etcdctl snapshot restore` (as docs/cluster.md tells an administrator: the same
+    /// member name, peer URL and cluster token), and starts it again on the same ports.
+    /// The old data dir is kept beside it (`etcd.before-restore`).
+    pub(crate) fn restore(&mut self, snapshot: &Path) -> Result<(), String> {
+        self.kill();
+        let old = self.data_dir.with_extension("before-restore");
+        fs::rename(&self.data_dir, &old)
+            .map_err(|e| format!("cannot move {} aside: {e}", self.data_dir.display()))?;
+        let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
+        let out = Command::new(etcdctl_program())
+            .env("ETCDCTL_API", "3")
+            .args(["snapshot", "restore"])
+            .arg(snapshot)
+            .arg("--name")
+            .arg(&self.name)
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--initial-cluster")
+            .arg(format!("{}={peer_url}", self.name))
+            .arg("--initial-cluster-token")
+            .arg(&self.name)
+            .arg("--initial-advertise-peer-urls")
+            .arg(&peer_url)
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", etcdctl_program().display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "etcdctl snapshot restore failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        self.restart()
     }
 
     fn command(&self, log: File) -> Result<Child, String> {

@@ -18,6 +18,7 @@
 //!   [`status`]: the nodes and the stripes' health; [`gc`]: removing the objects
 //!   no layout names, once older than a grace period.
 //! - [`member`]: a node's registration under its lease (ferryd's side).
+//! - [`snapshot`]: etcd's database saved to a file (`ferry cluster etcd-snapshot`).
 
 pub mod auth_setup;
 pub mod backup;
@@ -31,6 +32,7 @@ pub mod locks;
 pub mod member;
 pub mod meta;
 pub mod repair;
+pub mod snapshot;
 pub mod status;
 pub mod tree_rename;
 

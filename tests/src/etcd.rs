@@ -44,6 +44,22 @@ pub fn etcdctl_program() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/usr/bin/etcdctl"))
 }
 
+/// Prints why `test` is skipped and returns true where [`etcdctl_program`] is missing;
+/// under CI (which installs it, `scripts/setup.sh`) panics instead.
+pub fn skip_without_etcdctl(test: &str) -> bool {
+    let etcdctl = etcdctl_program();
+    if etcdctl.is_file() {
+        return false;
+    }
+    let why = format!("no etcdctl at {} (etcd-client)", etcdctl.display());
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test}: cannot run under CI: {why}"
+    );
+    eprintln!("{test}: skipped: {why}");
+    true
+}
+
 /// The etcd binary: `$FERRY_ETCD` if set, else `etcd` on `$PATH`, else `/usr/bin/etcd`.
 pub fn etcd_program() -> PathBuf {
     if let Some(path) = std::env::var_os("FERRY_ETCD") {

@@ -84,7 +84,9 @@ pub use cluster::{
     NodeMode, NodeSpec, StoppedNode, FERRY_TIMEOUT, LEASE_TTL, MAX_NODES, NODE_PORT, PLAIN_SHARE,
 };
 pub use env::{Env, EnvBuilder, DEFAULT_SHARE};
-pub use etcd::{etcd_healthy, etcd_program, etcdctl_program, Etcd, ETCD_STARTUP_TIMEOUT};
+pub use etcd::{
+    etcd_healthy, etcd_program, etcdctl_program, skip_without_etcdctl, Etcd, ETCD_STARTUP_TIMEOUT,
+};
 pub use files::{
     assert_entries, assert_files_equal, assert_no_temp_files, assert_only_resumable_temp_files,
     assert_same_bytes, assert_same_mode_and_mtime, byte_difference, first_difference,

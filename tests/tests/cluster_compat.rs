@@ -71,24 +71,13 @@ fn unpack_store(cluster: &Cluster, k: usize) {
     assert!(st.success(), "tar -xzf {}", archive.display());
 }
 
-fn etcdctl_present(test: &str) -> bool {
-    let etcdctl = ferry_tests::etcdctl_program();
-    if etcdctl.is_file() {
-        return true;
-    }
-    let why = format!("no etcdctl at {} (etcd-client)", etcdctl.display());
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{test}: cannot run under CI: {why}"
-    );
-    eprintln!("{test}: skipped: {why}");
-    false
-}
-
 #[test]
 fn a_cluster_written_by_the_previous_release_reads_back_and_takes_writes() {
     let test = "a_cluster_written_by_the_previous_release_reads_back_and_takes_writes";
-    if skip_without_cluster(test) || !etcdctl_present(test) || skip_without_fuse(test) {
+    if skip_without_cluster(test)
+        || ferry_tests::skip_without_etcdctl(test)
+        || skip_without_fuse(test)
+    {
         return;
     }
     let mut cluster = Cluster::start_with_share(2, "data", 2, 1);

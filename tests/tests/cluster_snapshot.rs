@@ -16,20 +16,6 @@ use ferry_tests::{
     Cluster, MIB,
 };
 
-fn etcdctl_present(test: &str) -> bool {
-    let etcdctl = ferry_tests::etcdctl_program();
-    if etcdctl.is_file() {
-        return true;
-    }
-    let why = format!("no etcdctl at {} (etcd-client)", etcdctl.display());
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{test}: cannot run under CI: {why}"
-    );
-    eprintln!("{test}: skipped: {why}");
-    false
-}
-
 fn entries_in(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
@@ -42,7 +28,7 @@ fn entries_in(dir: &Path) -> Vec<String> {
 #[test]
 fn metadata_saved_and_restored_into_a_fresh_etcd_reads_back_every_file() {
     let test = "metadata_saved_and_restored_into_a_fresh_etcd_reads_back_every_file";
-    if skip_without_cluster(test) || !etcdctl_present(test) {
+    if skip_without_cluster(test) || ferry_tests::skip_without_etcdctl(test) {
         return;
     }
     let mut cluster = Cluster::start_with_share(2, "data", 2, 1);

@@ -144,6 +144,10 @@ pub struct Server {
     partial_ttl: Duration,
     /// The cluster this server is a node of.
     cluster: Option<config::ClusterNode>,
+    /// Its etcd, connected at the first `Replicate` and shared by every later one
+    /// (etcd's client reconnects by itself; one connection per process).
+    #[cfg(feature = "cluster")]
+    cluster_meta: tokio::sync::OnceCell<ferry_client::cluster::Meta>,
     /// Every session's file locks (the `locks` capability).
     locks: std::sync::Mutex<ferry_common::locks::LockTable>,
     /// The id the next connection's locks are held under.
@@ -188,6 +192,8 @@ impl Server {
             started: SystemTime::now(),
             partial_ttl: config.partial_ttl,
             cluster: config.cluster.clone(),
+            #[cfg(feature = "cluster")]
+            cluster_meta: tokio::sync::OnceCell::new(),
             locks: std::sync::Mutex::new(ferry_common::locks::LockTable::new()),
             next_lock_session: AtomicU64::new(1),
         }))
@@ -207,6 +213,18 @@ impl Server {
     /// The cluster this server is a storage node of, if any.
     pub fn cluster(&self) -> Option<&config::ClusterNode> {
         self.cluster.as_ref()
+    }
+
+    /// The etcd of `node` (this server's [`Server::cluster`]; see `cluster_meta`):
+    /// connected on first use, then shared.
+    #[cfg(feature = "cluster")]
+    pub(crate) async fn cluster_meta(
+        &self,
+        node: &config::ClusterNode,
+    ) -> Result<&ferry_client::cluster::Meta, ferry_client::ClientError> {
+        self.cluster_meta
+            .get_or_try_init(|| ferry_client::cluster::Meta::connect(&node.etcd))
+            .await
     }
 
     /// The encryption policy of share `name` (its own, else the configuration's

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferry_client::cluster::health::{self, HealthPolicy};
-use ferry_client::cluster::{split_addr, Meta};
+use ferry_client::cluster::split_addr;
 use ferry_client::transfer::{download_range, Assembly};
 use ferry_client::{ClientError, Credentials};
 use ferry_common::cluster::{ObjectPath, STORE_SHARE};
@@ -81,7 +81,9 @@ pub(super) async fn replicate(
     }
     let local_share = conn.share(share)?;
     let wanted = admit(&local_share, path, size, manifest)?;
-    let meta = Meta::connect(&node.etcd)
+    let meta = conn
+        .server
+        .cluster_meta(node)
         .await
         .map_err(|e| refuse(ErrorKind::Io, format!("cluster metadata: {e}")))?;
     let nodes = meta

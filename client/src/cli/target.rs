@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use ferry_client::cluster::{self, copy::ClusterPath, Cluster, EtcdArgs};
 use ferry_client::error::ClientError;
 use ferry_client::location::{self, Location};
 use ferry_client::{Client, Credentials};
@@ -44,4 +45,32 @@ pub async fn open(
     let client = Client::connect_with(&remote.host, remote.port, transport, credentials).await?;
     client.authenticate(&remote.share).await?;
     Ok((client, remote.share, remote.path))
+}
+
+/// Connects to the cluster a `cluster://ETCD/SHARE/PATH` `target` names (etcd's
+/// settings from `etcd`, the nodes' as [`open`]'s); returns it and the parsed target.
+/// A target that is not a `cluster://` URL is a usage error.
+pub async fn open_cluster(
+    target: &str,
+    etcd: &EtcdArgs,
+    Connect {
+        transport,
+        hash,
+        encryption,
+    }: Connect,
+    secret_file: Option<&Path>,
+) -> Result<(Cluster, ClusterPath), ClientError> {
+    let parsed = cluster::copy::parse(target)
+        .ok_or_else(|| ClientError::Usage(format!("{target}: not a cluster:// URL")))??;
+    let credentials = Credentials::from_file_or_env(secret_file)?
+        .with_hash(hash)
+        .with_encryption(encryption);
+    let etcd = etcd.resolve(Some(vec![parsed.etcd.clone()]))?;
+    let cluster = Cluster::connect(&etcd, transport, credentials).await?;
+    Ok((cluster, parsed))
+}
+
+/// True if `target` names a cluster (`cluster://...`).
+pub fn is_cluster(target: &str) -> bool {
+    target.starts_with("cluster://")
 }

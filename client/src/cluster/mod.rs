@@ -17,6 +17,8 @@
 //! - [`repair`]: re-replicating under-replicated stripes node to node, and
 //!   [`status`]: the nodes and the stripes' health; [`gc`]: removing the objects
 //!   no layout names, once older than a grace period.
+//! - [`backup`]: `rcp backup` into a cluster share, and [`snapshots`]: listing and
+//!   verifying its snapshots.
 //! - [`member`]: a node's registration under its lease (ferryd's side).
 
 pub mod auth_setup;
@@ -31,6 +33,7 @@ pub mod locks;
 pub mod member;
 pub mod meta;
 pub mod repair;
+pub mod snapshots;
 pub mod status;
 pub mod tree_rename;
 

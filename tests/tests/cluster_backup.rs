@@ -70,6 +70,19 @@ fn snapshot_name(target: &serde_json::Value) -> String {
     path.rsplit('/').next().unwrap().to_owned()
 }
 
+/// A cluster of `nodes` with share `data` (`replicas`, 1 MiB stripes), and a local
+/// directory holding the source directory `src` with the directories `dirs`; returns
+/// (cluster, local directory, source).
+fn cluster_and_source(nodes: usize, replicas: u8, dirs: &[&str]) -> (Cluster, PathBuf, PathBuf) {
+    let cluster = Cluster::start_with_share(nodes, "data", replicas, 1);
+    let local = cluster.dir().join("local");
+    let src = local.join("src");
+    for d in dirs {
+        std::fs::create_dir_all(src.join(d)).unwrap();
+    }
+    (cluster, local, src)
+}
+
 /// The JSON value (an array too) on `stdout`.
 fn json_of(stdout: &str) -> serde_json::Value {
     serde_json::from_str(stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
@@ -90,10 +103,7 @@ fn cluster_snapshots_are_listed_and_verified_by_their_nodes() {
     if skip_without_cluster("cluster_snapshots_are_listed_and_verified_by_their_nodes") {
         return;
     }
-    let cluster = Cluster::start_with_share(3, "data", 2, 1);
-    let local = cluster.dir().join("local");
-    let src = local.join("src");
-    std::fs::create_dir_all(src.join("d")).unwrap();
+    let (cluster, local, src) = cluster_and_source(3, 2, &["d"]);
     write_random_file(&src.join("big"), 2 * MIB + 5, 91);
     write_random_file(&src.join("d/small"), 700, 92);
     std::os::unix::fs::symlink("d/small", src.join("link")).unwrap();
@@ -191,11 +201,7 @@ fn cluster_dry_runs_write_nothing_and_rules_choose_the_files() {
     if skip_without_cluster("cluster_dry_runs_write_nothing_and_rules_choose_the_files") {
         return;
     }
-    let cluster = Cluster::start_with_share(2, "data", 2, 1);
-    let local = cluster.dir().join("local");
-    let src = local.join("src");
-    std::fs::create_dir_all(src.join("cache")).unwrap();
-    std::fs::create_dir_all(src.join("d")).unwrap();
+    let (cluster, local, src) = cluster_and_source(2, 2, &["cache", "d"]);
     write_random_file(&src.join("big"), MIB + 3, 1);
     write_random_file(&src.join("keep.log"), 100, 2);
     write_random_file(&src.join("drop.log"), 200, 3);
@@ -301,10 +307,7 @@ fn one_run_backs_up_to_a_cluster_and_a_node() {
     if skip_without_cluster("one_run_backs_up_to_a_cluster_and_a_node") {
         return;
     }
-    let cluster = Cluster::start_with_share(2, "data", 1, 1);
-    let local = cluster.dir().join("local");
-    let src = local.join("src");
-    std::fs::create_dir_all(src.join("d/e")).unwrap();
+    let (cluster, local, src) = cluster_and_source(2, 1, &["d/e"]);
     write_random_file(&src.join("big"), 2 * MIB + 77, 21);
     write_random_file(&src.join("d/small"), 333, 22);
     write_random_file(&src.join("d/e/tiny"), 1, 23);

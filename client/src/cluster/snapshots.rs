@@ -18,6 +18,7 @@ use ferry_common::msg::{DiskUsage, ErrorKind, RemoteError, VerifyReport};
 
 use super::backup::top_dirs;
 use super::copy::below_offset;
+use super::health::Progress;
 use super::Cluster;
 use crate::backup::admin::SnapshotInfo;
 use crate::backup::is_snapshot_name;
@@ -220,7 +221,8 @@ pub async fn verify(cluster: &Cluster, share: &str, snapshot: &str) -> VerifyOut
 }
 
 /// Has `node` check its copy of stripe `index` of `layout`: `None` if it is sound, the
-/// damage (path left empty) if not.
+/// damage (path left empty) if not. Under the progress deadline ([`Cluster::watched`]):
+/// a node that answers nothing, not even probes, fails the check.
 async fn check_copy(
     cluster: &Cluster,
     share: &str,
@@ -232,11 +234,18 @@ async fn check_copy(
     let want = layout.manifest(index).ok_or_else(|| {
         ClientError::Cluster(format!("stripe {index}: bad manifest in the layout"))
     })?;
-    let c = cluster.session(node).await?;
-    let report: VerifyReport = c.verify(STORE_SHARE, &object).await?;
-    let (version, _) = c
-        .manifest(STORE_SHARE, &object, c.welcome().chunk_bytes)
-        .await?;
+    let ask = |p: Progress| {
+        let object = &object;
+        async move {
+            let c = cluster.session(node).await?;
+            p.attach(&c);
+            let report: VerifyReport = c.verify(STORE_SHARE, object).await?;
+            let chunk_bytes = c.welcome().chunk_bytes;
+            let (version, _) = c.manifest(STORE_SHARE, object, chunk_bytes).await?;
+            Ok::<_, ClientError>((report, version))
+        }
+    };
+    let (report, version) = cluster.watched(node, ask).await?;
     // A manifest in another algorithm than the layout's cannot be compared with it;
     // the node's own check of every chunk then stands alone.
     let other_bytes = version.algorithm == layout.algorithm && version.manifest != want;

@@ -349,8 +349,11 @@ impl Snapshot {
         let local = &file.local;
         let md =
             std::fs::metadata(local).map_err(|e| ClientError::local(local, "cannot stat", e))?;
-        if let Some(prev) = &file.link {
-            let layout: &Layout = prev.layout.as_ref().expect("planned with a layout");
+        let linked = file
+            .link
+            .as_ref()
+            .and_then(|p| Some((p, p.layout.as_ref()?)));
+        if let Some((prev, layout)) = linked {
             self.cluster.meta().mark_shared(&layout.id).await?;
             let entry = Entry {
                 mode: md.mode() & 0o7777,

@@ -280,7 +280,7 @@ async fn run(command: Command) -> Result<u8, ClientError> {
 /// `ferry cluster etcd-snapshot`.
 async fn etcd_snapshot_cmd(common: Common, file: &std::path::Path) -> Result<u8, ClientError> {
     let meta = ferry_client::cluster::Meta::connect(&common.etcd()?).await?;
-    let r = ferry_client::cluster::snapshot::save(&meta, file).await?;
+    let r = ferry_client::cluster::etcd_snapshot::save(&meta, file).await?;
     if common.json {
         println!("{}", serde_json::to_string(&r).expect("report serialises"));
     } else {

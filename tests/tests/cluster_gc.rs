@@ -296,10 +296,11 @@ fn removed_files_and_snapshots_lose_their_objects_and_the_rest_reads_back() {
     let backup = || {
         let out = rcp(rcp_args!["backup", "--json", &src, &target]);
         out.assert_success();
-        out.json()["report"]["snapshot"]
+        let path = out.json()["targets"][0]["snapshot"]
             .as_str()
             .unwrap()
-            .to_owned()
+            .to_owned();
+        path.rsplit('/').next().unwrap().to_owned()
     };
     let snap1 = backup();
     let small1 = layout_objects(&cluster.layout_of("data", &format!("bk/{snap1}/d/small")));

@@ -32,11 +32,30 @@ pub struct Damaged {
     pub path: String,
     /// What the server's answer was.
     pub report: VerifyReport,
+    /// In a cluster snapshot: the copy of the file's stripe that is damaged.
+    pub replica: Option<Replica>,
+}
+
+/// One copy of one stripe of a file in a cluster (`rcp backup --verify` of a
+/// `cluster://` target), as checked by the node holding it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Replica {
+    /// The node holding it.
+    pub node: String,
+    /// The stripe's index in the file.
+    pub stripe: usize,
+    /// The object's path in the node's store.
+    pub object: String,
+    /// True if the node's manifest of the object is not the one its layout names.
+    pub other_bytes: bool,
 }
 
 impl Damaged {
     /// Why the file is damaged, in words.
     pub fn reason(&self) -> &'static str {
+        if self.report.bad_count == 0 && self.replica.as_ref().is_some_and(|r| r.other_bytes) {
+            return "the node's manifest of the object is not the one its layout names";
+        }
         match self.report.record {
             VerifyRecord::Current => {
                 "bytes differ from the backup although the file was not modified since (damaged on the server's storage)"
@@ -152,7 +171,11 @@ pub async fn verify_snapshot(client: &Client, share: &str, snapshot: &str) -> Ve
     for (path, result) in results {
         match result {
             Ok(r) if r.record == VerifyRecord::Missing => out.unverifiable.push(path),
-            Ok(r) if r.bad_count > 0 => out.damaged.push(Damaged { path, report: r }),
+            Ok(r) if r.bad_count > 0 => out.damaged.push(Damaged {
+                path,
+                report: r,
+                replica: None,
+            }),
             Ok(_) => out.verified += 1,
             Err(e) => out.errors.push((path, e)),
         }
@@ -176,6 +199,7 @@ mod tests {
                 bad_count: 1,
                 bad_chunks: vec![0],
             },
+            replica: None,
         }
     }
 

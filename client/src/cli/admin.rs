@@ -2,20 +2,28 @@
 //! objects in `--json`).
 
 use ferry_client::backup::admin::{self, PruneReport, SnapshotInfo};
+use ferry_client::cluster::{snapshots, EtcdArgs};
 use ferry_client::error::ClientError;
 
 use super::exit;
 use super::target;
 
-/// `rcp backup --list TARGET`: one line per snapshot on stdout, or with `json` one
-/// array; returns the exit code.
+/// `rcp backup --list TARGET` (a node's or a cluster's): one line per snapshot on
+/// stdout, or with `json` one array; returns the exit code.
 pub async fn list(
     target: &str,
     json: bool,
     connect: target::Connect,
     secret_file: Option<&std::path::Path>,
+    etcd: &EtcdArgs,
 ) -> u8 {
     let listed = async {
+        if target::is_cluster(target) {
+            let (cluster, at) = target::open_cluster(target, etcd, connect, secret_file).await?;
+            let r = snapshots::list(&cluster, &at.share, &at.path).await;
+            cluster.close().await;
+            return r;
+        }
         let wanted = "the destination must be HOST[:PORT]:SHARE/PREFIX";
         let (client, share, prefix) = target::open(target, wanted, connect, secret_file).await?;
         admin::list(&client, &share, &prefix).await

@@ -1,6 +1,7 @@
-//! `rcp backup SRC_DIR HOST[:PORT]:SHARE/PREFIX [--to HOST2:SHARE/PREFIX ...]`: one
-//! snapshot on each target, the targets in parallel and independent of each other
-//! (issue 5; `docs/backup-plan.md` says what remains).
+//! `rcp backup SRC_DIR TARGET [--to TARGET ...]`: one snapshot on each target (a
+//! node's `HOST[:PORT]:SHARE/PREFIX` or a cluster's `cluster://ETCD/SHARE/PREFIX`),
+//! the targets in parallel and independent of each other, reported alike (issue 5;
+//! `docs/backup-plan.md` says what remains).
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -11,6 +12,7 @@ use std::time::{Instant, SystemTime};
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use ferry_client::backup::admin::{self, PruneReport, Retention};
 use ferry_client::backup::{backup_with, BackupOptions, BackupReport, DEFAULT_JOBS};
+use ferry_client::cluster::{backup as cbackup, EtcdArgs};
 use ferry_client::error::ClientError;
 use ferry_client::filter::{Filter, Rule, RuleKind};
 use ferry_client::progress::Progress;
@@ -47,14 +49,15 @@ EXIT CODES:
   8  several targets: some succeeded, some failed (see --json's targets)
   9  --verify found damaged files";
 
-/// Back up a directory tree as a snapshot `PREFIX/<UTC timestamp>/` on a Ferry server:
-/// files unchanged since the previous snapshot are hard-linked to it on the server,
-/// changed files send only their changed chunks, and the snapshot gets its name only
+/// Back up a directory tree as a snapshot `PREFIX/<UTC timestamp>/` on a Ferry server
+/// or a cluster share: files unchanged since the previous snapshot are hard-linked to
+/// it on the server (in a cluster: name its layout), changed files send only their
+/// changed chunks (in a cluster: the whole file), and the snapshot gets its name only
 /// when every file in it verified.
 #[derive(Parser, Debug)]
 #[command(
     name = "rcp backup",
-    override_usage = "rcp backup [OPTIONS] SRC_DIR HOST[:PORT]:SHARE/PREFIX [--to HOST[:PORT]:SHARE/PREFIX]...\n       rcp backup --list HOST[:PORT]:SHARE/PREFIX [--json]\n       rcp backup [--json] --verify HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]",
+    override_usage = "rcp backup [OPTIONS] SRC_DIR TARGET [--to TARGET]...\n       rcp backup --list TARGET [--json]\n       rcp backup [--json] --verify TARGET[/SNAPSHOT]\n  TARGET: HOST[:PORT]:SHARE/PREFIX or cluster://ETCD_HOST[:PORT]/SHARE/PREFIX",
     after_help = AFTER_HELP
 )]
 pub struct BackupArgs {
@@ -62,8 +65,8 @@ pub struct BackupArgs {
     #[arg(value_name = "SRC_DIR", required_unless_present_any = ["list", "verify"])]
     src: Option<PathBuf>,
 
-    /// Where the snapshots go.
-    #[arg(value_name = "HOST[:PORT]:SHARE/PREFIX", required_unless_present_any = ["list", "verify"])]
+    /// Where the snapshots go: HOST[:PORT]:SHARE/PREFIX, or cluster://ETCD_HOST[:PORT]/SHARE/PREFIX.
+    #[arg(value_name = "TARGET", required_unless_present_any = ["list", "verify"])]
     dest: Option<String>,
 
     /// List the snapshots of a target instead of backing up: one line each, oldest
@@ -71,17 +74,19 @@ pub struct BackupArgs {
     /// snapshots of interrupted runs marked; with --json, one JSON array.
     #[arg(
         long,
-        value_name = "HOST[:PORT]:SHARE/PREFIX",
+        value_name = "TARGET",
         conflicts_with_all = ["src", "dest", "to", "keep", "keep_days", "verify", "dry_run"]
     )]
     list: Option<String>,
 
     /// Have the server re-read a snapshot (the newest under PREFIX unless one is named)
-    /// and compare every file with the manifests it recorded; damaged files are listed
-    /// with their chunks, and the exit code is 9 if there are any.
+    /// and compare every file with the manifests it recorded (in a cluster: every node
+    /// each copy of a stripe it holds, also against the manifest its layout names);
+    /// damaged files are listed with their chunks (and stripe, node and object), and
+    /// the exit code is 9 if there are any.
     #[arg(
         long,
-        value_name = "HOST[:PORT]:SHARE/PREFIX[/SNAPSHOT]",
+        value_name = "TARGET[/SNAPSHOT]",
         conflicts_with_all = ["src", "dest", "to", "keep", "keep_days", "dry_run"]
     )]
     verify: Option<String>,
@@ -98,7 +103,7 @@ pub struct BackupArgs {
 
     /// Another target, backed up in parallel (repeatable). A target that fails does
     /// not stop the others; exit code 8 says some failed and some succeeded.
-    #[arg(long = "to", value_name = "HOST[:PORT]:SHARE/PREFIX")]
+    #[arg(long = "to", value_name = "TARGET")]
     to: Vec<String>,
 
     /// Print one JSON summary object on stdout at the end (no progress bar).
@@ -111,7 +116,8 @@ pub struct BackupArgs {
 
     /// Plan only: write nothing on any target, and report what would be unchanged,
     /// changed, new and deleted, and the bytes that would be sent (changed files'
-    /// chunks compared with their previous copies' manifests).
+    /// chunks compared with their previous copies' manifests; to a cluster, every
+    /// replica of every file not unchanged).
     #[arg(short = 'n', long)]
     dry_run: bool,
 
@@ -206,130 +212,6 @@ fn valid_glob(glob: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-/// `rcp backup SRC_DIR cluster://ETCD/SHARE/PREFIX`: a snapshot in a cluster share
-/// ([`ferry_client::cluster::backup`]). Other targets (`--to`), filters, dry runs,
-/// `--list` and `--verify` are for single servers only.
-async fn run_cluster(args: &BackupArgs, src: &Path, dest: &str) -> u8 {
-    use ferry_client::cluster::{backup as cbackup, copy::parse as parse_cluster, Cluster};
-    if let Some(flag) = cluster_unsupported(args) {
-        eprintln!("rcp: backup: {flag} is not supported with a cluster target (yet)");
-        return exit::USAGE;
-    }
-    let target = match parse_cluster(dest).expect("a cluster:// operand") {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("rcp: {e}");
-            return exit::of(&e);
-        }
-    };
-    let started = Instant::now();
-    let credentials = match ferry_client::Credentials::from_file_or_env(args.secret_file.as_deref())
-    {
-        Ok(c) => c.with_hash(args.hash).with_encryption(args.encryption),
-        Err(e) => {
-            eprintln!("rcp: {e}");
-            return exit::of(&e);
-        }
-    };
-    let retention = Retention {
-        keep: args.keep.map(|k| k as usize),
-        keep_days: args.keep_days,
-    };
-    let show = !args.quiet && !args.json && std::io::stderr().is_terminal();
-    let bar = progress_bar(show);
-    let result = async {
-        let etcd = args.etcd.resolve(Some(vec![target.etcd.clone()]))?;
-        let cluster = Cluster::connect(&etcd, args.transport, credentials).await?;
-        let r = cbackup::backup(
-            &cluster,
-            src,
-            &target,
-            retention,
-            args.jobs.into(),
-            Arc::new(Bar(bar.clone())),
-        )
-        .await;
-        cluster.close().await;
-        r
-    }
-    .await;
-    bar.finish_and_clear();
-    let seconds = started.elapsed().as_secs_f64();
-    let (code, report) = match result {
-        Ok(r) if r.errors.is_empty() => (exit::OK, Some(r)),
-        Ok(r) => (exit::OTHER, Some(r)),
-        Err(e) => {
-            eprintln!("rcp: {}: {e}", target.display());
-            (exit::of(&e), None)
-        }
-    };
-    print_cluster_report(args, code, report.as_ref(), &target.display(), seconds);
-    code
-}
-
-/// The first flag given that a cluster target does not support, if any.
-fn cluster_unsupported(args: &BackupArgs) -> Option<&'static str> {
-    if !args.to.is_empty() {
-        Some("--to")
-    } else if args.dry_run {
-        Some("--dry-run")
-    } else if !args.rules.is_empty() {
-        Some("--include/--exclude")
-    } else {
-        None
-    }
-}
-
-/// Reports a cluster backup (its exit `code`, its `report` unless it failed as a
-/// whole) on standard error, or as JSON on standard output with `--json`.
-fn print_cluster_report(
-    args: &BackupArgs,
-    code: u8,
-    report: Option<&ferry_client::cluster::backup::BackupReport>,
-    target: &str,
-    seconds: f64,
-) {
-    if let Some(r) = report {
-        for (path, e) in &r.errors {
-            eprintln!("rcp: {path}: {e}");
-        }
-        if !r.errors.is_empty() {
-            eprintln!("rcp: backup: snapshot {} not published", r.snapshot);
-        }
-    }
-    if args.json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "ok": code == exit::OK,
-                "exit_code": code,
-                "target": target,
-                "seconds": seconds,
-                "report": report,
-            })
-        );
-    } else if !args.quiet {
-        if let Some(r) = report.filter(|r| r.errors.is_empty()) {
-            eprintln!(
-                "rcp: snapshot {} published: {} files ({} unchanged, linked; {} uploaded), {} dirs, {} symlinks, {} sent in {:.2} s{}",
-                r.snapshot,
-                r.files,
-                r.unchanged,
-                r.uploaded,
-                r.dirs,
-                r.symlinks,
-                r.bytes_sent,
-                seconds,
-                if r.pruned.is_empty() {
-                    String::new()
-                } else {
-                    format!("; removed {}", r.pruned.join(", "))
-                }
-            );
-        }
-    }
-}
-
 /// Runs `rcp backup` and returns the exit code: the copy's table, plus
 /// [`exit::SOME_TARGETS_FAILED`] when targets disagree.
 pub async fn run(args: BackupArgs) -> u8 {
@@ -345,18 +227,15 @@ pub async fn run(args: BackupArgs) -> u8 {
         ..connect
     };
     if let Some(target) = &args.list {
-        return super::admin::list(target, args.json, reading, secret_file).await;
+        return super::admin::list(target, args.json, reading, secret_file, &args.etcd).await;
     }
     if let Some(target) = &args.verify {
-        return verify::run(target, args.json, reading, secret_file).await;
+        return verify::run(target, args.json, reading, secret_file, &args.etcd).await;
     }
     let (Some(src), Some(dest)) = (args.src.clone(), args.dest.clone()) else {
-        eprintln!("rcp: backup needs SRC_DIR and HOST[:PORT]:SHARE/PREFIX");
+        eprintln!("rcp: backup needs SRC_DIR and TARGET");
         return exit::USAGE;
     };
-    if dest.starts_with("cluster://") {
-        return run_cluster(&args, &src, &dest).await;
-    }
     let started = Instant::now();
     let targets: Vec<String> = std::iter::once(dest)
         .chain(args.to.iter().cloned())
@@ -419,9 +298,11 @@ async fn back_up_all(
         };
         let (transport, secret_file) = (connect, args.secret_file.clone());
         let (opts, progress) = ((opts.clone(), retention), progress.clone());
+        let etcd = args.etcd.clone();
         tasks.spawn(async move {
             let secret_file = secret_file.as_deref();
-            let r = snapshot(&dest, &src, transport, secret_file, now, &opts, progress);
+            let to = (dest.as_str(), transport, secret_file, &etcd);
+            let r = snapshot(to, &src, now, &opts, progress);
             (i, r.await)
         });
     }
@@ -475,17 +356,26 @@ fn print_prune_errors(dest: &str, prune: &PruneReport) {
     }
 }
 
+/// Where one target is and how to reach it: (target, transport, secret file, etcd's
+/// settings for a cluster target).
+type To<'a> = (&'a str, target::Connect, Option<&'a Path>, &'a EtcdArgs);
+
 /// Backs up `src` to `dest`, then, unless it was a dry run, prunes `dest` (see
-/// [`admin::after_publish`]).
+/// [`admin::after_publish`], or for a `cluster://` target
+/// [`ferry_client::cluster::backup`], which prunes too).
 async fn snapshot(
-    dest: &str,
+    (dest, transport, secret_file, etcd): To<'_>,
     src: &Path,
-    transport: target::Connect,
-    secret_file: Option<&Path>,
     now: SystemTime,
     (opts, retention): &(BackupOptions, Retention),
     progress: Arc<dyn Progress>,
 ) -> Result<(BackupReport, PruneReport), ClientError> {
+    if target::is_cluster(dest) {
+        let (cluster, at) = target::open_cluster(dest, etcd, transport, secret_file).await?;
+        let r = cbackup::backup(&cluster, src, &at, now, opts, *retention, progress).await;
+        cluster.close().await;
+        return r;
+    }
     let wanted = "the destination must be HOST[:PORT]:SHARE/PREFIX";
     let (client, share, prefix) = target::open(dest, wanted, transport, secret_file).await?;
     let result = async {

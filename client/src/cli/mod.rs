@@ -5,7 +5,7 @@
 //! - [`backup`]: `rcp backup`'s arguments, and running it on every target.
 //! - `admin`: `rcp backup --list`, and how snapshots and pruning are shown.
 //! - `verify`: `rcp backup --verify`.
-//! - `target`: connecting to a backup command's `HOST[:PORT]:SHARE/PREFIX`.
+//! - `target`: connecting to a backup command's target (a node's or a cluster's).
 //! - [`exit`]: the exit codes, and the code of each error.
 //! - [`progress`]: the progress bar.
 

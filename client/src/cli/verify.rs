@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use ferry_client::backup::verify::{resolve_snapshot, verify_snapshot, Damaged, VerifyOutcome};
+use ferry_client::cluster::{snapshots, EtcdArgs};
 use ferry_client::error::ClientError;
 use ferry_common::msg::VerifyRecord;
 
@@ -20,9 +21,13 @@ pub async fn run(
     json: bool,
     connect: target::Connect,
     secret_file: Option<&Path>,
+    etcd: &EtcdArgs,
 ) -> u8 {
     let started = Instant::now();
-    let outcome = connect_and_verify(target, connect, secret_file).await;
+    let outcome = match target::is_cluster(target) {
+        true => verify_cluster(target, connect, secret_file, etcd).await,
+        false => connect_and_verify(target, connect, secret_file).await,
+    };
     let seconds = started.elapsed().as_secs_f64();
     let code = match &outcome {
         Ok(o) => exit_code(o),
@@ -60,10 +65,34 @@ async fn connect_and_verify(
     Ok(verify_snapshot(&client, &share, &snapshot).await)
 }
 
+/// `--verify` of a `cluster://ETCD/SHARE/PREFIX[/SNAPSHOT]` target: each node checks
+/// the copies it holds ([`snapshots::verify`]).
+async fn verify_cluster(
+    target: &str,
+    connect: target::Connect,
+    secret_file: Option<&Path>,
+    etcd: &EtcdArgs,
+) -> Result<VerifyOutcome, ClientError> {
+    let (cluster, at) = target::open_cluster(target, etcd, connect, secret_file).await?;
+    let outcome = async {
+        let snapshot = snapshots::resolve_snapshot(&cluster, &at.share, &at.path).await?;
+        Ok(snapshots::verify(&cluster, &at.share, &snapshot).await)
+    }
+    .await;
+    cluster.close().await;
+    outcome
+}
+
 /// The lines on stderr for the verify of `target`.
 fn print_outcome(target: &str, o: &VerifyOutcome) {
     for d in &o.damaged {
-        eprintln!("rcp: damaged: {}/{}: {}", o.snapshot, d.path, damage(d));
+        eprintln!(
+            "rcp: damaged: {}/{}: {}{}",
+            o.snapshot,
+            d.path,
+            replica(d),
+            damage(d)
+        );
     }
     for path in &o.unverifiable {
         eprintln!(
@@ -86,8 +115,22 @@ fn print_outcome(target: &str, o: &VerifyOutcome) {
     );
 }
 
-/// `chunks 1, 4 (and 2 more) of N bytes: REASON` for a damaged file.
+/// `stripe I on node N (object P): ` for a damaged copy in a cluster; empty else.
+fn replica(d: &Damaged) -> String {
+    d.replica.as_ref().map_or_else(String::new, |r| {
+        format!(
+            "stripe {} on node {} (object {}): ",
+            r.stripe, r.node, r.object
+        )
+    })
+}
+
+/// `chunks 1, 4 (and 2 more) of N bytes: REASON` for a damaged file (the reason
+/// alone where no chunk differs: a cluster copy with other bytes than its layout's).
 fn damage(d: &Damaged) -> String {
+    if d.report.bad_chunks.is_empty() {
+        return d.reason().to_owned();
+    }
     let words: Vec<String> = d.report.bad_chunks.iter().map(u64::to_string).collect();
     let listed = d.report.bad_chunks.len() as u64;
     let more = if d.report.bad_count > listed {
@@ -126,6 +169,9 @@ fn to_json(
                 "chunk_bytes": d.report.chunk_bytes,
                 "bad_count": d.report.bad_count,
                 "bad_chunks": d.report.bad_chunks,
+                "node": d.replica.as_ref().map(|r| &r.node),
+                "stripe": d.replica.as_ref().map(|r| r.stripe),
+                "object": d.replica.as_ref().map(|r| &r.object),
             })).collect::<Vec<_>>(),
             "unverifiable": o.unverifiable,
             "errors": o.errors.iter().map(|(p, e)| error_json(p, e)).collect::<Vec<_>>(),
@@ -182,6 +228,7 @@ mod tests {
                 bad_count: 3,
                 bad_chunks: vec![0],
             },
+            replica: None,
         });
         assert_eq!(exit_code(&o), exit::DAMAGE_FOUND);
         assert!(damage(&o.damaged[0]).starts_with("chunks 0 (and 2 more) of 1 bytes: "));

@@ -7,148 +7,220 @@
 //! transaction. An interrupted run leaves an invisible subtree, which the next run's
 //! tidying removes.
 //!
-//! A file with the same size and mtime as in the previous snapshot is *linked*: its
-//! new entry names the previous entry's layout, and no byte moves (the layout is
-//! marked shared, so replacing one of its entries never removes its objects). Other
-//! files are striped and uploaded as `rcp` does. Retention (`--keep`, `--keep-days`)
-//! removes old snapshots' entries, and then the objects of the layouts no entry of
-//! the share names any more.
+//! The source is walked as for a backup to one node (the same include/exclude
+//! rules, [`crate::backup::BackupOptions`]), and the run reports in the same
+//! [`BackupReport`]. A file with the same size and mtime as in the previous snapshot
+//! is *linked* (unchanged): its new entry names the previous entry's layout, and no
+//! byte moves (the layout is marked shared, so replacing one of its entries never
+//! removes its objects). Other files are striped and uploaded as `rcp` does: changed
+//! (the previous snapshot has the path) or new. A dry run reads etcd only: it plans,
+//! counts, and estimates the bytes sent as every replica of every file not linked.
+//! Retention (`--keep`, `--keep-days`) removes old snapshots' entries, and then the
+//! objects of the layouts no entry of the share names any more.
 //!
 //! [`Meta::entry`]: super::Meta::entry
 //! [`Meta::below`]: super::Meta::below
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use ferry_common::cluster::{Entry, EntryKind, Layout, ShareConfig};
-use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::copy::{
-    below_offset, dir_entry, join, lock, mkdir, plan_local, symlink_entry, ClusterPath, UpItem,
-};
+use super::copy::{below_offset, dir_entry, lock, mkdir, symlink_entry, ClusterPath};
 use super::meta::Versioned;
 use super::Cluster;
-use crate::backup::admin::Retention;
-use crate::backup::{is_snapshot_name, snapshot_name};
+use crate::backup::admin::{PruneReport, Retention};
+use crate::backup::{is_snapshot_name, snapshot_name, walk_source, BackupOptions, BackupReport};
 use crate::error::ClientError;
+use crate::filter::Filter;
 use crate::progress::{advance_fn, Progress};
+use crate::walk::{join, LocalDir};
 
-/// What one cluster backup did.
-#[derive(Debug, Default, Serialize)]
-pub struct BackupReport {
-    /// The snapshot's name (published only if `errors` is empty).
-    pub snapshot: String,
-    /// Files in it.
-    pub files: u64,
-    /// Directories in it.
-    pub dirs: u64,
-    /// Symlinks in it.
-    pub symlinks: u64,
-    /// Files linked to the previous snapshot's layout.
-    pub unchanged: u64,
-    /// Files uploaded.
-    pub uploaded: u64,
-    /// Bytes of the files.
-    pub bytes: u64,
-    /// Bytes sent to the nodes (every replica).
-    pub bytes_sent: u64,
-    /// Snapshots (and unpublished leftovers) removed.
-    pub pruned: Vec<String>,
-    /// What failed, as (path, message).
-    pub errors: Vec<(String, String)>,
+/// One regular file of the source, planned.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct FilePlan {
+    /// The local file.
+    pub local: PathBuf,
+    /// Its path in the share (below the snapshot's root).
+    pub path: String,
+    /// Its size when walked.
+    pub size: u64,
+    /// The previous snapshot's entry to link to (unchanged), if any.
+    pub link: Option<Entry>,
+    /// True if the previous snapshot has the path (changed, when not linked).
+    pub had: bool,
 }
 
-/// Backs `src` up as a new snapshot under `dest` (its path is the prefix), then
-/// applies `retention`.
+/// What a snapshot will hold, as planned from the walked source and the previous
+/// snapshot: every entry's path in the share, parents before children.
+#[derive(Debug, Default)]
+pub(super) struct Plan {
+    /// The directories below the snapshot's root, with their entries.
+    pub dirs: Vec<(String, Entry)>,
+    /// The regular files.
+    pub files: Vec<FilePlan>,
+    /// The symlinks, with their entries.
+    pub symlinks: Vec<(String, Entry)>,
+    /// Regular files of the previous snapshot, in directories the walk visited, that
+    /// the source no longer has (and the rules still cover).
+    pub deleted: u64,
+}
+
+/// Plans snapshot `snap` of the walked source `tree` against the previous snapshot's
+/// entries (`previous`, by path relative to its root). Pure.
+pub(super) fn plan(
+    tree: &[LocalDir],
+    snap: &str,
+    previous: &HashMap<String, Entry>,
+    filter: &Filter,
+) -> Plan {
+    let mut plan = Plan::default();
+    let mut present = HashSet::new();
+    for dir in tree {
+        let at = join(snap, &dir.rel);
+        if !dir.rel.is_empty() {
+            plan.dirs.push((at.clone(), dir_entry(dir.mode, dir.mtime)));
+        }
+        for f in &dir.files {
+            let rel = join(&dir.rel, &f.name);
+            let before = previous.get(&rel).filter(|p| p.kind == EntryKind::File);
+            let link = before
+                .filter(|p| p.size == f.size && p.mtime == f.mtime && p.layout.is_some())
+                .cloned();
+            plan.files.push(FilePlan {
+                local: f.path.clone(),
+                path: join(&at, &f.name),
+                size: f.size,
+                link,
+                had: before.is_some(),
+            });
+            present.insert(rel);
+        }
+        for l in &dir.symlinks {
+            let entry = symlink_entry(l.target.clone(), l.mtime);
+            plan.symlinks.push((join(&at, &l.name), entry));
+        }
+    }
+    let visited: HashSet<&str> = tree.iter().map(|d| d.rel.as_str()).collect();
+    plan.deleted = previous
+        .iter()
+        .filter(|(rel, e)| {
+            let parent = rel.rsplit_once('/').map_or("", |(p, _)| p);
+            e.kind == EntryKind::File
+                && visited.contains(parent)
+                && !present.contains(rel.as_str())
+                && !filter.excludes(rel, false)
+        })
+        .count() as u64;
+    plan
+}
+
+/// Backs `src` up as snapshot [`snapshot_name`]`(now)` under `dest` (its path is the
+/// prefix), then, unless it is a dry run, applies `retention`.
+///
+/// Call order: the share's configuration and the previous snapshot are read; unless
+/// `opts.dry_run`, the prefix's directories are made, the snapshot's entries put
+/// (invisible), its root put (published), and old snapshots tidied. Any entry that
+/// fails leaves the snapshot unpublished and fails the call (each failure is logged).
 pub async fn backup(
     cluster: &Cluster,
-    src: &Path,
+    src: &std::path::Path,
     dest: &ClusterPath,
+    now: SystemTime,
+    opts: &BackupOptions,
     retention: Retention,
-    jobs: usize,
     progress: Arc<dyn Progress>,
-) -> Result<BackupReport, ClientError> {
-    let share = dest.share.clone();
-    let prefix = dest.path.clone();
-    let config = cluster.meta().share(&share).await?;
-    let md = std::fs::metadata(src).map_err(|e| ClientError::local(src, "cannot stat", e))?;
-    if !md.is_dir() {
-        return Err(ClientError::local(
-            src,
-            "cannot back up",
-            std::io::Error::from(std::io::ErrorKind::NotADirectory),
-        ));
+) -> Result<(BackupReport, PruneReport), ClientError> {
+    let started = Instant::now();
+    let (share, prefix) = (dest.share.as_str(), dest.path.trim_matches('/'));
+    let config = cluster.meta().share(share).await?;
+    let tree = walk_source(src, &opts.filter).await?;
+    let root = dir_entry(tree[0].mode, tree[0].mtime);
+    let name = snapshot_name(now);
+    let snap = join(prefix, &name);
+    let (snapshots, previous) = previous_snapshot(cluster, share, prefix, &name).await?;
+    let plan = plan(&tree, &snap, &previous, &opts.filter);
+    let mut report = BackupReport {
+        snapshot: snap.clone(),
+        previous: snapshots.last().map(|p| join(prefix, p)),
+        dry_run: opts.dry_run,
+        files_scanned: plan.files.len() as u64,
+        files_deleted: plan.deleted,
+        ..BackupReport::default()
+    };
+    progress.set_total(plan.files.iter().map(|f| f.size).sum());
+    if opts.dry_run {
+        let copies = u64::from(config.replicas).min(cluster.usable_nodes().len() as u64);
+        count_dry(&plan, copies, &mut report);
+        report.duration = started.elapsed();
+        return Ok((report, PruneReport::default()));
     }
-    // The prefix's directories, visible.
     let mut at = String::new();
     for part in prefix.split('/').filter(|p| !p.is_empty()) {
         at = join(&at, part);
-        mkdir(cluster, &share, &at, &dir_entry_of(&md)).await?;
+        mkdir(cluster, share, &at, &root).await?;
     }
-    let now = SystemTime::now();
-    let name = snapshot_name(now);
-    let snap = join(&prefix, &name);
-    let (snapshots, previous) = previous_snapshot(cluster, &share, &prefix, &name).await?;
-
-    let mut items = Vec::new();
-    let mut total = 0;
-    let mut skipped = Vec::new();
-    plan_local(src, &snap, true, &mut items, &mut total, &mut skipped)?;
-    progress.set_total(total);
-    let report = Arc::new(Mutex::new(BackupReport {
-        snapshot: name.clone(),
-        ..BackupReport::default()
-    }));
-    put_dirs(cluster, &share, &snap, &items, &report).await;
-    let snapshot = Snapshot {
+    let snapshot = Arc::new(Snapshot {
         cluster: cluster.clone(),
-        share: share.clone(),
-        root: snap.clone(),
-        previous: Arc::new(previous),
+        share: share.to_owned(),
         config,
         progress,
-        report: report.clone(),
-    };
-    put_files_and_links(Arc::new(snapshot), items, jobs).await;
-    let mut report = Arc::try_unwrap(report)
-        .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
-        .unwrap_or_default();
-    for s in skipped {
-        report.errors.push((
-            s,
-            "skipped: not a regular file, directory or symlink".into(),
-        ));
-    }
-    if !report.errors.is_empty() {
-        // Not published: the subtree stays invisible and the next run removes it.
-        return Ok(report);
-    }
-    // Publication: one entry makes the whole snapshot visible.
-    match cluster
-        .meta()
-        .commit(&share, &snap, &dir_entry_of(&md), 0)
-        .await?
-    {
-        super::meta::Commit::Done(_) => {}
-        super::meta::Commit::Conflict => {
-            return Err(ClientError::Cluster(format!(
-                "{share}/{snap}: exists already, or {share}/{prefix} is gone"
-            )))
+        tally: Mutex::new(Tally::default()),
+    });
+    snapshot.put_all(plan, opts.jobs).await;
+    let tally = std::mem::take(&mut *lock(&snapshot.tally));
+    tally.into_report(&mut report, share, &snap)?;
+    publish(cluster, share, prefix, &snap, &root).await?;
+    let prune = tidy(cluster, share, prefix, &name, &snapshots, retention, now).await;
+    report.duration = started.elapsed();
+    Ok((report, prune))
+}
+
+/// Counts a dry run's `plan` into `report`: every file not linked would send its
+/// bytes to `copies` nodes.
+fn count_dry(plan: &Plan, copies: u64, report: &mut BackupReport) {
+    for f in &plan.files {
+        match (&f.link, f.had) {
+            (Some(_), _) => {
+                report.files_unchanged += 1;
+                report.bytes_reused += f.size;
+            }
+            (None, had) => {
+                if had {
+                    report.files_changed += 1;
+                } else {
+                    report.files_new += 1;
+                }
+                report.bytes_sent += f.size * copies;
+            }
         }
     }
-    report.dirs += 1;
-    report.pruned = tidy(cluster, &share, &prefix, &name, &snapshots, retention, now).await;
-    Ok(report)
+}
+
+/// Puts the root entry of `snap`: the whole snapshot appears at once.
+async fn publish(
+    cluster: &Cluster,
+    share: &str,
+    prefix: &str,
+    snap: &str,
+    root: &Entry,
+) -> Result<(), ClientError> {
+    match cluster.meta().commit(share, snap, root, 0).await? {
+        super::meta::Commit::Done(_) => Ok(()),
+        super::meta::Commit::Conflict => Err(ClientError::Cluster(format!(
+            "{share}/{snap}: exists already, or {share}/{prefix} is gone"
+        ))),
+    }
 }
 
 /// The names of the directories right below `prefix` among `entries` (paths below
 /// it, as `Meta::below` gives them).
-fn top_dirs<'a>(
+pub(super) fn top_dirs<'a>(
     entries: &'a [(String, Versioned)],
     prefix: &str,
 ) -> impl Iterator<Item = String> + 'a {
@@ -188,26 +260,42 @@ async fn previous_snapshot(
     Ok((snapshots, previous))
 }
 
-/// Puts the planned directories but the snapshot's root `snap` (it is published
-/// last), parents before children, while the snapshot is invisible.
-async fn put_dirs(
-    cluster: &Cluster,
-    share: &str,
-    snap: &str,
-    items: &[UpItem],
-    report: &Mutex<BackupReport>,
-) {
-    for item in items {
-        if let UpItem::Dir { path, mode, mtime } = item {
-            if *path == snap {
-                continue;
-            }
-            let entry = dir_entry(*mode, *mtime);
-            match cluster.commit_entry_with(share, path, &entry, false).await {
-                Ok(_) => lock(report).dirs += 1,
-                Err(e) => lock(report).errors.push((path.clone(), e.to_string())),
-            }
+/// What the tasks of one backup add up.
+#[derive(Default)]
+struct Tally {
+    unchanged: u64,
+    changed: u64,
+    new: u64,
+    bytes_sent: u64,
+    bytes_reused: u64,
+    /// What failed, as (path, error).
+    errors: Vec<(String, ClientError)>,
+}
+
+impl Tally {
+    /// Adds the counts to `report`; with errors, logs each and fails: snapshot `snap`
+    /// of `share` is then not published.
+    fn into_report(
+        self,
+        report: &mut BackupReport,
+        share: &str,
+        snap: &str,
+    ) -> Result<(), ClientError> {
+        report.files_unchanged = self.unchanged;
+        report.files_changed = self.changed;
+        report.files_new = self.new;
+        report.bytes_sent = self.bytes_sent;
+        report.bytes_reused = self.bytes_reused;
+        let Some((first, e)) = self.errors.first() else {
+            return Ok(());
+        };
+        for (path, e) in &self.errors {
+            tracing::error!("{share}/{path}: {e}");
         }
+        Err(ClientError::Cluster(format!(
+            "snapshot {share}/{snap} not published: {} entries failed (first: {first}: {e})",
+            self.errors.len()
+        )))
     }
 }
 
@@ -215,136 +303,98 @@ async fn put_dirs(
 struct Snapshot {
     cluster: Cluster,
     share: String,
-    /// The snapshot's root path in the share.
-    root: String,
-    /// The previous snapshot's entries, by path relative to its root.
-    previous: Arc<HashMap<String, Entry>>,
     config: ShareConfig,
     progress: Arc<dyn Progress>,
-    report: Arc<Mutex<BackupReport>>,
-}
-
-/// Puts the planned files (`jobs` at a time, linked or uploaded) and symlinks, each
-/// in its own task, while the snapshot is invisible.
-async fn put_files_and_links(snapshot: Arc<Snapshot>, items: Vec<UpItem>, jobs: usize) {
-    let limit = Arc::new(Semaphore::new(jobs.max(1)));
-    let mut tasks = JoinSet::new();
-    for item in items {
-        let s = snapshot.clone();
-        match item {
-            UpItem::Dir { .. } => {}
-            UpItem::File { local, path } => {
-                let limit = limit.clone();
-                tasks.spawn(async move {
-                    let _permit = limit.acquire_owned().await;
-                    s.put_file(&local, &path).await
-                });
-            }
-            UpItem::Symlink {
-                path,
-                target,
-                mtime,
-            } => {
-                tasks.spawn(async move {
-                    let entry = symlink_entry(target, mtime);
-                    let r = s
-                        .cluster
-                        .commit_entry_with(&s.share, &path, &entry, false)
-                        .await;
-                    let mut rep = lock(&s.report);
-                    match r {
-                        Ok(_) => rep.symlinks += 1,
-                        Err(e) => rep.errors.push((path, e.to_string())),
-                    }
-                });
-            }
-        }
-    }
-    while tasks.join_next().await.is_some() {}
+    tally: Mutex<Tally>,
 }
 
 impl Snapshot {
-    /// Backs up the file `local` at `path` ([`back_up_file`]) and records the outcome.
-    async fn put_file(&self, local: &Path, path: &str) {
-        let rel = path
-            .strip_prefix(&format!("{}/", self.root))
-            .unwrap_or(path);
-        let r = back_up_file(
-            &self.cluster,
-            &self.share,
-            local,
-            path,
-            rel,
-            &self.previous,
-            self.config,
-            &self.progress,
-        )
-        .await;
-        let mut rep = lock(&self.report);
-        match r {
-            Ok((bytes, sent, linked)) => {
-                rep.files += 1;
-                rep.bytes += bytes;
-                rep.bytes_sent += sent;
-                if linked {
-                    rep.unchanged += 1;
-                } else {
-                    rep.uploaded += 1;
-                }
+    /// Puts the planned directories (parents first), then the files (`jobs` at a
+    /// time, linked or uploaded) and symlinks, each in its own task, while the
+    /// snapshot is invisible. Failures go to the tally.
+    async fn put_all(self: &Arc<Self>, plan: Plan, jobs: usize) {
+        for (path, entry) in &plan.dirs {
+            let r = self
+                .cluster
+                .commit_entry_with(&self.share, path, entry, false);
+            if let Err(e) = r.await {
+                lock(&self.tally).errors.push((path.clone(), e));
             }
-            Err(e) => rep
-                .errors
-                .push((local.display().to_string(), e.to_string())),
+        }
+        let limit = Arc::new(Semaphore::new(jobs.max(1)));
+        let mut tasks = JoinSet::new();
+        for file in plan.files {
+            let (s, limit) = (self.clone(), limit.clone());
+            tasks.spawn(async move {
+                let _permit = limit.acquire_owned().await;
+                let r = s.put_file(&file).await;
+                s.count(&file, r);
+            });
+        }
+        for (path, entry) in plan.symlinks {
+            let s = self.clone();
+            tasks.spawn(async move {
+                let r = s.cluster.commit_entry_with(&s.share, &path, &entry, false);
+                if let Err(e) = r.await {
+                    lock(&s.tally).errors.push((path, e));
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    /// Links `file` to its previous layout, or uploads it; returns (bytes sent,
+    /// bytes reused).
+    async fn put_file(&self, file: &FilePlan) -> Result<(u64, u64), ClientError> {
+        let local = &file.local;
+        let md =
+            std::fs::metadata(local).map_err(|e| ClientError::local(local, "cannot stat", e))?;
+        let linked = file
+            .link
+            .as_ref()
+            .and_then(|p| Some((p, p.layout.as_ref()?)));
+        if let Some((prev, layout)) = linked {
+            self.cluster.meta().mark_shared(&layout.id).await?;
+            let entry = Entry {
+                mode: md.mode() & 0o7777,
+                ..prev.clone()
+            };
+            let r = self
+                .cluster
+                .commit_entry_with(&self.share, &file.path, &entry, false);
+            r.await?;
+            self.progress.advance(prev.size);
+            return Ok((0, prev.size));
+        }
+        let progress = advance_fn(&self.progress);
+        let c = self
+            .cluster
+            .put_file_at(local, &self.share, &file.path, self.config, progress, false)
+            .await?;
+        Ok((c.bytes_sent, c.bytes_reused))
+    }
+
+    /// Counts the outcome `r` of putting `file`.
+    fn count(&self, file: &FilePlan, r: Result<(u64, u64), ClientError>) {
+        let mut t = lock(&self.tally);
+        match r {
+            Ok((sent, reused)) => {
+                match (&file.link, file.had) {
+                    (Some(_), _) => t.unchanged += 1,
+                    (None, true) => t.changed += 1,
+                    (None, false) => t.new += 1,
+                }
+                t.bytes_sent += sent;
+                t.bytes_reused += reused;
+            }
+            Err(e) => t.errors.push((file.path.clone(), e)),
         }
     }
-}
-
-fn dir_entry_of(md: &std::fs::Metadata) -> Entry {
-    dir_entry(
-        md.mode() & 0o7777,
-        ferry_common::attr::attr_of(md, None).mtime,
-    )
-}
-
-/// One file: linked to the previous snapshot's layout when its size and mtime did
-/// not change, else uploaded. Returns (bytes, bytes sent, linked).
-#[allow(clippy::too_many_arguments)]
-async fn back_up_file(
-    cluster: &Cluster,
-    share: &str,
-    local: &Path,
-    path: &str,
-    rel: &str,
-    previous: &HashMap<String, Entry>,
-    config: ShareConfig,
-    progress: &Arc<dyn Progress>,
-) -> Result<(u64, u64, bool), ClientError> {
-    let md = std::fs::metadata(local).map_err(|e| ClientError::local(local, "cannot stat", e))?;
-    let mtime = ferry_common::attr::attr_of(&md, None).mtime;
-    if let Some(prev) = previous.get(rel).filter(|p| {
-        p.kind == EntryKind::File && p.size == md.len() && p.mtime == mtime && p.layout.is_some()
-    }) {
-        let layout: &Layout = prev.layout.as_ref().expect("checked");
-        cluster.meta().mark_shared(&layout.id).await?;
-        let entry = Entry {
-            mode: md.mode() & 0o7777,
-            ..prev.clone()
-        };
-        cluster
-            .commit_entry_with(share, path, &entry, false)
-            .await?;
-        progress.advance(md.len());
-        return Ok((md.len(), 0, true));
-    }
-    let c = cluster
-        .put_file_at(local, share, path, config, advance_fn(progress), false)
-        .await?;
-    Ok((c.bytes, c.bytes_sent, false))
 }
 
 /// After publishing `new`: removes unpublished leftovers of earlier runs and the
 /// snapshots `retention` does not keep, then the objects no entry names any more.
-/// Best effort: returns what it removed.
+/// Best effort: reports what it removed and what it could not.
 async fn tidy(
     cluster: &Cluster,
     share: &str,
@@ -353,10 +403,14 @@ async fn tidy(
     published: &[String],
     retention: Retention,
     now: SystemTime,
-) -> Vec<String> {
-    let mut removed = Vec::new();
-    let Ok(all) = cluster.meta().below_all(share, prefix).await else {
-        return removed;
+) -> PruneReport {
+    let mut report = PruneReport::default();
+    let all = match cluster.meta().below_all(share, prefix).await {
+        Ok(all) => all,
+        Err(e) => {
+            report.errors.push((prefix.to_owned(), e));
+            return report;
+        }
     };
     let depth = below_offset(prefix);
     let top = |p: &str| p[depth..].split('/').next().unwrap_or("").to_owned();
@@ -375,14 +429,7 @@ async fn tidy(
     let mut dropped_layouts: Vec<Layout> = Vec::new();
     for name in doomed {
         let root = join(prefix, &name);
-        let ok = async {
-            if let Some(v) = cluster.meta().entry(share, &root).await? {
-                cluster.meta().remove(share, &root, v.revision).await?;
-            }
-            cluster.meta().remove_below(share, &root).await
-        }
-        .await;
-        match ok {
+        match remove_snapshot(cluster, share, &root).await {
             Ok(()) => {
                 let base = format!("{root}/");
                 dropped_layouts.extend(
@@ -390,29 +437,155 @@ async fn tidy(
                         .filter(|(p, _)| p.starts_with(&base))
                         .filter_map(|(_, v)| v.entry.layout.clone()),
                 );
-                removed.push(format!("{share}/{root}"));
+                report.pruned.push(root);
             }
-            Err(e) => tracing::warn!("cannot remove {share}/{root}: {e}"),
+            Err(e) => report.errors.push((root, e)),
         }
     }
-    if dropped_layouts.is_empty() {
-        return removed;
+    if let Err(e) = drop_unnamed(cluster, share, dropped_layouts).await {
+        report.errors.push((share.to_owned(), e));
     }
-    // Objects go only when no entry of the share names their layout any more.
-    let Ok(left) = cluster.meta().below_all(share, "").await else {
-        return removed;
-    };
+    report
+}
+
+/// Removes the entries of snapshot `root` (its root first: it disappears at once).
+async fn remove_snapshot(cluster: &Cluster, share: &str, root: &str) -> Result<(), ClientError> {
+    if let Some(v) = cluster.meta().entry(share, root).await? {
+        cluster.meta().remove(share, root, v.revision).await?;
+    }
+    cluster.meta().remove_below(share, root).await
+}
+
+/// Removes the objects of those of `layouts` that no entry of `share` names any more.
+async fn drop_unnamed(
+    cluster: &Cluster,
+    share: &str,
+    layouts: Vec<Layout>,
+) -> Result<(), ClientError> {
+    if layouts.is_empty() {
+        return Ok(());
+    }
+    let left = cluster.meta().below_all(share, "").await?;
     let named: HashSet<String> = left
         .iter()
         .filter_map(|(_, v)| v.entry.layout.as_ref().map(|l| l.id.clone()))
         .collect();
     let mut done = HashSet::new();
-    for layout in dropped_layouts {
+    for layout in layouts {
         if named.contains(&layout.id) || !done.insert(layout.id.clone()) {
             continue;
         }
         cluster.remove_objects(share, &layout).await;
         let _ = cluster.meta().unmark_shared(&layout.id).await;
     }
-    removed
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::filter::{Rule, RuleKind};
+    use crate::walk::LocalFile;
+    use ferry_common::cluster::Stripe;
+    use ferry_common::msg::{HashAlgorithm, Owner, Timestamp};
+
+    fn t(secs: i64) -> Timestamp {
+        Timestamp { secs, nanos: 0 }
+    }
+
+    fn dir(rel: &str, children: Vec<usize>, files: &[(&str, u64, i64)]) -> LocalDir {
+        LocalDir {
+            rel: rel.into(),
+            name: rel.rsplit('/').next().unwrap_or("").into(),
+            depth: rel.split('/').filter(|p| !p.is_empty()).count(),
+            mode: 0o755,
+            mtime: t(1),
+            owner: Owner { uid: 0, gid: 0 },
+            children,
+            files: files
+                .iter()
+                .map(|&(name, size, secs)| LocalFile {
+                    name: name.into(),
+                    path: PathBuf::from("/src").join(rel).join(name),
+                    size,
+                    mtime: t(secs),
+                    owner: Owner { uid: 0, gid: 0 },
+                    inode: (1, 1),
+                    nlink: 1,
+                })
+                .collect(),
+            symlinks: Vec::new(),
+        }
+    }
+
+    fn file(size: u64, secs: i64) -> Entry {
+        Entry {
+            kind: EntryKind::File,
+            mode: 0o644,
+            mtime: t(secs),
+            size,
+            target: None,
+            layout: Some(Layout {
+                id: "ab".repeat(16),
+                algorithm: HashAlgorithm::Blake3,
+                stripe_bytes: 1 << 20,
+                stripes: vec![Stripe {
+                    replicas: vec!["n1".into()],
+                    manifest: "00".repeat(32),
+                }],
+            }),
+        }
+    }
+
+    #[test]
+    fn a_plan_links_the_unchanged_and_counts_the_deleted_that_the_rules_cover() {
+        let tree = vec![
+            dir(
+                "",
+                vec![1],
+                &[("same", 5, 10), ("grown", 6, 10), ("new", 7, 10)],
+            ),
+            dir("d", vec![], &[]),
+        ];
+        let previous: HashMap<String, Entry> = [
+            ("same", file(5, 10)),
+            ("grown", file(5, 10)),
+            ("gone", file(1, 1)),
+            ("gone.tmp", file(1, 1)),
+            ("d/gone", file(1, 1)),
+            ("skipped/gone", file(1, 1)),
+        ]
+        .into_iter()
+        .map(|(p, e)| (p.to_owned(), e))
+        .collect();
+        let filter = Filter::new(vec![Rule::new(RuleKind::Exclude, "*.tmp").unwrap()]);
+        let plan = plan(&tree, "bk/S", &previous, &filter);
+        assert_eq!(plan.dirs.len(), 1);
+        assert_eq!(plan.dirs[0].0, "bk/S/d");
+        let got: Vec<_> = plan
+            .files
+            .iter()
+            .map(|f| (f.path.as_str(), f.link.is_some(), f.had))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("bk/S/same", true, true),
+                ("bk/S/grown", false, true),
+                ("bk/S/new", false, false)
+            ]
+        );
+        // "gone" and "d/gone": visited, covered; not the excluded one, nor one in a
+        // directory the walk did not visit.
+        assert_eq!(plan.deleted, 2);
+        let mut report = BackupReport::default();
+        count_dry(&plan, 2, &mut report);
+        let counts = (
+            report.files_unchanged,
+            report.files_changed,
+            report.files_new,
+        );
+        assert_eq!(counts, (1, 1, 1));
+        assert_eq!((report.bytes_sent, report.bytes_reused), (2 * (6 + 7), 5));
+    }
 }

@@ -17,14 +17,17 @@
 //! - [`repair`]: re-replicating under-replicated stripes node to node, and
 //!   [`status`]: the nodes and the stripes' health; [`gc`]: removing the objects
 //!   no layout names, once older than a grace period.
+//! - [`backup`]: `rcp backup` into a cluster share, and [`snapshots`]: listing and
+//!   verifying its snapshots.
 //! - [`member`]: a node's registration under its lease (ferryd's side).
-//! - [`snapshot`]: etcd's database saved to a file (`ferry cluster etcd-snapshot`).
+//! - [`etcd_snapshot`]: etcd's database saved to a file (`ferry cluster etcd-snapshot`).
 
 pub mod auth_setup;
 pub mod backup;
 pub mod copy;
 pub mod etcd_config;
 pub mod etcd_connect;
+pub mod etcd_snapshot;
 pub mod files;
 pub mod gc;
 pub mod health;
@@ -32,7 +35,7 @@ pub mod locks;
 pub mod member;
 pub mod meta;
 pub mod repair;
-pub mod snapshot;
+pub mod snapshots;
 pub mod status;
 pub mod tree_rename;
 

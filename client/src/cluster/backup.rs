@@ -402,16 +402,20 @@ async fn tidy(
     let Ok(left) = cluster.meta().below_all(share, "").await else {
         return removed;
     };
+    // By object: a newer version may reuse (copy-on-write) a dropped layout's object.
     let named: HashSet<String> = left
         .iter()
-        .filter_map(|(_, v)| v.entry.layout.as_ref().map(|l| l.id.clone()))
+        .filter_map(|(_, v)| v.entry.layout.as_ref())
+        .flat_map(|l| (0..l.stripes.len()).map(|i| l.object_path(share, i)))
         .collect();
     let mut done = HashSet::new();
     for layout in dropped_layouts {
-        if named.contains(&layout.id) || !done.insert(layout.id.clone()) {
+        if !done.insert(layout.id.clone()) {
             continue;
         }
-        cluster.remove_objects(share, &layout).await;
+        cluster
+            .remove_objects(share, &layout, &|o| named.contains(o))
+            .await;
         let _ = cluster.meta().unmark_shared(&layout.id).await;
     }
     removed

@@ -64,7 +64,10 @@ EXIT CODES:
 RESUMING:
   Running the same copy again after it was interrupted (killed, disconnected, a
   server restart) resumes it: chunks that the destination's hidden partial file
-  already holds are verified there and not sent again (--json: bytes_reused).";
+  already holds are verified there and not sent again (--json: bytes_reused).
+  Copying a file to a cluster again sends only the stripes whose bytes changed; the
+  new version names the objects of the others (--json: stripes_sent,
+  stripes_reused).";
 
 /// Copy files and directory trees to and from a Ferry server (ferryd), like scp.
 ///

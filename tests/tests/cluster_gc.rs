@@ -11,40 +11,14 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ferry_common::cluster::ObjectPath;
 use ferry_tests::{
     assert_files_equal, assert_trees_equal, ferry, rcp, rcp_args, skip_without_cluster,
     write_random_file, Cluster, MIB,
 };
 
-/// (node id, object path in the store share) of every stripe object on the nodes,
-/// with its size: only names that are objects' (not the nodes' partial uploads).
+/// (node id, object path in the store share) of every stripe object on the nodes.
 fn objects(cluster: &Cluster) -> BTreeMap<(String, String), u64> {
-    let mut out = BTreeMap::new();
-    for k in 1..=cluster.node_count() {
-        let store = cluster.node_store(k);
-        walk(&store, &store, &mut |rel, size| {
-            if ObjectPath::parse(rel).is_some() {
-                out.insert((cluster.node_id(k), rel.to_owned()), size);
-            }
-        });
-    }
-    out
-}
-
-fn walk(root: &Path, dir: &Path, f: &mut dyn FnMut(&str, u64)) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let p = e.path();
-        let md = std::fs::symlink_metadata(&p).unwrap();
-        if md.is_dir() {
-            walk(root, &p, f);
-        } else if md.is_file() {
-            f(p.strip_prefix(root).unwrap().to_str().unwrap(), md.len());
-        }
-    }
+    cluster.objects()
 }
 
 /// The objects of `layout` (a file of share `data`) on their replicas.

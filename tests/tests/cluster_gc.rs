@@ -475,6 +475,10 @@ fn a_rerun_copy_sends_only_the_changed_stripe_and_gc_keeps_the_reused_ones() {
         std::mem::take(&mut named)
     );
     reads_back();
+    // A new name in a directory that does not exist: a clear error, not a retry loop.
+    let out = rcp(rcp_args![&local, cluster.url("data", "nodir/f")]);
+    assert_eq!(out.code, Some(4), "{}", out.stderr);
+    assert!(out.stderr.contains("no such directory"), "{}", out.stderr);
     // Unchanged: nothing is sent at all.
     let same = up();
     assert_eq!(

@@ -373,7 +373,7 @@ impl Cluster {
                 .await?
             {
                 Outcome::Done(put) => return Ok(put),
-                Outcome::Conflict => {}
+                Outcome::Conflict => self.parent_exists(share, path).await?,
                 Outcome::OtherAlgorithm => reuse = false,
             }
         }
@@ -590,20 +590,25 @@ impl Cluster {
                 .await?
             {
                 Commit::Done(_) => return Ok(current.map(|v| v.entry)),
-                Commit::Conflict => {
-                    let parent = path.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
-                    if self.meta().entry(share, parent).await?.is_none() {
-                        return Err(remote(
-                            ErrorKind::NotFound,
-                            format!("{share}/{parent}: no such directory"),
-                        ));
-                    }
-                }
+                Commit::Conflict => self.parent_exists(share, path).await?,
             }
         }
         Err(ClientError::Cluster(format!(
             "{share}/{path}: changed by other writers {COMMIT_TRIES} times in a row; not written"
         )))
+    }
+
+    /// After a failed compare-and-swap at `path`: NotFound if its parent directory is
+    /// gone (the commit's other condition), else the entry changed (try again).
+    async fn parent_exists(&self, share: &str, path: &str) -> Result<(), ClientError> {
+        let parent = path.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
+        if self.meta().entry(share, parent).await?.is_none() {
+            return Err(remote(
+                ErrorKind::NotFound,
+                format!("{share}/{parent}: no such directory"),
+            ));
+        }
+        Ok(())
     }
 
     /// Removes the own objects of `layout` (see [`Cluster::remove_objects`]) unless

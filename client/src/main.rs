@@ -64,7 +64,10 @@ EXIT CODES:
 RESUMING:
   Running the same copy again after it was interrupted (killed, disconnected, a
   server restart) resumes it: chunks that the destination's hidden partial file
-  already holds are verified there and not sent again (--json: bytes_reused).";
+  already holds are verified there and not sent again (--json: bytes_reused).
+  Copying a file to a cluster again sends only the stripes whose bytes changed; the
+  new version names the objects of the others (--json: stripes_sent,
+  stripes_reused).";
 
 /// Copy files and directory trees to and from a Ferry server (ferryd), like scp.
 ///
@@ -544,7 +547,12 @@ async fn run_cluster(args: Args, started: Instant) -> u8 {
     if args.json {
         print_json(direction, link.as_ref(), &report, seconds, code);
     } else if show {
-        print_summary(&report, "", seconds);
+        // Like rsync's "matched data": what a re-run found already there.
+        let stripes = match (report.stripes_sent, report.stripes_reused) {
+            (_, 0) => String::new(),
+            (sent, reused) => format!(", {sent} stripes sent, {reused} reused"),
+        };
+        print_summary(&report, &stripes, seconds);
     }
     code
 }
@@ -740,6 +748,8 @@ fn print_json(direction: &str, link: Option<&Link>, report: &Report, seconds: f6
         "bytes": report.bytes,
         "bytes_sent": report.bytes_sent,
         "bytes_reused": report.bytes_reused,
+        "stripes_sent": report.stripes_sent,
+        "stripes_reused": report.stripes_reused,
         "seconds": seconds,
         "bytes_per_sec": if seconds > 0.0 { report.bytes as f64 / seconds } else { 0.0 },
         "errors": errors,

@@ -604,6 +604,29 @@ impl Cluster {
         })
     }
 
+    /// (node id, object path in the store share) of every stripe object on the nodes,
+    /// with its size: only names that are objects' (not the nodes' partial uploads).
+    pub fn objects(&self) -> std::collections::BTreeMap<(String, String), u64> {
+        let mut out = std::collections::BTreeMap::new();
+        for k in 1..=self.node_count() {
+            let store = self.node_store(k);
+            let mut dirs = vec![store.clone()];
+            while let Some(dir) = dirs.pop() {
+                for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    let (p, md) = (e.path(), e.metadata().expect("stat in a store"));
+                    let rel = p.strip_prefix(&store).expect("below the store");
+                    let rel = rel.to_str().expect("UTF-8 store path").to_owned();
+                    if md.is_dir() {
+                        dirs.push(p);
+                    } else if ferry_common::cluster::ObjectPath::parse(&rel).is_some() {
+                        out.insert((self.node_id(k), rel), md.len());
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Node `k`'s ferryd address, `10.A.K.2:7447`.
     pub fn node_addr(&self, k: usize) -> String {
         self.node(k).spec.listen.clone()

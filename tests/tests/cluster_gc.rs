@@ -11,40 +11,14 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ferry_common::cluster::ObjectPath;
 use ferry_tests::{
     assert_files_equal, assert_trees_equal, ferry, rcp, rcp_args, skip_without_cluster,
     write_random_file, Cluster, MIB,
 };
 
-/// (node id, object path in the store share) of every stripe object on the nodes,
-/// with its size: only names that are objects' (not the nodes' partial uploads).
+/// (node id, object path in the store share) of every stripe object on the nodes.
 fn objects(cluster: &Cluster) -> BTreeMap<(String, String), u64> {
-    let mut out = BTreeMap::new();
-    for k in 1..=cluster.node_count() {
-        let store = cluster.node_store(k);
-        walk(&store, &store, &mut |rel, size| {
-            if ObjectPath::parse(rel).is_some() {
-                out.insert((cluster.node_id(k), rel.to_owned()), size);
-            }
-        });
-    }
-    out
-}
-
-fn walk(root: &Path, dir: &Path, f: &mut dyn FnMut(&str, u64)) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let p = e.path();
-        let md = std::fs::symlink_metadata(&p).unwrap();
-        if md.is_dir() {
-            walk(root, &p, f);
-        } else if md.is_file() {
-            f(p.strip_prefix(root).unwrap().to_str().unwrap(), md.len());
-        }
-    }
+    cluster.objects()
 }
 
 /// The objects of `layout` (a file of share `data`) on their replicas.
@@ -374,4 +348,147 @@ fn removed_files_and_snapshots_lose_their_objects_and_the_rest_reads_back() {
 fn bad_grace_is_a_usage_error() {
     let out = ferry(["cluster", "gc", "--etcd", "127.0.0.1:1", "--grace", "soon"]);
     out.assert_code(2);
+}
+
+/// Changes one byte of the local file `path` at `at` (and its mtime, as an editor's
+/// write does).
+fn change_byte(path: &Path, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .read(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x5a], at).unwrap();
+}
+
+/// Copy-on-write per stripe: a re-run `rcp` of a file whose middle stripe changed
+/// sends that stripe only (to each of its replicas) and names the older version's
+/// objects for the others; the replaced stripe's objects go, gc keeps every reused
+/// one, and the file reads back byte for byte after each version.
+#[test]
+fn a_rerun_copy_sends_only_the_changed_stripe_and_gc_keeps_the_reused_ones() {
+    if skip_without_cluster(
+        "a_rerun_copy_sends_only_the_changed_stripe_and_gc_keeps_the_reused_ones",
+    ) {
+        return;
+    }
+    let cluster = Cluster::start_with_share(3, "data", 2, 1);
+    let local = cluster.dir().join("f");
+    let back = cluster.dir().join("back");
+    write_random_file(&local, 5 * MIB + 7, 91);
+    let up = || {
+        let out = rcp(rcp_args!["--json", &local, cluster.url("data", "f")]);
+        out.assert_success();
+        out.json()
+    };
+    let reads_back = || {
+        let _ = std::fs::remove_file(&back);
+        rcp(rcp_args![cluster.url("data", "f"), &back]).assert_success();
+        assert_files_equal(&local, &back);
+    };
+    let first = up();
+    assert_eq!(
+        (
+            first["stripes_sent"].as_u64(),
+            first["stripes_reused"].as_u64()
+        ),
+        (Some(6), Some(0)),
+        "{first}"
+    );
+    let a = cluster.layout_of("data", "f");
+    let before = objects(&cluster);
+
+    change_byte(&local, 2 * MIB + 12345);
+    let second = up();
+    assert_eq!(second["stripes_sent"].as_u64(), Some(1), "{second}");
+    assert_eq!(second["stripes_reused"].as_u64(), Some(5), "{second}");
+    assert_eq!(
+        second["bytes_sent"].as_u64(),
+        Some(2 * MIB),
+        "one stripe, to 2 replicas: {second}"
+    );
+    let b = cluster.layout_of("data", "f");
+    assert_ne!(a.id, b.id);
+    for i in 0..6 {
+        if i == 2 {
+            assert!(b.is_own(i), "the changed stripe is a new object");
+        } else {
+            assert_eq!(b.stripes[i].object.as_deref(), Some(a.id.as_str()));
+            assert_eq!(b.object_path("data", i), a.object_path("data", i));
+            assert_eq!(b.stripes[i].replicas, a.stripes[i].replicas);
+        }
+    }
+    let after = objects(&cluster);
+    let only = |layout: &ferry_common::cluster::Layout, i| -> BTreeSet<(String, String)> {
+        let stripe = layout.object_path("data", i);
+        layout_objects(layout)
+            .into_iter()
+            .filter(|(_, o)| *o == stripe)
+            .collect()
+    };
+    let new: BTreeSet<_> = after
+        .keys()
+        .filter(|k| !before.contains_key(*k))
+        .cloned()
+        .collect();
+    let gone: BTreeSet<_> = before
+        .keys()
+        .filter(|k| !after.contains_key(*k))
+        .cloned()
+        .collect();
+    assert_eq!(
+        new,
+        only(&b, 2),
+        "exactly the changed stripe's 2 replicas are new objects"
+    );
+    assert_eq!(
+        gone,
+        only(&a, 2),
+        "the replaced stripe's objects are removed"
+    );
+    assert!(new.iter().all(|k| after[k] == MIB));
+    reads_back();
+
+    // gc with no grace keeps every named object, reused ones included.
+    let report = gc(&cluster, &["--grace", "0"]);
+    assert_eq!(removed(&report), (BTreeSet::new(), 0), "{report}");
+    assert_eq!(objects(&cluster), after);
+    reads_back();
+
+    // A third version changes the last stripe: it names objects of both older ones.
+    // The replaced stripe's object was the first version's, borrowed by the second:
+    // not the second's to remove, it is left to gc, which takes it and only it.
+    change_byte(&local, 5 * MIB + 3);
+    let third = up();
+    assert_eq!(third["stripes_sent"].as_u64(), Some(1), "{third}");
+    let c = cluster.layout_of("data", "f");
+    assert_eq!(c.object_path("data", 2), b.object_path("data", 2));
+    assert_eq!(c.object_path("data", 0), a.object_path("data", 0));
+    assert!(c.is_own(5));
+    let report = gc(&cluster, &["--grace", "0"]);
+    assert_eq!(removed(&report), (only(&a, 5), 2 * 7), "{report}");
+    let mut named = layout_objects(&c);
+    assert_eq!(
+        objects(&cluster).into_keys().collect::<BTreeSet<_>>(),
+        std::mem::take(&mut named)
+    );
+    reads_back();
+    // A new name in a directory that does not exist: a clear error, not a retry loop.
+    let out = rcp(rcp_args![&local, cluster.url("data", "nodir/f")]);
+    assert_eq!(out.code, Some(4), "{}", out.stderr);
+    assert!(out.stderr.contains("no such directory"), "{}", out.stderr);
+    // Unchanged: nothing is sent at all.
+    let same = up();
+    assert_eq!(
+        (
+            same["stripes_sent"].as_u64(),
+            same["stripes_reused"].as_u64()
+        ),
+        (Some(0), Some(6)),
+        "{same}"
+    );
+    reads_back();
 }

@@ -456,7 +456,8 @@ async fn remove_snapshot(cluster: &Cluster, share: &str, root: &str) -> Result<(
     cluster.meta().remove_below(share, root).await
 }
 
-/// Removes the objects of those of `layouts` that no entry of `share` names any more.
+/// Removes the objects of those of `layouts` that no entry of `share` names any more
+/// (by object: a newer version may reuse, copy-on-write, a dropped layout's object).
 async fn drop_unnamed(
     cluster: &Cluster,
     share: &str,
@@ -466,16 +467,25 @@ async fn drop_unnamed(
         return Ok(());
     }
     let left = cluster.meta().below_all(share, "").await?;
+    let left: Vec<&Layout> = left
+        .iter()
+        .filter_map(|(_, v)| v.entry.layout.as_ref())
+        .collect();
+    // A layout another entry still names stays whole, and shared (a later
+    // replacement of that entry must not remove what a snapshot names).
+    let named_layouts: HashSet<&str> = left.iter().map(|l| l.id.as_str()).collect();
     let named: HashSet<String> = left
         .iter()
-        .filter_map(|(_, v)| v.entry.layout.as_ref().map(|l| l.id.clone()))
+        .flat_map(|l| (0..l.stripes.len()).map(|i| l.object_path(share, i)))
         .collect();
     let mut done = HashSet::new();
     for layout in layouts {
-        if named.contains(&layout.id) || !done.insert(layout.id.clone()) {
+        if named_layouts.contains(layout.id.as_str()) || !done.insert(layout.id.clone()) {
             continue;
         }
-        cluster.remove_objects(share, &layout).await;
+        cluster
+            .remove_objects(share, &layout, &|o| named.contains(o))
+            .await;
         let _ = cluster.meta().unmark_shared(&layout.id).await;
     }
     Ok(())

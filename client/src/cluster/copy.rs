@@ -160,6 +160,12 @@ impl Tally {
     fn fail(&self, path: String, error: ClientError) {
         lock(&self.report).errors.push(ItemError { path, error });
     }
+    fn put(&self, p: super::files::Put) {
+        self.copied(p.copied);
+        let mut r = lock(&self.report);
+        r.stripes_sent += p.stripes_sent;
+        r.stripes_reused += p.stripes_reused;
+    }
     fn copied(&self, c: Copied) {
         let mut r = lock(&self.report);
         r.files += 1;
@@ -387,7 +393,8 @@ async fn upload_dirs(cluster: &Cluster, items: &[UpItem], dest: &ClusterPath, ta
     }
 }
 
-/// Uploads one file to `path` of `dest`'s share, striped over the nodes.
+/// Uploads one file to `path` of `dest`'s share, striped over the nodes; the stripes
+/// of the file there now that hold the same bytes are reused, not sent.
 async fn upload_file(
     cluster: &Cluster,
     dest: &ClusterPath,
@@ -398,10 +405,10 @@ async fn upload_file(
     tally: &Tally,
 ) {
     match cluster
-        .put_file(local, &dest.share, path, config, advance_fn(progress))
+        .put_file_reusing(local, (&dest.share, path), config, advance_fn(progress))
         .await
     {
-        Ok(c) => tally.copied(c),
+        Ok(p) => tally.put(p),
         Err(e) if e.remote_kind().is_some() => {
             tally.fail(format!("{}/{path}", display_root(dest)), e)
         }

@@ -33,7 +33,7 @@ use ferry_common::seal::to_hex;
 use tokio::task::JoinSet;
 
 use super::health::Progress;
-use super::meta::Commit;
+use super::meta::{Commit, Versioned};
 use super::Cluster;
 use crate::error::ClientError;
 use crate::transfer::{self, Assembly, Copied, ProgressFn};
@@ -163,6 +163,124 @@ fn hash_range(
     ))
 }
 
+/// How [`Cluster::put_version`] makes and commits a new version.
+pub struct Version<'a> {
+    /// Committed where readers see it (false: into a snapshot being built).
+    pub visible: bool,
+    /// The older version and which of its stripes the new one keeps (their bytes are
+    /// the same, at the same place): their objects are named, not sent. Their bytes
+    /// need not be in the local file.
+    pub base: Option<(&'a Layout, &'a [bool])>,
+    /// What the commit replaces.
+    pub expect: Expect<'a>,
+}
+
+/// What a new version's commit may replace.
+pub enum Expect<'a> {
+    /// Whatever is there: the last writer wins.
+    Any,
+    /// Only this entry, at its revision (`None`: only no entry). A version that keeps
+    /// stripes of an older one commits only over the entry it checked names them, so
+    /// that no writer removed them meanwhile.
+    Over(Option<&'a Versioned>),
+}
+
+/// How [`Cluster::put_version`] ended.
+pub enum Outcome {
+    /// Committed.
+    Done(Put),
+    /// The entry changed since it was read ([`Expect::Over`]): nothing committed.
+    Conflict,
+    /// The nodes now hash in another algorithm than the kept stripes': nothing
+    /// committed; send every stripe.
+    OtherAlgorithm,
+}
+
+/// What a new version's upload moved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Put {
+    /// Bytes, as for any copy (kept stripes' bytes counted as reused).
+    pub copied: Copied,
+    /// Stripes uploaded.
+    pub stripes_sent: u64,
+    /// Stripes whose older object the new version names instead.
+    pub stripes_reused: u64,
+}
+
+impl Put {
+    /// The tally of `layout` (a file of `size` bytes) whose stripes were sent as `sent`.
+    fn count(size: u64, layout: &Layout, sent: &[Option<PutStripe>]) -> Put {
+        let mut put = Put {
+            copied: Copied {
+                bytes: size,
+                ..Copied::default()
+            },
+            ..Put::default()
+        };
+        for (i, s) in sent.iter().enumerate() {
+            match s {
+                Some(s) => {
+                    put.stripes_sent += 1;
+                    put.copied.bytes_sent += s.copied.bytes_sent;
+                    put.copied.bytes_reused += s.copied.bytes_reused;
+                }
+                None => {
+                    put.stripes_reused += 1;
+                    let r = layout.stripe_range(size, i);
+                    put.copied.bytes_reused += r.end - r.start;
+                }
+            }
+        }
+        put
+    }
+}
+
+/// The layout `id` of the stripes `sent` (`None`: kept from `base`); `None` if their
+/// algorithms differ.
+fn assemble(
+    id: &str,
+    stripe_bytes: u64,
+    base: Option<(&Layout, &[bool])>,
+    sent: &[Option<PutStripe>],
+) -> Option<Layout> {
+    let mut algorithms = sent.iter().flatten().map(|s| s.algorithm);
+    let algorithm = match base {
+        Some((b, _)) if sent.iter().any(Option::is_none) => b.algorithm,
+        _ => algorithms.next().unwrap_or(HashAlgorithm::SUPPORTED[0]),
+    };
+    if algorithms.any(|a| a != algorithm) {
+        return None;
+    }
+    let stripes = sent
+        .iter()
+        .enumerate()
+        .map(|(i, s)| match (s, base) {
+            (Some(s), _) => Some(s.stripe.clone()),
+            (None, Some((b, _))) => b.reused_by(i, id),
+            (None, None) => None,
+        })
+        .collect::<Option<Vec<Stripe>>>()?;
+    Some(Layout {
+        id: id.to_owned(),
+        algorithm,
+        stripe_bytes,
+        stripes,
+    })
+}
+
+/// The metadata of `local`, a regular file to upload.
+fn source_file(local: &Path) -> Result<fs::Metadata, ClientError> {
+    let md = fs::metadata(local).map_err(|e| ClientError::local(local, "cannot stat", e))?;
+    if !md.is_file() {
+        return Err(ClientError::local(
+            local,
+            "cannot upload",
+            std::io::Error::other("not a regular file"),
+        ));
+    }
+    Ok(md)
+}
+
 /// One stripe as uploaded.
 struct PutStripe {
     stripe: Stripe,
@@ -200,17 +318,119 @@ impl Cluster {
         progress: ProgressFn,
         visible: bool,
     ) -> Result<Copied, ClientError> {
-        let md = fs::metadata(local).map_err(|e| ClientError::local(local, "cannot stat", e))?;
-        if !md.is_file() {
-            return Err(ClientError::local(
-                local,
-                "cannot upload",
-                std::io::Error::other("not a regular file"),
-            ));
+        let how = Version {
+            visible,
+            base: None,
+            expect: Expect::Any,
+        };
+        match self
+            .put_version(local, (share, path), config, progress, how)
+            .await?
+        {
+            Outcome::Done(put) => Ok(put.copied),
+            // Committed over whatever is there: no conflict; no stripe kept.
+            Outcome::Conflict | Outcome::OtherAlgorithm => Err(ClientError::Cluster(format!(
+                "{share}/{path}: the storage nodes hash in different algorithms"
+            ))),
         }
+    }
+
+    /// [`Cluster::put_file`], reusing the objects of every stripe of the file there now
+    /// whose bytes the local file has too at the same place (the chunk manifests
+    /// deciding): only the other stripes are sent (copy-on-write per stripe). The new
+    /// version is committed only over the entry it was compared with; another
+    /// writer's commit meanwhile makes it compare again.
+    pub async fn put_file_reusing(
+        &self,
+        local: &Path,
+        (share, path): (&str, &str),
+        config: ShareConfig,
+        progress: ProgressFn,
+    ) -> Result<Put, ClientError> {
+        let mut reuse = true;
+        for _ in 0..COMMIT_TRIES {
+            let current = self.meta().entry(share, path).await?;
+            let size = fs::metadata(local)
+                .map_err(|e| ClientError::local(local, "cannot stat", e))?
+                .len();
+            let base = match current.as_ref().and_then(|v| v.entry.layout.as_ref()) {
+                Some(l) if reuse => {
+                    let old_size = current.as_ref().map_or(0, |v| v.entry.size);
+                    let keep = self
+                        .same_stripes(local, l, (old_size, size), config)
+                        .await?;
+                    keep.iter().any(|k| *k).then(|| (l.clone(), keep))
+                }
+                _ => None,
+            };
+            let how = Version {
+                visible: true,
+                base: base.as_ref().map(|(l, k)| (l, k.as_slice())),
+                expect: Expect::Over(current.as_ref()),
+            };
+            match self
+                .put_version(local, (share, path), config, progress.clone(), how)
+                .await?
+            {
+                Outcome::Done(put) => return Ok(put),
+                Outcome::Conflict => self.parent_exists(share, path).await?,
+                Outcome::OtherAlgorithm => reuse = false,
+            }
+        }
+        Err(ClientError::Cluster(format!(
+            "{share}/{path}: changed by other writers {COMMIT_TRIES} times in a row; not written"
+        )))
+    }
+
+    /// Which stripes of `local` (`sizes.1` bytes) hold exactly the bytes of the same
+    /// stripe of `layout` (a file of `sizes.0` bytes): same stripe size, same range,
+    /// same manifest in the layout's algorithm and the nodes' chunk size.
+    async fn same_stripes(
+        &self,
+        local: &Path,
+        layout: &Layout,
+        (old_size, size): (u64, u64),
+        config: ShareConfig,
+    ) -> Result<Vec<bool>, ClientError> {
+        let sb = layout.stripe_bytes;
+        let count = stripe_count(size, sb);
+        let mut keep = vec![false; count];
+        if sb != config.stripe_bytes || layout.stripes.is_empty() {
+            return Ok(keep);
+        }
+        let Ok(chunk) = self.chunk_bytes(&layout.stripes[0].replicas).await else {
+            return Ok(keep);
+        };
+        for (i, k) in keep.iter_mut().enumerate().take(layout.stripes.len()) {
+            let range = stripe_range(size, sb, i);
+            if range != stripe_range(old_size, sb, i) {
+                continue;
+            }
+            let (file, algorithm) = (local.to_owned(), layout.algorithm);
+            let mine =
+                tokio::task::spawn_blocking(move || hash_range(&file, range, algorithm, chunk))
+                    .await
+                    .map_err(|e| ClientError::Cluster(format!("hashing: {e}")))?
+                    .map_err(|e| ClientError::local(local, "cannot read", e))?;
+            *k = layout.manifest(i) == Some(mine);
+        }
+        Ok(keep)
+    }
+
+    /// Uploads `local` as a new version of `path` of `share` (the stripes `how.base`
+    /// keeps are not sent: the new layout names their objects) and commits it as
+    /// `how.expect` says; the objects of the version it replaced that the new one does
+    /// not name are removed (unless a backup shares them).
+    pub async fn put_version(
+        &self,
+        local: &Path,
+        (share, path): (&str, &str),
+        config: ShareConfig,
+        progress: ProgressFn,
+        how: Version<'_>,
+    ) -> Result<Outcome, ClientError> {
+        let md = source_file(local)?;
         let size = md.len();
-        let mtime = ferry_common::attr::attr_of(&md, None).mtime;
-        let mode = md.mode() & 0o7777;
         if let Some(v) = self.meta().entry(share, path).await? {
             if v.entry.kind == EntryKind::Dir {
                 return Err(remote(
@@ -220,52 +440,42 @@ impl Cluster {
             }
         }
         let id = layout_id(share, path, &md);
-        let stripes = self
-            .put_stripes(local, (share, path), &id, size, config, progress)
+        let skip: Vec<bool> = how.base.map(|(_, k)| k.to_vec()).unwrap_or_default();
+        let sent = self
+            .put_stripes(local, (share, path, &id), size, config, progress, &skip)
             .await?;
-        let stripes = self
-            .recheck_reused(local, share, &id, size, config, stripes)
+        let sent = self
+            .recheck_reused(local, share, &id, size, config, sent)
             .await?;
-        let algorithm = match stripes.first() {
-            Some(s) => s.algorithm,
-            None => HashAlgorithm::SUPPORTED[0],
+        let Some(layout) = assemble(&id, config.stripe_bytes, how.base, &sent) else {
+            return Ok(Outcome::OtherAlgorithm);
         };
-        if stripes.iter().any(|s| s.algorithm != algorithm) {
-            return Err(ClientError::Cluster(format!(
-                "{share}/{path}: the storage nodes hash in different algorithms"
-            )));
-        }
-        let mut copied = Copied {
-            bytes: size,
-            ..Copied::default()
-        };
-        for s in &stripes {
-            copied.bytes_sent += s.copied.bytes_sent;
-            copied.bytes_reused += s.copied.bytes_reused;
-        }
+        let put = Put::count(size, &layout, &sent);
         let entry = Entry {
             kind: EntryKind::File,
-            mode,
-            mtime,
+            mode: md.mode() & 0o7777,
+            mtime: ferry_common::attr::attr_of(&md, None).mtime,
             size,
             target: None,
-            layout: Some(Layout {
-                id,
-                algorithm,
-                stripe_bytes: config.stripe_bytes,
-                stripes: stripes.into_iter().map(|s| s.stripe).collect(),
-            }),
+            layout: Some(layout),
         };
-        let new_id = entry.layout.as_ref().map(|l| l.id.clone());
-        let replaced = self.commit_entry_with(share, path, &entry, visible).await?;
-        // The same source copied again has the same id: its objects are the new ones.
-        if let Some(old) = replaced
-            .and_then(|e| e.layout)
-            .filter(|l| Some(&l.id) != new_id.as_ref())
-        {
-            self.remove_unshared(share, &old).await;
+        let replaced = match how.expect {
+            Expect::Any => {
+                self.commit_entry_with(share, path, &entry, how.visible)
+                    .await?
+            }
+            Expect::Over(current) => {
+                let rev = current.map_or(0, |v| v.revision);
+                match self.meta().commit(share, path, &entry, rev).await? {
+                    Commit::Done(_) => current.map(|v| v.entry.clone()),
+                    Commit::Conflict => return Ok(Outcome::Conflict),
+                }
+            }
+        };
+        if let (Some(old), Some(new)) = (replaced.and_then(|e| e.layout), &entry.layout) {
+            self.remove_replaced(share, &old, new).await;
         }
-        Ok(copied)
+        Ok(Outcome::Done(put))
     }
 
     /// Places the stripes of the `size` bytes of `local` (layout `id`, to be `path` of
@@ -274,12 +484,12 @@ impl Cluster {
     async fn put_stripes(
         &self,
         local: &Path,
-        (share, path): (&str, &str),
-        id: &str,
+        (share, path, id): (&str, &str, &str),
         size: u64,
         config: ShareConfig,
         progress: ProgressFn,
-    ) -> Result<Vec<PutStripe>, ClientError> {
+        skip: &[bool],
+    ) -> Result<Vec<Option<PutStripe>>, ClientError> {
         let count = stripe_count(size, config.stripe_bytes);
         let nodes = self.usable_nodes();
         let need = config.stripe_bytes.min(size).max(1);
@@ -287,6 +497,9 @@ impl Cluster {
             .map_err(|e| ClientError::Cluster(format!("{share}/{path}: {e}")))?;
         let mut tasks = JoinSet::new();
         for (i, replicas) in placed.into_iter().enumerate() {
+            if skip.get(i).copied().unwrap_or(false) {
+                continue;
+            }
             // Each node works on STRIPES_PER_NODE stripes at a time (over every
             // file of this run), so every link stays busy until its queue is empty.
             let limit = self.node_slots(&replicas[0]);
@@ -327,7 +540,7 @@ impl Cluster {
             // re-run reuses them, else `ferry cluster gc` removes them.
             return Err(e);
         }
-        Ok(stripes.into_iter().flatten().collect())
+        Ok(stripes)
     }
 
     /// Commits `entry` at `path`, replacing whatever file or symlink is there (a
@@ -377,15 +590,7 @@ impl Cluster {
                 .await?
             {
                 Commit::Done(_) => return Ok(current.map(|v| v.entry)),
-                Commit::Conflict => {
-                    let parent = path.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
-                    if self.meta().entry(share, parent).await?.is_none() {
-                        return Err(remote(
-                            ErrorKind::NotFound,
-                            format!("{share}/{parent}: no such directory"),
-                        ));
-                    }
-                }
+                Commit::Conflict => self.parent_exists(share, path).await?,
             }
         }
         Err(ClientError::Cluster(format!(
@@ -393,21 +598,63 @@ impl Cluster {
         )))
     }
 
-    /// Removes the objects of `layout` unless another entry may name it (a backup's
-    /// link marked it shared: such objects go when retention finds them unnamed).
+    /// After a failed compare-and-swap at `path`: NotFound if its parent directory is
+    /// gone (the commit's other condition), else the entry changed (try again).
+    async fn parent_exists(&self, share: &str, path: &str) -> Result<(), ClientError> {
+        let parent = path.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
+        if self.meta().entry(share, parent).await?.is_none() {
+            return Err(remote(
+                ErrorKind::NotFound,
+                format!("{share}/{parent}: no such directory"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Removes the own objects of `layout` (see [`Cluster::remove_objects`]) unless
+    /// another entry may name them (a backup's link marked the layout shared: such
+    /// objects go when retention finds them unnamed).
     pub async fn remove_unshared(&self, share: &str, layout: &Layout) {
+        self.remove_replaced_but(share, layout, &|_| false).await
+    }
+
+    /// Removes the own objects of `old`, replaced by `new`, that `new` does not name
+    /// (the stripes it reuses stay), unless a backup shares `old`.
+    pub async fn remove_replaced(&self, share: &str, old: &Layout, new: &Layout) {
+        if old.id != new.id {
+            self.remove_replaced_but(share, old, &|o| new.names(share, o))
+                .await
+        }
+    }
+
+    async fn remove_replaced_but(
+        &self,
+        share: &str,
+        layout: &Layout,
+        keep: &(dyn Fn(&str) -> bool + Sync),
+    ) {
         match self.meta().is_shared(&layout.id).await {
-            Ok(false) => self.remove_objects(share, layout).await,
+            Ok(false) => self.remove_objects(share, layout, keep).await,
             Ok(true) => {}
             Err(e) => tracing::debug!("cannot tell whether a layout is shared: {e}"),
         }
     }
 
-    /// Removes the objects of `layout` from the nodes that hold them (best effort:
-    /// what a dead node keeps is named by no layout and never read).
-    pub async fn remove_objects(&self, share: &str, layout: &Layout) {
+    /// Removes the objects `layout` owns (not those it reuses from an older version:
+    /// another version, a snapshot's, may name them; `ferry cluster gc` takes them
+    /// when none does), except those `keep` names, from the nodes that hold them
+    /// (best effort: what a dead node keeps is named by no layout and never read).
+    pub async fn remove_objects(
+        &self,
+        share: &str,
+        layout: &Layout,
+        keep: &(dyn Fn(&str) -> bool + Sync),
+    ) {
         for (i, s) in layout.stripes.iter().enumerate() {
             let object = layout.object_path(share, i);
+            if !layout.is_own(i) || keep(&object) {
+                continue;
+            }
             for node in &s.replicas {
                 // A suspect node's copies stay: named by no layout, never read.
                 if !self.is_live(node) || self.is_suspect(node) {
@@ -510,6 +757,7 @@ impl Cluster {
             stripe: Stripe {
                 replicas: holders,
                 manifest: to_hex(&manifest),
+                object: None,
             },
             algorithm,
             copied,
@@ -527,9 +775,10 @@ impl Cluster {
         id: &str,
         size: u64,
         config: ShareConfig,
-        mut stripes: Vec<PutStripe>,
-    ) -> Result<Vec<PutStripe>, ClientError> {
+        mut stripes: Vec<Option<PutStripe>>,
+    ) -> Result<Vec<Option<PutStripe>>, ClientError> {
         for (i, s) in stripes.iter_mut().enumerate() {
+            let Some(s) = s else { continue };
             let object = object_path(share, id, i);
             let mut missing = false;
             for node in &s.reused {

@@ -38,6 +38,11 @@ pub struct Report {
     /// had left them, verified, in the destination's partial file (`bytes_sent +
     /// bytes_reused == bytes`).
     pub bytes_reused: u64,
+    /// Stripes uploaded to a cluster (copies to a cluster only).
+    pub stripes_sent: u64,
+    /// Stripes of the files copied to a cluster that were not sent: the version
+    /// replaced held the same bytes there, and the new one names its objects.
+    pub stripes_reused: u64,
     /// Items that failed.
     pub errors: Vec<ItemError>,
     /// Special files (devices, fifos, sockets) inside trees, not copied (as rsync does

@@ -24,7 +24,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use super::{object_path, Layout, ObjectPath};
+use super::{Layout, ObjectPath};
 use crate::msg::Timestamp;
 
 /// Which (node, object) pairs the namespace names.
@@ -42,7 +42,8 @@ impl Named {
     /// Adds every object of `layout` (a file of `share`) on each of its replicas.
     pub fn add(&mut self, share: &str, layout: &Layout) {
         for (i, s) in layout.stripes.iter().enumerate() {
-            let object = object_path(share, &layout.id, i);
+            // A reused stripe names its owner's object ([`Layout::object_path`]).
+            let object = layout.object_path(share, i);
             for node in &s.replicas {
                 self.pairs.insert((node.clone(), object.clone()));
             }
@@ -127,6 +128,7 @@ pub fn garbage<'f>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::object_path;
     use crate::cluster::{Layout, Stripe};
     use crate::msg::HashAlgorithm;
 
@@ -147,6 +149,7 @@ mod tests {
                 .map(|r| Stripe {
                     replicas: r.iter().map(|n| n.to_string()).collect(),
                     manifest: "00".repeat(32),
+                    object: None,
                 })
                 .collect(),
         }
@@ -187,6 +190,23 @@ mod tests {
             verdict("n1", &share, &named, HOUR, at(10_000)),
             Verdict::Garbage
         );
+    }
+
+    #[test]
+    fn a_reused_object_stays_while_a_newer_version_names_it() {
+        // OTHER is a newer version that reuses ID's stripe 0 and has its own stripe 1;
+        // ID itself is gone from the namespace.
+        let old = layout(ID, &[&["n1"], &["n1"]]);
+        let mut new = layout(OTHER, &[&["n1"], &["n1"]]);
+        new.stripes[0] = old.reused_by(0, OTHER).unwrap();
+        let mut named = Named::new();
+        named.add("data", &new);
+        let verdict_of = |path: String| verdict("n1", &found(path, 0), &named, HOUR, at(9999));
+        assert_eq!(verdict_of(object_path("data", ID, 0)), Verdict::Named);
+        assert_eq!(verdict_of(object_path("data", OTHER, 1)), Verdict::Named);
+        // The replaced stripe's object and the reused one's never-written twin go.
+        assert_eq!(verdict_of(object_path("data", ID, 1)), Verdict::Garbage);
+        assert_eq!(verdict_of(object_path("data", OTHER, 0)), Verdict::Garbage);
     }
 
     #[test]

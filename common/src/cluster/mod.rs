@@ -317,6 +317,12 @@ pub struct Stripe {
     pub replicas: Vec<String>,
     /// The manifest id of the object's chunks, hex.
     pub manifest: String,
+    /// The layout whose object holds this stripe when it is not this layout's own: an
+    /// older version of the file whose stripe of the same index had exactly these
+    /// bytes (copy-on-write per stripe). `None`: this layout's own object. A layout
+    /// written before this field existed has none, and reads as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
 }
 
 impl Layout {
@@ -351,6 +357,11 @@ impl Layout {
             if let Some(bad) = s.replicas.iter().find(|n| !valid_node_id(n)) {
                 return Err(format!("stripe {i}: {bad:?} is not a node id"));
             }
+            if let Some(bad) = s.object.as_ref().filter(|o| !valid_layout_id(o)) {
+                return Err(format!(
+                    "stripe {i}: object of layout {bad:?} is not a layout id"
+                ));
+            }
         }
         Ok(())
     }
@@ -361,9 +372,43 @@ impl Layout {
     }
 
     /// The path, in the store share, of stripe `index` of this version of a file of
-    /// `share`. Spread over 256 directories by the id's first byte.
+    /// `share`: the object of the layout that holds it ([`Layout::owner`]). Spread over
+    /// 256 directories by that id's first byte.
     pub fn object_path(&self, share: &str, index: usize) -> String {
-        object_path(share, &self.id, index)
+        object_path(share, self.owner(index), index)
+    }
+
+    /// The id of the layout whose object holds stripe `index`: this one's, unless the
+    /// stripe reuses an older version's ([`Stripe::object`]).
+    pub fn owner(&self, index: usize) -> &str {
+        self.stripes
+            .get(index)
+            .and_then(|s| s.object.as_deref())
+            .unwrap_or(&self.id)
+    }
+
+    /// True if stripe `index` is held by this layout's own object (made for it, not
+    /// reused from an older version).
+    pub fn is_own(&self, index: usize) -> bool {
+        self.owner(index) == self.id
+    }
+
+    /// Stripe `index` of this layout as a stripe of the newer version `new_id` that
+    /// reuses its object: the same replicas and manifest, naming the object's owner.
+    pub fn reused_by(&self, index: usize, new_id: &str) -> Option<Stripe> {
+        let s = self.stripes.get(index)?;
+        let owner = self.owner(index);
+        Some(Stripe {
+            replicas: s.replicas.clone(),
+            manifest: s.manifest.clone(),
+            object: (owner != new_id).then(|| owner.to_owned()),
+        })
+    }
+
+    /// True if some stripe of this layout is held by `object` (a path in the store
+    /// share, of a file of `share`).
+    pub fn names(&self, share: &str, object: &str) -> bool {
+        (0..self.stripes.len()).any(|i| self.object_path(share, i) == object)
     }
 
     /// Byte range of stripe `index` of a file of `size` bytes.
@@ -511,9 +556,15 @@ mod tests {
             stripes: vec![Stripe {
                 replicas: vec!["n1".into()],
                 manifest: "00".repeat(32),
+                object: None,
             }],
         };
         assert_eq!(l.validate(5), Ok(()));
+        l.stripes[0].object = Some("../x".into());
+        assert!(l.validate(5).is_err(), "a reused object names a layout id");
+        l.stripes[0].object = Some("ab".repeat(16));
+        assert_eq!(l.validate(5), Ok(()));
+        l.stripes[0].object = None;
         assert!(l.validate(0).is_err(), "one stripe for an empty file");
         l.id = "../../../tmp".into();
         assert!(l.validate(5).is_err());
@@ -523,6 +574,37 @@ mod tests {
         l.stripes[0].replicas = vec!["n1".into()];
         l.stripes[0].manifest = "zz".into();
         assert!(l.validate(5).is_err());
+    }
+
+    #[test]
+    fn a_reused_stripe_names_its_owners_object_and_old_layouts_read_as_before() {
+        let old = "ab".repeat(16);
+        let new = "cd".repeat(16);
+        // A layout as the previous release wrote it: no `object` field.
+        let json = format!(
+            r#"{{"id":"{old}","algorithm":"Blake3","stripe_bytes":1048576,"stripes":[{{"replicas":["n1"],"manifest":"{m}"}},{{"replicas":["n2"],"manifest":"{m}"}}]}}"#,
+            m = "11".repeat(32)
+        );
+        let a: Layout = serde_json::from_str(&json).expect("an old layout parses");
+        assert_eq!(a.validate((1 << 20) + 1), Ok(()));
+        assert_eq!(a.object_path("s", 1), object_path("s", &old, 1));
+        assert!(a.is_own(0) && a.is_own(1));
+        // A newer version reuses stripe 0, and a third reuses it again: still A's.
+        let mut b = a.clone();
+        b.id = new.clone();
+        b.stripes[0] = a.reused_by(0, &new).unwrap();
+        assert_eq!(b.object_path("s", 0), object_path("s", &old, 0));
+        assert_eq!(b.object_path("s", 1), object_path("s", &new, 1));
+        assert!(!b.is_own(0) && b.is_own(1));
+        assert!(b.names("s", &object_path("s", &old, 0)));
+        assert!(!b.names("s", &object_path("s", &old, 1)));
+        let c = b.reused_by(0, &"ef".repeat(16)).unwrap();
+        assert_eq!(c.object.as_deref(), Some(old.as_str()));
+        // Reusing one's own object names none; a layout without reuse writes no field.
+        assert_eq!(b.reused_by(1, &new).unwrap().object, None);
+        assert!(!serde_json::to_string(&a).unwrap().contains("object"));
+        let back: Layout = serde_json::from_str(&serde_json::to_string(&b).unwrap()).unwrap();
+        assert_eq!(back, b);
     }
 
     #[test]

@@ -5,9 +5,10 @@
 //!  create / open for writing ──> a staging file of this handle in the mount's private
 //!        directory (an existing file opened without O_TRUNC is fetched into it first)
 //!  write, read, fstat, truncate on the handle ──> the staging file
-//!  flush (close) / fsync of a changed handle ──> Cluster::put_file: the stripes to
-//!        their nodes, then the entry by compare-and-swap: the new version appears
-//!        whole, at once; a failure answers EIO and publishes nothing
+//!  flush (close) / fsync of a changed handle ──> Cluster::put_file_reusing: the
+//!        stripes whose bytes changed to their nodes (the others name the objects of
+//!        the version there now), then the entry by compare-and-swap: the new version
+//!        appears whole, at once; a failure answers EIO and publishes nothing
 //!  mkdir, rmdir, unlink, symlink, rename, chmod, utimens ──> one etcd transaction each,
 //!        comparing the revision read (rename: both names' revisions)
 //! ```
@@ -394,8 +395,10 @@ impl Inner {
         let sp = self.share_path(&path);
         let put = async {
             w.cluster.refresh_nodes().await?;
+            // Only the stripes whose bytes changed are sent: the others keep the
+            // objects of the version there now (copy-on-write per stripe).
             w.cluster
-                .put_file(&staged.local, &self.share, &sp, w.config, no_progress())
+                .put_file_reusing(&staged.local, (&self.share, &sp), w.config, no_progress())
                 .await
         };
         let got = put.await;

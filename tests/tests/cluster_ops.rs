@@ -98,14 +98,16 @@ fn a_full_node_gets_no_stripes_and_status_says_full() {
     }
     let mut cluster = Cluster::start_with_share(3, "data", 2, 1);
     // Node 1's store moves to a 64 MiB file system of its own, then nearly fills up:
-    // its free space falls below the 2 % it keeps by default (`--min-free`).
+    // its free space falls below the 2 % it keeps by default (`--min-free`), yet
+    // stays above one stripe, so only the reserve keeps stripes off it.
     cluster.kill_node(1);
     let small = Tmpfs::mount(&cluster.node_store(1), 64 * MIB).unwrap();
     cluster.start_node(1);
     let filler = small.path().join("filler");
     let keep = 64 * MIB * 2 / 100;
-    write_random_file(&filler, small.free_bytes() - keep / 2, 1);
-    assert!(small.free_bytes() < keep, "{} free", small.free_bytes());
+    write_random_file(&filler, small.free_bytes() - (keep - 128 * 1024), 1);
+    let free = small.free_bytes();
+    assert!(free < keep && free > MIB, "{free} free");
     wait_status(&cluster, REFRESH, |s| node(s, "n1")["full"] == true);
     let s = cluster.status();
     let n1 = node(&s, "n1");
@@ -259,4 +261,42 @@ fn an_added_node_gets_its_share_from_rebalance() {
     read_back(&cluster, &files, &local.join("back"));
     cluster.kill_node(1);
     read_back(&cluster, &files, &local.join("back1"));
+}
+
+#[test]
+fn a_file_rewritten_during_a_drain_keeps_its_new_version() {
+    if skip_without_cluster("a_file_rewritten_during_a_drain_keeps_its_new_version") {
+        return;
+    }
+    let mut cluster = Cluster::start_with_share(3, "data", 2, 1);
+    let etcd = cluster.etcd_endpoint();
+    let local = cluster.dir().join("local");
+    let files = upload(&cluster, &local, "f", &[8 * MIB]);
+    let held = stripes_on(&cluster.status(), "n2");
+    assert!(held >= 3, "{held}");
+    // Node 2's link at 2 MB/s: moving its stripes takes seconds, long after the
+    // drain read the layout, so the rewrite below lands in the middle of it.
+    cluster.limit_rate(2, 2_000_000);
+    let drain = ferry_tests::spawn_rcp_binary(
+        &ferry_tests::bin("ferry"),
+        ["cluster", "drain", "--etcd", &etcd, "n2", "--json"],
+    );
+    wait_status(&cluster, REFRESH, |s| node(s, "n2")["draining"] == true);
+    let new = local.join("new");
+    write_random_file(&new, 3 * MIB + 7, 99);
+    rcp(rcp_args![&new, cluster.url("data", "f0")]).assert_success();
+    let out = drain.wait_at_most(Duration::from_secs(120));
+    out.assert_success();
+    let r = out.json();
+    // The swap failed (the fault fired) and the new version won; it was placed
+    // without the draining node, so nothing of the file is left on it.
+    let failed = r["failed"].to_string();
+    assert!(failed.contains("data/f0: changed during the move"), "{r}");
+    assert_eq!(r["remaining"], 0, "{r}");
+    assert_eq!(stripes_on(&cluster.status(), "n2"), 0);
+    cluster.kill_node(2);
+    let back = local.join("back");
+    rcp(rcp_args![cluster.url("data", "f0"), &back]).assert_success();
+    assert_files_equal(&new, &back);
+    assert_eq!(files.len(), 1);
 }

@@ -87,16 +87,29 @@ fn read_back(cluster: &Cluster, files: &[(PathBuf, String)], into: &Path) {
     }
 }
 
+/// Skips `test` where no cluster can run; else starts `nodes` nodes with share `data`
+/// (2 replicas, stripes of 1 MiB) and returns it with its etcd endpoint and a local
+/// directory for the test's files.
+fn start(test: &str, nodes: usize) -> Option<(Cluster, String, PathBuf)> {
+    if skip_without_cluster(test) {
+        return None;
+    }
+    let cluster = Cluster::start_with_share(nodes, "data", 2, 1);
+    let etcd = cluster.etcd_endpoint();
+    let local = cluster.dir().join("local");
+    Some((cluster, etcd, local))
+}
+
 #[test]
 fn a_full_node_gets_no_stripes_and_status_says_full() {
-    if skip_without_cluster("a_full_node_gets_no_stripes_and_status_says_full") {
-        return;
-    }
+    let test = "a_full_node_gets_no_stripes_and_status_says_full";
     if let Err(e) = Tmpfs::available() {
-        eprintln!("skipping a_full_node_gets_no_stripes_and_status_says_full: {e}");
+        eprintln!("{test}: skipped: {e}");
         return;
     }
-    let mut cluster = Cluster::start_with_share(3, "data", 2, 1);
+    let Some((mut cluster, etcd, local)) = start(test, 3) else {
+        return;
+    };
     // Node 1's store moves to a 64 MiB file system of its own, then nearly fills up:
     // its free space falls below the 2 % it keeps by default (`--min-free`), yet
     // stays above one stripe, so only the reserve keeps stripes off it.
@@ -113,7 +126,7 @@ fn a_full_node_gets_no_stripes_and_status_says_full() {
     let n1 = node(&s, "n1");
     assert!(n1["free"].as_u64() <= n1["reserve"].as_u64(), "{s}");
     assert_eq!(n1["live"], true, "{s}");
-    let text = cluster.ferry(["cluster", "status", "--etcd", &cluster.etcd_endpoint()]);
+    let text = cluster.ferry(["cluster", "status", "--etcd", &etcd]);
     let row = text
         .stdout
         .lines()
@@ -123,7 +136,6 @@ fn a_full_node_gets_no_stripes_and_status_says_full() {
     assert!(text.stdout.contains("node n1: FULL"), "{text}");
 
     // New files go to nodes 2 and 3 only, both replicas of every stripe.
-    let local = cluster.dir().join("local");
     let files = upload(&cluster, &local, "f", &[5 * MIB + 3, 2 * MIB, 4000]);
     let s = cluster.status();
     assert_eq!(stripes_on(&s, "n1"), 0, "{s}");
@@ -145,12 +157,10 @@ fn a_full_node_gets_no_stripes_and_status_says_full() {
 
 #[test]
 fn a_drained_node_holds_nothing_and_every_file_reads_without_it() {
-    if skip_without_cluster("a_drained_node_holds_nothing_and_every_file_reads_without_it") {
+    let test = "a_drained_node_holds_nothing_and_every_file_reads_without_it";
+    let Some((mut cluster, etcd, local)) = start(test, 3) else {
         return;
-    }
-    let mut cluster = Cluster::start_with_share(3, "data", 2, 1);
-    let etcd = cluster.etcd_endpoint();
-    let local = cluster.dir().join("local");
+    };
     let files = upload(
         &cluster,
         &local,
@@ -199,15 +209,13 @@ fn a_drained_node_holds_nothing_and_every_file_reads_without_it() {
 
 #[test]
 fn an_added_node_gets_its_share_from_rebalance() {
-    if skip_without_cluster("an_added_node_gets_its_share_from_rebalance") {
+    let Some((mut cluster, etcd, local)) = start("an_added_node_gets_its_share_from_rebalance", 4)
+    else {
         return;
-    }
-    let mut cluster = Cluster::start_with_share(4, "data", 2, 1);
+    };
     // Node 4 joins only after the files are written: until then it is not running.
     cluster.kill_node(4);
     cluster.wait_nodes(3, LEASE_TTL * 3 + REFRESH);
-    let etcd = cluster.etcd_endpoint();
-    let local = cluster.dir().join("local");
     let files = upload(&cluster, &local, "f", &[9 * MIB, 7 * MIB + 1, 4 * MIB, 100]);
     assert_eq!(objects_on(&cluster, 4), 0);
     cluster.start_node(4);
@@ -265,12 +273,10 @@ fn an_added_node_gets_its_share_from_rebalance() {
 
 #[test]
 fn a_file_rewritten_during_a_drain_keeps_its_new_version() {
-    if skip_without_cluster("a_file_rewritten_during_a_drain_keeps_its_new_version") {
+    let test = "a_file_rewritten_during_a_drain_keeps_its_new_version";
+    let Some((mut cluster, etcd, local)) = start(test, 3) else {
         return;
-    }
-    let mut cluster = Cluster::start_with_share(3, "data", 2, 1);
-    let etcd = cluster.etcd_endpoint();
-    let local = cluster.dir().join("local");
+    };
     let files = upload(&cluster, &local, "f", &[8 * MIB]);
     let held = stripes_on(&cluster.status(), "n2");
     assert!(held >= 3, "{held}");

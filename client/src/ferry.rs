@@ -435,12 +435,12 @@ async fn status_cmd(common: Common) -> Result<u8, ClientError> {
         println!("{}", serde_json::to_string(&s).expect("status serialises"));
     } else {
         println!(
-            "{:<12} {:<24} {:<6} {:>12} {:>12} {:>8}",
+            "{:<12} {:<24} {:<8} {:>12} {:>12} {:>8}",
             "NODE", "ADDRESS", "STATE", "SIZE", "FREE", "STRIPES"
         );
         for n in &s.nodes {
             println!(
-                "{:<12} {:<24} {:<6} {:>12} {:>12} {:>8}",
+                "{:<12} {:<24} {:<8} {:>12} {:>12} {:>8}",
                 n.id,
                 n.addr,
                 n.state(),

@@ -1,4 +1,5 @@
-//! `ferry`: administration of a Ferry cluster (`ferry cluster status|add-share|repair|gc`).
+//! `ferry`: administration of a Ferry cluster (`ferry cluster
+//! status|add-share|repair|gc|drain|rebalance|auth-setup`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -6,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use ferry_client::cluster::{
-    auth_setup, gc, repair, status, Cluster, EtcdArgs, EtcdConfig, EtcdError,
+    auth_setup, balance, gc, repair, status, Cluster, EtcdArgs, EtcdConfig, EtcdError,
 };
 use ferry_client::{ClientError, Credentials};
 use ferry_common::cluster::{ShareConfig, STRIPE_ALIGN};
@@ -29,6 +30,11 @@ EXAMPLES:
   ferry cluster gc --etcd 10.0.0.1:2379 --dry-run
                                                 what gc would remove (objects no
                                                 layout names, older than 24h)
+  ferry cluster drain n3 --etcd 10.0.0.1:2379   move every stripe off n3 before it
+                                                is retired (run it again to resume)
+  ferry cluster rebalance --etcd 10.0.0.1:2379 --dry-run
+                                                after adding a node: the moves that
+                                                would even out the stripes
   ferry cluster auth-setup --password-dir /etc/ferry/etcd-users
                                                 turn on etcd's users and roles
 
@@ -49,9 +55,10 @@ ETCD SECURITY:
 
 EXIT CODES:
   0  success (status: every stripe has its replicas; repair: nothing left to do;
-     gc: every live node listed and its garbage removed)
+     gc: every live node listed and its garbage removed; drain: no layout names
+     the node any more; rebalance: every planned move made)
   1  an error (etcd or a node unreachable, a stripe that could not be repaired, an
-     object gc could not remove)
+     object gc could not remove, a stripe drain or rebalance could not move)
   2  usage error
   3  cannot connect to etcd, or etcd refused the connection (TLS, user, password)
   8  status: some stripes are under-replicated or unavailable";
@@ -187,6 +194,40 @@ enum Command {
         /// Where to save it (written whole under a hidden name, then renamed).
         file: PathBuf,
     },
+    /// Retire a node: mark it draining (no client places new stripes there), then
+    /// move every stripe replica it holds to other nodes, each copied node to node
+    /// and verified before its file's layout is changed (compare-and-swap: a file
+    /// rewritten meanwhile keeps its new version). Resumable: run it again to finish.
+    /// Once it reports nothing remaining, the node can be stopped; `gc` reclaims the
+    /// copies left on it. `--cancel` clears the mark.
+    Drain {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        nodes: NodeArgs,
+        /// The node's id.
+        node: String,
+        /// Clear the node's draining mark instead (it gets new stripes again).
+        #[arg(long)]
+        cancel: bool,
+    },
+    /// Even out the stripe replicas over the live nodes (after a node was added):
+    /// move replicas from the most loaded nodes to the least until their counts
+    /// differ by at most the tolerance, with drain's safety rules. Space on the nodes
+    /// moved from is reclaimed by `gc` once the grace period has passed.
+    Rebalance {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        nodes: NodeArgs,
+        /// The largest difference of replica counts left, in percent of the mean count
+        /// per node (at least one replica).
+        #[arg(long, value_name = "PERCENT", default_value_t = 10)]
+        tolerance: u32,
+        /// Show the plan; move nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Turn on etcd's authentication with Ferry's roles: users root, ferry-admin
     /// (writes everything under /ferry/, e.g. shares), ferry-node (writes
     /// /ferry/nodes/ and /ferry/members/) and ferry-client (writes /ferry/ns/ and
@@ -274,7 +315,100 @@ async fn run(command: Command) -> Result<u8, ClientError> {
             password_dir,
         } => auth_setup_cmd(common, &password_dir).await,
         Command::EtcdSnapshot { common, file } => etcd_snapshot_cmd(common, &file).await,
+        Command::Drain {
+            common,
+            nodes,
+            node,
+            cancel,
+        } => drain_cmd(common, nodes, &node, cancel).await,
+        Command::Rebalance {
+            common,
+            nodes,
+            tolerance,
+            dry_run,
+        } => rebalance_cmd(common, nodes, tolerance, dry_run).await,
     }
+}
+
+/// `ferry cluster drain`.
+async fn drain_cmd(
+    common: Common,
+    nodes: NodeArgs,
+    node: &str,
+    cancel: bool,
+) -> Result<u8, ClientError> {
+    let cluster = nodes.connect(&common).await?;
+    if cancel {
+        let r = balance::undrain(&cluster, node).await;
+        cluster.close().await;
+        r?;
+        if common.json {
+            println!("{}", serde_json::json!({"node": node, "draining": false}));
+        } else {
+            println!("node {node}: no longer draining");
+        }
+        return Ok(0);
+    }
+    let r = balance::drain(&cluster, node, &std::env::temp_dir()).await;
+    cluster.close().await;
+    let r = r?;
+    if common.json {
+        println!("{}", serde_json::to_string(&r).expect("report serialises"));
+    } else {
+        for f in &r.moved.failed {
+            eprintln!("ferry: {f}");
+        }
+        println!(
+            "node {node}: {} stripes moved ({} bytes); {} remaining",
+            r.moved.stripes_moved, r.moved.bytes_moved, r.remaining
+        );
+        if r.remaining == 0 {
+            println!("node {node} is drained: no layout names it; it can be stopped");
+        } else {
+            println!("node {node} still holds stripes: run `ferry cluster drain {node}` again");
+        }
+    }
+    Ok(if r.remaining == 0 { 0 } else { 1 })
+}
+
+/// `ferry cluster rebalance`.
+async fn rebalance_cmd(
+    common: Common,
+    nodes: NodeArgs,
+    tolerance: u32,
+    dry_run: bool,
+) -> Result<u8, ClientError> {
+    let cluster = nodes.connect(&common).await?;
+    let r = balance::rebalance(&cluster, tolerance, dry_run, &std::env::temp_dir()).await;
+    cluster.close().await;
+    let r = r?;
+    if common.json {
+        println!("{}", serde_json::to_string(&r).expect("report serialises"));
+        return Ok(if r.moved.failed.is_empty() { 0 } else { 1 });
+    }
+    let verb = if dry_run { "would move" } else { "move" };
+    for m in &r.plan {
+        println!(
+            "{verb} {}/{} stripe {}: {} -> {} ({} bytes)",
+            m.share, m.path, m.stripe, m.from, m.to, m.bytes
+        );
+    }
+    for (id, before) in &r.before {
+        let after = r.after.get(id).copied().unwrap_or(0);
+        println!("node {id}: {before} stripes -> {after}");
+    }
+    for f in &r.moved.failed {
+        eprintln!("ferry: {f}");
+    }
+    if dry_run {
+        println!("{} moves planned (nothing moved)", r.plan.len());
+    } else {
+        println!(
+            "{} stripes moved ({} bytes); `ferry cluster gc` reclaims the old copies after its grace period",
+            r.moved.stripes_moved, r.moved.bytes_moved
+        );
+    }
+    Ok(if r.moved.failed.is_empty() { 0 } else { 1 })
 }
 
 /// `ferry cluster etcd-snapshot`.
@@ -331,15 +465,15 @@ async fn status_cmd(common: Common) -> Result<u8, ClientError> {
         println!("{}", serde_json::to_string(&s).expect("status serialises"));
     } else {
         println!(
-            "{:<12} {:<24} {:<6} {:>12} {:>12} {:>8}",
+            "{:<12} {:<24} {:<8} {:>12} {:>12} {:>8}",
             "NODE", "ADDRESS", "STATE", "SIZE", "FREE", "STRIPES"
         );
         for n in &s.nodes {
             println!(
-                "{:<12} {:<24} {:<6} {:>12} {:>12} {:>8}",
+                "{:<12} {:<24} {:<8} {:>12} {:>12} {:>8}",
                 n.id,
                 n.addr,
-                if n.live { "up" } else { "DOWN" },
+                n.state(),
                 gib(n.capacity),
                 gib(n.free),
                 n.stripes
@@ -367,6 +501,14 @@ async fn status_cmd(common: Common) -> Result<u8, ClientError> {
         );
         if s.under_replicated > 0 {
             println!("run `ferry cluster repair` to add the missing replicas");
+        }
+        for n in s.nodes.iter().filter(|n| n.live && n.full) {
+            println!(
+                "node {}: FULL ({} free, keeps {}): no new stripes go there",
+                n.id,
+                gib(n.free),
+                gib(n.reserve)
+            );
         }
     }
     Ok(if healthy { 0 } else { 8 })

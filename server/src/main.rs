@@ -182,6 +182,14 @@ struct Args {
     #[arg(long, value_name = "SECS", default_value_t = ferry_common::cluster::DEFAULT_LEASE_TTL_SECS, value_parser = clap::value_parser!(i64).range(2..=3600))]
     lease_ttl: i64,
 
+    /// Free space this node keeps in its store's file system: with no more free than
+    /// this it reports itself full and clients place no new stripes on it
+    /// (`ferry cluster status` says FULL). A percentage of the file system (`2%`) or a
+    /// size (`10G`, `512M`).
+    #[cfg(feature = "cluster")]
+    #[arg(long, value_name = "PERCENT|SIZE", default_value = cluster::DEFAULT_MIN_FREE, value_parser = cluster::MinFree::parse)]
+    min_free: cluster::MinFree,
+
     /// The address clients and other nodes reach this node at (default: --listen's,
     /// which must then not be a wildcard address).
     #[arg(long, value_name = "HOST:PORT")]
@@ -320,7 +328,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             addr,
             transports,
             store.clone(),
-            args.lease_ttl,
+            (args.lease_ttl, args.min_free),
         )));
     }
     if let Some(tcp) = listeners.tcp {

@@ -183,6 +183,7 @@ fn check_roles(cluster: &Cluster) {
         capacity: 1 << 40,
         free: 1 << 40,
         started: 0,
+        reserve: 0,
     };
     let share = ShareConfig {
         replicas: 1,

@@ -8,7 +8,7 @@
 //! |----------------|-----------------------------------------|-------------|
 //! | `ferry-node`   | `/ferry/nodes/`, `/ferry/members/`      | `/ferry/`   |
 //! | `ferry-client` | `/ferry/ns/`, `/ferry/shared/`, `/ferry/locks/` | `/ferry/` |
-//! | `ferry-admin`  | everything under `/ferry/` (`shares/`)  | `/ferry/`   |
+//! | `ferry-admin`  | everything under `/ferry/` (`shares/`, `draining/`) | `/ferry/` |
 //! | `root`         | everything (etcd's own `root` role)     | everything  |
 //!
 //! What prefix RBAC cannot say: a node's role covers every node's record, so one node

@@ -542,6 +542,7 @@ mod tests {
                 stripes: vec![Stripe {
                     replicas: vec!["n1".into()],
                     manifest: "00".repeat(32),
+                    object: None,
                 }],
             }),
         }

@@ -48,7 +48,7 @@ async fn register_once(
         .await
         .map_err(|e| etcd_err("granting a lease", e))?
         .id();
-    let node = info();
+    let mut node = info();
     meta.put_node(&node, lease).await?;
     on_registered(&node, lease);
     let (mut keeper, mut stream) = etcd
@@ -69,8 +69,9 @@ async fn register_once(
             Err(_) => return Err(ClientError::Cluster("etcd: no answer to a renewal".into())),
         }
         let now = info();
-        if now.free != node.free || now.capacity != node.capacity {
+        if (now.free, now.capacity, now.reserve) != (node.free, node.capacity, node.reserve) {
             meta.put_node(&now, lease).await?;
+            node = now;
         }
     }
 }

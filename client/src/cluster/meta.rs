@@ -5,6 +5,7 @@
 //! revision with the one the writer read (0: absent), so a writer never overwrites a
 //! version it has not seen; [`Meta::commit`] reports [`Commit::Conflict`] instead.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -314,6 +315,39 @@ impl Meta {
             .await
             .map_err(|e| self.err("removing a subtree", e))?;
         Ok(())
+    }
+
+    /// The ids of the nodes marked draining ([`cluster::draining_key`]).
+    pub async fn draining(&self) -> Result<BTreeSet<String>, ClientError> {
+        let prefix = cluster::draining_prefix();
+        let resp = self
+            .etcd
+            .clone()
+            .get(
+                prefix.as_str(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await
+            .map_err(|e| self.err("reading the draining nodes", e))?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| kv.key_str().ok()?.strip_prefix(&prefix).map(str::to_owned))
+            .filter(|id| cluster::valid_node_id(id))
+            .collect())
+    }
+
+    /// Marks node `id` draining (`on`: no client places new stripes there), or clears
+    /// the mark.
+    pub async fn set_draining(&self, id: &str, on: bool) -> Result<(), ClientError> {
+        let key = cluster::draining_key(id);
+        let mut etcd = self.etcd.clone();
+        let r = if on {
+            etcd.put(key, "", None).await.map(drop)
+        } else {
+            etcd.delete(key, None).await.map(drop)
+        };
+        r.map_err(|e| self.err("marking a node draining", e))
     }
 
     /// Records that layout `id` is named by more than one entry (a backup's link), so

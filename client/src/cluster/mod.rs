@@ -14,7 +14,8 @@
 //! - [`copy`]: `rcp` on cluster shares: files and trees, up and down.
 //! - [`health`]: the progress deadline every stripe transfer runs under, and the
 //!   nodes suspect lately (read last, placed on last, for a while).
-//! - [`repair`]: re-replicating under-replicated stripes node to node, and
+//! - [`repair`]: re-replicating under-replicated stripes node to node; [`balance`]:
+//!   draining a node and rebalancing, moving replicas with repair's copy; and
 //!   [`status`]: the nodes and the stripes' health; [`gc`]: removing the objects
 //!   no layout names, once older than a grace period.
 //! - [`backup`]: `rcp backup` into a cluster share, and [`snapshots`]: listing and
@@ -24,6 +25,7 @@
 
 pub mod auth_setup;
 pub mod backup;
+pub mod balance;
 pub mod copy;
 pub mod etcd_config;
 pub mod etcd_connect;
@@ -39,7 +41,7 @@ pub mod snapshots;
 pub mod status;
 pub mod tree_rename;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -75,6 +77,9 @@ struct Inner {
     health: Arc<Health>,
     /// The last view of the live nodes.
     nodes: Mutex<Vec<NodeInfo>>,
+    /// The nodes marked draining, as last read with the live nodes: given no new
+    /// stripes (still read from).
+    draining: Mutex<BTreeSet<String>>,
     /// Object directories known to exist, as (node, directory).
     dirs: Mutex<HashSet<(String, String)>>,
     /// Per node, the permits of the stripe transfers it may have in flight.
@@ -135,6 +140,7 @@ impl Cluster {
                 sessions: tokio::sync::Mutex::new(HashMap::new()),
                 health,
                 nodes: Mutex::new(Vec::new()),
+                draining: Mutex::new(BTreeSet::new()),
                 dirs: Mutex::new(HashSet::new()),
                 slots: Mutex::new(HashMap::new()),
             }),
@@ -148,21 +154,30 @@ impl Cluster {
         &self.inner.meta
     }
 
-    /// Reads the live nodes again.
+    /// Reads the live nodes, and the draining marks, again.
     pub async fn refresh_nodes(&self) -> Result<Vec<NodeInfo>, ClientError> {
         let nodes = self.inner.meta.nodes().await?;
+        let draining = self.inner.meta.draining().await?;
         *lock(&self.inner.nodes) = nodes.clone();
+        *lock(&self.inner.draining) = draining;
         Ok(nodes)
     }
 
-    /// The live nodes as last read, without the suspect ones.
+    /// The live nodes as last read that may get new stripes: neither suspect nor
+    /// draining.
     pub fn usable_nodes(&self) -> Vec<NodeInfo> {
         let now = Instant::now();
+        let draining = lock(&self.inner.draining).clone();
         lock(&self.inner.nodes)
             .iter()
-            .filter(|n| !self.inner.health.is_suspect(&n.id, now))
+            .filter(|n| !self.inner.health.is_suspect(&n.id, now) && !draining.contains(&n.id))
             .cloned()
             .collect()
+    }
+
+    /// The nodes marked draining, as last read ([`Cluster::refresh_nodes`]).
+    pub fn draining(&self) -> BTreeSet<String> {
+        lock(&self.inner.draining).clone()
     }
 
     /// The node-health policy and the nodes suspect lately.

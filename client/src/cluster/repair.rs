@@ -138,7 +138,7 @@ pub async fn repair(cluster: &Cluster, scratch: &Path) -> Result<RepairReport, C
 
 /// Copies stripe `index` from one of `from` to node `to`, checked against the layout.
 #[allow(clippy::too_many_arguments)]
-async fn copy_stripe(
+pub(super) async fn copy_stripe(
     cluster: &Cluster,
     share: &str,
     layout: &Layout,

@@ -41,13 +41,16 @@ pub async fn list(
 
 /// The snapshots under `prefix` among every entry of a share (`all`, by path). A
 /// snapshot's `unique_bytes` is what its layouts hold on the nodes (every replica of
-/// every stripe) that no entry outside it names. Pure.
+/// every stripe object) that no entry outside it names: counted per object, since a
+/// newer version of a file may reuse an older one's objects (copy-on-write). Pure.
 pub(super) fn snapshot_infos(all: &[(String, Entry)], prefix: &str) -> Vec<SnapshotInfo> {
     let depth = below_offset(prefix);
     let under = |p: &str| prefix.is_empty() || p.starts_with(&format!("{prefix}/"));
     // Snapshot name -> its entries (root excluded), and whether its root exists.
     let mut snaps: BTreeMap<String, (Vec<&Entry>, bool)> = BTreeMap::new();
-    let mut outside: HashMap<&str, HashSet<String>> = HashMap::new();
+    // (owning layout id, stripe index) -> the snapshots naming that object ("": an
+    // entry outside every snapshot).
+    let mut outside: HashMap<(&str, usize), HashSet<String>> = HashMap::new();
     for (path, entry) in all {
         let top = under(path).then(|| path[depth..].split('/').next().unwrap_or(""));
         match top.filter(|t| is_snapshot_name(t)) {
@@ -58,18 +61,20 @@ pub(super) fn snapshot_infos(all: &[(String, Entry)], prefix: &str) -> Vec<Snaps
                     false => s.0.push(entry),
                 }
                 if let Some(l) = &entry.layout {
-                    outside
-                        .entry(l.id.as_str())
-                        .or_default()
-                        .insert(name.to_owned());
+                    for i in 0..l.stripes.len() {
+                        let holders = outside.entry((l.owner(i), i)).or_default();
+                        holders.insert(name.to_owned());
+                    }
                 }
             }
             None => {
                 if let Some(l) = &entry.layout {
-                    outside
-                        .entry(l.id.as_str())
-                        .or_default()
-                        .insert(String::new());
+                    for i in 0..l.stripes.len() {
+                        outside
+                            .entry((l.owner(i), i))
+                            .or_default()
+                            .insert(String::new());
+                    }
                 }
             }
         }
@@ -89,11 +94,14 @@ pub(super) fn snapshot_infos(all: &[(String, Entry)], prefix: &str) -> Vec<Snaps
                 }
                 usage.files += 1;
                 usage.bytes += e.size;
-                let Some(l) = e.layout.as_ref().filter(|l| counted.insert(&l.id)) else {
+                let Some(l) = e.layout.as_ref() else {
                     continue;
                 };
-                if outside[l.id.as_str()].len() == 1 {
-                    usage.unique_bytes += stored_bytes(l, e.size);
+                for i in 0..l.stripes.len() {
+                    let key = (l.owner(i), i);
+                    if outside[&key].len() == 1 && counted.insert(key) {
+                        usage.unique_bytes += stored_bytes(l, e.size, i);
+                    }
                 }
             }
             SnapshotInfo {
@@ -106,14 +114,11 @@ pub(super) fn snapshot_infos(all: &[(String, Entry)], prefix: &str) -> Vec<Snaps
         .collect()
 }
 
-/// The bytes the objects of `layout` (of a file of `size` bytes) take on the nodes.
-fn stored_bytes(layout: &Layout, size: u64) -> u64 {
-    (0..layout.stripes.len())
-        .map(|i| {
-            let r = layout.stripe_range(size, i);
-            (r.end - r.start) * layout.stripes[i].replicas.len() as u64
-        })
-        .sum()
+/// The bytes the object of stripe `i` of `layout` (of a file of `size` bytes) takes
+/// on the nodes, every replica.
+fn stored_bytes(layout: &Layout, size: u64, i: usize) -> u64 {
+    let r = layout.stripe_range(size, i);
+    (r.end - r.start) * layout.stripes[i].replicas.len() as u64
 }
 
 /// The snapshot `path` names in `share`: `path` itself if its last component is a
@@ -284,6 +289,7 @@ mod tests {
                 stripes: vec![Stripe {
                     replicas: vec!["n1".into(), "n2".into()],
                     manifest: "00".repeat(32),
+                    object: None,
                 }],
             }),
         }
@@ -330,5 +336,31 @@ mod tests {
         assert_eq!((u.files, u.dirs, u.bytes), (3, 2, 33));
         assert_eq!(u.unique_bytes, 2 * 20, "the kept file is named by b too");
         assert_eq!((sb.usage.files, sb.usage.unique_bytes), (1, 0));
+    }
+
+    #[test]
+    fn an_object_a_newer_version_reuses_is_not_unique_to_the_snapshot() {
+        let a = "2026-01-01T00-00-00Z";
+        let mib = 1u64 << 20;
+        let two_stripes = |id: &str| {
+            let mut e = entry(EntryKind::File, mib + 7, Some(id));
+            let l = e.layout.as_mut().unwrap();
+            l.stripes.push(l.stripes[0].clone());
+            e
+        };
+        let old = two_stripes("aa");
+        // The live file's newer version: stripe 0 is the old version's object.
+        let mut new = two_stripes("bb");
+        let reused = old.layout.as_ref().unwrap().reused_by(0, &"bb".repeat(16));
+        new.layout.as_mut().unwrap().stripes[0] = reused.unwrap();
+        let all: Vec<(String, Entry)> = vec![
+            ("bk".to_owned(), entry(EntryKind::Dir, 0, None)),
+            (format!("bk/{a}"), entry(EntryKind::Dir, 0, None)),
+            (format!("bk/{a}/f"), old),
+            ("f".to_owned(), new),
+        ];
+        let infos = snapshot_infos(&all, "bk");
+        // Only stripe 1 (7 bytes, two replicas) is the snapshot's alone.
+        assert_eq!(infos[0].usage.unique_bytes, 2 * 7);
     }
 }

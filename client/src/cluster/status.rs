@@ -23,8 +23,42 @@ pub struct NodeStatus {
     pub capacity: u64,
     /// Bytes free there.
     pub free: u64,
+    /// Bytes it keeps free (`ferryd --min-free`).
+    pub reserve: u64,
+    /// No room above its reserve: it gets no new stripes.
+    pub full: bool,
+    /// Marked draining (`ferry cluster drain`): it gets no new stripes.
+    pub draining: bool,
     /// Stripe replicas that layouts place on it.
     pub stripes: u64,
+}
+
+impl NodeStatus {
+    /// Node `now` (its current registration, or its last one) as `status` shows it.
+    fn new(now: &NodeInfo, live: bool, draining: bool, stripes: u64) -> NodeStatus {
+        NodeStatus {
+            id: now.id.clone(),
+            addr: now.addr.clone(),
+            live,
+            transports: now.transports.clone(),
+            capacity: now.capacity,
+            free: now.free,
+            reserve: now.reserve,
+            full: now.is_full(),
+            draining,
+            stripes,
+        }
+    }
+
+    /// One word for the STATE column: DOWN, DRAINING, FULL or up.
+    pub fn state(&self) -> &'static str {
+        match (self.live, self.draining, self.full) {
+            (false, _, _) => "DOWN",
+            (true, true, _) => "DRAINING",
+            (true, false, true) => "FULL",
+            (true, false, false) => "up",
+        }
+    }
 }
 
 /// The whole cluster.
@@ -103,33 +137,22 @@ pub async fn status(cluster: &Cluster) -> Result<Status, ClientError> {
             }
         }
     }
+    let draining = cluster.draining();
+    let show = |now: &NodeInfo, live: bool| {
+        let stripes = per_node.get(&now.id).copied().unwrap_or(0);
+        NodeStatus::new(now, live, draining.contains(&now.id), stripes)
+    };
     let mut nodes: Vec<NodeStatus> = members
         .iter()
-        .map(|m| {
-            let now = live_ids.get(m.id.as_str()).copied().unwrap_or(m);
-            NodeStatus {
-                id: m.id.clone(),
-                addr: now.addr.clone(),
-                live: live_ids.contains_key(m.id.as_str()),
-                transports: now.transports.clone(),
-                capacity: now.capacity,
-                free: now.free,
-                stripes: per_node.get(&m.id).copied().unwrap_or(0),
-            }
+        .map(|m| match live_ids.get(m.id.as_str()) {
+            Some(now) => show(now, true),
+            None => show(m, false),
         })
         .collect();
     // A live node whose membership record is missing (registered by an older build).
     for n in &live {
         if !nodes.iter().any(|s| s.id == n.id) {
-            nodes.push(NodeStatus {
-                id: n.id.clone(),
-                addr: n.addr.clone(),
-                live: true,
-                transports: n.transports.clone(),
-                capacity: n.capacity,
-                free: n.free,
-                stripes: per_node.get(&n.id).copied().unwrap_or(0),
-            });
+            nodes.push(show(n, true));
         }
     }
     let capacity = live.iter().map(|n| n.capacity).sum();

@@ -9,6 +9,7 @@
 //! /ferry/nodes/<node id>        NodeInfo, under the node's lease (gone when it dies)
 //! /ferry/members/<node id>      NodeInfo as last registered (stays: a dead node is listed)
 //! /ferry/shares/<share>         ShareConfig: replicas, stripe size
+//! /ferry/draining/<node id>     set by `ferry cluster drain`: no new stripes go there
 //! /ferry/ns/<share>/<path>      Entry: a directory, a symlink, or a file and its Layout
 //! ```
 //!
@@ -28,8 +29,10 @@
 //! - entries change only by a compare-and-swap on their mod revision, so two writers
 //!   of one name end with one whole file, never a mix.
 //!
-//! [`placement`] chooses the nodes; [`gc`] decides which objects no layout names.
+//! [`placement`] chooses the nodes; [`gc`] decides which objects no layout names;
+//! [`balance`] plans the stripe moves of a drain and of a rebalance.
 
+pub mod balance;
 pub mod gc;
 pub mod locks;
 pub mod placement;
@@ -78,6 +81,16 @@ pub fn member_key(id: &str) -> String {
 /// The prefix of every membership record.
 pub fn members_prefix() -> String {
     format!("{ROOT_PREFIX}members/")
+}
+
+/// The etcd key that marks node `id` as draining: no client places new stripes there.
+pub fn draining_key(id: &str) -> String {
+    format!("{ROOT_PREFIX}draining/{id}")
+}
+
+/// The prefix of every draining mark.
+pub fn draining_prefix() -> String {
+    format!("{ROOT_PREFIX}draining/")
 }
 
 /// The etcd key of share `name`'s configuration.
@@ -215,6 +228,22 @@ pub struct NodeInfo {
     pub free: u64,
     /// When this ferryd registered, seconds since the epoch.
     pub started: i64,
+    /// Bytes the node keeps free (`ferryd --min-free`): with no more free than this it
+    /// is full and gets no new stripes. 0 from a node of an older release.
+    #[serde(default)]
+    pub reserve: u64,
+}
+
+impl NodeInfo {
+    /// Bytes new stripes may still take: free space above the reserve.
+    pub fn room(&self) -> u64 {
+        self.free.saturating_sub(self.reserve)
+    }
+
+    /// True if the node has no room left above its reserve.
+    pub fn is_full(&self) -> bool {
+        self.room() == 0
+    }
 }
 
 /// A cluster share's settings.

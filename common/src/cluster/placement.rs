@@ -12,7 +12,9 @@
 //!   clients with the same view choose the same nodes;
 //! - a node with more free space comes first more often (the weight).
 //!
-//! Nodes without room for a stripe are left out.
+//! Nodes without room for a stripe are left out: a node's room is its free space above
+//! the reserve it keeps ([`NodeInfo::room`], `ferryd --min-free`), so a full node gets
+//! no new stripes, and the error when no node is left names the full ones.
 
 use sha2::{Digest, Sha256};
 
@@ -26,11 +28,25 @@ pub enum PlacementError {
     #[error("no storage node is alive")]
     NoNodes,
     /// Every live node is too full.
-    #[error("no live storage node has {need} bytes free")]
+    #[error(
+        "no space: no live storage node has room for a stripe of {need} bytes{}",
+        full_list(full)
+    )]
     NoSpace {
         /// Bytes a stripe needs.
         need: u64,
+        /// The live nodes that are full (no room above their reserve).
+        full: Vec<String>,
     },
+}
+
+/// `" (full: a, b)"`, or nothing.
+fn full_list(full: &[String]) -> String {
+    if full.is_empty() {
+        String::new()
+    } else {
+        format!(" (full: {})", full.join(", "))
+    }
 }
 
 /// A uniform number in (0, 1) from `node` and `key`.
@@ -57,15 +73,20 @@ pub fn order<'a>(
     }
     let mut scored: Vec<(f64, &NodeInfo)> = nodes
         .iter()
-        .filter(|n| n.free >= need)
+        .filter(|n| n.room() >= need.max(1))
         .map(|n| {
             // Weighted rendezvous (Schindelhauer & Schomaker): w / -ln(u).
-            let w = n.free.max(1) as f64;
+            let w = n.room().max(1) as f64;
             (w / -unit(&n.id, key).ln(), n)
         })
         .collect();
     if scored.is_empty() {
-        return Err(PlacementError::NoSpace { need });
+        let full = nodes
+            .iter()
+            .filter(|n| n.is_full())
+            .map(|n| n.id.clone())
+            .collect();
+        return Err(PlacementError::NoSpace { need, full });
     }
     scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
     Ok(scored.into_iter().map(|(_, n)| n).collect())
@@ -106,10 +127,11 @@ pub fn next_replica<'a>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn node(id: &str, free: u64) -> NodeInfo {
+    /// A node of `free` bytes, all free, reserving none (for the planners' tests too).
+    pub(in crate::cluster) fn node(id: &str, free: u64) -> NodeInfo {
         NodeInfo {
             id: id.into(),
             addr: format!("{id}:7447"),
@@ -117,6 +139,7 @@ mod tests {
             capacity: free,
             free,
             started: 0,
+            reserve: 0,
         }
     }
 
@@ -160,7 +183,33 @@ mod tests {
         assert_eq!(place("k", 2, 2, &ns, 100).unwrap(), vec![vec!["b"]; 2]);
         assert_eq!(
             place("k", 1, 1, &ns, 5000),
-            Err(PlacementError::NoSpace { need: 5000 })
+            Err(PlacementError::NoSpace {
+                need: 5000,
+                full: vec![]
+            })
+        );
+    }
+
+    #[test]
+    fn nodes_at_their_reserve_are_full_and_named() {
+        let mut full = node("a", 1000);
+        full.reserve = 1000;
+        let mut low = node("b", 1000);
+        low.reserve = 950;
+        assert!(full.is_full() && !low.is_full());
+        let ns = vec![full, low, node("c", 1000)];
+        assert_eq!(place("k", 3, 2, &ns, 100).unwrap(), vec![vec!["c"]; 3]);
+        let e = place("k", 1, 1, &ns[..2], 100).unwrap_err();
+        assert_eq!(
+            e,
+            PlacementError::NoSpace {
+                need: 100,
+                full: vec!["a".into()]
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "no space: no live storage node has room for a stripe of 100 bytes (full: a)"
         );
     }
 

@@ -435,9 +435,13 @@ impl Layout {
     }
 
     /// True if some stripe of this layout is held by `object` (a path in the store
-    /// share, of a file of `share`).
+    /// share, of a file of `share`). Constant time: the path names its stripe index,
+    /// so only that stripe's owner is compared (called once per stripe of a replaced
+    /// version, which may have thousands).
     pub fn names(&self, share: &str, object: &str) -> bool {
-        (0..self.stripes.len()).any(|i| self.object_path(share, i) == object)
+        ObjectPath::parse(object).is_some_and(|o| {
+            o.share == share && o.index < self.stripes.len() && self.owner(o.index) == o.id
+        })
     }
 
     /// Byte range of stripe `index` of a file of `size` bytes.

@@ -104,7 +104,7 @@ pub enum ClientError {
     /// The cluster's etcd refused or failed (TLS, user authentication, a role that
     /// does not allow the operation, no answer).
     #[error(transparent)]
-    Etcd(#[from] crate::cluster::etcd_connect::EtcdError),
+    Etcd(#[from] crate::etcd_error::EtcdError),
     /// The server accepted our proof but could not prove it knows the share's secret
     /// itself: it is not the server that holds the secret.
     #[error(
@@ -118,8 +118,8 @@ pub enum ClientError {
     },
 }
 
-impl From<crate::cluster::etcd_config::EtcdConfigError> for ClientError {
-    fn from(e: crate::cluster::etcd_config::EtcdConfigError) -> Self {
+impl From<crate::etcd_error::EtcdConfigError> for ClientError {
+    fn from(e: crate::etcd_error::EtcdConfigError) -> Self {
         ClientError::Etcd(e.into())
     }
 }

@@ -45,9 +45,10 @@
 pub mod backup;
 pub mod batch;
 pub mod client;
-pub mod cluster;
+
 pub mod copy;
 pub mod error;
+pub mod etcd_error;
 pub mod files;
 pub mod filter;
 pub mod links;

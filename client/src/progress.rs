@@ -14,7 +14,7 @@ pub trait Progress: Send + Sync {
 }
 
 /// A transfer's progress function that advances `progress`.
-pub(crate) fn advance_fn(progress: &Arc<dyn Progress>) -> ProgressFn {
+pub fn advance_fn(progress: &Arc<dyn Progress>) -> ProgressFn {
     let progress = progress.clone();
     Arc::new(move |n| progress.advance(n))
 }

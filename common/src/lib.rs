@@ -30,7 +30,6 @@
 pub mod attr;
 pub mod auth;
 pub mod chunk;
-pub mod cluster;
 pub mod codec;
 pub mod direct;
 pub mod journal;

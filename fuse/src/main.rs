@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use ferry_client::cluster::health::{Health, HealthPolicy};
 use ferry_client::location::{self, Location};
 use ferry_client::Credentials;
+use ferry_cluster::health::{Health, HealthPolicy};
 use ferry_common::msg::{Attr, ErrorKind, FileKind, HashAlgorithm};
 use ferry_common::transport::{TransportChoice, TransportKind};
 use ferry_common::DEFAULT_PORT;
@@ -137,7 +137,7 @@ struct Args {
     encryption: ferry_common::seal::Encryption,
     /// etcd's TLS and user settings, for a cluster:// share.
     #[command(flatten)]
-    etcd: ferry_client::cluster::EtcdArgs,
+    etcd: ferry_cluster::EtcdArgs,
     /// More logging on stderr (-v: debug, -vv: trace).
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -307,7 +307,7 @@ fn mount_and_serve<FS: Filesystem>(
 /// the end of the FUSE session.
 fn run_cluster(args: Args, notify: bool) -> Result<(), Failure> {
     let opts = parse_options(&args.options)?;
-    let source = match ferry_client::cluster::copy::parse(&args.source) {
+    let source = match ferry_cluster::copy::parse(&args.source) {
         Some(Ok(p)) => p,
         Some(Err(e)) => return Err((exit::USAGE, anyhow::anyhow!("{e}"))),
         None => {
@@ -387,8 +387,8 @@ fn run_cluster(args: Args, notify: bool) -> Result<(), Failure> {
 /// What a writable cluster mount writes with: its own connection to the cluster, the
 /// share's settings, and a private staging directory `/var/tmp/ferry-mount-PID`.
 async fn cluster_writer(
-    source: &ferry_client::cluster::copy::ClusterPath,
-    etcd: &ferry_client::cluster::EtcdConfig,
+    source: &ferry_cluster::copy::ClusterPath,
+    etcd: &ferry_cluster::EtcdConfig,
     opts: &MountOptions,
     transport: TransportChoice,
     credentials: Credentials,
@@ -396,7 +396,7 @@ async fn cluster_writer(
 ) -> Result<ferry_fuse::cluster::write::Writer, Failure> {
     let cluster = tokio::time::timeout(
         opts.timeout,
-        ferry_client::cluster::Cluster::connect_sharing(etcd, transport, credentials, health),
+        ferry_cluster::Cluster::connect_sharing(etcd, transport, credentials, health),
     )
     .await
     .map_err(|_| {
@@ -438,33 +438,30 @@ async fn cluster_writer(
 /// is a directory, and a live node accepts the secret (none live: a warning, the
 /// namespace still mounts). Returns the nodes, with that node's connection open.
 async fn check_cluster(
-    source: &ferry_client::cluster::copy::ClusterPath,
-    etcd_config: &ferry_client::cluster::EtcdConfig,
+    source: &ferry_cluster::copy::ClusterPath,
+    etcd_config: &ferry_cluster::EtcdConfig,
     opts: &MountOptions,
     transport: TransportChoice,
     credentials: Credentials,
 ) -> Result<Arc<Nodes>, Failure> {
     let etcd = &source.etcd;
-    let meta = tokio::time::timeout(
-        opts.timeout,
-        ferry_client::cluster::Meta::connect(etcd_config),
-    )
-    .await
-    .map_err(|_| {
-        (
-            exit::CONNECT,
-            anyhow::anyhow!("etcd {etcd}: no answer within {:?}", opts.timeout),
-        )
-    })?
-    .map_err(|e| {
-        // etcd refusing the user or its password is an authentication failure.
-        let code = if e.kind() == "auth_failed" {
-            exit::AUTH
-        } else {
-            exit::CONNECT
-        };
-        (code, anyhow::anyhow!("{e}"))
-    })?;
+    let meta = tokio::time::timeout(opts.timeout, ferry_cluster::Meta::connect(etcd_config))
+        .await
+        .map_err(|_| {
+            (
+                exit::CONNECT,
+                anyhow::anyhow!("etcd {etcd}: no answer within {:?}", opts.timeout),
+            )
+        })?
+        .map_err(|e| {
+            // etcd refusing the user or its password is an authentication failure.
+            let code = if e.kind() == "auth_failed" {
+                exit::AUTH
+            } else {
+                exit::CONNECT
+            };
+            (code, anyhow::anyhow!("{e}"))
+        })?;
     let mount_err = |e: ferry_client::ClientError| {
         let code = if e.remote_kind().is_some() {
             exit::MOUNT
@@ -478,7 +475,7 @@ async fn check_cluster(
         .existing(&source.share, &source.path)
         .await
         .map_err(mount_err)?;
-    if root.entry.kind != ferry_common::cluster::EntryKind::Dir {
+    if root.entry.kind != ferry_cluster::model::EntryKind::Dir {
         return Err((
             exit::MOUNT,
             anyhow::anyhow!("{}: not a directory", source.display()),

@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
-use ferry_client::cluster::{member, EtcdConfig};
-use ferry_common::cluster::NodeInfo;
+use ferry_cluster::model::NodeInfo;
+use ferry_cluster::{member, EtcdConfig};
 
 /// `--min-free` unless told otherwise.
 pub const DEFAULT_MIN_FREE: &str = "2%";

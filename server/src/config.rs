@@ -232,7 +232,7 @@ pub struct Config {
 pub struct ClusterNode {
     /// etcd's endpoints, TLS and user (`--cluster` and the etcd options).
     #[cfg(feature = "cluster")]
-    pub etcd: ferry_client::cluster::EtcdConfig,
+    pub etcd: ferry_cluster::EtcdConfig,
     /// The transport to other nodes.
     pub transport: ferry_common::transport::TransportChoice,
 }

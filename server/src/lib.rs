@@ -147,7 +147,7 @@ pub struct Server {
     /// Its etcd, connected at the first `Replicate` and shared by every later one
     /// (etcd's client reconnects by itself; one connection per process).
     #[cfg(feature = "cluster")]
-    cluster_meta: tokio::sync::OnceCell<ferry_client::cluster::Meta>,
+    cluster_meta: tokio::sync::OnceCell<ferry_cluster::Meta>,
     /// Every session's file locks (the `locks` capability).
     locks: std::sync::Mutex<ferry_common::locks::LockTable>,
     /// The id the next connection's locks are held under.
@@ -221,9 +221,9 @@ impl Server {
     pub(crate) async fn cluster_meta(
         &self,
         node: &config::ClusterNode,
-    ) -> Result<&ferry_client::cluster::Meta, ferry_client::ClientError> {
+    ) -> Result<&ferry_cluster::Meta, ferry_client::ClientError> {
         self.cluster_meta
-            .get_or_try_init(|| ferry_client::cluster::Meta::connect(&node.etcd))
+            .get_or_try_init(|| ferry_cluster::Meta::connect(&node.etcd))
             .await
     }
 

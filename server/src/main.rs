@@ -160,26 +160,33 @@ struct Args {
     /// serves the stripes of cluster shares from --store. Needs --node-id and --store.
     /// etcd over TLS or with a user: the --etcd-* options below, or the cluster
     /// configuration file (--cluster-config).
-    #[arg(long, value_name = "ENDPOINTS", requires_all = ["node_id", "store"], env = "FERRYD_CLUSTER")]
+    #[cfg_attr(feature = "cluster", arg(long, value_name = "ENDPOINTS", requires_all = ["node_id", "store"], env = "FERRYD_CLUSTER"))]
+    #[cfg_attr(
+        not(feature = "cluster"),
+        arg(long, value_name = "ENDPOINTS", env = "FERRYD_CLUSTER")
+    )]
     cluster: Option<String>,
 
     /// etcd's TLS and user settings (with --cluster).
     #[cfg(feature = "cluster")]
     #[command(flatten)]
-    etcd: ferry_client::cluster::EtcdArgs,
+    etcd: ferry_cluster::EtcdArgs,
 
     /// This node's id in the cluster (unique; keep it across restarts).
+    #[cfg(feature = "cluster")]
     #[arg(long, value_name = "ID", value_parser = parse_node_id)]
     node_id: Option<String>,
 
     /// Directory holding this node's stripe objects (exported as the share `cluster`,
     /// guarded by the cluster's secret: --secret-file or $FERRYD_SECRET).
+    #[cfg(feature = "cluster")]
     #[arg(long, value_name = "DIR")]
     store: Option<PathBuf>,
 
     /// Seconds the node's registration outlives its last renewal: a node that dies
     /// drops out of the cluster after this long.
-    #[arg(long, value_name = "SECS", default_value_t = ferry_common::cluster::DEFAULT_LEASE_TTL_SECS, value_parser = clap::value_parser!(i64).range(2..=3600))]
+    #[cfg(feature = "cluster")]
+    #[arg(long, value_name = "SECS", default_value_t = ferry_cluster::model::DEFAULT_LEASE_TTL_SECS, value_parser = clap::value_parser!(i64).range(2..=3600))]
     lease_ttl: i64,
 
     /// Free space this node keeps in its store's file system: with no more free than
@@ -192,6 +199,7 @@ struct Args {
 
     /// The address clients and other nodes reach this node at (default: --listen's,
     /// which must then not be a wildcard address).
+    #[cfg(feature = "cluster")]
     #[arg(long, value_name = "HOST:PORT")]
     advertise: Option<String>,
 
@@ -200,8 +208,9 @@ struct Args {
     verbose: u8,
 }
 
+#[cfg(feature = "cluster")]
 fn parse_node_id(s: &str) -> Result<String, String> {
-    if ferry_common::cluster::valid_node_id(s) {
+    if ferry_cluster::model::valid_node_id(s) {
         Ok(s.to_owned())
     } else {
         Err("node ids are 1-64 letters, digits, '-', '_' or '.', not starting with '.'".into())
@@ -241,7 +250,7 @@ fn main() -> ExitCode {
 fn cluster_node(
     args: &Args,
     config: &mut Config,
-) -> anyhow::Result<Option<ferry_client::cluster::EtcdConfig>> {
+) -> anyhow::Result<Option<ferry_cluster::EtcdConfig>> {
     let Some(endpoints) = &args.cluster else {
         return Ok(None);
     };
@@ -353,13 +362,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
 /// The configuration the command line asks for (the configuration file, if any,
 /// with the flags on top); raises the open-files limit to serve it.
 fn build_config(args: &Args) -> anyhow::Result<Config> {
+    #[allow(unused_mut)] // Only --store (feature `cluster`) adds a share.
     let mut shares = args.shares.clone();
+    #[cfg(feature = "cluster")]
     if let Some(store) = &args.store {
         std::fs::create_dir_all(store)
             .with_context(|| format!("cannot create the store {}", store.display()))?;
         shares.push(format!(
             "{}={}",
-            ferry_common::cluster::STORE_SHARE,
+            ferry_cluster::model::STORE_SHARE,
             store.display()
         ));
     }

@@ -582,22 +582,20 @@ impl Cluster {
     /// Runs `f` with a connection to the cluster's etcd, on a runtime of its own.
     pub fn with_meta<T, F, Fut>(&self, f: F) -> T
     where
-        F: FnOnce(ferry_client::cluster::Meta) -> Fut,
+        F: FnOnce(ferry_cluster::Meta) -> Fut,
         Fut: std::future::Future<Output = T>,
     {
         let endpoint = self.etcd_endpoint();
         crate::runtime().block_on(async {
-            let config = ferry_client::cluster::EtcdConfig::plain(vec![endpoint]);
-            let meta = ferry_client::cluster::Meta::connect(&config)
-                .await
-                .expect("etcd");
+            let config = ferry_cluster::EtcdConfig::plain(vec![endpoint]);
+            let meta = ferry_cluster::Meta::connect(&config).await.expect("etcd");
             f(meta).await
         })
     }
 
     /// The layout of file `path` of cluster share `share`, read from etcd; panics if
     /// there is no such file.
-    pub fn layout_of(&self, share: &str, path: &str) -> ferry_common::cluster::Layout {
+    pub fn layout_of(&self, share: &str, path: &str) -> ferry_cluster::model::Layout {
         self.with_meta(|meta| async move {
             let v = meta.existing(share, path).await.expect("the entry");
             v.entry.layout.expect("a file's layout")
@@ -618,7 +616,7 @@ impl Cluster {
                     let rel = rel.to_str().expect("UTF-8 store path").to_owned();
                     if md.is_dir() {
                         dirs.push(p);
-                    } else if ferry_common::cluster::ObjectPath::parse(&rel).is_some() {
+                    } else if ferry_cluster::model::ObjectPath::parse(&rel).is_some() {
                         out.insert((self.node_id(k), rel), md.len());
                     }
                 }

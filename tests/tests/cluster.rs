@@ -465,7 +465,7 @@ fn replicate_requests_are_confined_to_live_members_and_the_store() {
         .unwrap();
         c.authenticate("cluster").await.unwrap();
         assert!(c.negotiated().unwrap().cluster);
-        let object = ferry_common::cluster::object_path("data", &"ab".repeat(16), 0);
+        let object = ferry_cluster::model::object_path("data", &"ab".repeat(16), 0);
         let outsider = c
             .replicate("cluster", &object, "127.0.0.1:1", 10, [0; 32])
             .await;

@@ -10,10 +10,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ferry_client::cluster::etcd_config::{ClientIdentity, EtcdTls, EtcdUser};
-use ferry_client::cluster::{EtcdConfig, EtcdError, Meta};
 use ferry_client::ClientError;
-use ferry_common::cluster::{NodeInfo, ShareConfig};
+use ferry_cluster::etcd_config::{ClientIdentity, EtcdTls, EtcdUser};
+use ferry_cluster::model::{NodeInfo, ShareConfig};
+use ferry_cluster::{EtcdConfig, EtcdError, Meta};
 use ferry_tests::{
     assert_files_equal, ferry, ferryd_has_cluster_mode, rcp_args, rcp_env, skip_without_cluster,
     skip_without_fuse, write_random_file, Cluster, ClusterOptions, Mount, RcpOutput, LEASE_TTL,
@@ -189,7 +189,7 @@ fn check_roles(cluster: &Cluster) {
         replicas: 1,
         stripe_bytes: MIB,
     };
-    let entry = ferry_client::cluster::meta::root_entry();
+    let entry = ferry_cluster::meta::root_entry();
     rt.block_on(async {
         let client = Meta::connect(&as_user(cluster, "ferry-client"))
             .await

@@ -22,7 +22,7 @@ fn objects(cluster: &Cluster) -> BTreeMap<(String, String), u64> {
 }
 
 /// The objects of `layout` (a file of share `data`) on their replicas.
-fn layout_objects(layout: &ferry_common::cluster::Layout) -> BTreeSet<(String, String)> {
+fn layout_objects(layout: &ferry_cluster::model::Layout) -> BTreeSet<(String, String)> {
     let mut out = BTreeSet::new();
     for (i, s) in layout.stripes.iter().enumerate() {
         for node in &s.replicas {
@@ -63,7 +63,7 @@ fn remove_entries(cluster: &Cluster, path: &str) {
         meta.remove_below("data", path).await.expect("remove below");
         let v = meta.existing("data", path).await.expect("the entry");
         let done = meta.remove("data", path, v.revision).await.expect("remove");
-        assert!(matches!(done, ferry_client::cluster::meta::Commit::Done(_)));
+        assert!(matches!(done, ferry_cluster::meta::Commit::Done(_)));
     });
 }
 
@@ -422,7 +422,7 @@ fn a_rerun_copy_sends_only_the_changed_stripe_and_gc_keeps_the_reused_ones() {
         }
     }
     let after = objects(&cluster);
-    let only = |layout: &ferry_common::cluster::Layout, i| -> BTreeSet<(String, String)> {
+    let only = |layout: &ferry_cluster::model::Layout, i| -> BTreeSet<(String, String)> {
         let stripe = layout.object_path("data", i);
         layout_objects(layout)
             .into_iter()

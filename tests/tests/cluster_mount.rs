@@ -13,7 +13,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use ferry_common::cluster::Layout;
+use ferry_cluster::model::Layout;
 use ferry_tests::{
     assert_trees_equal, ferry_mount, rcp, rcp_args, skip_without_cluster, skip_without_fuse,
     write_random_file, Cluster, Mount, MIB,
@@ -290,13 +290,10 @@ fn a_cluster_mount_of_a_directory_and_refusals() {
 }
 
 /// The entry at `path` of share `data`, if any, from etcd.
-fn entry_of(cluster: &Cluster, path: &str) -> Option<ferry_common::cluster::Entry> {
+fn entry_of(cluster: &Cluster, path: &str) -> Option<ferry_cluster::model::Entry> {
     let endpoint = cluster.etcd_endpoint();
     ferry_tests::runtime().block_on(async {
-        let meta =
-            ferry_client::cluster::Meta::connect(&ferry_client::cluster::EtcdConfig::plain(vec![
-                endpoint,
-            ]))
+        let meta = ferry_cluster::Meta::connect(&ferry_cluster::EtcdConfig::plain(vec![endpoint]))
             .await
             .expect("etcd");
         meta.entry("data", path)
@@ -454,7 +451,7 @@ fn a_cluster_mount_writes_whole_files_at_close_and_changes_the_namespace() {
     fs::create_dir(mount.join("w/d")).unwrap();
     fs::write(mount.join("w/d/f"), b"x").unwrap();
     assert!(
-        entry_of(&cluster, "w/d").is_some_and(|e| e.kind == ferry_common::cluster::EntryKind::Dir)
+        entry_of(&cluster, "w/d").is_some_and(|e| e.kind == ferry_cluster::model::EntryKind::Dir)
     );
     let notempty = fs::remove_dir(mount.join("w/d")).unwrap_err();
     assert_eq!(notempty.raw_os_error(), Some(nix::libc::ENOTEMPTY));

@@ -15,10 +15,10 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ferry_client::cluster::meta::Commit;
-use ferry_client::cluster::tree_rename::{plan_tree_rename, MAX_TREE_ENTRIES};
-use ferry_client::cluster::{EtcdConfig, Meta};
-use ferry_common::cluster::{Entry, EntryKind};
+use ferry_cluster::meta::Commit;
+use ferry_cluster::model::{Entry, EntryKind};
+use ferry_cluster::tree_rename::{plan_tree_rename, MAX_TREE_ENTRIES};
+use ferry_cluster::{EtcdConfig, Meta};
 use ferry_tests::{
     assert_trees_equal, rcp, rcp_args, skip_without_cluster, skip_without_fuse, write_random_file,
     Cluster, Mount, MIB,

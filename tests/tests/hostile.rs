@@ -2461,7 +2461,7 @@ fn tree_listing(dir: &Path) -> Vec<String> {
 /// manifest replicates the object (so the refusals are the paths', not the request's).
 #[test]
 fn replicate_paths_that_leave_the_store_are_refused_before_anything_is_made() {
-    use ferry_common::cluster::STORE_SHARE;
+    use ferry_cluster::model::STORE_SHARE;
     use ferry_tests::{rcp, rcp_args, skip_without_cluster, Cluster};
     if skip_without_cluster(
         "replicate_paths_that_leave_the_store_are_refused_before_anything_is_made",

@@ -164,7 +164,7 @@ fn issue_41_rcp_against_a_hung_ferryd_fails_with_a_clear_message() {
 /// silence limit, names it, and names nothing in its store.
 #[test]
 fn issue_41_a_replicate_from_a_hung_node_fails_at_the_progress_deadline() {
-    use ferry_common::cluster::STORE_SHARE;
+    use ferry_cluster::model::STORE_SHARE;
     use ferry_common::transport::TransportChoice;
     if skip_without_cluster("issue_41_a_replicate_from_a_hung_node_fails_at_the_progress_deadline")
     {

@@ -233,7 +233,7 @@ pub async fn backup_with(
 /// read fails the backup: a snapshot missing part of the source would pass for a
 /// complete one. Names that are not UTF-8 are skipped with a warning, special files
 /// silently.
-pub(crate) async fn walk_source(src: &Path, filter: &Filter) -> Result<Vec<LocalDir>, ClientError> {
+pub async fn walk_source(src: &Path, filter: &Filter) -> Result<Vec<LocalDir>, ClientError> {
     let (src, filter) = (src.to_path_buf(), filter.clone());
     tokio::task::spawn_blocking(move || {
         let meta = fs::metadata(&src).map_err(|e| ClientError::local(&src, "cannot stat", e))?;

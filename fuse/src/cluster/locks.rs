@@ -14,8 +14,8 @@
 
 use std::sync::Arc;
 
-use ferry_client::cluster::locks::ClusterLocks;
-use ferry_common::cluster::locks::lock_file;
+use ferry_cluster::locks::ClusterLocks;
+use ferry_cluster::model::locks::lock_file;
 use ferry_common::locks::{LockFile, LockHeld, LockKind};
 use fuser::Errno;
 
@@ -23,7 +23,7 @@ use super::Inner;
 use crate::locks::{LockAnswer, LockAsk, LockBackend};
 use crate::remote::{lock, OpError};
 
-pub use ferry_client::cluster::locks::LOCK_LEASE_TTL_SECS;
+pub use ferry_cluster::locks::LOCK_LEASE_TTL_SECS;
 
 impl LockBackend for Inner {
     fn current(&self) -> Option<u64> {
@@ -105,6 +105,6 @@ impl Inner {
 }
 
 /// The locks of `share` through `meta`'s etcd, under this mount's lease.
-pub fn cluster_locks(meta: ferry_client::cluster::meta::Meta, share: &str) -> Arc<ClusterLocks> {
+pub fn cluster_locks(meta: ferry_cluster::meta::Meta, share: &str) -> Arc<ClusterLocks> {
     Arc::new(ClusterLocks::new(meta, share, LOCK_LEASE_TTL_SECS))
 }

@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use ferry_common::cluster::{Entry, EntryKind};
+use ferry_cluster::model::{Entry, EntryKind};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig,
     OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
@@ -53,7 +53,7 @@ use crate::locks::Locks;
 use crate::nodes::join;
 use crate::options::MountOptions;
 use crate::remote::{errno_of, lock, OpError};
-use ferry_client::cluster::locks::ClusterLocks;
+use ferry_cluster::locks::ClusterLocks;
 use names::{Names, ROOT};
 use stripes::{ClusterFile, Nodes, ReadOut};
 use write::{Staged, Writer};

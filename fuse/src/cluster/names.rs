@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_common::cluster::{Entry, EntryKind};
+use ferry_cluster::model::{Entry, EntryKind};
 
 /// The root's node id (FUSE's `FUSE_ROOT_ID`).
 pub const ROOT: u64 = 1;

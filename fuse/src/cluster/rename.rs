@@ -16,11 +16,11 @@
 //! directory with a file below it open for writing here is not renamed (EBUSY), so a
 //! staged file is never published under the old name.
 
-use ferry_client::cluster::meta::{Commit, Versioned};
-use ferry_client::cluster::tree_rename::{
+use ferry_cluster::meta::{Commit, Versioned};
+use ferry_cluster::model::EntryKind;
+use ferry_cluster::tree_rename::{
     is_within, plan_tree_rename, TreePlanError, MAX_TREE_ENTRIES, MAX_TXN_OPS,
 };
-use ferry_common::cluster::EntryKind;
 use fuser::{Errno, INodeNo};
 
 use super::write::TRIES;

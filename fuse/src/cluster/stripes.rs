@@ -6,7 +6,7 @@
 //! one-sided read path as a single-server mount. Stripe `i` of an open file is opened
 //! on the first node of its replicas that serves it (live nodes that are not suspect
 //! first, in the layout's order: the cluster client's one node-health policy,
-//! [`ferry_client::cluster::health`]): the node maps the object, the manifest it
+//! [`ferry_cluster::health`]): the node maps the object, the manifest it
 //! sends is read by RDMA READ and checked against the version's manifest hash
 //! ([`Reader::open`]), and that hash, the algorithm and the size must then equal what
 //! the layout records for the stripe. Every chunk is then checked against those hashes
@@ -18,7 +18,7 @@
 //! - a replica that cannot be opened, reached or verified is passed over for the next
 //!   one with no error to the reader; EIO comes only when no replica can serve;
 //! - every request to a storage node runs under the progress deadline
-//!   ([`ferry_client::cluster::health::PROGRESS_DEADLINE`], or `-o timeout` if
+//!   ([`ferry_cluster::health::PROGRESS_DEADLINE`], or `-o timeout` if
 //!   shorter): each moves at most [`FETCH_BYTES`], so a node that answers none in
 //!   that time made no progress; its connection is dropped (the next read reconnects)
 //!   and it is suspect;
@@ -29,10 +29,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry_client::cluster::health::Health;
-use ferry_client::cluster::{split_addr, Meta};
 use ferry_client::Credentials;
-use ferry_common::cluster::{stripe_count, Entry, Layout, NodeInfo, STORE_SHARE};
+use ferry_cluster::health::Health;
+use ferry_cluster::model::{stripe_count, Entry, Layout, NodeInfo, STORE_SHARE};
+use ferry_cluster::{split_addr, Meta};
 use ferry_common::msg::Hash256;
 use ferry_common::transport::TransportChoice;
 use fuser::Errno;
@@ -333,7 +333,7 @@ impl ClusterFile {
             None if entry.size == 0 => Layout {
                 id: String::new(),
                 algorithm: ferry_common::msg::HashAlgorithm::SUPPORTED[0],
-                stripe_bytes: ferry_common::cluster::DEFAULT_STRIPE_BYTES,
+                stripe_bytes: ferry_cluster::model::DEFAULT_STRIPE_BYTES,
                 stripes: Vec::new(),
             },
             None => return Err(bad("a file with bytes and no layout".into())),

@@ -25,11 +25,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use ferry_client::cluster::meta::Commit;
-use ferry_client::cluster::Cluster;
 use ferry_client::transfer::ProgressFn;
 use ferry_client::ClientError;
-use ferry_common::cluster::{Entry, EntryKind, ShareConfig};
+use ferry_cluster::meta::Commit;
+use ferry_cluster::model::{Entry, EntryKind, ShareConfig};
+use ferry_cluster::Cluster;
 use ferry_common::msg::Timestamp;
 use fuser::{Errno, INodeNo, TimeOrNow};
 

@@ -20,11 +20,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ferry_client::cluster::health::{self, HealthPolicy};
-use ferry_client::cluster::split_addr;
 use ferry_client::transfer::{download_range, Assembly};
 use ferry_client::{ClientError, Credentials};
-use ferry_common::cluster::{ObjectPath, STORE_SHARE};
+use ferry_cluster::health::{self, HealthPolicy};
+use ferry_cluster::model::{ObjectPath, STORE_SHARE};
+use ferry_cluster::split_addr;
 use ferry_common::msg::{
     ErrorKind, Hash256, HashAlgorithm, NewDir, RemoteError, Response, Timestamp,
 };

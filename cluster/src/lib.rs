@@ -19,8 +19,10 @@
 //!   then the entry in one transaction) and down ([`Cluster::get_file`]: stripes from
 //!   any live replica, each checked against the layout's manifest).
 //! - [`copy`]: `rcp` on cluster shares: files and trees, up and down.
-//! - [`health`]: the progress deadline every stripe transfer runs under, and the
-//!   nodes suspect lately (read last, placed on last, for a while).
+//! - [`nodes`]: the process's one view of the storage nodes ([`NodeSet`]: live,
+//!   draining, suspect), shared by every user of the cluster in the process;
+//!   [`health`]: its failure policy, the progress deadline every stripe transfer runs
+//!   under, and the nodes suspect lately (read last, placed on last, for a while).
 //! - [`repair`]: re-replicating under-replicated stripes node to node; [`balance`]:
 //!   draining a node and rebalancing, moving replicas with repair's copy; and
 //!   [`status`]: the nodes and the stripes' health; [`gc`]: removing the objects
@@ -47,6 +49,7 @@ pub mod locks;
 pub mod member;
 pub mod meta;
 pub mod model;
+pub mod nodes;
 pub mod repair;
 pub mod snapshots;
 pub mod status;
@@ -55,7 +58,6 @@ pub mod tree_rename;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use crate::model::{NodeInfo, STORE_SHARE};
 use ferry_common::transport::TransportChoice;
@@ -65,7 +67,8 @@ use ferry_client::client::{Client, Credentials};
 use ferry_client::error::ClientError;
 pub use ferry_client::etcd_error::{EtcdConfigError, EtcdError};
 use health::{Health, Progress};
-pub use meta::Meta;
+pub use meta::{EtcdLink, Meta};
+pub use nodes::NodeSet;
 
 /// Default etcd client port.
 pub const DEFAULT_ETCD_PORT: u16 = 2379;
@@ -77,20 +80,14 @@ pub struct Cluster {
 }
 
 struct Inner {
-    meta: Meta,
+    /// The storage nodes (live, draining, suspect) and etcd: shared with every other
+    /// user of the cluster in this process.
+    nodes: Arc<NodeSet>,
     transport: TransportChoice,
     credentials: Credentials,
     /// One session per node id, authenticated for the store share. A node's session
     /// is dropped when the node is suspected, never reused.
     sessions: tokio::sync::Mutex<HashMap<String, Client>>,
-    /// Nodes that failed or stalled lately: not chosen for new stripes, tried last for
-    /// reads, until they are forgiven ([`health`]).
-    health: Arc<Health>,
-    /// The last view of the live nodes.
-    nodes: Mutex<Vec<NodeInfo>>,
-    /// The nodes marked draining, as last read with the live nodes: given no new
-    /// stripes (still read from).
-    draining: Mutex<BTreeSet<String>>,
     /// Object directories known to exist, as (node, directory).
     dirs: Mutex<HashSet<(String, String)>>,
     /// Per node, the permits of the stripe transfers it may have in flight.
@@ -104,7 +101,7 @@ pub const STRIPES_PER_NODE: usize = 2;
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cluster")
-            .field("meta", &self.inner.meta)
+            .field("nodes", &self.inner.nodes)
             .finish()
     }
 }
@@ -129,29 +126,26 @@ impl Cluster {
         transport: TransportChoice,
         credentials: Credentials,
     ) -> Result<Cluster, ClientError> {
+        let meta = Meta::connect(etcd).await?;
         let health = Arc::new(Health::new(health::HealthPolicy::from_env()));
-        Cluster::connect_sharing(etcd, transport, credentials, health).await
+        Cluster::over(NodeSet::new(meta, health), transport, credentials).await
     }
 
-    /// [`Cluster::connect`], keeping node health in `health` (shared with another view
-    /// of the same cluster: the mount's readers).
-    pub async fn connect_sharing(
-        etcd: &EtcdConfig,
+    /// A cluster client over `nodes`, the process's node set (its etcd connection
+    /// and failure policy, shared with the process's other users of the cluster: a
+    /// mount's readers); the nodes are read again now.
+    pub async fn over(
+        nodes: Arc<NodeSet>,
         transport: TransportChoice,
         credentials: Credentials,
-        health: Arc<Health>,
     ) -> Result<Cluster, ClientError> {
-        let meta = Meta::connect(etcd).await?;
-        let credentials = credentials.with_liveness(health.policy().node_liveness());
+        let credentials = credentials.with_liveness(nodes.health().policy().node_liveness());
         let cluster = Cluster {
             inner: Arc::new(Inner {
-                meta,
+                nodes,
                 transport,
                 credentials,
                 sessions: tokio::sync::Mutex::new(HashMap::new()),
-                health,
-                nodes: Mutex::new(Vec::new()),
-                draining: Mutex::new(BTreeSet::new()),
                 dirs: Mutex::new(HashSet::new()),
                 slots: Mutex::new(HashMap::new()),
             }),
@@ -162,38 +156,33 @@ impl Cluster {
 
     /// The etcd connection.
     pub fn meta(&self) -> &Meta {
-        &self.inner.meta
+        self.inner.nodes.meta()
+    }
+
+    /// The node set.
+    pub fn nodes(&self) -> &Arc<NodeSet> {
+        &self.inner.nodes
     }
 
     /// Reads the live nodes, and the draining marks, again.
     pub async fn refresh_nodes(&self) -> Result<Vec<NodeInfo>, ClientError> {
-        let nodes = self.inner.meta.nodes().await?;
-        let draining = self.inner.meta.draining().await?;
-        *lock(&self.inner.nodes) = nodes.clone();
-        *lock(&self.inner.draining) = draining;
-        Ok(nodes)
+        self.inner.nodes.refresh().await
     }
 
     /// The live nodes as last read that may get new stripes: neither suspect nor
     /// draining.
     pub fn usable_nodes(&self) -> Vec<NodeInfo> {
-        let now = Instant::now();
-        let draining = lock(&self.inner.draining).clone();
-        lock(&self.inner.nodes)
-            .iter()
-            .filter(|n| !self.inner.health.is_suspect(&n.id, now) && !draining.contains(&n.id))
-            .cloned()
-            .collect()
+        self.inner.nodes.usable()
     }
 
     /// The nodes marked draining, as last read ([`Cluster::refresh_nodes`]).
     pub fn draining(&self) -> BTreeSet<String> {
-        lock(&self.inner.draining).clone()
+        self.inner.nodes.draining()
     }
 
     /// The node-health policy and the nodes suspect lately.
     pub fn health(&self) -> &Arc<Health> {
-        &self.inner.health
+        self.inner.nodes.health()
     }
 
     /// Runs `op` on node `id` under the progress deadline ([`health::watch`]); a
@@ -204,7 +193,7 @@ impl Cluster {
         F: FnOnce(Progress) -> Fut,
         Fut: Future<Output = Result<T, ClientError>>,
     {
-        let deadline = self.inner.health.policy().progress_deadline;
+        let deadline = self.health().policy().progress_deadline;
         let r = health::watch(id, deadline, op).await;
         if let Err(e @ ClientError::Stalled { .. }) = &r {
             self.suspect(id, e).await;
@@ -214,23 +203,18 @@ impl Cluster {
 
     /// The address of live node `id`, as last read.
     pub fn addr_of(&self, id: &str) -> Option<String> {
-        lock(&self.inner.nodes)
-            .iter()
-            .find(|n| n.id == id)
-            .map(|n| n.addr.clone())
+        self.inner.nodes.addr_of(id)
     }
 
     /// True if node `id` is registered (its lease is current) as last read.
     pub fn is_live(&self, id: &str) -> bool {
-        lock(&self.inner.nodes).iter().any(|n| n.id == id)
+        self.inner.nodes.is_live(id)
     }
 
     /// Marks node `id` suspect ([`health`]) and drops its session: operations still
     /// on it fail, and the next one opens a fresh session.
     pub async fn suspect(&self, id: &str, why: &ClientError) {
-        self.inner
-            .health
-            .suspect(id, &why.to_string(), Instant::now());
+        self.inner.nodes.suspect(id, &why.to_string());
         if let Some(c) = self.inner.sessions.lock().await.remove(id) {
             c.close();
         }
@@ -238,7 +222,7 @@ impl Cluster {
 
     /// True if node `id` is suspect now.
     pub fn is_suspect(&self, id: &str) -> bool {
-        self.inner.health.is_suspect(id, Instant::now())
+        self.inner.nodes.is_suspect(id)
     }
 
     /// The session with node `id` (opened and authenticated on first use, within the
@@ -249,15 +233,13 @@ impl Cluster {
         if let Some(c) = self.inner.sessions.lock().await.get(id) {
             return Ok(c.clone());
         }
-        let node = lock(&self.inner.nodes)
-            .iter()
-            .find(|n| n.id == id)
-            .cloned()
+        let addr = self
+            .addr_of(id)
             .ok_or_else(|| ClientError::Cluster(format!("storage node {id} is not alive")))?;
-        let (host, port) = split_addr(&node.addr).ok_or_else(|| {
-            ClientError::Cluster(format!("storage node {id}: bad address {}", node.addr))
+        let (host, port) = split_addr(&addr).ok_or_else(|| {
+            ClientError::Cluster(format!("storage node {id}: bad address {addr}"))
         })?;
-        let deadline = self.inner.health.policy().progress_deadline;
+        let deadline = self.health().policy().progress_deadline;
         let open = async {
             let client = Client::connect_with(
                 &host,

@@ -6,22 +6,24 @@
 //! the registration reports. Losing etcd is not fatal to the node: it keeps serving
 //! the sessions it has and registers again, under a new lease, once etcd answers.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::model::NodeInfo;
 
-use super::etcd_config::EtcdConfig;
-use super::meta::Meta;
+use super::meta::EtcdLink;
 use ferry_client::error::ClientError;
 
 /// How long to wait before trying etcd again after it failed.
 const RETRY: Duration = Duration::from_secs(1);
 
-/// Keeps node `info()` registered in the etcd of `etcd` with a lease of `ttl_secs`, for ever
-/// (until the task is dropped). `info` is called at each renewal for the current free
-/// space. `on_registered` is called after each (re-)registration.
+/// Keeps node `info()` registered in the etcd of `etcd` (the process's one etcd
+/// connection, reset after each failure so the next try connects afresh) with a lease
+/// of `ttl_secs`, for ever (until the task is dropped). `info` is called at each
+/// renewal for the current free space. `on_registered` is called after each
+/// (re-)registration.
 pub async fn keep_registered(
-    etcd: EtcdConfig,
+    etcd: Arc<EtcdLink>,
     ttl_secs: i64,
     info: impl Fn() -> NodeInfo,
     on_registered: impl Fn(&NodeInfo, i64),
@@ -29,18 +31,19 @@ pub async fn keep_registered(
     loop {
         if let Err(e) = register_once(&etcd, ttl_secs, &info, &on_registered).await {
             tracing::warn!("cluster registration: {e}; trying again");
+            etcd.reset().await;
         }
         tokio::time::sleep(RETRY).await;
     }
 }
 
 async fn register_once(
-    config: &EtcdConfig,
+    link: &EtcdLink,
     ttl_secs: i64,
     info: &impl Fn() -> NodeInfo,
     on_registered: &impl Fn(&NodeInfo, i64),
 ) -> Result<(), ClientError> {
-    let meta = Meta::connect(config).await?;
+    let meta = link.get().await?;
     let mut etcd = meta.etcd();
     let etcd_err = |op: &str, e: etcd_client::Error| meta.err(op, e);
     let lease = etcd

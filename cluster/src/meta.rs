@@ -39,6 +39,45 @@ pub struct Meta {
     config: Arc<EtcdConfig>,
 }
 
+/// A process's one etcd connection ([`Meta`]), made on first use and made again, from
+/// the configuration's files, after a user of it saw etcd fail ([`EtcdLink::reset`]):
+/// so rotated certificates and passwords are picked up, and every user in the process
+/// (a node's registration, its `Replicate` fetches) shares the connection.
+///
+/// Invariant: at most one connection is being made at a time, and all users get the
+/// same [`Meta`] until it is reset.
+#[derive(Debug)]
+pub struct EtcdLink {
+    config: EtcdConfig,
+    current: tokio::sync::Mutex<Option<Meta>>,
+}
+
+impl EtcdLink {
+    /// A link to the etcd `config` describes, not yet connected.
+    pub fn new(config: EtcdConfig) -> Arc<EtcdLink> {
+        Arc::new(EtcdLink {
+            config,
+            current: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    /// The connection, made now if there is none.
+    pub async fn get(&self) -> Result<Meta, ClientError> {
+        let mut current = self.current.lock().await;
+        if let Some(meta) = current.as_ref() {
+            return Ok(meta.clone());
+        }
+        let meta = Meta::connect(&self.config).await?;
+        *current = Some(meta.clone());
+        Ok(meta)
+    }
+
+    /// Drops the connection: the next [`EtcdLink::get`] connects again.
+    pub async fn reset(&self) {
+        *self.current.lock().await = None;
+    }
+}
+
 impl std::fmt::Debug for Meta {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Meta")

@@ -353,14 +353,12 @@ fn run_cluster(args: Args, notify: bool) -> Result<(), Failure> {
         credentials.clone(),
     ))?;
     let writer = if writable {
-        let health = nodes.health().clone();
         Some(rt.block_on(cluster_writer(
             &source,
-            &etcd,
+            nodes.set().clone(),
             &opts,
             args.transport,
             credentials,
-            health,
         ))?)
     } else {
         None
@@ -384,19 +382,19 @@ fn run_cluster(args: Args, notify: bool) -> Result<(), Failure> {
     mount_and_serve(fs, rt, at, &mounted, |_| {})
 }
 
-/// What a writable cluster mount writes with: its own connection to the cluster, the
+/// What a writable cluster mount writes with: a cluster client over the mount's node
+/// set (its one etcd connection and failure policy, shared with the readers), the
 /// share's settings, and a private staging directory `/var/tmp/ferry-mount-PID`.
 async fn cluster_writer(
     source: &ferry_cluster::copy::ClusterPath,
-    etcd: &ferry_cluster::EtcdConfig,
+    set: Arc<ferry_cluster::NodeSet>,
     opts: &MountOptions,
     transport: TransportChoice,
     credentials: Credentials,
-    health: Arc<Health>,
 ) -> Result<ferry_fuse::cluster::write::Writer, Failure> {
     let cluster = tokio::time::timeout(
         opts.timeout,
-        ferry_cluster::Cluster::connect_sharing(etcd, transport, credentials, health),
+        ferry_cluster::Cluster::over(set, transport, credentials),
     )
     .await
     .map_err(|_| {
@@ -481,14 +479,14 @@ async fn check_cluster(
             anyhow::anyhow!("{}: not a directory", source.display()),
         ));
     }
+    let set = ferry_cluster::NodeSet::new(meta, Arc::new(Health::new(HealthPolicy::from_env())));
     let nodes = Nodes::new(
-        meta,
+        set,
         transport,
         credentials,
         opts.timeout,
         opts.cache_bytes,
         opts.readahead_chunks,
-        Arc::new(Health::new(HealthPolicy::from_env())),
     );
     let live = nodes
         .refresh()

@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use ferry_cluster::model::NodeInfo;
-use ferry_cluster::{member, EtcdConfig};
+use std::sync::Arc;
+
+use ferry_cluster::{member, EtcdLink};
 
 /// `--min-free` unless told otherwise.
 pub const DEFAULT_MIN_FREE: &str = "2%";
@@ -58,7 +60,7 @@ fn space(store: &std::path::Path) -> (u64, u64) {
 /// of `ttl` seconds, and its space (free, and the `min_free` it keeps) refreshed at
 /// each renewal.
 pub async fn join(
-    etcd: EtcdConfig,
+    etcd: Arc<EtcdLink>,
     id: String,
     addr: String,
     transports: Vec<String>,

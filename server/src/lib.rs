@@ -147,7 +147,7 @@ pub struct Server {
     /// Its etcd, connected at the first `Replicate` and shared by every later one
     /// (etcd's client reconnects by itself; one connection per process).
     #[cfg(feature = "cluster")]
-    cluster_meta: tokio::sync::OnceCell<ferry_cluster::Meta>,
+    cluster_etcd: Option<Arc<ferry_cluster::EtcdLink>>,
     /// Every session's file locks (the `locks` capability).
     locks: std::sync::Mutex<ferry_common::locks::LockTable>,
     /// The id the next connection's locks are held under.
@@ -193,7 +193,10 @@ impl Server {
             partial_ttl: config.partial_ttl,
             cluster: config.cluster.clone(),
             #[cfg(feature = "cluster")]
-            cluster_meta: tokio::sync::OnceCell::new(),
+            cluster_etcd: config
+                .cluster
+                .as_ref()
+                .map(|node| ferry_cluster::EtcdLink::new(node.etcd.clone())),
             locks: std::sync::Mutex::new(ferry_common::locks::LockTable::new()),
             next_lock_session: AtomicU64::new(1),
         }))
@@ -215,16 +218,11 @@ impl Server {
         self.cluster.as_ref()
     }
 
-    /// The etcd of `node` (this server's [`Server::cluster`]; see `cluster_meta`):
-    /// connected on first use, then shared.
+    /// The process's one etcd connection when this server is a cluster node (its
+    /// [`Server::cluster`]): shared by the node's registration and `Replicate`.
     #[cfg(feature = "cluster")]
-    pub(crate) async fn cluster_meta(
-        &self,
-        node: &config::ClusterNode,
-    ) -> Result<&ferry_cluster::Meta, ferry_client::ClientError> {
-        self.cluster_meta
-            .get_or_try_init(|| ferry_cluster::Meta::connect(&node.etcd))
-            .await
+    pub fn cluster_etcd(&self) -> Option<&Arc<ferry_cluster::EtcdLink>> {
+        self.cluster_etcd.as_ref()
     }
 
     /// The encryption policy of share `name` (its own, else the configuration's

@@ -244,23 +244,20 @@ fn main() -> ExitCode {
 }
 
 /// With `--cluster`: etcd's settings (the endpoints, with the TLS and user settings
-/// of the options and the cluster configuration file), also put in `config` for
-/// `Replicate`.
+/// of the options and the cluster configuration file) put in `config`, for the
+/// node's registration and `Replicate`.
 #[cfg(feature = "cluster")]
-fn cluster_node(
-    args: &Args,
-    config: &mut Config,
-) -> anyhow::Result<Option<ferry_cluster::EtcdConfig>> {
+fn cluster_node(args: &Args, config: &mut Config) -> anyhow::Result<()> {
     let Some(endpoints) = &args.cluster else {
-        return Ok(None);
+        return Ok(());
     };
     let endpoints = endpoints.split(',').map(str::to_owned).collect();
     let etcd = args.etcd.resolve(Some(endpoints)).context("--cluster")?;
     config.cluster = Some(ferry_server::ClusterNode {
-        etcd: etcd.clone(),
+        etcd,
         transport: args.transport,
     });
-    Ok(Some(etcd))
+    Ok(())
 }
 
 fn init_logging(verbose: u8) {
@@ -295,7 +292,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     #[allow(unused_mut)] // Only `cluster_node` changes it (feature `cluster`).
     let mut config = build_config(&args)?;
     #[cfg(feature = "cluster")]
-    let etcd = cluster_node(&args, &mut config)?;
+    cluster_node(&args, &mut config)?;
     let server = Server::new(&config)?;
     // Stale hidden files of a killed ferryd go in the background: a large share must
     // not delay serving, and nothing a live transfer uses is touched.
@@ -315,7 +312,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     let mut serving = Vec::new();
     #[cfg(feature = "cluster")]
-    if let (Some(etcd), Some(id), Some(store)) = (&etcd, &args.node_id, &args.store) {
+    if let (Some(etcd), Some(id), Some(store)) =
+        (server.cluster_etcd().cloned(), &args.node_id, &args.store)
+    {
         let addr = match &args.advertise {
             Some(a) => a.clone(),
             None if local.ip().is_unspecified() => anyhow::bail!(
@@ -332,7 +331,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             transports.push("rdma".to_owned());
         }
         serving.push(tokio::spawn(cluster::join(
-            etcd.clone(),
+            etcd,
             id.clone(),
             addr,
             transports,

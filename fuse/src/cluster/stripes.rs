@@ -27,12 +27,12 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ferry_client::Credentials;
 use ferry_cluster::health::Health;
 use ferry_cluster::model::{stripe_count, Entry, Layout, NodeInfo, STORE_SHARE};
-use ferry_cluster::{split_addr, Meta};
+use ferry_cluster::{split_addr, Meta, NodeSet};
 use ferry_common::msg::Hash256;
 use ferry_common::transport::TransportChoice;
 use fuser::Errno;
@@ -90,137 +90,99 @@ impl Link {
     }
 }
 
-struct State {
-    /// Live nodes as last read: id to `HOST:PORT`.
-    live: HashMap<String, String>,
-    /// (capacity, free) of each live node as last read.
-    space: Vec<(u64, u64)>,
-    refreshed: Option<Instant>,
-    links: HashMap<String, Link>,
-}
-
-/// The storage nodes of one cluster mount.
+/// The storage nodes of one cluster mount: the process's node set (shared with the
+/// mount's writer), and a link to each node read from.
 pub struct Nodes {
-    meta: Meta,
+    set: Arc<NodeSet>,
     choice: TransportChoice,
     credentials: Credentials,
     timeout: Duration,
     cache_bytes: u64,
     readahead: Option<u32>,
-    health: Arc<Health>,
-    state: Mutex<State>,
-    refreshing: tokio::sync::Mutex<()>,
+    /// The link to each node read from, by id.
+    links: Mutex<HashMap<String, Link>>,
 }
 
 impl Nodes {
-    /// The nodes registered in `meta`'s etcd, connected to over `choice` with
-    /// `credentials` (the store share's secret) as they are first read from. Each
-    /// node's reader gets `cache_bytes` split evenly over the nodes live when it is
-    /// made (at least two fetch buffers' worth), and `readahead` chunks of readahead.
-    /// Nodes that fail or stall are suspect in `health` (shared with the mount's
-    /// writer).
+    /// The nodes of `set`, connected to over `choice` with `credentials` (the store
+    /// share's secret) as they are first read from. Each node's reader gets
+    /// `cache_bytes` split evenly over the nodes live when it is made (at least two
+    /// fetch buffers' worth), and `readahead` chunks of readahead. Nodes that fail or
+    /// stall are suspect in `set` (shared with the mount's writer).
     pub fn new(
-        meta: Meta,
+        set: Arc<NodeSet>,
         choice: TransportChoice,
         credentials: Credentials,
         timeout: Duration,
         cache_bytes: u64,
         readahead: Option<u32>,
-        health: Arc<Health>,
     ) -> Arc<Nodes> {
         Arc::new(Nodes {
-            meta,
+            set,
             choice,
             credentials,
             timeout,
             cache_bytes,
             readahead,
-            health,
-            state: Mutex::new(State {
-                live: HashMap::new(),
-                space: Vec::new(),
-                refreshed: None,
-                links: HashMap::new(),
-            }),
-            refreshing: tokio::sync::Mutex::new(()),
+            links: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The node set.
+    pub fn set(&self) -> &Arc<NodeSet> {
+        &self.set
     }
 
     /// The etcd connection.
     pub fn meta(&self) -> &Meta {
-        &self.meta
+        self.set.meta()
     }
 
-    /// The live nodes, read from etcd now.
+    /// The live nodes, read from etcd now (within the mount's timeout).
     pub async fn refresh(&self) -> Result<Vec<NodeInfo>, OpError> {
-        let _one = self.refreshing.lock().await;
-        let got = tokio::time::timeout(self.timeout, self.meta.nodes()).await;
-        let mut state = lock(&self.state);
-        state.refreshed = Some(Instant::now());
-        let nodes = match got {
-            Ok(Ok(nodes)) => nodes,
-            Ok(Err(e)) => return Err(OpError::new(Errno::EIO, format!("storage nodes: {e}"))),
-            Err(_) => {
-                return Err(OpError::new(
-                    Errno::EIO,
-                    "storage nodes: etcd did not answer in time",
-                ))
-            }
-        };
-        state.live = nodes
-            .iter()
-            .map(|n| (n.id.clone(), n.addr.clone()))
-            .collect();
-        state.space = nodes.iter().map(|n| (n.capacity, n.free)).collect();
-        Ok(nodes)
+        self.set
+            .refresh_within(Some(self.timeout))
+            .await
+            .map_err(|e| OpError::new(Errno::EIO, format!("storage nodes: {e}")))
     }
 
     /// Reads the live nodes again if the last view is older than [`NODES_TTL`]; if etcd
     /// cannot answer, the last view stays.
     async fn fresh(&self) {
-        let due = lock(&self.state)
-            .refreshed
-            .is_none_or(|at| at.elapsed() >= NODES_TTL);
-        if due {
-            if let Err(e) = self.refresh().await {
-                tracing::debug!("keeping the last view of the nodes: {}", e.message);
-            }
-        }
+        self.set.fresh(NODES_TTL, self.timeout).await;
     }
 
     /// The order to read `replicas` in now ([`Health::read_order`]).
     pub async fn order(&self, replicas: &[String]) -> Vec<String> {
         self.fresh().await;
-        let state = lock(&self.state);
-        self.health
-            .read_order(replicas, |n| state.live.contains_key(n), Instant::now())
+        self.set.read_order(replicas)
     }
 
     /// The node-health policy and the nodes suspect lately.
     pub fn health(&self) -> &Arc<Health> {
-        &self.health
+        self.set.health()
     }
 
     /// Node `id` failed or stalled (`why`): it is suspect ([`Health::suspect`]).
     pub fn suspect(&self, id: &str, why: &str) {
-        self.health.suspect(id, why, Instant::now());
+        self.set.suspect(id, why);
     }
 
     /// The bound on each request to a storage node: the progress deadline, or the
     /// mount's `-o timeout` if that is shorter.
     fn op_timeout(&self) -> Duration {
-        self.timeout.min(self.health.policy().progress_deadline)
+        self.timeout.min(self.health().policy().progress_deadline)
     }
 
     /// The link to live node `id`, made on first use (again if its address changed).
     pub fn link(&self, id: &str) -> Result<Link, OpError> {
-        let mut state = lock(&self.state);
-        let addr = state
-            .live
-            .get(id)
-            .cloned()
+        let addr = self
+            .set
+            .addr_of(id)
             .ok_or_else(|| OpError::new(Errno::ENOTCONN, format!("node {id} is not alive")))?;
-        if let Some(link) = state.links.get(id).filter(|l| l.addr == addr) {
+        let live = self.set.live().len();
+        let mut links = lock(&self.links);
+        if let Some(link) = links.get(id).filter(|l| l.addr == addr) {
             return Ok(link.clone());
         }
         let (host, port) = split_addr(&addr)
@@ -233,14 +195,14 @@ impl Nodes {
             self.op_timeout(),
             0,
         ));
-        let cache = (self.cache_bytes / state.live.len().max(1) as u64).max(2 * FETCH_BYTES as u64);
+        let cache = (self.cache_bytes / live.max(1) as u64).max(2 * FETCH_BYTES as u64);
         let reader = Reader::new(remote.clone(), cache, self.readahead);
         let link = Link {
             addr,
             remote,
             reader,
         };
-        state.links.insert(id.to_owned(), link.clone());
+        links.insert(id.to_owned(), link.clone());
         Ok(link)
     }
 
@@ -248,7 +210,7 @@ impl Nodes {
     /// secret there: `Ok(Some(node, how))` with the transport, `Ok(None)` if no node
     /// answers, `Err` if a node refused the secret.
     pub async fn probe(&self) -> Result<Option<(String, String)>, ferry_client::ClientError> {
-        let ids: Vec<String> = lock(&self.state).live.keys().cloned().collect();
+        let ids: Vec<String> = self.set.live().into_iter().map(|n| n.id).collect();
         for id in ids {
             let Ok(link) = self.link(&id) else { continue };
             let conn = match link.remote.conn().await {
@@ -288,9 +250,8 @@ impl Nodes {
     /// Space on the live nodes as last read: (capacity, free) in bytes, summed.
     pub async fn space(&self) -> (u64, u64) {
         self.fresh().await;
-        let state = lock(&self.state);
-        state.space.iter().fold((0, 0), |(c, f), &(nc, nf)| {
-            (c.saturating_add(nc), f.saturating_add(nf))
+        self.set.live().iter().fold((0, 0), |(c, f), n| {
+            (c.saturating_add(n.capacity), f.saturating_add(n.free))
         })
     }
 }

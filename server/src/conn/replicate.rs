@@ -23,7 +23,7 @@ use std::sync::Arc;
 use ferry_client::transfer::{download_range, Assembly};
 use ferry_client::{ClientError, Credentials};
 use ferry_cluster::health::{self, HealthPolicy};
-use ferry_cluster::model::{ObjectPath, STORE_SHARE};
+use ferry_cluster::model::{NodeInfo, ObjectPath, STORE_SHARE};
 use ferry_cluster::split_addr;
 use ferry_common::msg::{
     ErrorKind, Hash256, HashAlgorithm, NewDir, RemoteError, Response, Timestamp,
@@ -81,15 +81,7 @@ pub(super) async fn replicate(
     }
     let local_share = conn.share(share)?;
     let wanted = admit(&local_share, path, size, manifest)?;
-    let meta = conn
-        .server
-        .cluster_meta(node)
-        .await
-        .map_err(|e| refuse(ErrorKind::Io, format!("cluster metadata: {e}")))?;
-    let nodes = meta
-        .nodes()
-        .await
-        .map_err(|e| refuse(ErrorKind::Io, format!("cluster metadata: {e}")))?;
+    let nodes = live_nodes(conn).await?;
     if !nodes.iter().any(|n| n.addr == from) {
         return Err(refuse(
             ErrorKind::PermissionDenied,
@@ -243,4 +235,24 @@ fn publish(share: &Share, wanted: &Wanted, staged: &Path) -> Result<(), RemoteEr
         let _ = std::fs::remove_file(staged);
     }
     outcome
+}
+
+/// The live nodes, read through the process's one etcd connection (reset when etcd
+/// fails, so the next request connects afresh).
+async fn live_nodes(conn: &Arc<Conn>) -> Result<Vec<NodeInfo>, RemoteError> {
+    let unsupported = || {
+        refuse(
+            ErrorKind::Unsupported,
+            "this ferryd is not a cluster node".into(),
+        )
+    };
+    let link = conn.server.cluster_etcd().ok_or_else(unsupported)?;
+    let read = async { link.get().await?.nodes().await };
+    match read.await {
+        Ok(nodes) => Ok(nodes),
+        Err(e) => {
+            link.reset().await;
+            Err(refuse(ErrorKind::Io, format!("cluster metadata: {e}")))
+        }
+    }
 }

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::admission::{self, AdmissionConfig, SpecError};
 use crate::owners::{OwnerPolicy, Owners};
 use ferry_common::msg::HashAlgorithm;
 use ferry_common::seal::Encryption;
@@ -109,6 +110,9 @@ pub enum ConfigError {
     /// A duration is not a number with an optional s, m, h or d suffix.
     #[error("invalid duration '{0}': expected seconds, or a number with an s, m, h or d suffix (e.g. 90m, 24h)")]
     Duration(String),
+    /// An admission setting (`max_startups` and the like) is malformed.
+    #[error(transparent)]
+    Admission(#[from] SpecError),
 }
 
 /// One exported share.
@@ -218,6 +222,9 @@ pub struct Config {
     /// Most connections served at once, TCP and RDMA together, counted from accept
     /// (a connection still in its handshake counts); one more is refused as busy.
     pub max_connections: usize,
+    /// Limits on connections that have not authenticated yet, and on failed
+    /// authentications (see [`crate::admission`]).
+    pub admission: AdmissionConfig,
     /// The encryption policy of shares that set none (`encryption = ...` at the top
     /// of the file, or `--encryption`; default [`DEFAULT_ENCRYPTION`]).
     pub encryption: Encryption,
@@ -245,9 +252,33 @@ struct FileConfig {
     max_mapped_bytes: Option<u64>,
     partial_ttl: Option<String>,
     max_connections: Option<usize>,
+    max_startups: Option<String>,
+    max_startups_per_source: Option<u32>,
+    startup_timeout: Option<String>,
+    max_auth_failures: Option<String>,
     encryption: Option<Encryption>,
     #[serde(default)]
     share: Vec<ShareConfig>,
+}
+
+impl FileConfig {
+    /// The admission settings this file gives, the defaults for the others.
+    fn admission(&self) -> Result<AdmissionConfig, SpecError> {
+        let mut a = AdmissionConfig::default();
+        if let Some(m) = &self.max_startups {
+            a.max_startups = m.parse()?;
+        }
+        if let Some(n) = self.max_startups_per_source {
+            a.per_source = (n >= 1).then_some(n).ok_or(SpecError::PerSource)?;
+        }
+        if let Some(t) = &self.startup_timeout {
+            a.startup_timeout = admission::parse_startup_timeout(t)?;
+        }
+        if let Some(f) = &self.max_auth_failures {
+            a.auth_failures = f.parse()?;
+        }
+        Ok(a)
+    }
 }
 
 impl Config {
@@ -286,10 +317,15 @@ impl Config {
                 max_mapped_bytes: None,
                 partial_ttl: None,
                 max_connections: None,
+                max_startups: None,
+                max_startups_per_source: None,
+                startup_timeout: None,
+                max_auth_failures: None,
                 encryption: None,
                 share: Vec::new(),
             },
         };
+        let admission = parsed.admission()?;
         let mut shares = parsed.share;
         for spec in share_specs {
             shares.push(parse_share_spec(spec)?);
@@ -325,6 +361,7 @@ impl Config {
             insecure_no_auth: false,
             partial_ttl,
             max_connections,
+            admission,
             encryption: parsed.encryption.unwrap_or(DEFAULT_ENCRYPTION),
             cluster: None,
         })
@@ -398,6 +435,7 @@ impl Config {
             insecure_no_auth: false,
             partial_ttl: DEFAULT_PARTIAL_TTL,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            admission: AdmissionConfig::default(),
             encryption: DEFAULT_ENCRYPTION,
             cluster: None,
         }
@@ -653,5 +691,37 @@ mod tests {
         std::fs::write(&f, "max_connections = 7\n").unwrap();
         let c = Config::build(Some(&f), None, None, None, None, None, &["a=/tmp".into()]).unwrap();
         assert_eq!(c.max_connections, 7);
+        assert_eq!(c.admission, AdmissionConfig::default());
+    }
+
+    #[test]
+    fn admission_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        let build = |text: &str| {
+            std::fs::write(&f, text).unwrap();
+            Config::build(Some(&f), None, None, None, None, None, &["a=/tmp".into()])
+        };
+        let c = build(
+            "max_startups = \"10:30:100\"\nmax_startups_per_source = 4\n\
+             startup_timeout = \"3s\"\nmax_auth_failures = \"5/2m\"\n",
+        )
+        .unwrap();
+        let a = c.admission;
+        assert_eq!(a.max_startups.to_string(), "10:30:100");
+        assert_eq!(a.per_source, 4);
+        assert_eq!(a.startup_timeout, Duration::from_secs(3));
+        assert_eq!(a.auth_failures.to_string(), "5/120s");
+        for bad in [
+            "max_startups = \"30:10:10\"\n",
+            "max_startups_per_source = 0\n",
+            "startup_timeout = \"0\"\n",
+            "max_auth_failures = \"5\"\n",
+        ] {
+            assert!(
+                matches!(build(bad), Err(ConfigError::Admission(_))),
+                "{bad}"
+            );
+        }
     }
 }

@@ -38,14 +38,21 @@
 //! or its connect request arrives (RDMA) until everything it held is released, and at
 //! most `max_connections` are counted at once over both transports. One over the limit
 //! is still given its transport, told `Refused` (`Busy`, "server at its connection
-//! limit (N)") and closed; at most [`MAX_REFUSING`] such refusals run at once, beyond
-//! which a connection is closed at accept with only a log line. An admitted connection
-//! must finish its transport set-up and its session handshake within
-//! [`HANDSHAKE_TIMEOUT`] of being accepted, so a peer that connects and sends nothing
-//! holds its place only that long.
+//! limit (N)") and closed; at most [`MAX_REFUSING`] such refusals run at once, and
+//! [`admission::MAX_REFUSING_PER_SOURCE`] to one address, beyond which a connection is
+//! closed at accept with only a log line. Until its session
+//! authenticates, a connection is also a startup of [`admission`]: its address may hold
+//! only so many, startups over all addresses are refused at random and then all as
+//! they near their own limit (below `max_connections`, so a flood of unauthenticated
+//! connections cannot take every slot), and an address with too many failed
+//! authentications lately is refused for a while; each such refusal is sent as the
+//! limit's is. A startup must authenticate within its startup timeout
+//! (`AdmissionConfig::startup_timeout`) of being accepted, or it is closed; its
+//! transport set-up and session handshake count in that time.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admission;
 pub(crate) mod batch;
 pub(crate) mod cleanup;
 pub mod config;
@@ -76,6 +83,7 @@ pub(crate) mod xattrs;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -84,13 +92,13 @@ use ferry_common::auth::{Secret, ShareAccess};
 use ferry_common::codec::MAX_SERVER_REQUEST_FRAME_BYTES;
 use ferry_common::msg::{ErrorKind, RemoteError, ServerStats};
 use ferry_common::proto::server::AccessTable;
-use ferry_common::proto::HANDSHAKE_TIMEOUT;
 use ferry_common::seal::Encryption;
 use ferry_common::transport::tcp::Tcp;
 use ferry_common::transport::{SharedTransport, TransportError};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
+use admission::{Admission, Gate};
 pub use config::{ClusterNode, Config, ConfigError, ShareConfig};
 use gauge::Gauge;
 use manifests::{ManifestCache, MANIFEST_CACHE_BYTES};
@@ -124,6 +132,10 @@ pub struct Server {
     max_connections: u64,
     /// One permit per connection over the limit being refused.
     refusing: Arc<Semaphore>,
+    /// Connections not yet authenticated, and failed authentications, by address.
+    gate: Gate,
+    /// How long after accept a connection must have authenticated.
+    startup_timeout: Duration,
     /// Memory registered by the server (chunk buffers, mapped-file windows and
     /// manifests), over every connection.
     registrations: Gauge,
@@ -183,6 +195,11 @@ impl Server {
             live: Gauge::new(),
             max_connections: config.max_connections as u64,
             refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
+            gate: Gate::new(Admission::new(
+                config.admission,
+                config.max_connections as u64,
+            )),
+            startup_timeout: config.admission.startup_timeout,
             registrations: Gauge::new(),
             transfers: Gauge::new(),
             requests: AtomicU64::new(0),
@@ -309,20 +326,24 @@ impl Server {
     }
 
     /// Admits a connection that arrived at `accepted` from `peer`, on a task of its
-    /// own: under the connection limit, `setup` brings its transport up (within
-    /// [`HANDSHAKE_TIMEOUT`] of `accepted`) and it is served; over it, it is refused
-    /// (see [`Server::spawn_refusal`]).
+    /// own: if [`Server::admission`] lets it in, `setup` brings its transport up (within
+    /// the startup timeout of `accepted`) and it is served; else it is refused (see
+    /// [`Server::spawn_refusal`]).
     fn admit<F>(self: &Arc<Self>, peer: String, accepted: Instant, setup: F)
     where
         F: Future<Output = Result<SharedTransport, TransportError>> + Send + 'static,
     {
-        let Some(live) = self.live.try_hold(1, self.max_connections) else {
-            self.spawn_refusal(peer, setup);
-            return;
+        let admitted = match self.admission(&peer, accepted) {
+            Ok(a) => a,
+            Err(refused) => {
+                self.spawn_refusal(peer, setup, refused);
+                return;
+            }
         };
         let server = self.clone();
         tokio::spawn(async move {
-            let deadline = accepted + HANDSHAKE_TIMEOUT;
+            let timeout = server.startup_timeout;
+            let deadline = accepted + timeout;
             let mut stop = server.stop_signal();
             let set_up = tokio::select! {
                 set_up = tokio::time::timeout_at(deadline.into(), setup) => set_up,
@@ -332,30 +353,85 @@ impl Server {
                 }
             };
             match set_up {
-                Ok(Ok(t)) => conn::run(server, t, live, accepted).await,
+                Ok(Ok(t)) => conn::run(server, t, admitted).await,
                 Ok(Err(e)) => tracing::warn!(%peer, "connection failed at transport set-up: {e}"),
                 Err(_) => tracing::warn!(
                     %peer,
-                    "connection dropped: transport not set up within {HANDSHAKE_TIMEOUT:?}"
+                    "connection dropped: transport not set up within {timeout:?}"
                 ),
             }
         });
     }
 
-    /// Refuses a connection over the limit on a task of its own: `setup` brings its
-    /// transport up, the peer is told `Refused` (`Busy`) and the connection closed, all
-    /// within [`REFUSE_TIMEOUT`]. If [`MAX_REFUSING`] refusals are already running,
+    /// Counts a connection from `peer` accepted at `accepted`, in the connection limit
+    /// and as a startup of its address, or says why it is refused: the limit first
+    /// (its refusal is the documented one), then the address's failed
+    /// authentications, its startups and everyone's (see [`admission`]).
+    fn admission(&self, peer: &str, accepted: Instant) -> Result<conn::Admitted, Refused> {
+        let Some(live) = self.live.try_hold(1, self.max_connections) else {
+            return Err(Refused {
+                error: self.at_limit(),
+                log: true,
+            });
+        };
+        let source = source_address(peer);
+        // Uniform in 0..100; the bias of the modulo is below one in 40 million.
+        let roll = || rand::random::<u32>() % 100;
+        match self.gate.connect(accepted, source, roll) {
+            Ok(startup) => Ok(conn::Admitted {
+                live,
+                startup,
+                source,
+                accepted,
+            }),
+            Err(refusal) => Err(Refused {
+                error: refusal.to_remote(),
+                log: refusal.log(),
+            }),
+        }
+    }
+
+    /// Records a failed authentication from `source`, logging once when it makes the
+    /// address be refused for a while.
+    pub(crate) fn auth_failed(&self, source: IpAddr) {
+        if let Some(refused_for) = self.gate.auth_failed(Instant::now(), source) {
+            tracing::warn!(
+                %source,
+                "too many failed authentications (limit {}): refusing connections from {source} for {} s",
+                self.gate.limits().auth_failures,
+                refused_for.as_secs_f64().ceil()
+            );
+        }
+    }
+
+    /// How long after accept a connection must have authenticated.
+    pub(crate) fn startup_timeout(&self) -> Duration {
+        self.startup_timeout
+    }
+
+    /// Refuses a connection from `peer` on a task of its own: `setup`
+    /// brings its transport up, the peer is told `Refused` with `refused.error` and the
+    /// connection closed, all within [`REFUSE_TIMEOUT`]. If [`MAX_REFUSING`] refusals
+    /// are already running, or [`admission::MAX_REFUSING_PER_SOURCE`] to its address,
     /// `setup` is dropped unused instead, which closes the connection at once.
-    fn spawn_refusal<F>(self: &Arc<Self>, peer: String, setup: F)
+    fn spawn_refusal<F>(self: &Arc<Self>, peer: String, setup: F, refused: Refused)
     where
         F: Future<Output = Result<SharedTransport, TransportError>> + Send + 'static,
     {
-        let error = self.at_limit();
-        let Ok(slot) = self.refusing.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "refused: {}; closed at accept", error.message);
+        let Refused { error, log } = refused;
+        let slot = self
+            .gate
+            .refusing(source_address(&peer))
+            .and_then(|s| Some((s, self.refusing.clone().try_acquire_owned().ok()?)));
+        let Some(slot) = slot else {
+            if log {
+                tracing::warn!(%peer, "refused: {}; closed at accept", error.message);
+            }
             return;
         };
-        tracing::warn!(%peer, "refused: {}", error.message);
+        if log {
+            tracing::warn!(%peer, "refused: {}", error.message);
+        }
         tokio::spawn(async move {
             let refused = tokio::time::timeout(REFUSE_TIMEOUT, async {
                 conn::refuse(setup.await?, error).await;
@@ -469,18 +545,33 @@ impl Server {
     /// Serves one connection, whose transport is already up, until it closes.
     /// Everything the connection owned (open transfers, registrations) is released on
     /// return; see `conn` for what happens to the hidden files of unfinished
-    /// uploads. Over the connection limit, the peer is told `Refused` (`Busy`) instead
-    /// and the connection closed.
+    /// uploads. Refused by [`Server::admission`] (over the connection limit, say), the
+    /// peer is told `Refused` instead and the connection closed.
     pub async fn handle_connection(self: Arc<Self>, transport: SharedTransport) {
-        match self.live.try_hold(1, self.max_connections) {
-            Some(live) => conn::run(self, transport, live, Instant::now()).await,
-            None => {
-                let error = self.at_limit();
-                tracing::warn!(peer = %transport.peer(), "refused: {}", error.message);
+        match self.admission(&transport.peer(), Instant::now()) {
+            Ok(admitted) => conn::run(self, transport, admitted).await,
+            Err(Refused { error, log }) => {
+                if log {
+                    tracing::warn!(peer = %transport.peer(), "refused: {}", error.message);
+                }
                 let _ = tokio::time::timeout(REFUSE_TIMEOUT, conn::refuse(transport, error)).await;
             }
         }
     }
+}
+
+/// Why a connection is refused before it is served, and whether to log it.
+struct Refused {
+    error: RemoteError,
+    log: bool,
+}
+
+/// The address a connection from `peer` (`ADDR:PORT`, as transports name peers) counts
+/// against; one that does not parse counts as the unspecified address, all together.
+fn source_address(peer: &str) -> IpAddr {
+    peer.parse::<SocketAddr>()
+        .map(|a| a.ip().to_canonical())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
 }
 
 /// How share `s` is guarded: its secret, loaded now (so a bad secret file stops ferryd

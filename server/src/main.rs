@@ -38,6 +38,10 @@ CONFIG FILE (TOML):
   max_mapped_bytes = 68719476736
   partial_ttl = \"24h\"
   max_connections = 1024
+  max_startups = \"128:30:256\"           # unauthenticated connections: START:RATE:FULL
+  max_startups_per_source = 64
+  startup_timeout = \"10s\"                # to authenticate, from accept
+  max_auth_failures = \"10/60s\"           # per address, then refused for a while
   encryption = \"required\"                # default for shares: required|preferred|off
   [[share]]
   name = \"data\"
@@ -52,7 +56,16 @@ ENCRYPTION:
   without AES instructions): control messages and every byte of file data, on TCP
   and RDMA. Per share: required (the default: a client that does not encrypt is
   refused), preferred (encrypted when the client supports it) or off (ferryd does
-  not ask for it; a client that requires it still gets it). See docs/security.md.";
+  not ask for it; a client that requires it still gets it). See docs/security.md.
+
+ADMISSION:
+  A connection counts against --max-connections from accept. Until it authenticates
+  it is also a startup: one address may hold --max-startups-per-source of them, all
+  addresses together are refused at random and then all as --max-startups nears its
+  FULL (so an idle flood leaves the other slots to real sessions), and one that has
+  not authenticated within --startup-timeout is closed. An address with more failed
+  authentications than --max-auth-failures allows is refused for a while. Each
+  refusal is told to the client, which prints it.";
 
 /// Environment variable holding the secret of every share that has no other.
 const DEFAULT_SECRET_ENV: &str = "FERRYD_SECRET";
@@ -129,6 +142,32 @@ struct Args {
     /// [default: 1024].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
+
+    /// Limits on connections that have not authenticated yet, over all addresses (as
+    /// sshd's MaxStartups): from START of them on, RATE % of new ones are refused,
+    /// rising to all at FULL; FULL alone refuses every one beyond it. Capped at
+    /// --max-connections; the slots above FULL are kept for authenticated sessions
+    /// [default: 128:30:256].
+    #[arg(long, value_name = "START:RATE:FULL")]
+    max_startups: Option<ferry_server::admission::MaxStartups>,
+
+    /// Most connections that have not authenticated yet from one address; more are
+    /// refused as busy [default: 64].
+    #[arg(long, value_name = "N", value_parser = ferry_server::admission::parse_per_source)]
+    max_startups_per_source: Option<u32>,
+
+    /// How long after accept a connection may take to authenticate (transport set-up,
+    /// handshake and proof) before it is closed: seconds, or with an s, m or h suffix
+    /// [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = ferry_server::admission::parse_startup_timeout)]
+    startup_timeout: Option<Duration>,
+
+    /// Failed authentications one address may have: N at once, refilling N per
+    /// DURATION; beyond them, its connections are refused ("too many failed
+    /// authentications from ADDR, retry in S s") until one has refilled
+    /// [default: 10/60s].
+    #[arg(long, value_name = "N/DURATION")]
+    max_auth_failures: Option<ferry_server::admission::FailureLimit>,
 
     /// Chunk-hash algorithm the data of every share without its own `hash` setting is
     /// recorded in: `blake3` or `sha256`. Unset: the client's preference (BLAKE3 where
@@ -383,6 +422,7 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
         &shares,
     )?;
     raise_fd_limit(config.max_connections);
+    apply_admission(args, &mut config);
     let default_env = std::env::var_os(DEFAULT_SECRET_ENV).map(|_| DEFAULT_SECRET_ENV);
     config.apply_secrets(&args.secret_files, default_env)?;
     config.apply_owners(&args.owners)?;
@@ -394,6 +434,23 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
         config.encryption = e;
     }
     Ok(config)
+}
+
+/// Puts the admission flags given over the configuration file's settings.
+fn apply_admission(args: &Args, config: &mut Config) {
+    let a = &mut config.admission;
+    if let Some(m) = args.max_startups {
+        a.max_startups = m;
+    }
+    if let Some(n) = args.max_startups_per_source {
+        a.per_source = n;
+    }
+    if let Some(t) = args.startup_timeout {
+        a.startup_timeout = t;
+    }
+    if let Some(f) = args.max_auth_failures {
+        a.auth_failures = f;
+    }
 }
 
 /// Logs the shares served, warning of those served without a secret.

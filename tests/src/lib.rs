@@ -111,7 +111,10 @@ pub use rcp::{
 pub use relay::Direction;
 pub use secret::{connect_to, credentials, test_secret, write_secret_file, TEST_SECRET};
 pub use server::{bin, bin_dir, Server, ServerOptions, Share, STARTUP_TIMEOUT};
-pub use session::{connect, hello, raw_greet, raw_handshake, raw_socket};
+pub use session::{
+    connect, hello, raw_greet, raw_handshake, raw_socket, raw_socket_from, read_until_closed,
+    wait_connections,
+};
 pub use tamper::{
     replay, Fault, FaultKind, ReplayOutcome, TamperProxy, RECORDING_CAP_BYTES, SWAP_WAIT,
 };

@@ -375,6 +375,11 @@ impl Server {
         }
     }
 
+    /// Lines of ferryd's stderr that contain `needle`.
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.stderr().lines().filter(|l| l.contains(needle)).count()
+    }
+
     /// Waits up to `limit` for the ferryd process to exit (after a signal); returns
     /// its status, or `None` if it is still running.
     pub fn wait_for_exit(&self, limit: Duration) -> Option<std::process::ExitStatus> {

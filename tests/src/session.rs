@@ -4,7 +4,8 @@
 //! - [`connect`]: a [`ferry_client::Client`] (the library rcp and ferry-mount use);
 //! - [`raw_socket`] then [`raw_handshake`]: a [`RawClient`] that writes TCP-transport
 //!   frames itself (for what a well-behaved client never sends); [`raw_socket`] alone
-//!   is a connection that has not even greeted.
+//!   is a connection that has not even greeted; [`raw_socket_from`] is one from another
+//!   loopback address (127.0.0.2 and the like), which ferryd counts apart.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -29,12 +30,70 @@ pub async fn connect(server: &Server, choice: TransportChoice) -> Result<Client,
     crate::secret::connect_to(host, port, choice).await
 }
 
+/// Waits (at most 10 s) until ferryd counts `n` connections, asking over `client`.
+#[track_caller]
+pub fn wait_connections(rt: &tokio::runtime::Runtime, client: &Client, n: u64) {
+    let start = std::time::Instant::now();
+    loop {
+        let s = rt.block_on(client.server_stats()).unwrap();
+        if s.connections == n {
+            return;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "ferryd counts {} connections, not {n}",
+            s.connections
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Reads from `stream` until ferryd closes it, which it must do `within` this long;
+/// returns the bytes read (a reset counts as closing).
+#[track_caller]
+pub fn read_until_closed(stream: &mut TcpStream, within: std::time::Duration) -> Vec<u8> {
+    let mut got = Vec::new();
+    stream.set_read_timeout(Some(within)).unwrap();
+    match stream.read_to_end(&mut got) {
+        Ok(_) => got,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => got,
+        Err(e) => panic!("ferryd did not close an idle connection: {e}"),
+    }
+}
+
 /// A plain TCP connection to `server`'s listener that has sent nothing yet, with read
 /// and write timeouts of [`RAW_TIMEOUT`] (so a test that waits for ferryd fails instead
 /// of hanging).
 pub fn raw_socket(server: &Server) -> TcpStream {
     let stream = TcpStream::connect(server.addr())
         .unwrap_or_else(|e| panic!("cannot connect to ferryd at {}: {e}", server.addr()));
+    stream.set_read_timeout(Some(RAW_TIMEOUT)).unwrap();
+    stream.set_write_timeout(Some(RAW_TIMEOUT)).unwrap();
+    stream.set_nodelay(true).unwrap();
+    stream
+}
+
+/// Like [`raw_socket`], from `source` (a loopback address other than 127.0.0.1, such
+/// as 127.0.0.2: every 127.0.0.0/8 address is loopback on Linux), so that ferryd sees
+/// another peer address than rcp's.
+pub fn raw_socket_from(server: &Server, source: std::net::Ipv4Addr) -> TcpStream {
+    let to: std::net::SocketAddr = server
+        .addr()
+        .parse()
+        .expect("a test server listens on ADDR:PORT");
+    // std cannot bind before connecting; tokio's socket can, on a runtime of its own.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .expect("cannot start a runtime");
+    let stream = rt
+        .block_on(async {
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind((source, 0).into())?;
+            socket.connect(to).await?.into_std()
+        })
+        .unwrap_or_else(|e| panic!("cannot connect from {source} to ferryd at {to}: {e}"));
+    stream.set_nonblocking(false).unwrap();
     stream.set_read_timeout(Some(RAW_TIMEOUT)).unwrap();
     stream.set_write_timeout(Some(RAW_TIMEOUT)).unwrap();
     stream.set_nodelay(true).unwrap();

@@ -12,15 +12,14 @@
 
 use std::io::Read;
 use std::net::TcpStream;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use ferry_client::{Client, ClientError};
 use ferry_common::proto::HANDSHAKE_TIMEOUT;
 use ferry_server::MAX_REFUSING;
 use ferry_tests::{
-    connect, raw_greet, raw_socket, rcp_args, runtime, send_signal, test_choice, write_random_file,
-    Env,
+    connect, raw_greet, raw_socket, rcp_args, read_until_closed, runtime, send_signal, test_choice,
+    wait_connections, write_random_file, Env,
 };
 
 const LIMIT: usize = 4;
@@ -49,29 +48,7 @@ fn assert_refused(rt: &tokio::runtime::Runtime, env: &Env) {
 
 /// Lines of ferryd's log that contain `needle`.
 fn log_count(env: &Env, needle: &str) -> usize {
-    env.server()
-        .stderr()
-        .lines()
-        .filter(|l| l.contains(needle))
-        .count()
-}
-
-/// Waits until ferryd counts `n` connections, asking over `client`.
-#[track_caller]
-fn wait_connections(rt: &tokio::runtime::Runtime, client: &Client, n: u64) {
-    let start = Instant::now();
-    loop {
-        let s = rt.block_on(client.server_stats()).unwrap();
-        if s.connections == n {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "ferryd counts {} connections, not {n}",
-            s.connections
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    env.server().log_count(needle)
 }
 
 #[test]
@@ -108,19 +85,6 @@ fn a_connection_over_the_limit_is_refused_with_a_clear_error() {
     env.server().assert_running();
 }
 
-/// Reads from `stream` until ferryd closes it; returns the bytes read.
-fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
-    let mut got = Vec::new();
-    stream
-        .set_read_timeout(Some(HANDSHAKE_TIMEOUT + Duration::from_secs(10)))
-        .unwrap();
-    match stream.read_to_end(&mut got) {
-        Ok(_) => got,
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => got,
-        Err(e) => panic!("ferryd did not close an idle connection: {e}"),
-    }
-}
-
 #[test]
 fn idle_connections_count_against_the_limit_only_until_the_handshake_deadline() {
     let env = limited_env(LIMIT);
@@ -136,12 +100,15 @@ fn idle_connections_count_against_the_limit_only_until_the_handshake_deadline() 
     // ferryd drops each at the deadline: ferryd's greeting, then the end of stream.
     for s in &mut silent {
         assert_eq!(
-            read_until_closed(s),
+            read_until_closed(s, HANDSHAKE_TIMEOUT + Duration::from_secs(10)),
             ferry_common::transport::tcp::wire::GREETING
         );
     }
     for s in &mut greeted {
-        assert_eq!(read_until_closed(s), b"");
+        assert_eq!(
+            read_until_closed(s, HANDSHAKE_TIMEOUT + Duration::from_secs(10)),
+            b""
+        );
     }
     let waited = start.elapsed();
     assert!(

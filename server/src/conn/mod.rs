@@ -25,11 +25,17 @@
 //! driver waits for a request slot before it takes the next message, and what the
 //! connection holds stays bounded.
 //!
+//! Admission: until its session authenticates (proves a share's secret, asks for an
+//! open share, or has a request admitted), the connection holds its [`Startup`]; it
+//! must do so within the server's startup timeout of being accepted, or it is closed.
+//! A wrong proof is reported to the server's failed-authentication limit.
+//!
 //! Counts: the connection, its open transfers and its registrations are counted in the
 //! server's gauges until they are dropped, so the counts [`crate::Server::stats`]
 //! reports fall back once every connection is gone.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -38,13 +44,14 @@ use ferry_common::msg::{HashAlgorithm, Message, RemoteError, Request, Response};
 use ferry_common::proto::caps::{Algorithms, Negotiated};
 use ferry_common::proto::conn::{Family, Grant};
 use ferry_common::proto::server::{ServerEvent, ServerParams, ServerSession};
-use ferry_common::proto::MAX_INFLIGHT_REQUESTS;
+use ferry_common::proto::{ProtoError, MAX_INFLIGHT_REQUESTS};
 use ferry_common::seal::KeyShare;
 use ferry_common::transport::sealed::Sealed;
 use ferry_common::transport::SharedTransport;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 
+use crate::admission::Startup;
 use crate::files::OpenFile;
 use crate::gauge::Held;
 use crate::map::MapTable;
@@ -98,6 +105,24 @@ struct Conn {
     sending: tokio::sync::Mutex<()>,
     /// The id this connection's file locks are held under; they go when it ends.
     lock_session: u64,
+    /// Held until the session authenticates (see the module docs).
+    startup: Mutex<Option<Startup>>,
+    /// When the session must have authenticated by.
+    startup_deadline: Instant,
+    /// The address the connection counts against.
+    source: IpAddr,
+}
+
+/// What a connection the server admitted holds from accept on.
+pub(crate) struct Admitted {
+    /// Its place under the connection limit, until everything it held is released.
+    pub(crate) live: Held,
+    /// Its place as a startup, until its session authenticates.
+    pub(crate) startup: Startup,
+    /// The address it counts against.
+    pub(crate) source: IpAddr,
+    /// When it was accepted.
+    pub(crate) accepted: Instant,
 }
 
 /// A request the driver itself cannot perform. Each is mapped to the wire's
@@ -163,17 +188,14 @@ struct OpenTransfer {
     _counted: Held,
 }
 
-/// Serves one connection, accepted at `accepted` and counted by `live`, to the end.
-/// The session's handshake must finish within `HANDSHAKE_TIMEOUT` of `accepted`.
-pub(crate) async fn run(
-    server: Arc<Server>,
-    transport: SharedTransport,
-    live: Held,
-    accepted: Instant,
-) {
+/// Serves one connection, `admitted` by the server, to the end. The session's handshake
+/// must finish within `HANDSHAKE_TIMEOUT` of being accepted, its authentication within
+/// the server's startup timeout.
+pub(crate) async fn run(server: Arc<Server>, transport: SharedTransport, admitted: Admitted) {
     // Bound first, dropped last: the connection is counted until everything it held
     // (pool, transfers, mapped files, transport) is gone.
-    let _live = live;
+    let _live = admitted.live;
+    let accepted = admitted.accepted;
     // Encryption sits under the counters: they count what the application moved.
     let sealed = Sealed::new(transport);
     // Every one-sided operation and control frame of the connection is counted.
@@ -205,6 +227,7 @@ pub(crate) async fn run(
     );
     let lock_session = server.lock_session();
     let conn = Arc::new(Conn {
+        startup_deadline: accepted + server.startup_timeout(),
         session: Mutex::new(session),
         server,
         transport,
@@ -218,6 +241,8 @@ pub(crate) async fn run(
         request_slots: Arc::new(Semaphore::new(MAX_INFLIGHT_REQUESTS as usize)),
         sending: tokio::sync::Mutex::new(()),
         lock_session,
+        startup: Mutex::new(Some(admitted.startup)),
+        source: admitted.source,
     });
     tracing::info!(peer = %conn.peer, transport = conn.transport.kind().as_str(), "connection opened");
     let mut tasks = JoinSet::new();
@@ -279,7 +304,7 @@ impl Conn {
                     _ = stop.wait_for(|stopping| *stopping) => return "server shutting down".into(),
                 };
             }
-            let deadline = self.session().poll_timeout();
+            let deadline = self.next_deadline();
             let sleep = async {
                 match deadline {
                     Some(d) => tokio::time::sleep_until(d.into()).await,
@@ -291,7 +316,11 @@ impl Conn {
                 received = self.transport.recv() => match received {
                     Ok(Some(bytes)) => match codec::decode(&bytes) {
                         Ok(msg) => {
+                            let open = self.asks_open_share(&msg);
                             let _ = self.session().handle_message(Instant::now(), msg);
+                            if open {
+                                self.authenticated();
+                            }
                         }
                         Err(e) => {
                             tracing::warn!(peer = %self.peer, "malformed control message: {e}");
@@ -319,8 +348,46 @@ impl Conn {
             if let Some(reason) = pumped {
                 return reason;
             }
+            if self.startup_expired(Instant::now()) {
+                return format!(
+                    "not authenticated within {:?}",
+                    self.server.startup_timeout()
+                );
+            }
             while tasks.try_join_next().is_some() {}
         }
+    }
+
+    /// When the driver must next wake: the session's timer, or the startup deadline
+    /// while the session has not authenticated.
+    fn next_deadline(&self) -> Option<Instant> {
+        let session = self.session().poll_timeout();
+        let startup = self.startup().is_some().then_some(self.startup_deadline);
+        match (session, startup) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether the session has not authenticated and its time to do so is up.
+    fn startup_expired(&self, now: Instant) -> bool {
+        now >= self.startup_deadline && self.startup().is_some()
+    }
+
+    fn startup(&self) -> std::sync::MutexGuard<'_, Option<Startup>> {
+        self.startup.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The session authenticated: it is no longer a startup.
+    fn authenticated(&self) {
+        self.startup().take();
+    }
+
+    /// Whether `msg` asks for an open share (one served without a secret), which
+    /// authenticates a session as much as anything can.
+    fn asks_open_share(&self, msg: &Message) -> bool {
+        matches!(msg, Message::Request { body: Request::Auth { share, .. }, .. }
+            if self.server.is_open(share))
     }
 
     /// Acts on every queued session event and sends what the session queued. A request
@@ -347,6 +414,7 @@ impl Conn {
                 }
                 Some(ServerEvent::Authenticated { share }) => {
                     tracing::info!(peer = %self.peer, share = %share.escape_debug(), "authenticated");
+                    self.authenticated();
                 }
                 Some(ServerEvent::Denied { share, reason }) => {
                     tracing::warn!(
@@ -356,6 +424,11 @@ impl Conn {
                     );
                 }
                 Some(ServerEvent::Request { id, body, grant }) => {
+                    // Admitted by the session, a request naming a share may use it: the
+                    // share needs no proof or has had it.
+                    if body.share().is_some() {
+                        self.authenticated();
+                    }
                     let permit = match slot.take() {
                         Some(p) => Some(p),
                         None => self.request_slots.clone().acquire_owned().await.ok(),
@@ -376,6 +449,9 @@ impl Conn {
                 }
                 Some(ServerEvent::Closed(reason)) => {
                     tracing::warn!(peer = %self.peer, "session closed: {reason}");
+                    if let ProtoError::AuthFailed(_) = reason {
+                        self.server.auth_failed(self.source);
+                    }
                     closed = Some(reason.to_string());
                 }
             }

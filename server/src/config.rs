@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::owners::{OwnerPolicy, Owners};
 use ferry_common::msg::HashAlgorithm;
-use ferry_common::seal::Encryption;
+use ferry_common::seal::{Encryption, RekeyPolicy};
 use serde::Deserialize;
 
 /// Default number of chunks in flight per connection.
@@ -223,6 +223,10 @@ pub struct Config {
     pub encryption: Encryption,
     /// The cluster this ferryd is a storage node of (`--cluster`), if any.
     pub cluster: Option<ClusterNode>,
+    /// When an encrypted session's keys for what ferryd sends are updated
+    /// (`rekey_after`, `rekey_interval`, `--rekey-after`, `--rekey-interval`; default
+    /// 64 GiB or one hour), with clients that support it.
+    pub rekey: RekeyPolicy,
 }
 
 /// What a cluster storage node needs to serve [`ferry_common::msg::Request::Replicate`]:
@@ -246,6 +250,8 @@ struct FileConfig {
     partial_ttl: Option<String>,
     max_connections: Option<usize>,
     encryption: Option<Encryption>,
+    rekey_after: Option<String>,
+    rekey_interval: Option<String>,
     #[serde(default)]
     share: Vec<ShareConfig>,
 }
@@ -287,6 +293,8 @@ impl Config {
                 partial_ttl: None,
                 max_connections: None,
                 encryption: None,
+                rekey_after: None,
+                rekey_interval: None,
                 share: Vec::new(),
             },
         };
@@ -315,6 +323,13 @@ impl Config {
             (None, Some(text)) => parse_duration(&text)?,
             (None, None) => DEFAULT_PARTIAL_TTL,
         };
+        let mut rekey = RekeyPolicy::default();
+        if let Some(size) = &parsed.rekey_after {
+            rekey.after_bytes = parse_size(size)?;
+        }
+        if let Some(interval) = &parsed.rekey_interval {
+            rekey.after = parse_duration(interval)?;
+        }
         Ok(Config {
             listen: listen.or(parsed.listen).unwrap_or(default_listen),
             queue_depth,
@@ -327,6 +342,7 @@ impl Config {
             max_connections,
             encryption: parsed.encryption.unwrap_or(DEFAULT_ENCRYPTION),
             cluster: None,
+            rekey,
         })
     }
 
@@ -400,6 +416,7 @@ impl Config {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             encryption: DEFAULT_ENCRYPTION,
             cluster: None,
+            rekey: RekeyPolicy::default(),
         }
     }
 }
@@ -413,22 +430,7 @@ pub fn parse_duration(arg: &str) -> Result<Duration, ConfigError> {
 /// Parses a byte size: a number, optionally followed by `K`, `M`, `G` or `T` (powers
 /// of 1024, an optional trailing `B` or `iB` allowed: `64G`, `512MiB`).
 pub fn parse_size(arg: &str) -> Result<u64, ConfigError> {
-    let bad = || ConfigError::Size(arg.to_string());
-    let s = arg.trim();
-    let s = s
-        .strip_suffix("iB")
-        .or_else(|| s.strip_suffix('B'))
-        .unwrap_or(s);
-    let (n, unit) = ferry_common::units::number_and_unit(s).ok_or_else(bad)?;
-    let shift = match unit {
-        None => 0,
-        Some('k') => 10,
-        Some('m') => 20,
-        Some('g') => 30,
-        Some('t') => 40,
-        Some(_) => return Err(bad()),
-    };
-    n.checked_mul(1u64 << shift).ok_or_else(bad)
+    ferry_common::units::parse_size(arg).ok_or_else(|| ConfigError::Size(arg.to_string()))
 }
 
 /// Parses `NAME=PATH` or `NAME=PATH:ro`.

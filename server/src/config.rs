@@ -523,6 +523,13 @@ mod tests {
         assert_eq!(c.queue_depth, 16);
         assert_eq!(c.max_mapped_bytes, 1 << 20);
         assert_eq!(c.max_connections, 3);
+        assert_eq!(c.rekey, RekeyPolicy::default());
+        std::fs::write(&f, "rekey_after = \"4M\"\nrekey_interval = \"10m\"\n").unwrap();
+        let c = Config::build(Some(&f), None, None, None, None, None, &["b=/var".into()]).unwrap();
+        assert_eq!(c.rekey.after_bytes, 4 << 20);
+        assert_eq!(c.rekey.after, Duration::from_secs(600));
+        std::fs::write(&f, "rekey_after = \"lots\"\n").unwrap();
+        assert!(Config::build(Some(&f), None, None, None, None, None, &["b=/var".into()]).is_err());
     }
 
     #[test]

@@ -28,6 +28,13 @@
 //! application sees a byte of it. Operations longer than [`PIECE_BYTES`] go in pieces,
 //! each sealed under its own counter. The frame layout is in [`frame`].
 //!
+//! With key updates (capability `rekey`), each send first checks whether this side's
+//! keys are due for the next generation (`UPDATE` ends the old control key), every
+//! piece is sealed bound to the PULL's source or the PUSH's destination
+//! ([`crate::seal::Binding`]) and announced with its generation, whose key the
+//! receiver resolves as it reads the announcement; after each send, the data keys no
+//! sealed piece holds any more are retired (`RETIRE`), in order, under the same lock.
+//!
 //! Limits that bound what a peer can make this side hold: at most
 //! [`MAX_PIECES_IN_FLIGHT`] of this side's own pulls and pushes each, at most
 //! [`MAX_PEER_PIECES`] of the peer's pulls and pushes being served (more closes the

@@ -19,7 +19,7 @@ use ferry_common::proto::caps::{EncryptOffer, Negotiated, Offer};
 use ferry_common::proto::client::{ClientEvent, ClientSession, Liveness};
 use ferry_common::proto::manifest::{ManifestError, ManifestReader};
 use ferry_common::proto::ProtoError;
-use ferry_common::seal::{Encryption, KeyShare, Suite};
+use ferry_common::seal::{Encryption, KeyShare, RekeyPolicy, Suite};
 use ferry_common::transport::sealed::Sealed;
 use ferry_common::transport::tcp::Tcp;
 use ferry_common::transport::{Buffer, SharedTransport, TransportChoice, TransportError};
@@ -98,6 +98,8 @@ pub struct Credentials {
     no_dir_batches: bool,
     /// When the session gives up on a silent server.
     liveness: Liveness,
+    /// When an encrypted session updates the keys this client sends under.
+    rekey: RekeyPolicy,
 }
 
 impl Credentials {
@@ -115,6 +117,7 @@ impl Credentials {
             encryption: Encryption::default(),
             no_dir_batches: false,
             liveness: Liveness::default(),
+            rekey: RekeyPolicy::default(),
         }
     }
 
@@ -149,6 +152,14 @@ impl Credentials {
     /// (`rcp --encryption`, `ferry-mount -o encryption=`).
     pub fn with_encryption(mut self, encryption: Encryption) -> Credentials {
         self.encryption = encryption;
+        self
+    }
+
+    /// Moves to new keys for what this client sends after `bytes` under one key
+    /// (`rcp --rekey-after`; unset: [`RekeyPolicy::default`]), with a server that
+    /// supports key updates.
+    pub fn with_rekey_after(mut self, bytes: Option<u64>) -> Credentials {
+        self.rekey.after_bytes = bytes.unwrap_or(self.rekey.after_bytes);
         self
     }
 
@@ -1204,8 +1215,9 @@ fn secure(inner: &Inner) -> Result<(), String> {
         return Ok(());
     };
     let k = key_share.ok_or("no key share for an encrypted welcome")?;
+    let rekey = e.rekey.then_some(inner.credentials.rekey);
     let keys = k
-        .agree(&e.server_key, &t, e.suite, true)
+        .agree(&e.server_key, &t, e.suite, true, rekey)
         .map_err(|e| e.to_string())?;
     inner.sealed.arm(keys).map_err(|e| e.to_string())
 }

@@ -17,6 +17,27 @@ pub fn parse_duration(arg: &str) -> Option<Duration> {
     n.checked_mul(seconds).map(Duration::from_secs)
 }
 
+/// Parses a byte size: a number, optionally followed by `K`, `M`, `G` or `T` (powers
+/// of 1024, an optional trailing `B` or `iB` allowed: `64G`, `512MiB`); `None` for
+/// anything else or an overflow.
+pub fn parse_size(arg: &str) -> Option<u64> {
+    let s = arg.trim();
+    let s = s
+        .strip_suffix("iB")
+        .or_else(|| s.strip_suffix('B'))
+        .unwrap_or(s);
+    let (n, unit) = number_and_unit(s)?;
+    let shift = match unit {
+        None => 0,
+        Some('k') => 10,
+        Some('m') => 20,
+        Some('g') => 30,
+        Some('t') => 40,
+        Some(_) => return None,
+    };
+    n.checked_mul(1u64 << shift)
+}
+
 /// Splits `s` into a number and an optional one-letter unit after it (lowercased):
 /// `"64G"` is `(64, Some('g'))`, `"7"` is `(7, None)`; `None` if there is no number.
 pub fn number_and_unit(s: &str) -> Option<(u64, Option<char>)> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::admission::{self, AdmissionConfig, SpecError};
 use crate::owners::{OwnerPolicy, Owners};
 use ferry_common::msg::HashAlgorithm;
-use ferry_common::seal::Encryption;
+use ferry_common::seal::{Encryption, RekeyPolicy};
 use serde::Deserialize;
 
 /// Default number of chunks in flight per connection.
@@ -230,6 +230,10 @@ pub struct Config {
     pub encryption: Encryption,
     /// The cluster this ferryd is a storage node of (`--cluster`), if any.
     pub cluster: Option<ClusterNode>,
+    /// When an encrypted session's keys for what ferryd sends are updated
+    /// (`rekey_after`, `rekey_interval`, `--rekey-after`, `--rekey-interval`; default
+    /// 64 GiB or one hour), with clients that support it.
+    pub rekey: RekeyPolicy,
 }
 
 /// What a cluster storage node needs to serve [`ferry_common::msg::Request::Replicate`]:
@@ -257,6 +261,8 @@ struct FileConfig {
     startup_timeout: Option<String>,
     max_auth_failures: Option<String>,
     encryption: Option<Encryption>,
+    rekey_after: Option<String>,
+    rekey_interval: Option<String>,
     #[serde(default)]
     share: Vec<ShareConfig>,
 }
@@ -322,6 +328,8 @@ impl Config {
                 startup_timeout: None,
                 max_auth_failures: None,
                 encryption: None,
+                rekey_after: None,
+                rekey_interval: None,
                 share: Vec::new(),
             },
         };
@@ -351,6 +359,13 @@ impl Config {
             (None, Some(text)) => parse_duration(&text)?,
             (None, None) => DEFAULT_PARTIAL_TTL,
         };
+        let mut rekey = RekeyPolicy::default();
+        if let Some(size) = &parsed.rekey_after {
+            rekey.after_bytes = parse_size(size)?;
+        }
+        if let Some(interval) = &parsed.rekey_interval {
+            rekey.after = parse_duration(interval)?;
+        }
         Ok(Config {
             listen: listen.or(parsed.listen).unwrap_or(default_listen),
             queue_depth,
@@ -364,6 +379,7 @@ impl Config {
             admission,
             encryption: parsed.encryption.unwrap_or(DEFAULT_ENCRYPTION),
             cluster: None,
+            rekey,
         })
     }
 
@@ -438,6 +454,7 @@ impl Config {
             admission: AdmissionConfig::default(),
             encryption: DEFAULT_ENCRYPTION,
             cluster: None,
+            rekey: RekeyPolicy::default(),
         }
     }
 }
@@ -451,22 +468,7 @@ pub fn parse_duration(arg: &str) -> Result<Duration, ConfigError> {
 /// Parses a byte size: a number, optionally followed by `K`, `M`, `G` or `T` (powers
 /// of 1024, an optional trailing `B` or `iB` allowed: `64G`, `512MiB`).
 pub fn parse_size(arg: &str) -> Result<u64, ConfigError> {
-    let bad = || ConfigError::Size(arg.to_string());
-    let s = arg.trim();
-    let s = s
-        .strip_suffix("iB")
-        .or_else(|| s.strip_suffix('B'))
-        .unwrap_or(s);
-    let (n, unit) = ferry_common::units::number_and_unit(s).ok_or_else(bad)?;
-    let shift = match unit {
-        None => 0,
-        Some('k') => 10,
-        Some('m') => 20,
-        Some('g') => 30,
-        Some('t') => 40,
-        Some(_) => return Err(bad()),
-    };
-    n.checked_mul(1u64 << shift).ok_or_else(bad)
+    ferry_common::units::parse_size(arg).ok_or_else(|| ConfigError::Size(arg.to_string()))
 }
 
 /// Parses `NAME=PATH` or `NAME=PATH:ro`.
@@ -559,6 +561,13 @@ mod tests {
         assert_eq!(c.queue_depth, 16);
         assert_eq!(c.max_mapped_bytes, 1 << 20);
         assert_eq!(c.max_connections, 3);
+        assert_eq!(c.rekey, RekeyPolicy::default());
+        std::fs::write(&f, "rekey_after = \"4M\"\nrekey_interval = \"10m\"\n").unwrap();
+        let c = Config::build(Some(&f), None, None, None, None, None, &["b=/var".into()]).unwrap();
+        assert_eq!(c.rekey.after_bytes, 4 << 20);
+        assert_eq!(c.rekey.after, Duration::from_secs(600));
+        std::fs::write(&f, "rekey_after = \"lots\"\n").unwrap();
+        assert!(Config::build(Some(&f), None, None, None, None, None, &["b=/var".into()]).is_err());
     }
 
     #[test]

@@ -123,6 +123,8 @@ pub struct Server {
     access: Arc<AccessTable>,
     /// Each share's encryption policy.
     policies: Arc<HashMap<String, Encryption>>,
+    /// When encrypted sessions update the keys ferryd sends under.
+    rekey: ferry_common::seal::RekeyPolicy,
     queue_depth: usize,
     chunk_bytes: u32,
     stop: watch::Sender<bool>,
@@ -189,6 +191,7 @@ impl Server {
             shares,
             access: Arc::new(access),
             policies: Arc::new(policies),
+            rekey: config.rekey,
             queue_depth: config.queue_depth,
             chunk_bytes: ferry_common::msg::DEFAULT_CHUNK_BYTES,
             stop: watch::channel(false).0,
@@ -249,6 +252,12 @@ impl Server {
             .get(name)
             .copied()
             .unwrap_or(config::DEFAULT_ENCRYPTION)
+    }
+
+    /// When encrypted sessions update the keys ferryd sends under (with clients that
+    /// support key updates).
+    pub fn rekey(&self) -> ferry_common::seal::RekeyPolicy {
+        self.rekey
     }
 
     /// The secret guarding share `name`, if it has one.

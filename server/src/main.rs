@@ -43,6 +43,8 @@ CONFIG FILE (TOML):
   startup_timeout = \"10s\"                # to authenticate, from accept
   max_auth_failures = \"10/60s\"           # per address, then refused for a while
   encryption = \"required\"                # default for shares: required|preferred|off
+  rekey_after = \"64G\"                     # new keys after this much sent under one,
+  rekey_interval = \"1h\"                   # or this long, whichever first
   [[share]]
   name = \"data\"
   path = \"/srv/data\"
@@ -181,6 +183,17 @@ struct Args {
     /// for) [default: required, or the config file's top-level `encryption`].
     #[arg(long, value_name = "required|preferred|off", env = "FERRYD_ENCRYPTION")]
     encryption: Option<Encryption>,
+
+    /// In encrypted sessions with clients that support it, move to new keys for what
+    /// ferryd sends after this many bytes under one key (K, M, G, T suffixes), or
+    /// after --rekey-interval, whichever first [default: 64G].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, env = "FERRYD_REKEY_AFTER")]
+    rekey_after: Option<u64>,
+
+    /// The time part of --rekey-after: seconds, or with an s, m, h or d suffix
+    /// [default: 1h].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    rekey_interval: Option<Duration>,
 
     /// Transports to serve: `auto` serves TCP and, where an RDMA device exists, RDMA
     /// on the same address and port; `rdma` serves RDMA only (and fails without a
@@ -433,6 +446,8 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
     if let Some(e) = args.encryption {
         config.encryption = e;
     }
+    config.rekey.after_bytes = args.rekey_after.unwrap_or(config.rekey.after_bytes);
+    config.rekey.after = args.rekey_interval.unwrap_or(config.rekey.after);
     Ok(config)
 }
 

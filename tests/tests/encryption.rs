@@ -401,3 +401,90 @@ fn the_mount_and_backups_cross_a_recording_proxy_encrypted_too() {
         assert!(!proxy.contains(s), "file bytes crossed in the clear");
     }
 }
+
+/// What ferryd logs each time it moves to new keys for what it sends, and each time
+/// it opens a client's key update.
+const SENT_UPDATE: &str = "key update: this side now sends under new keys";
+const RECEIVED_UPDATE: &str = "key update: the peer now sends under new keys";
+
+/// A server with ferryd's encryption defaults that updates its keys after every
+/// 4 MiB it sends under one.
+fn rekeying_env() -> Env {
+    Env::builder()
+        .server_env("FERRYD_ENCRYPTION", None)
+        .server_env("FERRYD_REKEY_AFTER", Some("4M"))
+        .start()
+}
+
+fn count(log: &str, what: &str) -> usize {
+    log.matches(what).count()
+}
+
+/// A copy from `from` to `to` by rcp with `--rekey-after 4M`, on the suite's
+/// transport (RDMA in the VM).
+fn rekeying_copy(env: &Env, from: String, to: String) -> ferry_tests::RcpOutput {
+    env.rcp(["--json", "--rekey-after", "4M", &from, &to].map(String::from))
+}
+
+#[test]
+fn keys_update_every_4_mib_both_ways_and_64_mib_cross_intact() {
+    let env = rekeying_env();
+    write_random_file(&env.local(NAME), 64 * MIB + 5, 11);
+    let local = env.local(NAME).display().to_string();
+    let out = rekeying_copy(&env, local, env.remote(NAME));
+    out.assert_success();
+    assert_eq!(json(&out)["encrypted"], true, "{}", out.stdout);
+    assert_files_equal(&env.local(NAME), &env.share(NAME));
+    // rcp sealed 64 MiB in 1 MiB pieces: a new key every 4 pieces, each announced to
+    // ferryd by an update of the control key.
+    let log = env.server().stderr();
+    let received = count(&log, RECEIVED_UPDATE);
+    assert!(
+        (8..=20).contains(&received),
+        "{received} updates from rcp\n{log}"
+    );
+    assert_eq!(count(&log, SENT_UPDATE), 0, "ferryd sent no file data yet");
+    // Down: ferryd seals, so ferryd updates.
+    let dest = env.local("down.bin");
+    rekeying_copy(&env, env.remote(NAME), dest.display().to_string()).assert_success();
+    assert_files_equal(&env.local(NAME), &dest);
+    let log = env.server().stderr();
+    let sent = count(&log, SENT_UPDATE);
+    assert!((8..=20).contains(&sent), "{sent} updates by ferryd\n{log}");
+    assert!(!log.contains("failed authentication"), "{log}");
+}
+
+#[test]
+fn a_flip_after_key_updates_still_fails_the_copy() {
+    if !on_tcp() {
+        return;
+    }
+    // Data frame 24 (a 1 MiB piece) and control frame 30 from rcp (about 40 go each
+    // way in this copy): both after rcp's first key updates (one per 4 pieces), which
+    // ferryd's log must show before the failure.
+    for fault in [
+        Fault::new(FaultKind::FlipData, Direction::ClientToServer, 24),
+        Fault::new(FaultKind::FlipCtrl, Direction::ClientToServer, 30),
+    ] {
+        let env = rekeying_env();
+        write_random_file(&env.local(NAME), 32 * MIB, 12);
+        let proxy = TamperProxy::start(env.server().addr(), Some(fault));
+        let out = upload(&env, &proxy.remote("data", NAME), &["--rekey-after", "4M"]);
+        assert_eq!(proxy.fired(), 1, "{fault:?} fired: {}", out.stderr);
+        out.assert_failure();
+        assert!(!env.share(NAME).exists(), "nothing under the final name");
+        let log = env.server().stderr();
+        assert!(
+            count(&log, RECEIVED_UPDATE) >= 2,
+            "keys were updated before the flip: {log}"
+        );
+        assert!(
+            log.contains("failed authentication") || out.stderr.contains("failed authentication"),
+            "rcp: {}\nferryd: {log}",
+            out.stderr
+        );
+        let clean = upload(&env, &env.remote(NAME), &["--rekey-after", "4M"]);
+        clean.assert_success();
+        assert_files_equal(&env.local(NAME), &env.share(NAME));
+    }
+}

@@ -52,6 +52,13 @@
 //!   server encrypts when the client offers it and either requires it or any of the
 //!   server's shares is not `off`; a client that requires encryption refuses a welcome
 //!   without it (an older server, or a middlebox that removed the offer).
+//! - [`REKEY`]: key updates in an encrypted session ([`crate::seal`]'s key schedule):
+//!   each side updates the keys it sends under after an amount of data or time, and
+//!   every piece of file data carries its key generation and is bound to where it
+//!   belongs. A client offers it with [`ENCRYPT`]; the server chooses it when the
+//!   session is encrypted and the client offered it. A peer without it (older) is
+//!   served as before: one key per direction and use for the whole session, pieces
+//!   without associated data, the session ending at a counter's limit.
 
 use crate::msg::{Capability, Request};
 
@@ -148,6 +155,12 @@ pub const ENCRYPT_KEY: &str = "encrypt-key";
 /// Name of the client's encryption policy capability (`required` or `preferred`).
 pub const ENCRYPT_POLICY: &str = "encrypt-policy";
 
+/// Name of the key-update capability.
+pub const REKEY: &str = "rekey";
+
+/// The versions of key updates this build speaks, preferred first.
+pub const REKEY_VERSIONS: &[&str] = &["1"];
+
 pub use crate::msg::HashAlgorithm;
 use crate::seal::{from_hex, to_hex, Suite, PUBLIC_KEY_BYTES};
 
@@ -171,6 +184,8 @@ pub struct Encrypted {
     pub client_key: [u8; PUBLIC_KEY_BYTES],
     /// The server's key share.
     pub server_key: [u8; PUBLIC_KEY_BYTES],
+    /// Whether both sides update keys ([`REKEY`]).
+    pub rekey: bool,
 }
 
 /// What a server brings to the encryption negotiation.
@@ -290,6 +305,7 @@ impl Offer {
             caps.push(Capability::new(ENCRYPT_KEY, &to_hex(&e.key)));
             let policy = if e.required { "required" } else { "preferred" };
             caps.push(Capability::new(ENCRYPT_POLICY, policy));
+            caps.push(Capability::new(REKEY, &REKEY_VERSIONS.join(",")));
         }
         caps
     }
@@ -367,6 +383,9 @@ impl Negotiated {
         if let Some(e) = &self.encryption {
             caps.push(Capability::new(ENCRYPT, e.suite.name()));
             caps.push(Capability::new(ENCRYPT_KEY, &to_hex(&e.server_key)));
+            if e.rekey {
+                caps.push(Capability::new(REKEY, REKEY_VERSIONS[0]));
+            }
         }
         caps
     }
@@ -535,6 +554,7 @@ pub fn choose_encryption(
             suite,
             client_key,
             server_key: server.key,
+            rekey: offers(offered, REKEY, REKEY_VERSIONS),
         })),
         _ if required => Err(format!(
             "the client requires encryption but offers no usable suite and key share (suites '{}')",
@@ -576,10 +596,21 @@ pub fn accept_encryption(
     let server_key = find(chosen, ENCRYPT_KEY)
         .and_then(from_hex::<PUBLIC_KEY_BYTES>)
         .ok_or("the server's welcome encrypts the session but has no valid key share")?;
+    let rekey = match find(chosen, REKEY) {
+        None => false,
+        Some(v) if REKEY_VERSIONS.contains(&v) => true,
+        Some(v) => {
+            return Err(format!(
+                "the server chose key-update version '{}', which this client did not offer",
+                v.escape_debug()
+            ))
+        }
+    };
     Ok(Some(Encrypted {
         suite,
         client_key: mine.key,
         server_key,
+        rekey,
     }))
 }
 
@@ -1238,5 +1269,45 @@ mod tests {
             Capability::new(ENCRYPT_KEY, &to_hex(&[1; 32])),
         ];
         assert!(accept_encryption(&n_caps, &Offer::default()).is_err());
+    }
+
+    #[test]
+    fn key_updates_are_chosen_with_the_offer_and_an_older_peer_is_served_without() {
+        let server = Some(ServerEncryption {
+            wants: true,
+            key: [9; PUBLIC_KEY_BYTES],
+        });
+        let caps = offer(false).to_capabilities();
+        assert_eq!(find(&caps, REKEY), Some("1"));
+        let e = choose_encryption(&caps, server).unwrap().unwrap();
+        assert!(e.rekey);
+        let welcome = vec![
+            Capability::new(ENCRYPT, "aes256gcm"),
+            Capability::new(ENCRYPT_KEY, &to_hex(&[1; 32])),
+            Capability::new(REKEY, "1"),
+        ];
+        assert!(
+            accept_encryption(&welcome, &offer(false))
+                .unwrap()
+                .unwrap()
+                .rekey
+        );
+        // An older client offers encryption without key updates: served without them.
+        let older: Vec<Capability> = caps.iter().filter(|c| c.name != REKEY).cloned().collect();
+        assert!(!choose_encryption(&older, server).unwrap().unwrap().rekey);
+        // An older server's welcome has none: this client goes without them.
+        let old_welcome = welcome[..2].to_vec();
+        assert!(
+            !accept_encryption(&old_welcome, &offer(false))
+                .unwrap()
+                .unwrap()
+                .rekey
+        );
+        // A version this client did not offer is refused by name.
+        let mut bad = welcome.clone();
+        bad[2] = Capability::new(REKEY, "7");
+        assert!(accept_encryption(&bad, &offer(false))
+            .unwrap_err()
+            .contains("key-update version"));
     }
 }

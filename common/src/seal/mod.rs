@@ -38,12 +38,26 @@
 //! the connection. File data is sealed in pieces by a [`DataSealer`] under the
 //! direction's data key, each piece with its own counter (carried, authenticated, in
 //! the control message that announces the piece) and tag.
+//!
+//! # Key updates
+//!
+//! In a session with the `rekey` capability each key is a generation of a traffic
+//! secret (TLS 1.3's schedule, `keys.rs`), updated per direction by its sender's
+//! [`RekeyPolicy`]: control keys at a key-update record ([`ControlSealer::update`]),
+//! data keys per piece, each piece naming its generation and the opener keeping
+//! every generation until the sender retires it (`piece`'s docs argue why nothing in
+//! flight is lost). Pieces are bound to where they belong ([`Binding`]). No counter
+//! wraps: sealing fails first.
 
 mod keys;
+mod piece;
 mod record;
+mod rekey;
 
 pub use keys::{transcript, KeyShare, SessionKeys, PUBLIC_KEY_BYTES};
-pub use record::{ControlOpener, ControlSealer, DataOpener, DataSealer, TAG_BYTES};
+pub use piece::{Binding, DataOpener, DataSealer, PieceKey, SealedPiece, MAX_LIVE_KEYS};
+pub use record::{ControlOpener, ControlSealer, TAG_BYTES};
+pub use rekey::{RekeyPolicy, RECORD_LIMIT};
 
 /// Why sealing, opening or the key exchange failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,6 +75,10 @@ pub enum SealError {
     /// A key's counter ran out; the session must end (after 2^64 records).
     #[error("the session's {0} counter is exhausted")]
     Exhausted(&'static str),
+    /// A key update broke the rules (out of order, too many keys live, or in a
+    /// session that does not update keys).
+    #[error("key update refused: {0}")]
+    KeyUpdate(&'static str),
     /// The system's random generator or the crypto library failed.
     #[error("crypto failure: {0}")]
     Crypto(&'static str),

@@ -477,11 +477,12 @@ impl Conn {
         else {
             return Ok(());
         };
+        let rekey = e.rekey.then(|| self.server.rekey());
         let keys = k
-            .agree(&e.client_key, &t, e.suite, false)
+            .agree(&e.client_key, &t, e.suite, false, rekey)
             .map_err(|e| e.to_string())?;
         self.sealed.arm(keys).map_err(|e| e.to_string())?;
-        tracing::info!(peer = %self.peer, suite = e.suite.name(), "session encrypted");
+        tracing::info!(peer = %self.peer, suite = e.suite.name(), key_updates = e.rekey, "session encrypted");
         Ok(())
     }
 

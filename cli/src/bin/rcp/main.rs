@@ -156,6 +156,11 @@ struct Args {
     )]
     encryption: Encryption,
 
+    /// In an encrypted session, new keys for what rcp sends after this many bytes under
+    /// one key (K, M, G, T suffixes; or after an hour) [default: 64G].
+    #[arg(long, value_name = "SIZE", env = "FERRY_REKEY_AFTER", value_parser = |s: &str| ferry_common::units::parse_size(s).ok_or(format!("not a size: '{s}'")))]
+    rekey_after: Option<u64>,
+
     /// Replicas of each stripe for files uploaded to a cluster share (default: the
     /// share's setting).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=8))]
@@ -442,7 +447,8 @@ async fn run(args: Args) -> u8 {
 async fn connect_server(args: &Args, server: &Remote) -> Result<Client, ClientError> {
     let credentials = Credentials::from_file_or_env(args.secret_file.as_deref())?
         .with_hash(args.hash)
-        .with_encryption(args.encryption);
+        .with_encryption(args.encryption)
+        .with_rekey_after(args.rekey_after);
     let c = Client::connect_with(&server.host, server.port, args.transport, credentials).await?;
     match c.authenticate(&server.share).await {
         Err(e) if e.remote_kind() != Some(ferry_common::msg::ErrorKind::NoSuchShare) => Err(e),
@@ -508,7 +514,10 @@ async fn run_cluster(args: Args, started: Instant) -> u8 {
         ClusterPlan::Down(s, _) => ("download", s[0].etcd.clone()),
     };
     let credentials = match Credentials::from_file_or_env(args.secret_file.as_deref()) {
-        Ok(c) => c.with_hash(args.hash).with_encryption(args.encryption),
+        Ok(c) => c
+            .with_hash(args.hash)
+            .with_encryption(args.encryption)
+            .with_rekey_after(args.rekey_after),
         Err(e) => return fail_early(&args, direction, e, started),
     };
     let cluster = match connect_cluster(&args, &etcd, credentials).await {

@@ -12,12 +12,22 @@
 //! DONE    : 0x05 u64 id                                   a PUSH is in place, opened
 //! RELEASE : 0x06 u64 id                                   a SEALED scratch was read
 //! ALIVE   : 0x07                                          sent every few seconds
+//! SEALED' : 0x08 u64 id u32 srkey u64 saddr u64 ctr tag[16] u32 gen
+//! PUSH'   : 0x09 u64 id u32 srkey u64 saddr u64 ctr tag[16] u32 gen u32 rkey u64 addr
+//!           u32 len                                       SEALED and PUSH with the
+//!                                                         piece's key generation
+//! UPDATE  : 0x0a                                          the last record under this
+//!                                                         control key
+//! RETIRE  : 0x0b u32 gen                                  no piece announced from now
+//!                                                         on is of data key `gen`
 //! ```
 //!
 //! `rkey/addr/len` name the application's registered memory (the wrapper's rkeys);
 //! `srkey/saddr` name a scratch buffer of the inner transport that holds `len` bytes
 //! of ciphertext, sealed under the sender's data key with counter `ctr`. Fault codes
-//! are `transport::tcp::wire`'s status bytes.
+//! are `transport::tcp::wire`'s status bytes. A session with key updates (capability
+//! `rekey`) uses `SEALED'` and `PUSH'` and may send `UPDATE` and `RETIRE`; one
+//! without uses `SEALED` and `PUSH` and sends neither.
 
 use crate::seal::TAG_BYTES;
 use crate::transport::{AccessFault, RemoteSlice};
@@ -30,6 +40,10 @@ const PUSH: u8 = 0x04;
 const DONE: u8 = 0x05;
 const RELEASE: u8 = 0x06;
 const ALIVE: u8 = 0x07;
+const SEALED_G: u8 = 0x08;
+const PUSH_G: u8 = 0x09;
+const UPDATE: u8 = 0x0a;
+const RETIRE: u8 = 0x0b;
 
 /// Sealed bytes waiting in a scratch buffer of the inner transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +54,9 @@ pub struct Piece {
     pub counter: u64,
     /// Their tag.
     pub tag: [u8; TAG_BYTES],
+    /// The generation of the data key they were sealed under, in a session with key
+    /// updates; `None` in one without.
+    pub generation: Option<u32>,
 }
 
 /// One record's plaintext. `id` names one pull or push of the side that started it.
@@ -68,6 +85,10 @@ pub enum Frame {
     /// Nothing but the next counter: a record dropped on the way fails the next one,
     /// so this bounds how long a drop goes unnoticed on an idle connection.
     Alive,
+    /// The sender's next record is sealed under its next control key.
+    Update,
+    /// The sender announces no more pieces of data key `generation`.
+    Retire { generation: u32 },
 }
 
 fn put_slice(out: &mut Vec<u8>, s: &RemoteSlice) {
@@ -81,6 +102,19 @@ fn put_piece(out: &mut Vec<u8>, p: &Piece) {
     out.extend_from_slice(&p.scratch.addr.to_le_bytes());
     out.extend_from_slice(&p.counter.to_le_bytes());
     out.extend_from_slice(&p.tag);
+    if let Some(g) = p.generation {
+        out.extend_from_slice(&g.to_le_bytes());
+    }
+}
+
+/// The kind byte of a piece-carrying frame: `plain` without a generation, `with`
+/// with one.
+fn kind_of(p: &Piece, plain: u8, with: u8) -> u8 {
+    if p.generation.is_some() {
+        with
+    } else {
+        plain
+    }
 }
 
 impl Frame {
@@ -99,7 +133,7 @@ impl Frame {
                 put_slice(&mut out, src);
             }
             Frame::Sealed { id, piece } => {
-                out.push(SEALED);
+                out.push(kind_of(piece, SEALED, SEALED_G));
                 out.extend_from_slice(&id.to_le_bytes());
                 put_piece(&mut out, piece);
             }
@@ -109,7 +143,7 @@ impl Frame {
                 out.push(crate::transport::tcp::wire::status_of(*fault));
             }
             Frame::Push { id, piece, dst } => {
-                out.push(PUSH);
+                out.push(kind_of(piece, PUSH, PUSH_G));
                 out.extend_from_slice(&id.to_le_bytes());
                 put_piece(&mut out, piece);
                 put_slice(&mut out, dst);
@@ -123,6 +157,11 @@ impl Frame {
                 out.extend_from_slice(&id.to_le_bytes());
             }
             Frame::Alive => out.push(ALIVE),
+            Frame::Update => out.push(UPDATE),
+            Frame::Retire { generation } => {
+                out.push(RETIRE);
+                out.extend_from_slice(&generation.to_le_bytes());
+            }
         }
         out
     }
@@ -141,9 +180,10 @@ impl Frame {
                 id: r.u64()?,
                 src: r.slice()?,
             },
-            SEALED => {
+            SEALED | SEALED_G => {
                 let id = r.u64()?;
                 let (rkey, addr, counter, tag) = r.piece_head()?;
+                let generation = r.generation(kind == SEALED_G)?;
                 // The length is the pull's; the receiver fills it in.
                 let scratch = RemoteSlice { rkey, addr, len: 0 };
                 Frame::Sealed {
@@ -152,6 +192,7 @@ impl Frame {
                         scratch,
                         counter,
                         tag,
+                        generation,
                     },
                 }
             }
@@ -159,9 +200,10 @@ impl Frame {
                 id: r.u64()?,
                 fault: crate::transport::tcp::wire::fault_of(r.u8()?)?,
             },
-            PUSH => {
+            PUSH | PUSH_G => {
                 let id = r.u64()?;
                 let (rkey, addr, counter, tag) = r.piece_head()?;
+                let generation = r.generation(kind == PUSH_G)?;
                 let dst = r.slice()?;
                 let piece = Piece {
                     scratch: RemoteSlice {
@@ -171,12 +213,17 @@ impl Frame {
                     },
                     counter,
                     tag,
+                    generation,
                 };
                 Frame::Push { id, piece, dst }
             }
             DONE => Frame::Done { id: r.u64()? },
             RELEASE => Frame::Release { id: r.u64()? },
             ALIVE => Frame::Alive,
+            UPDATE => Frame::Update,
+            RETIRE => Frame::Retire {
+                generation: r.u32()?,
+            },
             _ => return None,
         };
         r.bytes.is_empty().then_some(frame)
@@ -212,6 +259,14 @@ impl Reader<'_> {
     fn piece_head(&mut self) -> Option<(u32, u64, u64, [u8; TAG_BYTES])> {
         Some((self.u32()?, self.u64()?, self.u64()?, self.take()?))
     }
+    /// A piece's generation if the frame kind carries one (`Some(None)` if not).
+    fn generation(&mut self, carried: bool) -> Option<Option<u32>> {
+        if carried {
+            self.u32().map(Some)
+        } else {
+            Some(None)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -233,6 +288,11 @@ mod tests {
             },
             counter: 5,
             tag: [3; 16],
+            generation: None,
+        };
+        let with_generation = Piece {
+            generation: Some(0x0102_0304),
+            ..piece
         };
         let frames = [
             Frame::App(b"hello".to_vec()),
@@ -257,6 +317,23 @@ mod tests {
             Frame::Done { id: 5 },
             Frame::Release { id: 6 },
             Frame::Alive,
+            Frame::Sealed {
+                id: 7,
+                piece: with_generation,
+            },
+            Frame::Push {
+                id: 8,
+                piece: Piece {
+                    scratch: RemoteSlice {
+                        len: 4096,
+                        ..piece.scratch
+                    },
+                    ..with_generation
+                },
+                dst: slice,
+            },
+            Frame::Update,
+            Frame::Retire { generation: 9 },
         ];
         for f in frames {
             let bytes = f.encode();

@@ -28,6 +28,13 @@
 //! application sees a byte of it. Operations longer than [`PIECE_BYTES`] go in pieces,
 //! each sealed under its own counter. The frame layout is in [`frame`].
 //!
+//! With key updates (capability `rekey`), each send first checks whether this side's
+//! keys are due for the next generation (`UPDATE` ends the old control key), every
+//! piece is sealed bound to the PULL's source or the PUSH's destination
+//! ([`crate::seal::Binding`]) and announced with its generation, whose key the
+//! receiver resolves as it reads the announcement; after each send, the data keys no
+//! sealed piece holds any more are retired (`RETIRE`), in order, under the same lock.
+//!
 //! Limits that bound what a peer can make this side hold: at most
 //! [`MAX_PIECES_IN_FLIGHT`] of this side's own pulls and pushes each, at most
 //! [`MAX_PEER_PIECES`] of the peer's pulls and pushes being served (more closes the
@@ -44,7 +51,7 @@ pub mod frame;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -57,7 +64,8 @@ use super::{
 use crate::codec::MAX_CTRL_FRAME_BYTES;
 use crate::msg::RegionDesc;
 use crate::seal::{
-    ControlOpener, ControlSealer, DataOpener, DataSealer, SessionKeys, Suite, TAG_BYTES,
+    Binding, ControlOpener, ControlSealer, DataOpener, DataSealer, PieceKey, SealedPiece,
+    SessionKeys, Suite,
 };
 
 /// Most bytes sealed as one piece (and the size of each scratch buffer).
@@ -89,7 +97,8 @@ const INLINE_OPEN_BYTES: usize = 64 << 10;
 
 /// What a waiting pull or push is told.
 enum Reply {
-    Sealed(Piece),
+    /// The piece and its key, resolved when the answer was read (in stream order).
+    Sealed(Piece, Arc<PieceKey>),
     Done,
     Fault(AccessFault),
 }
@@ -151,6 +160,9 @@ impl ScratchPool {
 /// The state of an armed wrapper.
 struct Armed {
     suite: Suite,
+    /// Whether keys are updated (capability `rekey`): pieces carry their generation
+    /// and associated data, registrations' rkeys are never reused.
+    updates: bool,
     data_send: DataSealer,
     data_recv: DataOpener,
     app_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<Result<Vec<u8>, TransportError>>>,
@@ -168,11 +180,19 @@ struct Armed {
     push_pool: ScratchPool,
 }
 
+/// The sending half of the control channel.
+struct Sender {
+    sealer: ControlSealer,
+    /// The data key's generation when the control key was last updated: a
+    /// direction's keys are updated together.
+    data_generation: u32,
+}
+
 struct Shared {
     inner: SharedTransport,
     /// The control sealer (none until armed), held across sealing *and* sending so
     /// that records reach the wire in counter order.
-    sealer: tokio::sync::Mutex<Option<ControlSealer>>,
+    sealer: tokio::sync::Mutex<Option<Sender>>,
     armed: OnceLock<Armed>,
     /// Why the wrapper closed the connection, once it did.
     failed: Mutex<Option<String>>,
@@ -216,6 +236,7 @@ impl Sealed {
         let (app_tx, app_rx) = mpsc::unbounded_channel();
         let armed = Armed {
             suite: keys.suite,
+            updates: keys.control_send.updates(),
             data_send: keys.data_send,
             data_recv: keys.data_recv,
             app_rx: tokio::sync::Mutex::new(app_rx),
@@ -238,7 +259,10 @@ impl Sealed {
         if self.shared.armed.set(armed).is_err() {
             return Err(TransportError::Local("encryption armed twice"));
         }
-        *sealer = Some(keys.control_send);
+        *sealer = Some(Sender {
+            sealer: keys.control_send,
+            data_generation: 0,
+        });
         tokio::spawn(receive(self.shared.clone(), keys.control_recv, app_tx));
         tokio::spawn(keep_alive(Arc::downgrade(&self.shared)));
         Ok(())
@@ -260,17 +284,75 @@ impl Shared {
 
     /// Seals `frame` as the next record and sends it.
     async fn send_frame(&self, frame: Frame) -> Result<(), TransportError> {
-        let mut sealer = self.sealer.lock().await;
-        let Some(s) = sealer.as_mut() else {
+        self.send_holding(frame, None).await
+    }
+
+    /// Seals `frame` as the next record and sends it, then drops `hold` (the sealed
+    /// piece `frame` announces). First updates this direction's control key if due;
+    /// after, announces (in order, under the same lock as every announcement) the
+    /// data keys that no sealed piece holds any more.
+    async fn send_holding(
+        &self,
+        frame: Frame,
+        hold: Option<SealedPiece>,
+    ) -> Result<(), TransportError> {
+        let mut sender = self.sealer.lock().await;
+        let Some(s) = sender.as_mut() else {
             return Err(TransportError::Local("sealed frame before arm()"));
         };
+        let now = Instant::now();
+        self.update_if_due(s, now).await?;
+        self.seal_and_send(s, now, frame).await?;
+        drop(hold);
+        if let Some(a) = self.armed.get() {
+            while let Some(generation) = a.data_send.retired() {
+                tracing::debug!(peer = %self.inner.peer(), generation, "retired a data key");
+                self.seal_and_send(s, now, Frame::Retire { generation })
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn seal_and_send(
+        &self,
+        s: &mut Sender,
+        now: Instant,
+        frame: Frame,
+    ) -> Result<(), TransportError> {
         let record = s
-            .seal(frame.encode())
+            .sealer
+            .seal(now, frame.encode())
             .map_err(|e| TransportError::Protocol(e.to_string()))?;
         if record.len() > MAX_CTRL_FRAME_BYTES {
             return Err(TransportError::Local("control message too long to seal"));
         }
         self.inner.send(record).await
+    }
+
+    /// Sends `UPDATE` (the last record under the current control key) and moves to the
+    /// next control key, when this key's budget is spent or the data key moved on
+    /// since the last update.
+    async fn update_if_due(&self, s: &mut Sender, now: Instant) -> Result<(), TransportError> {
+        let Some(a) = self.armed.get().filter(|a| a.updates) else {
+            return Ok(());
+        };
+        let data = a.data_send.generation();
+        if !s.sealer.update_due(now) && data == s.data_generation {
+            return Ok(());
+        }
+        self.seal_and_send(s, now, Frame::Update).await?;
+        s.sealer
+            .update()
+            .map_err(|e| TransportError::Protocol(e.to_string()))?;
+        s.data_generation = data;
+        tracing::info!(
+            peer = %self.inner.peer(),
+            control = s.sealer.generation(),
+            data,
+            "key update: this side now sends under new keys"
+        );
+        Ok(())
     }
 
     /// Ends the connection for `reason` (a broken rule or a record that did not
@@ -322,8 +404,8 @@ impl Shared {
             .map_err(|_| TransportError::Closed)?;
         let (id, rx) = self.waiter();
         self.send_frame(Frame::Pull { id, src }).await?;
-        let piece = match self.wait(id, rx).await? {
-            Reply::Sealed(piece) => piece,
+        let (piece, key) = match self.wait(id, rx).await? {
+            Reply::Sealed(piece, key) => (piece, key),
             Reply::Fault(fault) => {
                 return Err(TransportError::RemoteAccess {
                     op: Op::Read,
@@ -343,29 +425,35 @@ impl Shared {
         // The scratch is the owner's to reuse whatever happened.
         let _ = self.send_frame(Frame::Release { id }).await;
         read?;
-        self.open_in(buf, offset, src.len as usize, piece).await
+        self.open_in(buf, offset, piece, key, binding(&src)).await
     }
 
-    /// Opens the piece that just landed in `buf[offset..offset + len]`.
+    /// Opens the piece that just landed in `buf[offset..offset + at.len]`, bound to
+    /// `at` (the owner's memory it came from or goes to).
     async fn open_in(
         self: &Arc<Self>,
         buf: &Arc<Buffer>,
         offset: usize,
-        len: usize,
         piece: Piece,
+        key: Arc<PieceKey>,
+        at: Binding,
     ) -> Result<(), TransportError> {
+        let len = at.len as usize;
         let opened = if len <= INLINE_OPEN_BYTES {
             let mut bytes = buf.write().await;
-            self.armed()
-                .data_recv
-                .open(piece.counter, &mut bytes[offset..offset + len], &piece.tag)
+            key.open(
+                piece.counter,
+                &at,
+                &mut bytes[offset..offset + len],
+                &piece.tag,
+            )
         } else {
-            let shared = self.clone();
             let buf = buf.clone();
             tokio::task::spawn_blocking(move || {
                 let mut bytes = buf.blocking_write();
-                shared.armed().data_recv.open(
+                key.open(
                     piece.counter,
+                    &at,
                     &mut bytes[offset..offset + len],
                     &piece.tag,
                 )
@@ -380,15 +468,16 @@ impl Shared {
         })
     }
 
-    /// Copies `memory[offset..offset + len]` into a scratch buffer of `pool` and seals
-    /// it there, on a blocking thread (the copy may read a file).
+    /// Copies `memory[offset..offset + at.len]` into a scratch buffer of `pool` and
+    /// seals it there, bound to `at`, on a blocking thread (the copy may read a file).
     async fn seal_into(
         self: &Arc<Self>,
         pool: &ScratchPool,
         memory: &Memory,
         offset: usize,
-        len: usize,
-    ) -> Result<(Scratch, u64, [u8; TAG_BYTES]), SealFailure> {
+        at: Binding,
+    ) -> Result<(Scratch, SealedPiece), SealFailure> {
+        let len = at.len as usize;
         let scratch = pool.take(&self.inner).map_err(SealFailure::Transport)?;
         let (memory, buf, shared) = (memory.clone(), scratch.buf.clone(), self.clone());
         let sealed = tokio::task::spawn_blocking(move || {
@@ -397,7 +486,7 @@ impl Shared {
             shared
                 .armed()
                 .data_send
-                .seal(&mut out[..len])
+                .seal(Instant::now(), &at, &mut out[..len])
                 .map_err(|e| SealFailure::Transport(TransportError::Protocol(e.to_string())))
         })
         .await
@@ -405,7 +494,7 @@ impl Shared {
             "sealing task failed",
         ))));
         match sealed {
-            Ok((counter, tag)) => Ok((scratch, counter, tag)),
+            Ok(sealed) => Ok((scratch, sealed)),
             Err(e) => {
                 pool.put(scratch);
                 Err(e)
@@ -491,7 +580,7 @@ async fn receive(
         let Some(frame) = Frame::decode(plain) else {
             break Err("peer broke the encrypted transport's rules: malformed record".into());
         };
-        if let Err(reason) = dispatch(&shared, frame, &app_tx) {
+        if let Err(reason) = dispatch(&shared, frame, &app_tx, &mut opener) {
             break Err(reason);
         }
     };
@@ -509,11 +598,37 @@ async fn receive(
     }
 }
 
-/// Acts on one opened record; `Err` ends the connection.
+/// The key of an announced piece, resolved in stream order (before its generation
+/// can be retired); `Err` ends the connection.
+fn key_of(a: &Armed, piece: &Piece) -> Result<Arc<PieceKey>, String> {
+    let generation = match (a.updates, piece.generation) {
+        (true, Some(g)) => g,
+        (false, None) => 0,
+        _ => {
+            return Err(
+                "peer broke the encrypted transport's rules: a piece's key generation".into(),
+            )
+        }
+    };
+    a.data_recv.key(generation).map_err(|e| e.to_string())
+}
+
+/// The associated data of a piece of the owner's memory `s`.
+fn binding(s: &RemoteSlice) -> Binding {
+    Binding {
+        rkey: s.rkey,
+        addr: s.addr,
+        len: s.len,
+    }
+}
+
+/// Acts on one opened record; `Err` ends the connection. `opener` is the control
+/// opener that opened it, updated by an `UPDATE`.
 fn dispatch(
     shared: &Arc<Shared>,
     frame: Frame,
     app_tx: &mpsc::UnboundedSender<Result<Vec<u8>, TransportError>>,
+    opener: &mut ControlOpener,
 ) -> Result<(), String> {
     let a = shared.armed();
     let complete = |id: u64, reply: Reply| -> Result<(), String> {
@@ -538,7 +653,16 @@ fn dispatch(
             Ok(())
         }
         Frame::Alive => Ok(()),
-        Frame::Sealed { id, piece } => complete(id, Reply::Sealed(piece)),
+        Frame::Update => {
+            opener.update().map_err(|e| e.to_string())?;
+            tracing::info!(peer = %shared.inner.peer(), "key update: the peer now sends under new keys");
+            Ok(())
+        }
+        Frame::Retire { generation } => a.data_recv.retire(generation).map_err(|e| e.to_string()),
+        Frame::Sealed { id, piece } => {
+            let key = key_of(a, &piece)?;
+            complete(id, Reply::Sealed(piece, key))
+        }
         Frame::Done { id } => complete(id, Reply::Done),
         Frame::Fault { id, fault } => complete(id, Reply::Fault(fault)),
         Frame::Release { id } => match lock(&a.serving).remove(&id) {
@@ -558,7 +682,8 @@ fn dispatch(
         }
         Frame::Push { id, piece, dst } => {
             admit_peer_piece(a, dst.len)?;
-            tokio::spawn(serve_push(shared.clone(), id, piece, dst));
+            let key = key_of(a, &piece)?;
+            tokio::spawn(serve_push(shared.clone(), id, piece, key, dst));
             Ok(())
         }
     }
@@ -599,22 +724,25 @@ fn lookup(a: &Armed, slice: &RemoteSlice, write: bool) -> Result<(Arc<Entry>, us
 /// Answers the peer's `PULL` of this side's memory.
 async fn serve_pull(shared: Arc<Shared>, id: u64, src: RemoteSlice) {
     let a = shared.armed();
+    let mut hold = None;
     let answer = match lookup(a, &src, false) {
         Err(fault) => Frame::Fault { id, fault },
         Ok((entry, offset)) => {
             match shared
-                .seal_into(&a.serve_pool, &entry.memory, offset, src.len as usize)
+                .seal_into(&a.serve_pool, &entry.memory, offset, binding(&src))
                 .await
             {
-                Ok((scratch, counter, tag)) => {
+                Ok((scratch, sealed)) => {
                     let piece = Piece {
                         scratch: RemoteSlice {
                             len: 0,
                             ..slice_of(&scratch)
                         },
-                        counter,
-                        tag,
+                        counter: sealed.counter,
+                        tag: sealed.tag,
+                        generation: a.updates.then(|| sealed.generation()),
                     };
+                    hold = Some(sealed);
                     lock(&a.serving).insert(id, scratch);
                     Frame::Sealed { id, piece }
                 }
@@ -635,11 +763,17 @@ async fn serve_pull(shared: Arc<Shared>, id: u64, src: RemoteSlice) {
     if matches!(answer, Frame::Fault { .. }) {
         a.peer_pieces.fetch_sub(1, Ordering::AcqRel);
     }
-    let _ = shared.send_frame(answer).await;
+    let _ = shared.send_holding(answer, hold).await;
 }
 
 /// Answers the peer's `PUSH` into this side's memory.
-async fn serve_push(shared: Arc<Shared>, id: u64, piece: Piece, dst: RemoteSlice) {
+async fn serve_push(
+    shared: Arc<Shared>,
+    id: u64,
+    piece: Piece,
+    key: Arc<PieceKey>,
+    dst: RemoteSlice,
+) {
     let a = shared.armed();
     let answer = match lookup(a, &dst, true) {
         Err(fault) => Frame::Fault { id, fault },
@@ -657,7 +791,7 @@ async fn serve_push(shared: Arc<Shared>, id: u64, piece: Piece, dst: RemoteSlice
                             fault: AccessFault::Refused,
                         }
                     }
-                    Ok(()) => match shared.open_in(buf, offset, dst.len as usize, piece).await {
+                    Ok(()) => match shared.open_in(buf, offset, piece, key, binding(&dst)).await {
                         Ok(()) => Frame::Done { id },
                         // `open_in` ended the connection.
                         Err(_) => return,
@@ -672,6 +806,26 @@ async fn serve_push(shared: Arc<Shared>, id: u64, piece: Piece, dst: RemoteSlice
     };
     a.peer_pieces.fetch_sub(1, Ordering::AcqRel);
     let _ = shared.send_frame(answer).await;
+}
+
+/// A fresh rkey for a registration. With key updates an rkey is never reused in a
+/// session (pieces are bound to it), so the session fails to register after 2^32 - 1
+/// registrations; without, rkeys wrap and skip 0 and those in use.
+fn next_rkey(a: &Armed, table: &HashMap<u32, Arc<Entry>>) -> Result<u32, TransportError> {
+    if a.updates {
+        return a
+            .next_rkey
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_add(1))
+            .map_err(|_| {
+                TransportError::Local("this session has used every registration key: reconnect")
+            });
+    }
+    loop {
+        let rkey = a.next_rkey.fetch_add(1, Ordering::Relaxed);
+        if rkey != 0 && !table.contains_key(&rkey) {
+            return Ok(rkey);
+        }
+    }
 }
 
 fn slice_of(s: &Scratch) -> RemoteSlice {
@@ -726,10 +880,7 @@ impl Transport for Sealed {
         });
         let rkey = {
             let mut table = lock(&a.table);
-            let mut rkey = a.next_rkey.fetch_add(1, Ordering::Relaxed);
-            while rkey == 0 || table.contains_key(&rkey) {
-                rkey = a.next_rkey.fetch_add(1, Ordering::Relaxed);
-            }
+            let rkey = next_rkey(a, &table)?;
             table.insert(rkey, entry.clone());
             rkey
         };
@@ -794,13 +945,18 @@ impl Transport for Sealed {
                 .acquire()
                 .await
                 .map_err(|_| TransportError::Closed)?;
-            let (scratch, counter, tag) = match self
+            let target = RemoteSlice {
+                rkey: dst.rkey,
+                addr: dst.addr + u64::from(off),
+                len,
+            };
+            let (scratch, sealed) = match self
                 .shared
                 .seal_into(
                     &a.push_pool,
                     src.memory(),
                     src_offset + off as usize,
-                    len as usize,
+                    binding(&target),
                 )
                 .await
             {
@@ -818,23 +974,17 @@ impl Transport for Sealed {
                     len,
                     ..slice_of(&scratch)
                 },
-                counter,
-                tag,
-            };
-            let target = RemoteSlice {
-                rkey: dst.rkey,
-                addr: dst.addr + u64::from(off),
-                len,
+                counter: sealed.counter,
+                tag: sealed.tag,
+                generation: a.updates.then(|| sealed.generation()),
             };
             let (id, rx) = self.shared.waiter();
-            let sent = self
-                .shared
-                .send_frame(Frame::Push {
-                    id,
-                    piece,
-                    dst: target,
-                })
-                .await;
+            let push = Frame::Push {
+                id,
+                piece,
+                dst: target,
+            };
+            let sent = self.shared.send_holding(push, Some(sealed)).await;
             let reply = match sent {
                 Ok(()) => self.shared.wait(id, rx).await,
                 Err(e) => Err(e),
@@ -851,7 +1001,7 @@ impl Transport for Sealed {
                         len,
                     })
                 }
-                Reply::Sealed(_) => return Err(self.shared.broken("SEALED answered a PUSH")),
+                Reply::Sealed(..) => return Err(self.shared.broken("SEALED answered a PUSH")),
             }
         }
         Ok(())

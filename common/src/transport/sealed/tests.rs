@@ -1,5 +1,5 @@
 use super::*;
-use crate::seal::{transcript, KeyShare};
+use crate::seal::{transcript, KeyShare, RekeyPolicy};
 use crate::transport::tcp::Tcp;
 use crate::transport::FileWindow;
 use std::io::Write;
@@ -15,22 +15,45 @@ async fn tcp_pair() -> (Arc<Tcp>, Arc<Tcp>) {
     (Arc::new(a.unwrap()), Arc::new(b.unwrap()))
 }
 
-/// Wrappers over `a` (the client side) and `b`, armed with keys from a real exchange.
-fn armed(a: SharedTransport, b: SharedTransport, suite: Suite) -> (Arc<Sealed>, Arc<Sealed>) {
+/// Wrappers over `a` (the client side) and `b`, armed with keys from a real exchange,
+/// updating keys under `rekey` (`None`: as with an older peer).
+fn armed(
+    a: SharedTransport,
+    b: SharedTransport,
+    suite: Suite,
+    rekey: Option<RekeyPolicy>,
+) -> (Arc<Sealed>, Arc<Sealed>) {
     let (ka, kb) = (KeyShare::generate().unwrap(), KeyShare::generate().unwrap());
     let (pa, pb) = (ka.public(), kb.public());
     let t = transcript(b"hello", b"welcome");
     let (sa, sb) = (Sealed::new(a), Sealed::new(b));
-    sa.arm(ka.agree(&pb, &t, suite, true).unwrap()).unwrap();
-    sb.arm(kb.agree(&pa, &t, suite, false).unwrap()).unwrap();
+    sa.arm(ka.agree(&pb, &t, suite, true, rekey).unwrap())
+        .unwrap();
+    sb.arm(kb.agree(&pa, &t, suite, false, rekey).unwrap())
+        .unwrap();
     (sa, sb)
 }
 
 /// Two armed wrappers over a TCP pair on loopback, and the pair itself.
 async fn pair(suite: Suite) -> (Arc<Sealed>, Arc<Sealed>, Arc<Tcp>, Arc<Tcp>) {
+    pair_with(suite, Some(RekeyPolicy::default())).await
+}
+
+async fn pair_with(
+    suite: Suite,
+    rekey: Option<RekeyPolicy>,
+) -> (Arc<Sealed>, Arc<Sealed>, Arc<Tcp>, Arc<Tcp>) {
     let (a, b) = tcp_pair().await;
-    let (sa, sb) = armed(a.clone(), b.clone(), suite);
+    let (sa, sb) = armed(a.clone(), b.clone(), suite, rekey);
     (sa, sb, a, b)
+}
+
+/// A policy that updates keys after every `bytes` sealed.
+fn every(bytes: u64) -> Option<RekeyPolicy> {
+    Some(RekeyPolicy {
+        after_bytes: bytes,
+        ..RekeyPolicy::default()
+    })
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -47,8 +70,12 @@ async fn buffer(bytes: &[u8]) -> Arc<Buffer> {
 
 #[tokio::test]
 async fn messages_reads_and_writes_cross_sealed() {
-    for suite in Suite::ALL {
-        let (a, b, _, _) = pair(suite).await;
+    let policies = [None, Some(RekeyPolicy::default()), every(300 << 10)];
+    for (suite, rekey) in Suite::ALL
+        .into_iter()
+        .flat_map(|s| policies.map(|p| (s, p)))
+    {
+        let (a, b, _, _) = pair_with(suite, rekey).await;
         a.send(b"request".to_vec()).await.unwrap();
         assert_eq!(b.recv().await.unwrap().unwrap(), b"request");
         b.send(b"response".to_vec()).await.unwrap();
@@ -270,7 +297,7 @@ impl Transport for Flipping {
 async fn a_forged_piece_fails_the_read_and_the_connection() {
     // A pair whose A side flips bits in what it reads.
     let (x, y) = tcp_pair().await;
-    let (a, b) = armed(Arc::new(Flipping(x)), y, Suite::Aes256Gcm);
+    let (a, b) = armed(Arc::new(Flipping(x)), y, Suite::Aes256Gcm, every(4096));
     let exposed = b
         .register(
             Memory::Buffer(buffer(&pattern(8192, 1)).await),
@@ -289,6 +316,72 @@ async fn a_forged_piece_fails_the_read_and_the_connection() {
     assert!(a.send(b"x".to_vec()).await.is_err());
     // And A's application never saw plaintext of the forged piece.
     assert_ne!(&dst_buf.read().await[..], &pattern(8192, 1)[..]);
+}
+
+/// The generations `s` sends under now: (control, data).
+async fn generations(s: &Sealed) -> (u32, u32) {
+    let control = s
+        .shared
+        .sealer
+        .lock()
+        .await
+        .as_ref()
+        .unwrap()
+        .sealer
+        .generation();
+    (control, s.shared.armed().data_send.generation())
+}
+
+#[tokio::test]
+async fn keys_update_in_both_directions_while_reads_and_writes_run_concurrently() {
+    const LEN: usize = 8 << 20;
+    let (a, b, _, _) = pair_with(Suite::Aes256Gcm, every(256 << 10)).await;
+    let (a_data, b_data) = (pattern(LEN, 1), pattern(LEN, 2));
+    let exposed_a = a
+        .register(Memory::Buffer(buffer(&a_data).await), Access::RemoteRead)
+        .unwrap();
+    let exposed_b = b
+        .register(Memory::Buffer(buffer(&b_data).await), Access::RemoteRead)
+        .unwrap();
+    let (into_a, into_b) = (Buffer::new(LEN).unwrap(), Buffer::new(LEN).unwrap());
+    let local_a = Arc::new(
+        a.register(Memory::Buffer(into_a.clone()), Access::Local)
+            .unwrap(),
+    );
+    let local_b = Arc::new(
+        b.register(Memory::Buffer(into_b.clone()), Access::Local)
+            .unwrap(),
+    );
+    // Each side pulls the other's memory in 8 concurrent reads of 1 MiB each, so pieces
+    // of several generations are in flight at once in both directions.
+    let step = LEN / 8;
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        for (reader, exposed, local) in [
+            (a.clone(), exposed_b.desc(), local_a.clone()),
+            (b.clone(), exposed_a.desc(), local_b.clone()),
+        ] {
+            let src = RemoteSlice::of(&exposed, (i * step) as u64, step as u32).unwrap();
+            tasks.push(tokio::spawn(async move {
+                reader.read(src, &local, i * step).await
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert!(into_a.read().await[..] == b_data[..], "A read B's bytes");
+    assert!(into_b.read().await[..] == a_data[..], "B read A's bytes");
+    // Both sides sealed eight 1 MiB pieces under 256 KiB budgets: a new data key for
+    // each piece after the first, and the control key moved with them.
+    for s in [&a, &b] {
+        let (control, data) = generations(s).await;
+        assert_eq!(data, 7, "data generation");
+        assert!(control >= 1, "control generation {control}");
+    }
+    // Messages still cross after all the updates.
+    a.send(b"after".to_vec()).await.unwrap();
+    assert_eq!(b.recv().await.unwrap().unwrap(), b"after");
 }
 
 #[test]

@@ -24,6 +24,7 @@ EXAMPLES:
          --secret-file data=/etc/ferry/data.secret --secret-file pub=/etc/ferry/pub.secret \\
          --listen 0.0.0.0:7447
   ferryd --config /etc/ferryd.toml
+  ferryd --config /etc/ferryd.toml --check-config   # check it, serve nothing
 
 SECRETS:
   Every share has a secret; a client proves it knows it (HMAC-SHA256 challenge-
@@ -114,6 +115,13 @@ struct Args {
     /// must not exist.
     #[arg(long, value_name = "FILE", exclusive = true)]
     generate_secret: Option<PathBuf>,
+
+    /// Check the configuration (the file, the flags and the environment: shares and
+    /// their roots, secrets, owners, limits, cluster settings) and exit without
+    /// serving: 0 and a summary on standard output if ferryd would start with it, 2
+    /// (1 for other failures) and what is wrong if not. Nothing is created or changed.
+    #[arg(long)]
+    check_config: bool,
 
     /// Address (or host name) and port to listen on [default: 127.0.0.1:7447]. Port 0
     /// picks one free for TCP and, under `--transport auto`, for RDMA as well.
@@ -346,6 +354,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     #[cfg(feature = "cluster")]
     cluster_node(&args, &mut config)?;
     let server = Server::new(&config)?;
+    if args.check_config {
+        print!("{}", config_summary(&config, &server));
+        return Ok(());
+    }
     // Stale hidden files of a killed ferryd go in the background: a large share must
     // not delay serving, and nothing a live transfer uses is touched.
     let cleaner = server.clone();
@@ -417,6 +429,13 @@ fn build_config(args: &Args) -> anyhow::Result<Config> {
     let mut shares = args.shares.clone();
     #[cfg(feature = "cluster")]
     if let Some(store) = &args.store {
+        if args.check_config && !store.is_dir() {
+            // ferryd would create it; checking changes nothing.
+            anyhow::bail!(
+                "--store {}: not a directory yet (ferryd creates it when it starts)",
+                store.display()
+            );
+        }
         std::fs::create_dir_all(store)
             .with_context(|| format!("cannot create the store {}", store.display()))?;
         shares.push(format!(
@@ -466,6 +485,38 @@ fn apply_admission(args: &Args, config: &mut Config) {
     if let Some(f) = args.max_auth_failures {
         a.auth_failures = f;
     }
+}
+
+/// What `--check-config` prints: the shares as ferryd would serve them, and the
+/// limits.
+fn config_summary(config: &Config, server: &Server) -> String {
+    let mut out = String::from("configuration OK\n");
+    for s in &config.shares {
+        out.push_str(&format!(
+            "share {}: {} ({}, {}, encryption {})\n",
+            s.name,
+            s.path.display(),
+            if s.read_only {
+                "read-only"
+            } else {
+                "read-write"
+            },
+            if server.is_open(&s.name) {
+                "NO SECRET"
+            } else {
+                "secret"
+            },
+            s.encryption.unwrap_or(config.encryption).as_str(),
+        ));
+    }
+    out.push_str(&format!(
+        "listen {}, at most {} connections\n",
+        config.listen, config.max_connections
+    ));
+    if let Some(node) = &config.cluster {
+        out.push_str(&format!("cluster node, transport {}\n", node.transport));
+    }
+    out
 }
 
 /// Logs the shares served, warning of those served without a secret.

@@ -857,7 +857,7 @@ pub struct Ranged {
 
 /// A local file that parts are downloaded into where they belong, with no hidden name,
 /// no journal and no fsync (a cluster mount's staging file, filled stripe by stripe
-/// as its writes need them): [`download_range_in_place`].
+/// as its writes need them): [`Part::InPlace`].
 pub struct InPlace {
     sink: Sink,
 }
@@ -889,45 +889,54 @@ struct Target<'a> {
     held: Option<(HashAlgorithm, &'a BTreeMap<u64, Hash256>)>,
 }
 
+/// Where [`download_range`] puts a part.
+#[derive(Clone, Copy)]
+pub enum Part<'a> {
+    /// An assembly's hidden file: the part must come in the assembly's chunk size, and
+    /// the chunks it already holds (verified) are not fetched again.
+    Assembly(&'a Assembly),
+    /// A local file in place ([`InPlace`]), in the server's chunk size: the caller
+    /// compares [`Ranged::manifest`] with the one it expects before it trusts the bytes.
+    InPlace(&'a InPlace),
+}
+
+impl Part<'_> {
+    fn target(&self) -> Target<'_> {
+        match self {
+            Part::Assembly(a) => Target {
+                sink: &a.sink,
+                chunk: Some(a.chunk),
+                held: Some((a.staged.hints_algorithm(), &a.held)),
+            },
+            Part::InPlace(f) => Target {
+                sink: &f.sink,
+                chunk: None,
+                held: None,
+            },
+        }
+    }
+}
+
 /// Downloads the whole file `share`/`path` into `into` at byte `offset` (a multiple of
-/// the chunk size): a stripe of a cluster file. Every chunk is verified as it arrives;
-/// chunks the assembly already holds are not fetched. The file must have `len` bytes.
+/// the chunk size): a stripe of a cluster file. Every chunk is verified as it arrives,
+/// before it is written. The file must have `len` bytes.
 pub async fn download_range(
     client: &Client,
     share: &str,
     path: &str,
-    into: &Assembly,
+    into: Part<'_>,
     offset: u64,
     len: u64,
     progress: ProgressFn,
 ) -> Result<Ranged, ClientError> {
-    let target = Target {
-        sink: &into.sink,
-        chunk: Some(into.chunk),
-        held: Some((into.staged.hints_algorithm(), &into.held)),
-    };
-    download_part(client, (share, path), target, (offset, len), progress).await
-}
-
-/// [`download_range`] into a local file in place: bytes `offset..offset + len` of
-/// `into` are overwritten with the whole file `share`/`path`, every chunk verified
-/// before it is written. The caller compares [`Ranged::manifest`] with the one it
-/// expects before it trusts those bytes.
-pub async fn download_range_in_place(
-    client: &Client,
-    share: &str,
-    path: &str,
-    into: &InPlace,
-    offset: u64,
-    len: u64,
-    progress: ProgressFn,
-) -> Result<Ranged, ClientError> {
-    let target = Target {
-        sink: &into.sink,
-        chunk: None,
-        held: None,
-    };
-    download_part(client, (share, path), target, (offset, len), progress).await
+    download_part(
+        client,
+        (share, path),
+        into.target(),
+        (offset, len),
+        progress,
+    )
+    .await
 }
 
 async fn download_part(

@@ -833,7 +833,14 @@ impl Cluster {
             tasks.spawn(async move {
                 let _permit = limit.acquire_owned().await;
                 cluster
-                    .get_stripe(&share, &layout, i, size, Part::Assembly(&asm), progress)
+                    .get_stripe(
+                        &share,
+                        &layout,
+                        i,
+                        size,
+                        transfer::Part::Assembly(&asm),
+                        progress,
+                    )
                     .await
             });
         }
@@ -966,7 +973,7 @@ impl Cluster {
         layout: &Layout,
         index: usize,
         size: u64,
-        into: Part<'_>,
+        into: transfer::Part<'_>,
         progress: ProgressFn,
     ) -> Result<u64, ClientError> {
         let range = stripe_range(size, layout.stripe_bytes, index);
@@ -983,32 +990,16 @@ impl Cluster {
                     let c = self.session(node).await?;
                     p.attach(&c);
                     let len = range.end - range.start;
-                    match into {
-                        Part::Assembly(asm) => {
-                            transfer::download_range(
-                                &c,
-                                STORE_SHARE,
-                                object,
-                                asm,
-                                range.start,
-                                len,
-                                progress,
-                            )
-                            .await
-                        }
-                        Part::InPlace(file) => {
-                            transfer::download_range_in_place(
-                                &c,
-                                STORE_SHARE,
-                                object,
-                                file,
-                                range.start,
-                                len,
-                                progress,
-                            )
-                            .await
-                        }
-                    }
+                    transfer::download_range(
+                        &c,
+                        STORE_SHARE,
+                        object,
+                        into,
+                        range.start,
+                        len,
+                        progress,
+                    )
+                    .await
                 }
             };
             let r = self.watched(&node, op).await;
@@ -1044,15 +1035,6 @@ impl Cluster {
             ),
         }))
     }
-}
-
-/// Where [`Cluster::get_stripe`] puts a stripe.
-#[derive(Clone, Copy)]
-pub(super) enum Part<'a> {
-    /// A download's assembly (resumable, renamed into place at the end).
-    Assembly(&'a Assembly),
-    /// A local file, in place (a mount's staging file).
-    InPlace(&'a transfer::InPlace),
 }
 
 /// A progress function that counts nothing.

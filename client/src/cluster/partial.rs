@@ -39,10 +39,10 @@ use std::sync::Arc;
 
 use ferry_common::cluster::{Layout, ShareConfig};
 
-use super::files::{Expect, Outcome, Part, Put, Version, COMMIT_TRIES};
+use super::files::{Expect, Outcome, Put, Version, COMMIT_TRIES};
 use super::Cluster;
 use crate::error::ClientError;
-use crate::transfer::{InPlace, ProgressFn};
+use crate::transfer::{InPlace, Part, ProgressFn};
 
 /// The stripes of a local file that were never fetched, and where their bytes are.
 pub struct Unfetched<'a> {

@@ -504,7 +504,7 @@ impl fuser::Filesystem for ClusterFs {
                 };
             }
             return self.spawn(|fs| async move {
-                match staged.read(&fs.nodes, &fs.bufs, offset, size).await {
+                match staged.read((&fs.nodes, &fs.bufs), offset, size).await {
                     Ok(data) => reply.data(&data),
                     Err(e) => reply.error(fail("read", e)),
                 }

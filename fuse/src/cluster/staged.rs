@@ -330,8 +330,7 @@ impl Staged {
     /// unfetched ones from the base's objects (verified, fetching nothing).
     pub async fn read(
         &self,
-        nodes: &Nodes,
-        bufs: &BufPool,
+        (nodes, bufs): (&Nodes, &BufPool),
         offset: u64,
         len: u32,
     ) -> Result<Vec<u8>, OpError> {

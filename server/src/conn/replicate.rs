@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use ferry_client::cluster::health::{self, HealthPolicy};
 use ferry_client::cluster::split_addr;
-use ferry_client::transfer::{download_range, Assembly};
+use ferry_client::transfer::{download_range, Assembly, Part};
 use ferry_client::{ClientError, Credentials};
 use ferry_common::cluster::{ObjectPath, STORE_SHARE};
 use ferry_common::msg::{
@@ -182,7 +182,7 @@ async fn fetch(
             &client,
             STORE_SHARE,
             path,
-            &asm,
+            Part::Assembly(&asm),
             0,
             wanted.size,
             progress.wrap(ferry_client::progress::no_progress()),

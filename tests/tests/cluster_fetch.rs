@@ -36,15 +36,19 @@ fn moved(cluster: &Cluster, before: ferry_common::msg::Counters) -> (u64, u64) {
     )
 }
 
-/// A cluster of 3 nodes, share `data` (2 replicas, 1 MiB stripes), holding `f`: 6 MiB
-/// and 11 bytes of random bytes (7 stripes), also at `local`. Returns the cluster and
-/// `local`.
-fn cluster_with_file(seed: u64) -> (Cluster, std::path::PathBuf) {
+/// Unless test `name` is skipped (no root, etcd or FUSE: `None`), a cluster of 3
+/// nodes, share `data` (2 replicas, 1 MiB stripes), holding `f`: 6 MiB and 11 random
+/// bytes (7 stripes). Returns the cluster and the file's bytes.
+fn cluster_with_file(name: &str, seed: u64) -> Option<(Cluster, Vec<u8>)> {
+    if skip_without_cluster(name) || skip_without_fuse(name) {
+        return None;
+    }
     let cluster = Cluster::start_with_share(3, "data", 2, 1);
     let local = cluster.dir().join("f");
     write_random_file(&local, 6 * MIB + 11, seed);
     rcp(rcp_args![&local, cluster.url("data", "f")]).assert_success();
-    (cluster, local)
+    let bytes = fs::read(&local).unwrap();
+    Some((cluster, bytes))
 }
 
 /// `data/f` read back whole through `rcp` and through a fresh read-only mount, each
@@ -84,11 +88,17 @@ fn open_rw(path: &Path) -> File {
         .unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
 }
 
-fn pread(f: &File, offset: u64, len: usize) -> Vec<u8> {
-    let mut buf = vec![0; len];
-    f.read_exact_at(&mut buf, offset)
-        .unwrap_or_else(|e| panic!("pread {len} at {offset}: {e}"));
-    buf
+/// Every byte of `f` from offset 0 to its end, read through the descriptor with pread.
+fn read_to_end(f: &File) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = vec![0; 256 << 10];
+    loop {
+        match f.read_at(&mut buf, out.len() as u64) {
+            Ok(0) => return out,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("pread at {}: {e}", out.len()),
+        }
+    }
 }
 
 /// A one-byte write in the middle of a file of 7 stripes fetches exactly one stripe
@@ -97,12 +107,11 @@ fn pread(f: &File, offset: u64, len: usize) -> Vec<u8> {
 /// boundary fetches the two stripes it touches.
 #[test]
 fn a_one_byte_write_fetches_one_stripe_and_sends_one() {
-    let name = "a_one_byte_write_fetches_one_stripe_and_sends_one";
-    if skip_without_cluster(name) || skip_without_fuse(name) {
+    let Some((cluster, mut want)) =
+        cluster_with_file("a_one_byte_write_fetches_one_stripe_and_sends_one", 31)
+    else {
         return;
-    }
-    let (cluster, local) = cluster_with_file(31);
-    let mut want = fs::read(&local).unwrap();
+    };
     let mount = Mount::start(cluster.url("data", ""));
 
     let before = cluster.traffic();
@@ -122,10 +131,7 @@ fn a_one_byte_write_fetches_one_stripe_and_sends_one() {
     );
     // Every byte through the descriptor: the untouched stripes come from the version
     // opened (fetching nothing), the written one from the staging file.
-    assert!(
-        pread(&f, 0, want.len()) == want,
-        "read through the write descriptor"
-    );
+    assert!(read_to_end(&f) == want, "read through the write descriptor");
     assert_eq!(moved(&cluster, before).0, STRIPE, "a read fetched a stripe");
     drop(f);
     assert_eq!(
@@ -153,12 +159,11 @@ fn a_one_byte_write_fetches_one_stripe_and_sends_one() {
 /// boundary and a growth fetch nothing; every version reads back byte for byte.
 #[test]
 fn a_truncate_fetches_only_the_stripe_it_cuts() {
-    let name = "a_truncate_fetches_only_the_stripe_it_cuts";
-    if skip_without_cluster(name) || skip_without_fuse(name) {
+    let Some((cluster, mut want)) =
+        cluster_with_file("a_truncate_fetches_only_the_stripe_it_cuts", 32)
+    else {
         return;
-    }
-    let (cluster, local) = cluster_with_file(32);
-    let mut want = fs::read(&local).unwrap();
+    };
     let mount = Mount::start(cluster.url("data", ""));
 
     let before = cluster.traffic();
@@ -169,15 +174,7 @@ fn a_truncate_fetches_only_the_stripe_it_cuts() {
     f.write_all_at(b"appended after the cut", cut).unwrap();
     want.truncate(cut as usize);
     want.extend_from_slice(b"appended after the cut");
-    assert!(
-        pread(&f, 0, want.len()) == want,
-        "read through the descriptor"
-    );
-    assert_eq!(
-        f.read_at(&mut [0; 10], want.len() as u64).unwrap(),
-        0,
-        "past the end"
-    );
+    assert!(read_to_end(&f) == want, "read through the descriptor");
     drop(f);
     // Stripes 0..3 kept; stripe 3 (cut, appended to: 122 bytes) sent to its 2
     // replicas.
@@ -269,10 +266,9 @@ fn race(
 #[test]
 fn two_mounts_writing_one_file_leave_one_whole_version() {
     let name = "two_mounts_writing_one_file_leave_one_whole_version";
-    if skip_without_cluster(name) || skip_without_fuse(name) {
+    let Some((cluster, _)) = cluster_with_file(name, 33) else {
         return;
-    }
-    let (cluster, _) = cluster_with_file(33);
+    };
     let m1 = Mount::builder(cluster.url("data", ""))
         .opt("attr_timeout=0")
         .start();

@@ -36,7 +36,7 @@ use super::health::Progress;
 use super::meta::{Commit, Versioned};
 use super::Cluster;
 use crate::error::ClientError;
-use crate::transfer::{self, Assembly, Copied, ProgressFn};
+use crate::transfer::{self, Assembly, Copied, Part, ProgressFn};
 
 /// Times a commit is tried again after another writer changed the entry.
 pub(super) const COMMIT_TRIES: usize = 16;
@@ -832,15 +832,9 @@ impl Cluster {
             );
             tasks.spawn(async move {
                 let _permit = limit.acquire_owned().await;
+                let into = Part::Assembly(&asm);
                 cluster
-                    .get_stripe(
-                        &share,
-                        &layout,
-                        i,
-                        size,
-                        transfer::Part::Assembly(&asm),
-                        progress,
-                    )
+                    .get_stripe(&share, &layout, i, size, into, progress)
                     .await
             });
         }
@@ -973,7 +967,7 @@ impl Cluster {
         layout: &Layout,
         index: usize,
         size: u64,
-        into: transfer::Part<'_>,
+        into: Part<'_>,
         progress: ProgressFn,
     ) -> Result<u64, ClientError> {
         let range = stripe_range(size, layout.stripe_bytes, index);

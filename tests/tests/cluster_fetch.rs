@@ -219,6 +219,19 @@ fn a_truncate_fetches_only_the_stripe_it_cuts() {
         "truncate(1): the cut stripe"
     );
     assert_reads_back(&cluster, &want);
+
+    // truncate(2) while a descriptor holds the file open for writing, unchanged: the
+    // descriptor is kept in step (its cut stripe fetched before the publication
+    // removed the old object) and reads the truncated file.
+    let f = open_rw(&mount.join("f"));
+    nix::unistd::truncate(&mount.join("f"), 50).unwrap();
+    want.truncate(50);
+    assert!(
+        read_to_end(&f) == want,
+        "the open descriptor reads other bytes"
+    );
+    drop(f);
+    assert_reads_back(&cluster, &want);
     let layout = cluster.layout_of("data", "f");
     assert_objects_there(&cluster, &layout, want.len() as u64);
 }

@@ -420,6 +420,14 @@ impl Staged {
         Ok(())
     }
 
+    /// Fetches the stripe a size of `size` would change the range of (see
+    /// [`Staged::set`]), without changing anything else.
+    pub async fn prefetch_resize(&self, src: Source<'_>, size: u64) -> Result<(), OpError> {
+        let _one = self.changing.lock().await;
+        let need = lock(&self.presence).fetch_for_resize(size);
+        self.fetch(src, &need).await
+    }
+
     /// Waits until no change or publication of the file is under way, and holds them
     /// off while the guard lives (a publication holds it).
     pub async fn hold(&self) -> tokio::sync::MutexGuard<'_, ()> {

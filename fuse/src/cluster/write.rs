@@ -419,6 +419,11 @@ impl Inner {
             if entry.kind != EntryKind::File {
                 return Err(OpError::new(Errno::EISDIR, sp));
             }
+            if let Some(s) = &clean {
+                // Its stripe the new end cuts, fetched while the version it was opened
+                // at is current (the publication below removes that object).
+                s.prefetch_resize(src, size).await?;
+            }
             // Staged as an open would, then truncated: only the stripe the new end
             // cuts is fetched; the stripes before it keep their objects.
             let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);

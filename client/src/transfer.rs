@@ -760,6 +760,9 @@ struct Sink {
     /// The partial's journal; `None` for a scratch file.
     journal: Option<Arc<JournalWriter>>,
     writeback: Arc<Writeback>,
+    /// Whether written windows are flushed early ([`Writeback::wrote`]): not for a
+    /// scratch file in place, which is never made durable.
+    flush_early: bool,
     dest: PathBuf,
     /// Where in `out` the downloaded file's byte 0 goes (a stripe's offset).
     base: u64,
@@ -774,6 +777,7 @@ impl Sink {
             out: Arc::new(DirectFile::for_writing(staged.file().clone(), size)),
             journal: staged.journal(),
             writeback: Arc::new(Writeback::new(staged.file().clone())),
+            flush_early: true,
             dest: dest.to_owned(),
             base: 0,
             reserved: None,
@@ -851,16 +855,95 @@ pub struct Ranged {
     pub algorithm: HashAlgorithm,
 }
 
+/// A local file that parts are downloaded into where they belong, with no hidden name,
+/// no journal and no fsync (a cluster mount's staging file, filled stripe by stripe
+/// as its writes need them): [`Part::InPlace`].
+pub struct InPlace {
+    sink: Sink,
+}
+
+impl InPlace {
+    /// Parts go into `file` (open for writing; `path` names it in errors).
+    pub fn new(file: Arc<File>, path: &Path) -> InPlace {
+        InPlace {
+            sink: Sink {
+                out: Arc::new(DirectFile::buffered(file.clone())),
+                journal: None,
+                writeback: Arc::new(Writeback::new(file)),
+                flush_early: false,
+                dest: path.to_owned(),
+                base: 0,
+                reserved: None,
+            },
+        }
+    }
+}
+
+/// Where [`download_part`] writes: an assembly's hidden file (its chunk size fixed, its
+/// verified chunks not fetched again) or a file in place.
+struct Target<'a> {
+    sink: &'a Sink,
+    /// The chunk size the part must come in (`None`: the server's).
+    chunk: Option<u32>,
+    /// Chunks already held, verified, and the algorithm of their hashes.
+    held: Option<(HashAlgorithm, &'a BTreeMap<u64, Hash256>)>,
+}
+
+/// Where [`download_range`] puts a part.
+#[derive(Clone, Copy)]
+pub enum Part<'a> {
+    /// An assembly's hidden file: the part must come in the assembly's chunk size, and
+    /// the chunks it already holds (verified) are not fetched again.
+    Assembly(&'a Assembly),
+    /// A local file in place ([`InPlace`]), in the server's chunk size: the caller
+    /// compares [`Ranged::manifest`] with the one it expects before it trusts the bytes.
+    InPlace(&'a InPlace),
+}
+
+impl Part<'_> {
+    fn target(&self) -> Target<'_> {
+        match self {
+            Part::Assembly(a) => Target {
+                sink: &a.sink,
+                chunk: Some(a.chunk),
+                held: Some((a.staged.hints_algorithm(), &a.held)),
+            },
+            Part::InPlace(f) => Target {
+                sink: &f.sink,
+                chunk: None,
+                held: None,
+            },
+        }
+    }
+}
+
 /// Downloads the whole file `share`/`path` into `into` at byte `offset` (a multiple of
-/// the chunk size): a stripe of a cluster file. Every chunk is verified as it arrives;
-/// chunks the assembly already holds are not fetched. The file must have `len` bytes.
+/// the chunk size): a stripe of a cluster file. Every chunk is verified as it arrives,
+/// before it is written. The file must have `len` bytes.
 pub async fn download_range(
     client: &Client,
     share: &str,
     path: &str,
-    into: &Assembly,
+    into: Part<'_>,
     offset: u64,
     len: u64,
+    progress: ProgressFn,
+) -> Result<Ranged, ClientError> {
+    download_part(
+        client,
+        (share, path),
+        into.target(),
+        (offset, len),
+        progress,
+    )
+    .await
+}
+
+async fn download_part(
+    client: &Client,
+    (share, path): (&str, &str),
+    into: Target<'_>,
+    (offset, len): (u64, u64),
     progress: ProgressFn,
 ) -> Result<Ranged, ClientError> {
     let open = Request::DownloadOpen {
@@ -880,22 +963,22 @@ pub async fn download_range(
         client.used_hash(algorithm);
         let chunk = client.welcome().chunk_bytes;
         let what = format!("{}:{share}/{path}", client.addr());
-        if attr.size != len || chunk != into.chunk || offset % u64::from(chunk) != 0 {
+        let want_chunk = into.chunk.unwrap_or(chunk);
+        if attr.size != len || chunk != want_chunk || offset % u64::from(chunk) != 0 {
             return Err(ClientError::Cluster(format!(
-                "{what}: holds {} bytes in chunks of {chunk}, not the {len} in chunks of {} the layout says",
-                attr.size, into.chunk
+                "{what}: holds {} bytes in chunks of {chunk}, not the {len} in chunks of {want_chunk} the layout says",
+                attr.size
             )));
         }
         let first = offset / u64::from(chunk);
         let count = len.div_ceil(u64::from(chunk));
         // Held chunks count only if the assembly's hashes are in this algorithm.
-        let held: BTreeMap<u64, Hash256> = if into.staged.hints_algorithm() == algorithm {
-            into.held
+        let held: BTreeMap<u64, Hash256> = match into.held {
+            Some((a, held)) if a == algorithm => held
                 .range(first..first + count)
                 .map(|(&i, &h)| (i - first, h))
-                .collect()
-        } else {
-            BTreeMap::new()
+                .collect(),
+            _ => BTreeMap::new(),
         };
         let reused: u64 = held.keys().map(|&i| chunk_len(len, chunk, i)).sum();
         progress(reused);
@@ -1103,7 +1186,7 @@ async fn download_window(
     let got = verdict??;
     // Direct writes leave no dirty pages to push early; the final fsync flushes the
     // device's cache once.
-    if !sink.out.is_direct() {
+    if sink.flush_early && !sink.out.is_direct() {
         sink.writeback.wrote(w.len);
     }
     Ok(got)

@@ -36,10 +36,10 @@ use super::health::Progress;
 use super::meta::{Commit, Versioned};
 use super::Cluster;
 use ferry_client::error::ClientError;
-use ferry_client::transfer::{self, Assembly, Copied, ProgressFn};
+use ferry_client::transfer::{self, Assembly, Copied, Part, ProgressFn};
 
 /// Times a commit is tried again after another writer changed the entry.
-const COMMIT_TRIES: usize = 16;
+pub(super) const COMMIT_TRIES: usize = 16;
 
 /// True for failures that are the node's (or its link's), after which another node is
 /// tried; the others (a local file that cannot be read, bad usage) end the file.
@@ -343,54 +343,24 @@ impl Cluster {
     pub async fn put_file_reusing(
         &self,
         local: &Path,
-        (share, path): (&str, &str),
+        at: (&str, &str),
         config: ShareConfig,
         progress: ProgressFn,
     ) -> Result<Put, ClientError> {
-        let mut reuse = true;
-        for _ in 0..COMMIT_TRIES {
-            let current = self.meta().entry(share, path).await?;
-            let size = fs::metadata(local)
-                .map_err(|e| ClientError::local(local, "cannot stat", e))?
-                .len();
-            let base = match current.as_ref().and_then(|v| v.entry.layout.as_ref()) {
-                Some(l) if reuse => {
-                    let old_size = current.as_ref().map_or(0, |v| v.entry.size);
-                    let keep = self
-                        .same_stripes(local, l, (old_size, size), config)
-                        .await?;
-                    keep.iter().any(|k| *k).then(|| (l.clone(), keep))
-                }
-                _ => None,
-            };
-            let how = Version {
-                visible: true,
-                base: base.as_ref().map(|(l, k)| (l, k.as_slice())),
-                expect: Expect::Over(current.as_ref()),
-            };
-            match self
-                .put_version(local, (share, path), config, progress.clone(), how)
-                .await?
-            {
-                Outcome::Done(put) => return Ok(put),
-                Outcome::Conflict => self.parent_exists(share, path).await?,
-                Outcome::OtherAlgorithm => reuse = false,
-            }
-        }
-        Err(ClientError::Cluster(format!(
-            "{share}/{path}: changed by other writers {COMMIT_TRIES} times in a row; not written"
-        )))
+        self.put_staged(local, at, config, progress, None).await
     }
 
     /// Which stripes of `local` (`sizes.1` bytes) hold exactly the bytes of the same
     /// stripe of `layout` (a file of `sizes.0` bytes): same stripe size, same range,
     /// same manifest in the layout's algorithm and the nodes' chunk size.
-    async fn same_stripes(
+    /// Stripes `skip` says are not local are not read (false for them).
+    pub(super) async fn same_stripes(
         &self,
         local: &Path,
         layout: &Layout,
         (old_size, size): (u64, u64),
         config: ShareConfig,
+        skip: &[bool],
     ) -> Result<Vec<bool>, ClientError> {
         let sb = layout.stripe_bytes;
         let count = stripe_count(size, sb);
@@ -402,6 +372,9 @@ impl Cluster {
             return Ok(keep);
         };
         for (i, k) in keep.iter_mut().enumerate().take(layout.stripes.len()) {
+            if skip.get(i).copied().unwrap_or(false) {
+                continue;
+            }
             let range = stripe_range(size, sb, i);
             if range != stripe_range(old_size, sb, i) {
                 continue;
@@ -600,7 +573,7 @@ impl Cluster {
 
     /// After a failed compare-and-swap at `path`: NotFound if its parent directory is
     /// gone (the commit's other condition), else the entry changed (try again).
-    async fn parent_exists(&self, share: &str, path: &str) -> Result<(), ClientError> {
+    pub(super) async fn parent_exists(&self, share: &str, path: &str) -> Result<(), ClientError> {
         let parent = path.rsplit_once('/').map(|(p, _)| p).unwrap_or("");
         if self.meta().entry(share, parent).await?.is_none() {
             return Err(remote(
@@ -859,8 +832,9 @@ impl Cluster {
             );
             tasks.spawn(async move {
                 let _permit = limit.acquire_owned().await;
+                let into = Part::Assembly(&asm);
                 cluster
-                    .get_stripe(&share, &layout, i, size, &asm, progress)
+                    .get_stripe(&share, &layout, i, size, into, progress)
                     .await
             });
         }
@@ -984,13 +958,16 @@ impl Cluster {
             .read_order(replicas, |n| self.is_live(n), std::time::Instant::now())
     }
 
-    async fn get_stripe(
+    /// Stripe `index` of `layout` (a file of `size` bytes of `share`) into `into`, from
+    /// the first replica in read order whose copy arrives whole with the layout's
+    /// manifest (every chunk verified as it arrives); the bytes that crossed.
+    pub(super) async fn get_stripe(
         &self,
         share: &str,
         layout: &Layout,
         index: usize,
         size: u64,
-        asm: &Assembly,
+        into: Part<'_>,
         progress: ProgressFn,
     ) -> Result<u64, ClientError> {
         let range = stripe_range(size, layout.stripe_bytes, index);
@@ -1006,13 +983,14 @@ impl Cluster {
                 async move {
                     let c = self.session(node).await?;
                     p.attach(&c);
+                    let len = range.end - range.start;
                     transfer::download_range(
                         &c,
                         STORE_SHARE,
                         object,
-                        asm,
+                        into,
                         range.start,
-                        range.end - range.start,
+                        len,
                         progress,
                     )
                     .await

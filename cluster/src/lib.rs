@@ -17,7 +17,9 @@
 //!   ferryd session per node, opened when first needed.
 //! - [`files`]: one file up ([`Cluster::put_file`]: stripes to their nodes in parallel,
 //!   then the entry in one transaction) and down ([`Cluster::get_file`]: stripes from
-//!   any live replica, each checked against the layout's manifest).
+//!   any live replica, each checked against the layout's manifest); [`partial`]: a
+//!   new version of which only some stripes are local (a mount's staging file, its
+//!   stripes fetched as its writes need them), and which objects it may keep.
 //! - [`copy`]: `rcp` on cluster shares: files and trees, up and down.
 //! - [`nodes`]: the process's one view of the storage nodes ([`NodeSet`]: live,
 //!   draining, suspect), shared by every user of the cluster in the process;
@@ -50,6 +52,7 @@ pub mod member;
 pub mod meta;
 pub mod model;
 pub mod nodes;
+pub mod partial;
 pub mod repair;
 pub mod snapshots;
 pub mod status;

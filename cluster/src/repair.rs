@@ -242,8 +242,16 @@ async fn fetch_stripe(
             )
             .await?;
             let progress = p.wrap(no_progress());
-            let got =
-                transfer::download_range(&c, STORE_SHARE, object, &asm, 0, len, progress).await;
+            let got = transfer::download_range(
+                &c,
+                STORE_SHARE,
+                object,
+                transfer::Part::Assembly(&asm),
+                0,
+                len,
+                progress,
+            )
+            .await;
             match got {
                 Ok(g) if g.manifest == want && g.algorithm == algorithm => {
                     asm.finish(0o600, ferry_common::msg::Timestamp::default())

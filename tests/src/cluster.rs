@@ -625,6 +625,43 @@ impl Cluster {
         out
     }
 
+    /// The traffic counters of every node, summed: the bytes the nodes pushed into
+    /// clients' memory (`write_bytes`: downloads, a mount's stripe fetches) and pulled
+    /// from it (`read_bytes`: uploads), one-sided, since they started. A mount's reads
+    /// are its own one-sided READs of a node's memory and count in neither.
+    pub fn traffic(&self) -> ferry_common::msg::Counters {
+        let mut sum = ferry_common::msg::Counters::default();
+        for k in 1..=self.node_count() {
+            let c = self.node_counters(k);
+            sum.write_bytes += c.write_bytes;
+            sum.read_bytes += c.read_bytes;
+            sum.ctrl_received_bytes += c.ctrl_received_bytes;
+            sum.ctrl_sent_bytes += c.ctrl_sent_bytes;
+            sum.file_written_bytes += c.file_written_bytes;
+        }
+        sum
+    }
+
+    /// Node `k`'s traffic counters (see [`Cluster::traffic`]), asked over a session of
+    /// its store share.
+    pub fn node_counters(&self, k: usize) -> ferry_common::msg::Counters {
+        let addr = self.node_addr(k);
+        let (host, port) = addr.rsplit_once(':').expect("HOST:PORT");
+        let port: u16 = port.parse().expect("a port");
+        crate::runtime().block_on(async {
+            let choice = ferry_common::transport::TransportChoice::Tcp;
+            let c = crate::secret::connect_to(host, port, choice)
+                .await
+                .unwrap_or_else(|e| panic!("node {k} at {addr}: {e}"));
+            c.authenticate(ferry_cluster::model::STORE_SHARE)
+                .await
+                .unwrap_or_else(|e| panic!("node {k}: the store share's secret: {e}"));
+            c.counters()
+                .await
+                .unwrap_or_else(|e| panic!("node {k}: counters: {e}"))
+        })
+    }
+
     /// Node `k`'s ferryd address, `10.A.K.2:7447`.
     pub fn node_addr(&self, k: usize) -> String {
         self.node(k).spec.listen.clone()

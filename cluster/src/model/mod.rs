@@ -444,6 +444,22 @@ impl Layout {
         })
     }
 
+    /// True if stripe `index` of this version (a file of `size` bytes) is stripe
+    /// `index` of `other` (a file of `other_size` bytes) in the same object: the same
+    /// owner, manifest, algorithm, stripe size and byte range (its replicas may differ:
+    /// repair and drain move them). Such a stripe of `other` may be named by a version
+    /// that replaces this one without its bytes being read.
+    pub fn same_stripe(&self, size: u64, other: &Layout, other_size: u64, index: usize) -> bool {
+        let (Some(mine), Some(theirs)) = (self.stripes.get(index), other.stripes.get(index)) else {
+            return false;
+        };
+        self.stripe_bytes == other.stripe_bytes
+            && self.algorithm == other.algorithm
+            && self.owner(index) == other.owner(index)
+            && mine.manifest == theirs.manifest
+            && self.stripe_range(size, index) == other.stripe_range(other_size, index)
+    }
+
     /// Byte range of stripe `index` of a file of `size` bytes.
     pub fn stripe_range(&self, size: u64, index: usize) -> std::ops::Range<u64> {
         stripe_range(size, self.stripe_bytes, index)
@@ -638,6 +654,50 @@ mod tests {
         assert!(!serde_json::to_string(&a).unwrap().contains("object"));
         let back: Layout = serde_json::from_str(&serde_json::to_string(&b).unwrap()).unwrap();
         assert_eq!(back, b);
+    }
+
+    #[test]
+    fn a_stripe_is_the_same_only_in_the_same_object_over_the_same_range() {
+        const MIB: u64 = 1 << 20;
+        let stripe = |n: &str, m: &str| Stripe {
+            replicas: vec![n.into()],
+            manifest: m.repeat(32),
+            object: None,
+        };
+        let a = Layout {
+            id: "ab".repeat(16),
+            algorithm: HashAlgorithm::Blake3,
+            stripe_bytes: MIB,
+            stripes: vec![stripe("n1", "11"), stripe("n2", "22"), stripe("n3", "33")],
+        };
+        let size = 2 * MIB + 5;
+        // B reuses A's stripes 0 and 2 (stripe 0 from another node now), owns stripe 1.
+        let new = "cd".repeat(16);
+        let mut b = a.clone();
+        b.id = new.clone();
+        b.stripes[0] = a.reused_by(0, &new).unwrap();
+        b.stripes[0].replicas = vec!["n4".into()];
+        b.stripes[1] = stripe("n1", "22");
+        b.stripes[2] = a.reused_by(2, &new).unwrap();
+        assert!(
+            b.same_stripe(size, &a, size, 0),
+            "the same object on another node"
+        );
+        assert!(a.same_stripe(size, &b, size, 0), "both ways");
+        assert!(
+            !b.same_stripe(size, &a, size, 1),
+            "the same bytes in another object"
+        );
+        assert!(b.same_stripe(size, &a, size, 2));
+        // The last stripe over another range: not the same.
+        assert!(!b.same_stripe(size + 1, &a, size, 2));
+        assert!(!b.same_stripe(size, &a, size, 3), "past the end");
+        let mut other = b.clone();
+        other.algorithm = HashAlgorithm::Sha256;
+        assert!(!other.same_stripe(size, &a, size, 0));
+        let mut other = b.clone();
+        other.stripes[0].manifest = "44".repeat(32);
+        assert!(!other.same_stripe(size, &a, size, 0));
     }
 
     #[test]

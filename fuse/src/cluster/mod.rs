@@ -10,7 +10,8 @@
 //!           ──> one-sided READs, every chunk checked ──> reply
 //!           (a replica that fails or does not verify: the next one, no error)
 //!  create, open for writing, write, mkdir, unlink, rename, setattr, ... ──> [`write`]
-//!           (close-to-open, whole files; EROFS on a read-only mount)
+//!           (close-to-open, whole files; EROFS on a read-only mount), each descriptor
+//!           open for writing a [`staged`] file, its stripes fetched as writes need them
 //! ```
 //!
 //! - [`names`]: node ids (one per path and kind, kept for the mount's life) and the
@@ -18,7 +19,9 @@
 //! - [`stripes`]: the storage nodes (one [`crate::remote::Remote`] and
 //!   [`crate::reader::Reader`] each: the single-server mount's verified one-sided
 //!   read path) and open files, read stripe by stripe from any replica that verifies.
-//! - [`write`]: staged writes published whole at close, and the namespace changes.
+//! - [`write`]: staged writes published whole at close, and the namespace changes;
+//!   [`staged`]: one descriptor's staging file, which stripes it holds and which are
+//!   still only the version opened's.
 //! - [`locks`]: `flock` and `fcntl` locks, held in etcd under the mount's lease.
 //!
 //! Invariants: a read-only mount never changes the cluster (every modifying operation
@@ -29,6 +32,7 @@
 pub mod locks;
 pub mod names;
 mod rename;
+pub mod staged;
 pub mod stripes;
 pub mod write;
 
@@ -55,8 +59,9 @@ use crate::options::MountOptions;
 use crate::remote::{errno_of, lock, OpError};
 use ferry_cluster::locks::ClusterLocks;
 use names::{Names, ROOT};
+use staged::Staged;
 use stripes::{ClusterFile, Nodes, ReadOut};
-use write::{Staged, Writer};
+use write::Writer;
 
 /// Idle reply buffers kept for reads that span stripes.
 const REPLY_BUFFERS_KEPT: usize = 16;
@@ -271,8 +276,13 @@ impl Inner {
 
     /// The entry of node `ino` now; ESTALE if its name holds another kind by now.
     async fn node_entry(&self, ino: INodeNo) -> Result<Arc<Entry>, OpError> {
+        self.node_entry_within(ino, self.opts.attr_ttl).await
+    }
+
+    /// [`Inner::node_entry`], as cached within `ttl` at most.
+    async fn node_entry_within(&self, ino: INodeNo, ttl: Duration) -> Result<Arc<Entry>, OpError> {
         let (path, kind) = self.path_of(ino)?;
-        let entry = self.entry(&path, self.opts.attr_ttl).await?;
+        let entry = self.entry(&path, ttl).await?;
         if entry.kind != kind {
             return Err(OpError::new(
                 Errno::ESTALE,
@@ -486,10 +496,19 @@ impl fuser::Filesystem for ClusterFs {
         }
         let staged = lock(&self.inner.writes).get(&fh.0).cloned();
         if let Some(staged) = staged {
-            return match staged.read(offset, size) {
-                Ok(data) => reply.data(&data),
-                Err(e) => reply.error(fail("read", e)),
-            };
+            // Local stripes on this thread; unfetched ones from the version opened.
+            if let Some(got) = staged.try_read(offset, size) {
+                return match got {
+                    Ok(data) => reply.data(&data),
+                    Err(e) => reply.error(fail("read", e)),
+                };
+            }
+            return self.spawn(|fs| async move {
+                match staged.read((&fs.nodes, &fs.bufs), offset, size).await {
+                    Ok(data) => reply.data(&data),
+                    Err(e) => reply.error(fail("read", e)),
+                }
+            });
         }
         let Some(file) = lock(&self.inner.files).get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
@@ -870,9 +889,23 @@ impl fuser::Filesystem for ClusterFs {
         let Some(staged) = lock(&self.inner.writes).get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
-        // A local file: written on this thread.
-        match staged.write(offset, data) {
-            Ok(()) => reply.written(data.len() as u32),
+        // A local file: written on this thread, unless a stripe must be fetched first
+        // (or another change of the file is under way).
+        match staged.try_write(offset, data) {
+            Ok(true) => reply.written(data.len() as u32),
+            Ok(false) => {
+                let data = data.to_vec();
+                self.spawn(|fs| async move {
+                    let got = match fs.source() {
+                        Ok(src) => staged.write(src, offset, &data).await,
+                        Err(e) => Err(e),
+                    };
+                    match got {
+                        Ok(()) => reply.written(data.len() as u32),
+                        Err(e) => reply.error(fail("write", e)),
+                    }
+                })
+            }
             Err(e) => reply.error(fail("write", e)),
         }
     }

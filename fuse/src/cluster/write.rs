@@ -3,12 +3,16 @@
 //!
 //! ```text
 //!  create / open for writing ──> a staging file of this handle in the mount's private
-//!        directory (an existing file opened without O_TRUNC is fetched into it first)
-//!  write, read, fstat, truncate on the handle ──> the staging file
-//!  flush (close) / fsync of a changed handle ──> Cluster::put_file_reusing: the
-//!        stripes whose bytes changed to their nodes (the others name the objects of
-//!        the version there now), then the entry by compare-and-swap: the new version
-//!        appears whole, at once; a failure answers EIO and publishes nothing
+//!        directory (an existing file opened without O_TRUNC: of its size, nothing
+//!        fetched; [`super::staged`] fetches a stripe when a write needs its bytes)
+//!  write, read, fstat, truncate on the handle ──> the staging file (and the version
+//!        opened, for the stripes not fetched)
+//!  flush (close) / fsync of a changed handle ──> Cluster::put_staged: the stripes not
+//!        fetched and those whose bytes did not change name the objects of the
+//!        version there now (only where it names the same ones as the version opened:
+//!        [`ferry_cluster::partial`]), the changed ones go to their nodes,
+//!        then the entry by compare-and-swap: the new version appears whole, at once;
+//!        a failure answers EIO and publishes nothing
 //!  mkdir, rmdir, unlink, symlink, rename, chmod, utimens ──> one etcd transaction each,
 //!        comparing the revision read (rename: both names' revisions)
 //! ```
@@ -19,20 +23,22 @@
 //! ([`super::rename`]).
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ferry_client::transfer::ProgressFn;
 use ferry_client::ClientError;
 use ferry_cluster::meta::Commit;
 use ferry_cluster::model::{Entry, EntryKind, ShareConfig};
+use ferry_cluster::partial::Unfetched;
 use ferry_cluster::Cluster;
 use ferry_common::msg::Timestamp;
 use fuser::{Errno, INodeNo, TimeOrNow};
 
+use super::staged::{Base, Presence, Source, Staged};
 use super::Inner;
 use crate::nodes::join;
 use crate::remote::{errno_of, lock, OpError};
@@ -67,113 +73,24 @@ impl Writer {
     }
 }
 
-/// One handle open for writing: its staging file.
-pub struct Staged {
-    /// Mount-relative path: where it is published. A rename of the file through this
-    /// mount moves it ([`Staged::move_to`]), so it is never published under a name
-    /// it no longer has.
-    path: Mutex<String>,
-    /// The staging file.
-    pub local: PathBuf,
+/// A staging file made for a handle, before it is registered.
+struct Staging {
+    local: PathBuf,
     file: File,
-    /// Changed since it was last published.
-    dirty: AtomicBool,
-    /// The process that opened it: its close publishes; another process's (a child
-    /// closing the inherited descriptor at exec) does not.
-    opener: Option<u32>,
-    /// One publication at a time.
-    publishing: tokio::sync::Mutex<()>,
+    base: Option<Base>,
+    presence: Presence,
 }
 
-impl Staged {
-    /// Mount-relative path it publishes to.
-    pub fn path(&self) -> String {
-        lock(&self.path).clone()
-    }
-
-    /// The file was renamed to mount path `to`.
-    pub fn move_to(&self, to: &str) {
-        *lock(&self.path) = to.to_owned();
-    }
-
-    /// The entry this handle would publish now (no layout yet).
-    pub fn entry(&self) -> Result<Entry, OpError> {
-        let md = self
-            .file
-            .metadata()
-            .map_err(|e| local_err(&self.local, e))?;
-        Ok(Entry {
-            kind: EntryKind::File,
-            mode: md.mode() & 0o7777,
-            mtime: ferry_common::attr::attr_of(&md, None).mtime,
-            size: md.len(),
-            target: None,
-            layout: None,
-        })
-    }
-
-    /// Writes `data` at `offset` of the staging file.
-    pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), OpError> {
-        self.dirty.store(true, Ordering::SeqCst);
-        self.file
-            .write_all_at(data, offset)
-            .map_err(|e| local_err(&self.local, e))
-    }
-
-    /// Reads up to `len` bytes at `offset` of the staging file.
-    pub fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, OpError> {
-        let mut buf = vec![0; len as usize];
-        let mut got = 0;
-        while got < buf.len() {
-            match self.file.read_at(&mut buf[got..], offset + got as u64) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(local_err(&self.local, e)),
-            }
-        }
-        buf.truncate(got);
-        Ok(buf)
-    }
-
-    /// True if a close by process `tgid` publishes this handle: the opener's (or
-    /// anyone's when the opener is unknown).
-    pub fn closed_by_opener(&self, tgid: Option<u32>) -> bool {
-        self.opener.is_none() || self.opener == tgid
-    }
-
-    /// Changed since it was last published.
-    pub fn is_dirty(&self) -> bool {
-        self.dirty.load(Ordering::SeqCst)
-    }
-
-    /// Changes size, mode and mtime of the staging file (published at close if
-    /// `publish`; else the change was made elsewhere and is only kept in step here).
-    fn set(
-        &self,
-        mode: Option<u32>,
-        size: Option<u64>,
-        mtime: Option<TimeOrNow>,
-        publish: bool,
-    ) -> Result<(), OpError> {
-        let err = |e| local_err(&self.local, e);
-        if publish {
-            self.dirty.store(true, Ordering::SeqCst);
-        }
-        if let Some(size) = size {
-            self.file.set_len(size).map_err(err)?;
-        }
-        if let Some(mode) = mode {
-            self.file
-                .set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))
-                .map_err(err)?;
-        }
-        if let Some(t) = mtime {
-            self.file.set_modified(system_time(t)).map_err(err)?;
-        } else if size.is_some() {
-            self.file.set_modified(SystemTime::now()).map_err(err)?;
-        }
-        Ok(())
+impl Staging {
+    fn into_staged(self, path: String, dirty: bool, opener: Option<u32>) -> Staged {
+        Staged::new(
+            path,
+            (self.local, self.file),
+            self.base,
+            self.presence,
+            dirty,
+            opener,
+        )
     }
 }
 
@@ -243,40 +160,58 @@ impl Inner {
         Ok((path, sp))
     }
 
-    /// A new staging file for handle `fh`: the file at `sp` as `entry` has it
-    /// (fetched from the nodes), or empty with `mode` when `entry` is `None`.
+    /// Where staged files' unfetched stripes come from.
+    pub(super) fn source(&self) -> Result<Source<'_>, OpError> {
+        Ok(Source {
+            cluster: &self.writer()?.cluster,
+            share: &self.share,
+        })
+    }
+
+    /// A new staging file for handle `fh`: the file at `sp` as `entry` has it (of its
+    /// size and mode, nothing fetched: every stripe unfetched, read from `entry`'s
+    /// objects until a write needs it), or empty with `mode` when `entry` is `None`.
     async fn stage(
         &self,
         fh: u64,
         sp: &str,
-        entry: Option<&Entry>,
+        entry: Option<&Arc<Entry>>,
         mode: u32,
-    ) -> Result<(PathBuf, File), OpError> {
+    ) -> Result<Staging, OpError> {
         let w = self.writer()?;
         let local = w.dir.join(format!("h{fh}"));
-        match entry.filter(|e| e.size > 0) {
-            Some(e) => {
-                w.cluster
-                    .refresh_nodes()
-                    .await
-                    .map_err(|e| OpError::new(Errno::EIO, format!("storage nodes: {e}")))?;
-                w.cluster
-                    .get_file(&self.share, sp, e, &local, no_progress())
-                    .await
-                    .map_err(|e| OpError::new(Errno::EIO, format!("{}/{sp}: {e}", self.share)))?;
-            }
-            None => {
-                File::create(&local).map_err(|e| local_err(&local, e))?;
-                std::fs::set_permissions(&local, std::fs::Permissions::from_mode(mode & 0o7777))
-                    .map_err(|e| local_err(&local, e))?;
-            }
-        }
+        let err = |e| local_err(&local, e);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
+            .create(true)
+            .truncate(true)
             .open(&local)
-            .map_err(|e| local_err(&local, e))?;
-        Ok((local, file))
+            .map_err(err)?;
+        let (base, presence) = match entry.filter(|e| e.size > 0) {
+            Some(e) => {
+                let base = Base::new(&self.share, sp, e.clone())?;
+                let sb = base
+                    .layout()
+                    .map_or(w.config.stripe_bytes, |l| l.stripe_bytes);
+                file.set_len(e.size).map_err(err)?;
+                file.set_permissions(std::fs::Permissions::from_mode(e.mode & 0o7777))
+                    .map_err(err)?;
+                file.set_modified(e.mtime.to_system()).map_err(err)?;
+                (Some(base), Presence::unfetched(e.size, sb))
+            }
+            None => {
+                file.set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))
+                    .map_err(err)?;
+                (None, Presence::local(0, w.config.stripe_bytes))
+            }
+        };
+        Ok(Staging {
+            local,
+            file,
+            base,
+            presence,
+        })
     }
 
     /// Registers the staged handle `fh`.
@@ -284,20 +219,14 @@ impl Inner {
         &self,
         fh: u64,
         path: String,
-        (local, file): (PathBuf, File),
+        staging: Staging,
         dirty: bool,
         opener: Option<u32>,
-    ) {
-        let staged = Arc::new(Staged {
-            path: Mutex::new(path.clone()),
-            local,
-            file,
-            dirty: AtomicBool::new(dirty),
-            opener,
-            publishing: tokio::sync::Mutex::new(()),
-        });
+    ) -> Arc<Staged> {
+        let staged = Arc::new(staging.into_staged(path.clone(), dirty, opener));
         lock(&self.writes).insert(fh, staged.clone());
-        lock(&self.staged).insert(path, staged);
+        lock(&self.staged).insert(path, staged.clone());
+        staged
     }
 
     /// The handle open for writing `path` last, if any.
@@ -330,7 +259,9 @@ impl Inner {
     ) -> Result<u64, OpError> {
         self.writer()?;
         let (path, _) = self.path_of(ino)?;
-        let entry = self.node_entry(ino).await?;
+        // Close-to-open: the version written over is the one there now, not a cached
+        // one (its stripes are the ones kept).
+        let entry = self.node_entry_within(ino, Duration::ZERO).await?;
         match entry.kind {
             EntryKind::File => {}
             EntryKind::Dir => return Err(OpError::new(Errno::EISDIR, path)),
@@ -339,10 +270,10 @@ impl Inner {
         let truncate = flags & nix::libc::O_TRUNC != 0;
         let sp = self.share_path(&path);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let staged = self
-            .stage(fh, &sp, (!truncate).then_some(&*entry), entry.mode)
+        let staging = self
+            .stage(fh, &sp, (!truncate).then_some(&entry), entry.mode)
             .await?;
-        self.keep_staged(fh, path, staged, truncate, opener);
+        self.keep_staged(fh, path, staging, truncate, opener);
         Ok(fh)
     }
 
@@ -371,42 +302,68 @@ impl Inner {
                 return Err(OpError::new(Errno::EISDIR, sp));
             }
         }
-        let fetch = existing
-            .as_deref()
+        let base = existing
+            .as_ref()
             .filter(|e| e.kind == EntryKind::File && flags & nix::libc::O_TRUNC == 0);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let staged = self.stage(fh, &sp, fetch, mode).await?;
+        let staging = self.stage(fh, &sp, base, mode).await?;
         self.forget(&path);
         let ino = lock(&self.names).id(&path, EntryKind::File);
-        self.keep_staged(fh, path, staged, true, opener);
-        let staged = lock(&self.writes).get(&fh).cloned().expect("just kept");
+        let staged = self.keep_staged(fh, path, staging, true, opener);
         Ok((ino, fh, staged.entry()?))
     }
 
     /// Publishes `staged` if it changed since it was last published: the file goes to
-    /// the nodes, then its entry to etcd. EIO if anything fails (nothing published).
+    /// the nodes (its changed stripes), then its entry to etcd. EIO if anything fails
+    /// (nothing published).
     pub(super) async fn publish(&self, staged: &Staged) -> Result<(), OpError> {
         let w = self.writer()?;
-        let _one = staged.publishing.lock().await;
-        if !staged.dirty.swap(false, Ordering::SeqCst) {
+        let _one = staged.hold().await;
+        if !staged.take_dirty() {
             return Ok(());
         }
         let path = staged.path();
         let sp = self.share_path(&path);
+        let mut unfetched = staged.unfetched();
         let put = async {
             w.cluster.refresh_nodes().await?;
-            // Only the stripes whose bytes changed are sent: the others keep the
-            // objects of the version there now (copy-on-write per stripe).
+            // Only the stripes whose bytes changed are sent: the others, and those never
+            // fetched, keep the objects of the version there now (copy-on-write per
+            // stripe), where it names the ones of the version opened.
+            let base = staged
+                .base()
+                .filter(|_| unfetched.iter().any(|u| *u))
+                .and_then(|b| Some((b.layout()?, b.entry.size)));
+            let unfetched = base.map(|(base, base_size)| Unfetched {
+                base,
+                base_size,
+                stripes: &mut unfetched,
+            });
             w.cluster
-                .put_file_reusing(&staged.local, (&self.share, &sp), w.config, no_progress())
+                .put_staged(
+                    &staged.local,
+                    (&self.share, &sp),
+                    w.config,
+                    no_progress(),
+                    unfetched,
+                )
                 .await
         };
         let got = put.await;
+        staged.fetched_at_publication(&unfetched);
         self.forget(&path);
         match got {
-            Ok(_) => Ok(()),
+            Ok(put) => {
+                tracing::debug!(
+                    file = %format!("{}/{sp}", self.share),
+                    stripes_sent = put.stripes_sent,
+                    stripes_reused = put.stripes_reused,
+                    "published"
+                );
+                Ok(())
+            }
             Err(e) => {
-                staged.dirty.store(true, Ordering::SeqCst);
+                staged.set_dirty();
                 Err(OpError::new(
                     Errno::EIO,
                     format!("{}/{sp}: not written: {e}", self.share),
@@ -428,6 +385,7 @@ impl Inner {
                 map.remove(&path);
             }
         }
+        staged.release();
         let _ = std::fs::remove_file(&staged.local);
     }
 
@@ -445,10 +403,11 @@ impl Inner {
         mtime: Option<TimeOrNow>,
     ) -> Result<Entry, OpError> {
         self.writer()?;
+        let src = self.source()?;
         // ftruncate of a handle is published at its close, even a clean one's.
         let clean = match staged {
             Some(s) if s.is_dirty() || (on_handle && size.is_some()) => {
-                s.set(mode, size, mtime, true)?;
+                s.set(src, (mode, size, mtime), true).await?;
                 return s.entry();
             }
             other => other,
@@ -456,29 +415,32 @@ impl Inner {
         let (path, _) = self.path_of(ino)?;
         let sp = self.share_path(&path);
         if let Some(size) = size {
-            let entry = self.node_entry(ino).await?;
+            let entry = self.node_entry_within(ino, Duration::ZERO).await?;
             if entry.kind != EntryKind::File {
                 return Err(OpError::new(Errno::EISDIR, sp));
             }
+            if let Some(s) = &clean {
+                // Its stripe the new end cuts, fetched while the version it was opened
+                // at is current (the publication below removes that object).
+                s.prefetch_resize(src, size).await?;
+            }
+            // Staged as an open would, then truncated: only the stripe the new end
+            // cuts is fetched; the stripes before it keep their objects.
             let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-            let fetch = (size > 0).then_some(&*entry);
-            let (local, file) = self.stage(fh, &sp, fetch, entry.mode).await?;
-            let staged = Staged {
-                path: Mutex::new(path.clone()),
-                local,
-                file,
-                dirty: AtomicBool::new(false),
-                opener: None,
-                publishing: tokio::sync::Mutex::new(()),
-            };
-            let got = match staged.set(mode, Some(size), mtime, true) {
+            let base = (size > 0).then_some(&entry);
+            let staged =
+                self.stage(fh, &sp, base, entry.mode)
+                    .await?
+                    .into_staged(path.clone(), false, None);
+            let got = match staged.set(src, (mode, Some(size), mtime), true).await {
                 Ok(()) => self.publish(&staged).await,
                 Err(e) => Err(e),
             };
+            staged.release();
             let _ = std::fs::remove_file(&staged.local);
             got?;
             if let Some(s) = &clean {
-                s.set(mode, Some(size), mtime, false)?;
+                s.set(src, (mode, Some(size), mtime), false).await?;
             }
             return Ok((*self.node_entry(ino).await?).clone());
         }
@@ -510,7 +472,7 @@ impl Inner {
             if let Commit::Done(_) = done {
                 self.forget(&path);
                 if let Some(s) = &clean {
-                    s.set(mode, None, mtime, false)?;
+                    s.set(src, (mode, None, mtime), false).await?;
                 }
                 return Ok(entry);
             }

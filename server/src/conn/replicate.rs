@@ -20,7 +20,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ferry_client::transfer::{download_range, Assembly};
+use ferry_client::transfer::{download_range, Assembly, Part};
 use ferry_client::{ClientError, Credentials};
 use ferry_cluster::health::{self, HealthPolicy};
 use ferry_cluster::model::{NodeInfo, ObjectPath, STORE_SHARE};
@@ -174,7 +174,7 @@ async fn fetch(
             &client,
             STORE_SHARE,
             path,
-            &asm,
+            Part::Assembly(&asm),
             0,
             wanted.size,
             progress.wrap(ferry_client::progress::no_progress()),

@@ -7,7 +7,8 @@
 # Left out (TCP_ONLY below): test files that speak the TCP transport's frames by hand
 # (they test ferryd's TCP listener, whatever transport the suite runs rcp on), and those
 # of requests that move no file data and whose outcome is the server's file system's
-# (extended attributes, fallocate modes: the VM's /tmp has neither on 6.1).
+# (extended attributes, fallocate modes: the VM's /tmp has neither on 6.1), and those
+# that open no session at all (check_config: ferryd reading its configuration).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -23,7 +24,8 @@ import json, sys, os
 # that move no data (control messages only), whose outcome is up to the server file
 # system: the VM /tmp (tmpfs under overlayfs on 6.1) has no user.* attributes and
 # no FALLOC_FL_ZERO_RANGE, so the host runs them, on ext4.
-TCP_ONLY = {"hostile", "xattr", "falloc"}
+# check_config: ferryd --check-config, which opens no connection.
+TCP_ONLY = {"hostile", "xattr", "falloc", "check_config"}
 common = os.path.abspath("common/Cargo.toml")
 suite = os.path.abspath("tests/Cargo.toml")
 for line in sys.stdin:

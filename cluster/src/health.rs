@@ -24,6 +24,8 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use crate::lock;
 use std::time::{Duration, Instant};
 
 use ferry_client::client::Client;
@@ -111,10 +113,6 @@ pub struct Health {
     policy: HealthPolicy,
     /// Node id to when it was last suspected.
     suspects: Mutex<HashMap<String, Instant>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Health {

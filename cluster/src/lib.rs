@@ -109,6 +109,8 @@ impl std::fmt::Debug for Cluster {
     }
 }
 
+/// Locks `m`, taking the value of a poisoned lock as it is (every value these locks
+/// guard is whole between statements).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }

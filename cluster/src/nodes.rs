@@ -21,7 +21,7 @@ use ferry_client::ClientError;
 
 use crate::health::Health;
 use crate::model::NodeInfo;
-use crate::Meta;
+use crate::{lock, Meta};
 
 /// The storage nodes as last read, with when.
 #[derive(Default)]
@@ -43,10 +43,6 @@ impl std::fmt::Debug for NodeSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NodeSet").field("meta", &self.meta).finish()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl NodeSet {
